@@ -1,0 +1,290 @@
+"""Throughput / MFU benchmark of the ViT training and inference steps.
+
+  python -m big_vit_lite.bench --variant=Ti/16 --batch=32 --res=224
+  python -m big_vit_lite.bench --variant=Ti/16,S/16 --batch=8,32 --dtype=bfloat16
+
+Prints one JSON line per case (the cartesian product of --variant and
+--batch). Times are medians (with min/max) over --steps repeated steps after
+--warmup steps. MFU is measured against a square matmul of the same dtype
+timed in this process right before the case (`calib_gflops`): on a shared or
+throttled machine that ratio is far more stable than any absolute figure.
+Where the device's datasheet peak is known (or given with --peak_tflops), the
+JSON also has `mfu_peak`.
+
+The training step is the real thing minus the input pipeline: forward,
+softmax cross-entropy, backward, AdamW, with the train state donated.
+"""
+import contextlib
+import json
+import resource
+import statistics
+import sys
+import time
+
+from absl import app
+from absl import flags
+import jax
+import jax.numpy as jnp
+import optax
+
+from big_vit_lite import losses
+from big_vit_lite import sharding
+from big_vit_lite import xla_cpu_flags
+
+_VARIANT = flags.DEFINE_list("variant", ["Ti/16"], "ViT variant(s), e.g. Ti/16,S/16.")
+_BATCH = flags.DEFINE_list("batch", ["32"], "Global batch size(s).")
+_RES = flags.DEFINE_integer("res", 224, "Image resolution (square).")
+_NUM_CLASSES = flags.DEFINE_integer("num_classes", 1000, "Classifier head size.")
+_DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"],
+                           "Matmul dtype (Model dtype_mm); params stay float32.")
+_REMAT = flags.DEFINE_string("remat", "none",
+                             "Model remat_policy: 'none' or a jax.checkpoint_policies name.")
+_SCAN = flags.DEFINE_bool("scan", False, "Run the encoder blocks under nn.scan.")
+_MODEL_KW = flags.DEFINE_string("model_kw", "{}",
+                "JSON dict of extra vit.Model kwargs, e.g. '{\"gelu\": \"tanh\"}'.")
+_MESH = flags.DEFINE_string("mesh", "",
+              "Mesh as axis:size pairs, e.g. 'data:-1' or 'data:2,fsdp:4' "
+              "(-1 = the remaining devices). Empty: one device, plain jit.")
+_MODE = flags.DEFINE_list("mode", ["train", "infer"], "Which steps to time.")
+_STEPS = flags.DEFINE_integer("steps", 5, "Timed steps per measurement.")
+_WARMUP = flags.DEFINE_integer("warmup", 2, "Untimed steps after compilation.")
+_CALIB_N = flags.DEFINE_integer("calib_n", 2048, "Side of the square calibration matmul.")
+_PEAK_TFLOPS = flags.DEFINE_float("peak_tflops", None,
+                                  "Datasheet peak of one device for --dtype (else looked up).")
+_CPU_FLAGS = flags.DEFINE_enum("cpu_flags", "default", list(xla_cpu_flags.PRESETS),
+                               "XLA CPU flag preset (see big_vit_lite/xla_cpu_flags.py); "
+                               "must be applied before JAX starts, so only via this flag.")
+
+# Dense datasheet peaks per device (FLOP/s), by a substring of device_kind.
+# GPU figures are the SXM parts without sparsity.
+_PEAKS = {
+  "bfloat16": [("H200", 989e12), ("H100", 989e12), ("A100", 312e12),
+                 ("TPU v6", 918e12), ("TPU v5p", 459e12), ("TPU v5", 197e12),
+                 ("TPU v4", 275e12), ("TPU v3", 123e12)],
+  "float32": [("H200", 67e12), ("H100", 67e12), ("A100", 19.5e12)],
+}
+
+def datasheet_peak(device, dtype):
+  for sub, peak in _PEAKS.get(dtype, []):
+    if sub.lower() in device.device_kind.lower():
+      return peak
+  return None
+
+
+def _median_min_max(times):
+  return statistics.median(times), min(times), max(times)
+
+
+def time_calls(fn, warmup, steps):
+  """Runs fn() warmup+steps times (fn must block); returns the timed durations."""
+  for _ in range(warmup):
+    fn()
+  out = []
+  for _ in range(steps):
+    t0 = time.perf_counter()
+    fn()
+    out.append(time.perf_counter() - t0)
+  return out
+
+
+def calibrate_matmul(n=2048, dtype="float32", reps=5):
+  """GFLOP/s of an n x n x n matmul in `dtype` (f32 accumulation), median of reps."""
+  ka, kb = jax.random.split(jax.random.PRNGKey(0))
+  a = jax.random.normal(ka, (n, n), dtype)
+  b = jax.random.normal(kb, (n, n), dtype)
+  mm = jax.jit(lambda a, b: jnp.dot(a, b, preferred_element_type=jnp.float32))
+  mm(a, b).block_until_ready()
+  times = time_calls(lambda: mm(a, b).block_until_ready(), 1, reps)
+  return 2 * n**3 / statistics.median(times) / 1e9
+
+
+def parse_mesh(spec):
+  """'data:2,fsdp:-1' -> sharding.make_mesh([("data", 2), ("fsdp", -1)]); '' -> None."""
+  if not spec:
+    return None
+  cfg = []
+  for part in spec.split(","):
+    name, sep, size = part.partition(":")
+    try:
+      cfg.append((name, int(size)))
+    except ValueError:
+      sep = ""
+    if not sep:
+      raise ValueError(f"--mesh={spec!r}: expected axis:size pairs, e.g. 'data:-1' or "
+                       "'data:2,fsdp:-1'")
+  return sharding.make_mesh(cfg)
+
+
+def _flops(compiled):
+  cost = compiled.cost_analysis()
+  if isinstance(cost, (list, tuple)):  # older jax: one dict per computation
+    cost = cost[0] if cost else {}
+  return float((cost or {}).get("flops", float("nan")))
+
+
+def _program_bytes(compiled):
+  """Peak bytes the compiled program needs: args + outputs + temps - aliased."""
+  try:
+    m = compiled.memory_analysis()
+    return int(m.argument_size_in_bytes + m.output_size_in_bytes
+                   + m.temp_size_in_bytes - m.alias_size_in_bytes)
+  except Exception:  # not every backend implements it
+    return None
+
+
+def _shardings(model, mesh, x):
+  """Param and batch shardings from the model's logical axis names (None: no mesh)."""
+  if mesh is None:
+    return None, None
+  abstract = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), x))["params"]
+  rules = sharding.make_rules(None, mesh)
+  return sharding.logical_shardings(abstract, mesh, rules), sharding.batch_sharding(mesh)
+
+
+def bench_model(model, *, batch, res, num_classes, mode=("train", "infer"), mesh=None,
+        steps=5, warmup=2, calib_gflops=None, peak_flops=None):
+  """Times one model's train and/or inference step; returns the JSON-able result dict.
+
+  model: a flax module whose apply(..., train=) returns (logits, out).
+  calib_gflops: in-process matmul rate for MFU (None: no MFU).
+  """
+  rng = jax.random.PRNGKey(0)
+  x = jax.random.normal(rng, (batch, res, res, 3), jnp.float32)
+  labels = jax.nn.one_hot(jnp.arange(batch) % num_classes, num_classes)
+  params_sh, batch_sh = _shardings(model, mesh, x)
+  if batch_sh is not None:
+    x, labels = jax.device_put((x, labels), batch_sh)
+
+  init = jax.jit(lambda r, x: sharding.unbox(model.init(r, x)["params"]),
+                   out_shardings=params_sh)
+  params = init(rng, x)
+  n_params = sum(p.size for p in jax.tree.leaves(params))
+  out = dict(batch=batch, res=res, params=int(n_params))
+
+  def finish(prefix, compiled, compile_s, times):
+    med, lo, hi = _median_min_max(times)
+    flops = _flops(compiled)
+    out.update({
+      f"{prefix}_compile_s": compile_s,
+      f"{prefix}_step_s": med, f"{prefix}_step_s_min": lo, f"{prefix}_step_s_max": hi,
+      f"{prefix}_img_per_s": batch / med,
+      f"{prefix}_step_flops": flops,
+      f"{prefix}_achieved_gflops": flops / med / 1e9,
+      f"{prefix}_program_bytes": _program_bytes(compiled),
+    })
+    if calib_gflops:
+      out[f"{prefix}_mfu"] = flops / med / 1e9 / calib_gflops
+    if peak_flops:
+      out[f"{prefix}_mfu_peak"] = flops / med / peak_flops
+
+  if "train" in mode:
+    tx = optax.adamw(1e-3, weight_decay=1e-4)
+
+    def train_step(state, x, labels):
+      params, opt_state = state
+
+      def loss_fn(p):
+        logits, _ = model.apply({"params": p}, x, train=True, rngs={"dropout": rng})
+        return losses.softmax_xent(logits, labels)
+
+      loss, grads = jax.value_and_grad(loss_fn)(params)
+      updates, opt_state = tx.update(grads, opt_state, params)
+      return (optax.apply_updates(params, updates), opt_state), loss
+
+    opt_state = jax.jit(tx.init)(params)
+    state = (params, opt_state)
+    t0 = time.perf_counter()
+    compiled = jax.jit(train_step, donate_argnums=0).lower(state, x, labels).compile()
+    compile_s = time.perf_counter() - t0
+
+    def run():
+      nonlocal state
+      state, loss = compiled(state, x, labels)
+      loss.block_until_ready()
+
+    times = time_calls(run, warmup, steps)
+    finish("train", compiled, compile_s, times)
+    params = state[0]
+    del state
+
+  if "infer" in mode:
+    predict = jax.jit(lambda p, x: model.apply({"params": p}, x, train=False)[0])
+    t0 = time.perf_counter()
+    compiled = predict.lower(params, x).compile()
+    compile_s = time.perf_counter() - t0
+    times = time_calls(lambda: compiled(params, x).block_until_ready(), warmup, steps)
+    finish("infer", compiled, compile_s, times)
+
+  # Contract keys: step_flops / mfu refer to the training step when timed.
+  main = "train" if "train" in mode else "infer"
+  out["step_flops"] = out[f"{main}_step_flops"]
+  out["achieved_gflops"] = out[f"{main}_achieved_gflops"]
+  out["mfu"] = out.get(f"{main}_mfu")
+  return out
+
+
+def peak_memory():
+  """Peak device bytes (where the backend reports it) and peak host RSS."""
+  stats = jax.devices()[0].memory_stats() or {}
+  rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+  return dict(peak_device_bytes=stats.get("peak_bytes_in_use"), peak_host_rss_bytes=rss)
+
+
+def build_model(variant, num_classes, dtype, remat, scan, model_kw):
+  from big_vit_lite.models import vit  # imported late: bench flags parse without it
+  kw = dict(num_classes=num_classes, variant=variant, dtype_mm=dtype,
+              remat_policy=None if remat == "none" else remat, scan=scan)
+  kw.update(model_kw)
+  return vit.Model(**kw)
+
+
+def main(argv):
+  del argv
+  try:
+    model_kw = json.loads(_MODEL_KW.value)
+    batches = [int(b) for b in _BATCH.value]
+  except ValueError as e:
+    raise app.UsageError(f"--model_kw must be a JSON dict and --batch integers: {e}")
+  bad = set(_MODE.value) - {"train", "infer"}
+  if bad:
+    raise app.UsageError(f"--mode: unknown {sorted(bad)}; use train and/or infer")
+  mesh = parse_mesh(_MESH.value)
+  dev = jax.devices()[0]
+  peak = _PEAK_TFLOPS.value * 1e12 if _PEAK_TFLOPS.value else datasheet_peak(dev, _DTYPE.value)
+  n_dev = mesh.size if mesh is not None else 1
+
+  for variant in _VARIANT.value:
+    for batch in batches:
+      model = build_model(variant, _NUM_CLASSES.value, _DTYPE.value, _REMAT.value,
+                _SCAN.value, model_kw)
+      calib_before = calibrate_matmul(_CALIB_N.value, _DTYPE.value)
+      ctx = jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext()
+      with ctx:
+        res = bench_model(model, batch=batch, res=_RES.value,
+                                  num_classes=_NUM_CLASSES.value, mode=tuple(_MODE.value),
+                                  mesh=mesh, steps=_STEPS.value, warmup=_WARMUP.value,
+                                  calib_gflops=calib_before * n_dev,
+                                  peak_flops=peak * n_dev if peak else None)
+      calib_after = calibrate_matmul(_CALIB_N.value, _DTYPE.value)
+      line = dict(variant=variant, dtype=_DTYPE.value, remat=_REMAT.value,
+            scan=_SCAN.value, mesh=_MESH.value or None, model_kw=model_kw,
+            cpu_flags=_CPU_FLAGS.value, device_kind=dev.device_kind,
+            num_devices=n_dev, jax_version=jax.__version__,
+            calib_gflops=calib_before, calib_gflops_after=calib_after,
+            datasheet_peak_tflops=peak / 1e12 if peak else None)
+      line.update(res)
+      line.update(peak_memory())
+      print(json.dumps(line), flush=True)
+
+
+def _apply_cpu_flags_from_argv():
+  # XLA reads XLA_FLAGS once, when the backend starts; absl parses flags
+  # later than that would allow, so peek at argv here, before any jax call.
+  for arg in sys.argv[1:]:
+    if arg.startswith("--cpu_flags="):
+      xla_cpu_flags.apply(arg.split("=", 1)[1])
+
+
+if __name__ == "__main__":
+  _apply_cpu_flags_from_argv()
+  app.run(main)

@@ -1,0 +1,191 @@
+"""Checkpoints: orbax CheckpointManager with atomic async saves, resume and preemption.
+
+Layout: `WORKDIR/checkpoints/<step>/` with three items:
+  state/   params, optimizer state, step and rng (a pytree of arrays, saved
+           sharded; restorable onto any device count or mesh),
+  data/    the training iterator's position (`TrainIterator.get_state()`),
+  config/  the run's config as JSON (so `load_params` can rebuild the model).
+Orbax writes each step into a temporary directory and renames it when every
+item is complete, so a kill during a save leaves the previous step usable and
+an incomplete one invisible.
+
+`load_params(src)` reads params from a training workdir (its newest complete
+checkpoint), an orbax step directory or an `.npz` file as nested numpy dicts.
+"""
+import json
+import os
+import signal
+import threading
+
+from absl import logging
+import jax
+import ml_collections
+import numpy as np
+import orbax.checkpoint as ocp
+
+CKPT_SUBDIR = "checkpoints"
+
+
+class Checkpointer:
+  """Saves and restores the train state + iterator position under WORKDIR/checkpoints.
+
+  Every process must call `save` and `restore` for the same steps (orbax
+  synchronises the processes inside these calls).
+  """
+
+  def __init__(self, workdir, *, keep=3, keep_every=None, async_save=True):
+    self.directory = os.path.abspath(os.path.join(workdir, CKPT_SUBDIR))
+    options = ocp.CheckpointManagerOptions(
+        max_to_keep=keep,           # The last `keep` checkpoints ...
+        keep_period=keep_every,     # ... plus every step divisible by keep_every.
+        enable_async_checkpointing=async_save,
+        create=True,
+        cleanup_tmp_directories=True,  # Leftovers of a save interrupted by a kill.
+    )
+    self.manager = ocp.CheckpointManager(
+        self.directory, options=options, item_names=("state", "data", "config"))
+
+  def latest_step(self):
+    return self.manager.latest_step()
+
+  def all_steps(self):
+    return list(self.manager.all_steps())
+
+  def save(self, step, state, data_state, config=None):
+    """Starts an (async) save of `state` (pytree) and `data_state` (JSON dict)."""
+    items = dict(
+        state=ocp.args.StandardSave(state),
+        data=ocp.args.JsonSave(data_state if data_state is not None else {}),
+        config=ocp.args.JsonSave(_config_to_json(config)),
+    )
+    # force=True: the caller decides when to save (ckpt_steps, end, preemption).
+    self.manager.save(int(step), args=ocp.args.Composite(**items), force=True)
+
+  def restore(self, step, abstract_state):
+    """Restores onto the shardings of `abstract_state` (ShapeDtypeStructs with .sharding).
+
+    The shardings may differ from those the checkpoint was written with:
+    orbax reads each device's slice, so a checkpoint from 8 FSDP devices
+    restores onto 1 device and back.
+    """
+    out = self.manager.restore(int(step), args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(abstract_state),
+        data=ocp.args.JsonRestore(),
+    ))
+    return out["state"], out["data"]
+
+  def wait(self):
+    self.manager.wait_until_finished()
+
+  def close(self):
+    self.manager.wait_until_finished()
+    self.manager.close()
+
+
+def _config_to_json(config):
+  if config is None:
+    return {}
+  if isinstance(config, ml_collections.ConfigDict):
+    return json.loads(config.to_json_best_effort())
+  return json.loads(json.dumps(config, default=str))
+
+
+# --------------------------------------------------------------------------
+# Reading params from other runs / files.
+
+def resolve_step_dir(src):
+  """A workdir, checkpoints dir or step dir -> the step directory to read."""
+  src = os.path.abspath(src)
+  if os.path.isdir(os.path.join(src, "state")):
+    return src
+  for ckpt_dir in (os.path.join(src, CKPT_SUBDIR), src):
+    if os.path.isdir(ckpt_dir):
+      steps = ocp.utils.checkpoint_steps(ckpt_dir)  # Complete (committed) steps only.
+      if steps:
+        return os.path.join(ckpt_dir, str(max(steps)))
+  raise ValueError(
+      f"No complete checkpoint found in {src}: pass a training workdir, a "
+      "checkpoint step directory (.../checkpoints/<step>) or an .npz file.")
+
+
+def load_params(src):
+  """Returns (params as a nested dict of np.ndarray, config ConfigDict or None).
+
+  src: a training workdir (its newest complete checkpoint), an orbax step
+  directory, or an `.npz` file (flat "a/b/c" keys; config None).
+  """
+  if not isinstance(src, (str, os.PathLike)):
+    raise ValueError(f"load_params needs a path, got {type(src).__name__}.")
+  src = os.fspath(src)
+  if src.endswith(".npz"):
+    if not os.path.isfile(src):
+      raise ValueError(f"No such .npz file: {src}")
+    return load_npz(src), None
+  if not os.path.exists(src):
+    raise ValueError(f"model_init path does not exist: {src}")
+  step_dir = resolve_step_dir(src)
+  ckptr = ocp.PyTreeCheckpointer()
+  state_dir = os.path.join(step_dir, "state")
+  tree = ckptr.metadata(state_dir).item_metadata.tree
+  if "params" not in tree:
+    raise ValueError(f"Checkpoint {step_dir} holds no 'params'.")
+  # Restore only the params, as host numpy arrays (no device/mesh needed).
+  restore_args = jax.tree.map(
+      lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree["params"])
+  out = ckptr.restore(state_dir, args=ocp.args.PyTreeRestore(
+      item={"params": tree["params"]}, restore_args={"params": restore_args},
+      partial_restore=True))
+  config = None
+  config_path = os.path.join(step_dir, "config", "metadata")
+  if os.path.isfile(config_path):
+    with open(config_path) as f:
+      cfg = json.load(f)
+    if cfg:
+      config = ml_collections.ConfigDict(cfg)
+  return out["params"], config
+
+
+def load_npz(path):
+  """Reads an .npz with flat 'a/b/c' keys into a nested dict of np.ndarray."""
+  params = {}
+  with np.load(path, allow_pickle=False) as f:
+    for key in f.files:
+      node = params
+      *parents, leaf = key.split("/")
+      for p in parents:
+        node = node.setdefault(p, {})
+      node[leaf] = f[key]
+  return params
+
+
+# --------------------------------------------------------------------------
+# Preemption: SIGTERM -> save at the next step boundary and exit 0.
+
+class PreemptionWatcher:
+  """Notices SIGTERM (how schedulers and TPU VMs announce preemption).
+
+  The handler only sets a flag; the training loop checks `reached(step)` after
+  each step, saves and exits cleanly. With several processes jax's
+  preemption sync manager picks one step on which all processes agree (the
+  coordination service relays the signal), so all of them save that step.
+  """
+
+  def __init__(self):
+    self._flag = threading.Event()
+    self._multi = jax.process_count() > 1
+    if not self._multi and threading.current_thread() is threading.main_thread():
+      self._previous = signal.signal(signal.SIGTERM, self._handle)
+
+  def _handle(self, signum, frame):
+    del signum, frame
+    logging.warning("SIGTERM received: saving a checkpoint at the next step.")
+    self._flag.set()
+
+  def reached(self, step):
+    if self._multi:
+      from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+      try:
+        return multihost_utils.reached_preemption_sync_point(int(step))
+      except RuntimeError:  # Preemption service not running (e.g. no coordinator).
+        return False
+    return self._flag.is_set()

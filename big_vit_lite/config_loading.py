@@ -1,0 +1,168 @@
+"""Config plumbing: the --config flag, unread-key detection, durations.
+
+CLIs define the config flag with `define_config_flag()` (an ml_collections
+config file, `FILE.py[:arg]`, locked, overridable with `--config.key=value`).
+
+Config keys nothing reads are errors, not silent no-ops (a typo such as
+`config.schedule.warmup_step` would otherwise train with the default). The
+trainer wraps its config in `TrackedConfig`, reads every key it uses through
+it, hands sub-dicts that another component consumes whole (model kwargs,
+evaluator kwargs) over with `.consume()`, and finally calls
+`check_all_read()`, which raises one line naming the first unread key.
+
+Durations (total, warmup, cooldown, ...) can be given in steps, epochs,
+examples or percent of the total, as `NAME_steps`, `NAME_epochs`,
+`NAME_examples`, `NAME_percent`; `get_steps` turns them into steps.
+"""
+import math
+
+from ml_collections import config_dict
+from ml_collections import config_flags
+
+
+def define_config_flag(name="config", help_string="Training configuration file (FILE.py[:arg])."):
+  return config_flags.DEFINE_config_file(name, None, help_string, lock_config=True)
+
+
+class UnreadConfigKeyError(ValueError):
+  pass
+
+
+class TrackedConfig:
+  """Read-only view of a ConfigDict that records which keys were read.
+
+  `cfg.key` / `cfg["key"]` / `cfg.get("key", default)` mark `key` read
+  (sub-dicts are returned tracked, so only the leaves actually read count);
+  `cfg.consume("key")` marks a whole subtree read and returns it untracked.
+  """
+
+  def __init__(self, cfg, _prefix="", _log=None):
+    object.__setattr__(self, "_cfg", cfg)
+    object.__setattr__(self, "_prefix", _prefix)
+    object.__setattr__(self, "_log", _log if _log is not None else set())
+
+  # -- reading
+  def _wrap(self, name, value):
+    path = self._prefix + name
+    if isinstance(value, config_dict.ConfigDict):
+      self._log.add(path + ".")  # Touched, not consumed: its leaves still count.
+      return TrackedConfig(value, path + ".", self._log)
+    self._log.add(path)
+    return value
+
+  def __getattr__(self, name):
+    if name.startswith("__"):
+      raise AttributeError(name)
+    try:
+      value = self._cfg[name]
+    except KeyError:
+      raise AttributeError(
+          f"Config key '{self._prefix}{name}' is missing: add it to the config file.") from None
+    return self._wrap(name, value)
+
+  def __getitem__(self, name):
+    return self._wrap(name, self._cfg[name])
+
+  def __setattr__(self, name, value):
+    raise TypeError("TrackedConfig is read-only; change the config file or pass --config.KEY=VALUE.")
+
+  def get(self, name, default=None):
+    if name not in self._cfg:
+      return default
+    value = self._wrap(name, self._cfg[name])
+    return default if value is None else value
+
+  def __contains__(self, name):
+    return name in self._cfg
+
+  def keys(self):
+    return list(self._cfg.keys())
+
+  def items(self):
+    return [(k, self[k]) for k in self.keys()]
+
+  def consume(self, name=None, default=None):
+    """Marks `name` (or this whole dict) and everything under it read; returns it as is."""
+    if name is None:
+      self._log.add(self._prefix + "*")
+      return self._cfg
+    if name not in self._cfg:
+      return default
+    self._log.add(self._prefix + name + ".*")
+    self._log.add(self._prefix + name)
+    value = self._cfg[name]
+    return default if value is None else value
+
+  def to_dict(self):
+    """A plain dict of this subtree, all of it marked read."""
+    cfg = self.consume()
+    return cfg.to_dict() if isinstance(cfg, config_dict.ConfigDict) else dict(cfg)
+
+  @property
+  def raw(self):
+    return self._cfg
+
+  # -- checking
+  def unread_keys(self):
+    return [p for p in _leaf_paths(self._cfg, self._prefix) if not self._is_read(p)]
+
+  def _is_read(self, path):
+    if path in self._log or "*" in self._log:
+      return True
+    parts = path.split(".")
+    return any(".".join(parts[:i]) + ".*" in self._log for i in range(1, len(parts) + 1))
+
+  def check_all_read(self):
+    unread = self.unread_keys()
+    if unread:
+      more = f" (and {len(unread) - 1} more: {', '.join(unread[1:4])})" if len(unread) > 1 else ""
+      raise UnreadConfigKeyError(
+          f"Config key '{unread[0]}' is set but nothing reads it{more}: remove it or fix its spelling.")
+
+
+def _leaf_paths(cfg, prefix=""):
+  for k, v in cfg.items():
+    if isinstance(v, config_dict.ConfigDict) and len(v):
+      yield from _leaf_paths(v, f"{prefix}{k}.")
+    elif isinstance(v, config_dict.ConfigDict):
+      continue  # An empty dict says nothing.
+    else:
+      yield prefix + k
+
+
+_UNITS = ("steps", "epochs", "examples", "percent")
+
+
+def get_steps(name, cfg, *, steps_per_epoch=None, batch_size=None, total_steps=None,
+              default=None, required=False):
+  """`NAME_steps|_epochs|_examples|_percent` in `cfg` -> a number of steps.
+
+  For `name == "total"`, `total_steps` wins over the others (so that
+  `--config.total_steps=N` shortens an epoch-based config); otherwise at most
+  one may be set. Every candidate key is read (marked used).
+  """
+  values = {u: cfg.get(f"{name}_{u}") for u in _UNITS}
+  given = {u: v for u, v in values.items() if v is not None}
+  if name == "total" and "steps" in given:
+    given = {"steps": given["steps"]}
+  if len(given) > 1:
+    keys = ", ".join(f"{name}_{u}" for u in given)
+    raise ValueError(f"Set only one of {keys}: they are different ways to give the same duration.")
+  if not given:
+    if required:
+      raise ValueError(f"Set one of {name}_steps or {name}_epochs in the config.")
+    return default
+  (unit, value), = given.items()
+  if unit == "steps":
+    return int(value)
+  if unit == "epochs":
+    if not steps_per_epoch:
+      raise ValueError(f"{name}_epochs needs the dataset size; give {name}_steps instead.")
+    return int(math.ceil(value * steps_per_epoch))
+  if unit == "examples":
+    if not batch_size:
+      raise ValueError(f"{name}_examples needs the batch size; give {name}_steps instead.")
+    return int(math.ceil(value / batch_size))
+  if total_steps is None:
+    raise ValueError(f"{name}_percent needs the total step count.")
+  return int(round(value / 100 * total_steps))

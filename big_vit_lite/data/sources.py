@@ -1,0 +1,132 @@
+"""Where training/eval examples come from: prepared tfds datasets or image folders.
+
+A source exposes the size of a split and, for any example range
+[start, end) of it, a tf.data pipeline of *raw* records (serialized tfds
+examples, or file paths) plus a `decode` function that turns one raw record
+into an example dict with the image still encoded. Reading raw records is
+cheap, so the input pipeline can shuffle and skip them (resume) before it
+does the expensive decode + pp in a parallel map.
+"""
+import os
+
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
+from big_vit_lite.data import builders  # noqa: F401  (registers mnist10k, animal_mnist, imagenet21k)
+
+# Names `python -m big_vit_lite.data.prepare` knows how to build offline.
+OFFLINE_DATASETS = ("fashion_mnist", "mnist10k", "animal_mnist")
+
+
+def resolve_data_dir(data_dir):
+  """Config value, else $TFDS_DATA_DIR, else tfds' default (~/tensorflow_datasets)."""
+  return os.path.expanduser(data_dir or os.environ.get("TFDS_DATA_DIR") or
+                            tfds.core.constants.DATA_DIR)
+
+
+def _prepare_hint(name, data_dir):
+  if name == "imagenet21k":
+    return (f"put the official ImageNet-21k tar file(s) in a folder and run `python -m "
+            f"big_vit_lite.data.prepare imagenet21k --data_dir={data_dir} --manual_dir=FOLDER`")
+  return f"run `python -m big_vit_lite.data.prepare {name} --data_dir={data_dir}`"
+
+
+def check_data_cfg(data_cfg):
+  """data_cfg (dict or ConfigDict) -> plain dict; unknown keys are an error."""
+  if hasattr(data_cfg, "to_dict"):
+    data_cfg = data_cfg.to_dict()
+  data_cfg = dict(data_cfg)
+  unknown = sorted(set(data_cfg) - {"name", "split", "data_dir"})
+  if unknown:
+    raise ValueError(f"data config has unknown key(s) {unknown}; allowed: name, split, data_dir")
+  if not data_cfg.get("name") or not data_cfg.get("split"):
+    raise ValueError(f"data config needs name and split, got {data_cfg}")
+  return data_cfg
+
+
+_SOURCES = {}
+
+
+def get_source(data_cfg):
+  """The source for a data config; cached per process (evals rebuild iterators often)."""
+  data_cfg = check_data_cfg(data_cfg)
+  key = (data_cfg["name"], data_cfg["split"], resolve_data_dir(data_cfg.get("data_dir")))
+  if key not in _SOURCES:
+    _SOURCES[key] = _make_source(data_cfg)
+  return _SOURCES[key]
+
+
+def _make_source(data_cfg):
+  if data_cfg["name"] == "imagefolder":
+    from big_vit_lite.data import imagefolder  # pylint: disable=import-outside-toplevel
+    return imagefolder.ImageFolderSource(data_cfg.get("data_dir"), data_cfg["split"])
+  return TfdsSource(data_cfg["name"], data_cfg["split"], data_cfg.get("data_dir"))
+
+
+class TfdsSource:
+  """A split (any tfds split syntax, e.g. "train[:90%]") of a prepared tfds dataset."""
+
+  def __init__(self, name, split, data_dir=None):
+    data_dir = resolve_data_dir(data_dir)
+    hint = _prepare_hint(name.split(":")[0].split("/")[0], data_dir)
+    try:
+      builder = tfds.builder(name, data_dir=data_dir)
+    except tfds.core.registered.DatasetNotFoundError:
+      raise ValueError(f"dataset {name!r} is unknown to tfds and not found in {data_dir}; "
+                       f"{hint}") from None
+    if not builder.is_prepared():
+      raise ValueError(f"dataset {name!r} is not prepared in {data_dir}; {hint}")
+    self.name = name
+    self.info = builder.info
+    fmt = str(getattr(builder.info, "file_format", "tfrecord") or "tfrecord")
+    if "tfrecord" not in fmt.lower():
+      raise ValueError(f"dataset {name!r} is stored as {fmt}; only tfrecord is supported: "
+                       f"re-prepare it with the default file format")
+    try:
+      split_info = builder.info.splits[split]
+    except (KeyError, ValueError, AssertionError) as e:
+      raise ValueError(f"bad split {split!r} for {name!r} (splits: "
+                       f"{sorted(builder.info.splits)}): {e}".replace("\n", " ")) from None
+    self.num_examples = int(split_info.num_examples)
+    # (filename, skip, take) of every file piece, in tfds' canonical order.
+    self._pieces = [(fi.filename, fi.skip, fi.take) for fi in split_info.file_instructions
+                    if fi.take > 0]
+    features = builder.info.features
+    # Images stay encoded: the pp `decode` op decodes them inside the parallel map.
+    self._decoders = {k: tfds.decode.SkipDecoding() for k, f in features.items()
+                      if isinstance(f, tfds.features.Image)}
+    self._features = features
+
+  def _pieces_in(self, start, end):
+    """File pieces covering examples [start, end) of the split."""
+    out, pos = [], 0
+    for fname, skip, take in self._pieces:
+      lo, hi = max(start, pos), min(end, pos + take)
+      if lo < hi:
+        out.append((fname, skip + lo - pos, hi - lo))
+      pos += take
+    return out
+
+  def raw(self, start, end, order_seed=None):
+    """Serialized records of examples [start, end).
+
+    `order_seed` (int64 scalar tensor) shuffles the order in which file
+    pieces are interleaved; None keeps the canonical order.
+    """
+    pieces = self._pieces_in(start, end)
+    if not pieces:
+      return tf.data.Dataset.from_tensor_slices(tf.constant([], tf.string))
+    files, skips, takes = (list(x) for x in zip(*pieces))
+    ds = tf.data.Dataset.from_tensor_slices(
+        (tf.constant(files), tf.constant(skips, tf.int64), tf.constant(takes, tf.int64)))
+    if order_seed is not None and len(pieces) > 1:
+      ds = ds.shuffle(len(pieces), seed=order_seed)
+    if len(pieces) == 1:
+      return tf.data.TFRecordDataset(files[0]).skip(skips[0]).take(takes[0])
+    return ds.interleave(
+        lambda f, s, t: tf.data.TFRecordDataset(f).skip(s).take(t),
+        cycle_length=min(len(pieces), 16), block_length=1,
+        num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+  def decode(self, record):
+    return self._features.deserialize_example(record, decoders=self._decoders)

@@ -1,0 +1,228 @@
+"""Joining a multi-process JAX job, and not hanging forever when a peer dies.
+
+Two calls for the trainer (and any other multi-process CLI):
+
+    distributed.initialize()              # first thing in main(), before any JAX computation
+    guard = distributed.HangGuard.from_env(timeout_s=config.get("hang_timeout_s"))
+    for step in ...:
+        ... train step, evals, checkpoint ...
+        guard.tick(step)                  # "this process made progress"
+    guard.stop()
+
+Why both: a peer that is SIGKILLed closes its gloo/NCCL/ICI connections and the others fail at once
+in their next collective. A peer that is *stopped* (SIGSTOP, a wedged host, a stuck NFS read) keeps
+its sockets open, and the others block inside a collective with no timeout of their own. Two
+independent detectors turn that into a bounded, non-zero exit with a message:
+  * jax's coordination service: every process heart-beats to process 0; when one misses
+    `heartbeat_timeout_s` the service tells all others, which abort. `initialize()` sets it.
+  * HangGuard: a watchdog thread in each process; if the training loop does not `tick()` for
+    `timeout_s` seconds (it is blocked in a collective waiting for a hung peer, or is hung itself
+    while its heartbeat thread still runs) it prints which step it was stuck after plus every
+    thread's Python stack, and exits the process with HANG_EXIT_CODE.
+"""
+from __future__ import annotations
+
+import faulthandler
+import os
+import sys
+import threading
+import time
+
+from absl import logging
+import jax
+
+# EX_TEMPFAIL from sysexits.h: "temporary failure, retrying may help" (restart resumes).
+HANG_EXIT_CODE = 75
+
+# Environment read by initialize(); launch/local.sh and the launch scripts set them.
+ENV_COORDINATOR = "JAX_COORDINATOR_ADDRESS"
+ENV_NUM_PROCESSES = "JAX_NUM_PROCESSES"
+ENV_PROCESS_ID = "JAX_PROCESS_ID"
+# "auto": let jax detect the cluster (Cloud TPU VM pods, SLURM, Open MPI, k8s); "off": never join.
+ENV_MODE = "BVL_DISTRIBUTED"
+ENV_HEARTBEAT = "BVL_HEARTBEAT_TIMEOUT_S"
+ENV_HANG_TIMEOUT = "BVL_HANG_TIMEOUT_S"
+ENV_HANG_STARTUP = "BVL_HANG_STARTUP_TIMEOUT_S"
+
+_SLURM_VARS = ("SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID")
+
+
+def _int_env(name: str, env) -> int | None:
+  value = env.get(name)
+  if value is None or value == "":
+    return None
+  try:
+    return int(value)
+  except ValueError:
+    raise ValueError(f"{name}={value!r} is not an integer; set it to a whole number or unset it") from None
+
+
+def _float_env(name: str, env) -> float | None:
+  value = env.get(name)
+  if value is None or value == "":
+    return None
+  try:
+    return float(value)
+  except ValueError:
+    raise ValueError(f"{name}={value!r} is not a number of seconds; fix or unset it") from None
+
+
+def describe_environment(env=None) -> dict | None:
+  """What initialize() would do: None (single process) or the kwargs for jax.distributed.initialize.
+
+  Pure function of the environment, so it can be tested without starting processes.
+  """
+  env = os.environ if env is None else env
+  mode = env.get(ENV_MODE, "").lower()
+  if mode == "off":
+    return None
+  if mode not in ("", "auto"):
+    raise ValueError(f"{ENV_MODE}={env[ENV_MODE]!r}: expected 'auto', 'off' or unset")
+
+  num = _int_env(ENV_NUM_PROCESSES, env)
+  pid = _int_env(ENV_PROCESS_ID, env)
+  if num is not None or pid is not None:
+    coord = env.get(ENV_COORDINATOR)
+    if num is None or pid is None or not coord:
+      raise ValueError(
+          f"multi-process run needs all of {ENV_COORDINATOR}, {ENV_NUM_PROCESSES} and {ENV_PROCESS_ID}; "
+          f"got {ENV_COORDINATOR}={coord!r}, {ENV_NUM_PROCESSES}={num}, {ENV_PROCESS_ID}={pid}")
+    if num < 1 or not 0 <= pid < num:
+      raise ValueError(f"need 0 <= {ENV_PROCESS_ID} < {ENV_NUM_PROCESSES}; got {pid} and {num}")
+    if ":" not in coord:
+      raise ValueError(f"{ENV_COORDINATOR}={coord!r} must be HOST:PORT (the address of process 0)")
+    if num == 1:
+      return None
+    return dict(coordinator_address=coord, num_processes=num, process_id=pid)
+
+  if all(v in env for v in _SLURM_VARS) and (_int_env("SLURM_NTASKS", env) or 1) > 1:
+    return {}  # jax's SLURM cluster detection reads the rest (coordinator = first node of the step).
+  if mode == "auto":
+    return {}  # Cloud TPU pod / Open MPI / k8s: jax detects; on a single host it is a 1-process job.
+  return None
+
+
+def initialize(*, heartbeat_timeout_s: float | None = None) -> bool:
+  """Joins the multi-process job described by the environment; returns True if it did.
+
+  Call it before anything that touches a JAX backend (jax.devices(), jit, device_put).
+  Order of precedence:
+    1. JAX_COORDINATOR_ADDRESS + JAX_NUM_PROCESSES + JAX_PROCESS_ID (launch/local.sh, plain multi-GPU);
+    2. SLURM (srun with more than one task): jax reads SLURM_* itself;
+    3. BVL_DISTRIBUTED=auto (TPU VM pods via launch/tpu_*.sh): jax asks the TPU metadata server;
+    otherwise a single process, nothing to do.
+  heartbeat_timeout_s (or $BVL_HEARTBEAT_TIMEOUT_S; jax's default 100): after this many seconds
+  without a heartbeat from a process the coordination service declares it dead and the others exit.
+  """
+  # CPU collectives (psum etc. across processes on CPU): gloo. Already jax 0.10's default; set it
+  # explicitly so that an older/newer default ("none") never turns into "no CPU collectives".
+  jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  kwargs = describe_environment()
+  if kwargs is None:
+    return False
+  env_hb = _float_env(ENV_HEARTBEAT, os.environ)
+  heartbeat = env_hb if env_hb is not None else heartbeat_timeout_s
+  if heartbeat is not None:
+    if heartbeat <= 0:
+      raise ValueError(f"heartbeat timeout must be > 0 seconds, got {heartbeat}")
+    kwargs["heartbeat_timeout_seconds"] = max(1, int(round(heartbeat)))
+  if jax.distributed.is_initialized():
+    return True
+  jax.distributed.initialize(**kwargs)
+  logging.info("jax.distributed: process %d of %d, %d local / %d global devices",
+               jax.process_index(), jax.process_count(), jax.local_device_count(), jax.device_count())
+  return True
+
+
+class HangGuard:
+  """Exits the process if the loop stops making progress for `timeout_s` seconds.
+
+  `tick(step)` after every training step (and after evals/checkpoints, which are collective too).
+  Before the first tick the limit is `startup_timeout_s` (compilation of the first step can take
+  minutes on a pod). A disabled guard (timeout_s None or <= 0) costs nothing and does nothing.
+  """
+
+  def __init__(self, timeout_s: float | None, *, startup_timeout_s: float | None = None,
+               exit_code: int = HANG_EXIT_CODE, stream=None):
+    self.timeout_s = timeout_s if timeout_s and timeout_s > 0 else None
+    if self.timeout_s is not None and startup_timeout_s is None:
+      startup_timeout_s = max(self.timeout_s, 900.0)
+    self.startup_timeout_s = startup_timeout_s
+    self.exit_code = exit_code
+    self._stream = stream if stream is not None else sys.stderr
+    self._last = time.monotonic()
+    self._step = None
+    self._started = False
+    self._stop = threading.Event()
+    self._thread = None
+    if self.timeout_s is not None:
+      self._thread = threading.Thread(target=self._watch, name="HangGuard", daemon=True)
+      self._thread.start()
+
+  @classmethod
+  def from_env(cls, timeout_s: float | None = None, *, multi_process_only: bool = True,
+               **kwargs) -> "HangGuard":
+    """$BVL_HANG_TIMEOUT_S (0 disables) overrides `timeout_s`; $BVL_HANG_STARTUP_TIMEOUT_S the
+    startup limit. With multi_process_only, a single-process run gets a disabled guard: it has no
+    peer to wait for."""
+    env_timeout = _float_env(ENV_HANG_TIMEOUT, os.environ)
+    if env_timeout is not None:
+      timeout_s = env_timeout
+    env_startup = _float_env(ENV_HANG_STARTUP, os.environ)
+    if env_startup is not None:
+      kwargs["startup_timeout_s"] = env_startup
+    if multi_process_only and jax.process_count() == 1:
+      timeout_s = None
+    return cls(timeout_s, **kwargs)
+
+  @property
+  def enabled(self) -> bool:
+    return self._thread is not None
+
+  def tick(self, step: int | None = None) -> None:
+    self._step = step if step is not None else self._step
+    self._last = time.monotonic()
+    self._started = True
+
+  def stop(self) -> None:
+    self._stop.set()
+    if self._thread is not None:
+      self._thread.join()
+      self._thread = None
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self.stop()
+
+  def _limit(self) -> float:
+    return self.timeout_s if self._started else self.startup_timeout_s
+
+  def _watch(self) -> None:
+    poll = min(5.0, max(0.1, self.timeout_s / 10))
+    while not self._stop.wait(poll):
+      idle = time.monotonic() - self._last
+      limit = self._limit()
+      if idle <= limit:
+        continue
+      where = f"after step {self._step}" if self._step is not None else "before the first step"
+      try:
+        proc = f"process {jax.process_index()} of {jax.process_count()}"
+      except Exception:  # pylint: disable=broad-except  (never let the message itself hang/fail)
+        proc = "this process"
+      self._stream.write(
+          f"\nHangGuard: {proc} made no progress for {idle:.0f} s (limit {limit:.0f} s) {where}; "
+          f"a peer process is probably dead or stopped, or this one is stuck (stacks below). "
+          f"Exiting with status {self.exit_code}; restart the job to resume from the last "
+          f"checkpoint (limit: ${ENV_HANG_TIMEOUT} or config.hang_timeout_s).\n")
+      self._stream.flush()
+      try:
+        faulthandler.dump_traceback(file=self._stream, all_threads=True)
+      except Exception:  # pylint: disable=broad-except  (e.g. a stream without fileno)
+        pass
+      self._stream.flush()
+      # os._exit: the main thread is blocked inside a C++ collective, so an exception or
+      # sys.exit() from here could never unwind it, and atexit hooks (jax.distributed.shutdown)
+      # would wait for the dead peer.
+      os._exit(self.exit_code)

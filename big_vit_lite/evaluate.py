@@ -1,0 +1,254 @@
+r"""Evaluate a checkpoint: few-shot, linear probe or classification, no training.
+
+  python -m big_vit_lite.evaluate --config=configs/fewshot.py --workdir=OUT \
+      --config.model_init=SRC
+
+SRC is a training workdir (its newest complete checkpoint), an orbax step
+directory (WORKDIR/checkpoints/<step>) or an .npz in the vision_transformer
+layout (also big_vision's and the paper's pre-linen layout).
+
+The model: for a training workdir or step directory, the run's own model
+config (saved with the checkpoint); for an .npz, the architecture read off
+the param shapes (width, depth, heads, MLP size, patch, pooling, head size).
+Entries of the eval config's `model` dict that are not None override both
+(e.g. `--config.model.gelu=tanh` for the original paper's checkpoints).
+
+The model runs at the resolution and channel count it was trained with; the
+eval pp must resize to it (configs/fewshot.py:res=R) and decode to RGB.
+Results go to OUT/metrics.jsonl (one line, keys "EVAL_NAME/KEY", step = the
+checkpoint's step) and TensorBoard, and a table is printed.
+"""
+import math
+import os
+import re
+import sys
+
+from absl import app
+from absl import flags
+from absl import logging
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from big_vit_lite import checkpoint
+from big_vit_lite import config_loading
+from big_vit_lite import metrics
+from big_vit_lite import sharding
+from big_vit_lite import evaluators
+from big_vit_lite.models import interop
+from big_vit_lite.models import vit
+
+_CONFIG = config_loading.define_config_flag(
+    help_string="Evaluation config file (FILE.py[:arg]), e.g. configs/fewshot.py.")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Where metrics.jsonl and TensorBoard go.")
+
+
+# ---------------------------------------------------------------- the model
+
+def read_source(src):
+  """SRC -> (canonical flat params, posemb prefix rows, saved config or None, step)."""
+  src = os.path.expanduser(str(src))
+  if os.path.isdir(src):
+    params, config = checkpoint.load_params(src)
+    step_dir = checkpoint.resolve_step_dir(src)
+    step = int(os.path.basename(step_dir)) if os.path.basename(step_dir).isdigit() else 0
+    flat, num_prefix = interop.canonicalize(interop.to_numpy_flat(params))
+    return flat, num_prefix, config, step
+  if src.endswith(".npz"):
+    if not os.path.isfile(src):
+      raise ValueError(f"model_init: no such file {src}.")
+    flat, num_prefix = interop.canonicalize(interop.read_npz(src))
+    return flat, num_prefix, None, 0
+  if os.path.exists(src):
+    raise ValueError(f"model_init={src} is neither a directory nor an .npz file; pass a "
+                     "training workdir, a checkpoint step directory or an .npz.")
+  raise ValueError(f"model_init={src} does not exist; pass a training workdir, a "
+                   "checkpoint step directory or an .npz.")
+
+
+_BLOCK = re.compile(r"^Transformer/encoderblock_(\d+)/")
+
+
+def infer_model_cfg(flat):
+  """vit.Model kwargs read off canonical flat params (loop layout)."""
+  try:
+    kernel = flat["embedding/kernel"]
+    q = flat["Transformer/encoderblock_0/MultiHeadDotProductAttention_0/query/kernel"]
+    mlp = flat["Transformer/encoderblock_0/MlpBlock_0/Dense_0/kernel"]
+  except KeyError as e:
+    raise ValueError(f"model_init holds no ViT params ({e.args[0]} is missing).") from None
+  depth = 1 + max(int(m.group(1)) for m in map(_BLOCK.match, flat) if m)
+  cfg = dict(variant=None, width=int(kernel.shape[3]), depth=depth, mlp_dim=int(mlp.shape[1]),
+             num_heads=int(q.shape[1]), patch_size=int(kernel.shape[0]),
+             pool_type="tok" if "cls" in flat else "map" if "MAPHead_0/probe" in flat else "gap",
+             posemb="learn" if "Transformer/posembed_input/pos_embedding" in flat else "sincos2d",
+             num_classes=int(flat["head/kernel"].shape[1]) if "head/kernel" in flat else 0)
+  if "pre_logits/kernel" in flat:
+    cfg["rep_size"] = int(flat["pre_logits/kernel"].shape[1])
+  return cfg
+
+
+def native_input_shape(flat, num_prefix, saved_config):
+  """(res, channels) the model was trained at, from the param shapes."""
+  kernel = flat["embedding/kernel"]
+  patch, channels = int(kernel.shape[0]), int(kernel.shape[2])
+  posemb = flat.get("Transformer/posembed_input/pos_embedding")
+  if posemb is not None:
+    grid = math.isqrt(posemb.shape[1] - num_prefix)
+    return grid * patch, channels
+  # sincos posemb has no params: look for the training pp's resize instead.
+  pp = ""
+  if saved_config is not None and "input" in saved_config:
+    pp = str(saved_config.input.get("pp", ""))
+  m = re.findall(r"(?:resize|inception_crop|random_crop|central_crop)\((\d+)", pp)
+  if not m:
+    raise ValueError("Cannot tell the model's input resolution (no learned posemb and no "
+                     "saved training pp); this evaluator needs a learned-posemb model.")
+  return int(m[-1]), channels
+
+
+def build_model(config, flat, saved_config):
+  """(vit.Model, kwargs) from the saved run config or the param shapes + overrides."""
+  model_name = "vit"
+  if saved_config is not None and "model" in saved_config:
+    model_cfg = saved_config.model.to_dict()
+    model_name = saved_config.get("model_name", "vit")
+    source = "the checkpoint's saved config"
+  else:
+    model_cfg = infer_model_cfg(flat)
+    source = "the param shapes"
+  overrides = {}
+  if "model" in config:
+    overrides = {k: v for k, v in config.consume("model").items() if v is not None}
+  model_cfg.update(overrides)
+  if model_name != "vit":
+    raise ValueError(f"model_name={model_name!r}: only 'vit' is supported.")
+  model_cfg["num_classes"] = (int(flat["head/kernel"].shape[1]) if "head/kernel" in flat
+                              else 0)
+  # Evaluation never uses dropout or remat.
+  model_cfg.update(dropout=0.0, drop_path=0.0, remat_policy=None)
+  logging.info("Model from %s%s: %s", source,
+               f" with overrides {overrides}" if overrides else "", model_cfg)
+  try:
+    return vit.Model(**model_cfg), model_cfg
+  except TypeError as e:
+    raise ValueError(f"Bad model config {model_cfg}: {e}") from None
+
+
+def make_predict_fn(model, res, channels):
+  """predict_fn(params, images) -> (logits, out), checking the image shape first."""
+
+  def predict_fn(params, images):
+    _, h, w, c = images.shape
+    if (h, w, c) != (res, res, channels):
+      raise ValueError(
+          f"The eval pp gives {h}x{w}x{c} images but the model takes {res}x{res}x{channels}: "
+          f"resize to {res} and decode with channels={channels} in the pp (e.g. "
+          f"configs/fewshot.py:res={res}).")
+    return model.apply({"params": params}, images.astype(jnp.float32), train=False)
+
+  return predict_fn
+
+
+# ---------------------------------------------------------------- the table
+
+def format_table(results):
+  """Readable text for {eval_name: {key: value}}; few-shot keys as datasets x shots."""
+  lines = []
+  for name, res in results.items():
+    lines.append(f"== {name}")
+    shots = {}
+    rest = {}
+    for k, v in res.items():
+      m = re.fullmatch(r"(.+)_(\d+)shot", k)
+      if m:
+        shots.setdefault(m.group(1), {})[int(m.group(2))] = v
+      else:
+        rest[k] = v
+    if shots:
+      cols = sorted({s for d in shots.values() for s in d})
+      width = max(len("dataset"), *(len(d) for d in shots))
+      lines.append(f"  {'dataset':<{width}}" + "".join(f"{f'{s}-shot':>9}" for s in cols))
+      for ds, by_shot in shots.items():
+        cells = "".join(f"{100 * by_shot[s]:8.2f}%" if s in by_shot else f"{'-':>9}"
+                        for s in cols)
+        lines.append(f"  {ds:<{width}}{cells}")
+    for k, v in rest.items():
+      is_acc = k.startswith("prec@") or name.startswith("linear_probe") or (
+          0.0 <= v <= 1.0 and k != "loss")
+      lines.append(f"  {k:<24}{100 * v:8.2f}%" if is_acc else f"  {k:<24}{v:9.4f}")
+  return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- main
+
+def evaluate(config, workdir):
+  """Runs every evaluator of `config.evals` on `config.model_init`; returns {name: results}."""
+  cfg = config_loading.TrackedConfig(config)
+  src = cfg.get("model_init")
+  if not src:
+    raise ValueError("Set the checkpoint to evaluate: --config.model_init=SRC (a training "
+                     "workdir, a checkpoint step directory or an .npz).")
+  if "evals" not in cfg or not len(cfg.raw.evals):
+    raise ValueError("The config has no `evals`: nothing to evaluate.")
+  flat, num_prefix, saved_config, step = read_source(src)
+  model, _ = build_model(cfg, flat, saved_config)
+  res, channels = native_input_shape(flat, num_prefix, saved_config)
+  logging.info("Model input: %dx%dx%d; checkpoint step %d.", res, res, channels, step)
+
+  mesh = sharding.make_mesh(cfg.get("mesh"))
+  rules = sharding.make_rules(cfg.get("sharding_rules"), mesh)
+  abstract = jax.eval_shape(
+      lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, res, res, channels)))["params"])
+  loaded = interop.merge(abstract, flat, num_prefix)
+  shardings = sharding.logical_shardings(abstract, mesh, rules)
+  params = jax.device_put(nn.meta.unbox(loaded), shardings)
+
+  predict_fn = make_predict_fn(model, res, channels)
+  evaluators_by_name = {}
+  for name in cfg.raw.evals:
+    ecfg = cfg.evals[name].to_dict()  # marks the whole entry read
+    etype = ecfg.pop("type", None)
+    if etype is None:
+      raise ValueError(f"evals.{name} needs a `type` (classification, fewshot, linear_probe).")
+    ecfg.pop("log_steps", None)  # only the trainer schedules evals
+    cls = evaluators.get_evaluator_cls(etype)
+    try:
+      evaluators_by_name[name] = cls(predict_fn, mesh=mesh, **ecfg)
+    except TypeError as e:
+      raise ValueError(f"evals.{name} (type {etype}): {e}") from None
+  cfg.check_all_read()
+
+  writer = metrics.MetricWriter(workdir)
+  results = {}
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    for name, evaluator in evaluators_by_name.items():
+      logging.info("Running eval %s ...", name)
+      results[name] = {k: float(v) for k, v in evaluator.run(params).items()}
+  writer.write(step, {f"{n}/{k}": v for n, r in results.items() for k, v in r.items()})
+  writer.close()
+  return results
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
+  if _CONFIG.value is None:
+    raise app.UsageError("--config=configs/FILE.py is required.")
+  if not _WORKDIR.value:
+    raise app.UsageError("--workdir=OUT is required.")
+  try:
+    results = evaluate(_CONFIG.value, _WORKDIR.value)
+  except (ValueError, config_loading.UnreadConfigKeyError) as e:
+    # One line on stderr and a non-zero exit; the full traceback only at -v 1.
+    logging.debug("evaluate failed", exc_info=True)
+    print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+    sys.exit(1)
+  if jax.process_index() == 0:
+    print(format_table(results))
+    print(f"(written to {os.path.join(_WORKDIR.value, 'metrics.jsonl')})")
+
+
+if __name__ == "__main__":
+  app.run(main)

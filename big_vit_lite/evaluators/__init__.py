@@ -1,0 +1,35 @@
+"""Evaluators, found by the `type` name of a config's `evals.NAME` entry.
+
+Each module `big_vit_lite.evaluators.<type>` defines `Evaluator(predict_fn, *,
+mesh, **cfg)` with `.run(params) -> dict[str, float]`; adding an evaluator is
+adding a module, nothing else. The other modules here (features, ridge,
+logistic) are shared pieces, not types.
+"""
+import importlib
+import pkgutil
+
+
+def available():
+  """Names of the modules here that define an `Evaluator` (the valid types)."""
+  names = []
+  for info in pkgutil.iter_modules(__path__):
+    if not info.ispkg and hasattr(importlib.import_module(f"{__name__}.{info.name}"),
+                                  "Evaluator"):
+      names.append(info.name)
+  return sorted(names)
+
+
+def get_evaluator_cls(type_name):
+  """The `Evaluator` class of module `big_vit_lite.evaluators.<type_name>`."""
+  if not isinstance(type_name, str) or not type_name.isidentifier():
+    raise ValueError(f"Evaluator type must be a module name, got {type_name!r}.")
+  try:
+    module = importlib.import_module(f"{__name__}.{type_name}")
+  except ModuleNotFoundError as e:
+    if e.name != f"{__name__}.{type_name}":
+      raise  # A missing dependency inside an existing evaluator: show it.
+    module = None
+  if module is None or not hasattr(module, "Evaluator"):
+    raise ValueError(f"Unknown evaluator type {type_name!r}; use one of "
+                     f"{', '.join(available())}.")
+  return module.Evaluator

@@ -1,0 +1,90 @@
+"""Classification accuracy and loss of the model's own head over a whole split.
+
+Reports "prec@1" (the top-scoring class is a positive label), "prec@5" when
+there are more than 5 classes, and the mean "loss" (softmax or sigmoid
+cross-entropy, as in training). Every example of the split counts exactly
+once: padding rows of the last batch have `_mask == False` and are excluded
+from all sums. Sums are taken on device per batch; only scalars come back.
+
+Labels are read from "labels" (one-hot / multi-hot, as the training pp
+makes them) or, when absent, from the integer "label".
+"""
+import jax
+import jax.numpy as jnp
+import optax
+
+from big_vit_lite.data import input_pipeline
+from big_vit_lite.evaluators import features as feats
+
+LOSSES = ("softmax_xent", "sigmoid_xent")
+
+
+def _labels(batch, num_classes):
+  if "labels" in batch:
+    return batch["labels"].astype(jnp.float32)
+  if "label" in batch:
+    return jax.nn.one_hot(batch["label"], num_classes, dtype=jnp.float32)
+  raise ValueError("Classification eval batches need 'labels' (one-hot) or 'label' "
+                   f"(integer); the pp produced {sorted(batch)}.")
+
+
+def batch_sums(logits, labels, mask, loss_name):
+  """Masked sums of correct@1, correct@5, loss and example count for one batch."""
+  logits = logits.astype(jnp.float32)
+  mask = mask.astype(jnp.float32)
+  if loss_name == "softmax_xent":
+    loss = -jnp.sum(labels * jax.nn.log_softmax(logits), axis=-1)
+  else:
+    loss = jnp.sum(optax.sigmoid_binary_cross_entropy(logits, labels), axis=-1)
+  top1 = jnp.argmax(logits, axis=-1)
+  hit1 = jnp.take_along_axis(labels, top1[:, None], axis=-1)[:, 0] > 0
+  out = {"correct@1": jnp.sum(hit1 * mask), "loss": jnp.sum(loss * mask),
+         "count": jnp.sum(mask)}
+  if logits.shape[-1] > 5:
+    _, top5 = jax.lax.top_k(logits, 5)
+    hit5 = jnp.any(jnp.take_along_axis(labels, top5, axis=-1) > 0, axis=-1)
+    out["correct@5"] = jnp.sum(hit5 * mask)
+  return out
+
+
+class Evaluator:
+  """prec@1 / prec@5 / loss of the classifier head over one split."""
+
+  def __init__(self, predict_fn, *, mesh, data, pp, batch_size=256,
+               loss_name="softmax_xent"):
+    if loss_name not in LOSSES:
+      raise ValueError(f"loss_name={loss_name!r} is not one of {LOSSES}.")
+    if int(batch_size) % jax.process_count():
+      raise ValueError(f"batch_size={batch_size} must be divisible by the process "
+                       f"count {jax.process_count()}.")
+    self.data = data.to_dict() if hasattr(data, "to_dict") else dict(data)
+    self.pp = pp
+    self.batch_size = int(batch_size)
+    self.mesh = mesh
+
+    def sums(params, batch):
+      logits, _ = predict_fn(params, batch["image"])
+      return batch_sums(logits, _labels(batch, logits.shape[-1]), batch["_mask"],
+                        loss_name)
+
+    self._sums = jax.jit(sums)
+
+  def run(self, params):
+    it = input_pipeline.make_eval_iterator(self.data, self.pp, self.batch_size)
+    totals = {}
+    for out in feats.map_batches(self._sums, params, self._select(it), self.mesh):
+      for k, v in out.items():
+        totals[k] = totals.get(k, 0.0) + float(v)
+    if not totals or totals["count"] == 0:
+      raise ValueError(f"Classification eval data {self.data} yielded no examples.")
+    n = totals["count"]
+    result = {"prec@1": totals["correct@1"] / n, "loss": totals["loss"] / n}
+    if "correct@5" in totals:
+      result["prec@5"] = totals["correct@5"] / n
+    return result
+
+  @staticmethod
+  def _select(batches):
+    """Keeps only what the forward needs (drops e.g. string keys)."""
+    for b in batches:
+      yield {k: b[k] for k in ("image", "labels", "label", "_mask") if k in b}

@@ -1,0 +1,205 @@
+"""Few-shot linear evaluation: closed-form ridge on frozen features.
+
+The protocol of the ViT paper (and big_vision's `fewshot` evaluator): for
+each dataset, shot count k and seed, take k random training examples per
+class, fit a ridge regression from their standardised representation to
+{-1, +1} one-hot targets and report the test accuracy; the metric
+f"{dataset}_{k}shot" is the mean over seeds.
+
+What differs from big_vision:
+- Only the sampled training examples are forwarded. A first pass reads the
+  labels alone, the samples of every (seed, shot) are drawn from them (nested:
+  the 5-shot sample of a seed contains its 1-shot sample), and a second pass
+  forwards just their union (at most max(shots) x classes x seeds images)
+  plus the test split.
+- The l2 penalty is chosen per fit by exact leave-one-out accuracy on the
+  sampled training examples (see ridge.py), never on the test split.
+- Features are computed once per dataset per `run`, and reused by later runs
+  only while the params are the very same (immutable) arrays.
+
+Config (evals.NAME minus type/log_steps):
+  datasets: {NAME: dict(name=TFDS_NAME, data_dir=None, [train_split], [test_split], [pp])}
+  pp: preprocessing of both splits; must keep "image" and the integer label.
+"""
+import math
+import weakref
+
+from absl import logging
+import jax
+import numpy as np
+
+from big_vit_lite.data import input_pipeline
+from big_vit_lite.evaluators import features as feats
+from big_vit_lite.evaluators import ridge
+
+DEFAULT_DATASETS = {
+    "mnist10k": dict(name="mnist10k"),
+    "animal_mnist": dict(name="animal_mnist"),
+}
+DEFAULT_PP = "decode|value_range(-1, 1)|keep('image', 'label')"
+_DATASET_KEYS_OWN = ("train_split", "test_split", "pp")
+
+
+def dataset_cfgs(datasets, pp, train_split, test_split):
+  """NAME -> (train data cfg, test data cfg, pp) from the `datasets` config."""
+  if hasattr(datasets, "to_dict"):
+    datasets = datasets.to_dict()
+  if not isinstance(datasets, dict) or not datasets:
+    raise ValueError("`datasets` must be a non-empty dict NAME -> dict(name=..., ...), "
+                     f"got {datasets!r}.")
+  out = {}
+  for name, spec in datasets.items():
+    if hasattr(spec, "to_dict"):
+      spec = spec.to_dict()
+    if not isinstance(spec, dict) or "name" not in spec:
+      raise ValueError(f"datasets[{name!r}] must be a dict with at least `name` (a tfds "
+                       f"name or 'imagefolder'), got {spec!r}.")
+    base = {k: v for k, v in spec.items() if k not in _DATASET_KEYS_OWN}
+    out[name] = (dict(base, split=spec.get("train_split", train_split)),
+                 dict(base, split=spec.get("test_split", test_split)),
+                 spec.get("pp", pp))
+  return out
+
+
+class ParamsCache:
+  """Remembers values computed for one params pytree while it stays the same.
+
+  jax arrays are immutable, so the same leaf objects mean the same values;
+  weak references avoid keeping old params alive. Numpy leaves (mutable)
+  disable caching.
+  """
+
+  def __init__(self):
+    self._refs = None
+    self.values = {}
+
+  def check(self, params):
+    leaves = jax.tree.leaves(params)
+    same = (self._refs is not None and len(leaves) == len(self._refs)
+            and all(r() is leaf for r, leaf in zip(self._refs, leaves)))
+    if not same:
+      self.values = {}
+      cacheable = all(isinstance(leaf, jax.Array) for leaf in leaves)
+      self._refs = [weakref.ref(leaf) for leaf in leaves] if cacheable else None
+    return self.values
+
+
+def sample_per_class(labels, shot, rng):
+  """Indices of `shot` random examples per class (all of them if fewer)."""
+  out = []
+  for c in np.unique(labels):
+    idx = np.flatnonzero(labels == c)
+    out.append(rng.permutation(idx)[:shot])
+  return np.concatenate(out)
+
+
+class Evaluator:
+  """Few-shot ridge evaluation on one or more datasets."""
+
+  def __init__(self, predict_fn, *, mesh, datasets=None, pp=DEFAULT_PP,
+               shots=(1, 5, 10, 25), num_seeds=5, representation_layer="pre_logits",
+               batch_size=256, l2_regs=ridge.DEFAULT_L2_REGS, label_key="label",
+               train_split="train", test_split="test"):
+    self.mesh = mesh
+    self.datasets = dataset_cfgs(DEFAULT_DATASETS if datasets is None else datasets,
+                                 pp, train_split, test_split)
+    self.shots = tuple(int(s) for s in shots)
+    if not self.shots or min(self.shots) < 1:
+      raise ValueError(f"shots must be positive integers, got {shots!r}.")
+    if int(num_seeds) < 1:
+      raise ValueError(f"num_seeds must be >= 1, got {num_seeds!r}.")
+    self.seeds = tuple(range(int(num_seeds)))
+    self.batch_size = int(batch_size)
+    if self.batch_size % jax.process_count():
+      raise ValueError(f"batch_size={batch_size} must be divisible by the process "
+                       f"count {jax.process_count()}.")
+    self.l2_regs = tuple(float(r) for r in l2_regs)
+    self.label_key = label_key
+    self.extractor = feats.FeatureExtractor(predict_fn, mesh, representation_layer)
+    self._cache = ParamsCache()
+
+  # ------------------------------------------------------------------ data
+
+  def _train_labels(self, data_cfg):
+    """All processes' labels of the train split: (labels (P, n), valid (P, n))."""
+    labels, masks = [], []
+    it = input_pipeline.make_eval_iterator(
+        data_cfg, f"keep('{self.label_key}')", self.batch_size)
+    for batch in it:
+      labels.append(np.asarray(batch[self.label_key]))
+      masks.append(np.asarray(batch["_mask"]).astype(bool))
+    if not labels:
+      raise ValueError(f"Few-shot train split {data_cfg} is empty.")
+    return (feats.gather_local(np.concatenate(labels)),
+            feats.gather_local(np.concatenate(masks)))
+
+  def _samples(self, labels):
+    """{(seed, shot): ids} nested per seed, over valid global example ids."""
+    ids = np.arange(labels.shape[0])
+    out = {}
+    for seed in self.seeds:
+      order = sample_per_class(labels, max(self.shots), np.random.default_rng(seed))
+      # Re-split the per-class prefix: the first `shot` of each class.
+      for shot in self.shots:
+        chosen = []
+        for c in np.unique(labels):
+          in_c = order[labels[order] == c]
+          chosen.append(in_c[:shot])
+        out[seed, shot] = ids[np.concatenate(chosen)]
+    return out
+
+  def _features(self, params, name):
+    train_cfg, test_cfg, pp = self.datasets[name]
+    labels_pn, valid_pn = self._train_labels(train_cfg)
+    nproc, n_local = labels_pn.shape
+    gid = np.arange(nproc * n_local).reshape(nproc, n_local)
+    valid_ids = gid[valid_pn]
+    valid_labels = labels_pn[valid_pn]
+    samples = self._samples(valid_labels)
+    # Sample positions index valid_ids; map them to global ids (process, row).
+    samples = {k: valid_ids[v] for k, v in samples.items()}
+    wanted_global = np.unique(np.concatenate(list(samples.values())))
+    counts = np.bincount(wanted_global // n_local, minlength=nproc)
+    local_bs = self.batch_size // nproc
+    num_batches = max(1, math.ceil(counts.max() / local_bs))
+    me = jax.process_index()
+    mine = wanted_global[wanted_global // n_local == me]
+    wanted = {int(g - me * n_local): int(g) for g in mine}
+    batches = feats.select_batches(
+        input_pipeline.make_eval_iterator(train_cfg, pp, self.batch_size),
+        wanted, local_bs, num_batches, keys=("image", self.label_key))
+    train = self.extractor(params, batches, keys=(self.label_key, "_id"))
+    row_of = {int(g): i for i, g in enumerate(train["_id"])}
+    flat_labels = labels_pn.reshape(-1)
+    if len(row_of) != wanted_global.size or np.any(
+        train[self.label_key] != flat_labels[train["_id"]]):
+      raise RuntimeError(f"{name}: the train split was not read in the same order twice; "
+                         "few-shot needs a deterministic eval iterator.")
+    test = self.extractor(params, input_pipeline.make_eval_iterator(
+        test_cfg, pp, self.batch_size), keys=(self.label_key,))
+    return dict(train_x=train["feature"], train_y=train[self.label_key],
+                rows={k: np.array([row_of[int(g)] for g in v]) for k, v in samples.items()},
+                test_x=test["feature"], test_y=test[self.label_key],
+                num_classes=int(max(valid_labels.max(), test[self.label_key].max())) + 1)
+
+  # ------------------------------------------------------------------ eval
+
+  def run(self, params):
+    cache = self._cache.check(params)
+    results = {}
+    for name in self.datasets:
+      if name not in cache:
+        cache[name] = self._features(params, name)
+      f = cache[name]
+      for shot in self.shots:
+        accs = []
+        for seed in self.seeds:
+          rows = f["rows"][seed, shot]
+          acc, fit = ridge.fit_and_score(
+              f["train_x"][rows], f["train_y"][rows], f["test_x"], f["test_y"],
+              f["num_classes"], self.l2_regs)
+          accs.append(acc)
+          logging.info("fewshot %s %d-shot seed %d: %.4f (l2=%g)", name, shot, seed,
+                       acc, fit.l2)
+        results[f"{name}_{shot}shot"] = float(np.mean(accs))
+    return results

@@ -1,0 +1,104 @@
+"""Linear probe: logistic regression on frozen features of the full train split.
+
+For each dataset: forward the whole train and test splits once, standardise
+with train statistics, hold out a seeded fraction of train to pick the l2
+penalty among `l2_regs` (all fitted at once by a vmapped L-BFGS, see
+logistic.py), refit on the whole train split with that penalty and report
+the test accuracy under the dataset's name.
+
+Config (evals.NAME minus type/log_steps):
+  datasets: {NAME: dict(name=TFDS_NAME, data_dir=None, [train_split], [test_split], [pp])}
+  pp: preprocessing of both splits; must keep "image" and the integer label.
+"""
+from absl import logging
+import jax
+import numpy as np
+
+from big_vit_lite.data import input_pipeline
+from big_vit_lite.evaluators import features as feats
+from big_vit_lite.evaluators import fewshot
+from big_vit_lite.evaluators import logistic
+from big_vit_lite.evaluators import ridge
+
+DEFAULT_L2_REGS = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2)
+
+
+def _batch_axes(mesh):
+  if mesh is None:
+    return ()
+  return tuple(a for a in ("data", "fsdp") if a in mesh.axis_names)
+
+
+class Evaluator:
+  """Logistic-regression probe on one or more datasets."""
+
+  def __init__(self, predict_fn, *, mesh, datasets=None, pp=fewshot.DEFAULT_PP,
+               representation_layer="pre_logits", batch_size=256,
+               l2_regs=DEFAULT_L2_REGS, holdout_fraction=0.1, seed=0,
+               max_iter=1000, label_key="label", train_split="train",
+               test_split="test"):
+    self.mesh = mesh
+    self.datasets = fewshot.dataset_cfgs(
+        fewshot.DEFAULT_DATASETS if datasets is None else datasets, pp,
+        train_split, test_split)
+    if not 0.0 < float(holdout_fraction) < 1.0:
+      raise ValueError(f"holdout_fraction must be in (0, 1), got {holdout_fraction!r}.")
+    self.holdout_fraction = float(holdout_fraction)
+    self.l2_regs = tuple(float(r) for r in l2_regs)
+    if not self.l2_regs or min(self.l2_regs) < 0:
+      raise ValueError(f"l2_regs must be non-negative numbers, got {l2_regs!r}.")
+    self.batch_size = int(batch_size)
+    if self.batch_size % jax.process_count():
+      raise ValueError(f"batch_size={batch_size} must be divisible by the process "
+                       f"count {jax.process_count()}.")
+    self.seed = int(seed)
+    self.max_iter = int(max_iter)
+    self.label_key = label_key
+    self.extractor = feats.FeatureExtractor(predict_fn, mesh, representation_layer)
+    self._cache = fewshot.ParamsCache()
+
+  def _features(self, params, name):
+    train_cfg, test_cfg, pp = self.datasets[name]
+    out = {}
+    for split, cfg in (("train", train_cfg), ("test", test_cfg)):
+      f = self.extractor(params, input_pipeline.make_eval_iterator(
+          cfg, pp, self.batch_size), keys=(self.label_key,))
+      out[split] = (f["feature"], f[self.label_key].astype(np.int64))
+    return out
+
+  def probe(self, x_train, y_train, x_test, y_test, num_classes):
+    """Returns (test accuracy, chosen l2) for host features."""
+    standardize = ridge.Standardizer.fit(x_train)
+    x_train, x_test = standardize(x_train), standardize(x_test)
+    fit = lambda x, y, l2s: logistic.fit(
+        x, y, num_classes, l2s, mesh=self.mesh, batch_axes=_batch_axes(self.mesh),
+        max_iter=self.max_iter)
+    if len(self.l2_regs) == 1:
+      best = self.l2_regs[0]
+    else:
+      perm = np.random.default_rng(self.seed).permutation(len(y_train))
+      n_hold = max(1, int(round(self.holdout_fraction * len(y_train))))
+      hold, keep = perm[:n_hold], perm[n_hold:]
+      kernels, biases, _ = fit(x_train[keep], y_train[keep], self.l2_regs)
+      accs = [logistic.accuracy(k, b, x_train[hold], y_train[hold])
+              for k, b in zip(kernels, biases)]
+      # Ties go to the larger penalty (the smoother model).
+      best = max(zip(accs, self.l2_regs))[1]
+      logging.info("linear probe holdout accuracy per l2: %s",
+                   dict(zip(self.l2_regs, accs)))
+    kernels, biases, iters = fit(x_train, y_train, [best])
+    acc = logistic.accuracy(kernels[0], biases[0], x_test, y_test)
+    logging.info("linear probe: l2=%g, %d L-BFGS iterations, test accuracy %.4f",
+                 best, int(iters[0]), acc)
+    return acc, best
+
+  def run(self, params):
+    cache = self._cache.check(params)
+    results = {}
+    for name in self.datasets:
+      if name not in cache:
+        cache[name] = self._features(params, name)
+      (x_tr, y_tr), (x_te, y_te) = cache[name]["train"], cache[name]["test"]
+      num_classes = int(max(y_tr.max(), y_te.max())) + 1
+      results[name], _ = self.probe(x_tr, y_tr, x_te, y_te, num_classes)
+    return results

@@ -1,0 +1,93 @@
+"""Ready-made `evals` entries for config files (like big_vision's common_fewshot).
+
+Light on purpose (no jax / tf imports): config files import it.
+
+    from big_vit_lite.evaluators import presets
+    config.evals.fewshot = presets.fewshot(res=28, log_steps=500)
+
+gives few-shot ridge evals on the offline datasets (mnist10k, animal_mnist)
+whose metrics appear as "fewshot/mnist10k_10shot" etc.; `folder=ROOT`
+evaluates an image folder ROOT/{train,test}/CLASS/* instead, named after
+basename(ROOT).
+"""
+import os
+
+OFFLINE_DATASETS = ("mnist10k", "animal_mnist")
+
+
+def eval_pp(res, channels=3, label_key="label"):
+  """Decode, resize to the model's resolution, grey->RGB (channels=3), [-1, 1]."""
+  return (f"decode(channels={int(channels)})|resize({int(res)})|value_range(-1, 1)|"
+          f"keep('image', '{label_key}')")
+
+
+def folder_datasets(root):
+  """{basename(ROOT): imagefolder data cfg} for ROOT/{train,test}/CLASS/*."""
+  root = os.path.abspath(os.path.expanduser(str(root)))
+  name = os.path.basename(root.rstrip(os.sep))
+  if not name:
+    raise ValueError(f"folder={root!r}: use a named folder holding train/ and test/.")
+  return {name: dict(name="imagefolder", data_dir=root)}
+
+
+def _datasets(datasets, folder, data_dir):
+  if folder:
+    return folder_datasets(folder)
+  names = datasets or OFFLINE_DATASETS
+  return {n: dict(name=n, data_dir=data_dir) for n in names}
+
+
+def fewshot(res, *, channels=3, datasets=None, folder=None, data_dir=None,
+            shots=(1, 5, 10, 25), num_seeds=5, representation_layer="pre_logits",
+            batch_size=256, log_steps=None, runlocal=False):
+  """A `type="fewshot"` evals entry (dict); `log_steps=None` for eval-only configs."""
+  cfg = dict(type="fewshot", datasets=_datasets(datasets, folder, data_dir),
+             pp=eval_pp(res, channels), shots=tuple(shots), num_seeds=num_seeds,
+             representation_layer=representation_layer, batch_size=batch_size)
+  if runlocal:
+    cfg.update(shots=(1, 5), num_seeds=2, batch_size=64)
+    if not folder:  # tfds split slicing; image folders are small anyway.
+      cfg.update(train_split="train[:1000]", test_split="test[:500]")
+  if log_steps is not None:
+    cfg["log_steps"] = log_steps
+  return cfg
+
+
+def linear_probe(res, *, channels=3, datasets=None, folder=None, data_dir=None,
+                 representation_layer="pre_logits", batch_size=256, log_steps=None,
+                 runlocal=False):
+  """A `type="linear_probe"` evals entry (dict)."""
+  cfg = dict(type="linear_probe", datasets=_datasets(datasets, folder, data_dir),
+             pp=eval_pp(res, channels), representation_layer=representation_layer,
+             batch_size=batch_size)
+  if runlocal:
+    cfg.update(batch_size=64, max_iter=200)
+    if not folder:
+      cfg.update(train_split="train[:1000]", test_split="test[:500]")
+  if log_steps is not None:
+    cfg["log_steps"] = log_steps
+  return cfg
+
+
+def parse_arg(arg, **defaults):
+  """"folder=/x,res=224,runlocal" -> dict over `defaults` (bare names mean True).
+
+  Values are converted to the type of their default (int, float, bool, str);
+  unknown names are an error.
+  """
+  out = dict(defaults)
+  for item in filter(None, (s.strip() for s in (arg or "").split(","))):
+    key, sep, value = item.partition("=")
+    if key not in defaults:
+      raise ValueError(f"Unknown config arg {key!r}; known: {', '.join(defaults)}.")
+    default = defaults[key]
+    if not sep:
+      value = True
+    elif isinstance(default, bool):
+      if value.lower() not in ("true", "false", "1", "0"):
+        raise ValueError(f"Config arg {key}={value!r} must be true or false.")
+      value = value.lower() in ("true", "1")
+    elif isinstance(default, (int, float)):
+      value = type(default)(value)
+    out[key] = value
+  return out

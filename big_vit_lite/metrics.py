@@ -1,0 +1,259 @@
+"""Metric logging: metrics.jsonl + TensorBoard (clu), throughput, ETA and MFU.
+
+`MetricWriter(workdir).write(step, {...})` appends one JSON line
+`{"step": step, ...}` to `workdir/metrics.jsonl` and the scalars to clu's
+TensorBoard writer. Only process 0 writes, so every process may call it.
+
+MFU = achieved FLOP/s (the compiled step's `cost_analysis()` FLOPs over the
+measured step time) / peak FLOP/s. Accelerator peaks come from a table of
+vendor dense bf16 figures; a CPU has no useful datasheet figure (it depends on
+cores, SIMD width and what else runs), so its peak is calibrated at start by
+timing a large f32 matmul in the same process.
+"""
+import json
+import math
+import os
+import time
+
+from absl import logging
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+# Dense bf16 peak FLOP/s per device (vendor datasheets), matched by substring
+# of `device.device_kind` (lower-cased); the first match wins, so longer and
+# more specific names come first.
+PEAK_FLOPS_BY_KIND = (
+    ("tpu v6 lite", 918e12),
+    ("tpu v6e", 918e12),
+    ("tpu v5 lite", 197e12),
+    ("tpu v5e", 197e12),
+    ("tpu v5p", 459e12),
+    ("tpu v5", 459e12),
+    ("tpu v4", 275e12),
+    ("tpu v3", 123e12),
+    ("tpu v2", 45e12),
+    ("h200", 989e12),
+    ("h100", 989e12),
+    ("gh200", 989e12),
+    ("a100", 312e12),
+    ("l4", 121e12),
+    ("a10g", 70e12),
+    ("v100", 125e12),
+)
+
+
+def calibrate_cpu_flops(n=1024, reps=5):
+  """Measured f32 matmul FLOP/s of this process (the CPU 'peak' for MFU)."""
+  x = jnp.ones((n, n), jnp.float32)
+  f = jax.jit(lambda a: a @ a)
+  f(x).block_until_ready()  # compile + warm up
+  best = math.inf
+  for _ in range(reps):
+    t0 = time.perf_counter()
+    f(x).block_until_ready()
+    best = min(best, time.perf_counter() - t0)
+  return 2 * n**3 / best
+
+
+def peak_flops_per_device(device=None):
+  """Peak FLOP/s of one device, or None when its kind is unknown.
+
+  For CPU devices the calibrated matmul rate of the whole process is divided
+  among its (possibly simulated) devices, since they share the same cores.
+  """
+  device = device or jax.local_devices()[0]
+  if device.platform == "cpu":
+    return calibrate_cpu_flops() / max(1, jax.local_device_count())
+  kind = device.device_kind.lower()
+  for name, peak in PEAK_FLOPS_BY_KIND:
+    if name in kind:
+      return peak
+  return None
+
+
+def compiled_flops(compiled):
+  """FLOPs of one call of a compiled (per-device SPMD) program, or None."""
+  try:
+    cost = compiled.cost_analysis()
+  except Exception:  # Some backends do not implement cost analysis.
+    return None
+  if isinstance(cost, (list, tuple)):
+    cost = cost[0] if cost else None
+  if not cost or "flops" not in cost:
+    return None
+  return float(cost["flops"])
+
+
+class MetricWriter:
+  """Writes scalars to `workdir/metrics.jsonl` and TensorBoard (process 0 only)."""
+
+  def __init__(self, workdir, *, tensorboard=True):
+    self.workdir = workdir
+    self.path = os.path.join(workdir, "metrics.jsonl")
+    self._active = jax.process_index() == 0
+    self._tb = None
+    if self._active:
+      os.makedirs(workdir, exist_ok=True)
+      if tensorboard:
+        from clu import metric_writers  # pylint: disable=g-import-not-at-top
+        self._tb = metric_writers.create_default_writer(
+            workdir, just_logging=False, asynchronous=False)
+
+  def write(self, step, metrics):
+    if not self._active:
+      return
+    row = {"step": int(step)}
+    for k, v in metrics.items():
+      row[k] = _to_python(v)
+    with open(self.path, "a") as f:
+      f.write(json.dumps(row) + "\n")
+    if self._tb is not None:
+      scalars = {k: v for k, v in row.items()
+                 if k != "step" and isinstance(v, (int, float))}
+      if scalars:
+        self._tb.write_scalars(int(step), scalars)
+
+  def truncate_after(self, step):
+    """Drops lines with a step > `step` (written after the checkpoint a run resumes from).
+
+    A run that is killed re-does the steps since its last checkpoint; without
+    this their lines would appear twice.
+    """
+    if not self._active or not os.path.exists(self.path):
+      return
+    with open(self.path) as f:
+      lines = f.readlines()
+    kept = []
+    for line in lines:
+      try:
+        if json.loads(line)["step"] <= step:
+          kept.append(line)
+      except (ValueError, KeyError):
+        pass  # A torn last line from a kill mid-write.
+    tmp = self.path + ".tmp"
+    with open(tmp, "w") as f:
+      f.writelines(kept)
+    os.replace(tmp, self.path)
+
+  def flush(self):
+    if self._tb is not None:
+      self._tb.flush()
+
+  def close(self):
+    if self._tb is not None:
+      self._tb.close()
+      self._tb = None
+
+
+def read_metrics(workdir):
+  """The rows of `workdir/metrics.jsonl` (a helper for tests and notebooks)."""
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def _to_python(v):
+  if isinstance(v, (jax.Array, np.ndarray, np.generic)):
+    v = np.asarray(v)
+    return v.item() if v.size == 1 else v.tolist()
+  return v
+
+
+class Chrono:
+  """Step timing, throughput, ETA, core-hours and MFU for the progress line.
+
+  Time spent in evaluation and checkpointing is paused out so that img/s
+  measures training only.
+  """
+
+  def __init__(self, *, first_step, total_steps, global_batch, step_flops=None,
+               peak_flops_total=None):
+    self.first_step = first_step
+    self.total_steps = total_steps
+    self.global_batch = global_batch
+    self.step_flops = step_flops
+    self.peak_flops_total = peak_flops_total
+    self.start = time.perf_counter()
+    self._last_time = None
+    self._last_step = first_step
+    self._paused = 0.0
+    self._pause_start = None
+    self.train_seconds = 0.0
+    self.num_devices = jax.device_count()
+    # Cores a run occupies, for core-hours: devices, or CPU cores on CPU.
+    if jax.devices()[0].platform == "cpu":
+      self.num_cores = (os.cpu_count() or 1) * jax.process_count()
+    else:
+      self.num_cores = self.num_devices
+
+  def pause(self):
+    self._pause_start = time.perf_counter()
+
+  def resume(self):
+    if self._pause_start is not None:
+      self._paused += time.perf_counter() - self._pause_start
+      self._pause_start = None
+
+  def tick(self, step):
+    """Returns the timing metrics since the previous tick (empty on the first)."""
+    now = time.perf_counter()
+    if self._last_time is None:  # First tick (includes compilation): just start.
+      self._last_time, self._last_step, self._paused = now, step, 0.0
+      return {}
+    dt = now - self._last_time - self._paused
+    steps = step - self._last_step
+    self._last_time, self._last_step, self._paused = now, step, 0.0
+    if steps <= 0 or dt <= 0:
+      return {}
+    self.train_seconds += dt
+    step_time = dt / steps
+    img_s = self.global_batch / step_time
+    out = {
+        "step_time": step_time,
+        "img/sec": img_s,
+        "img/sec/device": img_s / self.num_devices,
+        "eta_hours": (self.total_steps - step) * step_time / 3600,
+        "core_hours": self.train_seconds * self.num_cores / 3600,
+        "uptime_hours": (now - self.start) / 3600,
+    }
+    if self.step_flops and self.peak_flops_total:
+      out["mfu"] = self.step_flops / step_time / self.peak_flops_total
+    return out
+
+
+def progress_line(step, total_steps, m):
+  """One human-readable line from the training metrics of a step."""
+  parts = [f"[{step}/{total_steps}]"]
+  if "training_loss" in m:
+    parts.append(f"loss={m['training_loss']:.4f}")
+  if "learning_rate" in m:
+    parts.append(f"lr={m['learning_rate']:.3g}")
+  if "grad_norm" in m:
+    parts.append(f"gnorm={m['grad_norm']:.3g}")
+  if "img/sec" in m:
+    parts.append(f"{m['img/sec']:.1f} img/s")
+  if "step_time" in m:
+    parts.append(f"{m['step_time'] * 1000:.0f} ms/step")
+  if "mfu" in m:
+    parts.append(f"MFU={100 * m['mfu']:.1f}%")
+  if "eta_hours" in m:
+    parts.append(f"ETA {_hms(m['eta_hours'] * 3600)}")
+  return " ".join(parts)
+
+
+def _hms(seconds):
+  seconds = int(seconds)
+  return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m{seconds % 60:02d}s"
+
+
+def log_parameter_overview(params):
+  """Logs a table of parameter names, shapes and counts (boxed params ok)."""
+  from clu import parameter_overview  # pylint: disable=g-import-not-at-top
+  from big_vit_lite import sharding  # pylint: disable=g-import-not-at-top
+  params = sharding.unbox(params)
+  # Without stats only shapes are read: works on sharded arrays and
+  # ShapeDtypeStructs alike, and never gathers values to the host.
+  text = parameter_overview.get_parameter_overview(params, include_stats=False)
+  n = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
+  logging.info("Parameters (%s total):\n%s", f"{n:,}", text)
+  return n

@@ -1,0 +1,494 @@
+"""Checkpoint interop for the ViT: .npz (vision_transformer, big_vision, pre-linen) and timm.
+
+Everything here works on "flat" param dicts ({"a/b/kernel": np.ndarray}) and
+goes through one canonical form: vision_transformer's AugReg-era loop layout
+(`Transformer/encoderblock_{i}/...`, posemb under `Transformer/posembed_input`
+with the class token's entry first when there is a class token).
+
+Readers turn each foreign layout into the canonical one:
+  - big_vision: top-level `pos_embedding` without a cls entry (the cls token
+    gets no position embedding there, which equals a zero cls row);
+  - scan layout: `Transformer/encoderblock/...` stacked on a leading axis;
+  - the original paper's pre-linen numbering: `MultiHeadDotProductAttention_1`,
+    `LayerNorm_2`, `MlpBlock_3` inside each block;
+  - timm VisionTransformer state dicts (safetensors).
+`load` then fits the canonical params to the model's own structure (scan or
+loop, grid size, dont_load) and checks every name and shape.
+"""
+import json
+import logging
+import os
+import re
+from typing import Any, Mapping, Optional, Sequence
+
+import flax.linen as nn
+import jax
+import numpy as np
+
+from big_vit_lite.models import vit
+
+_POSEMB = "Transformer/posembed_input/pos_embedding"
+_BV_POSEMB = "pos_embedding"  # big_vision's top-level posemb (no cls entry)
+_BLOCK_RE = re.compile(r"^Transformer/encoderblock_(\d+)/(.*)$")
+_SCAN_PREFIX = "Transformer/encoderblock/"
+_PRE_LINEN = {"MultiHeadDotProductAttention_1": "MultiHeadDotProductAttention_0",
+              "LayerNorm_2": "LayerNorm_1", "MlpBlock_3": "MlpBlock_0"}
+
+
+# ----------------------------------------------------------------------------
+# Flat dicts.
+
+def _is_box(x):
+  return isinstance(x, nn.meta.AxisMetadata)
+
+
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict:
+  """Nested dict -> {"a/b/c": leaf}, in the tree's own order."""
+  flat = {}
+  for k, v in tree.items():
+    if isinstance(v, Mapping):
+      flat.update(flatten(v, f"{prefix}{k}/"))
+    else:
+      flat[f"{prefix}{k}"] = v
+  return flat
+
+
+def unflatten(flat: Mapping[str, Any]) -> dict:
+  tree = {}
+  for k, v in flat.items():
+    *parents, leaf = k.split("/")
+    node = tree
+    for p in parents:
+      node = node.setdefault(p, {})
+    node[leaf] = v
+  return tree
+
+
+def to_numpy_flat(params) -> dict:
+  """Boxed or plain params (device or host) -> flat dict of host np.ndarrays."""
+  params = nn.meta.unbox(params)
+  return {k: np.asarray(jax.device_get(v)) for k, v in flatten(params).items()}
+
+
+# ----------------------------------------------------------------------------
+# Layouts.
+
+def unstack_layers(flat: Mapping[str, np.ndarray]) -> dict:
+  """Scan layout (`Transformer/encoderblock/...`, leading depth axis) -> loop layout."""
+  result = {}
+  for k, v in flat.items():
+    if k.startswith(_SCAN_PREFIX):
+      rest = k[len(_SCAN_PREFIX):]
+      for i in range(v.shape[0]):
+        result[f"Transformer/encoderblock_{i}/{rest}"] = v[i]
+    else:
+      result[k] = v
+  return result
+
+
+def stack_layers(flat: Mapping[str, np.ndarray], depth: int) -> dict:
+  """Loop layout -> scan layout; `flat` must hold blocks 0..depth-1 and no others."""
+  result, blocks = {}, {}
+  for k, v in flat.items():
+    m = _BLOCK_RE.match(k)
+    if m:
+      blocks.setdefault(m.group(2), {})[int(m.group(1))] = v
+    else:
+      result[k] = v
+  for rest, layers in blocks.items():
+    if sorted(layers) != list(range(depth)):
+      raise ValueError(f"Cannot stack {_SCAN_PREFIX}{rest}: found layers {sorted(layers)}, "
+                       f"expected 0..{depth - 1}.")
+    result[_SCAN_PREFIX + rest] = np.stack([layers[i] for i in range(depth)])
+  return result
+
+
+def canonicalize(flat: Mapping[str, np.ndarray]) -> tuple[dict, int]:
+  """Any supported npz layout -> (canonical flat dict, number of prefix rows in its posemb)."""
+  flat = dict(flat)
+  # big_vision train checkpoints may hold "params/..." next to optimizer state.
+  if any(k.startswith("params/") for k in flat):
+    flat = {k[len("params/"):]: v for k, v in flat.items() if k.startswith("params/")}
+  flat = unstack_layers(flat)
+  if any(f"/{old}/" in k for k in flat for old in _PRE_LINEN if _BLOCK_RE.match(k)):
+    renamed = {}
+    for k, v in flat.items():
+      m = _BLOCK_RE.match(k)
+      if m:
+        head, _, tail = m.group(2).partition("/")
+        k = f"Transformer/encoderblock_{m.group(1)}/{_PRE_LINEN.get(head, head)}/{tail}"
+      renamed[k] = v
+    flat = renamed
+  if _BV_POSEMB in flat:
+    flat[_POSEMB] = flat.pop(_BV_POSEMB)
+    num_prefix = 0
+  else:
+    num_prefix = 1 if "cls" in flat else 0
+  return flat, num_prefix
+
+
+def resample_posemb(posemb: np.ndarray, new_hw: tuple[int, int]) -> np.ndarray:
+  """Bilinear resize of a square grid posemb (1, N, D) to (1, h*w, D); no prefix rows."""
+  _, n, d = posemb.shape
+  gs = int(round(np.sqrt(n)))
+  if gs * gs != n:
+    raise ValueError(f"Cannot resample a position embedding of {n} tokens: not a square grid.")
+  if (gs, gs) == tuple(new_hw):
+    return posemb
+  grid = np.asarray(posemb[0], np.float32).reshape(gs, gs, d)
+  # antialias matters only when shrinking; it avoids aliasing of the learned field.
+  new = jax.image.resize(grid, (*new_hw, d), method="bilinear", antialias=True)
+  return np.asarray(new, posemb.dtype).reshape(1, -1, d)
+
+
+def _fit_posemb(src: np.ndarray, src_prefix: int, tgt_shape: tuple, tgt_prefix: int) -> np.ndarray:
+  """Source posemb -> target shape: resample the grid part, keep/add/drop the cls row."""
+  prefix, grid = src[:, :src_prefix], src[:, src_prefix:]
+  n_tgt = tgt_shape[1] - tgt_prefix
+  if grid.shape[1] != n_tgt or grid.shape[2] != tgt_shape[2]:
+    gs = int(round(np.sqrt(n_tgt)))
+    if gs * gs != n_tgt or grid.shape[2] != tgt_shape[2]:
+      raise ValueError(f"param {_POSEMB!r}: cannot fit checkpoint shape {src.shape} to model "
+                       f"shape {tgt_shape}; add it to dont_load to re-initialise it.")
+    grid = resample_posemb(grid, (gs, gs))
+    logging.info("Resampled posemb from %d to %d grid tokens.", src.shape[1] - src_prefix, n_tgt)
+  if tgt_prefix and not src_prefix:  # big_vision/gap: the cls token had no posemb.
+    prefix = np.zeros((1, tgt_prefix, src.shape[2]), src.dtype)
+  elif not tgt_prefix:
+    prefix = src[:, :0]
+  return np.concatenate([prefix, grid], axis=1)
+
+
+# ----------------------------------------------------------------------------
+# .npz
+
+def read_npz(path) -> dict:
+  """Flat dict of a params .npz. Pickled (object) entries are refused."""
+  try:
+    with np.load(path, allow_pickle=False) as f:
+      return {k: f[k] for k in f.files}
+  except ValueError as e:
+    raise ValueError(f"Cannot read {path}: {e} (pickled npz files are refused; "
+                     "re-save the arrays with np.savez).") from None
+
+
+def save_npz(params, path):
+  """Writes params (boxed or plain, scan or loop) as a vision_transformer-layout .npz.
+
+  Keys are "/"-joined paths in the loop layout; bfloat16 is widened to float32
+  because .npz has no bfloat16 type.
+  """
+  flat = unstack_layers(to_numpy_flat(params))
+  flat = {k: v.astype(np.float32) if v.dtype == jax.numpy.bfloat16 else v for k, v in flat.items()}
+  with open(path, "wb") as f:  # np.savez would append ".npz" to other names.
+    np.savez(f, **flat)
+
+
+def read_params(path) -> tuple[dict, int]:
+  """Canonical flat params from an .npz, a timm .safetensors or a training checkpoint.
+
+  Returns (flat, num_prefix). A .safetensors file in timm layout needs the
+  number of heads to split qkv; see `read_timm`.
+  """
+  path = os.fspath(path)
+  if os.path.isdir(path):
+    try:
+      from big_vit_lite import checkpoint  # pylint: disable=g-import-not-at-top
+    except ImportError:
+      raise ValueError(f"{path} is a directory but big_vit_lite.checkpoint is not available; "
+                       "pass an .npz file.") from None
+    params, _ = checkpoint.load_params(path)
+    return canonicalize(to_numpy_flat(params))
+  if not os.path.exists(path):
+    raise ValueError(f"Checkpoint {path} does not exist.")
+  return canonicalize(read_npz(path))
+
+
+# ----------------------------------------------------------------------------
+# load
+
+def load(init_params, path, model_cfg=None, dont_load: Sequence[str] = ()):
+  """Loads a checkpoint into the structure of `init_params`.
+
+  init_params: the model's params (the "params" collection), boxed
+    (nn.Partitioned, as `init` returns them) or plain; arrays or
+    jax.ShapeDtypeStruct (abstract: fine unless dont_load needs init values).
+  path: .npz (vision_transformer, big_vision or pre-linen layout, scan or
+    loop), .safetensors in timm layout, or a directory that
+    `big_vit_lite.checkpoint.load_params` reads (training workdir / step dir).
+  model_cfg: the Model's kwargs; kept for big_vision's signature, the target
+    structure is read from init_params.
+  dont_load: regexes (re.fullmatch on the model's "/"-joined param names, e.g.
+    "head/.*") whose params keep their init values.
+
+  Returns params of the same kind as init_params: a boxed tree when boxed was
+  given, else a plain nested dict; leaves are host np.ndarrays in init's dtype.
+  Raises ValueError naming the first missing or mismatched param.
+  """
+  del model_cfg
+  path = os.fspath(path)
+  if path.endswith(".safetensors"):
+    flat, num_prefix = read_timm(path, num_heads=_num_heads(init_params))
+  else:
+    flat, num_prefix = read_params(path)
+  try:
+    return merge(init_params, flat, num_prefix, dont_load)
+  except ValueError as e:
+    raise ValueError(f"Cannot load {path}: {e}") from None
+
+
+def _num_heads(init_params) -> int:
+  for k, v in flatten(nn.meta.unbox(init_params)).items():
+    if k.endswith("MultiHeadDotProductAttention_0/query/kernel"):
+      return v.shape[-2]
+  raise ValueError("The model has no attention params.")
+
+
+def merge(init_params, src_flat: Mapping[str, np.ndarray], src_prefix: int,
+          dont_load: Sequence[str] = ()):
+  """Fits canonical flat params `src_flat` to `init_params` (see `load`)."""
+  if isinstance(init_params, Mapping) and set(init_params) == {"params"}:  # whole variables
+    return {"params": merge(init_params["params"], src_flat, src_prefix, dont_load)}
+  boxed = any(_is_box(x) for x in jax.tree.leaves(init_params, is_leaf=_is_box))
+  tgt = flatten(nn.meta.unbox(init_params))
+  keep = set()
+  for pattern in dont_load:
+    hits = {k for k in tgt if re.fullmatch(pattern, k)}
+    if not hits:
+      raise ValueError(f"dont_load pattern {pattern!r} matches no model param "
+                       f"(names look like {next(iter(tgt))!r}).")
+    keep |= hits
+  scan_depth = next((v.shape[0] for k, v in tgt.items() if k.startswith(_SCAN_PREFIX)), None)
+  # Work in the loop layout so that messages name single blocks.
+  tgt_loop = unstack_layers({k: _Abstract(v.shape, v.dtype) for k, v in tgt.items() if k not in keep})
+  tgt_prefix = 1 if "cls" in tgt else 0
+
+  loaded = {}
+  for k, spec in tgt_loop.items():
+    if k not in src_flat:
+      raise ValueError(f"the checkpoint has no param {k!r}; add it to dont_load to "
+                       "re-initialise it.")
+    v = np.asarray(src_flat[k])
+    if k == _POSEMB:
+      v = _fit_posemb(v, src_prefix, spec.shape, tgt_prefix)
+    if v.shape != spec.shape:
+      raise ValueError(f"param {k!r} has shape {v.shape} in the checkpoint but {spec.shape} in "
+                       "the model; add it to dont_load to re-initialise it.")
+    loaded[k] = v.astype(spec.dtype)
+  unused = sorted(set(src_flat) - set(tgt_loop))
+  if unused:
+    logging.info("Checkpoint params not used by the model: %s", ", ".join(unused))
+
+  if scan_depth is not None:
+    loaded = stack_layers(loaded, scan_depth)
+  for k in keep:
+    if isinstance(tgt[k], jax.ShapeDtypeStruct):
+      raise ValueError(f"dont_load keeps {k!r} at its init value, but init_params are abstract; "
+                       "pass initialised params.")
+    loaded[k] = np.asarray(jax.device_get(tgt[k]))
+  loaded = unflatten({k: loaded[k] for k in tgt})  # the model's own key order
+  if boxed:
+    loaded = jax.tree.map(lambda box, v: box.replace_boxed(v) if _is_box(box) else v,
+                          init_params, loaded, is_leaf=_is_box)
+  return loaded
+
+
+class _Abstract:
+  """Shape/dtype stand-in, sliceable like an array (for unstack_layers)."""
+
+  def __init__(self, shape, dtype):
+    self.shape, self.dtype = tuple(shape), dtype
+
+  def __getitem__(self, i):
+    return _Abstract(self.shape[1:], self.dtype)
+
+
+# ----------------------------------------------------------------------------
+# timm
+
+def _infer_arch(flat: Mapping[str, np.ndarray]) -> dict:
+  """Architecture facts of canonical flat params (for timm naming and kwargs)."""
+  depth = 1 + max(int(m.group(1)) for m in map(_BLOCK_RE.match, flat) if m)
+  q = flat["Transformer/encoderblock_0/MultiHeadDotProductAttention_0/query/kernel"]
+  kernel = flat["embedding/kernel"]
+  pool = "token" if "cls" in flat else "map" if "MAPHead_0/probe" in flat else "avg"
+  return dict(patch_size=kernel.shape[0], in_chans=kernel.shape[2], embed_dim=kernel.shape[3],
+              depth=depth, num_heads=q.shape[1],
+              mlp_dim=flat["Transformer/encoderblock_0/MlpBlock_0/Dense_0/kernel"].shape[1],
+              global_pool=pool, class_token=pool == "token",
+              num_classes=flat["head/kernel"].shape[1] if "head/kernel" in flat else 0)
+
+
+def _attn_to_timm(flat, src, dst, sd, fused_qkv=True):
+  d = flat[f"{src}/query/kernel"].shape[0]
+  w = {n: flat[f"{src}/{n}/kernel"].reshape(d, -1).T for n in ("query", "key", "value")}
+  b = {n: flat[f"{src}/{n}/bias"].reshape(-1) for n in ("query", "key", "value")}
+  if fused_qkv:
+    sd[f"{dst}.qkv.weight"] = np.concatenate([w["query"], w["key"], w["value"]])
+    sd[f"{dst}.qkv.bias"] = np.concatenate([b["query"], b["key"], b["value"]])
+  else:  # timm's AttentionPoolLatent: separate q and fused kv.
+    sd[f"{dst}.q.weight"], sd[f"{dst}.q.bias"] = w["query"], b["query"]
+    sd[f"{dst}.kv.weight"] = np.concatenate([w["key"], w["value"]])
+    sd[f"{dst}.kv.bias"] = np.concatenate([b["key"], b["value"]])
+  sd[f"{dst}.proj.weight"] = flat[f"{src}/out/kernel"].reshape(-1, d).T
+  sd[f"{dst}.proj.bias"] = flat[f"{src}/out/bias"]
+
+
+def _ln_to_timm(flat, src, dst, sd):
+  sd[f"{dst}.weight"], sd[f"{dst}.bias"] = flat[f"{src}/scale"], flat[f"{src}/bias"]
+
+
+def _mlp_to_timm(flat, src, dst, sd):
+  for i in (0, 1):
+    sd[f"{dst}.fc{i + 1}.weight"] = flat[f"{src}/Dense_{i}/kernel"].T
+    sd[f"{dst}.fc{i + 1}.bias"] = flat[f"{src}/Dense_{i}/bias"]
+
+
+def to_timm(params, image_size: Optional[int] = None) -> tuple[dict, dict]:
+  """Params (any supported layout) -> (timm state dict of np arrays, timm create_model kwargs).
+
+  Load it with `timm.create_model("vit_base_patch16_224", num_classes=..., **kwargs)`
+  (or timm's VisionTransformer(**kwargs)) and `load_state_dict(sd, strict=True)`.
+  Global average pooling maps to timm's `global_pool="avg", fc_norm=False`:
+  ours normalises the tokens and then averages them, which timm does only
+  without fc_norm. A sincos2d model has no posemb param: pass image_size so
+  that the fixed embedding is written as timm's `pos_embed`.
+  """
+  flat, num_prefix = canonicalize(to_numpy_flat(params))  # nested or flat, any layout
+  if "pre_logits/kernel" in flat:
+    raise ValueError("timm's VisionTransformer has no pre-logits (rep_size) layer; export a model "
+                     "with rep_size=False.")
+  a = _infer_arch(flat)
+  p, d = a["patch_size"], a["embed_dim"]
+  sd = {"patch_embed.proj.weight": flat["embedding/kernel"].transpose(3, 2, 0, 1),
+        "patch_embed.proj.bias": flat["embedding/bias"]}
+  tgt_prefix = 1 if a["class_token"] else 0
+  if a["class_token"]:
+    sd["cls_token"] = flat["cls"]
+  if _POSEMB in flat:
+    pe = flat[_POSEMB]
+    if num_prefix != tgt_prefix:
+      gs = int(round(np.sqrt(pe.shape[1] - num_prefix)))
+      pe = _fit_posemb(pe, num_prefix, (1, tgt_prefix + gs * gs, d), tgt_prefix)
+    grid = int(round(np.sqrt(pe.shape[1] - tgt_prefix)))
+    if image_size and image_size // p != grid:
+      raise ValueError(f"image_size={image_size} does not match the posemb grid {grid}x{grid} "
+                       f"(patch {p}); omit it or resample by loading into a model first.")
+  else:
+    if not image_size:
+      raise ValueError("These params have no learned posemb (sincos2d): pass image_size "
+                       "(--res) so the fixed embedding can be written for timm.")
+    grid = image_size // p
+    pe = vit.posemb_sincos_2d(grid, grid, d)
+    pe = np.concatenate([np.zeros((1, tgt_prefix, d), pe.dtype), pe], axis=1)
+  sd["pos_embed"] = pe
+  for i in range(a["depth"]):
+    src, dst = f"Transformer/encoderblock_{i}", f"blocks.{i}"
+    _ln_to_timm(flat, f"{src}/LayerNorm_0", f"{dst}.norm1", sd)
+    _attn_to_timm(flat, f"{src}/MultiHeadDotProductAttention_0", f"{dst}.attn", sd)
+    _ln_to_timm(flat, f"{src}/LayerNorm_1", f"{dst}.norm2", sd)
+    _mlp_to_timm(flat, f"{src}/MlpBlock_0", f"{dst}.mlp", sd)
+  _ln_to_timm(flat, "Transformer/encoder_norm", "norm", sd)
+  if a["global_pool"] == "map":
+    sd["attn_pool.latent"] = flat["MAPHead_0/probe"]
+    _attn_to_timm(flat, "MAPHead_0/MultiHeadDotProductAttention_0", "attn_pool", sd,
+                  fused_qkv=False)
+    _ln_to_timm(flat, "MAPHead_0/LayerNorm_0", "attn_pool.norm", sd)
+    _mlp_to_timm(flat, "MAPHead_0/MlpBlock_0", "attn_pool.mlp", sd)
+  if a["num_classes"]:
+    sd["head.weight"], sd["head.bias"] = flat["head/kernel"].T, flat["head/bias"]
+  sd = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in sd.items()}
+  kwargs = dict(img_size=grid * p, patch_size=p, in_chans=a["in_chans"], embed_dim=d,
+                depth=a["depth"], num_heads=a["num_heads"], mlp_ratio=a["mlp_dim"] / d,
+                num_classes=a["num_classes"], global_pool=a["global_pool"],
+                class_token=a["class_token"], fc_norm=False)
+  return sd, kwargs
+
+
+def write_timm(params, path, image_size: Optional[int] = None) -> dict:
+  """Writes params as a timm safetensors file; returns the timm create_model kwargs.
+
+  The kwargs are also stored as JSON in the file's metadata under "timm_kwargs".
+  """
+  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
+  sd, kwargs = to_timm(params, image_size)
+  save_file(sd, os.fspath(path), metadata={"format": "pt", "timm_kwargs": json.dumps(kwargs)})
+  return kwargs
+
+
+def from_timm(sd: Mapping[str, np.ndarray], num_heads: int) -> tuple[dict, int]:
+  """timm VisionTransformer state dict -> (canonical flat params, posemb prefix rows)."""
+  sd = {k: np.asarray(v) for k, v in sd.items()}
+  if "fc_norm.weight" in sd:
+    raise ValueError("This timm model normalises after pooling (fc_norm); ours normalises "
+                     "before, so it cannot be converted exactly.")
+  used = set()
+
+  def take(k):
+    if k not in sd:
+      raise ValueError(f"timm state dict has no {k!r}.")
+    used.add(k)
+    return sd[k]
+
+  d = take("patch_embed.proj.weight").shape[0]
+  if d % num_heads:
+    raise ValueError(f"Width {d} is not divisible by num_heads={num_heads}.")
+  hd = d // num_heads
+  flat = {"embedding/kernel": take("patch_embed.proj.weight").transpose(2, 3, 1, 0),
+          "embedding/bias": take("patch_embed.proj.bias")}
+  num_prefix = 0
+  if "cls_token" in sd:
+    flat["cls"] = take("cls_token")
+    num_prefix = 1
+  if "pos_embed" in sd:
+    flat[_POSEMB] = take("pos_embed")
+
+  def attn(src, dst, fused_qkv=True):
+    if fused_qkv:
+      w = np.split(take(f"{src}.qkv.weight"), 3)
+      b = np.split(take(f"{src}.qkv.bias"), 3)
+    else:
+      w = [take(f"{src}.q.weight")] + np.split(take(f"{src}.kv.weight"), 2)
+      b = [take(f"{src}.q.bias")] + np.split(take(f"{src}.kv.bias"), 2)
+    for n, wn, bn in zip(("query", "key", "value"), w, b):
+      flat[f"{dst}/{n}/kernel"] = wn.T.reshape(d, num_heads, hd)
+      flat[f"{dst}/{n}/bias"] = bn.reshape(num_heads, hd)
+    flat[f"{dst}/out/kernel"] = take(f"{src}.proj.weight").T.reshape(num_heads, hd, d)
+    flat[f"{dst}/out/bias"] = take(f"{src}.proj.bias")
+
+  def ln(src, dst):
+    flat[f"{dst}/scale"], flat[f"{dst}/bias"] = take(f"{src}.weight"), take(f"{src}.bias")
+
+  def mlp(src, dst):
+    for i in (0, 1):
+      flat[f"{dst}/Dense_{i}/kernel"] = take(f"{src}.fc{i + 1}.weight").T
+      flat[f"{dst}/Dense_{i}/bias"] = take(f"{src}.fc{i + 1}.bias")
+
+  i = 0
+  while f"blocks.{i}.norm1.weight" in sd:
+    src, dst = f"blocks.{i}", f"Transformer/encoderblock_{i}"
+    ln(f"{src}.norm1", f"{dst}/LayerNorm_0")
+    attn(f"{src}.attn", f"{dst}/MultiHeadDotProductAttention_0")
+    ln(f"{src}.norm2", f"{dst}/LayerNorm_1")
+    mlp(f"{src}.mlp", f"{dst}/MlpBlock_0")
+    i += 1
+  ln("norm", "Transformer/encoder_norm")
+  if "attn_pool.latent" in sd:
+    flat["MAPHead_0/probe"] = take("attn_pool.latent")
+    attn("attn_pool", "MAPHead_0/MultiHeadDotProductAttention_0", fused_qkv=False)
+    ln("attn_pool.norm", "MAPHead_0/LayerNorm_0")
+    mlp("attn_pool.mlp", "MAPHead_0/MlpBlock_0")
+  if "head.weight" in sd:
+    flat["head/kernel"], flat["head/bias"] = take("head.weight").T, take("head.bias")
+  extra = sorted(set(sd) - used)
+  if extra:
+    raise ValueError(f"timm state dict has params this ViT does not support, e.g. {extra[0]!r}.")
+  return flat, num_prefix
+
+
+def read_timm(path, num_heads: int) -> tuple[dict, int]:
+  """(canonical flat params, posemb prefix rows) of a timm ViT .safetensors file."""
+  from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
+  if not os.path.exists(path):
+    raise ValueError(f"Checkpoint {path} does not exist.")
+  return from_timm(load_file(os.fspath(path)), num_heads)

@@ -1,0 +1,443 @@
+"""Vision Transformer (Dosovitskiy et al., ICLR 2021) in Flax linen.
+
+The parameter tree (names and shapes) is that of the AugReg-era
+google-research/vision_transformer `.npz` checkpoints, so those files load
+without renaming:
+
+  embedding/{kernel (P,P,C,D), bias}
+  cls (1,1,D)                                        pool_type="tok" only
+  Transformer/posembed_input/pos_embedding (1,T,D)   posemb="learn"; T counts the cls entry
+  Transformer/encoderblock_{i}/LayerNorm_0, LayerNorm_1,
+      MultiHeadDotProductAttention_0/{query,key,value}/{kernel (D,H,D/H), bias (H,D/H)},
+      MultiHeadDotProductAttention_0/out/{kernel (H,D/H,D), bias (D)},
+      MlpBlock_0/Dense_0, MlpBlock_0/Dense_1
+  Transformer/encoder_norm
+  MAPHead_0/{probe, MultiHeadDotProductAttention_0, LayerNorm_0, MlpBlock_0}   pool_type="map"
+  pre_logits/{kernel,bias}                           rep_size only
+  head/{kernel,bias}                                 num_classes > 0 only
+
+With `scan=True` the blocks live under `Transformer/encoderblock/...` with a
+leading "layers" axis of length depth (big_vision's scan layout); `load` and
+`save_npz` convert between the two.
+
+Attention is written with explicit `self.param` kernels and `jnp.einsum`
+rather than `nn.MultiHeadDotProductAttention`: Flax's DenseGeneral reshapes
+partitioned (boxed) kernels and crashes under `jax.set_mesh` (Flax issue
+3676). Every param carries logical axis names (`nn.with_logical_partitioning`)
+and activations carry `nn.with_logical_constraint`, so the trainer's rules
+pick data parallel, FSDP or tensor parallel without touching this file.
+
+GELU defaults to the exact (erf) form, as timm and PyTorch use, so exported
+models give the same logits in timm. The original vision_transformer and
+big_vision code used the tanh approximation (`gelu="tanh"`); the two differ
+by ~1e-3 in activations, which does not matter for fine-tuning.
+"""
+from typing import Any, Optional, Sequence, Union
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+# Widths, depths, MLP sizes and heads of the literature: ViT paper (Ti..H),
+# "Scaling Vision Transformers" (g, G), "How to train your ViT" (M, mu) and
+# "Getting ViT in shape" (So400m).
+VARIANTS = {
+    #          width depth  mlp  heads
+    "mu":     (32,    1,   128,   2),
+    "Ti":     (192,  12,   768,   3),
+    "S":      (384,  12,  1536,   6),
+    "M":      (512,  12,  2048,   8),
+    "B":      (768,  12,  3072,  12),
+    "L":      (1024, 24,  4096,  16),
+    "So400m": (1152, 27,  4304,  16),
+    "H":      (1280, 32,  5120,  16),
+    "g":      (1408, 40,  6144,  16),
+    "G":      (1664, 48,  8192,  16),
+}
+
+POSEMB_TYPES = ("learn", "sincos2d")
+POOL_TYPES = ("tok", "gap", "map")
+GELU_TYPES = ("exact", "tanh")
+
+
+def decode_variant(variant: str) -> dict:
+  """"B/16" -> dict(width=768, depth=12, mlp_dim=3072, num_heads=12, patch_size=16)."""
+  size, sep, patch = variant.partition("/")
+  if not sep or size not in VARIANTS or not patch.isdigit() or int(patch) < 1:
+    raise ValueError(f"Unknown ViT variant {variant!r}: use '{{size}}/{{patch}}' with size one of "
+                     f"{', '.join(VARIANTS)} and an integer patch size, e.g. 'B/16'.")
+  width, depth, mlp_dim, num_heads = VARIANTS[size]
+  return dict(width=width, depth=depth, mlp_dim=mlp_dim, num_heads=num_heads, patch_size=int(patch))
+
+
+def posemb_sincos_2d(h: int, w: int, width: int, temperature: float = 10_000.0,
+                     dtype=np.float32) -> np.ndarray:
+  """Fixed 2D sin-cos position embedding, shape (1, h*w, width), rows in raster order."""
+  if width % 4:
+    raise ValueError(f"posemb='sincos2d' needs a width divisible by 4, got {width}.")
+  y, x = np.mgrid[:h, :w]
+  omega = np.arange(width // 4) / (width // 4 - 1 if width > 4 else 1)
+  omega = 1.0 / (temperature ** omega)
+  y = np.einsum("m,d->md", y.flatten(), omega)
+  x = np.einsum("m,d->md", x.flatten(), omega)
+  pe = np.concatenate([np.sin(x), np.cos(x), np.sin(y), np.cos(y)], axis=1)
+  return np.asarray(pe, dtype)[None]
+
+
+def drop_path_rates(depth: int, drop_path: float) -> np.ndarray:
+  """Stochastic-depth rate of each block: linear from 0 (first) to drop_path (last)."""
+  return np.linspace(0.0, drop_path, depth, dtype=np.float32)
+
+
+def _partitioned(init, names):
+  return nn.with_logical_partitioning(init, names)
+
+
+def _reshaped_init(init, flat_shape):
+  """Initialises as the 2D matrix the kernel really is, so fan-in/out are right."""
+  def fn(key, shape, dtype=jnp.float32):
+    return init(key, flat_shape, dtype).reshape(shape)
+  return fn
+
+
+def _gelu(kind: str):
+  return lambda x: nn.gelu(x, approximate=(kind == "tanh"))
+
+
+class _HeadsIn(nn.Module):
+  """Projection (..., D) -> (..., H, D/H): the query/key/value params of one attention."""
+  num_heads: int
+  dtype_mm: Any
+
+  @nn.compact
+  def __call__(self, x):
+    d = x.shape[-1]
+    hd = d // self.num_heads
+    kernel = self.param(
+        "kernel", _partitioned(_reshaped_init(nn.initializers.xavier_uniform(), (d, d)),
+                               ("embed", "heads", "kv")), (d, self.num_heads, hd), jnp.float32)
+    bias = self.param("bias", _partitioned(nn.initializers.zeros, ("heads", "kv")),
+                      (self.num_heads, hd), jnp.float32)
+    x, kernel, bias = (a.astype(self.dtype_mm) for a in (x, kernel, bias))
+    return jnp.einsum("btd,dnh->btnh", x, kernel) + bias
+
+
+class _HeadsOut(nn.Module):
+  """Projection (..., H, D/H) -> (..., D): the `out` params of one attention."""
+  dtype_mm: Any
+
+  @nn.compact
+  def __call__(self, x):
+    n, hd = x.shape[-2:]
+    d = n * hd
+    kernel = self.param(
+        "kernel", _partitioned(_reshaped_init(nn.initializers.xavier_uniform(), (d, d)),
+                               ("heads", "kv", "embed")), (n, hd, d), jnp.float32)
+    bias = self.param("bias", _partitioned(nn.initializers.zeros, ("embed",)), (d,), jnp.float32)
+    x, kernel, bias = (a.astype(self.dtype_mm) for a in (x, kernel, bias))
+    return jnp.einsum("btnh,nhd->btd", x, kernel) + bias
+
+
+class MultiHeadDotProductAttention(nn.Module):
+  """Multi-head attention with vision_transformer's param names and shapes."""
+  num_heads: int
+  dtype_mm: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x_q, x_kv):
+    if x_q.shape[-1] % self.num_heads:
+      raise ValueError(f"Width {x_q.shape[-1]} is not divisible by num_heads={self.num_heads}.")
+    names = ("batch", "seq", "heads", "kv")
+    q = nn.with_logical_constraint(_HeadsIn(self.num_heads, self.dtype_mm, name="query")(x_q), names)
+    k = nn.with_logical_constraint(_HeadsIn(self.num_heads, self.dtype_mm, name="key")(x_kv), names)
+    v = nn.with_logical_constraint(_HeadsIn(self.num_heads, self.dtype_mm, name="value")(x_kv), names)
+    # Scale 1/sqrt(D/H), softmax in f32 even for bf16 inputs (jax's XLA path).
+    y = jax.nn.dot_product_attention(q, k, v)
+    y = nn.with_logical_constraint(y, names)
+    return _HeadsOut(self.dtype_mm, name="out")(y)
+
+
+class MlpBlock(nn.Module):
+  """Dense -> GELU -> dropout -> Dense -> dropout (vision_transformer's MlpBlock)."""
+  mlp_dim: int
+  dropout: float = 0.0
+  dtype_mm: Any = jnp.float32
+  gelu: str = "exact"
+
+  @nn.compact
+  def __call__(self, x, deterministic: bool = True):
+    d = x.shape[-1]
+    x = nn.Dense(self.mlp_dim, dtype=self.dtype_mm,
+                 kernel_init=_partitioned(nn.initializers.xavier_uniform(), ("embed", "mlp")),
+                 bias_init=_partitioned(nn.initializers.normal(stddev=1e-6), ("mlp",)))(x)
+    x = nn.with_logical_constraint(_gelu(self.gelu)(x), ("batch", "seq", "mlp"))
+    x = nn.Dropout(rate=self.dropout)(x, deterministic)
+    x = nn.Dense(d, dtype=self.dtype_mm,
+                 kernel_init=_partitioned(nn.initializers.xavier_uniform(), ("mlp", "embed")),
+                 bias_init=_partitioned(nn.initializers.normal(stddev=1e-6), ("embed",)))(x)
+    return nn.Dropout(rate=self.dropout)(x, deterministic)
+
+
+def _layer_norm(name):
+  return nn.LayerNorm(epsilon=1e-6, name=name,
+                      scale_init=_partitioned(nn.initializers.ones, ("embed",)),
+                      bias_init=_partitioned(nn.initializers.zeros, ("embed",)))
+
+
+class Encoder1DBlock(nn.Module):
+  """Pre-LN transformer block. Returns (x, x) so that it can be the body of nn.scan."""
+  mlp_dim: int
+  num_heads: int
+  dropout: float = 0.0
+  drop_path: bool = False   # whether stochastic depth is on at all (rate comes per call)
+  deterministic: bool = True
+  dtype_mm: Any = jnp.float32
+  gelu: str = "exact"
+
+  def _drop_path(self, y, rate):
+    if self.deterministic or not self.drop_path:
+      return y
+    # One keep/drop decision per example: the branch is skipped for the whole image.
+    keep = 1.0 - rate
+    mask = jax.random.bernoulli(self.make_rng("dropout"), keep, (y.shape[0],) + (1,) * (y.ndim - 1))
+    return jnp.where(mask, y / keep, 0).astype(y.dtype)
+
+  @nn.compact
+  def __call__(self, x, drop_path_rate):
+    y = _layer_norm("LayerNorm_0")(x)
+    y = MultiHeadDotProductAttention(self.num_heads, self.dtype_mm,
+                                     name="MultiHeadDotProductAttention_0")(y, y)
+    y = nn.Dropout(rate=self.dropout)(y, self.deterministic)
+    x = x + self._drop_path(y, drop_path_rate)
+    y = _layer_norm("LayerNorm_1")(x)
+    y = MlpBlock(self.mlp_dim, self.dropout, self.dtype_mm, self.gelu,
+                 name="MlpBlock_0")(y, self.deterministic)
+    x = x + self._drop_path(y, drop_path_rate)
+    x = nn.with_logical_constraint(x, ("batch", "seq", "embed"))
+    return x, x
+
+
+class AddPositionEmbs(nn.Module):
+  """Learned position embedding, one row per token (the cls token's first)."""
+
+  @nn.compact
+  def __call__(self, x):
+    pe = self.param("pos_embedding",
+                    _partitioned(nn.initializers.normal(stddev=0.02), (None, None, "embed")),
+                    (1,) + x.shape[1:], jnp.float32)
+    return x + pe
+
+
+class Encoder(nn.Module):
+  """Position embedding, dropout, `depth` blocks, final LayerNorm (param scope `Transformer`)."""
+  depth: int
+  mlp_dim: int
+  num_heads: int
+  posemb: str = "learn"
+  dropout: float = 0.0
+  drop_path: float = 0.0
+  remat_policy: Optional[str] = "nothing_saveable"
+  scan: bool = False
+  dtype_mm: Any = jnp.float32
+  gelu: str = "exact"
+
+  @nn.compact
+  def __call__(self, x, grid_hw, num_prefix: int, train: bool):
+    out = {}
+    if self.posemb == "learn":
+      x = AddPositionEmbs(name="posembed_input")(x)
+    else:  # sincos2d: fixed; the prefix (cls) token gets none, as in big_vision.
+      pe = posemb_sincos_2d(*grid_hw, x.shape[-1])
+      pe = np.concatenate([np.zeros((1, num_prefix, x.shape[-1]), pe.dtype), pe], axis=1)
+      x = x + pe
+    x = nn.with_logical_constraint(x, ("batch", "seq", "embed"))
+    out["with_posemb"] = x
+    x = nn.Dropout(rate=self.dropout)(x, not train)
+
+    block_cls = Encoder1DBlock
+    if self.remat_policy not in (None, "none"):
+      policy = getattr(jax.checkpoint_policies, self.remat_policy)
+      # prevent_cse is only needed outside scan (scan already stops CSE).
+      block_cls = nn.remat(block_cls, prevent_cse=not self.scan, policy=policy)
+    block_kw = dict(mlp_dim=self.mlp_dim, num_heads=self.num_heads, dropout=self.dropout,
+                    drop_path=self.drop_path > 0, deterministic=not train,
+                    dtype_mm=self.dtype_mm, gelu=self.gelu)
+    rates = drop_path_rates(self.depth, self.drop_path)
+    if self.scan:
+      stack = nn.scan(block_cls, variable_axes={"params": 0},
+                      split_rngs={"params": True, "dropout": True}, in_axes=0,
+                      length=self.depth, metadata_params={nn.PARTITION_NAME: "layers"})
+      x, per_block = stack(name="encoderblock", **block_kw)(x, jnp.asarray(rates))
+      for i in range(self.depth):
+        out[f"block{i:02d}"] = per_block[i]
+    else:
+      for i in range(self.depth):
+        x, out[f"block{i:02d}"] = block_cls(name=f"encoderblock_{i}", **block_kw)(x, float(rates[i]))
+    x = _layer_norm("encoder_norm")(x)
+    return x, out
+
+
+class MAPHead(nn.Module):
+  """Multihead attention pooling: one learned probe attends over all tokens (big_vision)."""
+  mlp_dim: int
+  num_heads: int
+  dtype_mm: Any = jnp.float32
+  gelu: str = "exact"
+
+  @nn.compact
+  def __call__(self, x):
+    n, _, d = x.shape
+    probe = self.param("probe", _partitioned(nn.initializers.xavier_uniform(), (None, None, "embed")),
+                       (1, 1, d), jnp.float32)
+    probe = jnp.broadcast_to(probe, (n, 1, d))
+    x = MultiHeadDotProductAttention(self.num_heads, self.dtype_mm,
+                                     name="MultiHeadDotProductAttention_0")(probe, x)
+    y = _layer_norm("LayerNorm_0")(x)
+    x = x + MlpBlock(self.mlp_dim, 0.0, self.dtype_mm, self.gelu, name="MlpBlock_0")(y)
+    return x[:, 0]
+
+
+class Model(nn.Module):
+  """ViT classifier. `apply({"params": p}, images_nhwc, train=False) -> (logits, out)`.
+
+  `variant` ("B/16", ...) sets width/depth/mlp_dim/num_heads/patch_size; any of
+  those given explicitly overrides it (tiny test models: variant=None plus all
+  five). `num_classes=0` builds no head and returns the pre-logits as logits.
+  `rep_size`: False, True (= width) or an int: a Dense+tanh "pre_logits" layer.
+  `drop_path`: stochastic-depth rate of the last block, linear from 0 in depth.
+  `remat_policy`: a `jax.checkpoint_policies` name, or None for no remat.
+  `dtype_mm`: dtype of matmul inputs ("bfloat16" for fast matmuls); params and
+  LayerNorm/softmax stay float32.
+
+  `out` holds "stem" (patch embeddings), "with_posemb", "block00".."blockNN"
+  (each block's output), "encoded" (all tokens after the final LayerNorm),
+  "head_input" (pooled), "pre_logits" (after rep_size) and "logits".
+  """
+  num_classes: int
+  variant: Optional[str] = "B/16"
+  width: Optional[int] = None
+  depth: Optional[int] = None
+  mlp_dim: Optional[int] = None
+  num_heads: Optional[int] = None
+  patch_size: Optional[int] = None
+  posemb: str = "learn"
+  pool_type: str = "tok"
+  rep_size: Union[int, bool] = False
+  head_zeroinit: bool = True
+  dropout: float = 0.0
+  drop_path: float = 0.0
+  remat_policy: Optional[str] = "nothing_saveable"
+  scan: bool = False
+  dtype_mm: str = "float32"
+  gelu: str = "exact"
+
+  def arch(self) -> dict:
+    """The resolved width/depth/mlp_dim/num_heads/patch_size of this model."""
+    arch = decode_variant(self.variant) if self.variant else {}
+    for k in ("width", "depth", "mlp_dim", "num_heads", "patch_size"):
+      if getattr(self, k) is not None:
+        arch[k] = getattr(self, k)
+    if len(arch) < 5:
+      raise ValueError("ViT needs a variant (e.g. 'B/16') or all of width, depth, mlp_dim, "
+                       "num_heads and patch_size.")
+    return arch
+
+  def _check(self):
+    for name, value, allowed in (("posemb", self.posemb, POSEMB_TYPES),
+                                 ("pool_type", self.pool_type, POOL_TYPES),
+                                 ("gelu", self.gelu, GELU_TYPES)):
+      if value not in allowed:
+        raise ValueError(f"Unknown ViT {name}={value!r}: use one of {', '.join(allowed)}.")
+    if self.remat_policy not in (None, "none") and not hasattr(jax.checkpoint_policies,
+                                                               str(self.remat_policy)):
+      raise ValueError(f"Unknown remat_policy={self.remat_policy!r}: use None or a "
+                       "jax.checkpoint_policies name such as 'nothing_saveable'.")
+
+  @nn.compact
+  def __call__(self, image, *, train: bool = False):
+    self._check()
+    a = self.arch()
+    dtype_mm = jnp.dtype(self.dtype_mm)
+    out = {}
+    b, h, w, c = image.shape
+    p, d = a["patch_size"], a["width"]
+    gh, gw = h // p, w // p
+    if gh < 1 or gw < 1:
+      raise ValueError(f"Image {h}x{w} is smaller than the patch size {p}.")
+
+    x = _Embedding(p, d, dtype_mm, name="embedding")(image)
+    x = jnp.reshape(x, (b, gh * gw, d))
+    out["stem"] = x
+
+    num_prefix = 0
+    if self.pool_type == "tok":
+      cls = self.param("cls", _partitioned(nn.initializers.zeros, (None, None, "embed")),
+                       (1, 1, d), jnp.float32)
+      x = jnp.concatenate([jnp.broadcast_to(cls, (b, 1, d)).astype(x.dtype), x], axis=1)
+      num_prefix = 1
+
+    x, enc_out = Encoder(depth=a["depth"], mlp_dim=a["mlp_dim"], num_heads=a["num_heads"],
+                         posemb=self.posemb, dropout=self.dropout, drop_path=self.drop_path,
+                         remat_policy=self.remat_policy, scan=self.scan, dtype_mm=dtype_mm,
+                         gelu=self.gelu, name="Transformer")(x, (gh, gw), num_prefix, train)
+    out.update(enc_out)
+    out["encoded"] = x
+
+    if self.pool_type == "tok":
+      x = x[:, 0]
+    elif self.pool_type == "gap":
+      x = jnp.mean(x, axis=1)
+    else:
+      x = MAPHead(mlp_dim=a["mlp_dim"], num_heads=a["num_heads"], dtype_mm=dtype_mm,
+                  gelu=self.gelu, name="MAPHead_0")(x)
+    out["head_input"] = x
+
+    if self.rep_size:
+      rep = d if self.rep_size is True else int(self.rep_size)
+      x = nn.Dense(rep, dtype=dtype_mm, name="pre_logits",
+                   kernel_init=_partitioned(nn.initializers.lecun_normal(), ("embed", "mlp")),
+                   bias_init=_partitioned(nn.initializers.zeros, ("mlp",)))(x)
+      x = jnp.tanh(x)
+    out["pre_logits"] = x
+
+    if self.num_classes:
+      kinit = nn.initializers.zeros if self.head_zeroinit else nn.initializers.lecun_normal()
+      x = nn.Dense(self.num_classes, dtype=dtype_mm, name="head",
+                   kernel_init=_partitioned(kinit, ("embed", "classes")),
+                   bias_init=_partitioned(nn.initializers.zeros, ("classes",)))(x)
+    out["logits"] = x
+    return x, out
+
+
+class _Embedding(nn.Module):
+  """Patch embedding with a conv kernel (P,P,C,D) and bias (D) (param scope `embedding`)."""
+  patch_size: int
+  width: int
+  dtype_mm: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, image):
+    b, h, w, c = image.shape
+    p, d = self.patch_size, self.width
+    gh, gw = h // p, w // p
+    kernel = self.param("kernel", _partitioned(nn.initializers.lecun_normal(),
+                                               (None, None, None, "embed")), (p, p, c, d), jnp.float32)
+    bias = self.param("bias", _partitioned(nn.initializers.zeros, ("embed",)), (d,), jnp.float32)
+    # Pixels past the last whole patch are dropped, as a VALID conv does.
+    x = image[:, :gh * p, :gw * p].reshape(b, gh, p, gw, p, c)
+    x, kernel, bias = (a.astype(self.dtype_mm) for a in (x, kernel, bias))
+    x = jnp.einsum("bhpwqc,pqcd->bhwd", x, kernel) + bias
+    return nn.with_logical_constraint(x, ("batch", None, None, "embed"))
+
+
+def load(init_params, path, model_cfg=None, dont_load: Sequence[str] = ()):
+  """Loads a checkpoint into the structure of `init_params` (see interop.load)."""
+  from big_vit_lite.models import interop  # pylint: disable=g-import-not-at-top
+  return interop.load(init_params, path, model_cfg, dont_load)
+
+
+def save_npz(params, path):
+  """Saves params as a vision_transformer-layout .npz (see interop.save_npz)."""
+  from big_vit_lite.models import interop  # pylint: disable=g-import-not-at-top
+  return interop.save_npz(params, path)

@@ -1,0 +1,255 @@
+"""Optimizer and learning-rate schedules from the config (optax).
+
+The update of a parameter p with gradient g at step t (counting from 0) is
+
+    u = base_optimizer(clip(g))                         # adam / sgd-momentum / adafactor
+    p <- p - lr * lr_mult(p) * s(t) * u - wd * wd_mult(p) * s(t) * p
+
+where s(t) in [0, 1] is the schedule (warmup, then decay, optional cooldown).
+As in big_vision, `wd` is *decoupled from lr*: it is multiplied by the
+schedule but not by `lr`, so the paper's "Adam with weight decay 0.1" at lr
+1e-3 (flax.optim semantics: p -= lr * wd * p) is `wd = 1e-4` here.
+
+Config keys (big_vision names):
+  optax_name: "scale_by_adam" | "adam" | "adamw" (all the same transform here:
+      decay is always the decoupled one above), "sgd" / "momentum",
+      "adafactor" (big_vision's ViT variant: factored second moment with a
+      capped decay, optional block-RMS clipping and bf16 momentum).
+  optax: kwargs of that optimizer, e.g. dict(b1=0.9, b2=0.999, mu_dtype="bfloat16").
+  lr, wd, grad_clip_norm,
+  wd_mults: [(regex, mult)], first match wins, default [(".*/kernel$", 1.0)]
+      (decay weight matrices, not biases / norms / embeddings of size 1).
+  lr_mults: [(regex, mult)], first match wins, default all 1.
+  schedule: dict(decay_type=..., warmup_steps=..., ...) for all params, or a
+      list [(regex, dict | None)] for per-parameter schedules; None freezes
+      the matching parameters (no optimizer state, params kept bit-identical).
+Parameter names are "/"-joined paths, e.g. "Transformer/encoderblock_0/MlpBlock_0/Dense_0/kernel".
+"""
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from big_vit_lite import config_loading
+
+_DTYPES = {"bfloat16": jnp.bfloat16, "float32": jnp.float32, "float16": jnp.float16, None: None}
+
+
+def param_names(tree):
+  """Tree of '/'-joined path strings, same structure as `tree`."""
+  def name(path, _):
+    return "/".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
+  return jax.tree_util.tree_map_with_path(name, tree)
+
+
+def tree_by_regex(tree, rules, default, what):
+  """Maps each leaf name to the value of the first (regex, value) whose regex matches fully."""
+  compiled = [(re.compile(r), v) for r, v in rules]
+  def lookup(name):
+    for r, v in compiled:
+      if r.fullmatch(name):
+        return v
+    if default is _REQUIRED:
+      raise ValueError(f"Parameter '{name}' matches no regex of {what}: add a catch-all ('.*', ...).")
+    return default
+  return jax.tree.map(lookup, param_names(tree))
+
+_REQUIRED = object()
+FROZEN = -1  # Schedule group index of frozen parameters.
+
+
+# --------------------------------------------------------------------------
+# Schedules.
+
+def make_schedule(sched, *, total_steps, steps_per_epoch=None, batch_size=None):
+  """A schedule dict -> fn(step) -> multiplier in [0, 1] (jnp-traceable).
+
+  sched keys: decay_type ("cosine" | "linear" | "rsqrt" | "constant"),
+  warmup_{steps|epochs|examples|percent}, cooldown_{...} (linear to 0 at the end),
+  min_lr / linear_end (multiplier at the end for cosine / linear),
+  timescale (rsqrt: s = 1/sqrt(1 + (t - warmup) / timescale)).
+  """
+  dur = dict(steps_per_epoch=steps_per_epoch, batch_size=batch_size, total_steps=total_steps)
+  warmup = config_loading.get_steps("warmup", sched, default=0, **dur)
+  cooldown = config_loading.get_steps("cooldown", sched, default=0, **dur)
+  decay_type = sched.get("decay_type", "cosine")
+  end = sched.get("min_lr", None)
+  end = sched.get("linear_end", end)
+  end = 0.0 if end is None else float(end)
+  timescale = float(sched.get("timescale", 10_000))
+  if warmup + cooldown > total_steps:
+    raise ValueError(f"warmup ({warmup}) + cooldown ({cooldown}) steps exceed total_steps ({total_steps}).")
+  if decay_type not in ("cosine", "linear", "rsqrt", "constant"):
+    raise ValueError(f"Unknown schedule decay_type '{decay_type}': use cosine, linear, rsqrt or constant.")
+
+  def fn(step):
+    step = jnp.asarray(step, jnp.float32)
+    progress = jnp.clip((step - warmup) / max(1, total_steps - warmup), 0.0, 1.0)
+    if decay_type == "cosine":
+      mult = end + (1.0 - end) * 0.5 * (1.0 + jnp.cos(jnp.pi * progress))
+    elif decay_type == "linear":
+      mult = 1.0 - (1.0 - end) * progress
+    elif decay_type == "rsqrt":
+      mult = jax.lax.rsqrt(1.0 + jnp.maximum(step - warmup, 0.0) / timescale)
+    else:
+      mult = jnp.ones_like(step)
+    if warmup:
+      mult = mult * jnp.minimum(1.0, step / warmup)
+    if cooldown:
+      mult = mult * jnp.clip((total_steps - step) / cooldown, 0.0, 1.0)
+    return mult
+  return fn
+
+
+# --------------------------------------------------------------------------
+# Base optimizers (the direction u, before lr, schedule and decay).
+
+def _base_optimizer(name, kw):
+  kw = dict(kw)
+  if name in ("scale_by_adam", "adam", "adamw"):
+    kw["mu_dtype"] = _DTYPES[kw.get("mu_dtype")]
+    return optax.scale_by_adam(**kw)
+  if name in ("sgd", "momentum"):
+    momentum = kw.pop("momentum", 0.9 if name == "momentum" else None)
+    nesterov = kw.pop("nesterov", False)
+    dtype = _DTYPES[kw.pop("accumulator_dtype", None)]
+    if kw:
+      raise TypeError(f"unexpected optax keys for sgd: {sorted(kw)}")
+    if not momentum:
+      return optax.identity()
+    return optax.trace(decay=momentum, nesterov=nesterov, accumulator_dtype=dtype)
+  if name in ("adafactor", "big_vision.scale_by_adafactor"):
+    return scale_by_adafactor(**kw)
+  raise ValueError(f"Unknown optax_name '{name}': use scale_by_adam, adamw, sgd, momentum or adafactor.")
+
+
+def scale_by_adafactor(min_dim_size_to_factor=32, decay_rate=0.8, decay_offset=0,
+                       beta2_cap=0.999, clipping_threshold=None, momentum=0.9,
+                       dtype_momentum="bfloat16", eps=1e-30):
+  """Adafactor as used for ViT in "Scaling Vision Transformers" (big_vision).
+
+  Factored second moment (row/column statistics for matrices with both dims
+  >= min_dim_size_to_factor) with decay 1 - (t+1)^-decay_rate capped at
+  beta2_cap, optional clipping of each update's RMS, and first-moment
+  momentum kept in bf16. No relative step size and no parameter scaling.
+  """
+  def decay_rate_fn(step, exponent):
+    t = jnp.asarray(step, jnp.float32) + 1.0
+    return jnp.minimum(beta2_cap, 1.0 - t ** (-exponent))
+  parts = [optax.scale_by_factored_rms(
+      decay_rate=decay_rate, step_offset=decay_offset,
+      min_dim_size_to_factor=min_dim_size_to_factor, epsilon=eps, decay_rate_fn=decay_rate_fn)]
+  if clipping_threshold is not None:
+    parts.append(optax.clip_by_block_rms(clipping_threshold))
+  if momentum is not None:
+    parts.append(optax.ema(momentum, debias=False, accumulator_dtype=_DTYPES[dtype_momentum]))
+  return optax.chain(*parts)
+
+
+# --------------------------------------------------------------------------
+# lr, schedule, decoupled weight decay and multipliers in one transform.
+
+def _scale_by_lr_and_decay(lr, sched_fns, group_tree, lr_mult_tree, wd, wd_mult_tree):
+  """u -> -(lr * lr_mult * s_g(t)) * u - wd * wd_mult * s_g(t) * p, group g per param."""
+  def init_fn(params):
+    del params
+    return optax.ScaleByScheduleState(count=jnp.zeros([], jnp.int32))
+
+  def update_fn(updates, state, params):
+    s = [f(state.count) for f in sched_fns]
+    def one(u, p, g, lm, wm):
+      if g == FROZEN:  # Frozen: the caller keeps the old value; no update needed.
+        return jnp.zeros_like(u)
+      out = -(lr * lm) * s[g] * u
+      if wd and wm:
+        out = out - (wd * wm) * s[g] * p.astype(out.dtype)
+      return out.astype(u.dtype)
+    updates = jax.tree.map(one, updates, params, group_tree, lr_mult_tree, wd_mult_tree)
+    return updates, optax.ScaleByScheduleState(count=optax.safe_int32_increment(state.count))
+
+  return optax.GradientTransformation(init_fn, update_fn)
+
+
+class Optimizer:
+  """What `make` returns: the optax transform plus what the trainer needs around it."""
+
+  def __init__(self, tx, lr_fn, frozen_mask):
+    self.tx = tx
+    self.lr_fn = lr_fn            # step -> learning rate of the first schedule group (for logging).
+    self.frozen_mask = frozen_mask  # Tree of bools: True = keep bit-identical.
+
+  def apply(self, params, grads, opt_state):
+    updates, opt_state = self.tx.update(grads, opt_state, params)
+    new = optax.apply_updates(params, updates)
+    # Frozen params: the old arrays themselves (p + 0 would turn -0.0 into +0.0).
+    new = jax.tree.map(lambda frozen, old, n: old if frozen else n, self.frozen_mask, params, new)
+    return new, opt_state
+
+
+def make(config, params, *, total_steps, steps_per_epoch=None, batch_size=None):
+  """Builds the Optimizer from the (tracked) config for a params tree (arrays or shapes)."""
+  name = config.get("optax_name", "scale_by_adam")
+  optax_kw = config.optax.to_dict() if "optax" in config and config.optax is not None else {}
+  lr = float(config.get("lr", 1e-3))
+  wd = float(config.get("wd", 0.0) or 0.0)
+  clip = config.get("grad_clip_norm", None)
+  wd_mults = config.get("wd_mults", None)
+  wd_mults = [(".*/kernel$", 1.0)] if wd_mults is None else list(wd_mults)
+  lr_mults = list(config.get("lr_mults", None) or [])
+
+  sched_cfg = config.schedule if "schedule" in config else None
+  if sched_cfg is None:
+    groups = [(".*", {"decay_type": "constant"})]
+  elif isinstance(sched_cfg, (list, tuple)):
+    groups = [(r, s) for r, s in sched_cfg]
+  else:
+    groups = [(".*", sched_cfg)]
+  dur = dict(total_steps=total_steps, steps_per_epoch=steps_per_epoch, batch_size=batch_size)
+  sched_fns, group_of = [], []
+  for regex, s in groups:
+    if s is None:
+      group_of.append((regex, FROZEN))
+    else:
+      group_of.append((regex, len(sched_fns)))
+      reader = s if hasattr(s, "consume") else _DictReader(s)
+      sched_fns.append(make_schedule(reader, **dur))
+      if isinstance(reader, _DictReader):
+        reader.check_all_read(regex)
+  if not sched_fns:
+    raise ValueError("Every schedule group is frozen (None): nothing would train.")
+  group_tree = tree_by_regex(params, group_of, _REQUIRED, "config.schedule")
+  frozen_mask = jax.tree.map(lambda g: g == FROZEN, group_tree)
+  lr_mult_tree = tree_by_regex(params, lr_mults, 1.0, "config.lr_mults")
+  wd_mult_tree = tree_by_regex(params, wd_mults, 0.0, "config.wd_mults")
+  trainable = jax.tree.map(lambda f: not f, frozen_mask)
+
+  parts = []
+  if clip:
+    parts.append(optax.clip_by_global_norm(float(clip)))
+  # masked: frozen params get no optimizer state (e.g. fine-tuning only a head).
+  parts.append(optax.masked(_base_optimizer(name, optax_kw), trainable))
+  parts.append(_scale_by_lr_and_decay(lr, sched_fns, group_tree, lr_mult_tree, wd, wd_mult_tree))
+  tx = optax.chain(*parts)
+  lr_fn = lambda step: lr * sched_fns[0](step)
+  return Optimizer(tx, lr_fn, frozen_mask)
+
+
+class _DictReader:
+  """.get() over a plain dict (schedule dicts inside a list), recording reads."""
+
+  def __init__(self, d):
+    self._d = dict(d)
+    self._read = set()
+
+  def get(self, k, default=None):
+    self._read.add(k)
+    v = self._d.get(k, default)
+    return default if v is None else v
+
+  def check_all_read(self, regex):
+    unread = sorted(set(self._d) - self._read)
+    if unread:
+      raise ValueError(f"Config key '{unread[0]}' in the schedule for '{regex}' is not a schedule "
+                       "key: remove it or fix its spelling.")

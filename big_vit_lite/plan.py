@@ -1,0 +1,492 @@
+"""Memory and FLOPs per device for a training config on a mesh, without allocating the model.
+
+  python -m big_vit_lite.plan --config=configs/vit_l16.py --mesh=data:64,fsdp:4 --device=tpu_v4
+  python -m big_vit_lite.plan --config=configs/demo.py --mesh=data:2,fsdp:2 --compile --json
+
+Parameter and optimizer-state shapes come from `jax.eval_shape` of the real model init and the
+real optimizer (`optim.make`), sharded with the config's logical-axis rules on the requested mesh:
+those figures are exact. Gradients are the size of the (sharded) f32 params. Activations and
+FLOPs are analytic (formulas below, calibrated against XLA's compiled memory analysis).
+
+--compile additionally lowers and compiles the train step (forward, softmax cross-entropy,
+backward, optimizer update, state donated) against abstract inputs on simulated CPU devices in a
+subprocess (so any mesh size works on one machine) and prints XLA's memory analysis and FLOPs
+next to the analytic ones. That is what tests/test_plan.py checks the formulas against. It takes
+seconds for small models and minutes for ViT-g; the compiled CPU program is a proxy for the
+accelerator's (other fusion and scheduling), good to ~10-20%.
+
+With --json the last line is one JSON object: params_bytes_per_device, opt_bytes_per_device,
+grad_bytes_per_device, act_bytes_per_device, total_bytes_per_device, hbm_bytes, fits,
+flops_per_step (model FLOPs, fwd+bwd, whole global batch), hw_flops_per_step (+ remat
+recomputation), step_time_s, mfu_bound, and, with --compile, compiled_* fields.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+
+from absl import app
+from absl import flags
+
+# --------------------------------------------------------------------------------------------
+# Device table. Peak dense bf16 FLOP/s of one JAX device, its memory, and the per-device
+# bandwidth of the interconnect that data/fsdp collectives use (one direction, bytes/s).
+# Sources (vendor datasheets / Cloud TPU system-architecture pages):
+#   TPU v4:  275 TFLOP/s bf16, 32 GiB HBM2, ICI 2,400 Gbit/s per chip
+#            (cloud.google.com/tpu/docs/v4)
+#   TPU v5e: 197 TFLOP/s bf16, 16 GiB HBM2, ICI 1,600 Gbit/s per chip
+#            (cloud.google.com/tpu/docs/v5e)
+#   TPU v5p: 459 TFLOP/s bf16, 95 GiB HBM2e, ICI 4,800 Gbit/s per chip
+#            (cloud.google.com/tpu/docs/v5p)
+#   TPU v6e: 918 TFLOP/s bf16, 32 GiB HBM, ICI 3,584 Gbit/s per chip (cloud.google.com/tpu/docs/v6e)
+#   A100 SXM 80GB: 312 TFLOP/s bf16 dense, 80 GB HBM2e, NVLink 3 600 GB/s (NVIDIA A100 datasheet)
+#   H100 SXM: 989 TFLOP/s bf16 dense, 80 GB HBM3, NVLink 4 900 GB/s (NVIDIA H100 datasheet)
+#   H200 SXM: 989 TFLOP/s bf16 dense, 141 GB HBM3e, NVLink 4 900 GB/s (NVIDIA H200 datasheet)
+# NVLink figures are bidirectional totals; halved here. Multi-node GPU jobs are slower (IB).
+# f32 matmuls: TPUs run them as multi-pass bf16 (~1/3 of the bf16 rate with the default
+# precision); GPUs use TF32 tensor cores at half the bf16 rate.
+GIB = 1024**3
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceSpec:
+  name: str
+  bf16_flops: float
+  f32_flops: float
+  hbm_bytes: int
+  link_bytes_per_s: float
+
+
+DEVICES = {
+    "tpu_v4": DeviceSpec("TPU v4", 275e12, 275e12 / 3, 32 * GIB, 2400e9 / 8),
+    "tpu_v5e": DeviceSpec("TPU v5e", 197e12, 197e12 / 3, 16 * GIB, 1600e9 / 8),
+    "tpu_v5p": DeviceSpec("TPU v5p", 459e12, 459e12 / 3, 95 * GIB, 4800e9 / 8),
+    "tpu_v6e": DeviceSpec("TPU v6e", 918e12, 918e12 / 3, 32 * GIB, 3584e9 / 8),
+    "a100": DeviceSpec("A100 SXM 80GB", 312e12, 156e12, 80 * 10**9, 600e9 / 2),
+    "h100": DeviceSpec("H100 SXM", 989e12, 494.5e12, 80 * 10**9, 900e9 / 2),
+    "h200": DeviceSpec("H200 SXM", 989e12, 494.5e12, 141 * 10**9, 900e9 / 2),
+}
+# XLA needs room beyond live buffers (fragmentation, collective and conv scratch, program):
+# a plan "fits" if its peak is under this fraction of the device memory.
+USABLE_FRACTION = 0.9
+
+_MESH_AXES = ("data", "fsdp", "model")
+# Used when a config has no `sharding_rules` (same meaning as the trainer's rules: flax
+# logical-axis rules, logical name -> mesh axis or axes). Batch over all data-parallel axes,
+# params FSDP-sharded along "embed", tensor-parallel along "mlp"/"heads".
+DEFAULT_RULES = (
+    ("batch", ("data", "fsdp")),
+    ("embed", "fsdp"),
+    ("mlp", "model"),
+    ("heads", "model"),
+    ("classes", None),
+)
+# Image side used when input.pp names none (datasets decoded at their native size).
+_NATIVE_RES = {"fashion_mnist": 28, "mnist": 28, "mnist10k": 28, "animal_mnist": 28,
+               "cifar10": 32, "cifar100": 32}
+_SIZE_OPS = ("resize", "resize_small", "inception_crop", "decode_jpeg_and_inception_crop",
+             "central_crop", "random_crop", "crop", "decode_and_resize")
+
+
+def parse_mesh(spec: str) -> dict:
+  """'data:64,fsdp:4' -> {'data': 64, 'fsdp': 4} (order kept; -1 is not allowed here)."""
+  mesh = {}
+  for part in spec.split(","):
+    name, sep, size = part.strip().partition(":")
+    if not sep or name not in _MESH_AXES or not size.isdigit() or int(size) < 1 or name in mesh:
+      raise ValueError(f"--mesh={spec!r}: expected distinct axis:size pairs with axes "
+                       f"{'/'.join(_MESH_AXES)} and positive sizes, e.g. 'data:64,fsdp:4'")
+    mesh[name] = int(size)
+  return mesh
+
+
+def mesh_from_config(mesh_cfg) -> dict:
+  """config.mesh ([("data", 8), ("fsdp", -1)]) -> dict; -1 axes need --mesh instead."""
+  mesh = {}
+  for name, size in mesh_cfg:
+    if size == -1:
+      raise ValueError(f"config.mesh has {name}:-1 (fill all devices): the planner does not know "
+                       "the device count; pass --mesh=data:N,fsdp:M")
+    mesh[name] = int(size)
+  return mesh
+
+
+def image_res(config, override: int | None = None) -> int:
+  """The training image side: --res, else the last size op in input.pp, else the dataset's."""
+  if override:
+    return int(override)
+  pp = str(config.input.get("pp", ""))
+  sizes = [int(m.group(2)) for m in re.finditer(r"(\w+)\(\s*(\d+)", pp) if m.group(1) in _SIZE_OPS]
+  if sizes:
+    return sizes[-1]
+  name = str(config.input.data.get("name", "")).split(":")[0].split("/")[0]
+  if name in _NATIVE_RES:
+    return _NATIVE_RES[name]
+  raise ValueError(f"cannot tell the training image size from input.pp={pp!r}; pass --res=N")
+
+
+def _rules(config, mesh: dict):
+  """Logical rules restricted to the mesh's axes (a rule naming an absent axis means 'none')."""
+  rules = config.get("sharding_rules") or DEFAULT_RULES
+  out = []
+  for logical, axes in rules:
+    if axes is None:
+      out.append((logical, None))
+      continue
+    axes = (axes,) if isinstance(axes, str) else tuple(axes)
+    kept = tuple(a for a in axes if a in mesh)
+    out.append((logical, kept if len(kept) > 1 else (kept[0] if kept else None)))
+  return tuple(out)
+
+
+def _axes_size(axes, mesh: dict) -> int:
+  if axes is None:
+    return 1
+  axes = (axes,) if isinstance(axes, str) else axes
+  return math.prod(mesh[a] for a in axes)
+
+
+def _shard_numel(shape, spec, mesh: dict) -> int:
+  """Elements of one device's shard: each dim divided (rounded up) by its mesh axes."""
+  spec = tuple(spec) + (None,) * (len(shape) - len(spec))
+  return math.prod(-(-dim // _axes_size(axes, mesh)) for dim, axes in zip(shape, spec))
+
+
+def _model_kwargs(config) -> dict:
+  return config.model.to_dict() if hasattr(config.model, "to_dict") else dict(config.model)
+
+
+def abstract_state(config, res: int):
+  """(boxed abstract params, abstract opt state, arch dict) via eval_shape: nothing allocated."""
+  import jax
+  import jax.numpy as jnp
+  from big_vit_lite import optim
+  from big_vit_lite.models import vit
+  model = vit.Model(**_model_kwargs(config))
+  images = jax.ShapeDtypeStruct((1, res, res, 3), jnp.float32)
+  boxed = jax.eval_shape(lambda x: model.init(jax.random.PRNGKey(0), x)["params"], images)
+  params = _unbox(boxed)
+  total = config.get("total_steps") or 1
+  opt = optim.make(config, params, total_steps=int(total), steps_per_epoch=1,
+                   batch_size=config.input.batch_size)
+  opt_state = jax.eval_shape(opt.tx.init, params)
+  return model, boxed, params, opt, opt_state
+
+
+def _unbox(tree):
+  import flax.linen as nn
+  return nn.meta.unbox(tree)
+
+
+def _leaves_with_specs(boxed, rules):
+  """[(shape, dtype, mesh PartitionSpec)] for every param leaf."""
+  import flax.linen as nn
+  import jax
+  logical = nn.get_partition_spec(boxed)
+  plain = _unbox(boxed)
+  specs = jax.tree.map(lambda s: nn.logical_to_mesh_axes(tuple(s), rules), logical,
+                       is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
+  leaves = jax.tree.leaves(plain)
+  spec_leaves = jax.tree.leaves(specs, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
+  return list(zip([l.shape for l in leaves], [l.dtype for l in leaves], spec_leaves))
+
+
+def _opt_bytes_per_device(params, opt_state, param_specs, mesh) -> int:
+  """Optimizer-state leaves shaped like a param are sharded like it; others are replicated."""
+  import jax
+  by_shape = {}
+  for (shape, _, spec) in param_specs:
+    by_shape.setdefault(tuple(shape), spec)
+  total = 0
+  for leaf in jax.tree.leaves(opt_state):
+    spec = by_shape.get(tuple(leaf.shape), ())
+    total += _shard_numel(leaf.shape, spec, mesh) * leaf.dtype.itemsize
+  return total
+
+
+def activation_bytes(arch: dict, *, local_batch: int, tokens: int, remat: bool, mm_bytes: int,
+                     tp: int = 1, num_classes: int = 0) -> int:
+  """Peak bytes of activations kept for the backward pass on one device.
+
+  Per block and example, with T tokens, width D, MLP M, H heads (M and H divided by the
+  tensor-parallel degree tp), what the backward pass reads: LN inputs/outputs and residuals
+  (f32, ~6 T*D), q/k/v and the attention output (4 T*D matmul dtype), the softmax
+  probabilities (H*T^2, f32) and the MLP hidden before and after GELU (2 T*M matmul dtype).
+  With remat (any policy that saves nothing inside the block, e.g. nothing_saveable) only
+  each block's input (T*D f32) is kept, plus one block recomputed at a time during backward
+  plus its gradient buffers (~3 T*D). Coefficients checked against XLA's memory analysis in
+  tests/test_plan.py.
+  """
+  t, d, m, h = tokens, arch["width"], arch["mlp_dim"] // tp, max(1, arch["num_heads"] // tp)
+  per_block = 6 * t * d * 4 + 4 * t * d // tp * mm_bytes + h * t * t * 4 + 2 * t * m * mm_bytes
+  if remat:
+    per_example = arch["depth"] * t * d * 4 + per_block + 3 * t * d * 4
+  else:
+    per_example = arch["depth"] * per_block
+  # Stem/head: the patchified image, the embeddings and the logits.
+  per_example += t * d * 4 + num_classes * 4 * 2
+  return int(local_batch * per_example)
+
+
+def train_flops(arch: dict, *, batch: int, res: int, num_classes: int, tokens: int,
+                remat: bool) -> tuple[float, float]:
+  """(model FLOPs, hardware FLOPs) of one train step on the global batch.
+
+  Forward per example: 2*MACs of the patch embedding, per block q/k/v/out (4 T D^2), scores and
+  weighted sum (2 T^2 D), MLP (2 T D M), and the head. Backward = 2x forward (model FLOPs =
+  3x forward, the usual MFU convention); remat recomputes the blocks' forward once more.
+  """
+  t, d, m, p = tokens, arch["width"], arch["mlp_dim"], arch["patch_size"]
+  patches = (res // p) ** 2
+  block = 2 * (4 * t * d * d + 2 * t * t * d + 2 * t * d * m)
+  embed = 2 * patches * p * p * 3 * d
+  head = 2 * d * num_classes
+  fwd = embed + arch["depth"] * block + head
+  model = 3 * fwd * batch
+  hw = model + (arch["depth"] * block * batch if remat else 0)
+  return float(model), float(hw)
+
+
+def plan(config, mesh: dict, device: str, res: int | None = None) -> dict:
+  """The analytic plan (see module docstring) as a dict."""
+  import jax.numpy as jnp
+  if device not in DEVICES:
+    raise ValueError(f"--device={device!r}: known devices are {', '.join(DEVICES)}")
+  spec = DEVICES[device]
+  res = image_res(config, res)
+  n_dev = math.prod(mesh.values())
+  rules = _rules(config, mesh)
+  batch = int(config.input.batch_size)
+  batch_axes = dict(rules).get("batch")
+  dp = _axes_size(batch_axes, mesh)
+  if batch % dp:
+    raise ValueError(f"input.batch_size={batch} is not divisible by the {dp} data-parallel "
+                     f"devices of mesh {mesh}; change the batch size or the mesh")
+  model, boxed, params, _, opt_state = abstract_state(config, res)
+  arch = model.arch()
+  num_classes = int(config.model.get("num_classes", 0) or 0)
+  pool = config.model.get("pool_type", "tok")
+  tokens = (res // arch["patch_size"]) ** 2 + (1 if pool == "tok" else 0)
+  remat = config.model.get("remat_policy", "nothing_saveable") not in (None, "none")
+  mm_bytes = jnp.dtype(config.model.get("dtype_mm", "float32")).itemsize
+  tp = _axes_size(dict(rules).get("mlp"), mesh)
+
+  param_specs = _leaves_with_specs(boxed, rules)
+  n_params = sum(math.prod(s) for s, _, _ in param_specs)
+  params_b = sum(_shard_numel(s, sp, mesh) * dt.itemsize for s, dt, sp in param_specs)
+  grads_b = sum(_shard_numel(s, sp, mesh) * 4 for s, _, sp in param_specs)
+  opt_b = _opt_bytes_per_device(params, opt_state, param_specs, mesh)
+  act_b = activation_bytes(arch, local_batch=batch // dp, tokens=tokens, remat=remat,
+                           mm_bytes=mm_bytes, tp=tp, num_classes=num_classes)
+  batch_b = batch // dp * (res * res * 3 + num_classes) * 4
+  # FSDP: each block's weights are all-gathered (to f32 full size / tp) right before use.
+  fsdp = _axes_size(dict(rules).get("embed"), mesh)
+  block_params = sum(math.prod(s) for s, _, _ in param_specs) / max(1, arch["depth"])
+  gathered_b = int(block_params * 4 / tp) if fsdp > 1 else 0
+  total_b = params_b + opt_b + grads_b + act_b + batch_b + gathered_b
+
+  model_flops, hw_flops = train_flops(arch, batch=batch, res=res, num_classes=num_classes,
+                                      tokens=tokens, remat=remat)
+  peak = spec.bf16_flops if mm_bytes == 2 else spec.f32_flops
+  compute_s = hw_flops / n_dev / peak
+  # Per step, with FSDP: params all-gathered for forward and again for backward, grads
+  # reduce-scattered (3 x full f32 param bytes / tp, times (f-1)/f); over the data axis the
+  # grad shards are all-reduced (2 x shard bytes x (d-1)/d). Assumes no overlap with compute
+  # would give their sum; XLA overlaps them, so the bound is the larger of the two.
+  full_param_b = n_params * 4 / tp
+  comm_b = 3 * full_param_b * (fsdp - 1) / fsdp
+  data = mesh.get("data", 1)
+  comm_b += 2 * (full_param_b / fsdp) * (data - 1) / data
+  comm_s = comm_b / spec.link_bytes_per_s
+  step_s = max(compute_s, comm_s)
+  out = dict(
+      variant=config.model.get("variant"), res=res, tokens=tokens, mesh=mesh, devices=n_dev,
+      device=spec.name, global_batch=batch, local_batch=batch // dp, remat=remat,
+      dtype_mm=str(config.model.get("dtype_mm", "float32")), num_params=int(n_params),
+      params_bytes_per_device=int(params_b), opt_bytes_per_device=int(opt_b),
+      grad_bytes_per_device=int(grads_b), act_bytes_per_device=int(act_b),
+      batch_bytes_per_device=int(batch_b), fsdp_gather_bytes_per_device=int(gathered_b),
+      total_bytes_per_device=int(total_b), hbm_bytes=int(spec.hbm_bytes),
+      fits=bool(total_b <= USABLE_FRACTION * spec.hbm_bytes),
+      flops_per_step=model_flops, hw_flops_per_step=hw_flops,
+      compute_time_s=compute_s, comm_time_s=comm_s, step_time_s=step_s,
+      mfu_bound=model_flops / n_dev / peak / step_s,
+  )
+  return out
+
+
+# --------------------------------------------------------------------------------------------
+# Compiled cross-check: runs in a subprocess with N simulated CPU devices.
+
+def compiled_stats(config, mesh: dict, res: int) -> dict:
+  """XLA memory analysis + FLOPs of the train step compiled for `mesh` (in this process)."""
+  import flax.linen as nn
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  import optax
+  from jax.sharding import NamedSharding, PartitionSpec as P
+
+  n_dev = math.prod(mesh.values())
+  if jax.device_count() < n_dev:
+    raise ValueError(f"mesh {mesh} needs {n_dev} devices, this process has {jax.device_count()}")
+  devices = np.array(jax.devices()[:n_dev]).reshape(tuple(mesh.values()))
+  jmesh = jax.sharding.Mesh(devices, tuple(mesh), axis_types=(jax.sharding.AxisType.Auto,) * len(mesh))
+  rules = _rules(config, mesh)
+  model, boxed, params, opt, opt_state = abstract_state(config, res)
+  param_sh = nn.logical_to_mesh_sharding(nn.get_partition_spec(boxed), jmesh, rules)
+  by_shape = {}
+  for leaf, sh in zip(jax.tree.leaves(params), jax.tree.leaves(param_sh)):
+    by_shape.setdefault(leaf.shape, sh)
+  replicated = NamedSharding(jmesh, P())
+  opt_sh = jax.tree.map(lambda l: by_shape.get(l.shape, replicated), opt_state)
+  batch = int(config.input.batch_size)
+  num_classes = int(config.model.get("num_classes", 0) or 0)
+  batch_sh = NamedSharding(jmesh, P(dict(rules).get("batch")))
+  images = jax.ShapeDtypeStruct((batch, res, res, 3), jnp.float32, sharding=batch_sh)
+  labels = jax.ShapeDtypeStruct((batch, num_classes), jnp.float32, sharding=batch_sh)
+  state = (jax.tree.map(lambda l, s: jax.ShapeDtypeStruct(l.shape, l.dtype, sharding=s), params, param_sh),
+           jax.tree.map(lambda l, s: jax.ShapeDtypeStruct(l.shape, l.dtype, sharding=s), opt_state, opt_sh))
+
+  def step(state, images, labels):
+    params, opt_state = state
+
+    def loss_fn(p):
+      logits, _ = model.apply({"params": p}, images, train=True)
+      return optax.softmax_cross_entropy(logits, labels).mean()
+
+    loss, grads = jax.value_and_grad(loss_fn)(params)
+    params, opt_state = opt.apply(params, grads, opt_state)
+    return (params, opt_state), loss
+
+  with jax.set_mesh(jmesh), nn.logical_axis_rules(rules):
+    jitted = jax.jit(step, in_shardings=((param_sh, opt_sh), batch_sh, batch_sh),
+                     out_shardings=((param_sh, opt_sh), replicated), donate_argnums=(0,))
+    compiled = jitted.lower(state, images, labels).compile()
+  mem = compiled.memory_analysis()
+  cost = compiled.cost_analysis()
+  if isinstance(cost, (list, tuple)):
+    cost = cost[0] if cost else {}
+  return dict(
+      compiled_argument_bytes=int(mem.argument_size_in_bytes),
+      compiled_output_bytes=int(mem.output_size_in_bytes),
+      compiled_alias_bytes=int(mem.alias_size_in_bytes),
+      compiled_temp_bytes=int(mem.temp_size_in_bytes),
+      compiled_peak_bytes=int(mem.argument_size_in_bytes + mem.output_size_in_bytes
+                              - mem.alias_size_in_bytes + mem.temp_size_in_bytes),
+      compiled_flops_per_device=float((cost or {}).get("flops", 0.0)),
+  )
+
+
+def compiled_stats_subprocess(config_arg: str, overrides: list[str], mesh: dict, res: int,
+                              timeout_s: float = 1800) -> dict:
+  """compiled_stats in a fresh python with prod(mesh) simulated CPU devices."""
+  n_dev = math.prod(mesh.values())
+  env = dict(os.environ)
+  env["JAX_PLATFORMS"] = "cpu"
+  env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={n_dev}").strip()
+  mesh_str = ",".join(f"{k}:{v}" for k, v in mesh.items())
+  cmd = [sys.executable, "-m", "big_vit_lite.plan", f"--config={config_arg}", *overrides,
+         f"--mesh={mesh_str}", f"--res={res}", "--compiled_only", "--json"]
+  proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s, check=False)
+  if proc.returncode != 0:
+    tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["(no output)"]
+    raise RuntimeError(f"compiling the step on {n_dev} simulated CPU devices failed: {tail[0]}")
+  return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# --------------------------------------------------------------------------------------------
+# CLI.
+
+def _fmt_bytes(b: float) -> str:
+  return f"{b / GIB:8.2f} GiB"
+
+
+def format_report(p: dict) -> str:
+  mesh = ",".join(f"{k}:{v}" for k, v in p["mesh"].items())
+  lines = [
+      f"ViT {p['variant']} @ {p['res']}px ({p['tokens']} tokens), {p['num_params'] / 1e6:.1f}M params, "
+      f"global batch {p['global_batch']} ({p['local_batch']}/device), remat={p['remat']}, "
+      f"matmuls in {p['dtype_mm']}",
+      f"mesh {mesh} = {p['devices']} x {p['device']} ({p['hbm_bytes'] / GIB:.0f} GiB each)",
+      "per device:",
+      f"  params          {_fmt_bytes(p['params_bytes_per_device'])}",
+      f"  optimizer state {_fmt_bytes(p['opt_bytes_per_device'])}",
+      f"  gradients       {_fmt_bytes(p['grad_bytes_per_device'])}",
+      f"  activations     {_fmt_bytes(p['act_bytes_per_device'])}  (peak, kept for backward)",
+      f"  input batch     {_fmt_bytes(p['batch_bytes_per_device'])}",
+      f"  fsdp gather     {_fmt_bytes(p['fsdp_gather_bytes_per_device'])}  (one block's weights)",
+      f"  total           {_fmt_bytes(p['total_bytes_per_device'])}  -> fits: "
+      f"{'yes' if p['fits'] else 'NO'} (limit {USABLE_FRACTION:.0%} of HBM)",
+      f"FLOPs per step: {p['flops_per_step']:.3e} model, {p['hw_flops_per_step']:.3e} with remat",
+      f"step time >= {p['step_time_s'] * 1e3:.1f} ms (compute at peak {p['compute_time_s'] * 1e3:.1f} ms, "
+      f"collectives {p['comm_time_s'] * 1e3:.1f} ms); MFU bound {p['mfu_bound']:.2f}",
+  ]
+  if "compiled_temp_bytes" in p:
+    lines.append(
+        f"compiled on {p['devices']} simulated CPU devices: arguments "
+        f"{_fmt_bytes(p['compiled_argument_bytes'])}, temporaries {_fmt_bytes(p['compiled_temp_bytes'])}, "
+        f"peak {_fmt_bytes(p['compiled_peak_bytes'])}; FLOPs/device {p['compiled_flops_per_device']:.3e}")
+  return "\n".join(lines)
+
+
+def _define_flags():
+  from big_vit_lite import config_loading
+  config_loading.define_config_flag()
+  flags.DEFINE_string("mesh", None, "Mesh as axis:size pairs, e.g. data:64,fsdp:4 (default: config.mesh).")
+  flags.DEFINE_enum("device", "tpu_v4", list(DEVICES), "Device kind for peak FLOP/s and memory.")
+  flags.DEFINE_integer("res", None, "Training image side (default: from input.pp).")
+  flags.DEFINE_bool("json", False, "Print the plan as one JSON object on the last line.")
+  flags.DEFINE_bool("compile", False, "Also AOT-compile the step on simulated CPU devices and "
+                    "report XLA's memory analysis (slow for big models).")
+  flags.DEFINE_bool("compiled_only", False, "Internal: print only the compiled stats (subprocess).")
+
+
+def main(argv):
+  del argv
+  f = flags.FLAGS
+  config = f.config
+  if config is None:
+    raise app.UsageError("--config=configs/FILE.py[:arg] is required")
+  mesh = parse_mesh(f.mesh) if f.mesh else mesh_from_config(config.get("mesh") or [("data", 1)])
+  if f.compiled_only:
+    print(json.dumps(compiled_stats(config, mesh, image_res(config, f.res))))
+    return
+  p = plan(config, mesh, f.device, f.res)
+  if f.compile:
+    overrides = [a for a in sys.argv[1:] if a.startswith("--config.")]
+    p.update(compiled_stats_subprocess(_config_arg(), overrides, mesh, p["res"]))
+  print(format_report(p))
+  if f.json:
+    print(json.dumps(p))
+
+
+def _config_arg() -> str:
+  for i, a in enumerate(sys.argv[1:], 1):
+    if a.startswith("--config="):
+      return a.split("=", 1)[1]
+    if a == "--config" and i + 1 < len(sys.argv):
+      return sys.argv[i + 1]
+  raise app.UsageError("--config=... is required")
+
+
+def run():
+  _define_flags()
+
+  def _main(argv):
+    try:
+      main(argv)
+    except ValueError as e:
+      print(f"plan: {e}", file=sys.stderr)
+      sys.exit(1)
+
+  app.run(_main)
+
+
+if __name__ == "__main__":
+  run()

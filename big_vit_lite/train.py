@@ -1,0 +1,404 @@
+r"""Pretrain a ViT: `python -m big_vit_lite.train --config=configs/FILE.py[:args] --workdir=DIR`.
+
+Reads top to bottom in stages: setup -> mesh -> input -> model + optimizer
+-> sharded init -> update step -> checkpoint resume -> evaluators -> loop.
+
+The same code runs on one CPU core and on a pod: everything is global
+jax.Arrays under one mesh, with shardings from the config's logical-axis
+rules (sharding.py). A run resumes from the newest complete checkpoint in
+DIR; a run killed at any moment and restarted with the same command gives
+the same losses and final params as an uninterrupted one (bit for bit on
+CPU), because the checkpoint holds params, optimizer state, step, rng and
+the data iterator's position, and every random number is a function of
+(seed, step).
+"""
+import functools
+import json
+import math
+import os
+import sys
+
+from absl import app
+from absl import flags
+from absl import logging
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from big_vit_lite import checkpoint as ckpt_lib
+from big_vit_lite import config_loading
+from big_vit_lite import losses
+from big_vit_lite import metrics as metrics_lib
+from big_vit_lite import optim
+from big_vit_lite import sharding
+
+_CONFIG = config_loading.define_config_flag()
+_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and logs.")
+
+
+class TrainingError(RuntimeError):
+  """A failure with a one-line explanation for the user (exit status 1)."""
+
+
+def _model_module(name):
+  import importlib  # pylint: disable=g-import-not-at-top
+  try:
+    return importlib.import_module(f"big_vit_lite.models.{name}")
+  except ModuleNotFoundError as e:
+    if e.name != f"big_vit_lite.models.{name}":
+      raise
+    raise ValueError(f"Unknown model_name '{name}': it must be a module in big_vit_lite/models/.") from None
+
+
+def _global_from_host(tree, shardings):
+  """Host numpy tree (identical on every process) -> global arrays with `shardings`."""
+  return jax.tree.map(
+      lambda x, s: jax.make_array_from_callback(x.shape, s, lambda idx: x[idx]), tree, shardings)
+
+
+def _host_copy(tree):
+  """Global arrays -> host numpy (all processes get the full values)."""
+  if all(x.is_fully_addressable for x in jax.tree.leaves(tree)):
+    return jax.device_get(tree)
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  return multihost_utils.process_allgather(tree, tiled=True)
+
+
+def _quiet_library_logs():
+  """Orbax logs every file it writes at INFO level: keep its warnings only."""
+  import logging as py_logging  # pylint: disable=g-import-not-at-top
+
+  class _Filter(py_logging.Filter):
+    def filter(self, record):
+      return record.levelno >= py_logging.WARNING or "/orbax/" not in record.pathname
+  logging.get_absl_handler().addFilter(_Filter())
+
+
+def main(argv):
+  del argv
+  _quiet_library_logs()
+  if _WORKDIR.value is None:
+    raise app.UsageError("--workdir is required.")
+  if _CONFIG.value is None:
+    raise app.UsageError("--config is required, e.g. --config=configs/demo.py")
+  try:
+    train(_CONFIG.value, _WORKDIR.value)
+  except (ValueError, TypeError, TrainingError, config_loading.UnreadConfigKeyError) as e:
+    logging.error("%s", e, exc_info=isinstance(e, TypeError))
+    print(f"big_vit_lite.train: error: {e}", file=sys.stderr, flush=True)
+    sys.exit(1)
+
+
+def train(raw_config, workdir):
+  """The training job; returns the final (global) params."""
+  # ------------------------------------------------------------------ setup
+  from big_vit_lite import distributed  # pylint: disable=g-import-not-at-top
+  distributed.initialize()  # Before anything touches a backend.
+  config = config_loading.TrackedConfig(raw_config)
+  workdir = os.path.abspath(workdir)
+  is_main = jax.process_index() == 0
+  if is_main:
+    os.makedirs(workdir, exist_ok=True)
+    with open(os.path.join(workdir, "config.json"), "w") as f:
+      f.write(raw_config.to_json_best_effort(indent=2) + "\n")
+  logging.info("big_vit_lite.train: process %d/%d, %d devices (%s), workdir %s",
+               jax.process_index(), jax.process_count(), jax.device_count(),
+               jax.devices()[0].device_kind, workdir)
+  seed = int(config.get("seed", 0))
+  writer = metrics_lib.MetricWriter(workdir)
+
+  # ------------------------------------------------------------------- mesh
+  mesh = sharding.make_mesh(config.get("mesh", None))
+  rules = sharding.make_rules(config.get("sharding_rules", None), mesh)
+  logging.info("Mesh %s; rules %s", dict(mesh.shape), rules)
+  repl = sharding.replicated(mesh)
+  batch_sh = sharding.batch_sharding(mesh)
+
+  # ------------------------------------------------------------------ input
+  from big_vit_lite.data import device as device_lib  # pylint: disable=g-import-not-at-top
+  from big_vit_lite.data import input_pipeline  # pylint: disable=g-import-not-at-top
+  input_cfg = config.consume("input")
+  if input_cfg is None:
+    raise ValueError("The config needs an `input` dict (data, batch_size, pp).")
+  batch_size = int(input_cfg.batch_size)
+  n_batch_dev = math.prod(mesh.shape[a] for a in sharding.batch_axes(mesh))
+  if batch_size % n_batch_dev:
+    raise ValueError(f"input.batch_size={batch_size} is not divisible by the {n_batch_dev} "
+                     "devices of the batch mesh axes.")
+  train_iter = input_pipeline.make_train_iterator(input_cfg, seed=seed)
+  steps_per_epoch = train_iter.num_examples / batch_size
+  total_steps = config_loading.get_steps("total", config, steps_per_epoch=steps_per_epoch,
+                                         batch_size=batch_size, required=True)
+  dur = dict(steps_per_epoch=steps_per_epoch, batch_size=batch_size, total_steps=total_steps)
+  log_steps = config_loading.get_steps("log_training", config, default=50, **dur)
+  ckpt_steps = config_loading.get_steps("ckpt", config, default=None, **dur)
+  keep_ckpts = int(config.get("keep_ckpts", 3))  # The last N checkpoints ...
+  # ... plus every step divisible by keep_ckpt_steps.
+  keep_every = config_loading.get_steps("keep_ckpt", config, default=None, **dur)
+  prefetch_size = input_cfg.get("prefetch", 2)
+  prefetch_size = 2 if prefetch_size is None else int(prefetch_size)
+  logging.info("Training %d steps (%.2f epochs of %d examples), batch %d.",
+               total_steps, total_steps / steps_per_epoch, train_iter.num_examples, batch_size)
+
+  # ---------------------------------------------------- model and optimizer
+  model_mod = _model_module(config.get("model_name", "vit"))
+  model_kw = config.consume("model", {})
+  model = model_mod.Model(**(model_kw.to_dict() if hasattr(model_kw, "to_dict") else model_kw))
+  loss_fn = losses.get(config.get("loss", "softmax_xent"))
+  init_head_bias = config.get("init_head_bias", None)
+  mixup_cfg = config.consume("mixup", None)
+  mixup_fn = _make_mixup(mixup_cfg)
+
+  first_state_before = train_iter.get_state()
+  first_batch = next(train_iter)  # Only for the image shape and dtypes.
+  image_shape = first_batch["image"].shape[1:]
+
+  def init_params(rng):
+    dummy = jnp.zeros((n_batch_dev,) + tuple(image_shape), jnp.float32)
+    params = model.init(rng, dummy)["params"]
+    return params
+
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    rng = jax.random.PRNGKey(seed)
+    rng_init, rng_train = jax.random.split(rng)
+    boxed_abstract = jax.eval_shape(init_params, rng_init)
+    params_sh = sharding.logical_shardings(boxed_abstract, mesh, rules)
+    params_abstract = sharding.unbox(boxed_abstract)
+    opt = optim.make(config, params_abstract, **dur)
+    opt_abstract = jax.eval_shape(opt.tx.init, params_abstract)
+    opt_sh = sharding.like_params_shardings(opt_abstract, params_abstract, params_sh, mesh)
+    state_sh = dict(params=params_sh, opt_state=opt_sh, step=repl, rng=repl)
+    metrics_lib.log_parameter_overview(params_abstract)
+    logging.info("Per-device bytes: params %s, optimizer state %s",
+                 f"{sharding.describe(params_sh, params_abstract):,}",
+                 f"{sharding.describe(opt_sh, opt_abstract):,}")
+
+    # ------------------------------------------ evaluators, remaining settings
+    evaluators = _make_evaluators(config, model, mesh, **dur)
+    model_init = config.get("model_init", None)
+    model_load = config.consume("model_load", {}) or {}
+    dont_load = tuple(model_load.get("dont_load", ()) or ())
+    ckpt_async = bool(config.get("ckpt_async", True))
+    profile = config.get("profile_steps", None)  # (first step, number of steps) to trace.
+    eval_at_start = bool(config.get("eval_at_start", False))
+    hang_timeout = config.get("hang_timeout_s", None)
+    # Everything the run uses has been read by now (before the slow compile):
+    # a key left unread is a typo or a leftover, and an error.
+    config.check_all_read()
+
+    # Params and optimizer state are born sharded: jit with out_shardings
+    # makes each device compute only its slice; nothing is materialised whole.
+    @functools.partial(jax.jit, out_shardings=params_sh)
+    def init_fn(rng):
+      params = nn.meta.unbox(init_params(rng))
+      if init_head_bias is not None:
+        params["head"]["bias"] = jnp.full_like(params["head"]["bias"], init_head_bias)
+      return params
+
+    def make_state(params):
+      opt_state = jax.jit(opt.tx.init, out_shardings=opt_sh)(params)
+      return dict(params=params, opt_state=opt_state,
+                  step=jax.device_put(jnp.zeros([], jnp.int32), repl),
+                  rng=jax.device_put(rng_train, repl))
+
+    # ------------------------------------------------------------ update step
+    def update(state, batch):
+      step = state["step"]
+      rng_mix, rng_drop = jax.random.split(jax.random.fold_in(state["rng"], step))
+      images, labels = batch["image"], batch["labels"]
+      if mixup_fn is not None:
+        images, labels = mixup_fn(rng_mix, images, labels)
+
+      def loss_of(params):
+        logits, _ = model.apply({"params": params}, images, train=True,
+                                rngs={"dropout": rng_drop})
+        return loss_fn(logits, labels)
+
+      loss, grads = jax.value_and_grad(loss_of)(state["params"])
+      params, opt_state = opt.apply(state["params"], grads, state["opt_state"])
+      measurements = {"training_loss": loss, "grad_norm": optax.global_norm(grads),
+                      "learning_rate": opt.lr_fn(step)}
+      new_state = dict(params=params, opt_state=opt_state, step=step + 1, rng=state["rng"])
+      return new_state, measurements
+
+    state_abstract = dict(
+        params=params_abstract, opt_state=opt_abstract,
+        step=jax.ShapeDtypeStruct((), jnp.int32), rng=jax.ShapeDtypeStruct((2,), jnp.uint32))
+    state_abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                                  state_abstract, state_sh)
+    batch_abstract = {k: jax.ShapeDtypeStruct((batch_size,) + v.shape[1:], v.dtype, sharding=batch_sh)
+                      for k, v in first_batch.items()}
+    # One compile, reused for every step; donation lets XLA update in place.
+    update_compiled = jax.jit(update, in_shardings=(state_sh, batch_sh),
+                              out_shardings=(state_sh, repl),
+                              donate_argnums=(0,)).lower(state_abstract, batch_abstract).compile()
+    step_flops = metrics_lib.compiled_flops(update_compiled)
+    peak = metrics_lib.peak_flops_per_device()
+    logging.info("Train step: %s GFLOP per device; device peak %s GFLOP/s",
+                 None if step_flops is None else round(step_flops / 1e9, 3),
+                 None if peak is None else round(peak / 1e9, 1))
+
+    # ----------------------------------------------------- checkpoint / resume
+    checkpointer = ckpt_lib.Checkpointer(workdir, keep=keep_ckpts, keep_every=keep_every,
+                                         async_save=ckpt_async)
+    resume_step = checkpointer.latest_step()
+    if resume_step is not None:
+      logging.info("Resuming from %s/%d", checkpointer.directory, resume_step)
+      state, data_state = checkpointer.restore(resume_step, state_abstract)
+      train_iter.set_state(data_state)
+      writer.truncate_after(resume_step)
+    else:
+      params = init_fn(rng_init)
+      if model_init:
+        logging.info("Initialising params from %s (dont_load=%s)", model_init, dont_load)
+        init_values = _host_copy(params) if dont_load else params_abstract
+        loaded = model_mod.load(init_values, model_init, model_kw, dont_load=dont_load)
+        params = _global_from_host(loaded, params_sh)
+      state = make_state(params)
+      # The peeked batch was only for shapes: rewind so that step 1 reads it again.
+      train_iter.set_state(first_state_before)
+    del first_batch
+    # Device prefetch; its get_state() is the position after the last batch *returned*.
+    batches = device_lib.prefetch(train_iter, prefetch_size, mesh)
+    first_step = int(jax.device_get(state["step"]))
+
+    # ------------------------------------------------------------------- loop
+    chrono = metrics_lib.Chrono(first_step=first_step, total_steps=total_steps,
+                                global_batch=batch_size, step_flops=step_flops,
+                                peak_flops_total=peak)
+    preemption = ckpt_lib.PreemptionWatcher()
+    guard = distributed.HangGuard.from_env(timeout_s=hang_timeout)
+    last_saved = resume_step
+    pending_loss = None  # (step, loss array): checked one step late to keep the pipeline full.
+
+    def check_finite(step, loss):
+      value = float(jax.device_get(loss))
+      if not math.isfinite(value):
+        checkpointer.wait()
+        where = (f"the last good checkpoint is step {last_saved} in {checkpointer.directory}"
+                 if last_saved is not None else "no checkpoint was saved before it")
+        raise TrainingError(f"Non-finite training loss ({value}) at step {step}; {where}. "
+                            "Lower config.lr, add warmup or set config.grad_clip_norm.")
+
+    def save(step):
+      checkpointer.save(step, state, data_state, raw_config)
+
+    def run_evals(step, final):
+      for name, (evaluator, every) in evaluators.items():
+        if final or (every and step % every == 0):
+          results = evaluator.run(state["params"])
+          writer.write(step, {f"{name}/{k}": v for k, v in results.items()})
+          logging.info("[%d] %s: %s", step, name,
+                       ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                                 for k, v in results.items()))
+
+    if first_step == 0 and evaluators and eval_at_start:
+      run_evals(0, final=False)
+    chrono.tick(first_step)
+    step = first_step
+    data_state = batches.get_state()
+    while step < total_steps:
+      if profile and step == profile[0]:
+        jax.profiler.start_trace(os.path.join(workdir, "profile"))
+      # Implicit host<->device copies in the hot loop are bugs (hidden syncs,
+      # per-step transfers): fail loudly instead. Explicit ones are fine.
+      with jax.transfer_guard("disallow"):
+        batch = next(batches)
+        state, measured = update_compiled(state, batch)
+      data_state = batches.get_state()
+      step += 1
+      guard.tick(step)
+      if profile and step == profile[0] + profile[1]:
+        jax.profiler.stop_trace()
+      if pending_loss is not None:
+        check_finite(*pending_loss)
+      pending_loss = (step, measured["training_loss"])
+      final = step == total_steps
+
+      if step % log_steps == 0 or final:
+        m = jax.device_get(measured)
+        check_finite(step, m["training_loss"])
+        m = {k: float(v) for k, v in m.items()}
+        m.update(chrono.tick(step))
+        m["epoch"] = step / steps_per_epoch
+        writer.write(step, m)
+        if jax.process_index() == 0:
+          logging.info("%s", metrics_lib.progress_line(step, total_steps, m))
+
+      chrono.pause()
+      preempted = preemption.reached(step)
+      if preempted or final or (ckpt_steps and step % ckpt_steps == 0):
+        check_finite(step, measured["training_loss"])
+        save(step)
+        last_saved = step
+      if preempted:
+        batches.close()
+        checkpointer.close()
+        writer.close()
+        guard.stop()
+        logging.warning("Preempted: saved step %d to %s; exiting.", step, checkpointer.directory)
+        return state["params"]
+      run_evals(step, final)
+      guard.tick(step)
+      chrono.resume()
+
+    batches.close()
+    checkpointer.close()
+    writer.close()
+    guard.stop()
+    logging.info("Done: %d steps; checkpoints in %s", step, checkpointer.directory)
+    return state["params"]
+
+
+def _make_mixup(mixup_cfg):
+  """mixup/cutmix applied in the jitted step, or None when not configured.
+
+  config.mixup = dict(mixup_alpha=0.2, cutmix_alpha=0.0, switch_prob=0.5)
+  (data/mixup.py's mixup_or_cutmix; big_vision's `p` is accepted for mixup_alpha).
+  """
+  if not mixup_cfg:
+    return None
+  from big_vit_lite.data import mixup  # pylint: disable=g-import-not-at-top
+  kw = mixup_cfg.to_dict() if hasattr(mixup_cfg, "to_dict") else dict(mixup_cfg)
+  if "p" in kw:
+    kw["mixup_alpha"] = kw.pop("p")
+  try:
+    functools.partial(mixup.mixup_or_cutmix, **kw)(  # Checks the keys now, not in the step.
+        jax.random.PRNGKey(0), jnp.zeros((2, 1, 1, 1)), jnp.zeros((2, 2)))
+  except TypeError as e:
+    raise ValueError(f"config.mixup: {e}") from None
+  return functools.partial(mixup.mixup_or_cutmix, **kw)
+
+
+def _make_evaluators(config, model, mesh, **dur):
+  """{name: (Evaluator, every_n_steps)} from config.evals."""
+  from big_vit_lite import evaluators as evaluators_lib  # pylint: disable=g-import-not-at-top
+  evals_cfg = config.get("evals", None)
+  if evals_cfg is None:
+    return {}
+
+  def predict_fn(params, images):
+    return model.apply({"params": params}, images, train=False)
+
+  out = {}
+  for name in evals_cfg.keys():
+    cfg = evals_cfg[name]
+    type_name = cfg.get("type", None)
+    if type_name is None:
+      raise ValueError(f"config.evals.{name} needs a `type` (e.g. 'classification').")
+    every = config_loading.get_steps("log", cfg, **dur)
+    kwargs = {k: v for k, v in cfg.consume().items()
+              if k not in ("type",) and not k.startswith("log_")}
+    kwargs = {k: (v.to_dict() if hasattr(v, "to_dict") else v) for k, v in kwargs.items()}
+    cls = evaluators_lib.get_evaluator_cls(type_name)
+    try:
+      out[name] = (cls(predict_fn, mesh=mesh, **kwargs), every)
+    except TypeError as e:
+      raise ValueError(f"config.evals.{name} (type {type_name}): {e}") from None
+  return out
+
+
+if __name__ == "__main__":
+  app.run(main)

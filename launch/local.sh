@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+# Runs NPROC cooperating JAX processes on this machine, for testing multi-host
+# code without hosts:
+#
+#   launch/local.sh NPROC -- python -m big_vit_lite.train --config=... --workdir=...
+#
+# Every process gets the same command and, in its environment:
+#   JAX_COORDINATOR_ADDRESS=127.0.0.1:PORT (a free loopback port), JAX_NUM_PROCESSES=NPROC,
+#   JAX_PROCESS_ID=i, JAX_PLATFORMS=cpu (unless set), and
+#   XLA_FLAGS+=--xla_force_host_platform_device_count=$DEVICES_PER_PROCESS (default 1).
+# big_vit_lite.distributed.initialize() turns those into jax.distributed.initialize(); CPU
+# collectives go over gloo.
+#
+# Environment knobs:
+#   DEVICES_PER_PROCESS  CPU devices per process (default 1).
+#   LOG_DIR              where proc<i>.log go (default: a new directory under /tmp, printed).
+#   LOCAL_PREFIX_OUTPUT  1 (default): also echo every process's output here, prefixed "[p<i>] ".
+#   KILL_GRACE_S         seconds between SIGTERM and SIGKILL when stopping survivors (default 10).
+#
+# If any process exits non-zero the others are stopped (SIGTERM, then SIGKILL) and this script
+# exits with that process's status. SIGINT/SIGTERM to this script are forwarded to all processes
+# (SIGTERM is how a preemption looks to the trainer). Exit status 0 only if all exited 0.
+set -uo pipefail
+
+usage() {
+  echo "usage: DEVICES_PER_PROCESS=D $0 NPROC -- COMMAND [ARGS...]" >&2
+  exit 2
+}
+
+[ $# -ge 3 ] || usage
+NPROC="$1"
+shift
+[ "$1" = "--" ] || usage
+shift
+case "$NPROC" in
+  '' | *[!0-9]*) echo "local.sh: NPROC must be a positive integer, got '$NPROC'" >&2; exit 2 ;;
+esac
+[ "$NPROC" -ge 1 ] || { echo "local.sh: NPROC must be >= 1" >&2; exit 2; }
+DEVICES_PER_PROCESS="${DEVICES_PER_PROCESS:-1}"
+case "$DEVICES_PER_PROCESS" in
+  '' | *[!0-9]* | 0) echo "local.sh: DEVICES_PER_PROCESS must be a positive integer, got '$DEVICES_PER_PROCESS'" >&2; exit 2 ;;
+esac
+KILL_GRACE_S="${KILL_GRACE_S:-10}"
+PREFIX_OUTPUT="${LOCAL_PREFIX_OUTPUT:-1}"
+LOG_DIR="${LOG_DIR:-$(mktemp -d "${TMPDIR:-/tmp}/bvl_local.XXXXXX")}"
+mkdir -p "$LOG_DIR"
+
+# A free port: bind port 0 and read what the kernel picked. A tiny race (someone else takes it
+# before process 0 binds) is possible but harmless: process 0 then fails and we exit non-zero.
+PORT="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')" || {
+  echo "local.sh: could not find a free port (is python3 on PATH?)" >&2
+  exit 2
+}
+
+echo "local.sh: $NPROC processes x $DEVICES_PER_PROCESS devices, coordinator 127.0.0.1:$PORT, logs in $LOG_DIR" >&2
+
+pids=()
+tailers=()
+for ((i = 0; i < NPROC; i++)); do
+  log="$LOG_DIR/proc$i.log"
+  : >"$log"
+  JAX_COORDINATOR_ADDRESS="127.0.0.1:$PORT" \
+    JAX_NUM_PROCESSES="$NPROC" \
+    JAX_PROCESS_ID="$i" \
+    JAX_PLATFORMS="${JAX_PLATFORMS:-cpu}" \
+    XLA_FLAGS="${XLA_FLAGS:-} --xla_force_host_platform_device_count=$DEVICES_PER_PROCESS" \
+    "$@" >"$log" 2>&1 </dev/null &
+  pids[i]=$!
+  if [ "$PREFIX_OUTPUT" = "1" ]; then
+    # tail stops by itself once the process it follows (--pid) has gone.
+    tail -n +1 -F --pid="${pids[i]}" "$log" 2>/dev/null | sed -u "s/^/[p$i] /" &
+    tailers+=($!)
+  fi
+done
+
+stop_all() {  # stop_all SIGNAL: signal every process still running, escalate to SIGKILL after grace
+  local sig="$1" pid deadline alive
+  for pid in "${pids[@]}"; do kill -s "$sig" "$pid" 2>/dev/null; done
+  # A SIGSTOPped process only acts on SIGTERM once continued.
+  for pid in "${pids[@]}"; do kill -s CONT "$pid" 2>/dev/null; done
+  deadline=$((SECONDS + KILL_GRACE_S))
+  while [ $SECONDS -lt $deadline ]; do
+    alive=0
+    for pid in "${pids[@]}"; do
+      if kill -0 "$pid" 2>/dev/null && [ "$(ps -o stat= -p "$pid" 2>/dev/null | cut -c1)" != "Z" ]; then alive=1; fi
+    done
+    [ $alive = 1 ] || return 0
+    sleep 0.2
+  done
+  for pid in "${pids[@]}"; do kill -s KILL "$pid" 2>/dev/null; done
+}
+
+forwarded=""
+# shellcheck disable=SC2317  # invoked through trap
+on_signal() {  # forward SIGINT/SIGTERM (e.g. a preemption notice) to every process
+  forwarded="$1"
+  echo "local.sh: got SIG$1, forwarding to all processes" >&2
+  for pid in "${pids[@]}"; do kill -s "$1" "$pid" 2>/dev/null; done
+}
+trap 'on_signal TERM' TERM
+trap 'on_signal INT' INT
+
+status=0
+running=("${pids[@]}")
+while [ "${#running[@]}" -gt 0 ]; do
+  finished=""
+  wait -n -p finished "${running[@]}" 2>/dev/null
+  rc=$?
+  if [ -z "${finished:-}" ]; then
+    # Either a trapped signal interrupted wait, or bash already reaped a child (its job is gone
+    # from the job table, but `wait PID` still has its status).
+    for pid in "${running[@]}"; do
+      if ! kill -0 "$pid" 2>/dev/null; then
+        finished=$pid
+        wait "$pid"
+        rc=$?
+        break
+      fi
+    done
+    [ -n "${finished:-}" ] || continue
+  fi
+  still=()
+  for pid in "${running[@]}"; do [ "$pid" = "$finished" ] || still+=("$pid"); done
+  running=("${still[@]}")
+  for ((i = 0; i < NPROC; i++)); do [ "${pids[i]}" = "$finished" ] && break; done
+  if [ "$rc" -ne 0 ]; then
+    echo "local.sh: process $i (pid $finished) exited with status $rc; see $LOG_DIR/proc$i.log" >&2
+    if [ "$status" -eq 0 ]; then
+      status=$rc
+      if [ "${#running[@]}" -gt 0 ]; then
+        echo "local.sh: stopping the other processes" >&2
+        stop_all TERM
+      fi
+    fi
+  fi
+done
+
+for t in "${tailers[@]}"; do wait "$t" 2>/dev/null; done
+if [ -n "$forwarded" ] && [ "$status" -eq 0 ]; then
+  echo "local.sh: all processes exited 0 after SIG$forwarded" >&2
+fi
+exit "$status"

@@ -1,0 +1,209 @@
+"""ViT model family: param counts and names, outputs, scan/loop, dropout, bf16."""
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from big_vit_lite.models import interop
+from big_vit_lite.models import vit
+
+TINY = dict(variant=None, width=32, depth=2, mlp_dim=64, num_heads=2, patch_size=4)
+IMAGES = jax.random.uniform(jax.random.key(7), (2, 16, 16, 3), minval=-1, maxval=1)
+
+
+def _init(seed=0, images=IMAGES, **kw):
+  model = vit.Model(**{"num_classes": 10, **TINY, **kw})
+  return model, model.init(jax.random.key(seed), images)["params"]
+
+
+_JITTED = {}
+
+
+def _apply(model, params, train=False, seed=0):
+  """model.apply under one cached jit per (model config, train): eager scan recompiles per call."""
+  key = (repr(model), train)
+  if key not in _JITTED:
+    _JITTED[key] = jax.jit(lambda p, x, k: model.apply({"params": p}, x, train=train,
+                                                      rngs={"dropout": k}))
+  return _JITTED[key](params, IMAGES, jax.random.key(seed))
+
+
+def _count(tree):
+  return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nn.meta.unbox(tree)))
+
+
+def _abstract_params(res=224, **kw):
+  model = vit.Model(**kw)
+  return jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, res, res, 3)))["params"]
+
+
+def _expected_count(variant, num_classes=1000, res=224):
+  """Closed-form count of a tok/learn ViT, written independently of the model code."""
+  a = vit.decode_variant(variant)
+  d, m, p = a["width"], a["mlp_dim"], a["patch_size"]
+  block = 4 * (d * d + d) + (d * m + m) + (m * d + d) + 2 * 2 * d
+  tokens = (res // p) ** 2 + 1
+  return (p * p * 3 * d + d) + d + tokens * d + a["depth"] * block + 2 * d + (d * num_classes + num_classes)
+
+
+def test_exact_param_counts_b16_l16():
+  assert _count(_abstract_params(num_classes=1000, variant="B/16")) == 86_567_656
+  assert _count(_abstract_params(num_classes=1000, variant="L/16", scan=True)) == 304_326_632
+
+
+@pytest.mark.parametrize("variant", ["mu/16", "Ti/16", "S/16", "M/16", "B/32", "H/14", "g/14",
+                                     "G/14", "So400m/14"])
+def test_family_param_counts(variant):
+  got = _count(_abstract_params(num_classes=1000, variant=variant, scan=True))
+  assert got == _expected_count(variant)
+  if variant == "Ti/16":
+    assert got == 5_717_416  # timm's vit_tiny_patch16_224
+  if variant == "S/16":
+    assert got == 22_050_664  # timm's vit_small_patch16_224
+
+
+def test_param_tree_is_vision_transformer_layout():
+  params = _abstract_params(num_classes=1000, variant="B/16")
+  shapes = {k: v.shape for k, v in interop.flatten(nn.meta.unbox(params)).items()}
+  att = "Transformer/encoderblock_11/MultiHeadDotProductAttention_0"
+  expected = {
+      "embedding/kernel": (16, 16, 3, 768), "embedding/bias": (768,), "cls": (1, 1, 768),
+      "Transformer/posembed_input/pos_embedding": (1, 197, 768),
+      f"{att}/query/kernel": (768, 12, 64), f"{att}/key/bias": (12, 64),
+      f"{att}/value/kernel": (768, 12, 64), f"{att}/out/kernel": (12, 64, 768),
+      f"{att}/out/bias": (768,),
+      "Transformer/encoderblock_0/LayerNorm_0/scale": (768,),
+      "Transformer/encoderblock_0/LayerNorm_1/bias": (768,),
+      "Transformer/encoderblock_0/MlpBlock_0/Dense_0/kernel": (768, 3072),
+      "Transformer/encoderblock_0/MlpBlock_0/Dense_1/kernel": (3072, 768),
+      "Transformer/encoder_norm/scale": (768,), "head/kernel": (768, 1000), "head/bias": (1000,),
+  }
+  for k, shape in expected.items():
+    assert shapes[k] == shape, k
+  # embedding 2, cls, posemb, 12 blocks x 16, encoder_norm 2, head 2: nothing else.
+  assert len(shapes) == 2 + 1 + 1 + 12 * 16 + 2 + 2
+
+
+def test_params_are_boxed_with_logical_names():
+  params = _abstract_params(num_classes=10, variant="mu/16", scan=True)
+  boxes = interop.flatten(params)
+  assert all(isinstance(b, nn.Partitioned) for b in boxes.values())
+  assert boxes["Transformer/encoderblock/MlpBlock_0/Dense_0/kernel"].names == ("layers", "embed", "mlp")
+  att = "Transformer/encoderblock/MultiHeadDotProductAttention_0"
+  assert boxes[f"{att}/query/kernel"].names == ("layers", "embed", "heads", "kv")
+  assert boxes[f"{att}/out/kernel"].names == ("layers", "heads", "kv", "embed")
+  assert boxes["head/kernel"].names == ("embed", "classes")
+
+
+def test_bad_options_are_one_line_errors():
+  for kw in (dict(variant="X/16"), dict(variant="B16"), dict(pool_type="max"), dict(posemb="rope"),
+             dict(gelu="relu"), dict(remat_policy="no_such_policy")):
+    with pytest.raises(ValueError) as e:
+      _abstract_params(num_classes=10, **{"variant": "mu/16", **kw})
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("pool_type", ["tok", "gap", "map"])
+@pytest.mark.parametrize("posemb", ["learn", "sincos2d"])
+def test_output_shapes(pool_type, posemb):
+  model, params = _init(pool_type=pool_type, posemb=posemb, head_zeroinit=False)
+  logits, out = model.apply({"params": params}, IMAGES)
+  n_tok = 16 + (pool_type == "tok")
+  assert logits.shape == (2, 10)
+  assert out["pre_logits"].shape == out["head_input"].shape == (2, 32)
+  assert out["encoded"].shape == out["block00"].shape == out["block01"].shape == (2, n_tok, 32)
+  assert out["stem"].shape == (2, 16, 32)
+  assert np.isfinite(logits).all() and np.abs(logits).max() > 0
+  names = interop.flatten(nn.meta.unbox(params))
+  assert ("cls" in names) == (pool_type == "tok")
+  assert ("MAPHead_0/probe" in names) == (pool_type == "map")
+  assert ("Transformer/posembed_input/pos_embedding" in names) == (posemb == "learn")
+
+
+def test_no_head_and_rep_size():
+  model, params = _init(num_classes=0, rep_size=16)
+  logits, out = model.apply({"params": params}, IMAGES)
+  assert "head" not in params and params["pre_logits"]["kernel"].value.shape == (32, 16)
+  assert logits.shape == (2, 16)
+  np.testing.assert_array_equal(logits, out["pre_logits"])
+  assert np.abs(logits).max() < 1  # tanh
+
+
+def test_head_zeroinit():
+  _, params = _init()
+  assert not np.any(params["head"]["kernel"].value)
+  _, params = _init(head_zeroinit=False)
+  assert np.any(params["head"]["kernel"].value)
+
+
+def test_scan_and_loop_give_same_outputs(tmp_path):
+  loop_model, loop_params = _init(head_zeroinit=False)
+  scan_model, scan_init = _init(seed=1, scan=True, head_zeroinit=False)
+  vit.save_npz(loop_params, tmp_path / "loop.npz")
+  scan_params = vit.load(scan_init, tmp_path / "loop.npz")
+  assert scan_params["Transformer"]["encoderblock"]["LayerNorm_0"]["scale"].value.shape == (2, 32)
+  a, out_a = loop_model.apply({"params": loop_params}, IMAGES)
+  b, out_b = scan_model.apply({"params": scan_params}, IMAGES)
+  np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
+  np.testing.assert_allclose(out_a["block01"], out_b["block01"], atol=1e-5, rtol=1e-5)
+  # And back: a scan model saves in the loop layout.
+  vit.save_npz(scan_params, tmp_path / "scan.npz")
+  with np.load(tmp_path / "scan.npz") as f:
+    assert "Transformer/encoderblock_1/MlpBlock_0/Dense_0/kernel" in f.files
+    np.testing.assert_array_equal(f["Transformer/encoderblock_1/MlpBlock_0/Dense_0/kernel"],
+                                  loop_params["Transformer"]["encoderblock_1"]["MlpBlock_0"]
+                                  ["Dense_0"]["kernel"].value)
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_dropout_and_drop_path_only_with_train(scan):
+  model, params = _init(dropout=0.2, drop_path=0.5, scan=scan, head_zeroinit=False)
+  plain = vit.Model(num_classes=10, **TINY, scan=scan)
+  ref, _ = _apply(plain, params)
+  evaluated, _ = _apply(model, params, train=False, seed=1)
+  np.testing.assert_array_equal(evaluated, ref)
+  t1, _ = _apply(model, params, train=True, seed=1)
+  t2, _ = _apply(model, params, train=True, seed=2)
+  assert np.abs(t1 - ref).max() > 1e-3 and np.abs(t1 - t2).max() > 1e-3
+  # Drop path alone is active in training too: some examples lose whole branches.
+  dp = vit.Model(num_classes=10, **TINY, scan=scan, drop_path=0.9)
+  outs = [np.asarray(_apply(dp, params, train=True, seed=s)[0]) for s in range(4)]
+  assert max(np.abs(o - ref).max() for o in outs) > 1e-3
+  assert max(np.abs(o - outs[0]).max() for o in outs) > 1e-3
+
+
+def test_drop_path_rates_linear_in_depth():
+  np.testing.assert_allclose(vit.drop_path_rates(5, 0.2), [0.0, 0.05, 0.1, 0.15, 0.2])
+
+
+def test_bf16_matmuls():
+  model, params = _init(head_zeroinit=False)
+  model16 = vit.Model(num_classes=10, **TINY, dtype_mm="bfloat16")
+  ref, _ = model.apply({"params": params}, IMAGES)
+  lo, out = jax.jit(lambda p, x: model16.apply({"params": p}, x))(params, IMAGES)
+  assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(nn.meta.unbox(params)))
+  assert np.isfinite(lo).all()
+  np.testing.assert_allclose(lo, ref, atol=0.1, rtol=0.1)
+  assert np.abs(lo - ref).max() > 0  # it really ran in lower precision
+
+
+def test_gelu_tanh_differs_slightly():
+  model, params = _init(head_zeroinit=False)
+  tanh_model = vit.Model(num_classes=10, **TINY, gelu="tanh")
+  a, _ = model.apply({"params": params}, IMAGES)
+  b, _ = tanh_model.apply({"params": params}, IMAGES)
+  assert 0 < np.abs(a - b).max() < 1e-2
+
+
+def test_grad_with_remat_scan_and_drop_path():
+  model, params = _init(scan=True, drop_path=0.1, dropout=0.1, remat_policy="nothing_saveable",
+                        head_zeroinit=False)
+
+  def loss(p):
+    logits, _ = model.apply({"params": p}, IMAGES, train=True, rngs={"dropout": jax.random.key(0)})
+    return jnp.mean(logits ** 2)
+
+  grads = jax.jit(jax.grad(loss))(nn.meta.unbox(params))
+  norms = [float(jnp.linalg.norm(g)) for g in jax.tree.leaves(grads)]
+  assert all(np.isfinite(norms)) and sum(norms) > 0
