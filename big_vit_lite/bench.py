@@ -244,11 +244,14 @@ def main(argv):
     model_kw = json.loads(_MODEL_KW.value)
     batches = [int(b) for b in _BATCH.value]
   except ValueError as e:
-    raise app.UsageError(f"--model_kw must be a JSON dict and --batch integers: {e}")
+    sys.exit(f"bench: --model_kw must be a JSON dict and --batch integers ({e})")
   bad = set(_MODE.value) - {"train", "infer"}
   if bad:
-    raise app.UsageError(f"--mode: unknown {sorted(bad)}; use train and/or infer")
-  mesh = parse_mesh(_MESH.value)
+    sys.exit(f"bench: --mode: unknown {sorted(bad)}; use train and/or infer")
+  try:
+    mesh = parse_mesh(_MESH.value)
+  except ValueError as e:
+    sys.exit(f"bench: {e}")
   dev = jax.devices()[0]
   peak = _PEAK_TFLOPS.value * 1e12 if _PEAK_TFLOPS.value else datasheet_peak(dev, _DTYPE.value)
   n_dev = mesh.size if mesh is not None else 1

@@ -36,7 +36,6 @@ from big_vit_lite import config_loading
 from big_vit_lite import metrics
 from big_vit_lite import sharding
 from big_vit_lite import evaluators
-from big_vit_lite.models import interop
 from big_vit_lite.models import vit
 
 _CONFIG = config_loading.define_config_flag(
@@ -47,64 +46,88 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Where metrics.jsonl and TensorB
 # ---------------------------------------------------------------- the model
 
 def read_source(src):
-  """SRC -> (canonical flat params, posemb prefix rows, saved config or None, step)."""
+  """SRC -> (flat "a/b/c" params as found, saved config or None, checkpoint step).
+
+  The params are read here only to learn the architecture and input size;
+  `vit.load` reads them again into the model (it also converts the other
+  .npz layouts and resamples the position embedding).
+  """
   src = os.path.expanduser(str(src))
-  if os.path.isdir(src):
-    params, config = checkpoint.load_params(src)
-    step_dir = checkpoint.resolve_step_dir(src)
-    step = int(os.path.basename(step_dir)) if os.path.basename(step_dir).isdigit() else 0
-    flat, num_prefix = interop.canonicalize(interop.to_numpy_flat(params))
-    return flat, num_prefix, config, step
-  if src.endswith(".npz"):
-    if not os.path.isfile(src):
-      raise ValueError(f"model_init: no such file {src}.")
-    flat, num_prefix = interop.canonicalize(interop.read_npz(src))
-    return flat, num_prefix, None, 0
-  if os.path.exists(src):
+  if not os.path.exists(src):
+    raise ValueError(f"model_init={src} does not exist; pass a training workdir, a "
+                     "checkpoint step directory or an .npz.")
+  if not (os.path.isdir(src) or src.endswith(".npz")):
     raise ValueError(f"model_init={src} is neither a directory nor an .npz file; pass a "
                      "training workdir, a checkpoint step directory or an .npz.")
-  raise ValueError(f"model_init={src} does not exist; pass a training workdir, a "
-                   "checkpoint step directory or an .npz.")
+  params, config = checkpoint.load_params(src)
+  step = 0
+  if os.path.isdir(src):
+    step_dir = os.path.basename(checkpoint.resolve_step_dir(src))
+    step = int(step_dir) if step_dir.isdigit() else 0
+  return _flatten(params), config, step
 
 
-_BLOCK = re.compile(r"^Transformer/encoderblock_(\d+)/")
+def _flatten(tree, prefix=""):
+  flat = {}
+  for k, v in tree.items():
+    if isinstance(v, dict):
+      flat.update(_flatten(v, f"{prefix}{k}/"))
+    else:
+      flat[f"{prefix}{k}"] = np.asarray(v)
+  return flat
+
+
+def _find(flat, pattern, what):
+  """The first param whose name fully matches `pattern` (any supported layout)."""
+  for k, v in flat.items():
+    if re.fullmatch(pattern, k):
+      return v
+  raise ValueError(f"model_init holds no ViT params: no {what} ({pattern}).")
 
 
 def infer_model_cfg(flat):
-  """vit.Model kwargs read off canonical flat params (loop layout)."""
-  try:
-    kernel = flat["embedding/kernel"]
-    q = flat["Transformer/encoderblock_0/MultiHeadDotProductAttention_0/query/kernel"]
-    mlp = flat["Transformer/encoderblock_0/MlpBlock_0/Dense_0/kernel"]
-  except KeyError as e:
-    raise ValueError(f"model_init holds no ViT params ({e.args[0]} is missing).") from None
-  depth = 1 + max(int(m.group(1)) for m in map(_BLOCK.match, flat) if m)
-  cfg = dict(variant=None, width=int(kernel.shape[3]), depth=depth, mlp_dim=int(mlp.shape[1]),
-             num_heads=int(q.shape[1]), patch_size=int(kernel.shape[0]),
+  """vit.Model kwargs read off the param shapes.
+
+  Works on the loop and scan layouts and on the pre-linen block numbering
+  (MultiHeadDotProductAttention_1, MlpBlock_3) alike.
+  """
+  kernel = _find(flat, r"embedding/kernel", "patch embedding")
+  q = _find(flat, r"Transformer/encoderblock(_0)?/MultiHeadDotProductAttention_\d+/query/kernel",
+            "attention")
+  mlp = _find(flat, r"Transformer/encoderblock(_0)?/MlpBlock_\d+/Dense_0/kernel", "MLP")
+  blocks = {m.group(1) for m in map(re.compile(r"Transformer/encoderblock_(\d+)/").match, flat)
+            if m}
+  depth = len(blocks) or int(q.shape[0])  # scan layout: a leading layers axis
+  has_posemb = any(k.endswith("pos_embedding") for k in flat)
+  cfg = dict(variant=None, width=int(kernel.shape[3]), depth=depth, mlp_dim=int(mlp.shape[-1]),
+             num_heads=int(q.shape[-2]), patch_size=int(kernel.shape[0]),
              pool_type="tok" if "cls" in flat else "map" if "MAPHead_0/probe" in flat else "gap",
-             posemb="learn" if "Transformer/posembed_input/pos_embedding" in flat else "sincos2d",
-             num_classes=int(flat["head/kernel"].shape[1]) if "head/kernel" in flat else 0)
+             posemb="learn" if has_posemb else "sincos2d")
   if "pre_logits/kernel" in flat:
     cfg["rep_size"] = int(flat["pre_logits/kernel"].shape[1])
   return cfg
 
 
-def native_input_shape(flat, num_prefix, saved_config):
+def native_input_shape(flat, saved_config):
   """(res, channels) the model was trained at, from the param shapes."""
-  kernel = flat["embedding/kernel"]
+  kernel = _find(flat, r"embedding/kernel", "patch embedding")
   patch, channels = int(kernel.shape[0]), int(kernel.shape[2])
-  posemb = flat.get("Transformer/posembed_input/pos_embedding")
-  if posemb is not None:
-    grid = math.isqrt(posemb.shape[1] - num_prefix)
-    return grid * patch, channels
-  # sincos posemb has no params: look for the training pp's resize instead.
+  if "Transformer/posembed_input/pos_embedding" in flat:
+    tokens = flat["Transformer/posembed_input/pos_embedding"].shape[1] - ("cls" in flat)
+  elif "pos_embedding" in flat:  # big_vision: no entry for the class token
+    tokens = flat["pos_embedding"].shape[1]
+  else:
+    tokens = None
+  if tokens is not None:
+    return math.isqrt(tokens) * patch, channels
+  # sincos posemb has no params: look for the training pp's size instead.
   pp = ""
   if saved_config is not None and "input" in saved_config:
     pp = str(saved_config.input.get("pp", ""))
   m = re.findall(r"(?:resize|inception_crop|random_crop|central_crop)\((\d+)", pp)
   if not m:
     raise ValueError("Cannot tell the model's input resolution (no learned posemb and no "
-                     "saved training pp); this evaluator needs a learned-posemb model.")
+                     "saved training pp); evaluate needs a learned-posemb model here.")
   return int(m[-1]), channels
 
 
@@ -192,16 +215,16 @@ def evaluate(config, workdir):
                      "workdir, a checkpoint step directory or an .npz).")
   if "evals" not in cfg or not len(cfg.raw.evals):
     raise ValueError("The config has no `evals`: nothing to evaluate.")
-  flat, num_prefix, saved_config, step = read_source(src)
-  model, _ = build_model(cfg, flat, saved_config)
-  res, channels = native_input_shape(flat, num_prefix, saved_config)
+  flat, saved_config, step = read_source(src)
+  model, model_cfg = build_model(cfg, flat, saved_config)
+  res, channels = native_input_shape(flat, saved_config)
   logging.info("Model input: %dx%dx%d; checkpoint step %d.", res, res, channels, step)
 
   mesh = sharding.make_mesh(cfg.get("mesh"))
   rules = sharding.make_rules(cfg.get("sharding_rules"), mesh)
   abstract = jax.eval_shape(
       lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, res, res, channels)))["params"])
-  loaded = interop.merge(abstract, flat, num_prefix)
+  loaded = vit.load(abstract, os.path.expanduser(str(src)), model_cfg)
   shardings = sharding.logical_shardings(abstract, mesh, rules)
   params = jax.device_put(nn.meta.unbox(loaded), shardings)
 

@@ -282,7 +282,16 @@ def train(raw_config, workdir):
         raise TrainingError(f"Non-finite training loss ({value}) at step {step}; {where}. "
                             "Lower config.lr, add warmup or set config.grad_clip_norm.")
 
+    all_finite = jax.jit(lambda t: jnp.all(jnp.stack(
+        [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(t)])))
+
     def save(step):
+      # Never replace a good checkpoint with a poisoned one.
+      if not bool(jax.device_get(all_finite(state["params"]))):
+        checkpointer.wait()
+        raise TrainingError(f"Non-finite parameters after step {step}; the last good checkpoint "
+                            f"is step {last_saved} in {checkpointer.directory}. Lower config.lr "
+                            "or set config.grad_clip_norm.")
       checkpointer.save(step, state, data_state, raw_config)
 
     def run_evals(step, final):

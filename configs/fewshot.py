@@ -32,10 +32,12 @@ from big_vit_lite.evaluators import presets
 def get_config(arg=None):
   args = presets.parse_arg(arg, res=28, channels=1, folder="", runlocal=False)
   config = ml_collections.ConfigDict()
-  config.model_init = None  # SRC: training workdir, checkpoint step dir or .npz.
+  config.model_init = ml_collections.config_dict.placeholder(str)  # SRC: training workdir, checkpoint step dir or .npz.
   # Overrides of the checkpoint's model config (None: keep it), e.g. gelu="tanh"
   # for the original paper's .npz files.
-  config.model = ml_collections.ConfigDict(dict(gelu=None, dtype_mm=None))
+  config.model = ml_collections.ConfigDict(dict(
+      gelu=ml_collections.config_dict.placeholder(str),
+      dtype_mm=ml_collections.config_dict.placeholder(str)))
   config.mesh = [("data", -1)]
   config.evals = ml_collections.ConfigDict()
   config.evals.fewshot = presets.fewshot(

@@ -50,6 +50,8 @@ _SOURCES = {}
 def get_source(data_cfg):
   """The source for a data config; cached per process (evals rebuild iterators often)."""
   data_cfg = check_data_cfg(data_cfg)
+  if _tfds_is_mocked():  # never cached: each mock context has its own fake data
+    return MockedTfdsSource(data_cfg["name"], data_cfg["split"], data_cfg.get("data_dir"))
   key = (data_cfg["name"], data_cfg["split"], resolve_data_dir(data_cfg.get("data_dir")))
   if key not in _SOURCES:
     _SOURCES[key] = _make_source(data_cfg)
@@ -61,6 +63,12 @@ def _make_source(data_cfg):
     from big_vit_lite.data import imagefolder  # pylint: disable=import-outside-toplevel
     return imagefolder.ImageFolderSource(data_cfg.get("data_dir"), data_cfg["split"])
   return TfdsSource(data_cfg["name"], data_cfg["split"], data_cfg.get("data_dir"))
+
+
+def _tfds_is_mocked():
+  """True inside `tfds.testing.mock_data` (which fakes as_dataset, not the files)."""
+  reader = tfds.core.dataset_builder.FileReaderBuilder._as_dataset  # pylint: disable=protected-access
+  return getattr(reader, "__module__", "").startswith("tensorflow_datasets.testing")
 
 
 class TfdsSource:
@@ -130,3 +138,27 @@ class TfdsSource:
 
   def decode(self, record):
     return self._features.deserialize_example(record, decoders=self._decoders)
+
+
+class MockedTfdsSource:
+  """Under `tfds.testing.mock_data`: the fake examples of builder.as_dataset.
+
+  Lets configs for datasets that cannot be had here (ImageNet, ImageNet-21k)
+  run a few steps in tests. The split size is the mock's example count.
+  """
+
+  def __init__(self, name, split, data_dir=None):
+    builder = tfds.builder(name, data_dir=resolve_data_dir(data_dir))
+    decoders = {k: tfds.decode.SkipDecoding() for k, f in builder.info.features.items()
+                if isinstance(f, tfds.features.Image)}
+    # Built once here, outside any tf.data function that later slices it.
+    self._ds = builder.as_dataset(split=split, decoders=decoders, shuffle_files=False)
+    self.num_examples = int(self._ds.cardinality())
+    self.name, self.info = name, builder.info
+
+  def raw(self, start, end, order_seed=None):
+    del order_seed
+    return self._ds.skip(start).take(end - start)
+
+  def decode(self, record):
+    return record

@@ -1,0 +1,7 @@
+"""Models, found by name: `config.model_name = "vit"` -> `big_vit_lite.models.vit`.
+
+A model module provides `Model` (a Flax linen module whose `apply(..., train=)`
+returns `(logits, out)`), `load(init_params, path, model_cfg, dont_load=())`
+and `save_npz(params, path)`. Add a model by adding a module here.
+`interop` holds the checkpoint conversions (npz layouts, timm) the ViT uses.
+"""

@@ -103,12 +103,15 @@ def stack_layers(flat: Mapping[str, np.ndarray], depth: int) -> dict:
   return result
 
 
-def canonicalize(flat: Mapping[str, np.ndarray]) -> tuple[dict, int]:
-  """Any supported npz layout -> (canonical flat dict, number of prefix rows in its posemb)."""
+def canonicalize(flat: Mapping[str, np.ndarray]) -> dict:
+  """Any supported npz layout -> canonical flat dict (posemb has a cls row iff there is a cls)."""
   flat = dict(flat)
-  # big_vision train checkpoints may hold "params/..." next to optimizer state.
-  if any(k.startswith("params/") for k in flat):
-    flat = {k[len("params/"):]: v for k, v in flat.items() if k.startswith("params/")}
+  # big_vision train checkpoints hold the params under "params/" (older ones under
+  # "opt/target/") next to the optimizer state: keep only the params.
+  for prefix in ("params/", "opt/target/"):
+    if f"{prefix}embedding/kernel" in flat:
+      flat = {k[len(prefix):]: v for k, v in flat.items() if k.startswith(prefix)}
+      break
   flat = unstack_layers(flat)
   if any(f"/{old}/" in k for k in flat for old in _PRE_LINEN if _BLOCK_RE.match(k)):
     renamed = {}
@@ -120,11 +123,11 @@ def canonicalize(flat: Mapping[str, np.ndarray]) -> tuple[dict, int]:
       renamed[k] = v
     flat = renamed
   if _BV_POSEMB in flat:
-    flat[_POSEMB] = flat.pop(_BV_POSEMB)
-    num_prefix = 0
-  else:
-    num_prefix = 1 if "cls" in flat else 0
-  return flat, num_prefix
+    pe = flat.pop(_BV_POSEMB)
+    if "cls" in flat:  # big_vision adds no posemb to the cls token: a zero row is the same.
+      pe = np.concatenate([np.zeros_like(pe[:, :1]), pe], axis=1)
+    flat[_POSEMB] = pe
+  return flat
 
 
 def resample_posemb(posemb: np.ndarray, new_hw: tuple[int, int]) -> np.ndarray:
@@ -184,11 +187,10 @@ def save_npz(params, path):
     np.savez(f, **flat)
 
 
-def read_params(path) -> tuple[dict, int]:
-  """Canonical flat params from an .npz, a timm .safetensors or a training checkpoint.
+def read_params(path) -> dict:
+  """Canonical flat params from an .npz or a training checkpoint (workdir or step dir).
 
-  Returns (flat, num_prefix). A .safetensors file in timm layout needs the
-  number of heads to split qkv; see `read_timm`.
+  (A timm .safetensors needs the number of heads to split qkv: see `read_timm`.)
   """
   path = os.fspath(path)
   if os.path.isdir(path):
@@ -228,11 +230,11 @@ def load(init_params, path, model_cfg=None, dont_load: Sequence[str] = ()):
   del model_cfg
   path = os.fspath(path)
   if path.endswith(".safetensors"):
-    flat, num_prefix = read_timm(path, num_heads=_num_heads(init_params))
+    flat = read_timm(path, num_heads=_num_heads(init_params))
   else:
-    flat, num_prefix = read_params(path)
+    flat = read_params(path)
   try:
-    return merge(init_params, flat, num_prefix, dont_load)
+    return merge(init_params, flat, dont_load)
   except ValueError as e:
     raise ValueError(f"Cannot load {path}: {e}") from None
 
@@ -244,11 +246,10 @@ def _num_heads(init_params) -> int:
   raise ValueError("The model has no attention params.")
 
 
-def merge(init_params, src_flat: Mapping[str, np.ndarray], src_prefix: int,
-          dont_load: Sequence[str] = ()):
+def merge(init_params, src_flat: Mapping[str, np.ndarray], dont_load: Sequence[str] = ()):
   """Fits canonical flat params `src_flat` to `init_params` (see `load`)."""
   if isinstance(init_params, Mapping) and set(init_params) == {"params"}:  # whole variables
-    return {"params": merge(init_params["params"], src_flat, src_prefix, dont_load)}
+    return {"params": merge(init_params["params"], src_flat, dont_load)}
   boxed = any(_is_box(x) for x in jax.tree.leaves(init_params, is_leaf=_is_box))
   tgt = flatten(nn.meta.unbox(init_params))
   keep = set()
@@ -262,6 +263,7 @@ def merge(init_params, src_flat: Mapping[str, np.ndarray], src_prefix: int,
   # Work in the loop layout so that messages name single blocks.
   tgt_loop = unstack_layers({k: _Abstract(v.shape, v.dtype) for k, v in tgt.items() if k not in keep})
   tgt_prefix = 1 if "cls" in tgt else 0
+  src_prefix = 1 if "cls" in src_flat else 0
 
   loaded = {}
   for k, spec in tgt_loop.items():
@@ -354,7 +356,13 @@ def to_timm(params, image_size: Optional[int] = None) -> tuple[dict, dict]:
   without fc_norm. A sincos2d model has no posemb param: pass image_size so
   that the fixed embedding is written as timm's `pos_embed`.
   """
-  flat, num_prefix = canonicalize(to_numpy_flat(params))  # nested or flat, any layout
+  try:
+    return _to_timm(canonicalize(to_numpy_flat(params)), image_size)  # nested or flat, any layout
+  except KeyError as e:
+    raise ValueError(f"These params lack {e}: not a ViT in a supported layout.") from None
+
+
+def _to_timm(flat, image_size):
   if "pre_logits/kernel" in flat:
     raise ValueError("timm's VisionTransformer has no pre-logits (rep_size) layer; export a model "
                      "with rep_size=False.")
@@ -367,9 +375,6 @@ def to_timm(params, image_size: Optional[int] = None) -> tuple[dict, dict]:
     sd["cls_token"] = flat["cls"]
   if _POSEMB in flat:
     pe = flat[_POSEMB]
-    if num_prefix != tgt_prefix:
-      gs = int(round(np.sqrt(pe.shape[1] - num_prefix)))
-      pe = _fit_posemb(pe, num_prefix, (1, tgt_prefix + gs * gs, d), tgt_prefix)
     grid = int(round(np.sqrt(pe.shape[1] - tgt_prefix)))
     if image_size and image_size // p != grid:
       raise ValueError(f"image_size={image_size} does not match the posemb grid {grid}x{grid} "
@@ -416,8 +421,8 @@ def write_timm(params, path, image_size: Optional[int] = None) -> dict:
   return kwargs
 
 
-def from_timm(sd: Mapping[str, np.ndarray], num_heads: int) -> tuple[dict, int]:
-  """timm VisionTransformer state dict -> (canonical flat params, posemb prefix rows)."""
+def from_timm(sd: Mapping[str, np.ndarray], num_heads: int) -> dict:
+  """timm VisionTransformer state dict -> canonical flat params."""
   sd = {k: np.asarray(v) for k, v in sd.items()}
   if "fc_norm.weight" in sd:
     raise ValueError("This timm model normalises after pooling (fc_norm); ours normalises "
@@ -436,10 +441,8 @@ def from_timm(sd: Mapping[str, np.ndarray], num_heads: int) -> tuple[dict, int]:
   hd = d // num_heads
   flat = {"embedding/kernel": take("patch_embed.proj.weight").transpose(2, 3, 1, 0),
           "embedding/bias": take("patch_embed.proj.bias")}
-  num_prefix = 0
   if "cls_token" in sd:
     flat["cls"] = take("cls_token")
-    num_prefix = 1
   if "pos_embed" in sd:
     flat[_POSEMB] = take("pos_embed")
 
@@ -483,11 +486,11 @@ def from_timm(sd: Mapping[str, np.ndarray], num_heads: int) -> tuple[dict, int]:
   extra = sorted(set(sd) - used)
   if extra:
     raise ValueError(f"timm state dict has params this ViT does not support, e.g. {extra[0]!r}.")
-  return flat, num_prefix
+  return flat
 
 
-def read_timm(path, num_heads: int) -> tuple[dict, int]:
-  """(canonical flat params, posemb prefix rows) of a timm ViT .safetensors file."""
+def read_timm(path, num_heads: int) -> dict:
+  """Canonical flat params of a timm ViT .safetensors file."""
   from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
   if not os.path.exists(path):
     raise ValueError(f"Checkpoint {path} does not exist.")

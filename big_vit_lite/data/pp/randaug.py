@@ -1,1 +1,156 @@
-"""RandAugment placeholder until the stateless implementation lands."""
+"""RandAugment (Cubuk et al. 2019) as a stateless pp op: randaug(num_layers, magnitude).
+
+Each of `num_layers` layers picks one of the 16 ops below uniformly and
+applies it at strength `magnitude` (0..30 on the usual 0..10 = "full" scale
+of the EfficientNet/big_vision implementation, whose op set and ranges this
+follows), negating the direction of geometric ops at random. Sizes of
+translations and cutouts are relative to the image (the reference values
+100 px and 40 px are for 224 px images). Every random choice draws from the
+example's `_rng`, so augmentation is reproducible per example (exact resume).
+Input: uint8 RGB [H, W, 3]; output the same shape and dtype.
+"""
+import math
+
+import tensorflow as tf
+
+from big_vit_lite.data.pp.registry import register
+from big_vit_lite.data.pp.rng import take_seed
+
+_MAX_LEVEL = 10.0
+_FILL = 128  # grey, for pixels that geometric ops move in
+
+
+def _blend(degenerate, image, factor):
+  """image + factor * (image - degenerate), i.e. factor 0 -> degenerate, 1 -> image."""
+  d, x = tf.cast(degenerate, tf.float32), tf.cast(image, tf.float32)
+  return tf.saturate_cast(tf.round(d + factor * (x - d)), tf.uint8)
+
+
+def _grey(image):
+  return tf.image.grayscale_to_rgb(tf.image.rgb_to_grayscale(image))
+
+
+def _transform(image, transform):
+  out = tf.raw_ops.ImageProjectiveTransformV3(
+      images=image[None], transforms=tf.cast(tf.reshape(transform, [1, 8]), tf.float32),
+      output_shape=tf.shape(image)[:2], fill_value=float(_FILL), interpolation="NEAREST",
+      fill_mode="CONSTANT")
+  return out[0]
+
+
+def _rotate(image, degrees):
+  h = tf.cast(tf.shape(image)[0], tf.float32)
+  w = tf.cast(tf.shape(image)[1], tf.float32)
+  a = degrees * math.pi / 180.0
+  cos, sin = tf.cos(a), tf.sin(a)
+  x_off = ((w - 1) - (cos * (w - 1) - sin * (h - 1))) / 2.0
+  y_off = ((h - 1) - (sin * (w - 1) + cos * (h - 1))) / 2.0
+  return _transform(image, tf.stack([cos, -sin, x_off, sin, cos, y_off, 0.0, 0.0]))
+
+
+def _autocontrast(image):
+  x = tf.cast(image, tf.float32)
+  lo = tf.reduce_min(x, axis=[0, 1], keepdims=True)
+  hi = tf.reduce_max(x, axis=[0, 1], keepdims=True)
+  scaled = (x - lo) * 255.0 / tf.maximum(hi - lo, 1.0)
+  return tf.saturate_cast(tf.where(hi > lo, scaled, x), tf.uint8)
+
+
+def _equalize_channel(ch):
+  """Histogram equalisation of one uint8 channel [H, W] (PIL's algorithm)."""
+  ch = tf.cast(ch, tf.int32)
+  hist = tf.math.bincount(tf.reshape(ch, [-1]), minlength=256, maxlength=256)
+  last = tf.gather(hist, tf.reduce_max(tf.where(hist > 0)))  # count of the top value
+  step = (tf.reduce_sum(hist) - tf.cast(last, tf.int32)) // 255
+
+  def equalised():
+    lut = (tf.cumsum(hist) + step // 2) // step
+    lut = tf.clip_by_value(tf.concat([[0], lut[:-1]], 0), 0, 255)
+    return tf.gather(lut, ch)
+  return tf.cast(tf.cond(step > 0, equalised, lambda: ch), tf.uint8)
+
+
+def _equalize(image):
+  return tf.stack([_equalize_channel(image[..., c]) for c in range(3)], -1)
+
+
+def _sharpness(image, factor):
+  x = tf.cast(image, tf.float32)[None]
+  k = tf.constant([[1, 1, 1], [1, 5, 1], [1, 1, 1]], tf.float32) / 13.0
+  k = tf.tile(k[:, :, None, None], [1, 1, 3, 1])
+  smooth = tf.nn.depthwise_conv2d(x, k, [1, 1, 1, 1], "VALID")[0]
+  # Borders keep their original pixels (as PIL's ImageEnhance.Sharpness).
+  smooth = tf.pad(smooth, [[1, 1], [1, 1], [0, 0]])
+  mask = tf.pad(tf.ones_like(smooth[1:-1, 1:-1]), [[1, 1], [1, 1], [0, 0]])
+  degenerate = tf.where(mask > 0, smooth, x[0])
+  return _blend(degenerate, image, factor)
+
+
+def _cutout(image, frac, seed):
+  h, w = tf.shape(image)[0], tf.shape(image)[1]
+  half = tf.cast(frac * tf.cast(tf.minimum(h, w), tf.float32), tf.int32)
+  cy = tf.random.stateless_uniform([], seed, 0, h, dtype=tf.int32)
+  cx = tf.random.stateless_uniform([], tf.reverse(seed, [0]), 0, w, dtype=tf.int32)
+  ys, xs = tf.range(h)[:, None], tf.range(w)[None, :]
+  box = (tf.abs(ys - cy) < half) & (tf.abs(xs - cx) < half)
+  return tf.where(box[:, :, None], tf.cast(_FILL, tf.uint8), image)
+
+
+def _ops(image, level, sign, seed):
+  """The 16 ops, each a thunk (for tf.switch_case). `level` in [0, 3]."""
+  h = tf.cast(tf.shape(image)[0], tf.float32)
+  w = tf.cast(tf.shape(image)[1], tf.float32)
+  enhance = level * 1.8 + 0.1
+  shear = sign * level * 0.3
+  tx, ty = sign * level * (100 / 224) * w, sign * level * (100 / 224) * h
+  bits = tf.cast(tf.clip_by_value(tf.floor(level * 4.0), 1.0, 8.0), tf.uint8)  # bits kept
+  return [
+      lambda: _autocontrast(image),
+      lambda: _equalize(image),
+      lambda: 255 - image,
+      lambda: _rotate(image, sign * level * 30.0),
+      lambda: tf.bitwise.left_shift(tf.bitwise.right_shift(image, 8 - bits), 8 - bits),
+      lambda: tf.where(tf.cast(image, tf.float32) < level * 256.0, image, 255 - image),
+      lambda: _blend(_grey(image), image, enhance),  # color
+      lambda: _blend(tf.fill(tf.shape(image), tf.cast(tf.reduce_mean(
+          tf.cast(tf.image.rgb_to_grayscale(image), tf.float32)), tf.uint8)), image, enhance),
+      lambda: _blend(tf.zeros_like(image), image, enhance),  # brightness
+      lambda: _sharpness(image, enhance),
+      lambda: _transform(image, tf.stack([1.0, shear, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0])),
+      lambda: _transform(image, tf.stack([1.0, 0.0, 0.0, shear, 1.0, 0.0, 0.0, 0.0])),
+      lambda: _transform(image, tf.stack([1.0, 0.0, -tx, 0.0, 1.0, 0.0, 0.0, 0.0])),
+      lambda: _transform(image, tf.stack([1.0, 0.0, 0.0, 0.0, 1.0, -ty, 0.0, 0.0])),
+      lambda: _cutout(image, level * (40 / 224), seed),
+      lambda: tf.where(image < 128, tf.saturate_cast(
+          tf.cast(image, tf.float32) + level * 110.0, tf.uint8), image),  # solarize_add
+  ]
+
+
+NUM_OPS = 16
+
+
+@register("randaug")
+def get_randaug(num_layers=2, magnitude=10, key="image"):
+  if not isinstance(num_layers, int) or num_layers < 0:
+    raise ValueError(f"num_layers must be an int >= 0, got {num_layers!r}")
+  if not 0 <= magnitude <= 30:
+    raise ValueError(f"magnitude must be in [0, 30] (10 = full strength), got {magnitude!r}")
+  level = magnitude / _MAX_LEVEL
+
+  def op(data):
+    image = data[key]
+    if image.dtype != tf.uint8 or image.shape.rank != 3 or image.shape[-1] not in (None, 3):
+      raise ValueError(f"randaug needs uint8 RGB images [H, W, 3] (decode(channels=3) "
+                       f"or to_rgb before it), got {image.dtype} {image.shape}")
+    for _ in range(num_layers):
+      data, seed = take_seed(data, "randaug")
+      u = tf.random.stateless_uniform([2], seed)
+      index = tf.minimum(tf.cast(u[0] * NUM_OPS, tf.int32), NUM_OPS - 1)
+      sign = tf.where(u[1] < 0.5, -1.0, 1.0)
+      image = tf.switch_case(index, _ops(image, tf.constant(level, tf.float32), sign,
+                                         tf.random.experimental.stateless_fold_in(seed, 1)))
+      image = tf.ensure_shape(image, data[key].shape)
+    out = dict(data)
+    out[key] = image
+    return out
+  return op

@@ -1,0 +1,151 @@
+r"""Checks that our timm export gives timm's logits (not part of the test suite).
+
+  python benchmarks/timm_parity.py [--timm_python=/path/to/python]
+
+Runs our ViTs (random init, non-zero heads) in JAX, exports each with
+`interop.write_timm`, then, in a second interpreter that has torch and timm,
+builds the timm model, loads the file with `strict=True` and compares logits.
+Cases: timm.create_model("vit_base_patch16_224") against our B/16, and tiny
+custom configs for every pool type and posemb. Prints one JSON line per case
+with the max abs logit difference; exits 1 if any exceeds --tol (1e-4).
+
+The timm interpreter defaults to this one when it can import torch and timm,
+else /work/venv-timm/bin/python (see shared/PERF.md: torch==2.13.0 CPU, timm
+--no-deps). timm imports torchvision, which a ViT never uses: a stand-in
+module is installed in that interpreter for the run.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+CASES = {
+    # name: (our Model kwargs, image size, timm model name or None for VisionTransformer(**kw))
+    "vit_base_patch16_224": (dict(variant="B/16", num_classes=1000), 224, "vit_base_patch16_224"),
+    "tiny_tok_learn": (dict(variant=None, width=64, depth=2, mlp_dim=128, num_heads=4,
+                            patch_size=8, num_classes=7), 32, None),
+    "tiny_gap_sincos2d": (dict(variant=None, width=64, depth=2, mlp_dim=128, num_heads=4,
+                               patch_size=8, num_classes=7, pool_type="gap", posemb="sincos2d"),
+                          32, None),
+    "tiny_map_learn": (dict(variant=None, width=64, depth=2, mlp_dim=96, num_heads=2,
+                            patch_size=4, num_classes=5, pool_type="map"), 16, None),
+}
+
+
+def _install_torchvision_standin():
+  """Makes `import torchvision...` succeed with inert placeholders (timm imports it eagerly)."""
+  import importlib.abc  # pylint: disable=g-import-not-at-top
+  import importlib.machinery  # pylint: disable=g-import-not-at-top
+  import types  # pylint: disable=g-import-not-at-top
+
+  class _Placeholder(type):  # a class whose attributes are placeholders too (enum-like use)
+    def __getattr__(cls, name):
+      if name.startswith("__"):
+        raise AttributeError(name)
+      return f"{cls.__name__}.{name}"
+
+  class _Module(types.ModuleType):
+    def __getattr__(self, name):
+      if name.startswith("__"):
+        raise AttributeError(name)
+      return _Placeholder(name, (), {})
+
+  class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, fullname, path, target=None):
+      if fullname == "torchvision" or fullname.startswith("torchvision."):
+        return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+      return None
+
+    def create_module(self, spec):
+      m = _Module(spec.name)
+      m.__path__ = []
+      return m
+
+    def exec_module(self, module):
+      pass
+
+  sys.meta_path.insert(0, _Finder())
+
+
+def timm_side(workdir):
+  """Runs in the torch interpreter: loads each export into timm and writes its logits."""
+  _install_torchvision_standin()
+  import safetensors  # pylint: disable=g-import-not-at-top
+  import safetensors.torch  # pylint: disable=g-import-not-at-top
+  import timm  # pylint: disable=g-import-not-at-top
+  import torch  # pylint: disable=g-import-not-at-top
+  from timm.models.vision_transformer import VisionTransformer  # pylint: disable=g-import-not-at-top
+  torch.set_num_threads(2)
+  results = {}
+  for name, (_, _, timm_name) in CASES.items():
+    path = os.path.join(workdir, f"{name}.safetensors")
+    with safetensors.safe_open(path, "np") as f:
+      kwargs = json.loads(f.metadata()["timm_kwargs"])
+    if timm_name:
+      model = timm.create_model(timm_name, pretrained=False, num_classes=kwargs["num_classes"])
+    else:
+      model = VisionTransformer(**kwargs)
+    model.load_state_dict(safetensors.torch.load_file(path), strict=True)
+    model.eval()
+    images = np.load(os.path.join(workdir, f"{name}_images.npy"))
+    with torch.no_grad():
+      logits = model(torch.from_numpy(images).permute(0, 3, 1, 2).contiguous()).numpy()
+    np.save(os.path.join(workdir, f"{name}_timm.npy"), logits)
+    results[name] = list(logits.shape)
+  print(json.dumps({"timm": timm.__version__, "torch": torch.__version__, "shapes": results}))
+
+
+def _timm_python(flag):
+  if flag:
+    return flag
+  try:
+    import timm  # pylint: disable=g-import-not-at-top,unused-import
+    import torch  # pylint: disable=g-import-not-at-top,unused-import
+    return sys.executable
+  except ImportError:
+    return "/work/venv-timm/bin/python"
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--timm_python", default=None)
+  parser.add_argument("--tol", type=float, default=1e-4)
+  parser.add_argument("--timm_side", default=None, help=argparse.SUPPRESS)
+  args = parser.parse_args()
+  if args.timm_side:
+    return timm_side(args.timm_side)
+
+  import jax  # pylint: disable=g-import-not-at-top
+  from big_vit_lite.models import interop  # pylint: disable=g-import-not-at-top
+  from big_vit_lite.models import vit  # pylint: disable=g-import-not-at-top
+
+  with tempfile.TemporaryDirectory() as workdir:
+    ours = {}
+    for i, (name, (kw, res, _)) in enumerate(CASES.items()):
+      model = vit.Model(**kw, head_zeroinit=False, gelu="exact")
+      images = np.asarray(jax.random.uniform(jax.random.key(i), (2, res, res, 3), minval=-1, maxval=1))
+      params = jax.jit(model.init)(jax.random.key(100 + i), images)["params"]
+      ours[name] = np.asarray(jax.jit(lambda p, x: model.apply({"params": p}, x)[0])(params, images))
+      interop.write_timm(params, os.path.join(workdir, f"{name}.safetensors"), image_size=res)
+      np.save(os.path.join(workdir, f"{name}_images.npy"), images)
+    run = subprocess.run([_timm_python(args.timm_python), os.path.abspath(__file__),
+                          f"--timm_side={workdir}"], capture_output=True, text=True)
+    if run.returncode:
+      sys.exit(f"timm side failed: {run.stderr.strip().splitlines()[-1] if run.stderr else run.returncode}")
+    print(run.stdout.strip())
+    worst = 0.0
+    for name in CASES:
+      theirs = np.load(os.path.join(workdir, f"{name}_timm.npy"))
+      diff = float(np.abs(theirs - ours[name]).max())
+      worst = max(worst, diff)
+      print(json.dumps({"case": name, "max_abs_diff": diff,
+                        "max_abs_logit": float(np.abs(ours[name]).max()), "tol": args.tol}))
+  sys.exit(0 if worst <= args.tol else 1)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,35 @@
+"""Test data for the evaluators: a small image folder with easy classes, a tiny ViT."""
+import os
+
+import numpy as np
+from PIL import Image
+
+CLASSES = ("bars", "disc", "corner")
+TINY_VIT = dict(variant=None, width=32, depth=1, mlp_dim=64, num_heads=2, patch_size=7,
+                pool_type="gap", remat_policy=None)
+
+
+def _pattern(cls, rng, size=28):
+  """A grey uint8 image of class `cls` with random shift and noise."""
+  y, x = np.mgrid[:size, :size]
+  dy, dx = rng.integers(-3, 4, 2)
+  if cls == "bars":
+    img = ((x + dx) // 3) % 2 * 200.0
+  elif cls == "disc":
+    img = (((y - 14 - dy)**2 + (x - 14 - dx)**2) < 49) * 220.0
+  else:
+    img = ((y < 12 + dy) & (x < 12 + dx)) * 230.0
+  img = img + rng.normal(0, 20, img.shape)
+  return np.clip(img, 0, 255).astype(np.uint8)
+
+
+def write_image_folder(root, n_train=12, n_test=8, seed=0):
+  """ROOT/{train,test}/{bars,disc,corner}/*.png; returns ROOT."""
+  rng = np.random.default_rng(seed)
+  for split, n in (("train", n_train), ("test", n_test)):
+    for cls in CLASSES:
+      d = os.path.join(root, split, cls)
+      os.makedirs(d, exist_ok=True)
+      for i in range(n):
+        Image.fromarray(_pattern(cls, rng)).save(os.path.join(d, f"{i}.png"))
+  return root

@@ -1,0 +1,120 @@
+"""Smoke tests of the benchmark tools: they run and report what they promise (no timing checks)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from big_vit_lite import bench
+from big_vit_lite import xla_cpu_flags
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+import bench_vs_timm  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+CONTRACT_KEYS = {"variant", "batch", "train_img_per_s", "infer_img_per_s", "step_flops", "mfu",
+                 "calib_gflops"}
+ISSUE_KEYS = {"achieved_gflops", "train_compile_s", "infer_compile_s", "train_step_s",
+              "train_step_s_min", "train_step_s_max", "train_program_bytes",
+              "peak_host_rss_bytes", "dtype", "remat", "scan", "mesh", "res"}
+
+
+def _run(args, timeout=100):
+  p = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True,
+                     timeout=timeout)
+  assert p.returncode == 0, p.stderr[-3000:]
+  return p
+
+
+@pytest.mark.timeout(150)
+def test_cli_prints_one_json_line_per_case():
+  p = _run(["-m", "big_vit_lite.bench", "--variant=mu/8", "--batch=2,4", "--res=16",
+            "--num_classes=10", "--steps=2", "--warmup=1", "--calib_n=64", "--mesh=data:-1"])
+  lines = [json.loads(l) for l in p.stdout.splitlines() if l.startswith("{")]
+  assert [l["batch"] for l in lines] == [2, 4]
+  for line in lines:
+    assert CONTRACT_KEYS | ISSUE_KEYS <= set(line), sorted(CONTRACT_KEYS | ISSUE_KEYS - set(line))
+    assert line["variant"] == "mu/8" and line["mesh"] == "data:-1"
+    assert line["train_img_per_s"] > 0 and line["infer_img_per_s"] > 0
+    assert line["train_step_s_min"] <= line["train_step_s"] <= line["train_step_s_max"]
+    # The training step costs more FLOPs than inference (backward ~2x forward).
+    assert line["step_flops"] > 2 * line["infer_step_flops"] > 0
+    assert line["mfu"] == pytest.approx(line["achieved_gflops"] / line["calib_gflops"])
+  # Twice the batch, twice the FLOPs (everything in a ViT step scales with batch
+  # except the optimizer update, which is tiny for mu/8).
+  assert lines[1]["infer_step_flops"] == pytest.approx(2 * lines[0]["infer_step_flops"], rel=0.05)
+
+
+@pytest.mark.timeout(60)
+def test_cli_rejects_bad_flags_in_one_line():
+  p = subprocess.run([sys.executable, "-m", "big_vit_lite.bench", "--variant=mu/8",
+                      "--mesh=data"], cwd=ROOT, capture_output=True, text=True, timeout=50)
+  assert p.returncode != 0
+  assert "--mesh='data': expected axis:size pairs" in p.stderr
+
+
+def test_bench_model_train_only_and_scan():
+  from big_vit_lite.models import vit
+  model = vit.Model(num_classes=10, variant="mu/8", scan=True, remat_policy=None)
+  out = bench.bench_model(model, batch=2, res=16, num_classes=10, mode=("train",), steps=1,
+                          warmup=0, calib_gflops=None)
+  assert out["train_img_per_s"] > 0 and "infer_img_per_s" not in out
+  assert out["mfu"] is None  # no calibration given, no MFU claimed
+  assert out["params"] > 0 and out["step_flops"] > 0
+
+
+def test_parse_mesh():
+  assert bench.parse_mesh("") is None
+  mesh = bench.parse_mesh("data:-1")
+  assert mesh.axis_names == ("data",)
+  with pytest.raises(ValueError, match="unknown|Unknown"):
+    bench.parse_mesh("pipeline:1")
+
+
+def test_cpu_flag_presets_are_opt_in_and_checked(monkeypatch):
+  monkeypatch.delenv("XLA_FLAGS", raising=False)
+  xla_cpu_flags.apply("default")
+  assert "XLA_FLAGS" not in os.environ  # the default preset changes nothing
+  with pytest.raises(ValueError, match="unknown XLA CPU flag preset"):
+    xla_cpu_flags.apply("warp-speed")
+
+
+def _fake_round(ours_train, timm_train):
+  ours = dict(train_img_per_s=ours_train, infer_img_per_s=2 * ours_train, train_mfu=0.5,
+              infer_mfu=0.6, calib_gflops=100.0, train_step_s=32 / ours_train,
+              infer_step_s=16 / ours_train, dtype="float32")
+  timm = dict(train_img_per_s=timm_train, infer_img_per_s=timm_train,
+              train_step_s=32 / timm_train, infer_step_s=32 / timm_train, calib_gflops=100.0)
+  return dict(ours=ours, timm=timm)
+
+
+def test_vs_timm_ratio_is_median_of_per_round_ratios_and_table_renders():
+  rounds = [_fake_round(10, 5), _fake_round(4, 4), _fake_round(30, 10)]
+  s = bench_vs_timm.summarize(rounds, flops_train=320e9, flops_infer=100e9)
+  assert s["train_ratio"] == 2.0 and s["train_ratio_min"] == 1.0 and s["train_ratio_max"] == 3.0
+  assert s["ours_train_img_per_s"] == 10
+  record = dict(label="x", variant="Ti/16", batch=32, res=224, dtype="float32", machine="cpu",
+                rounds=3, date="2026-01-01T00:00", command="python benchmarks/bench_vs_timm.py",
+                summary=s)
+  md = bench_vs_timm.render_markdown([record, dict(record, label="y")])
+  rows = [l for l in md.splitlines() if l.startswith("| x") or l.startswith("| y")]
+  assert len(rows) == 2 and "2.00 (1.00-3.00)" in rows[0]
+
+
+@pytest.mark.timeout(150)
+def test_vs_timm_without_timm_runs_our_side(tmp_path):
+  p = _run([os.path.join("benchmarks", "bench_vs_timm.py"), "--variant=mu/8", "--batch=2",
+            "--res=16", "--rounds=1", "--steps=1", "--warmup=0", "--timm_python=none",
+            "--no_write", "--ours_args=--calib_n=64 --num_classes=10"])
+  record = json.loads([l for l in p.stdout.splitlines() if l.startswith("{")][-1])
+  assert record["summary"]["ours_train_img_per_s"] > 0
+  assert "train_ratio" not in record["summary"]
+
+
+@pytest.mark.timeout(150)
+def test_gpu_bench_smoke_runs_on_cpu():
+  p = _run([os.path.join("benchmarks", "gpu_bench.py"), "--smoke"])
+  lines = [json.loads(l) for l in p.stdout.splitlines() if l.startswith("{")]
+  assert lines[0]["variant"] == "mu/8" and lines[0]["train_img_per_s"] > 0
+  assert "mu/8" in lines[-1]["summary"]

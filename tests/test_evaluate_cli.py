@@ -1,0 +1,122 @@
+"""`python -m big_vit_lite.evaluate` on a short training run's workdir and on an .npz."""
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from big_vit_lite.evaluators import presets
+from big_vit_lite.models import vit
+
+import evaluator_fixtures
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _run(args, data_dir, timeout, devices=1):
+  env = dict(os.environ, TFDS_DATA_DIR=data_dir, JAX_PLATFORMS="cpu",
+             XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+  return subprocess.run([sys.executable, "-m", *args], cwd=REPO, env=env, capture_output=True,
+                        text=True, timeout=timeout)
+
+
+def _metrics(workdir):
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    return [json.loads(line) for line in f]
+
+
+@pytest.fixture(scope="module")
+def demo_workdir(tmp_path_factory, tfds_data_dir):
+  workdir = str(tmp_path_factory.mktemp("demo"))
+  p = _run(["big_vit_lite.train", "--config=configs/demo.py:runlocal", f"--workdir={workdir}"],
+           tfds_data_dir, timeout=240)
+  assert p.returncode == 0, p.stderr[-3000:]
+  return workdir
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_evaluate_training_workdir(demo_workdir, tfds_data_dir, tmp_path):
+  out = str(tmp_path / "eval")
+  p = _run(["big_vit_lite.evaluate", "--config=configs/fewshot.py:runlocal",
+            f"--workdir={out}", f"--config.model_init={demo_workdir}"], tfds_data_dir,
+           timeout=150)
+  assert p.returncode == 0, p.stderr[-3000:]
+  (row,) = _metrics(out)
+  assert row["step"] == 6  # the run's last checkpoint
+  for key in ("fewshot/mnist10k_1shot", "fewshot/mnist10k_5shot",
+              "fewshot/animal_mnist_1shot", "fewshot/animal_mnist_5shot"):
+    assert 0.0 <= row[key] <= 1.0, row
+  # A readable table: one line per dataset with a column per shot count.
+  assert "1-shot" in p.stdout and "5-shot" in p.stdout
+  assert any(line.split()[:1] == ["mnist10k"] for line in p.stdout.splitlines()), p.stdout
+
+
+@pytest.fixture(scope="module")
+def tiny_npz(tmp_path_factory):
+  """A random-init RGB ViT saved by vit.save_npz (no config alongside)."""
+  model = vit.Model(num_classes=5, **evaluator_fixtures.TINY_VIT)
+  params = model.init(jax.random.key(0), jnp.zeros((1, 28, 28, 3)))["params"]
+  path = str(tmp_path_factory.mktemp("npz") / "tiny.npz")
+  vit.save_npz(params, path)
+  return path
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_evaluate_npz_linear_probe_on_image_folder(tiny_npz, tfds_data_dir, tmp_path):
+  root = evaluator_fixtures.write_image_folder(str(tmp_path / "shapes3"))
+  out = str(tmp_path / "eval")
+  # Grey PNGs into an RGB model (the pp decodes to 3 channels), on 2 devices.
+  p = _run(["big_vit_lite.evaluate", f"--config=configs/linear_probe.py:channels=3,folder={root}",
+            f"--workdir={out}", f"--config.model_init={tiny_npz}"], tfds_data_dir,
+           timeout=150, devices=2)
+  assert p.returncode == 0, p.stderr[-3000:]
+  (row,) = _metrics(out)
+  assert row["step"] == 0
+  assert row["linear_probe/shapes3"] > 0.6, row  # 3 easy classes; chance is 1/3
+  assert "shapes3" in p.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_evaluate_errors_are_one_line(tiny_npz, tfds_data_dir, tmp_path):
+  cases = [
+      (str(tmp_path / "missing"), "configs/fewshot.py:runlocal", "does not exist"),
+      # The model takes 28x28x3; the pp makes 32x32x1.
+      (tiny_npz, "configs/fewshot.py:runlocal,res=32", "resize to 28"),
+  ]
+  for src, config, message in cases:
+    p = _run(["big_vit_lite.evaluate", f"--config={config}", f"--workdir={tmp_path / 'e'}",
+              f"--config.model_init={src}"], tfds_data_dir, timeout=100)
+    assert p.returncode != 0
+    last = p.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: ") and message in last, p.stderr[-2000:]
+    assert "Traceback" not in p.stderr
+
+
+def test_eval_configs_name_metrics_after_the_folder(tmp_path):
+  from ml_collections import config_flags  # pylint: disable=import-outside-toplevel
+  del config_flags
+  import importlib.util  # pylint: disable=import-outside-toplevel
+
+  def load(name, arg):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(REPO, "configs", name))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config(arg)
+
+  root = str(tmp_path / "flowers")
+  fs = load("fewshot.py", f"folder={root},res=224,channels=3")
+  assert fs.evals.fewshot.datasets.to_dict() == {
+      "flowers": dict(name="imagefolder", data_dir=root)}
+  assert "resize(224)" in fs.evals.fewshot.pp and "decode(channels=3)" in fs.evals.fewshot.pp
+  lp = load("linear_probe.py", "runlocal")
+  assert sorted(lp.evals.linear_probe.datasets) == ["animal_mnist", "mnist10k"]
+  with pytest.raises(ValueError, match="Unknown config arg"):
+    load("fewshot.py", "shots=3")
+  assert presets.parse_arg("runlocal,res=64", res=28, runlocal=False) == dict(
+      res=64, runlocal=True)

@@ -1,0 +1,179 @@
+"""Evaluators end to end in-process: real data pipeline, sharded forward, tiny models."""
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from big_vit_lite import sharding
+from big_vit_lite.data import input_pipeline
+from big_vit_lite.evaluators import classification
+from big_vit_lite.evaluators import fewshot
+from big_vit_lite.evaluators import get_evaluator_cls
+from big_vit_lite.evaluators import linear_probe
+from big_vit_lite.evaluators import presets
+from big_vit_lite.evaluators import ridge
+from big_vit_lite.models import vit
+
+import evaluator_fixtures
+
+GREY_PP = "decode(channels=1)|value_range(-1, 1)|keep('image', 'label')"
+
+
+@pytest.fixture(scope="module")
+def mesh():
+  return sharding.make_mesh([("data", -1)])
+
+
+def pixels_predict_fn(params, images):
+  """A 'model' whose representation is the raw pixels: the issue's baseline."""
+  del params
+  flat = images.reshape(images.shape[0], -1)
+  return flat, {"pre_logits": flat}
+
+
+def test_registry_finds_types_and_rejects_others(mesh):
+  assert get_evaluator_cls("fewshot") is fewshot.Evaluator
+  assert get_evaluator_cls("linear_probe") is linear_probe.Evaluator
+  assert get_evaluator_cls("classification") is classification.Evaluator
+  with pytest.raises(ValueError, match="classification, fewshot, linear_probe"):
+    get_evaluator_cls("few_shot")
+  with pytest.raises(ValueError, match="Unknown evaluator type 'ridge'"):
+    get_evaluator_cls("ridge")  # a helper module, not an evaluator
+  with pytest.raises(TypeError, match="shotz"):
+    fewshot.Evaluator(pixels_predict_fn, mesh=mesh, shotz=(1,))
+  with pytest.raises(ValueError, match="datasets"):
+    fewshot.Evaluator(pixels_predict_fn, mesh=mesh, datasets={"x": dict(split="train")})
+
+
+@pytest.fixture(scope="module")
+def shapes_folder(tmp_path_factory):
+  return evaluator_fixtures.write_image_folder(str(tmp_path_factory.mktemp("f") / "shapes3"))
+
+
+def test_fewshot_on_image_folder(shapes_folder, mesh):
+  ev = get_evaluator_cls("fewshot")(
+      pixels_predict_fn, mesh=mesh, datasets=presets.folder_datasets(shapes_folder),
+      pp=presets.eval_pp(28, channels=1), shots=(1, 10), num_seeds=3, batch_size=16)
+  res = ev.run({})
+  # Metrics are named after the folder; wrong labels or features misaligned
+  # with their labels would give ~33% (3 classes).
+  assert set(res) == {"shapes3_1shot", "shapes3_10shot"}
+  assert res["shapes3_10shot"] >= 0.95, res
+
+
+def test_fewshot_reuses_features_only_for_the_same_params(shapes_folder, mesh, monkeypatch):
+  model = vit.Model(num_classes=0, **evaluator_fixtures.TINY_VIT)
+  init = lambda seed: nn.meta.unbox(
+      model.init(jax.random.key(seed), jnp.zeros((1, 28, 28, 1)))["params"])
+  params = init(0)
+  reads = []
+  real = input_pipeline.make_eval_iterator
+  monkeypatch.setattr(input_pipeline, "make_eval_iterator",
+                      lambda *a, **k: reads.append(a[0]["split"]) or real(*a, **k))
+  ev = fewshot.Evaluator(lambda p, x: model.apply({"params": p}, x, train=False), mesh=mesh,
+                         datasets=presets.folder_datasets(shapes_folder),
+                         pp=presets.eval_pp(28, channels=1), shots=(5,), num_seeds=3,
+                         batch_size=16)
+  first = ev.run(params)
+  assert first["shapes3_5shot"] > 0.5, first  # random-init features beat chance (33%)
+  assert reads == ["train", "train", "test"]  # labels pass, sampled pass, test pass
+  # Same params: the features are reused, nothing is read again.
+  assert ev.run(params) == first
+  assert len(reads) == 3
+  # New params (other arrays): features are recomputed, not served stale.
+  second = ev.run(init(1))
+  assert len(reads) == 6
+  assert second != first
+
+
+def _load_split(data_cfg, pp):
+  """All valid examples of a split as numpy (one plain pass, no evaluator)."""
+  batches = list(input_pipeline.make_eval_iterator(data_cfg, pp, 500))
+  x = np.concatenate([b["image"].reshape(len(b["image"]), -1) for b in batches])
+  y = np.concatenate([b["label"] for b in batches])
+  m = np.concatenate([b["_mask"] for b in batches]).astype(bool)
+  return x[m], y[m]
+
+
+def test_fewshot_equals_direct_computation(tfds_data_dir, mesh):
+  # The evaluator forwards only the sampled train examples (labels pass, then
+  # a re-batched pass over the chosen ones). Computing the same protocol
+  # directly on the whole split in numpy must give identical numbers.
+  data = dict(name="animal_mnist", data_dir=tfds_data_dir)
+  ev = fewshot.Evaluator(pixels_predict_fn, mesh=mesh, datasets={"animal_mnist": data},
+                         pp=GREY_PP, shots=(2, 10), num_seeds=3, batch_size=500)
+  got = ev.run({})
+  x_tr, y_tr = _load_split(dict(data, split="train"), GREY_PP)
+  x_te, y_te = _load_split(dict(data, split="test"), GREY_PP)
+  assert len(y_tr) == 8000 and len(y_te) == 2000
+  for shot in (2, 10):
+    accs = []
+    for seed in range(3):
+      rng = np.random.default_rng(seed)
+      # The documented sampling: per class (ascending), a seeded permutation's prefix.
+      rows = np.concatenate([rng.permutation(np.flatnonzero(y_tr == c))[:10][:shot]
+                             for c in range(10)])
+      acc, _ = ridge.fit_and_score(x_tr[rows], y_tr[rows], x_te, y_te, 10)
+      accs.append(acc)
+    assert got[f"animal_mnist_{shot}shot"] == pytest.approx(np.mean(accs), abs=1e-12)
+  assert got["animal_mnist_10shot"] > got["animal_mnist_2shot"] > 0.2
+
+  bad = fewshot.Evaluator(pixels_predict_fn, mesh=mesh, datasets={"animal_mnist": data},
+                          pp=GREY_PP, representation_layer="block3", shots=(1,), num_seeds=1)
+  with pytest.raises(ValueError, match="not an output of the model"):
+    bad.run({})
+
+
+def test_classification_matches_numpy(tfds_data_dir, mesh):
+  data = dict(name="mnist10k", split="test[:250]", data_dir=tfds_data_dir)
+  pp = ("decode(channels=1)|value_range(-1, 1)|onehot(10, key='label', key_result='labels')"
+        "|keep('image', 'labels')")
+  w = np.random.default_rng(0).normal(size=(784, 10)).astype(np.float32) * 0.05
+
+  def predict_fn(params, images):
+    logits = images.reshape(images.shape[0], -1) @ params["w"]
+    return logits, {"pre_logits": logits}
+
+  # Reference: the whole split in one batch (250 examples, no padding), numpy math.
+  (full,) = list(input_pipeline.make_eval_iterator(data, pp, 250))
+  assert full["_mask"].all()
+  logits = full["image"].reshape(250, -1) @ w
+  labels = full["labels"].argmax(-1)
+  logp = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1,
+                                                                           keepdims=True)) \
+      - logits.max(-1, keepdims=True)
+  want_top1 = np.mean(logits.argmax(-1) == labels)
+  want_top5 = np.mean([l in np.argsort(-row)[:5] for row, l in zip(logits, labels)])
+  want_loss = -np.mean(logp[np.arange(250), labels])
+
+  # Batches of 64: the last of 4 batches has 58 padding rows that must not count.
+  ev = classification.Evaluator(predict_fn, mesh=mesh, data=data, pp=pp, batch_size=64)
+  got = ev.run({"w": jnp.asarray(w)})
+  assert got["prec@1"] == pytest.approx(want_top1, abs=1e-6)
+  assert got["prec@5"] == pytest.approx(want_top5, abs=1e-6)
+  assert got["loss"] == pytest.approx(want_loss, rel=1e-4)
+  assert 0.0 < want_top1 < 1.0
+
+  with pytest.raises(ValueError, match="loss_name"):
+    classification.Evaluator(predict_fn, mesh=mesh, data=data, pp=pp, loss_name="l2")
+
+
+def test_linear_probe_matches_sklearn(tfds_data_dir, mesh):
+  sklearn_lm = pytest.importorskip("sklearn.linear_model")
+  pp = "decode(channels=1)|resize(14)|value_range(-1, 1)|keep('image', 'label')"
+  datasets = {"mnist10k": dict(name="mnist10k", data_dir=tfds_data_dir,
+                               train_split="train[:1500]", test_split="test[:500]")}
+  l2 = 1e-3
+  ev = linear_probe.Evaluator(pixels_predict_fn, mesh=mesh, datasets=datasets, pp=pp,
+                              l2_regs=(l2,), batch_size=500)
+  ours = ev.run({})["mnist10k"]
+
+  data = dict(name="mnist10k", data_dir=tfds_data_dir)
+  x_tr, y_tr = _load_split(dict(data, split="train[:1500]"), pp)
+  x_te, y_te = _load_split(dict(data, split="test[:500]"), pp)
+  st = ridge.Standardizer.fit(x_tr)
+  ref = sklearn_lm.LogisticRegression(C=1.0 / (len(y_tr) * l2), max_iter=5000)
+  theirs = ref.fit(st(x_tr), y_tr).score(st(x_te), y_te)
+  assert abs(ours - theirs) <= 0.01, (ours, theirs)
+  assert ours > 0.8
