@@ -1,6 +1,6 @@
 r"""Checks that our timm export gives timm's logits (not part of the test suite).
 
-  python benchmarks/timm_parity.py [--timm_python=/path/to/python]
+  python benchmarks/timm_parity.py [--timm_python=/path/to/python] [--cases=a,b]
 
 Runs our ViTs (random init, non-zero heads) in JAX, exports each with
 `interop.write_timm`, then, in a second interpreter that has torch and timm,
@@ -9,10 +9,11 @@ Cases: timm.create_model("vit_base_patch16_224") against our B/16, and tiny
 custom configs for every pool type and posemb. Prints one JSON line per case
 with the max abs logit difference; exits 1 if any exceeds --tol (1e-4).
 
-The timm interpreter defaults to this one when it can import torch and timm,
-else /work/venv-timm/bin/python (see shared/PERF.md: torch==2.13.0 CPU, timm
---no-deps). timm imports torchvision, which a ViT never uses: a stand-in
-module is installed in that interpreter for the run.
+The timm interpreter is --timm_python, else $TIMM_PYTHON, else this one when
+it can import torch and timm. A separate venv keeps torch out of the
+project's: `pip install torch==2.13.0` (CPU wheel), `timm --no-deps`,
+safetensors, numpy. timm imports torchvision, which a ViT never uses: a
+stand-in module is installed in that interpreter for the run.
 """
 import argparse
 import json
@@ -71,7 +72,7 @@ def _install_torchvision_standin():
   sys.meta_path.insert(0, _Finder())
 
 
-def timm_side(workdir):
+def timm_side(workdir, cases):
   """Runs in the torch interpreter: loads each export into timm and writes its logits."""
   _install_torchvision_standin()
   import safetensors  # pylint: disable=g-import-not-at-top
@@ -81,7 +82,8 @@ def timm_side(workdir):
   from timm.models.vision_transformer import VisionTransformer  # pylint: disable=g-import-not-at-top
   torch.set_num_threads(2)
   results = {}
-  for name, (_, _, timm_name) in CASES.items():
+  for name in cases:
+    timm_name = CASES[name][2]
     path = os.path.join(workdir, f"{name}.safetensors")
     with safetensors.safe_open(path, "np") as f:
       kwargs = json.loads(f.metadata()["timm_kwargs"])
@@ -99,46 +101,59 @@ def timm_side(workdir):
   print(json.dumps({"timm": timm.__version__, "torch": torch.__version__, "shapes": results}))
 
 
-def _timm_python(flag):
-  if flag:
-    return flag
+def timm_python(flag=None):
+  """The interpreter to run timm in: --timm_python, $TIMM_PYTHON, or this one; None if none."""
+  if flag or os.environ.get("TIMM_PYTHON"):
+    return flag or os.environ["TIMM_PYTHON"]
   try:
     import timm  # pylint: disable=g-import-not-at-top,unused-import
     import torch  # pylint: disable=g-import-not-at-top,unused-import
     return sys.executable
   except ImportError:
-    return "/work/venv-timm/bin/python"
+    return None
 
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--timm_python", default=None)
   parser.add_argument("--tol", type=float, default=1e-4)
+  parser.add_argument("--cases", default=",".join(CASES),
+                      help=f"comma-separated subset of {', '.join(CASES)}")
   parser.add_argument("--timm_side", default=None, help=argparse.SUPPRESS)
   args = parser.parse_args()
+  cases = args.cases.split(",")
+  unknown = sorted(set(cases) - set(CASES))
+  if unknown:
+    parser.error(f"unknown case {unknown[0]!r}; choose from {', '.join(CASES)}")
   if args.timm_side:
-    return timm_side(args.timm_side)
+    return timm_side(args.timm_side, cases)
 
+  python = timm_python(args.timm_python)
+  if python is None:
+    sys.exit("timm_parity: torch/timm are not importable here; pass --timm_python=PY or set "
+             "TIMM_PYTHON to an interpreter that has them (see shared/PERF.md).")
   import jax  # pylint: disable=g-import-not-at-top
   from big_vit_lite.models import interop  # pylint: disable=g-import-not-at-top
   from big_vit_lite.models import vit  # pylint: disable=g-import-not-at-top
 
   with tempfile.TemporaryDirectory() as workdir:
     ours = {}
-    for i, (name, (kw, res, _)) in enumerate(CASES.items()):
+    for i, name in enumerate(cases):
+      kw, res, _ = CASES[name]
       model = vit.Model(**kw, head_zeroinit=False, gelu="exact")
       images = np.asarray(jax.random.uniform(jax.random.key(i), (2, res, res, 3), minval=-1, maxval=1))
       params = jax.jit(model.init)(jax.random.key(100 + i), images)["params"]
       ours[name] = np.asarray(jax.jit(lambda p, x: model.apply({"params": p}, x)[0])(params, images))
       interop.write_timm(params, os.path.join(workdir, f"{name}.safetensors"), image_size=res)
       np.save(os.path.join(workdir, f"{name}_images.npy"), images)
-    run = subprocess.run([_timm_python(args.timm_python), os.path.abspath(__file__),
-                          f"--timm_side={workdir}"], capture_output=True, text=True)
+    run = subprocess.run([python, os.path.abspath(__file__),
+                          f"--timm_side={workdir}", f"--cases={','.join(cases)}"],
+                         capture_output=True, text=True)
     if run.returncode:
       sys.exit(f"timm side failed: {run.stderr.strip().splitlines()[-1] if run.stderr else run.returncode}")
     print(run.stdout.strip())
     worst = 0.0
-    for name in CASES:
+    for name in cases:
       theirs = np.load(os.path.join(workdir, f"{name}_timm.npy"))
       diff = float(np.abs(theirs - ours[name]).max())
       worst = max(worst, diff)

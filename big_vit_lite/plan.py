@@ -48,8 +48,8 @@ from absl import flags
 #   H100 SXM: 989 TFLOP/s bf16 dense, 80 GB HBM3, NVLink 4 900 GB/s (NVIDIA H100 datasheet)
 #   H200 SXM: 989 TFLOP/s bf16 dense, 141 GB HBM3e, NVLink 4 900 GB/s (NVIDIA H200 datasheet)
 # NVLink figures are bidirectional totals; halved here. Multi-node GPU jobs are slower (IB).
-# f32 matmuls: TPUs run them as multi-pass bf16 (~1/3 of the bf16 rate with the default
-# precision); GPUs use TF32 tensor cores at half the bf16 rate.
+# f32 matmuls at JAX's default precision: TPUs run them as one bf16 pass (full bf16 rate);
+# A100/H100/H200 use TF32 tensor cores at half the bf16 rate.
 GIB = 1024**3
 
 
@@ -63,10 +63,10 @@ class DeviceSpec:
 
 
 DEVICES = {
-    "tpu_v4": DeviceSpec("TPU v4", 275e12, 275e12 / 3, 32 * GIB, 2400e9 / 8),
-    "tpu_v5e": DeviceSpec("TPU v5e", 197e12, 197e12 / 3, 16 * GIB, 1600e9 / 8),
-    "tpu_v5p": DeviceSpec("TPU v5p", 459e12, 459e12 / 3, 95 * GIB, 4800e9 / 8),
-    "tpu_v6e": DeviceSpec("TPU v6e", 918e12, 918e12 / 3, 32 * GIB, 3584e9 / 8),
+    "tpu_v4": DeviceSpec("TPU v4", 275e12, 275e12, 32 * GIB, 2400e9 / 8),
+    "tpu_v5e": DeviceSpec("TPU v5e", 197e12, 197e12, 16 * GIB, 1600e9 / 8),
+    "tpu_v5p": DeviceSpec("TPU v5p", 459e12, 459e12, 95 * GIB, 4800e9 / 8),
+    "tpu_v6e": DeviceSpec("TPU v6e", 918e12, 918e12, 32 * GIB, 3584e9 / 8),
     "a100": DeviceSpec("A100 SXM 80GB", 312e12, 156e12, 80 * 10**9, 600e9 / 2),
     "h100": DeviceSpec("H100 SXM", 989e12, 494.5e12, 80 * 10**9, 900e9 / 2),
     "h200": DeviceSpec("H200 SXM", 989e12, 494.5e12, 141 * 10**9, 900e9 / 2),
@@ -76,16 +76,6 @@ DEVICES = {
 USABLE_FRACTION = 0.9
 
 _MESH_AXES = ("data", "fsdp", "model")
-# Used when a config has no `sharding_rules` (same meaning as the trainer's rules: flax
-# logical-axis rules, logical name -> mesh axis or axes). Batch over all data-parallel axes,
-# params FSDP-sharded along "embed", tensor-parallel along "mlp"/"heads".
-DEFAULT_RULES = (
-    ("batch", ("data", "fsdp")),
-    ("embed", "fsdp"),
-    ("mlp", "model"),
-    ("heads", "model"),
-    ("classes", None),
-)
 # Image side used when input.pp names none (datasets decoded at their native size).
 _NATIVE_RES = {"fashion_mnist": 28, "mnist": 28, "mnist10k": 28, "animal_mnist": 28,
                "cifar10": 32, "cifar100": 32}
@@ -130,18 +120,18 @@ def image_res(config, override: int | None = None) -> int:
   raise ValueError(f"cannot tell the training image size from input.pp={pp!r}; pass --res=N")
 
 
+def image_channels(config) -> int:
+  """Channels of the training images: `channels=N` of a decode op in input.pp, else 3."""
+  found = re.findall(r"channels\s*=\s*(\d+)", str(config.input.get("pp", "")))
+  return int(found[-1]) if found else 3
+
+
 def _rules(config, mesh: dict):
-  """Logical rules restricted to the mesh's axes (a rule naming an absent axis means 'none')."""
-  rules = config.get("sharding_rules") or DEFAULT_RULES
-  out = []
-  for logical, axes in rules:
-    if axes is None:
-      out.append((logical, None))
-      continue
-    axes = (axes,) if isinstance(axes, str) else tuple(axes)
-    kept = tuple(a for a in axes if a in mesh)
-    out.append((logical, kept if len(kept) > 1 else (kept[0] if kept else None)))
-  return tuple(out)
+  """The trainer's logical-axis rules (config.sharding_rules or its defaults) for this mesh."""
+  import jax
+  from big_vit_lite import sharding
+  abstract = jax.sharding.AbstractMesh(tuple(mesh.values()), tuple(mesh))
+  return sharding.make_rules(config.get("sharding_rules"), abstract)
 
 
 def _axes_size(axes, mesh: dict) -> int:
@@ -168,11 +158,13 @@ def abstract_state(config, res: int):
   from big_vit_lite import optim
   from big_vit_lite.models import vit
   model = vit.Model(**_model_kwargs(config))
-  images = jax.ShapeDtypeStruct((1, res, res, 3), jnp.float32)
+  images = jax.ShapeDtypeStruct((1, res, res, image_channels(config)), jnp.float32)
   boxed = jax.eval_shape(lambda x: model.init(jax.random.PRNGKey(0), x)["params"], images)
   params = _unbox(boxed)
-  total = config.get("total_steps") or 1
-  opt = optim.make(config, params, total_steps=int(total), steps_per_epoch=1,
+  # The schedule does not change any shape; epoch-based configs (total_steps None) get a
+  # stand-in step count long enough for any warmup.
+  total = config.get("total_steps") or 10**9
+  opt = optim.make(config, params, total_steps=int(total), steps_per_epoch=10**6,
                    batch_size=config.input.batch_size)
   opt_state = jax.eval_shape(opt.tx.init, params)
   return model, boxed, params, opt, opt_state
@@ -240,7 +232,7 @@ def activation_bytes(arch: dict, *, local_batch: int, tokens: int, remat: bool, 
 
 
 def train_flops(arch: dict, *, batch: int, res: int, num_classes: int, tokens: int,
-                remat: bool) -> tuple[float, float]:
+                remat: bool, channels: int = 3) -> tuple[float, float]:
   """(model FLOPs, hardware FLOPs) of one train step on the global batch.
 
   Forward per example: 2*MACs of the patch embedding, per block q/k/v/out (4 T D^2), scores and
@@ -250,7 +242,7 @@ def train_flops(arch: dict, *, batch: int, res: int, num_classes: int, tokens: i
   t, d, m, p = tokens, arch["width"], arch["mlp_dim"], arch["patch_size"]
   patches = (res // p) ** 2
   block = 2 * (4 * t * d * d + 2 * t * t * d + 2 * t * d * m)
-  embed = 2 * patches * p * p * 3 * d
+  embed = 2 * patches * p * p * channels * d
   head = 2 * d * num_classes
   fwd = embed + arch["depth"] * block + head
   model = 3 * fwd * batch
@@ -276,10 +268,11 @@ def plan(config, mesh: dict, device: str, res: int | None = None) -> dict:
   model, boxed, params, _, opt_state = abstract_state(config, res)
   arch = model.arch()
   num_classes = int(config.model.get("num_classes", 0) or 0)
-  pool = config.model.get("pool_type", "tok")
-  tokens = (res // arch["patch_size"]) ** 2 + (1 if pool == "tok" else 0)
-  remat = config.model.get("remat_policy", "nothing_saveable") not in (None, "none")
-  mm_bytes = jnp.dtype(config.model.get("dtype_mm", "float32")).itemsize
+  # From the model object, so that the model's own defaults count for keys the config omits.
+  tokens = (res // arch["patch_size"]) ** 2 + (1 if model.pool_type == "tok" else 0)
+  remat = model.remat_policy not in (None, "none")
+  mm_bytes = jnp.dtype(model.dtype_mm).itemsize
+  channels = image_channels(config)
   tp = _axes_size(dict(rules).get("mlp"), mesh)
 
   param_specs = _leaves_with_specs(boxed, rules)
@@ -289,16 +282,23 @@ def plan(config, mesh: dict, device: str, res: int | None = None) -> dict:
   opt_b = _opt_bytes_per_device(params, opt_state, param_specs, mesh)
   act_b = activation_bytes(arch, local_batch=batch // dp, tokens=tokens, remat=remat,
                            mm_bytes=mm_bytes, tp=tp, num_classes=num_classes,
-                           image_numel=res * res * 3)
-  batch_b = batch // dp * (res * res * 3 + num_classes) * 4
-  # FSDP: each block's weights are all-gathered (to f32 full size / tp) right before use.
+                           image_numel=res * res * channels)
+  batch_b = batch // dp * (res * res * channels + num_classes) * 4
+  # FSDP: weights are all-gathered (full size / tp) before use. Without remat XLA keeps the
+  # gathered copies of all blocks alive from forward to backward (it reuses them rather than
+  # gathering twice): a whole unsharded param set. With remat the gather is part of each
+  # recomputed block: about two blocks' worth (one in use, the next one prefetched).
   fsdp = _axes_size(dict(rules).get("embed"), mesh)
-  block_params = sum(math.prod(s) for s, _, _ in param_specs) / max(1, arch["depth"])
-  gathered_b = int(block_params * 4 / tp) if fsdp > 1 else 0
+  if fsdp == 1:
+    gathered_b = 0
+  elif remat:
+    gathered_b = int(2 * n_params / max(1, arch["depth"]) * 4 / tp)
+  else:
+    gathered_b = int(n_params * 4 / tp)
   total_b = params_b + opt_b + grads_b + act_b + batch_b + gathered_b
 
   model_flops, hw_flops = train_flops(arch, batch=batch, res=res, num_classes=num_classes,
-                                      tokens=tokens, remat=remat)
+                                      tokens=tokens, remat=remat, channels=channels)
   peak = spec.bf16_flops if mm_bytes == 2 else spec.f32_flops
   compute_s = hw_flops / n_dev / peak
   # Per step, with FSDP: params all-gathered for forward and again for backward, grads
@@ -314,7 +314,7 @@ def plan(config, mesh: dict, device: str, res: int | None = None) -> dict:
   out = dict(
       variant=config.model.get("variant"), res=res, tokens=tokens, mesh=mesh, devices=n_dev,
       device=spec.name, global_batch=batch, local_batch=batch // dp, remat=remat,
-      dtype_mm=str(config.model.get("dtype_mm", "float32")), num_params=int(n_params),
+      dtype_mm=str(model.dtype_mm), num_params=int(n_params),
       params_bytes_per_device=int(params_b), opt_bytes_per_device=int(opt_b),
       grad_bytes_per_device=int(grads_b), act_bytes_per_device=int(act_b),
       batch_bytes_per_device=int(batch_b), fsdp_gather_bytes_per_device=int(gathered_b),
@@ -355,7 +355,8 @@ def compiled_stats(config, mesh: dict, res: int) -> dict:
   batch = int(config.input.batch_size)
   num_classes = int(config.model.get("num_classes", 0) or 0)
   batch_sh = NamedSharding(jmesh, P(dict(rules).get("batch")))
-  images = jax.ShapeDtypeStruct((batch, res, res, 3), jnp.float32, sharding=batch_sh)
+  images = jax.ShapeDtypeStruct((batch, res, res, image_channels(config)), jnp.float32,
+                                sharding=batch_sh)
   labels = jax.ShapeDtypeStruct((batch, num_classes), jnp.float32, sharding=batch_sh)
   state = (jax.tree.map(lambda l, s: jax.ShapeDtypeStruct(l.shape, l.dtype, sharding=s), params, param_sh),
            jax.tree.map(lambda l, s: jax.ShapeDtypeStruct(l.shape, l.dtype, sharding=s), opt_state, opt_sh))
@@ -430,7 +431,7 @@ def format_report(p: dict) -> str:
       f"  gradients       {_fmt_bytes(p['grad_bytes_per_device'])}",
       f"  activations     {_fmt_bytes(p['act_bytes_per_device'])}  (peak, kept for backward)",
       f"  input batch     {_fmt_bytes(p['batch_bytes_per_device'])}",
-      f"  fsdp gather     {_fmt_bytes(p['fsdp_gather_bytes_per_device'])}  (one block's weights)",
+      f"  fsdp gathers    {_fmt_bytes(p['fsdp_gather_bytes_per_device'])}  (unsharded weights in use)",
       f"  total           {_fmt_bytes(p['total_bytes_per_device'])}  -> fits: "
       f"{'yes' if p['fits'] else 'NO'} (limit {USABLE_FRACTION:.0%} of HBM)",
       f"FLOPs per step: {p['flops_per_step']:.3e} model, {p['hw_flops_per_step']:.3e} with remat",
@@ -449,7 +450,7 @@ def _define_flags():
   from big_vit_lite import config_loading
   config_loading.define_config_flag()
   flags.DEFINE_string("mesh", None, "Mesh as axis:size pairs, e.g. data:64,fsdp:4 (default: config.mesh).")
-  flags.DEFINE_enum("device", "tpu_v4", list(DEVICES), "Device kind for peak FLOP/s and memory.")
+  flags.DEFINE_string("device", "tpu_v4", f"Device kind for peak FLOP/s and memory: {', '.join(DEVICES)}.")
   flags.DEFINE_integer("res", None, "Training image side (default: from input.pp).")
   flags.DEFINE_bool("json", False, "Print the plan as one JSON object on the last line.")
   flags.DEFINE_bool("compile", False, "Also AOT-compile the step on simulated CPU devices and "

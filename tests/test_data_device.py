@@ -71,7 +71,8 @@ def test_mixup_and_cutmix_mix_labels_consistently():
 
   @jax.jit  # one program for all three (compiles dominate on CPU)
   def run(rng, images, labels):
-    return (mixup.mixup(rng, images, labels), mixup.cutmix(jax.random.fold_in(rng, 3), images, labels),
+    cut_rng = jax.random.fold_in(rng, 3)
+    return (mixup.mixup(rng, images, labels), mixup.cutmix(cut_rng, images, labels),
             mixup.mixup_or_cutmix(rng, images, labels, mixup_alpha=0.2, cutmix_alpha=1.0))
   (mi, ml), (ci, cl), (_, bl) = run(rng, images, labels)
   np.testing.assert_allclose(ml.sum(-1), 1, atol=1e-6)
@@ -80,6 +81,7 @@ def test_mixup_and_cutmix_mix_labels_consistently():
   np.testing.assert_allclose(mi[1], lam * 1 + (1 - lam) * 0, atol=1e-5)
   # The label weight of the pasted neighbour equals the pasted pixel fraction.
   pasted = float(jnp.mean(ci[1, ..., 0] == 0.0))
+  assert 0 < pasted < 1  # (this rng pastes a real box)
   np.testing.assert_allclose(cl[1, 0], pasted, atol=1e-6)
   np.testing.assert_allclose(cl.sum(-1), 1, atol=1e-6)
   np.testing.assert_allclose(bl.sum(-1), 1, atol=1e-6)

@@ -177,3 +177,19 @@ def test_linear_probe_matches_sklearn(tfds_data_dir, mesh):
   theirs = ref.fit(st(x_tr), y_tr).score(st(x_te), y_te)
   assert abs(ours - theirs) <= 0.01, (ours, theirs)
   assert ours > 0.8
+
+
+def test_select_batches_keeps_wanted_rows_and_pads_to_the_planned_count():
+  # 3 local batches of 4 rows; the last two rows of the last batch are padding.
+  stream = [{"image": np.arange(4 * b, 4 * b + 4, dtype=np.float32)[:, None],
+             "label": np.arange(4 * b, 4 * b + 4),
+             "_mask": np.array([True, True] + [b < 2] * 2)} for b in range(3)]
+  wanted = {1: 101, 2: 102, 7: 107, 9: 109, 10: 110}  # 10 is a padding row: never taken
+  out = list(fewshot.feats.select_batches(stream, wanted, 3, 3, keys=("image", "label")))
+  assert len(out) == 3  # one full, one partial, one all-padding (another process needs it)
+  assert [b["_mask"].tolist() for b in out] == [[True] * 3, [True, False, False], [False] * 3]
+  assert out[0]["_id"].tolist() == [101, 102, 107]
+  assert out[0]["label"].tolist() == [1, 2, 7] and out[1]["label"][0] == 9
+  assert out[2]["image"].shape == (3, 1) and out[2]["image"].dtype == np.float32
+  with pytest.raises(RuntimeError, match="planned"):
+    list(fewshot.feats.select_batches(stream, wanted, 1, 2, keys=("label",)))

@@ -291,3 +291,21 @@ def test_load_and_export_from_training_checkpoint(tmp_path):
   summary = export.export(str(tmp_path / "work" / "checkpoints" / "3"), str(tmp_path / "m.npz"), "npz")
   assert summary["format"] == "npz"
   _assert_same(vit.load(_init(seed=2), tmp_path / "m.npz"), loop)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_timm_parity_with_real_timm():
+  """Optional: runs only where torch+timm are importable or $TIMM_PYTHON names such a python."""
+  sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+  try:
+    import timm_parity  # pylint: disable=g-import-not-at-top
+  finally:
+    sys.path.pop(0)
+  if timm_parity.timm_python() is None:
+    pytest.skip("torch/timm not available (set TIMM_PYTHON to run the parity check)")
+  script = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "timm_parity.py")
+  run = subprocess.run([sys.executable, script, "--cases=tiny_tok_learn,tiny_gap_sincos2d,tiny_map_learn"],
+                       capture_output=True, text=True, timeout=280)
+  assert run.returncode == 0, run.stdout + run.stderr
+  assert run.stdout.count('"max_abs_diff"') == 3

@@ -63,10 +63,22 @@ def _train_cmd(config, workdir, *overrides):
           *overrides]
 
 
-def _launch(nproc, devices, cmd, env, log_dir, **kw):
+def _launch(nproc, devices, cmd, env, log_dir):
+  """local.sh in a session of its own, so that _kill_all can end it and every process it started."""
   env = dict(env, DEVICES_PER_PROCESS=str(devices), LOG_DIR=str(log_dir))
   return subprocess.Popen(["bash", LOCAL_SH, str(nproc), "--", *cmd], env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          start_new_session=True)
+
+
+def _kill_all(proc):
+  """SIGKILL local.sh's process group (itself and the training processes, orphaned or not)."""
+  try:
+    os.killpg(proc.pid, signal.SIGKILL)
+  except ProcessLookupError:
+    pass
+  if proc.poll() is None:
+    proc.wait()
 
 
 def _run_local(nproc, devices, cmd, env, log_dir, timeout):
@@ -74,9 +86,11 @@ def _run_local(nproc, devices, cmd, env, log_dir, timeout):
   try:
     out, _ = proc.communicate(timeout=timeout)
   except subprocess.TimeoutExpired:
-    proc.kill()
-    out, _ = proc.communicate()
+    _kill_all(proc)
+    out = proc.stdout.read() if proc.stdout else ""
     pytest.fail(f"local.sh {nproc} timed out after {timeout}s:\n{out[-3000:]}\n{_logs(log_dir)}")
+  finally:
+    _kill_all(proc)
   return proc.returncode, out
 
 
@@ -201,16 +215,24 @@ HANG_SCRIPT = textwrap.dedent('''
 
 
 @pytest.mark.timeout(120)
-def test_hang_guard_fires_when_a_peer_is_stopped(tmp_path):
-  """SIGSTOP one of two processes: the other exits non-zero, with a message, within the limit."""
+@pytest.mark.parametrize("detector", ["hang_guard", "heartbeat"])
+def test_stopped_peer_ends_the_run(tmp_path, detector):
+  """SIGSTOP one of two processes: the other exits non-zero, with a message, within the limit.
+
+  hang_guard: distributed.HangGuard (no step progress for BVL_HANG_TIMEOUT_S);
+  heartbeat: jax's coordination service (no heartbeat for BVL_HEARTBEAT_TIMEOUT_S), which is
+  on even when the guard is off.
+  """
   script = tmp_path / "allreduce_loop.py"
   script.write_text(HANG_SCRIPT)
   log_dir = tmp_path / "logs"
-  timeout_s = 6
-  # The coordination service's heartbeat would also notice (after 100 s by default): keep it out
-  # of the way so that this tests the guard.
+  limit_s = 6
   env = dict(os.environ, JAX_PLATFORMS="cpu", LOCAL_PREFIX_OUTPUT="0", KILL_GRACE_S="3",
-             BVL_HANG_TIMEOUT_S=str(timeout_s), BVL_HEARTBEAT_TIMEOUT_S="300", PYTHONUNBUFFERED="1")
+             PYTHONUNBUFFERED="1")
+  if detector == "hang_guard":  # Keep the heartbeat out of the way.
+    env.update(BVL_HANG_TIMEOUT_S=str(limit_s), BVL_HEARTBEAT_TIMEOUT_S="300")
+  else:
+    env.update(BVL_HANG_TIMEOUT_S="0", BVL_HEARTBEAT_TIMEOUT_S=str(limit_s))
   proc = _launch(2, 1, [sys.executable, str(script)], env, log_dir)
   try:
     _wait_for(lambda: "step 5\n" in _read(log_dir / "proc0.log"), 90, "5 steps", proc)
@@ -218,18 +240,18 @@ def test_hang_guard_fires_when_a_peer_is_stopped(tmp_path):
     assert sorted(pids) == [0, 1], pids
     os.kill(pids[1], signal.SIGSTOP)
     t_stop = time.time()
-    out, _ = proc.communicate(timeout=timeout_s + 30)
+    out, _ = proc.communicate(timeout=limit_s + 40)
     elapsed = time.time() - t_stop
   finally:
-    if proc.poll() is None:
-      for pid in _children_by_process_id(proc.pid).values():
-        os.kill(pid, signal.SIGKILL)
-      proc.kill()
+    _kill_all(proc)
   log0 = _read(log_dir / "proc0.log")
   assert proc.returncode != 0, out
-  assert "HangGuard: process 0 of 2 made no progress" in log0, log0[-2000:]
-  assert "exited with status 75" in out  # distributed.HANG_EXIT_CODE, reported by local.sh.
-  assert timeout_s <= elapsed < timeout_s + 20, elapsed
+  if detector == "hang_guard":
+    assert "HangGuard: process 0 of 2 made no progress" in log0, log0[-2000:]
+    assert "local.sh: process 0 (pid" in out and "exited with status 75" in out  # HANG_EXIT_CODE
+  else:
+    assert "stopped sending heartbeats" in log0, log0[-2000:]
+  assert limit_s - 1 <= elapsed < limit_s + 30, elapsed
 
 
 def _read(path):
@@ -299,35 +321,61 @@ def test_checkpoint_from_2_processes_restores_in_1(mp_env, run_2x2, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)
 def test_sigkill_one_process_then_restart_resumes(mp_env, tmp_path):
   """SIGKILL to one of 2 processes stops the run (non-zero); a restart resumes from the last
   checkpoint and finishes."""
   config, env = mp_env
   workdir = tmp_path / "wd"
-  total = 400  # Long enough that the kill lands mid-run, short enough to finish after restart.
+  total = 60  # The kill lands at the first checkpoint (step 5), long before the end.
   cmd = _train_cmd(config, workdir, f"--config.total_steps={total}", "--config.ckpt_steps=5",
-                   "--config.log_training_steps=10")
+                   "--config.log_training_steps=5")
   proc = _launch(2, 1, cmd, env, tmp_path / "logs1")
   try:
-    _wait_for(lambda: any(s >= 10 for s in _checkpoint_steps(workdir)), 240,
-              "a checkpoint at step >= 10", proc)
+    _wait_for(lambda: _checkpoint_steps(workdir), 400, "the first checkpoint", proc)
     pids = _children_by_process_id(proc.pid)
     os.kill(pids[1], signal.SIGKILL)
-    out, _ = proc.communicate(timeout=60)
+    out, _ = proc.communicate(timeout=120)
   finally:
-    if proc.poll() is None:
-      proc.kill()
+    _kill_all(proc)
   assert proc.returncode != 0, out
-  assert "process 1" in out and "exited with status" in out
+  assert "local.sh: process 1 (pid" in out and "exited with status 137" in out, out  # 128 + SIGKILL
   saved = _checkpoint_steps(workdir)
   assert saved and saved[-1] < total, saved
   last = saved[-1]
 
-  rc, out = _run_local(2, 1, cmd, env, tmp_path / "logs2", timeout=300)
+  rc, out = _run_local(2, 1, cmd, env, tmp_path / "logs2", timeout=450)
   assert rc == 0, out[-3000:] + _logs(tmp_path / "logs2")
-  log0 = _read(tmp_path / "logs2" / "proc0.log")
-  assert f"Resuming from {os.path.abspath(workdir)}/checkpoints/{last}" in log0, log0[-3000:]
+  for i in (0, 1):
+    log = _read(tmp_path / "logs2" / f"proc{i}.log")
+    assert f"Resuming from {os.path.abspath(workdir)}/checkpoints/{last}" in log, log[-3000:]
   steps = sorted(_training_metrics(workdir))
   assert steps[-1] == total
   assert _checkpoint_steps(workdir)[-1] == total
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_sigterm_to_one_process_saves_the_same_step_everywhere(mp_env, tmp_path):
+  """Preemption notice (SIGTERM) to one of 2 processes: both checkpoint the same step, exit 0."""
+  config, env = mp_env
+  workdir = tmp_path / "wd"
+  total = 300
+  cmd = _train_cmd(config, workdir, f"--config.total_steps={total}", "--config.ckpt_steps=1000",
+                   "--config.log_training_steps=5")
+  log_dir = tmp_path / "logs"
+  proc = _launch(2, 1, cmd, env, log_dir)
+  try:
+    _wait_for(lambda: "[10/" in _read(log_dir / "proc0.log"), 400, "step 10", proc)
+    os.kill(_children_by_process_id(proc.pid)[1], signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+  finally:
+    _kill_all(proc)
+  assert proc.returncode == 0, out + _logs(log_dir)
+  saved = []
+  for i in (0, 1):
+    log = _read(log_dir / f"proc{i}.log")
+    assert "Preempted: saved step" in log, log[-3000:]
+    saved.append(int(log.split("Preempted: saved step", 1)[1].split()[0]))
+  assert saved[0] == saved[1] and 10 <= saved[0] < total, saved
+  assert _checkpoint_steps(workdir) == [saved[0]]

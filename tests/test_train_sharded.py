@@ -3,7 +3,9 @@
 Each run is a subprocess (the device count is fixed when jax starts) with
 XLA_FLAGS=--xla_force_host_platform_device_count=8.
 """
+import os
 import re
+import shutil
 
 import numpy as np
 import pytest
@@ -57,9 +59,11 @@ def test_fsdp_checkpoint_resumes_on_one_device(one_device, tfds_data_dir, tmp_pa
   _, ref_losses, _ = one_device
   workdir = str(tmp_path / "fsdp_then_one")
   half = STEPS // 2
-  r = run_train(tfds_data_dir, workdir, f"--config.total_steps={half}", "--config.ckpt_steps=100",
-           config="tests/train_config_tiny.py:mesh=fsdp", devices=8)
+  r = run_train(tfds_data_dir, workdir, f"--config.total_steps={STEPS}", f"--config.ckpt_steps={half}",
+                config="tests/train_config_tiny.py:mesh=fsdp", devices=8)
   assert r.returncode == 0, r.stderr[-3000:]
+  # As if the 8-device job had died after step `half`: drop the final checkpoint.
+  shutil.rmtree(os.path.join(workdir, "checkpoints", str(STEPS)))
   # Same run continued on 1 device (default data mesh): restores the 8-way sharded state.
   r = run_train(tfds_data_dir, workdir, f"--config.total_steps={STEPS}", devices=1)
   assert r.returncode == 0, r.stderr[-3000:]

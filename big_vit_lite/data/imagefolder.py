@@ -21,9 +21,10 @@ import numpy as np
 import tensorflow as tf
 from PIL import Image
 
+from big_vit_lite.data import image_check
+
 EXTENSIONS = (".jpg", ".jpeg", ".png", ".gif", ".bmp", ".webp", ".tif", ".tiff")
 _TF_FORMATS = ("JPEG", "PNG", "GIF", "BMP", "WEBP")  # tf.io.decode_image reads these
-_PNG_END = b"\x00\x00\x00\x00IEND\xaeB`\x82"
 
 log = logging.getLogger(__name__)
 
@@ -32,18 +33,15 @@ def check_file(path):
   """-> (ok, inline_png_bytes_or_b"", reason). Cheap: header + end marker."""
   try:
     with open(path, "rb") as f:
-      with Image.open(f) as im:
-        fmt, size = im.format, im.size
+      fmt, size = image_check.header(f)
       f.seek(0, os.SEEK_END)
-      length = f.tell()
-      f.seek(max(0, length - 64))
+      f.seek(max(0, f.tell() - image_check.TAIL_BYTES))
       tail = f.read()
-    if size[0] < 1 or size[1] < 1:
+    if min(size) < 1:
       return False, b"", f"empty image {size}"
-    if fmt == "JPEG" and b"\xff\xd9" not in tail:
-      return False, b"", "truncated JPEG (no end-of-image marker)"
-    if fmt == "PNG" and not tail.endswith(_PNG_END):
-      return False, b"", "truncated PNG (no IEND chunk)"
+    problem = image_check.tail_problem(fmt, tail)
+    if problem:
+      return False, b"", problem
     if fmt in _TF_FORMATS:
       return True, b"", ""
     with Image.open(path) as im:  # rare formats: convert once, keep in memory
@@ -63,8 +61,9 @@ class ImageFolderSource:
     root = os.path.expanduser(root)
     split_dir = os.path.join(root, split)
     if not os.path.isdir(split_dir):
+      found = sorted(self._subdirs(root)) if os.path.isdir(root) else "none"
       raise ValueError(f"imagefolder: no folder {split_dir} (expected ROOT/SPLIT/CLASS/*.jpg); "
-                       f"splits in {root}: {sorted(self._subdirs(root)) if os.path.isdir(root) else 'none'}")
+                       f"splits in {root}: {found}")
     self.class_names = sorted({c for s in self._subdirs(root)
                                for c in self._subdirs(os.path.join(root, s))})
     files, labels = [], []

@@ -15,12 +15,14 @@ So the order depends on (seed, num_shards) only, never on the process count,
 and the whole position is one number, the examples consumed per shard:
 `get_state()` is a tiny dict and `set_state()` rebuilds the pipeline at that
 epoch and skips the consumed raw records (cheap: before decoding) within it.
+That skip still reads them: resuming late in a long epoch of a big tfds
+dataset costs a pass over that part of the shard's files (image folders skip
+for free: their raw records are indices).
 """
 import logging
 import math
 
 import jax
-import numpy as np
 import tensorflow as tf
 
 from big_vit_lite.data import pp as pp_lib
@@ -104,12 +106,11 @@ class TrainIterator:
 
   def set_state(self, state):
     state = dict(state)
-    for key in ("num_shards", "seed"):
-      want = int(state.get(key, getattr(self, "_" + key)))
-      if want != getattr(self, "_" + key):
-        raise ValueError(f"data iterator state was saved with {key}={want} but the config has "
-                         f"{getattr(self, '_' + key)}; set input.{key if key != 'seed' else '../seed'}"
-                         f"={want} to resume the same data order")
+    for key, where in (("num_shards", "input.num_shards"), ("seed", "config.seed")):
+      saved, mine = state.get(key, getattr(self, "_" + key)), getattr(self, "_" + key)
+      if int(saved) != mine:
+        raise ValueError(f"data iterator state was saved with {key}={saved} but this run has "
+                         f"{mine}; set {where}={saved} to resume the same data order")
     if "examples_per_shard" not in state:
       raise ValueError(f"data iterator state {state} lacks 'examples_per_shard'")
     self._consumed = int(state["examples_per_shard"])

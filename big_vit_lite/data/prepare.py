@@ -1,4 +1,7 @@
-"""python -m big_vit_lite.data.prepare NAME [--data_dir=D] [--manual_dir=M] [--source=auto|offline|download]
+"""Builds tfds datasets, offline where the sources are on the machine.
+
+  python -m big_vit_lite.data.prepare NAME [--data_dir=D] [--manual_dir=M]
+                                           [--source=auto|offline|download]
 
 Builds a tfds dataset into D (default: $TFDS_DATA_DIR, else ~/tensorflow_datasets):
   fashion_mnist  from the Debian package files when they are on the machine
@@ -10,7 +13,6 @@ Builds a tfds dataset into D (default: $TFDS_DATA_DIR, else ~/tensorflow_dataset
 Sources: scripts/fetch_offline_sources.sh installs them; offline_sources.py
 says where they are looked for. Re-running on a prepared dataset is a no-op.
 """
-import os
 import sys
 import time
 

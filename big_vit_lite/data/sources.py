@@ -12,7 +12,8 @@ import os
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from big_vit_lite.data import builders  # noqa: F401  (registers mnist10k, animal_mnist, imagenet21k)
+# Registers mnist10k, animal_mnist and imagenet21k with tfds.
+from big_vit_lite.data import builders  # noqa: F401
 
 # Names `python -m big_vit_lite.data.prepare` knows how to build offline.
 OFFLINE_DATASETS = ("fashion_mnist", "mnist10k", "animal_mnist")
@@ -67,7 +68,7 @@ def _make_source(data_cfg):
 
 def _tfds_is_mocked():
   """True inside `tfds.testing.mock_data` (which fakes as_dataset, not the files)."""
-  reader = tfds.core.dataset_builder.FileReaderBuilder._as_dataset  # pylint: disable=protected-access
+  reader = tfds.core.dataset_builder.FileReaderBuilder._as_dataset  # pylint: disable=W0212
   return getattr(reader, "__module__", "").startswith("tensorflow_datasets.testing")
 
 

@@ -106,61 +106,47 @@ def select_batches(local_batches, wanted, local_batch_size, num_batches, keys):
       to the integer id to tag it with; only these rows are kept.
     local_batch_size: rows per emitted batch.
     num_batches: how many batches to emit (the same on every process, so
-      collective steps stay matched); padding batches have `_mask` False.
+      the collective steps of all processes stay matched).
     keys: which keys to keep besides "_mask".
 
-  Yields batches of exactly `local_batch_size` rows with an extra "_id".
+  Yields `num_batches` batches of exactly `local_batch_size` rows, with an
+  extra int64 "_id"; unfilled rows are zeros with `_mask` False.
   """
-  buf = {k: [] for k in keys}
-  ids = []
-  emitted = 0
-  position = 0
-  template = None
+  rows, ids = [], []
+  emitted, position, template = 0, 0, None
 
-  def flush(n_rows):
-    batch = {}
-    for k in keys:
-      rows = buf[k][:n_rows]
-      del buf[k][:n_rows]
-      batch[k] = np.stack(rows) if rows else None
-    rows_ids = ids[:n_rows]
-    del ids[:n_rows]
-    return _pad_batch(batch, np.asarray(rows_ids, np.int64), local_batch_size)
+  def make(chunk_rows, chunk_ids):
+    batch = {k: np.zeros((local_batch_size, *template[k].shape), template[k].dtype)
+             for k in keys}
+    for j, row in enumerate(chunk_rows):
+      for k in keys:
+        batch[k][j] = row[k]
+    n = len(chunk_ids)
+    batch["_mask"] = np.arange(local_batch_size) < n
+    batch["_id"] = np.zeros((local_batch_size,), np.int64)
+    batch["_id"][:n] = chunk_ids
+    return batch
 
   for local in local_batches:
+    if template is None:  # Shapes and dtypes of one row, for the zero rows.
+      template = {k: np.asarray(local[k][0]) for k in keys}
     mask = np.asarray(local["_mask"]).astype(bool)
-    for i in range(mask.shape[0]):
-      pos = position + i
-      if mask[i] and pos in wanted:
-        for k in keys:
-          buf[k].append(np.asarray(local[k][i]))
-        ids.append(wanted[pos])
+    for i in np.flatnonzero(mask):
+      gid = wanted.get(position + int(i))
+      if gid is not None:
+        rows.append({k: local[k][i] for k in keys})
+        ids.append(gid)
     position += mask.shape[0]
-    # Template for the padding batches: shapes and dtypes of one real row.
-    template = {k: np.asarray(local[k][0]) for k in keys}
     while len(ids) >= local_batch_size:
-      yield flush(local_batch_size)
+      yield make(rows[:local_batch_size], ids[:local_batch_size])
+      del rows[:local_batch_size], ids[:local_batch_size]
       emitted += 1
   if template is None:
     raise ValueError("The eval data yielded no batches; check its split name and size.")
   if emitted + (1 if ids else 0) > num_batches:
-    raise RuntimeError("select_batches: more selected rows than planned batches.")
+    raise RuntimeError(f"select_batches: {emitted} full batches + {len(ids)} rows exceed the "
+                       f"{num_batches} planned batches.")
   while emitted < num_batches:
-    batch = flush(len(ids)) if ids else _pad_batch(
-        {k: None for k in keys}, np.zeros((0,), np.int64), local_batch_size)
-    for k in keys:  # Fill in empty padding batches from the template.
-      if batch[k] is None:
-        batch[k] = np.zeros((local_batch_size, *template[k].shape), template[k].dtype)
-    yield batch
+    yield make(rows, ids)
+    rows, ids = [], []
     emitted += 1
-
-
-def _pad_batch(batch, ids, size):
-  n = ids.shape[0]
-  out = {"_mask": np.arange(size) < n, "_id": np.pad(ids, (0, size - n))}
-  for k, v in batch.items():
-    if v is None:
-      out[k] = None
-    else:
-      out[k] = np.concatenate([v, np.zeros((size - n, *v.shape[1:]), v.dtype)])
-  return out

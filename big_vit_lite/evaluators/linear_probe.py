@@ -70,27 +70,30 @@ class Evaluator:
     """Returns (test accuracy, chosen l2) for host features."""
     standardize = ridge.Standardizer.fit(x_train)
     x_train, x_test = standardize(x_train), standardize(x_test)
-    fit = lambda x, y, l2s: logistic.fit(
-        x, y, num_classes, l2s, mesh=self.mesh, batch_axes=_batch_axes(self.mesh),
-        max_iter=self.max_iter)
-    if len(self.l2_regs) == 1:
-      best = self.l2_regs[0]
-    else:
-      perm = np.random.default_rng(self.seed).permutation(len(y_train))
-      n_hold = max(1, int(round(self.holdout_fraction * len(y_train))))
-      hold, keep = perm[:n_hold], perm[n_hold:]
-      kernels, biases, _ = fit(x_train[keep], y_train[keep], self.l2_regs)
+    n = len(y_train)
+    # Both fits use all rows with 0/1 weights (same shapes: one compilation),
+    # every l2 value at once.
+    fit = lambda weights: logistic.fit(
+        x_train, y_train, num_classes, self.l2_regs, weights=weights, mesh=self.mesh,
+        batch_axes=_batch_axes(self.mesh), max_iter=self.max_iter)
+    best = 0
+    if len(self.l2_regs) > 1:
+      hold = np.random.default_rng(self.seed).permutation(n)[
+          :max(1, int(round(self.holdout_fraction * n)))]
+      weights = np.ones((n,), np.float32)
+      weights[hold] = 0.0
+      kernels, biases, _ = fit(weights)
       accs = [logistic.accuracy(k, b, x_train[hold], y_train[hold])
               for k, b in zip(kernels, biases)]
       # Ties go to the larger penalty (the smoother model).
-      best = max(zip(accs, self.l2_regs))[1]
+      best = max(range(len(accs)), key=lambda i: (accs[i], self.l2_regs[i]))
       logging.info("linear probe holdout accuracy per l2: %s",
                    dict(zip(self.l2_regs, accs)))
-    kernels, biases, iters = fit(x_train, y_train, [best])
-    acc = logistic.accuracy(kernels[0], biases[0], x_test, y_test)
+    kernels, biases, iters = fit(None)
+    acc = logistic.accuracy(kernels[best], biases[best], x_test, y_test)
     logging.info("linear probe: l2=%g, %d L-BFGS iterations, test accuracy %.4f",
-                 best, int(iters[0]), acc)
-    return acc, best
+                 self.l2_regs[best], int(iters[best]), acc)
+    return acc, self.l2_regs[best]
 
   def run(self, params):
     cache = self._cache.check(params)

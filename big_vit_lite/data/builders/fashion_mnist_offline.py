@@ -11,7 +11,6 @@ import gzip
 import os
 
 import numpy as np
-import tensorflow_datasets as tfds
 from tensorflow_datasets.image_classification import mnist as tfds_mnist
 
 from big_vit_lite.data import offline_sources

@@ -28,8 +28,9 @@ import tarfile
 
 import tensorflow_datasets as tfds
 
+from big_vit_lite.data import image_check
+
 _SYNSET = re.compile(r"^(n\d{8})(\.tar)?$")
-_IMAGE_MAGIC = (b"\xff\xd8", b"\x89PNG")  # JPEG; a few ImageNet "JPEGs" are PNG
 
 log = logging.getLogger(__name__)
 
@@ -136,9 +137,10 @@ class Imagenet21k(tfds.core.GeneratorBasedBuilder):
     for synset, name, data in iter_images(manual_dir):
       if synset not in synsets:
         continue
-      if not data.startswith(_IMAGE_MAGIC):
+      problem = image_check.bytes_problem(data)
+      if problem:  # checked here: a bad image in the records would stop training
         skipped += 1
-        log.warning("imagenet21k: skipping %s/%s (not a JPEG/PNG)", synset, name)
+        log.warning("imagenet21k: skipping %s/%s (%s)", synset, name, problem)
         continue
       # Stored as downloaded (no re-encode); the pp decode ops read JPEG,
       # CMYK JPEG and PNG alike.

@@ -1,7 +1,9 @@
 """The preprocessing language: `get_preprocess_fn("decode|flip_lr|...")`.
 
-Ops live in ops_general (keys, labels), ops_image (decode, crops, resizes,
-flips, value ranges) and randaug; importing this package registers them all.
+Syntax: ops separated by "|" (so no "|" inside string arguments), each
+`name` or `name(literal args, key=literal)`. Ops live in ops_general (keys,
+labels), ops_image (decode, crops, resizes, flips, value ranges) and
+randaug; importing this package registers them all.
 """
 import tensorflow as tf
 

@@ -142,14 +142,23 @@ def get_randaug(num_layers=2, magnitude=10, key="image"):
     if image.dtype != tf.uint8 or image.shape.rank != 3 or image.shape[-1] not in (None, 3):
       raise ValueError(f"randaug needs uint8 RGB images [H, W, 3] (decode(channels=3) "
                        f"or to_rgb before it), got {image.dtype} {image.shape}")
-    for _ in range(num_layers):
-      data, seed = take_seed(data, "randaug")
-      u = tf.random.stateless_uniform([2], seed)
+    data, seed = take_seed(data, "randaug")
+    level_t = tf.constant(level, tf.float32)
+
+    def layer(i, img):
+      # A while_loop, not a Python loop: the 16-branch graph is built once
+      # whatever num_layers is (building it dominates pipeline start-up).
+      layer_seed = tf.random.experimental.stateless_fold_in(seed, i)
+      u = tf.random.stateless_uniform([2], layer_seed)
       index = tf.minimum(tf.cast(u[0] * NUM_OPS, tf.int32), NUM_OPS - 1)
       sign = tf.where(u[1] < 0.5, -1.0, 1.0)
-      image = tf.switch_case(index, _ops(image, tf.constant(level, tf.float32), sign,
-                                         tf.random.experimental.stateless_fold_in(seed, 1)))
-      image = tf.ensure_shape(image, data[key].shape)
+      op_seed = tf.random.experimental.stateless_fold_in(layer_seed, 1)
+      out = tf.switch_case(index, _ops(img, level_t, sign, op_seed))
+      return i + 1, tf.ensure_shape(out, [None, None, 3])
+
+    _, image = tf.while_loop(lambda i, _: i < num_layers, layer, [tf.constant(0), image],
+                             shape_invariants=[tf.TensorShape([]), tf.TensorShape([None, None, 3])])
+    image = tf.ensure_shape(image, data[key].shape)
     out = dict(data)
     out[key] = image
     return out

@@ -1,0 +1,142 @@
+"""big_vit_lite.plan: analytic memory/FLOPs per device vs XLA's compiled memory analysis."""
+import json
+import os
+import subprocess
+import sys
+
+import ml_collections
+import pytest
+
+from big_vit_lite import plan
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+TINY_CONFIG = '''
+import ml_collections
+
+def get_config(arg=None):
+  c = ml_collections.ConfigDict()
+  c.total_steps = 10
+  c.input = dict(data=dict(name="fashion_mnist", split="train"), batch_size=32,
+                 pp="decode(channels=1)|value_range(-1, 1)|onehot(10, key='label', key_result='labels')")
+  c.model = dict(variant=None, width=64, depth=2, mlp_dim=256, num_heads=4, patch_size=4,
+                 num_classes=10, remat_policy=None, dtype_mm="float32")
+  c.optax_name = "scale_by_adam"
+  c.optax = dict()
+  c.lr = 1e-3
+  c.wd = 1e-4
+  c.schedule = dict(warmup_steps=2, decay_type="cosine")
+  c.mesh = [("data", -1)]
+  return c
+'''
+
+
+def _run_plan(*args, timeout=240):
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  env.pop("XLA_FLAGS", None)
+  return subprocess.run([sys.executable, "-m", "big_vit_lite.plan", *args], cwd=REPO, env=env,
+                        capture_output=True, text=True, timeout=timeout, check=False)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("mesh,dtype_mm", [("data:2,fsdp:2", "float32"),
+                                            ("fsdp:2,model:2", "bfloat16")])
+def test_plan_matches_compiled_memory_analysis(tmp_path, mesh, dtype_mm):
+  config = tmp_path / "tiny.py"
+  config.write_text(TINY_CONFIG)
+  proc = _run_plan(f"--config={config}", f"--mesh={mesh}", f"--config.model.dtype_mm={dtype_mm}",
+                   "--compile", "--json")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  p = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert p["res"] == 28 and p["tokens"] == 50 and p["devices"] == 4
+  assert p["local_batch"] == {"data:2,fsdp:2": 8, "fsdp:2,model:2": 16}[mesh]  # "model" splits no batch.
+
+  # Arguments of the step = params + optimizer state + the batch shard: exact shapes.
+  args = p["params_bytes_per_device"] + p["opt_bytes_per_device"] + p["batch_bytes_per_device"]
+  assert args == pytest.approx(p["compiled_argument_bytes"], rel=0.01)
+  # Temporaries = gradients + activations + gathered weights: the analytic formulas.
+  temp = (p["grad_bytes_per_device"] + p["act_bytes_per_device"]
+          + p["fsdp_gather_bytes_per_device"])
+  assert temp == pytest.approx(p["compiled_temp_bytes"], rel=0.10)
+  assert p["total_bytes_per_device"] == pytest.approx(p["compiled_peak_bytes"], rel=0.10)
+  # FLOPs: the analytic count is matmuls only (the MFU convention); XLA's also counts
+  # elementwise ops, LayerNorm/softmax and, with a "model" axis, work replicated across it.
+  ratio = p["hw_flops_per_step"] / p["devices"] / p["compiled_flops_per_device"]
+  assert 0.8 <= ratio <= 1.0, ratio
+  # The human-readable report comes first.
+  assert "fits: yes" in proc.stdout and "optimizer state" in proc.stdout
+
+
+def _big_config(variant, batch, *, remat="nothing_saveable", dtype_mm="bfloat16"):
+  c = ml_collections.ConfigDict()
+  c.total_steps = 1000
+  c.input = dict(data=dict(name="imagenet2012", split="train"), batch_size=batch,
+                 pp="decode_jpeg_and_inception_crop(224)|flip_lr|value_range(-1, 1)")
+  c.model = dict(variant=variant, num_classes=1000, remat_policy=remat, dtype_mm=dtype_mm,
+                 scan=True)
+  c.optax_name = "scale_by_adam"
+  c.optax = dict(mu_dtype="bfloat16")
+  c.lr = 1e-3
+  c.wd = 1e-4
+  c.schedule = dict(warmup_steps=100, decay_type="cosine")
+  return c
+
+
+@pytest.mark.timeout(120)
+def test_plan_big_variants_on_a_v4_256_slice():
+  mesh = plan.parse_mesh("data:64,fsdp:4")
+  expected_params = {"L/16": 304.3e6, "H/14": 632.0e6, "g/14": 1011.0e6}  # ViT / scaling papers.
+  for variant, n in expected_params.items():
+    p = plan.plan(_big_config(variant, 4096), mesh, "tpu_v4")
+    assert p["num_params"] == pytest.approx(n, rel=0.01), variant
+    # embed is FSDP-sharded 4 ways, data replicates: a quarter of the f32 params per device
+    # (only tiny 1-D params not named "embed" stay whole).
+    assert p["params_bytes_per_device"] == pytest.approx(4 * n / 4, rel=0.02), variant
+    # Adam: mu in bfloat16, nu in float32 -> 1.5x the params.
+    assert p["opt_bytes_per_device"] == pytest.approx(1.5 * p["params_bytes_per_device"], rel=0.02)
+    assert p["fits"], (variant, p["total_bytes_per_device"])
+    assert 0 < p["mfu_bound"] <= 1
+    for key in ("params_bytes_per_device", "opt_bytes_per_device", "act_bytes_per_device",
+                "flops_per_step", "fits"):
+      assert key in p
+
+
+@pytest.mark.timeout(120)
+def test_plan_says_when_it_does_not_fit():
+  # ViT-g/14 data-parallel only on 16 GiB v5e chips: 4 GiB params + 6 GiB Adam + 4 GiB grads.
+  p = plan.plan(_big_config("g/14", 256 * 16), plan.parse_mesh("data:256"), "tpu_v5e")
+  assert not p["fits"]
+  # The same with FSDP over 16 chips fits.
+  p = plan.plan(_big_config("g/14", 256 * 16), plan.parse_mesh("data:16,fsdp:16"), "tpu_v5e")
+  assert p["fits"], p["total_bytes_per_device"]
+
+
+def test_flops_match_the_literature():
+  # ViT-B/16 at 224: 17.58 GMACs forward (timm's table); model FLOPs/step = 3 x 2 x MACs x batch.
+  arch = dict(width=768, depth=12, mlp_dim=3072, num_heads=12, patch_size=16)
+  model, hw = plan.train_flops(arch, batch=10, res=224, num_classes=1000, tokens=197, remat=True)
+  assert model / (3 * 2 * 10) == pytest.approx(17.58e9, rel=0.01)
+  assert hw > model  # Remat recomputes the forward of every block.
+
+
+def test_activations_shrink_with_remat_and_tensor_parallelism():
+  arch = dict(width=1024, depth=24, mlp_dim=4096, num_heads=16, patch_size=16)
+  kw = dict(local_batch=16, tokens=197, mm_bytes=2)
+  full = plan.activation_bytes(arch, remat=False, **kw)
+  remat = plan.activation_bytes(arch, remat=True, **kw)
+  tp = plan.activation_bytes(arch, remat=False, tp=4, **kw)
+  assert remat < full / 5 and tp < full
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("args,message", [
+    (["--mesh=data:3,xyz:2"], "--mesh="),
+    (["--mesh=data:5"], "not divisible"),
+    (["--mesh=data:2", "--device=tpu_v9"], "tpu_v9"),
+])
+def test_plan_errors_are_one_line(tmp_path, args, message):
+  config = tmp_path / "tiny.py"
+  config.write_text(TINY_CONFIG)
+  proc = _run_plan(f"--config={config}", *args)
+  assert proc.returncode != 0
+  assert message in proc.stderr.strip().splitlines()[-1], proc.stderr[-2000:]
