@@ -208,6 +208,8 @@ def format_table(results):
 
 def evaluate(config, workdir):
   """Runs every evaluator of `config.evals` on `config.model_init`; returns {name: results}."""
+  from big_vit_lite import distributed  # pylint: disable=g-import-not-at-top
+  distributed.initialize()  # Multi-process runs (launch/local.sh, pods): before any backend use.
   cfg = config_loading.TrackedConfig(config)
   src = cfg.get("model_init")
   if not src:
@@ -266,7 +268,7 @@ def main(argv):
   except (ValueError, config_loading.UnreadConfigKeyError) as e:
     # One line on stderr and a non-zero exit; the full traceback only at -v 1.
     logging.debug("evaluate failed", exc_info=True)
-    print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+    print(f"big_vit_lite.evaluate: error: {' '.join(str(e).split())}", file=sys.stderr)
     sys.exit(1)
   if jax.process_index() == 0:
     print(format_table(results))

@@ -27,9 +27,9 @@ Parameter names are "/"-joined paths, e.g. "Transformer/encoderblock_0/MlpBlock_
 """
 import re
 
+from absl import logging
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
 from big_vit_lite import config_loading
@@ -80,7 +80,12 @@ def make_schedule(sched, *, total_steps, steps_per_epoch=None, batch_size=None):
   end = 0.0 if end is None else float(end)
   timescale = float(sched.get("timescale", 10_000))
   if warmup + cooldown > total_steps:
-    raise ValueError(f"warmup ({warmup}) + cooldown ({cooldown}) steps exceed total_steps ({total_steps}).")
+    # Quick runs (--config.total_steps=N) shorten a config: scale the phases down
+    # rather than refuse, but say so.
+    scale = total_steps / (warmup + cooldown)
+    logging.warning("warmup (%d) + cooldown (%d) steps exceed total_steps (%d): scaling them "
+                    "by %.3f.", warmup, cooldown, total_steps, scale)
+    warmup, cooldown = int(warmup * scale), int(cooldown * scale)
   if decay_type not in ("cosine", "linear", "rsqrt", "constant"):
     raise ValueError(f"Unknown schedule decay_type '{decay_type}': use cosine, linear, rsqrt or constant.")
 

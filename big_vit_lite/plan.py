@@ -13,7 +13,9 @@ backward, optimizer update, state donated) against abstract inputs on simulated 
 subprocess (so any mesh size works on one machine) and prints XLA's memory analysis and FLOPs
 next to the analytic ones. That is what tests/test_plan.py checks the formulas against. It takes
 seconds for small models and minutes for ViT-g; the compiled CPU program is a proxy for the
-accelerator's (other fusion and scheduling), good to ~10-20%.
+accelerator's (other fusion and scheduling), good to ~10-20%. One known gap: XLA's CPU
+scheduler hoists remat's recomputation, so with remat on, the CPU-compiled temporaries are
+those of a run without remat (the analytic figure is what a TPU/GPU scheduler achieves).
 
 With --json the last line is one JSON object: params_bytes_per_device, opt_bytes_per_device,
 grad_bytes_per_device, act_bytes_per_device, total_bytes_per_device, hbm_bytes, fits,
@@ -202,7 +204,8 @@ def _opt_bytes_per_device(params, opt_state, param_specs, mesh) -> int:
 
 
 def activation_bytes(arch: dict, *, local_batch: int, tokens: int, remat: bool, mm_bytes: int,
-                     tp: int = 1, num_classes: int = 0, image_numel: int = 0) -> int:
+                     tp: int = 1, num_classes: int = 0, image_numel: int = 0,
+                     dropout: bool = False) -> int:
   """Peak bytes of activations kept for the backward pass on one device.
 
   Per block and example, with T tokens, width D, MLP width M and H heads (M and H divided by the
@@ -210,7 +213,9 @@ def activation_bytes(arch: dict, *, local_batch: int, tokens: int, remat: bool, 
       T*D * (3.4 x 4 B + 2 x mm B)      LayerNorm in/outs, residuals; q/k/v/attention output
     + T*M * (1.9 x 4 B + 1.85 x mm B)   MLP hidden before/after GELU and GELU's intermediates
     + H*T^2 * 1.85 x 4 B                attention logits and probabilities (f32)
-  (mm B = bytes of the matmul dtype). The coefficients are fitted to XLA's compiled memory
+  (mm B = bytes of the matmul dtype), and with dropout another 8 B per element of the three
+  dropped tensors (MLP hidden, attention and MLP outputs: random bits and the mask).
+  The coefficients are fitted to XLA's compiled memory
   analysis without remat (tests/test_plan.py checks them to 10%); a by-hand count of the tensors
   backward needs gives 6/4, 2, 1 copies, so they are in the right place.
   With remat (a policy that saves nothing inside a block, e.g. nothing_saveable) only each
@@ -222,6 +227,8 @@ def activation_bytes(arch: dict, *, local_batch: int, tokens: int, remat: bool, 
   m, h = arch["mlp_dim"] / tp, max(1, arch["num_heads"] // tp)
   per_block = (t * d * (3.4 * 4 + 2 * mm_bytes) + t * m * (1.9 * 4 + 1.85 * mm_bytes)
                + 1.85 * 4 * h * t * t)
+  if dropout:
+    per_block += 8 * (t * m + 2 * t * d)
   if remat:
     per_example = arch["depth"] * t * d * 4 + per_block
   else:
@@ -282,7 +289,7 @@ def plan(config, mesh: dict, device: str, res: int | None = None) -> dict:
   opt_b = _opt_bytes_per_device(params, opt_state, param_specs, mesh)
   act_b = activation_bytes(arch, local_batch=batch // dp, tokens=tokens, remat=remat,
                            mm_bytes=mm_bytes, tp=tp, num_classes=num_classes,
-                           image_numel=res * res * channels)
+                           image_numel=res * res * channels, dropout=model.dropout > 0)
   batch_b = batch // dp * (res * res * channels + num_classes) * 4
   # FSDP: weights are all-gathered (full size / tp) before use. Without remat XLA keeps the
   # gathered copies of all blocks alive from forward to backward (it reuses them rather than
@@ -365,7 +372,9 @@ def compiled_stats(config, mesh: dict, res: int) -> dict:
     params, opt_state = state
 
     def loss_fn(p):
-      logits, _ = model.apply({"params": p}, images, train=True)
+      # A fixed key: dropout/drop-path only need *a* key for the shapes to be right.
+      logits, _ = model.apply({"params": p}, images, train=True,
+                              rngs={"dropout": jax.random.PRNGKey(0)})
       return optax.softmax_cross_entropy(logits, labels).mean()
 
     loss, grads = jax.value_and_grad(loss_fn)(params)
@@ -406,8 +415,9 @@ def compiled_stats_subprocess(config_arg: str, overrides: list[str], mesh: dict,
          f"--mesh={mesh_str}", f"--res={res}", "--compiled_only", "--json"]
   proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s, check=False)
   if proc.returncode != 0:
-    tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["(no output)"]
-    raise RuntimeError(f"compiling the step on {n_dev} simulated CPU devices failed: {tail[0]}")
+    lines = (proc.stderr or proc.stdout).strip().splitlines()
+    errors = [l for l in lines if "Error" in l or l.startswith("plan:")] or lines[-1:] or ["?"]
+    raise ValueError(f"compiling the step on {n_dev} simulated CPU devices failed: {errors[-1]}")
   return json.loads(proc.stdout.strip().splitlines()[-1])
 
 

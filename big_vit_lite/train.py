@@ -13,7 +13,8 @@ the data iterator's position, and every random number is a function of
 (seed, step).
 """
 import functools
-import json
+import importlib
+import logging as py_logging
 import math
 import os
 import sys
@@ -24,15 +25,20 @@ from absl import logging
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
+from jax.experimental import multihost_utils
 import optax
 
 from big_vit_lite import checkpoint as ckpt_lib
 from big_vit_lite import config_loading
+from big_vit_lite import distributed
+from big_vit_lite import evaluators as evaluators_lib
 from big_vit_lite import losses
 from big_vit_lite import metrics as metrics_lib
 from big_vit_lite import optim
 from big_vit_lite import sharding
+from big_vit_lite.data import device as device_lib
+from big_vit_lite.data import input_pipeline
+from big_vit_lite.data import mixup as mixup_lib
 
 _CONFIG = config_loading.define_config_flag()
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and logs.")
@@ -43,7 +49,6 @@ class TrainingError(RuntimeError):
 
 
 def _model_module(name):
-  import importlib  # pylint: disable=g-import-not-at-top
   try:
     return importlib.import_module(f"big_vit_lite.models.{name}")
   except ModuleNotFoundError as e:
@@ -62,14 +67,11 @@ def _host_copy(tree):
   """Global arrays -> host numpy (all processes get the full values)."""
   if all(x.is_fully_addressable for x in jax.tree.leaves(tree)):
     return jax.device_get(tree)
-  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
   return multihost_utils.process_allgather(tree, tiled=True)
 
 
 def _quiet_library_logs():
   """Orbax logs every file it writes at INFO level: keep its warnings only."""
-  import logging as py_logging  # pylint: disable=g-import-not-at-top
-
   class _Filter(py_logging.Filter):
     def filter(self, record):
       return record.levelno >= py_logging.WARNING or "/orbax/" not in record.pathname
@@ -94,7 +96,6 @@ def main(argv):
 def train(raw_config, workdir):
   """The training job; returns the final (global) params."""
   # ------------------------------------------------------------------ setup
-  from big_vit_lite import distributed  # pylint: disable=g-import-not-at-top
   distributed.initialize()  # Before anything touches a backend.
   config = config_loading.TrackedConfig(raw_config)
   workdir = os.path.abspath(workdir)
@@ -117,8 +118,6 @@ def train(raw_config, workdir):
   batch_sh = sharding.batch_sharding(mesh)
 
   # ------------------------------------------------------------------ input
-  from big_vit_lite.data import device as device_lib  # pylint: disable=g-import-not-at-top
-  from big_vit_lite.data import input_pipeline  # pylint: disable=g-import-not-at-top
   input_cfg = config.consume("input")
   if input_cfg is None:
     raise ValueError("The config needs an `input` dict (data, batch_size, pp).")
@@ -271,6 +270,7 @@ def train(raw_config, workdir):
     preemption = ckpt_lib.PreemptionWatcher()
     guard = distributed.HangGuard.from_env(timeout_s=hang_timeout)
     last_saved = resume_step
+    tracing = False
     pending_loss = None  # (step, loss array): checked one step late to keep the pipeline full.
 
     def check_finite(step, loss):
@@ -311,6 +311,7 @@ def train(raw_config, workdir):
     while step < total_steps:
       if profile and step == profile[0]:
         jax.profiler.start_trace(os.path.join(workdir, "profile"))
+        tracing = True
       # Implicit host<->device copies in the hot loop are bugs (hidden syncs,
       # per-step transfers): fail loudly instead. Explicit ones are fine.
       with jax.transfer_guard("disallow"):
@@ -319,8 +320,10 @@ def train(raw_config, workdir):
       data_state = batches.get_state()
       step += 1
       guard.tick(step)
-      if profile and step == profile[0] + profile[1]:
+      if tracing and (step == profile[0] + profile[1] or step == total_steps):
         jax.profiler.stop_trace()
+        tracing = False
+        logging.info("Wrote a profile of steps %d..%d to %s/profile", profile[0] + 1, step, workdir)
       if pending_loss is not None:
         check_finite(*pending_loss)
       pending_loss = (step, measured["training_loss"])
@@ -369,21 +372,19 @@ def _make_mixup(mixup_cfg):
   """
   if not mixup_cfg:
     return None
-  from big_vit_lite.data import mixup  # pylint: disable=g-import-not-at-top
   kw = mixup_cfg.to_dict() if hasattr(mixup_cfg, "to_dict") else dict(mixup_cfg)
   if "p" in kw:
     kw["mixup_alpha"] = kw.pop("p")
   try:
-    functools.partial(mixup.mixup_or_cutmix, **kw)(  # Checks the keys now, not in the step.
+    functools.partial(mixup_lib.mixup_or_cutmix, **kw)(  # Checks the keys now, not in the step.
         jax.random.PRNGKey(0), jnp.zeros((2, 1, 1, 1)), jnp.zeros((2, 2)))
   except TypeError as e:
     raise ValueError(f"config.mixup: {e}") from None
-  return functools.partial(mixup.mixup_or_cutmix, **kw)
+  return functools.partial(mixup_lib.mixup_or_cutmix, **kw)
 
 
 def _make_evaluators(config, model, mesh, **dur):
   """{name: (Evaluator, every_n_steps)} from config.evals."""
-  from big_vit_lite import evaluators as evaluators_lib  # pylint: disable=g-import-not-at-top
   evals_cfg = config.get("evals", None)
   if evals_cfg is None:
     return {}

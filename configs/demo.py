@@ -45,12 +45,12 @@ def get_config(arg=None):
   # 28x28 images, 7x7 patches -> 16 tokens: on CPU attention over many short
   # heads is slow, so few tokens and a moderately wide model train fastest.
   config.model_name = "vit"
-  config.model = dict(variant=None, width=192, depth=6, mlp_dim=768, num_heads=3,
+  config.model = dict(variant=None, width=128, depth=4, mlp_dim=512, num_heads=2,
                       patch_size=7, posemb="learn", pool_type="gap", num_classes=10,
                       remat_policy=None)
   config.loss = "softmax_xent"
 
-  config.total_steps = 7000
+  config.total_steps = 5600  # ~12 epochs.
   config.total_epochs = None
   config.optax_name = "scale_by_adam"
   config.optax = dict(b1=0.9, b2=0.999)
@@ -66,13 +66,13 @@ def get_config(arg=None):
   config.evals = ml_collections.ConfigDict()
   config.evals.val = dict(
       type="classification", data=dict(name="fashion_mnist", split="test", data_dir=None),
-      pp=EVAL_PP, batch_size=500, log_steps=3500)
+      pp=EVAL_PP, batch_size=500, log_steps=1400)
   # The ViT paper's few-shot linear probe on the other offline datasets.
   config.evals.fewshot = dict(
       type="fewshot", datasets=dict(mnist10k=dict(name="mnist10k"),
                                     animal_mnist=dict(name="animal_mnist")),
       pp="decode(channels=1)|value_range(-1, 1)|keep('image', 'label')",
-      shots=(10,), num_seeds=3, batch_size=500, log_steps=7000)
+      shots=(10,), num_seeds=3, batch_size=500, log_steps=5600)
 
   if runlocal:
     config.input.batch_size = 32

@@ -33,6 +33,11 @@ def _fake_release(manual_dir, synsets, per_class=3):
           Image.fromarray(rng.integers(0, 256, (20, 30, 3), dtype=np.uint8)).save(jpg, "JPEG")
           _add(inner, f"{s}_{i}.JPEG", jpg.getvalue())
         _add(inner, f"{s}_broken.JPEG", b"<html>not an image</html>")
+        if s == synsets[0]:  # a PNG posing as JPEG (ImageNet has some) and a truncated JPEG
+          png = io.BytesIO()
+          Image.fromarray(rng.integers(0, 256, (9, 9), dtype=np.uint8)).save(png, "PNG")
+          _add(inner, f"{s}_png.JPEG", png.getvalue())
+          _add(inner, f"{s}_cut.JPEG", jpg.getvalue()[:200])
       _add(outer, f"winter21_whole/{s}.tar", buf.getvalue())
 
 
@@ -41,7 +46,8 @@ def test_imagenet21k_builds_from_release_tars(tmp_path):
   synsets = ["n00000003", "n00000001", "n00000002"]
   _fake_release(manual, synsets)
   builder, _ = prepare.prepare("imagenet21k/custom", data_dir, manual_dir=manual)
-  assert builder.info.splits["full"].num_examples == 9  # the 3 broken files skipped
+  # 3 per class + the PNG; the 3 non-images and the truncated JPEG skipped.
+  assert builder.info.splits["full"].num_examples == 10
   reread = tfds.builder("imagenet21k/custom", data_dir=data_dir)
   assert reread.info.features["label"].names == sorted(synsets)
   batches = list(ip.make_eval_iterator(

@@ -75,3 +75,11 @@ def test_imagefolder_trains_with_augmentation(folder):
 def test_imagefolder_missing_split_is_one_line(folder):
   with pytest.raises(ValueError, match="no folder .*test"):
     ip.get_num_examples(dict(name="imagefolder", data_dir=folder, split="test"))
+
+
+def test_images_of_different_sizes_without_resize_say_what_to_do(folder):
+  it = ip.make_train_iterator(dict(
+      data=dict(name="imagefolder", data_dir=folder, split="train"), batch_size=7,
+      pp="decode|keep('image', 'label')"), seed=0, process_index=0, process_count=1)
+  with pytest.raises(ValueError, match=r"different shapes.*resize"):
+    next(it)

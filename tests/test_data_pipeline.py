@@ -149,3 +149,20 @@ def test_config_errors_are_one_line(tiny, change, words):
 def test_missing_dataset_names_the_prepare_command(tmp_path):
   with pytest.raises(ValueError, match=r"python -m big_vit_lite.data.prepare mnist10k"):
     ip.get_num_examples(dict(name="mnist10k", split="train", data_dir=str(tmp_path)))
+
+
+def test_neighbouring_examples_do_not_share_augmentation_seeds(tiny):
+  # Two flips per example; rows of a batch are consecutive stream positions.
+  # Per-example seeds that were (hash, index) plus a per-op counter would make
+  # example i's 2nd flip equal example i+1's 1st flip every time.
+  pp = ("decode|copy('image', 'a')|copy('image', 'b')|flip_lr(key='a')|flip_lr(key='b')|"
+        "keep('image', 'a', 'b')")
+  it = ip.make_train_iterator(cfg(tiny, batch_size=128, pp=pp, shuffle_buffer_size=0), seed=0,
+                              process_index=0, process_count=1)
+  b = next(it)
+  flipped = lambda k: np.array([not np.array_equal(x, o) for x, o in zip(b[k], b["image"])])  # noqa: E731
+  symmetric = np.array([np.array_equal(o, o[:, ::-1]) for o in b["image"]])
+  fa, fb = flipped("a")[~symmetric], flipped("b")[~symmetric]
+  assert 0.2 < fa.mean() < 0.8 and 0.2 < fb.mean() < 0.8
+  assert np.mean(fb[:-1] == fa[1:]) < 0.8
+  assert np.mean(fa == fb) < 0.8  # the two ops of one example are independent too

@@ -94,7 +94,7 @@ def test_evaluate_errors_are_one_line(tiny_npz, tfds_data_dir, tmp_path):
               f"--config.model_init={src}"], tfds_data_dir, timeout=100)
     assert p.returncode != 0
     last = p.stderr.strip().splitlines()[-1]
-    assert last.startswith("error: ") and message in last, p.stderr[-2000:]
+    assert last.startswith("big_vit_lite.evaluate: error: ") and message in last, p.stderr[-2000:]
     assert "Traceback" not in p.stderr
 
 
@@ -120,3 +120,24 @@ def test_eval_configs_name_metrics_after_the_folder(tmp_path):
     load("fewshot.py", "shots=3")
   assert presets.parse_arg("runlocal,res=64", res=28, runlocal=False) == dict(
       res=64, runlocal=True)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_evaluate_two_processes_match_one(tiny_npz, tfds_data_dir, tmp_path):
+  # Each process reads its own part of every split; the few-shot samples are
+  # drawn from the labels of all processes and forwarded where they live.
+  # The numbers must not depend on the process count.
+  root = evaluator_fixtures.write_image_folder(str(tmp_path / "shapes3"))
+  args = ["big_vit_lite.evaluate", f"--config=configs/fewshot.py:channels=3,folder={root}",
+          "--config.evals.fewshot.batch_size=8", f"--config.model_init={tiny_npz}"]
+  one = _run(args + [f"--workdir={tmp_path / 'one'}"], tfds_data_dir, timeout=120)
+  assert one.returncode == 0, one.stderr[-3000:]
+  env = dict(os.environ, TFDS_DATA_DIR=tfds_data_dir, LOCAL_PREFIX_OUTPUT="0")
+  two = subprocess.run(["launch/local.sh", "2", "--", sys.executable, "-m", *args,
+                        f"--workdir={tmp_path / 'two'}"], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=200)
+  assert two.returncode == 0, two.stderr[-3000:]
+  (row1,), (row2,) = _metrics(str(tmp_path / "one")), _metrics(str(tmp_path / "two"))
+  assert row1 == row2
+  assert row1["fewshot/shapes3_10shot"] > 0.5

@@ -8,6 +8,7 @@ import pytest
 from big_vit_lite import sharding
 from big_vit_lite.data import input_pipeline
 from big_vit_lite.evaluators import classification
+from big_vit_lite.evaluators import features
 from big_vit_lite.evaluators import fewshot
 from big_vit_lite.evaluators import get_evaluator_cls
 from big_vit_lite.evaluators import linear_probe
@@ -185,11 +186,22 @@ def test_select_batches_keeps_wanted_rows_and_pads_to_the_planned_count():
              "label": np.arange(4 * b, 4 * b + 4),
              "_mask": np.array([True, True] + [b < 2] * 2)} for b in range(3)]
   wanted = {1: 101, 2: 102, 7: 107, 9: 109, 10: 110}  # 10 is a padding row: never taken
-  out = list(fewshot.feats.select_batches(stream, wanted, 3, 3, keys=("image", "label")))
+  out = list(features.select_batches(stream, wanted, 3, 3, keys=("image", "label")))
   assert len(out) == 3  # one full, one partial, one all-padding (another process needs it)
   assert [b["_mask"].tolist() for b in out] == [[True] * 3, [True, False, False], [False] * 3]
   assert out[0]["_id"].tolist() == [101, 102, 107]
   assert out[0]["label"].tolist() == [1, 2, 7] and out[1]["label"][0] == 9
   assert out[2]["image"].shape == (3, 1) and out[2]["image"].dtype == np.float32
   with pytest.raises(RuntimeError, match="planned"):
-    list(fewshot.feats.select_batches(stream, wanted, 1, 2, keys=("label",)))
+    list(features.select_batches(stream, wanted, 1, 2, keys=("label",)))
+
+
+def test_representation_pools_token_layers():
+  tokens = jnp.arange(24.0).reshape(2, 3, 4)
+  out = {"encoded": tokens, "pre_logits": tokens[:, 0]}
+  assert features.representation(None, out, "pre_logits").shape == (2, 4)
+  np.testing.assert_allclose(features.representation(None, out, "encoded"), tokens.mean(1))
+  flat = features.representation(None, out, "encoded", token_pool="flatten")
+  np.testing.assert_allclose(flat, tokens.reshape(2, 12))
+  with pytest.raises(ValueError, match="token_pool"):
+    features.representation(None, out, "encoded", token_pool="max")

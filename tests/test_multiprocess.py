@@ -150,6 +150,42 @@ def _checkpoint_steps(workdir):
   return sorted(int(n) for n in os.listdir(d) if n.isdigit()) if os.path.isdir(d) else []
 
 
+# ----------------------------------------------------------------------------- environment
+
+def test_describe_environment():
+  from big_vit_lite import distributed
+  describe = distributed.describe_environment
+  assert describe({}) is None  # Plain single process.
+  local = {"JAX_COORDINATOR_ADDRESS": "127.0.0.1:1234", "JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "1"}
+  assert describe(local) == dict(coordinator_address="127.0.0.1:1234", num_processes=2, process_id=1)
+  assert describe(dict(local, JAX_NUM_PROCESSES="1", JAX_PROCESS_ID="0")) is None
+  assert describe(dict(local, BVL_DISTRIBUTED="off")) is None
+  slurm = {"SLURM_JOB_ID": "7", "SLURM_STEP_NODELIST": "n[1-2]", "SLURM_NTASKS": "16",
+           "SLURM_PROCID": "3", "SLURM_LOCALID": "3"}
+  assert describe(slurm) == {}  # jax's own SLURM detection.
+  assert describe(dict(slurm, SLURM_NTASKS="1")) is None
+  assert describe({"BVL_DISTRIBUTED": "auto"}) == {}
+  for bad, msg in ((dict(local, JAX_PROCESS_ID="2"), "JAX_PROCESS_ID < JAX_NUM_PROCESSES"),
+                   ({"JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "0"}, "needs all of"),
+                   (dict(local, JAX_NUM_PROCESSES="two"), "not an integer"),
+                   (dict(local, JAX_COORDINATOR_ADDRESS="localhost"), "HOST:PORT"),
+                   ({"BVL_DISTRIBUTED": "yes"}, "BVL_DISTRIBUTED")):
+    with pytest.raises(ValueError, match=msg):
+      describe(bad)
+
+
+def test_hang_guard_disabled_costs_nothing_and_ticks():
+  from big_vit_lite import distributed
+  guard = distributed.HangGuard(None)
+  assert not guard.enabled
+  guard.tick(3)
+  guard.stop()
+  with distributed.HangGuard(3600) as guard:  # Enabled: a watcher thread, stopped on exit.
+    assert guard.enabled
+    guard.tick(1)
+  assert not guard.enabled
+
+
 # ----------------------------------------------------------------------------- local.sh itself
 
 @pytest.mark.timeout(60)

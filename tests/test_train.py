@@ -6,6 +6,7 @@ Real subprocesses of `python -m big_vit_lite.train` on a tiny ViT
 import os
 import signal
 
+import numpy as np
 import pytest
 
 from big_vit_lite import checkpoint
@@ -103,3 +104,22 @@ def test_unread_config_key_is_a_one_line_error(tfds_data_dir, tmp_path):
   last = r.stderr.strip().splitlines()[-1]
   assert "'schedule.warmup_step'" in last and "nothing reads it" in last, last
   assert not os.path.exists(tmp_path / "w" / "checkpoints" / "12")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_model_init_from_another_run_with_dont_load(reference_run, tfds_data_dir, tmp_path):
+  ref_dir, _ = reference_run
+  workdir = str(tmp_path / "init")
+  # lr=0 and wd=0: the final params are exactly the initial ones.
+  r = run_train(tfds_data_dir, workdir, "--config.lr=0", "--config.wd=0", "--config.total_steps=2",
+                config=f"{TINY}:init={ref_dir}")
+  assert r.returncode == 0, r.stderr[-3000:]
+  src, _ = checkpoint.load_params(ref_dir)
+  got, _ = checkpoint.load_params(workdir)
+  np.testing.assert_array_equal(got["embedding"]["kernel"], src["embedding"]["kernel"])
+  np.testing.assert_array_equal(got["Transformer"]["encoder_norm"]["scale"],
+                                src["Transformer"]["encoder_norm"]["scale"])
+  # dont_load=["head/.*"]: the head keeps its (zero) init instead of the trained values.
+  assert not np.array_equal(got["head"]["kernel"], src["head"]["kernel"])
+  np.testing.assert_array_equal(got["head"]["kernel"], 0.0)

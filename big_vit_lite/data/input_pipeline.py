@@ -19,6 +19,7 @@ That skip still reads them: resuming late in a long epoch of a big tfds
 dataset costs a pass over that part of the shard's files (image folders skip
 for free: their raw records are indices).
 """
+import contextlib
 import logging
 import math
 
@@ -56,6 +57,12 @@ def _fold(seed, *values):
   return seed
 
 
+def _example_rng(seed2):
+  """A well-mixed [2] int64 seed: pp ops advance it by small counters (pp/rng.py),
+  so it must not be fold_in's [hash, index] (neighbours would share seeds)."""
+  return tf.random.stateless_uniform([2], seed=seed2, minval=None, maxval=None, dtype=tf.int64)
+
+
 def _int64_seed(seed2):
   """A scalar int64 from a [2] seed (for tf.data shuffle's `seed`)."""
   return tf.random.stateless_uniform([], seed=seed2, minval=None, maxval=None, dtype=tf.int64)
@@ -72,6 +79,24 @@ def _pp_map(source, pp_fn):
     data = pp_fn(data)
     return {k: v for k, v in data.items() if k != pp_lib.RNG_KEY}
   return fn
+
+
+@contextlib.contextmanager
+def _batching_hint():
+  """Turns tf's error for examples of different shapes into a one-line hint."""
+  try:
+    yield
+  except tf.errors.InvalidArgumentError as e:
+    if "batch" not in str(e) or "hape" not in str(e):
+      raise
+    raise ValueError("pp output has examples of different shapes, which cannot be batched: "
+                     "end the pp with ops giving a fixed size (e.g. resize(224) or "
+                     "inception_crop(224)); " + _shapes_detail(str(e))) from None
+
+
+def _shapes_detail(msg):
+  at = msg.find("Shapes are")
+  return " ".join((msg[at:] if at >= 0 else msg).split())[:160]
 
 
 def _options():
@@ -123,7 +148,8 @@ class TrainIterator:
   def __next__(self):
     if self._it is None:
       self._it = iter(self._build(self._consumed))
-    batch = next(self._it)
+    with _batching_hint():
+      batch = next(self._it)
     self._consumed += self._batch_per_shard
     return {k: v.numpy() if hasattr(v, "numpy") else v for k, v in batch.items()}
 
@@ -146,7 +172,7 @@ class TrainIterator:
         ds = source.raw(start, end, order_seed=_int64_seed(_fold(eseed, 1)))
       if buf and buf > 1:
         ds = ds.shuffle(buf, seed=_int64_seed(_fold(eseed, 2)), reshuffle_each_iteration=False)
-      return ds.enumerate().map(lambda i, rec: (_fold(eseed, 3, i), rec))
+      return ds.enumerate().map(lambda i, rec: (_example_rng(_fold(eseed, 3, i)), rec))
 
     ds = tf.data.Dataset.range(first_epoch, _MAX_EPOCHS).flat_map(epoch)
     ds = ds.skip(offset)  # raw records: skipping them costs reading, not decoding
@@ -226,7 +252,7 @@ class EvalIterable:
   def _examples(self, start, end):
     ds = self._source.raw(start, end).enumerate(start)
     fn = _pp_map(self._source, self._pp_fn)
-    ds = ds.map(lambda i, rec: fn(_fold(tf.constant([0, 1], tf.int64), i), rec),
+    ds = ds.map(lambda i, rec: fn(_example_rng(_fold(tf.constant([0, 1], tf.int64), i)), rec),
                 num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     return ds.map(lambda d: dict(d, _mask=tf.constant(True)))
 
@@ -241,7 +267,12 @@ class EvalIterable:
           lambda d: tf.nest.map_structure(tf.zeros_like, d))
       ds = ds.concatenate(zero.cache().repeat(pad))
     ds = ds.batch(self._local_batch).prefetch(tf.data.AUTOTUNE).with_options(_options())
-    for batch in ds:
+    it = iter(ds)
+    while True:
+      with _batching_hint():
+        batch = next(it, None)
+      if batch is None:
+        return
       yield {k: v.numpy() for k, v in batch.items()}
 
 

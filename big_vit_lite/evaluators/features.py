@@ -42,12 +42,20 @@ def map_batches(fn, params, local_batches, mesh, keys=None):
     yield to_host(pending)
 
 
-def representation(logits, out, layer):
+TOKEN_POOLS = ("mean", "flatten")
+
+
+def representation(logits, out, layer, token_pool="mean"):
   """The features named `layer` ("logits" or a key of the model's `out`) as (B, D).
 
-  Token-shaped intermediates (B, T, D) such as "encoded" or "block3" are
-  averaged over their token axes (global average pooling).
+  Token-shaped intermediates (B, T, D) such as "encoded" or "block03" are
+  reduced by `token_pool`: "mean" averages the tokens (global average
+  pooling); "flatten" concatenates them (B, T*D), which keeps where in the
+  image each feature is, what small images like digits need (averaging the
+  16 tokens of a 28x28 image throws the layout away).
   """
+  if token_pool not in TOKEN_POOLS:
+    raise ValueError(f"token_pool={token_pool!r} is not one of {TOKEN_POOLS}.")
   if layer == "logits":
     rep = logits
   elif layer in out:
@@ -56,7 +64,10 @@ def representation(logits, out, layer):
     raise ValueError(f"representation_layer={layer!r} is not an output of the model; "
                      f"choose one of {sorted(['logits', *out])}.")
   if rep.ndim > 2:
-    rep = rep.mean(axis=tuple(range(1, rep.ndim - 1)))
+    if token_pool == "mean":
+      rep = rep.mean(axis=tuple(range(1, rep.ndim - 1)))
+    else:
+      rep = rep.reshape(rep.shape[0], -1)
   return rep.astype(jnp.float32)
 
 
@@ -67,14 +78,16 @@ class FeatureExtractor:
   (e.g. "_id") are passed through so callers can tell examples apart.
   """
 
-  def __init__(self, predict_fn, mesh, layer="pre_logits"):
+  def __init__(self, predict_fn, mesh, layer="pre_logits", token_pool="mean"):
+    if token_pool not in TOKEN_POOLS:
+      raise ValueError(f"token_pool={token_pool!r} is not one of {TOKEN_POOLS}.")
     self.mesh = mesh
     self.layer = layer
 
     def features(params, batch):
       logits, out = predict_fn(params, batch["image"])
       rest = {k: v for k, v in batch.items() if k != "image"}
-      return {"feature": representation(logits, out, layer), **rest}
+      return {"feature": representation(logits, out, layer, token_pool), **rest}
 
     self._fn = jax.jit(features)
 

@@ -20,6 +20,9 @@ What differs from big_vision:
 Config (evals.NAME minus type/log_steps):
   datasets: {NAME: dict(name=TFDS_NAME, data_dir=None, [train_split], [test_split], [pp])}
   pp: preprocessing of both splits; must keep "image" and the integer label.
+  representation_layer: "pre_logits" (default), "logits" or any key of the
+    model's `out` ("encoded", "block03", ...); token_pool: "mean" or
+    "flatten" for token-shaped layers (see features.representation).
 """
 import math
 import weakref
@@ -98,8 +101,8 @@ class Evaluator:
 
   def __init__(self, predict_fn, *, mesh, datasets=None, pp=DEFAULT_PP,
                shots=(1, 5, 10, 25), num_seeds=5, representation_layer="pre_logits",
-               batch_size=256, l2_regs=ridge.DEFAULT_L2_REGS, label_key="label",
-               train_split="train", test_split="test"):
+               token_pool="mean", batch_size=256, l2_regs=ridge.DEFAULT_L2_REGS,
+               label_key="label", train_split="train", test_split="test"):
     self.mesh = mesh
     self.datasets = dataset_cfgs(DEFAULT_DATASETS if datasets is None else datasets,
                                  pp, train_split, test_split)
@@ -115,7 +118,8 @@ class Evaluator:
                        f"count {jax.process_count()}.")
     self.l2_regs = tuple(float(r) for r in l2_regs)
     self.label_key = label_key
-    self.extractor = feats.FeatureExtractor(predict_fn, mesh, representation_layer)
+    self.extractor = feats.FeatureExtractor(predict_fn, mesh, representation_layer,
+                                            token_pool)
     self._cache = ParamsCache()
 
   # ------------------------------------------------------------------ data
@@ -136,6 +140,11 @@ class Evaluator:
   def _samples(self, labels):
     """{(seed, shot): ids} nested per seed, over valid global example ids."""
     ids = np.arange(labels.shape[0])
+    counts = np.bincount(labels)
+    fewest = int(counts[counts > 0].min())
+    if fewest < max(self.shots):
+      logging.warning("fewshot: a class has only %d train examples; shots above that use "
+                      "all of them.", fewest)
     out = {}
     for seed in self.seeds:
       order = sample_per_class(labels, max(self.shots), np.random.default_rng(seed))

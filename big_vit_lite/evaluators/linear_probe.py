@@ -9,6 +9,7 @@ the test accuracy under the dataset's name.
 Config (evals.NAME minus type/log_steps):
   datasets: {NAME: dict(name=TFDS_NAME, data_dir=None, [train_split], [test_split], [pp])}
   pp: preprocessing of both splits; must keep "image" and the integer label.
+  representation_layer, token_pool: which features, as in fewshot.py.
 """
 from absl import logging
 import jax
@@ -33,7 +34,7 @@ class Evaluator:
   """Logistic-regression probe on one or more datasets."""
 
   def __init__(self, predict_fn, *, mesh, datasets=None, pp=fewshot.DEFAULT_PP,
-               representation_layer="pre_logits", batch_size=256,
+               representation_layer="pre_logits", token_pool="mean", batch_size=256,
                l2_regs=DEFAULT_L2_REGS, holdout_fraction=0.1, seed=0,
                max_iter=1000, label_key="label", train_split="train",
                test_split="test"):
@@ -54,7 +55,8 @@ class Evaluator:
     self.seed = int(seed)
     self.max_iter = int(max_iter)
     self.label_key = label_key
-    self.extractor = feats.FeatureExtractor(predict_fn, mesh, representation_layer)
+    self.extractor = feats.FeatureExtractor(predict_fn, mesh, representation_layer,
+                                            token_pool)
     self._cache = fewshot.ParamsCache()
 
   def _features(self, params, name):

@@ -39,11 +39,12 @@ def _datasets(datasets, folder, data_dir):
 
 def fewshot(res, *, channels=3, datasets=None, folder=None, data_dir=None,
             shots=(1, 5, 10, 25), num_seeds=5, representation_layer="pre_logits",
-            batch_size=256, log_steps=None, runlocal=False):
+            token_pool="mean", batch_size=256, log_steps=None, runlocal=False):
   """A `type="fewshot"` evals entry (dict); `log_steps=None` for eval-only configs."""
   cfg = dict(type="fewshot", datasets=_datasets(datasets, folder, data_dir),
              pp=eval_pp(res, channels), shots=tuple(shots), num_seeds=num_seeds,
-             representation_layer=representation_layer, batch_size=batch_size)
+             representation_layer=representation_layer, token_pool=token_pool,
+             batch_size=batch_size, train_split="train", test_split="test")
   if runlocal:
     cfg.update(shots=(1, 5), num_seeds=2, batch_size=64)
     if not folder:  # tfds split slicing; image folders are small anyway.
@@ -54,12 +55,13 @@ def fewshot(res, *, channels=3, datasets=None, folder=None, data_dir=None,
 
 
 def linear_probe(res, *, channels=3, datasets=None, folder=None, data_dir=None,
-                 representation_layer="pre_logits", batch_size=256, log_steps=None,
-                 runlocal=False):
+                 representation_layer="pre_logits", token_pool="mean", batch_size=256,
+                 log_steps=None, runlocal=False):
   """A `type="linear_probe"` evals entry (dict)."""
   cfg = dict(type="linear_probe", datasets=_datasets(datasets, folder, data_dir),
              pp=eval_pp(res, channels), representation_layer=representation_layer,
-             batch_size=batch_size)
+             token_pool=token_pool, batch_size=batch_size, train_split="train",
+             test_split="test")
   if runlocal:
     cfg.update(batch_size=64, max_iter=200)
     if not folder:

@@ -229,7 +229,10 @@ def get_random_crop(crop_size, key="image"):
 def get_flip_lr(key="image"):
   def op(data):
     data, seed = take_seed(data, "flip_lr")
-    return _with(data, key, tf.image.stateless_random_flip_left_right(data[key], seed))
+    img = data[key]
+    # tf.cond, not tf.image's where(): only flipped images pay for the copy.
+    flip = tf.random.stateless_uniform([], seed) < 0.5
+    return _with(data, key, tf.cond(flip, lambda: tf.reverse(img, [-2]), lambda: img))
   return op
 
 
@@ -239,9 +242,12 @@ def get_value_range(vmin=-1, vmax=1, in_min=0, in_max=255.0, clip_values=False, 
   if not in_max > in_min:
     raise ValueError(f"need in_max > in_min, got {in_min}, {in_max}")
 
+  # One multiply-add: each elementwise op is a full pass over the image.
+  scale = (vmax - vmin) / (in_max - in_min)
+  offset = vmin - in_min * scale
+
   def op(data):
-    x = tf.cast(data[key], tf.float32)
-    x = (x - in_min) / (in_max - in_min) * (vmax - vmin) + vmin
+    x = tf.cast(data[key], tf.float32) * scale + offset
     if clip_values:
       x = tf.clip_by_value(x, min(vmin, vmax), max(vmin, vmax))
     return _with(data, key, x)
