@@ -35,14 +35,16 @@ def timm_name(variant, res):
   return _TIMM_NAMES[width].format(p=patch, r=res)
 
 
-def _times(fn, warmup, steps):
+def _times(fn, warmup, steps, cpu_times=None):
   for _ in range(warmup):
     fn()
   out = []
   for _ in range(steps):
-    t0 = time.perf_counter()
+    c0, t0 = time.process_time(), time.perf_counter()
     fn()
     out.append(time.perf_counter() - t0)
+    if cpu_times is not None:
+      cpu_times.append(time.process_time() - c0)
   return out
 
 
@@ -89,9 +91,10 @@ def main():
       loss.backward()
       opt.step()
 
-    ts = _times(step, args.warmup, args.steps)
+    cpu = []
+    ts = _times(step, args.warmup, args.steps, cpu)
     med = statistics.median(ts)
-    res.update(train_step_s=med, train_step_s_min=min(ts), train_step_s_max=max(ts),
+    res.update(train_cpu_s=statistics.median(cpu), train_step_s=med, train_step_s_min=min(ts), train_step_s_max=max(ts),
                               train_img_per_s=args.batch / med)
 
   if "infer" in modes:
@@ -101,9 +104,10 @@ def main():
       with torch.inference_mode():
         model(x)
 
-    ts = _times(infer, args.warmup, args.steps)
+    cpu = []
+    ts = _times(infer, args.warmup, args.steps, cpu)
     med = statistics.median(ts)
-    res.update(infer_step_s=med, infer_step_s_min=min(ts), infer_step_s_max=max(ts),
+    res.update(infer_cpu_s=statistics.median(cpu), infer_step_s=med, infer_step_s_min=min(ts), infer_step_s_max=max(ts),
                               infer_img_per_s=args.batch / med)
 
   res["calib_gflops_after"] = calib_gflops()

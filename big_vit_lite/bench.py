@@ -75,15 +75,22 @@ def _median_min_max(times):
   return statistics.median(times), min(times), max(times)
 
 
-def time_calls(fn, warmup, steps):
-  """Runs fn() warmup+steps times (fn must block); returns the timed durations."""
+def time_calls(fn, warmup, steps, cpu_times=None):
+  """Runs fn() warmup+steps times (fn must block); returns the timed wall durations.
+
+  cpu_times: optional list that receives each step's process CPU time. On a
+  shared, oversubscribed CPU the wall time mostly measures the neighbours;
+  CPU seconds per step track the program's own cost far more stably.
+  """
   for _ in range(warmup):
     fn()
   out = []
   for _ in range(steps):
-    t0 = time.perf_counter()
+    c0, t0 = time.process_time(), time.perf_counter()
     fn()
     out.append(time.perf_counter() - t0)
+    if cpu_times is not None:
+      cpu_times.append(time.process_time() - c0)
   return out
 
 
@@ -161,8 +168,9 @@ def bench_model(model, *, batch, res, num_classes, mode=("train", "infer"), mesh
   n_params = sum(p.size for p in jax.tree.leaves(params))
   out = dict(batch=batch, res=res, params=int(n_params))
 
-  def finish(prefix, compiled, compile_s, times):
+  def finish(prefix, compiled, compile_s, times, cpu_times):
     med, lo, hi = _median_min_max(times)
+    out[f"{prefix}_cpu_s"] = statistics.median(cpu_times)
     flops = _flops(compiled)
     out.update({
       f"{prefix}_compile_s": compile_s,
@@ -202,8 +210,9 @@ def bench_model(model, *, batch, res, num_classes, mode=("train", "infer"), mesh
       state, loss = compiled(state, x, labels)
       loss.block_until_ready()
 
-    times = time_calls(run, warmup, steps)
-    finish("train", compiled, compile_s, times)
+    cpu_times = []
+    times = time_calls(run, warmup, steps, cpu_times)
+    finish("train", compiled, compile_s, times, cpu_times)
     params = state[0]
     del state
 
@@ -212,8 +221,9 @@ def bench_model(model, *, batch, res, num_classes, mode=("train", "infer"), mesh
     t0 = time.perf_counter()
     compiled = predict.lower(params, x).compile()
     compile_s = time.perf_counter() - t0
-    times = time_calls(lambda: compiled(params, x).block_until_ready(), warmup, steps)
-    finish("infer", compiled, compile_s, times)
+    cpu_times = []
+    times = time_calls(lambda: compiled(params, x).block_until_ready(), warmup, steps, cpu_times)
+    finish("infer", compiled, compile_s, times, cpu_times)
 
   # Contract keys: step_flops / mfu refer to the training step when timed.
   main = "train" if "train" in mode else "infer"

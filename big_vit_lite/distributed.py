@@ -109,7 +109,7 @@ def initialize(*, heartbeat_timeout_s: float | None = None) -> bool:
   Order of precedence:
     1. JAX_COORDINATOR_ADDRESS + JAX_NUM_PROCESSES + JAX_PROCESS_ID (launch/local.sh, plain multi-GPU);
     2. SLURM (srun with more than one task): jax reads SLURM_* itself;
-    3. BVL_DISTRIBUTED=auto (TPU VM pods via launch/tpu_*.sh): jax asks the TPU metadata server;
+    3. BVL_DISTRIBUTED=auto (TPU VM pods via launch/tpu_vm.sh): jax asks the TPU metadata server;
     otherwise a single process, nothing to do.
   heartbeat_timeout_s (or $BVL_HEARTBEAT_TIMEOUT_S; jax's default 100): after this many seconds
   without a heartbeat from a process the coordination service declares it dead and the others exit.

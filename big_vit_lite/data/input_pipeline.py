@@ -34,6 +34,7 @@ from big_vit_lite.data import sources
 TRAIN_KEYS = ("data", "batch_size", "pp", "shuffle_buffer_size", "num_shards", "cache",
               "prefetch")
 _MAX_EPOCHS = 2**62
+_EVAL_KEY = 0x5EED  # eval augmentation (if any) is a fixed function of the example index
 
 
 def _plain(cfg):
@@ -57,10 +58,15 @@ def _fold(seed, *values):
   return seed
 
 
-def _example_rng(seed2):
-  """A well-mixed [2] int64 seed: pp ops advance it by small counters (pp/rng.py),
-  so it must not be fold_in's [hash, index] (neighbours would share seeds)."""
-  return tf.random.stateless_uniform([2], seed=seed2, minval=None, maxval=None, dtype=tf.int64)
+def _example_rng(key, index):
+  """The [2] int64 seed of one example: one kernel on (epoch key, index).
+
+  Well mixed on purpose: pp ops advance it by small counters (pp/rng.py), so
+  it must not be a structured pair such as (hash, index), or neighbouring
+  examples would share seeds.
+  """
+  return tf.random.stateless_uniform([2], seed=tf.stack([key, tf.cast(index, tf.int64)]),
+                                     minval=None, maxval=None, dtype=tf.int64)
 
 
 def _int64_seed(seed2):
@@ -73,9 +79,10 @@ def _bounds(n, parts):
 
 
 def _pp_map(source, pp_fn):
-  def fn(rng, record):
+  """(epoch key, index, raw record) -> preprocessed example; runs in the parallel map."""
+  def fn(key, index, record):
     data = dict(source.decode(record))
-    data[pp_lib.RNG_KEY] = rng
+    data[pp_lib.RNG_KEY] = _example_rng(key, index)
     data = pp_fn(data)
     return {k: v for k, v in data.items() if k != pp_lib.RNG_KEY}
   return fn
@@ -172,7 +179,8 @@ class TrainIterator:
         ds = source.raw(start, end, order_seed=_int64_seed(_fold(eseed, 1)))
       if buf and buf > 1:
         ds = ds.shuffle(buf, seed=_int64_seed(_fold(eseed, 2)), reshuffle_each_iteration=False)
-      return ds.enumerate().map(lambda i, rec: (_example_rng(_fold(eseed, 3, i)), rec))
+      key = _int64_seed(_fold(eseed, 3))  # augmentation key of this shard's epoch
+      return ds.enumerate().map(lambda i, rec: (key, i, rec))
 
     ds = tf.data.Dataset.range(first_epoch, _MAX_EPOCHS).flat_map(epoch)
     ds = ds.skip(offset)  # raw records: skipping them costs reading, not decoding
@@ -252,7 +260,7 @@ class EvalIterable:
   def _examples(self, start, end):
     ds = self._source.raw(start, end).enumerate(start)
     fn = _pp_map(self._source, self._pp_fn)
-    ds = ds.map(lambda i, rec: fn(_example_rng(_fold(tf.constant([0, 1], tf.int64), i)), rec),
+    ds = ds.map(lambda i, rec: fn(tf.constant(_EVAL_KEY, tf.int64), i, rec),
                 num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     return ds.map(lambda d: dict(d, _mask=tf.constant(True)))
 

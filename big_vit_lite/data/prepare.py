@@ -70,6 +70,12 @@ def main(argv):
   except (FileNotFoundError, ValueError) as e:
     print(f"prepare {name}: {e}".splitlines()[0], file=sys.stderr)
     sys.exit(1)
+  except Exception as e:  # pylint: disable=broad-except  (e.g. tfds' download failing offline)
+    logging.exception("prepare %s failed", name)
+    first = (str(e).splitlines() or [""])[0][:300]
+    print(f"prepare {name}: {type(e).__name__}: {first} (offline datasets: "
+          f"{', '.join(sources.OFFLINE_DATASETS)})", file=sys.stderr)
+    sys.exit(1)
   splits = {k: v.num_examples for k, v in builder.info.splits.items()}
   print(f"{name}: {splits} in {builder.data_dir} ({seconds:.1f}s)")
 
