@@ -14,7 +14,9 @@ Entries of the eval config's `model` dict that are not None override both
 (e.g. `--config.model.gelu=tanh` for the original paper's checkpoints).
 
 The model runs at the resolution and channel count it was trained with; the
-eval pp must resize to it (configs/fewshot.py:res=R) and decode to RGB.
+eval pp must resize to that and decode to that many channels (grey -> RGB
+for RGB models): configs/fewshot.py:res=R,channels=C. A mismatch stops with
+a one-line error that names the values to use.
 Results go to OUT/metrics.jsonl (one line, keys "EVAL_NAME/KEY", step = the
 checkpoint's step) and TensorBoard, and a table is printed.
 """

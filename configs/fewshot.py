@@ -20,6 +20,10 @@ Args (after ':', comma separated):
                3 decodes grey images to RGB, for RGB models).
   folder=ROOT  evaluate on the image folder ROOT/{train,test}/CLASS/* instead;
                metrics "fewshot/basename(ROOT)_10shot".
+  layer=NAME   the representation: pre_logits (default), encoded, block00..,
+               logits.
+  pool=P       for token-shaped layers: mean (default) or flatten (keeps the
+               tokens' positions; see README "Evaluation" for why it matters).
   runlocal     1 and 5 shots, 2 seeds, slices of the splits (seconds).
 For an .npz of another model, e.g. ViT-B/16 at 224:
   --config=configs/fewshot.py:res=224,channels=3 --config.model_init=ViT-B_16.npz
@@ -30,9 +34,11 @@ from big_vit_lite.evaluators import presets
 
 
 def get_config(arg=None):
-  args = presets.parse_arg(arg, res=28, channels=1, folder="", runlocal=False)
+  args = presets.parse_arg(arg, res=28, channels=1, folder="", layer="pre_logits",
+                           pool="mean", runlocal=False)
   config = ml_collections.ConfigDict()
-  config.model_init = ml_collections.config_dict.placeholder(str)  # SRC: training workdir, checkpoint step dir or .npz.
+  # SRC: a training workdir, a checkpoint step dir or an .npz.
+  config.model_init = ml_collections.config_dict.placeholder(str)
   # Overrides of the checkpoint's model config (None: keep it), e.g. gelu="tanh"
   # for the original paper's .npz files.
   config.model = ml_collections.ConfigDict(dict(
@@ -42,5 +48,6 @@ def get_config(arg=None):
   config.evals = ml_collections.ConfigDict()
   config.evals.fewshot = presets.fewshot(
       res=args["res"], channels=args["channels"], folder=args["folder"] or None,
+      representation_layer=args["layer"], token_pool=args["pool"],
       runlocal=args["runlocal"])
   return config

@@ -17,6 +17,10 @@ Args (after ':', comma separated):
                3 decodes grey images to RGB, for RGB models).
   folder=ROOT  probe the image folder ROOT/{train,test}/CLASS/* instead;
                metric "linear_probe/basename(ROOT)".
+  layer=NAME   the representation: pre_logits (default), encoded, block00..,
+               logits.
+  pool=P       for token-shaped layers: mean (default) or flatten (keeps the
+               tokens' positions; see README "Evaluation" for why it matters).
   runlocal     slices of the splits, fewer L-BFGS iterations (seconds).
 """
 import ml_collections
@@ -25,9 +29,11 @@ from big_vit_lite.evaluators import presets
 
 
 def get_config(arg=None):
-  args = presets.parse_arg(arg, res=28, channels=1, folder="", runlocal=False)
+  args = presets.parse_arg(arg, res=28, channels=1, folder="", layer="pre_logits",
+                           pool="mean", runlocal=False)
   config = ml_collections.ConfigDict()
-  config.model_init = ml_collections.config_dict.placeholder(str)  # SRC: training workdir, checkpoint step dir or .npz.
+  # SRC: a training workdir, a checkpoint step dir or an .npz.
+  config.model_init = ml_collections.config_dict.placeholder(str)
   config.model = ml_collections.ConfigDict(dict(
       gelu=ml_collections.config_dict.placeholder(str),
       dtype_mm=ml_collections.config_dict.placeholder(str)))
@@ -35,5 +41,6 @@ def get_config(arg=None):
   config.evals = ml_collections.ConfigDict()
   config.evals.linear_probe = presets.linear_probe(
       res=args["res"], channels=args["channels"], folder=args["folder"] or None,
+      representation_layer=args["layer"], token_pool=args["pool"],
       runlocal=args["runlocal"])
   return config

@@ -27,6 +27,7 @@ def _run(args, timeout=100):
   return p
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_cli_prints_one_json_line_per_case():
   p = _run(["-m", "big_vit_lite.bench", "--variant=mu/8", "--batch=2,4", "--res=16",
@@ -102,6 +103,7 @@ def test_vs_timm_ratio_is_median_of_per_round_ratios_and_table_renders():
   assert len(rows) == 2 and "2.00 (1.00-3.00)" in rows[0]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_vs_timm_without_timm_runs_our_side(tmp_path):
   p = _run([os.path.join("benchmarks", "bench_vs_timm.py"), "--variant=mu/8", "--batch=2",
@@ -112,6 +114,7 @@ def test_vs_timm_without_timm_runs_our_side(tmp_path):
   assert "train_ratio" not in record["summary"]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_gpu_bench_smoke_runs_on_cpu():
   p = _run([os.path.join("benchmarks", "gpu_bench.py"), "--smoke"])

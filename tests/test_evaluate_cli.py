@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import jax
+import numpy as np
 import jax.numpy as jnp
 import pytest
 
@@ -141,3 +142,27 @@ def test_evaluate_two_processes_match_one(tiny_npz, tfds_data_dir, tmp_path):
   (row1,), (row2,) = _metrics(str(tmp_path / "one")), _metrics(str(tmp_path / "two"))
   assert row1 == row2
   assert row1["fewshot/shapes3_10shot"] > 0.5
+
+
+def test_model_config_is_read_off_any_npz_layout():
+  from big_vit_lite import evaluate  # pylint: disable=import-outside-toplevel
+  from big_vit_lite.models import interop  # pylint: disable=import-outside-toplevel
+  model = vit.Model(num_classes=5, **dict(evaluator_fixtures.TINY_VIT, depth=2))
+  params = model.init(jax.random.key(0), jnp.zeros((1, 28, 28, 3)))["params"]
+  flat = interop.to_numpy_flat(params)
+  want = dict(variant=None, width=32, depth=2, mlp_dim=64, num_heads=2, patch_size=7,
+              pool_type="gap", posemb="learn")
+  assert evaluate.infer_model_cfg(flat) == want
+  assert evaluate.native_input_shape(flat, None) == (28, 3)
+  # The original paper's pre-linen block numbering.
+  pre_linen = {k.replace("MultiHeadDotProductAttention_0", "MultiHeadDotProductAttention_1")
+               .replace("MlpBlock_0", "MlpBlock_3"): v for k, v in flat.items()}
+  assert evaluate.infer_model_cfg(pre_linen) == want
+  # big_vision: top-level posemb without a class-token row, here with a cls token.
+  bv = dict(flat, cls=np.zeros((1, 1, 32), np.float32),
+            pos_embedding=flat["Transformer/posembed_input/pos_embedding"])
+  del bv["Transformer/posembed_input/pos_embedding"]
+  assert evaluate.infer_model_cfg(bv)["pool_type"] == "tok"
+  assert evaluate.native_input_shape(bv, None) == (28, 3)
+  with pytest.raises(ValueError, match="no ViT params"):
+    evaluate.infer_model_cfg({"dense/kernel": np.zeros((2, 2))})

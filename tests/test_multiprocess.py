@@ -363,14 +363,18 @@ def test_sigkill_one_process_then_restart_resumes(mp_env, tmp_path):
   checkpoint and finishes."""
   config, env = mp_env
   workdir = tmp_path / "wd"
-  total = 60  # The kill lands at the first checkpoint (step 5), long before the end.
+  total = 80
   cmd = _train_cmd(config, workdir, f"--config.total_steps={total}", "--config.ckpt_steps=5",
                    "--config.log_training_steps=5")
   proc = _launch(2, 1, cmd, env, tmp_path / "logs1")
   try:
     _wait_for(lambda: _checkpoint_steps(workdir), 400, "the first checkpoint", proc)
+    # Freeze both at once, so that the kill lands mid-run however fast the steps are.
     pids = _children_by_process_id(proc.pid)
+    for pid in pids.values():
+      os.kill(pid, signal.SIGSTOP)
     os.kill(pids[1], signal.SIGKILL)
+    os.kill(pids[0], signal.SIGCONT)
     out, _ = proc.communicate(timeout=120)
   finally:
     _kill_all(proc)
@@ -396,8 +400,8 @@ def test_sigterm_to_one_process_saves_the_same_step_everywhere(mp_env, tmp_path)
   """Preemption notice (SIGTERM) to one of 2 processes: both checkpoint the same step, exit 0."""
   config, env = mp_env
   workdir = tmp_path / "wd"
-  total = 300
-  cmd = _train_cmd(config, workdir, f"--config.total_steps={total}", "--config.ckpt_steps=1000",
+  total = 2000  # Never reached: the preemption ends the run (a failure here shows as a timeout).
+  cmd = _train_cmd(config, workdir, f"--config.total_steps={total}", "--config.ckpt_steps=5000",
                    "--config.log_training_steps=5")
   log_dir = tmp_path / "logs"
   proc = _launch(2, 1, cmd, env, log_dir)

@@ -9,13 +9,15 @@ cheap check (header parsed by Pillow, and for JPEG/PNG the end-of-image
 marker present, which catches truncated files) in a thread pool; files that
 fail are skipped and counted in the log. Grey, CMYK, RGBA, palette, 16-bit
 and odd-sized images decode with tf (the pp `decode` op converts channels);
-the few formats tf cannot decode (e.g. TIFF) are converted to PNG in memory
-at the check.
+the few formats tf cannot decode (e.g. TIFF) are converted once to PNG files
+in a temporary folder (removed at exit).
 """
+import atexit
 import concurrent.futures
-import io
 import logging
 import os
+import shutil
+import tempfile
 
 import numpy as np
 import tensorflow as tf
@@ -30,7 +32,10 @@ log = logging.getLogger(__name__)
 
 
 def check_file(path):
-  """-> (ok, inline_png_bytes_or_b"", reason). Cheap: header + end marker."""
+  """-> (status, reason), status "ok" | "convert" (tf cannot decode it) | "bad".
+
+  Cheap: header + end marker, not a full decode.
+  """
   try:
     with open(path, "rb") as f:
       fmt, size = image_check.header(f)
@@ -38,18 +43,29 @@ def check_file(path):
       f.seek(max(0, f.tell() - image_check.TAIL_BYTES))
       tail = f.read()
     if min(size) < 1:
-      return False, b"", f"empty image {size}"
+      return "bad", f"empty image {size}"
     problem = image_check.tail_problem(fmt, tail)
     if problem:
-      return False, b"", problem
-    if fmt in _TF_FORMATS:
-      return True, b"", ""
-    with Image.open(path) as im:  # rare formats: convert once, keep in memory
-      buf = io.BytesIO()
-      im.convert("RGB").save(buf, "PNG")
-    return True, buf.getvalue(), ""
+      return "bad", problem
+    return ("ok" if fmt in _TF_FORMATS else "convert"), ""
   except Exception as e:  # pylint: disable=broad-except
-    return False, b"", f"{type(e).__name__}: {e}"
+    return "bad", f"{type(e).__name__}: {e}"
+
+
+def _convert_to_png(path, out_dir, index):
+  out = os.path.join(out_dir, f"{index}.png")
+  with Image.open(path) as im:
+    im.convert("RGB").save(out, "PNG")
+  return out
+
+
+_CONVERTED_DIRS = []
+
+
+@atexit.register
+def _remove_converted():
+  for d in _CONVERTED_DIRS:
+    shutil.rmtree(d, ignore_errors=True)
 
 
 class ImageFolderSource:
@@ -75,11 +91,24 @@ class ImageFolderSource:
         labels += [label] * len(names)
     with concurrent.futures.ThreadPoolExecutor(num_threads) as pool:
       checks = list(pool.map(check_file, files))
-    self.skipped = [(f, why) for f, (ok, _, why) in zip(files, checks) if not ok]
-    keep = [i for i, (ok, _, _) in enumerate(checks) if ok]
+    # The few files tf cannot decode (e.g. TIFF) are converted once to PNGs in
+    # a temporary folder, so the pipeline reads every image the same way.
+    convert_dir = None
+    paths = list(files)
+    for i, (status, _) in enumerate(checks):
+      if status == "convert":
+        if convert_dir is None:
+          convert_dir = tempfile.mkdtemp(prefix="bvl_imagefolder_")
+          _CONVERTED_DIRS.append(convert_dir)
+        try:
+          paths[i] = _convert_to_png(files[i], convert_dir, i)
+        except Exception as e:  # pylint: disable=broad-except
+          checks[i] = ("bad", f"{type(e).__name__}: {e}")
+    self.skipped = [(f, why) for f, (status, why) in zip(files, checks) if status == "bad"]
+    keep = [i for i, (status, _) in enumerate(checks) if status != "bad"]
     self.files = [files[i] for i in keep]
+    self._paths = [paths[i] for i in keep]
     self.labels = np.asarray([labels[i] for i in keep], np.int64)
-    self._inline = [checks[i][1] for i in keep]
     self.num_examples = len(self.files)
     self.num_skipped = len(self.skipped)
     log.info("imagefolder %s: %d images, %d classes", split_dir, self.num_examples,
@@ -103,10 +132,9 @@ class ImageFolderSource:
 
   def decode(self, index):
     # numpy -> constants in whichever tf.data function traces this.
-    files = tf.constant(np.asarray(self.files or [""], dtype=object).astype(bytes))
-    labels = tf.constant(self.labels if len(self.labels) else np.zeros([1], np.int64))
-    inline = tf.constant(np.asarray(self._inline or [b""], dtype=object).astype(bytes))
-    path, blob = tf.gather(files, index), tf.gather(inline, index)
-    image = tf.cond(tf.strings.length(blob) > 0, lambda: blob, lambda: tf.io.read_file(path))
-    return {"image": image, "label": tf.gather(labels, index),
-            "file_name": tf.strings.substr(path, len(self._root) + 1, -1)}
+    as_bytes = lambda xs: np.asarray(xs or [""], dtype=object).astype(bytes)  # noqa: E731
+    names = [os.path.relpath(f, self._root) for f in self.files]
+    labels = self.labels if len(self.labels) else np.zeros([1], np.int64)
+    return {"image": tf.io.read_file(tf.gather(tf.constant(as_bytes(self._paths)), index)),
+            "label": tf.gather(tf.constant(labels), index),
+            "file_name": tf.gather(tf.constant(as_bytes(names)), index)}

@@ -6,7 +6,7 @@ Training data order (contract, see DESIGN.md "Data order"):
     shard's file pieces in an order and through a shuffle buffer both seeded
     by (seed, s, e), then numbers its examples 0, 1, 2, ...;
   * example i of epoch e of shard s gets the augmentation seed
-    fold_in(seed, s, e, i): random pp ops are stateless, so an example's
+    hash(key(seed, s, e), i): random pp ops are stateless, so an example's
     augmentation depends only on its position;
   * a shard yields batches of batch_size // num_shards; the global batch is
     the shard batches concatenated in shard order, and process p of P holds
@@ -108,8 +108,7 @@ def _shapes_detail(msg):
 
 def _options():
   opts = tf.data.Options()
-  opts.deterministic = True
-  opts.experimental_optimization.map_parallelization = True
+  opts.deterministic = True  # (the default, but exact resume depends on it)
   return opts
 
 
