@@ -115,6 +115,11 @@ def main():
     for k, v in runs.items():
       result[k] = round(statistics.median(v), 1)
       result[k.replace("img_per_s", "min_max")] = [round(min(v), 1), round(max(v), 1)]
+    # Ratios within each repeat (side by side) are steadier than the raw figures.
+    bare = runs["bare_tf_data_img_per_s"]
+    for k in pps:
+      result[k.replace("img_per_s", "vs_bare")] = round(statistics.median(
+          a / b for a, b in zip(runs[k], bare)), 2)
   if args.prepare:
     result["prepare_s"] = prepare_times()
   print(json.dumps(result))

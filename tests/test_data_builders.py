@@ -93,3 +93,18 @@ def test_prepare_cli_reports_sizes(tfds_data_dir):
                        timeout=110, check=False)
   assert out.returncode == 0, out.stderr[-2000:]
   assert "'train': 8000" in out.stdout and "'test': 2000" in out.stdout
+
+
+def test_imagenet21k_reads_per_synset_tars_and_folders(tmp_path):
+  from big_vit_lite.data.builders import imagenet21k  # pylint: disable=import-outside-toplevel
+  manual = tmp_path / "m"
+  manual.mkdir()
+  with tarfile.open(manual / "n00000002.tar", "w") as t:  # a per-synset tar
+    _add(t, "n00000002_7.JPEG", b"\xff\xd8jpeg bytes")
+  (manual / "n00000001").mkdir()  # an extracted synset folder
+  (manual / "n00000001" / "n00000001_3.JPEG").write_bytes(b"\xff\xd8more")
+  (manual / "synsets_notes.txt").write_text("ignored")
+  assert imagenet21k.find_synsets(str(manual)) == ["n00000001", "n00000002"]
+  got = [(s, n, d) for s, n, d in imagenet21k.iter_images(str(manual))]
+  assert got == [("n00000001", "n00000001_3.JPEG", b"\xff\xd8more"),
+                 ("n00000002", "n00000002_7.JPEG", b"\xff\xd8jpeg bytes")]

@@ -2,10 +2,13 @@
 
 Modules:
   input_pipeline  train/eval iterators (sharding, exact resume, eval padding)
-  sources         where examples come from: tfds builders and image folders
+  sources         where examples come from: prepared tfds datasets (or tfds mocks)
+  imagefolder     ROOT/SPLIT/CLASS/*.jpg folders as a source
+  image_check     cheap checks that skip corrupt/truncated images up front
   device          host batches -> global jax.Arrays, device prefetch
   pp/             the preprocessing language ("decode|flip_lr|...") and its ops
   mixup           mixup/cutmix, run on device inside the train step
   prepare         `python -m big_vit_lite.data.prepare NAME` (offline datasets)
+  offline_sources where prepare finds the offline datasets' source files
   builders/       tfds builders for the offline datasets and ImageNet-21k
 """

@@ -139,11 +139,10 @@ def prefetch(iterator, size, mesh):
   """
   if size is None:
     size = 0
-  if not isinstance(size, int) or size < 0:
+  if isinstance(size, bool) or not float(size).is_integer() or size < 0:
     raise ValueError(f"device prefetch size must be an int >= 0, got {size!r}")
+  size = int(size)
   if size == 0:
     return _Synchronous(iterator, mesh)
   return _Prefetcher(iterator, size, mesh)
 
-
-__all__ = ["put_batch", "prefetch", "batch_sharding", "BATCH_AXES"]

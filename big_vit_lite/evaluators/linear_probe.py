@@ -36,7 +36,7 @@ class Evaluator:
   def __init__(self, predict_fn, *, mesh, datasets=None, pp=fewshot.DEFAULT_PP,
                representation_layer="pre_logits", token_pool="mean", batch_size=256,
                l2_regs=DEFAULT_L2_REGS, holdout_fraction=0.1, seed=0,
-               max_iter=1000, label_key="label", train_split="train",
+               max_iter=1000, tol=1e-4, label_key="label", train_split="train",
                test_split="test"):
     self.mesh = mesh
     self.datasets = fewshot.dataset_cfgs(
@@ -54,6 +54,9 @@ class Evaluator:
                        f"count {jax.process_count()}.")
     self.seed = int(seed)
     self.max_iter = int(max_iter)
+    # Gradient-norm tolerance of the mean loss (scikit-learn's lbfgs default is
+    # 1e-4 too); weakly penalised fits would otherwise run to max_iter.
+    self.tol = float(tol)
     self.label_key = label_key
     self.extractor = feats.FeatureExtractor(predict_fn, mesh, representation_layer,
                                             token_pool)
@@ -77,7 +80,7 @@ class Evaluator:
     # every l2 value at once.
     fit = lambda weights: logistic.fit(
         x_train, y_train, num_classes, self.l2_regs, weights=weights, mesh=self.mesh,
-        batch_axes=_batch_axes(self.mesh), max_iter=self.max_iter)
+        batch_axes=_batch_axes(self.mesh), max_iter=self.max_iter, tol=self.tol)
     best = 0
     if len(self.l2_regs) > 1:
       hold = np.random.default_rng(self.seed).permutation(n)[
