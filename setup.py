@@ -18,6 +18,7 @@ INSTALL_REQUIRES = [
     "safetensors==0.8.0",  # timm export (numpy API, no torch)
     "absl-py",
     "numpy",
+    "pillow",  # image folders, ImageNet-21k builder
 ]
 
 setuptools.setup(
