@@ -75,8 +75,8 @@ def main():
   x = torch.randn(args.batch, 3, args.res, args.res)
   y = torch.randint(0, args.num_classes, (args.batch,))
   res = dict(impl="timm", timm_model=name, timm_version=timm.__version__,
-                          torch_version=torch.__version__, threads=args.threads,
-                          variant=args.variant, batch=args.batch, res=args.res, dtype="float32")
+             torch_version=torch.__version__, threads=args.threads,
+             variant=args.variant, batch=args.batch, res=args.res, dtype="float32")
   res["calib_gflops"] = calib_gflops()
   modes = args.mode.split(",")
 
@@ -94,8 +94,8 @@ def main():
     cpu = []
     ts = _times(step, args.warmup, args.steps, cpu)
     med = statistics.median(ts)
-    res.update(train_cpu_s=statistics.median(cpu), train_step_s=med, train_step_s_min=min(ts), train_step_s_max=max(ts),
-                              train_img_per_s=args.batch / med)
+    res.update(train_cpu_s=statistics.median(cpu), train_step_s=med, train_step_s_min=min(ts),
+               train_step_s_max=max(ts), train_img_per_s=args.batch / med)
 
   if "infer" in modes:
     model.eval()
@@ -107,8 +107,8 @@ def main():
     cpu = []
     ts = _times(infer, args.warmup, args.steps, cpu)
     med = statistics.median(ts)
-    res.update(infer_cpu_s=statistics.median(cpu), infer_step_s=med, infer_step_s_min=min(ts), infer_step_s_max=max(ts),
-                              infer_img_per_s=args.batch / med)
+    res.update(infer_cpu_s=statistics.median(cpu), infer_step_s=med, infer_step_s_min=min(ts),
+               infer_step_s_max=max(ts), infer_img_per_s=args.batch / med)
 
   res["calib_gflops_after"] = calib_gflops()
   print(json.dumps(res), flush=True)

@@ -41,10 +41,10 @@ _REMAT = flags.DEFINE_string("remat", "none",
                              "Model remat_policy: 'none' or a jax.checkpoint_policies name.")
 _SCAN = flags.DEFINE_bool("scan", False, "Run the encoder blocks under nn.scan.")
 _MODEL_KW = flags.DEFINE_string("model_kw", "{}",
-                "JSON dict of extra vit.Model kwargs, e.g. '{\"gelu\": \"tanh\"}'.")
+                                "JSON dict of extra vit.Model kwargs, e.g. '{\"gelu\": \"tanh\"}'.")
 _MESH = flags.DEFINE_string("mesh", "",
-              "Mesh as axis:size pairs, e.g. 'data:-1' or 'data:2,fsdp:4' "
-              "(-1 = the remaining devices). Empty: one device, plain jit.")
+                            "Mesh as axis:size pairs, e.g. 'data:-1' or 'data:2,fsdp:4' "
+                            "(-1 = the remaining devices). Empty: one device, plain jit.")
 _MODE = flags.DEFINE_list("mode", ["train", "infer"], "Which steps to time.")
 _STEPS = flags.DEFINE_integer("steps", 5, "Timed steps per measurement.")
 _WARMUP = flags.DEFINE_integer("warmup", 2, "Untimed steps after compilation.")
@@ -58,11 +58,12 @@ _CPU_FLAGS = flags.DEFINE_enum("cpu_flags", "default", list(xla_cpu_flags.PRESET
 # Dense datasheet peaks per device (FLOP/s), by a substring of device_kind.
 # GPU figures are the SXM parts without sparsity.
 _PEAKS = {
-  "bfloat16": [("H200", 989e12), ("H100", 989e12), ("A100", 312e12),
+    "bfloat16": [("H200", 989e12), ("H100", 989e12), ("A100", 312e12),
                  ("TPU v6", 918e12), ("TPU v5p", 459e12), ("TPU v5", 197e12),
                  ("TPU v4", 275e12), ("TPU v3", 123e12)],
-  "float32": [("H200", 67e12), ("H100", 67e12), ("A100", 19.5e12)],
+    "float32": [("H200", 67e12), ("H100", 67e12), ("A100", 19.5e12)],
 }
+
 
 def datasheet_peak(device, dtype):
   for sub, peak in _PEAKS.get(dtype, []):
@@ -134,7 +135,7 @@ def _program_bytes(compiled):
   try:
     m = compiled.memory_analysis()
     return int(m.argument_size_in_bytes + m.output_size_in_bytes
-                   + m.temp_size_in_bytes - m.alias_size_in_bytes)
+               + m.temp_size_in_bytes - m.alias_size_in_bytes)
   except Exception:  # not every backend implements it
     return None
 
@@ -149,7 +150,7 @@ def _shardings(model, mesh, x):
 
 
 def bench_model(model, *, batch, res, num_classes, mode=("train", "infer"), mesh=None,
-        steps=5, warmup=2, calib_gflops=None, peak_flops=None):
+                steps=5, warmup=2, calib_gflops=None, peak_flops=None):
   """Times one model's train and/or inference step; returns the JSON-able result dict.
 
   model: a flax module whose apply(..., train=) returns (logits, out).
@@ -163,7 +164,7 @@ def bench_model(model, *, batch, res, num_classes, mode=("train", "infer"), mesh
     x, labels = jax.device_put((x, labels), batch_sh)
 
   init = jax.jit(lambda r, x: sharding.unbox(model.init(r, x)["params"]),
-                   out_shardings=params_sh)
+                 out_shardings=params_sh)
   params = init(rng, x)
   n_params = sum(p.size for p in jax.tree.leaves(params))
   out = dict(batch=batch, res=res, params=int(n_params))
@@ -173,12 +174,12 @@ def bench_model(model, *, batch, res, num_classes, mode=("train", "infer"), mesh
     out[f"{prefix}_cpu_s"] = statistics.median(cpu_times)
     flops = _flops(compiled)
     out.update({
-      f"{prefix}_compile_s": compile_s,
-      f"{prefix}_step_s": med, f"{prefix}_step_s_min": lo, f"{prefix}_step_s_max": hi,
-      f"{prefix}_img_per_s": batch / med,
-      f"{prefix}_step_flops": flops,
-      f"{prefix}_achieved_gflops": flops / med / 1e9,
-      f"{prefix}_program_bytes": _program_bytes(compiled),
+        f"{prefix}_compile_s": compile_s,
+        f"{prefix}_step_s": med, f"{prefix}_step_s_min": lo, f"{prefix}_step_s_max": hi,
+        f"{prefix}_img_per_s": batch / med,
+        f"{prefix}_step_flops": flops,
+        f"{prefix}_achieved_gflops": flops / med / 1e9,
+        f"{prefix}_program_bytes": _program_bytes(compiled),
     })
     if calib_gflops:
       out[f"{prefix}_mfu"] = flops / med / 1e9 / calib_gflops
@@ -243,7 +244,7 @@ def peak_memory():
 def build_model(variant, num_classes, dtype, remat, scan, model_kw):
   from big_vit_lite.models import vit  # imported late: bench flags parse without it
   kw = dict(num_classes=num_classes, variant=variant, dtype_mm=dtype,
-              remat_policy=None if remat == "none" else remat, scan=scan)
+            remat_policy=None if remat == "none" else remat, scan=scan)
   kw.update(model_kw)
   return vit.Model(**kw)
 
@@ -269,22 +270,24 @@ def main(argv):
   for variant in _VARIANT.value:
     for batch in batches:
       model = build_model(variant, _NUM_CLASSES.value, _DTYPE.value, _REMAT.value,
-                _SCAN.value, model_kw)
+                          _SCAN.value, model_kw)
+      # MFU is per device against device 0's matmul rate (real accelerators;
+      # fake CPU devices share the cores, so their MFU reads low).
       calib_before = calibrate_matmul(_CALIB_N.value, _DTYPE.value)
       ctx = jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext()
       with ctx:
         res = bench_model(model, batch=batch, res=_RES.value,
-                                  num_classes=_NUM_CLASSES.value, mode=tuple(_MODE.value),
-                                  mesh=mesh, steps=_STEPS.value, warmup=_WARMUP.value,
-                                  calib_gflops=calib_before * n_dev,
-                                  peak_flops=peak * n_dev if peak else None)
+                          num_classes=_NUM_CLASSES.value, mode=tuple(_MODE.value),
+                          mesh=mesh, steps=_STEPS.value, warmup=_WARMUP.value,
+                          calib_gflops=calib_before * n_dev,
+                          peak_flops=peak * n_dev if peak else None)
       calib_after = calibrate_matmul(_CALIB_N.value, _DTYPE.value)
       line = dict(variant=variant, dtype=_DTYPE.value, remat=_REMAT.value,
-            scan=_SCAN.value, mesh=_MESH.value or None, model_kw=model_kw,
-            cpu_flags=_CPU_FLAGS.value, device_kind=dev.device_kind,
-            num_devices=n_dev, jax_version=jax.__version__,
-            calib_gflops=calib_before, calib_gflops_after=calib_after,
-            datasheet_peak_tflops=peak / 1e12 if peak else None)
+                  scan=_SCAN.value, mesh=_MESH.value or None, model_kw=model_kw,
+                  cpu_flags=_CPU_FLAGS.value, device_kind=dev.device_kind,
+                  num_devices=n_dev, jax_version=jax.__version__,
+                  calib_gflops=calib_before, calib_gflops_after=calib_after,
+                  datasheet_peak_tflops=peak / 1e12 if peak else None)
       line.update(res)
       line.update(peak_memory())
       print(json.dumps(line), flush=True)

@@ -3,15 +3,26 @@
 XLA reads XLA_FLAGS once, when the CPU backend is created (the first jax call
 that touches a device), so `apply()` must run before that; afterwards it
 raises instead of silently doing nothing. Presets are opt-in: nothing in the
-library sets flags on import, and tests never do.
+library sets flags on import, and tests never do. `python -m big_vit_lite.bench
+--cpu_flags=NAME` applies one for a benchmark; a training job can call
+`xla_cpu_flags.apply(NAME)` before importing anything that touches jax devices,
+or export the same flags in XLA_FLAGS itself.
 
-Measured on the 2-core Zen3 CPU this project is developed on (see
-benchmarks/RESULTS.md for the figures and commands).
+None of them is a default: none has shown a reliable gain for the whole ViT
+training step (jax 0.10.2 already sends dots to its multi-threaded YNNPACK
+kernels). What was measured (2-core AVX-512 EPYC, heavily shared, so only
+CPU-seconds were trustworthy):
+  no_xnnpack  dots on XLA's own kernels: the 6304x192x{192,768} projections of
+              ViT-Ti/16 took ~1.4x fewer CPU-seconds in a micro-benchmark, the
+              (seq x head_dim) attention dots ~0.8x; whole step not measured.
+  onednn      oneDNN matmuls: +2% (noise) on a 2-core AVX2 Zen3 (shared/PERF.md).
 """
 import os
 
 PRESETS = {
-  "default": (),
+    "default": (),
+    "no_xnnpack": ("--xla_cpu_use_xnnpack=false",),
+    "onednn": ("--xla_cpu_use_onednn=true",),
 }
 
 
@@ -19,7 +30,7 @@ def _backend_started():
   try:
     from jax._src import xla_bridge  # private, but the only way to ask
     return bool(getattr(xla_bridge, "_backends", {}))
-  except Exception:
+  except Exception:  # pylint: disable=broad-except
     return False
 
 
@@ -32,6 +43,6 @@ def apply(preset):
     return
   if _backend_started():
     raise RuntimeError(f"XLA CPU flag preset {preset!r} must be applied before JAX's backend "
-                           "starts (before the first jax computation)")
+                       "starts (before the first jax computation)")
   current = os.environ.get("XLA_FLAGS", "")
   os.environ["XLA_FLAGS"] = " ".join([current, *flags]).strip()

@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 
+import jax
 import pytest
 
 from big_vit_lite import bench
@@ -79,6 +80,10 @@ def test_cpu_flag_presets_are_opt_in_and_checked(monkeypatch):
   assert "XLA_FLAGS" not in os.environ  # the default preset changes nothing
   with pytest.raises(ValueError, match="unknown XLA CPU flag preset"):
     xla_cpu_flags.apply("warp-speed")
+  jax.numpy.ones(1).block_until_ready()  # the backend is up: flags would be ignored
+  with pytest.raises(RuntimeError, match="before JAX's backend starts"):
+    xla_cpu_flags.apply("no_xnnpack")
+  assert "XLA_FLAGS" not in os.environ
 
 
 def _fake_round(ours_train, timm_train):

@@ -1,0 +1,97 @@
+"""Interleaved A/B timing of the current vit.py against another version of it, in one process.
+
+  git show HEAD~1:big_vit_lite/models/vit.py > /tmp/vit_old.py
+  python benchmarks/ab_vit.py --old=/tmp/vit_old.py --variant=Ti/16 --mode=train --rounds=8
+
+Both training (or inference) steps are compiled first, then timed in turns,
+one step each per round, so machine load hits both alike. Prints one JSON
+line per version: medians, and the per-round speedup of the current version
+over --old in wall time and in process CPU time. On a shared CPU, trust the
+CPU-time ratio (its spread is a few %) over wall time (spread of 2x).
+"""
+import argparse
+import importlib.util
+import json
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from big_vit_lite import losses
+from big_vit_lite import sharding
+from big_vit_lite.models import vit as vit_current
+
+
+def load_module(path):
+  spec = importlib.util.spec_from_file_location("vit_old", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def make_step(vit_module, variant, mode, batch, res, num_classes, model_kw):
+  model = vit_module.Model(num_classes=num_classes, variant=variant, **model_kw)
+  rng = jax.random.PRNGKey(0)
+  x = jax.random.normal(rng, (batch, res, res, 3))
+  labels = jax.nn.one_hot(jnp.arange(batch) % num_classes, num_classes)
+  params = sharding.unbox(jax.jit(model.init)(rng, x)["params"])
+  if mode == "infer":
+    f = jax.jit(lambda p, x: model.apply({"params": p}, x)[0]).lower(params, x).compile()
+    return lambda: f(params, x).block_until_ready()
+  tx = optax.adamw(1e-3, weight_decay=1e-4)
+
+  def step(state, x, labels):
+    p, opt_state = state
+    loss_fn = lambda p: losses.softmax_xent(model.apply({"params": p}, x, train=True)[0], labels)
+    loss, grads = jax.value_and_grad(loss_fn)(p)
+    updates, opt_state = tx.update(grads, opt_state, p)
+    return (optax.apply_updates(p, updates), opt_state), loss
+
+  state = [(params, tx.init(params))]
+  f = jax.jit(step, donate_argnums=0).lower(state[0], x, labels).compile()
+
+  def run():
+    state[0], loss = f(state[0], x, labels)
+    loss.block_until_ready()
+  return run
+
+
+def main():
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("--old", required=True, help="path of the other vit.py")
+  p.add_argument("--variant", default="Ti/16")
+  p.add_argument("--mode", default="train", choices=["train", "infer"])
+  p.add_argument("--batch", type=int, default=32)
+  p.add_argument("--res", type=int, default=224)
+  p.add_argument("--rounds", type=int, default=8)
+  p.add_argument("--model_kw", default='{"remat_policy": null}',
+                 help="JSON kwargs for both Models (default: no remat)")
+  args = p.parse_args()
+  kw = json.loads(args.model_kw)
+  versions = [("old", load_module(args.old)), ("current", vit_current)]
+  runs = []
+  for _, module in versions:
+    run = make_step(module, args.variant, args.mode, args.batch, args.res, 1000, kw)
+    run()  # warm-up
+    runs.append(run)
+  wall, cpu = [[] for _ in runs], [[] for _ in runs]
+  for _ in range(args.rounds):
+    for j, run in enumerate(runs):
+      c0, t0 = time.process_time(), time.perf_counter()
+      run()
+      wall[j].append(time.perf_counter() - t0)
+      cpu[j].append(time.process_time() - c0)
+  for j, (name, _) in enumerate(versions):
+    sw = [wall[0][i] / wall[j][i] for i in range(args.rounds)]
+    sc = [cpu[0][i] / cpu[j][i] for i in range(args.rounds)]
+    print(json.dumps(dict(
+        version=name, variant=args.variant, mode=args.mode, batch=args.batch,
+        wall_s=statistics.median(wall[j]), cpu_s=statistics.median(cpu[j]),
+        speedup_wall=statistics.median(sw), speedup_wall_range=[min(sw), max(sw)],
+        speedup_cpu=statistics.median(sc), speedup_cpu_range=[min(sc), max(sc)])), flush=True)
+
+
+if __name__ == "__main__":
+  main()
