@@ -22,10 +22,14 @@ from absl import flags
 
 from big_vit_lite.models import interop
 
-_SRC = flags.DEFINE_string("src", None, "Params to export: .npz, training workdir or step dir.")
-_OUT = flags.DEFINE_string("out", None, "Output file (.npz or .safetensors).")
-_FORMAT = flags.DEFINE_enum("format", "npz", ["npz", "timm"], "Output layout.")
-_RES = flags.DEFINE_integer("res", None, "Image size; needed for timm export of sincos2d models.")
+
+def _define_flags():
+  # Defined only when run as a command, so that importing this module (tests,
+  # other tools) does not clash with other CLIs' flags in one process.
+  flags.DEFINE_string("src", None, "Params to export: .npz, training workdir or step dir.")
+  flags.DEFINE_string("out", None, "Output file (.npz or .safetensors).")
+  flags.DEFINE_enum("format", "npz", ["npz", "timm"], "Output layout.")
+  flags.DEFINE_integer("res", None, "Image size; needed for timm export of sincos2d models.")
 
 
 def export(src: str, out: str, fmt: str, res=None) -> dict:
@@ -41,14 +45,16 @@ def export(src: str, out: str, fmt: str, res=None) -> dict:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
-  if not _SRC.value or not _OUT.value:
+  f = flags.FLAGS
+  if not f.src or not f.out:
     sys.exit("export: pass --src=SRC and --out=FILE.")
   try:
-    summary = export(_SRC.value, _OUT.value, _FORMAT.value, _RES.value)
+    summary = export(f.src, f.out, f.format, f.res)
   except (ValueError, OSError, KeyError) as e:
     sys.exit(f"export: {e}")
   print(json.dumps(summary))
 
 
 if __name__ == "__main__":
+  _define_flags()
   app.run(main)
