@@ -62,8 +62,9 @@ def run_ours(variant, batch, res, steps, warmup, extra):
   return _last_json(p.stdout, "big_vit_lite.bench")
 
 
-def run_timm(python, variant, batch, res, steps, warmup, threads):
+def run_timm(python, variant, batch, res, steps, warmup, threads, extra_env=()):
   env = dict(os.environ)
+  env.update(kv.split("=", 1) for kv in extra_env)
   # timm imports torchvision at import time; a ViT never uses it (see timm_standin/).
   env["PYTHONPATH"] = os.path.join(HERE, "timm_standin")
   cmd = [python, os.path.join(HERE, "timm_vit_bench.py"), f"--variant={variant}",
@@ -177,6 +178,9 @@ def main():
   p.add_argument("--timm_python", default=os.environ.get("TIMM_PYTHON",
                                                          "/work/venv-timm/bin/python"),
                  help="python of a venv with torch + timm, or 'none' to skip timm")
+  p.add_argument("--timm_env", action="append", default=[],
+                 help="KEY=VALUE for timm's process (repeatable), e.g. OMP_WAIT_POLICY=PASSIVE: "
+                      "on a shared CPU, OpenMP's default spin-waiting makes torch 3-4x slower")
   p.add_argument("--ours_args", default="",
                  help="extra flags for big_vit_lite.bench, e.g. '--cpu_flags=... --model_kw=...'")
   p.add_argument("--label", default="default", help="names this configuration in RESULTS.md")
@@ -201,7 +205,7 @@ def main():
       for i in range(args.rounds):
         ours = run_ours(variant, batch, args.res, args.steps, args.warmup, extra)
         timm = (run_timm(args.timm_python, variant, batch, args.res, args.steps, args.warmup,
-                         args.threads) if with_timm else None)
+                         args.threads, args.timm_env) if with_timm else None)
         rounds.append(dict(ours=ours, timm=timm))
         msg = (f"[{variant} b{batch} round {i + 1}/{args.rounds}] ours train "
                f"{ours['train_img_per_s']:.2f} infer {ours['infer_img_per_s']:.2f} img/s "

@@ -21,6 +21,7 @@ Args (comma-separated after the file name, e.g. `configs/demo.py:runlocal`):
   runlocal   a few steps on a small batch, for tests and smoke runs.
 """
 import ml_collections
+from ml_collections import config_dict
 
 TRAIN_PP = ("decode(channels=1)|flip_lr|value_range(-1, 1)"
             "|onehot(10, key='label', key_result='labels')|keep('image', 'labels')")
@@ -57,6 +58,11 @@ def get_config(arg=None):
                       patch_size=7, posemb="learn", pool_type="gap", num_classes=10,
                       remat_policy=None)
   config.loss = "softmax_xent"
+  # Start from another run / an .npz instead of random init: --config.model_init=SRC
+  # (a training workdir, a checkpoint step dir or a vision_transformer .npz);
+  # dont_load: regexes of params to keep from init, e.g. "('head/.*',)".
+  config.model_init = config_dict.placeholder(str)
+  config.model_load = dict(dont_load=())
 
   config.total_steps = 5600  # ~12 epochs.
   config.total_epochs = None

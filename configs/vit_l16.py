@@ -95,6 +95,11 @@ def get_config(arg=None):
   config.model = dict(variant=args["variant"], num_classes=num_classes, pool_type="tok",
                       posemb="learn", rep_size=True, dropout=0.1, head_zeroinit=True)
   config.loss = "sigmoid_xent"
+  # Start from another run / an .npz instead of random init: --config.model_init=SRC
+  # (a training workdir, a checkpoint step dir or a vision_transformer .npz);
+  # dont_load: regexes of params to keep from init, e.g. "('head/.*',)".
+  config.model_init = config_dict.placeholder(str)
+  config.model_load = dict(dont_load=())
   config.init_head_bias = -10.0  # Sigmoid heads start at p ~ 5e-5 per class: stable start.
 
   config.optax_name = "scale_by_adam"

@@ -46,6 +46,11 @@ def get_config(arg=None):
   config.model = dict(variant="S/16", num_classes=1000, pool_type="gap", posemb="sincos2d",
                       rep_size=False, head_zeroinit=True)
   config.loss = "softmax_xent"
+  # Start from another run / an .npz instead of random init: --config.model_init=SRC
+  # (a training workdir, a checkpoint step dir or a vision_transformer .npz);
+  # dont_load: regexes of params to keep from init, e.g. "('head/.*',)".
+  config.model_init = config_dict.placeholder(str)
+  config.model_load = dict(dont_load=())
   config.mixup = dict(mixup_alpha=0.2)
 
   config.optax_name = "scale_by_adam"
