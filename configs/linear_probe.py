@@ -8,8 +8,9 @@ picks the l2 penalty on a held-out 10% of train (L-BFGS, optax, all values
 at once), refits on all of train and reports "linear_probe/DATASET" (test
 accuracy). Defaults: the offline datasets mnist10k and animal_mnist.
 
-Expected (demo model, configs/demo.py): see README "Evaluation".
-~1-2 min on 2 CPU cores for the demo model.
+Expected, demo model (configs/demo.py checkpoint at step 1000): mnist10k
+77.8%, animal_mnist 72.9% (pre_logits); logistic regression on raw pixels
+gives 91.5% and 77.6%. A few minutes of CPU time (2 cores).
 
 Args (after ':', comma separated):
   res=R        the model's input resolution (default 28, the demo's).
