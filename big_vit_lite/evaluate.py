@@ -40,9 +40,16 @@ from big_vit_lite import sharding
 from big_vit_lite import evaluators
 from big_vit_lite.models import vit
 
-_CONFIG = config_loading.define_config_flag(
-    help_string="Evaluation config file (FILE.py[:arg]), e.g. configs/fewshot.py.")
-_WORKDIR = flags.DEFINE_string("workdir", None, "Where metrics.jsonl and TensorBoard go.")
+_CONFIG = _WORKDIR = None  # flag holders, defined by _define_flags()
+
+
+def _define_flags():
+  # Only when run as a command: importing this module (tests, other CLIs)
+  # must not clash with other CLIs' --config/--workdir in one process.
+  global _CONFIG, _WORKDIR
+  _CONFIG = config_loading.define_config_flag(
+      help_string="Evaluation config file (FILE.py[:arg]), e.g. configs/fewshot.py.")
+  _WORKDIR = flags.DEFINE_string("workdir", None, "Where metrics.jsonl and TensorBoard go.")
 
 
 # ---------------------------------------------------------------- the model
@@ -278,4 +285,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  _define_flags()
   app.run(main)

@@ -40,8 +40,15 @@ from big_vit_lite.data import device as device_lib
 from big_vit_lite.data import input_pipeline
 from big_vit_lite.data import mixup as mixup_lib
 
-_CONFIG = config_loading.define_config_flag()
-_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and logs.")
+_CONFIG = _WORKDIR = None  # flag holders, defined by _define_flags()
+
+
+def _define_flags():
+  # Only when run as a command: importing this module (tests, other CLIs)
+  # must not clash with other CLIs' --config/--workdir in one process.
+  global _CONFIG, _WORKDIR
+  _CONFIG = config_loading.define_config_flag()
+  _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and logs.")
 
 
 class TrainingError(RuntimeError):
@@ -411,4 +418,5 @@ def _make_evaluators(config, model, mesh, **dur):
 
 
 if __name__ == "__main__":
+  _define_flags()
   app.run(main)
