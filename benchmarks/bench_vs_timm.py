@@ -138,7 +138,10 @@ def render_markdown(records):
       "The machines are shared, so absolute img/s drift; the ratios are the figures to quote.",
       "CPU-time ratio: timm's process CPU seconds per training step over ours (median over",
       "rounds); it tracks each framework's own cost even when the neighbours' load swamps wall",
-      "time, but counts spinning threads as work.",
+      "time, but counts spinning threads as work. Rows taken at different times saw different",
+      "load (the `baseline` and `optimized` rows ran against timm's default OpenMP spin-waiting",
+      "on a heavily shared CPU, which slows torch 3-4x): compare code versions with",
+      "`benchmarks/ab_vit.py` (in-process A/B), not across rows.",
       "",
       "| label | machine | config | ours train img/s | timm train img/s | train ratio | "
       "train CPU-time ratio | ours infer img/s | timm infer img/s | infer ratio | ours train MFU | "
