@@ -16,6 +16,7 @@ import sys
 import jax
 
 from big_vit_lite import bench
+from big_vit_lite import devices
 
 
 def _oom(e):
@@ -68,7 +69,7 @@ def main():
   print(f"# device: {dev.device_kind} x{jax.device_count()}, jax {jax.__version__}",
         file=sys.stderr)
   calib = bench.calibrate_matmul(calib_n, args.dtype, reps=10)
-  peak = bench.datasheet_peak(dev, args.dtype)
+  peak = devices.datasheet_peak(dev, args.dtype)
   results = []
   for variant in variants:
     r = run_variant(variant, batches, res, args.dtype, steps, warmup, calib, peak, model_kw)

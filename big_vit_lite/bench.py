@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from big_vit_lite import devices
 from big_vit_lite import losses
 from big_vit_lite import sharding
 from big_vit_lite import xla_cpu_flags
@@ -54,23 +55,6 @@ _PEAK_TFLOPS = flags.DEFINE_float("peak_tflops", None,
 _CPU_FLAGS = flags.DEFINE_enum("cpu_flags", "default", list(xla_cpu_flags.PRESETS),
                                "XLA CPU flag preset (see big_vit_lite/xla_cpu_flags.py); "
                                "must be applied before JAX starts, so only via this flag.")
-
-# Dense datasheet peaks per device (FLOP/s), by a substring of device_kind.
-# GPU figures are the SXM parts without sparsity.
-_PEAKS = {
-    "bfloat16": [("H200", 989e12), ("H100", 989e12), ("A100", 312e12),
-                 ("TPU v6", 918e12), ("TPU v5p", 459e12), ("TPU v5", 197e12),
-                 ("TPU v4", 275e12), ("TPU v3", 123e12)],
-    "float32": [("H200", 67e12), ("H100", 67e12), ("A100", 19.5e12)],
-}
-
-
-def datasheet_peak(device, dtype):
-  for sub, peak in _PEAKS.get(dtype, []):
-    if sub.lower() in device.device_kind.lower():
-      return peak
-  return None
-
 
 def _median_min_max(times):
   return statistics.median(times), min(times), max(times)
@@ -264,7 +248,7 @@ def main(argv):
   except ValueError as e:
     sys.exit(f"bench: {e}")
   dev = jax.devices()[0]
-  peak = _PEAK_TFLOPS.value * 1e12 if _PEAK_TFLOPS.value else datasheet_peak(dev, _DTYPE.value)
+  peak = _PEAK_TFLOPS.value * 1e12 if _PEAK_TFLOPS.value else devices.datasheet_peak(dev, _DTYPE.value)
   n_dev = mesh.size if mesh is not None else 1
 
   for variant in _VARIANT.value:

@@ -5,8 +5,8 @@
 TensorBoard writer. Only process 0 writes, so every process may call it.
 
 MFU = achieved FLOP/s (the compiled step's `cost_analysis()` FLOPs over the
-measured step time) / peak FLOP/s. Accelerator peaks come from a table of
-vendor dense bf16 figures; a CPU has no useful datasheet figure (it depends on
+measured step time) / peak FLOP/s. Accelerator peaks are the vendor dense
+bf16 figures in devices.py; a CPU has no useful datasheet figure (it depends on
 cores, SIMD width and what else runs), so its peak is calibrated at start by
 timing a large f32 matmul in the same process.
 """
@@ -20,27 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-# Dense bf16 peak FLOP/s per device (vendor datasheets), matched by substring
-# of `device.device_kind` (lower-cased); the first match wins, so longer and
-# more specific names come first.
-PEAK_FLOPS_BY_KIND = (
-    ("tpu v6 lite", 918e12),
-    ("tpu v6e", 918e12),
-    ("tpu v5 lite", 197e12),
-    ("tpu v5e", 197e12),
-    ("tpu v5p", 459e12),
-    ("tpu v5", 459e12),
-    ("tpu v4", 275e12),
-    ("tpu v3", 123e12),
-    ("tpu v2", 45e12),
-    ("h200", 989e12),
-    ("h100", 989e12),
-    ("gh200", 989e12),
-    ("a100", 312e12),
-    ("l4", 121e12),
-    ("a10g", 70e12),
-    ("v100", 125e12),
-)
+from big_vit_lite import devices
 
 
 def calibrate_cpu_flops(n=1024, reps=5):
@@ -65,11 +45,8 @@ def peak_flops_per_device(device=None):
   device = device or jax.local_devices()[0]
   if device.platform == "cpu":
     return calibrate_cpu_flops() / max(1, jax.local_device_count())
-  kind = device.device_kind.lower()
-  for name, peak in PEAK_FLOPS_BY_KIND:
-    if name in kind:
-      return peak
-  return None
+  # Accelerators: the datasheet bf16 peak, the usual MFU denominator.
+  return devices.datasheet_peak(device, "bfloat16")
 
 
 def compiled_flops(compiled):

@@ -24,7 +24,6 @@ recomputation), step_time_s, mfu_bound, and, with --compile, compiled_* fields.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
@@ -35,44 +34,8 @@ import sys
 from absl import app
 from absl import flags
 
-# --------------------------------------------------------------------------------------------
-# Device table. Peak dense bf16 FLOP/s of one JAX device, its memory, and the per-device
-# bandwidth of the interconnect that data/fsdp collectives use (one direction, bytes/s).
-# Sources (vendor datasheets / Cloud TPU system-architecture pages):
-#   TPU v4:  275 TFLOP/s bf16, 32 GiB HBM2, ICI 2,400 Gbit/s per chip
-#            (cloud.google.com/tpu/docs/v4)
-#   TPU v5e: 197 TFLOP/s bf16, 16 GiB HBM2, ICI 1,600 Gbit/s per chip
-#            (cloud.google.com/tpu/docs/v5e)
-#   TPU v5p: 459 TFLOP/s bf16, 95 GiB HBM2e, ICI 4,800 Gbit/s per chip
-#            (cloud.google.com/tpu/docs/v5p)
-#   TPU v6e: 918 TFLOP/s bf16, 32 GiB HBM, ICI 3,584 Gbit/s per chip (cloud.google.com/tpu/docs/v6e)
-#   A100 SXM 80GB: 312 TFLOP/s bf16 dense, 80 GB HBM2e, NVLink 3 600 GB/s (NVIDIA A100 datasheet)
-#   H100 SXM: 989 TFLOP/s bf16 dense, 80 GB HBM3, NVLink 4 900 GB/s (NVIDIA H100 datasheet)
-#   H200 SXM: 989 TFLOP/s bf16 dense, 141 GB HBM3e, NVLink 4 900 GB/s (NVIDIA H200 datasheet)
-# NVLink figures are bidirectional totals; halved here. Multi-node GPU jobs are slower (IB).
-# f32 matmuls at JAX's default precision: TPUs run them as one bf16 pass (full bf16 rate);
-# A100/H100/H200 use TF32 tensor cores at half the bf16 rate.
-GIB = 1024**3
+from big_vit_lite.devices import DEVICES, GIB
 
-
-@dataclasses.dataclass(frozen=True)
-class DeviceSpec:
-  name: str
-  bf16_flops: float
-  f32_flops: float
-  hbm_bytes: int
-  link_bytes_per_s: float
-
-
-DEVICES = {
-    "tpu_v4": DeviceSpec("TPU v4", 275e12, 275e12, 32 * GIB, 2400e9 / 8),
-    "tpu_v5e": DeviceSpec("TPU v5e", 197e12, 197e12, 16 * GIB, 1600e9 / 8),
-    "tpu_v5p": DeviceSpec("TPU v5p", 459e12, 459e12, 95 * GIB, 4800e9 / 8),
-    "tpu_v6e": DeviceSpec("TPU v6e", 918e12, 918e12, 32 * GIB, 3584e9 / 8),
-    "a100": DeviceSpec("A100 SXM 80GB", 312e12, 156e12, 80 * 10**9, 600e9 / 2),
-    "h100": DeviceSpec("H100 SXM", 989e12, 494.5e12, 80 * 10**9, 900e9 / 2),
-    "h200": DeviceSpec("H200 SXM", 989e12, 494.5e12, 141 * 10**9, 900e9 / 2),
-}
 # XLA needs room beyond live buffers (fragmentation, collective and conv scratch, program):
 # a plan "fits" if its peak is under this fraction of the device memory.
 USABLE_FRACTION = 0.9
