@@ -157,9 +157,7 @@ def train(raw_config, workdir):
   mixup_cfg = config.consume("mixup", None)
   mixup_fn = _make_mixup(mixup_cfg)
 
-  first_state_before = train_iter.get_state()
-  first_batch = next(train_iter)  # Only for the image shape and dtypes.
-  image_shape = first_batch["image"].shape[1:]
+  image_shape = train_iter.batch_shapes()["image"][1:]
 
   def init_params(rng):
     dummy = jnp.zeros((n_batch_dev,) + tuple(image_shape), jnp.float32)
@@ -263,9 +261,6 @@ def train(raw_config, workdir):
         loaded = model_mod.load(init_values, model_init, model_kw, dont_load=dont_load)
         params = _global_from_host(loaded, params_sh)
       state = make_state(params)
-      # The peeked batch was only for shapes: rewind so that step 1 reads it again.
-      train_iter.set_state(first_state_before)
-    del first_batch
     # Device prefetch; its get_state() is the position after the last batch *returned*.
     batches = device_lib.prefetch(train_iter, prefetch_size, mesh)
     first_step = int(jax.device_get(state["step"]))

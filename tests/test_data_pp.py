@@ -87,11 +87,20 @@ def test_decode_passes_through_decoded_grey_and_to_rgb():
     ("resize(16)", (16, 16, 3)), ("resize((10, 20))", (10, 20, 3)),
     ("resize_small(20)", (20, 30, 3)), ("central_crop(24)", (24, 24, 3)),
     ("central_crop((10, 50))", (10, 50, 3)), ("random_crop(12)", (12, 12, 3)),
-    ("inception_crop(8)", (8, 8, 3)), ("flip_lr", (40, 60, 3)),
+    ("inception_crop(8)", (8, 8, 3)), ("flip_lr", (40, 60, 3)), ("pad(2)", (44, 64, 3)),
+    ("pad((1, 3))", (42, 66, 3)),
     ("randaug(2, 10)", (40, 60, 3))])
 def test_image_op_shapes_keep_uint8(op, shape):
   out = run(op, image=IMG)
   assert out["image"].shape == shape and out["image"].dtype == np.uint8
+
+
+def test_pad_then_random_crop_translates():
+  out = run("pad(2, value=9)", image=IMG)["image"]
+  np.testing.assert_array_equal(out[2:-2, 2:-2], IMG)
+  assert (out[:2] == 9).all() and (out[:, -2:] == 9).all()
+  with pytest.raises(ValueError, match="pad must be"):
+    run("pad(-1)", image=IMG)
 
 
 def test_central_crop_is_central_and_resize_keeps_constant_images():

@@ -147,6 +147,20 @@ class TrainIterator:
     self._consumed = int(state["examples_per_shard"])
     self._it = None
 
+  def batch_shapes(self):
+    """{key: shape} of one host-local batch, without moving the position.
+
+    Read from the pipeline's static element spec when the pp ops give fixed
+    shapes (no data is read: peeking would fill the shuffle buffer and
+    discard a partly read cache); otherwise one batch is read from a
+    throwaway pipeline without shuffle buffer or cache.
+    """
+    shapes = {k: tuple(spec.shape) for k, spec in self._build(0).element_spec.items()}
+    if all(d is not None for shape in shapes.values() for d in shape):
+      return shapes
+    batch = next(iter(self._build(0, peek=True)))
+    return {k: tuple(v.shape) for k, v in batch.items()}
+
   # --- iteration ---------------------------------------------------------
   def __iter__(self):
     return self
@@ -159,7 +173,7 @@ class TrainIterator:
     self._consumed += self._batch_per_shard
     return {k: v.numpy() if hasattr(v, "numpy") else v for k, v in batch.items()}
 
-  def _shard_dataset(self, shard, consumed):
+  def _shard_dataset(self, shard, consumed, peek=False):
     start, end = self._bounds[shard], self._bounds[shard + 1]
     n = end - start
     if n < self._batch_per_shard:
@@ -167,8 +181,8 @@ class TrainIterator:
                        f"{self._batch_per_shard}; lower batch_size or num_shards")
     first_epoch, offset = divmod(consumed, n)
     base_seed = tf.constant([self._seed, shard], tf.int64)
-    source, buf = self._source, self._shuffle_buffer_size
-    cached = source.raw(start, end).cache() if self._cache == "raw" else None
+    source, buf = self._source, (1 if peek else self._shuffle_buffer_size)
+    cached = source.raw(start, end).cache() if self._cache == "raw" and not peek else None
 
     def epoch(e):
       eseed = _fold(base_seed, e)
@@ -187,8 +201,8 @@ class TrainIterator:
                 deterministic=True)
     return ds.batch(self._batch_per_shard, drop_remainder=True)
 
-  def _build(self, consumed):
-    per_shard = [self._shard_dataset(s, consumed) for s in self._shards]
+  def _build(self, consumed, peek=False):
+    per_shard = [self._shard_dataset(s, consumed, peek) for s in self._shards]
     if len(per_shard) == 1:
       ds = per_shard[0]
     else:

@@ -233,6 +233,29 @@ def get_random_crop(crop_size, key="image"):
   return op
 
 
+@register("pad")
+def get_pad(pad, value=0, key="image"):
+  """Pads `pad` pixels (int, or (top/bottom, left/right)) of constant `value`.
+
+  With random_crop back to the original size this is the usual translation
+  augmentation for small images: "decode|pad(2)|random_crop(28)".
+  """
+  if isinstance(pad, int):
+    pad = (pad, pad)
+  if (not isinstance(pad, (tuple, list)) or len(pad) != 2
+      or not all(isinstance(p, int) and p >= 0 for p in pad)):
+    raise ValueError(f"pad must be a non-negative int or (rows, cols), got {pad!r}")
+  ph, pw = pad
+
+  def op(data):
+    img = data[key]
+    out = tf.pad(img, [[ph, ph], [pw, pw], [0, 0]], constant_values=tf.cast(value, img.dtype))
+    h, w, c = img.shape
+    shape = [None if h is None else h + 2 * ph, None if w is None else w + 2 * pw, c]
+    return _with(data, key, tf.ensure_shape(out, shape))
+  return op
+
+
 @register("flip_lr")
 def get_flip_lr(key="image"):
   def op(data):
