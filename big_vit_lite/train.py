@@ -16,7 +16,6 @@ import functools
 import importlib
 import logging as py_logging
 import math
-import os
 import sys
 
 from absl import app
@@ -35,6 +34,7 @@ from big_vit_lite import evaluators as evaluators_lib
 from big_vit_lite import losses
 from big_vit_lite import metrics as metrics_lib
 from big_vit_lite import optim
+from big_vit_lite import paths
 from big_vit_lite import sharding
 from big_vit_lite.data import device as device_lib
 from big_vit_lite.data import input_pipeline
@@ -105,12 +105,11 @@ def train(raw_config, workdir):
   # ------------------------------------------------------------------ setup
   distributed.initialize()  # Before anything touches a backend.
   config = config_loading.TrackedConfig(raw_config)
-  workdir = os.path.abspath(workdir)
+  workdir = paths.resolve(workdir)  # Local (made absolute) or a bucket (gs://..., as given).
   is_main = jax.process_index() == 0
   if is_main:
-    os.makedirs(workdir, exist_ok=True)
-    with open(os.path.join(workdir, "config.json"), "w") as f:
-      f.write(raw_config.to_json_best_effort(indent=2) + "\n")
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "config.json").write_text(raw_config.to_json_best_effort(indent=2) + "\n")
   logging.info("big_vit_lite.train: process %d/%d, %d devices (%s), workdir %s",
                jax.process_index(), jax.process_count(), jax.device_count(),
                jax.devices()[0].device_kind, workdir)
@@ -157,7 +156,8 @@ def train(raw_config, workdir):
   mixup_cfg = config.consume("mixup", None)
   mixup_fn = _make_mixup(mixup_cfg)
 
-  image_shape = train_iter.batch_shapes()["image"][1:]
+  batch_spec = train_iter.batch_spec()
+  image_shape = batch_spec["image"].shape[1:]
 
   def init_params(rng):
     dummy = jnp.zeros((n_batch_dev,) + tuple(image_shape), jnp.float32)
@@ -233,7 +233,7 @@ def train(raw_config, workdir):
     state_abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                                   state_abstract, state_sh)
     batch_abstract = {k: jax.ShapeDtypeStruct((batch_size,) + v.shape[1:], v.dtype, sharding=batch_sh)
-                      for k, v in first_batch.items()}
+                      for k, v in batch_spec.items()}
     # One compile, reused for every step; donation lets XLA update in place.
     update_compiled = jax.jit(update, in_shardings=(state_sh, batch_sh),
                               out_shardings=(state_sh, repl),
@@ -252,7 +252,6 @@ def train(raw_config, workdir):
       logging.info("Resuming from %s/%d", checkpointer.directory, resume_step)
       state, data_state = checkpointer.restore(resume_step, state_abstract)
       train_iter.set_state(data_state)
-      writer.truncate_after(resume_step)
     else:
       params = init_fn(rng_init)
       if model_init:
@@ -261,6 +260,9 @@ def train(raw_config, workdir):
         loaded = model_mod.load(init_values, model_init, model_kw, dont_load=dont_load)
         params = _global_from_host(loaded, params_sh)
       state = make_state(params)
+    # Drops what a killed earlier attempt logged after the resumed step (or
+    # all of it, for a fresh start), in metrics.jsonl and in TensorBoard.
+    writer.start_run(resume_step)
     # Device prefetch; its get_state() is the position after the last batch *returned*.
     batches = device_lib.prefetch(train_iter, prefetch_size, mesh)
     first_step = int(jax.device_get(state["step"]))
@@ -312,7 +314,7 @@ def train(raw_config, workdir):
     data_state = batches.get_state()
     while step < total_steps:
       if profile and step == profile[0]:
-        jax.profiler.start_trace(os.path.join(workdir, "profile"))
+        jax.profiler.start_trace(str(workdir / "profile"))
         tracing = True
       # Implicit host<->device copies in the hot loop are bugs (hidden syncs,
       # per-step transfers): fail loudly instead. Explicit ones are fine.

@@ -90,12 +90,13 @@ def test_state_restore_gives_identical_next_batches(tiny, cache, pp):
 
 
 @pytest.mark.parametrize("pp", [PP_IDS, "decode|resize(5)|keep('image', 'id')"])
-def test_batch_shapes_does_not_move_the_position(tiny, pp):
+def test_batch_spec_does_not_move_the_position(tiny, pp):
   c = cfg(tiny, pp=pp, num_shards=2, cache="raw")
   it = ip.make_train_iterator(c, seed=3, process_index=0, process_count=1)
   first = next(ip.make_train_iterator(c, seed=3, process_index=0, process_count=1))
-  shapes = it.batch_shapes()
-  assert shapes == {k: v.shape for k, v in first.items()}
+  spec = it.batch_spec()
+  assert {k: (s.shape, s.dtype) for k, s in spec.items()} == {
+      k: (v.shape, v.dtype) for k, v in first.items()}
   assert it.get_state()["examples_per_shard"] == 0
   np.testing.assert_array_equal(next(it)["id"], first["id"])
 

@@ -147,19 +147,21 @@ class TrainIterator:
     self._consumed = int(state["examples_per_shard"])
     self._it = None
 
-  def batch_shapes(self):
-    """{key: shape} of one host-local batch, without moving the position.
+  def batch_spec(self):
+    """{key: jax.ShapeDtypeStruct} of one host-local batch, without moving the position.
 
     Read from the pipeline's static element spec when the pp ops give fixed
     shapes (no data is read: peeking would fill the shuffle buffer and
     discard a partly read cache); otherwise one batch is read from a
     throwaway pipeline without shuffle buffer or cache.
     """
-    shapes = {k: tuple(spec.shape) for k, spec in self._build(0).element_spec.items()}
-    if all(d is not None for shape in shapes.values() for d in shape):
-      return shapes
+    spec = {k: jax.ShapeDtypeStruct(tuple(s.shape), s.dtype.as_numpy_dtype)
+            for k, s in self._build(0).element_spec.items()}
+    if all(d is not None for s in spec.values() for d in s.shape):
+      return spec
     batch = next(iter(self._build(0, peek=True)))
-    return {k: tuple(v.shape) for k, v in batch.items()}
+    return {k: jax.ShapeDtypeStruct(tuple(v.shape), v.dtype.as_numpy_dtype)
+            for k, v in batch.items()}
 
   # --- iteration ---------------------------------------------------------
   def __iter__(self):
