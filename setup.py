@@ -15,6 +15,7 @@ INSTALL_REQUIRES = [
     "orbax-checkpoint==0.12.8",
     "clu==0.0.12",
     "tensorboard==2.21.0",
+    "etils[epath]==1.15.0",  # paths.py: workdirs on buckets (gs://)
     "safetensors==0.8.0",  # timm export (numpy API, no torch)
     "absl-py",
     "numpy",

@@ -11,6 +11,8 @@ an incomplete one invisible.
 
 `load_params(src)` reads params from a training workdir (its newest complete
 checkpoint), an orbax step directory or an `.npz` file as nested numpy dicts.
+Workdirs and sources may be local or on a bucket (gs://...): paths are
+etils.epath paths, which orbax takes as they are.
 """
 import json
 import os
@@ -23,6 +25,8 @@ import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
+from big_vit_lite import paths
+
 CKPT_SUBDIR = "checkpoints"
 
 
@@ -34,7 +38,7 @@ class Checkpointer:
   """
 
   def __init__(self, workdir, *, keep=3, keep_every=None, async_save=True):
-    self.directory = os.path.abspath(os.path.join(workdir, CKPT_SUBDIR))
+    self.directory = paths.resolve(workdir) / CKPT_SUBDIR
     options = ocp.CheckpointManagerOptions(
         max_to_keep=keep,           # The last `keep` checkpoints ...
         keep_period=keep_every,     # ... plus every step divisible by keep_every.
@@ -94,15 +98,15 @@ def _config_to_json(config):
 # Reading params from other runs / files.
 
 def resolve_step_dir(src):
-  """A workdir, checkpoints dir or step dir -> the step directory to read."""
-  src = os.path.abspath(src)
-  if os.path.isdir(os.path.join(src, "state")):
+  """A workdir, checkpoints dir or step dir -> the step directory to read (an epath.Path)."""
+  src = paths.resolve(src)
+  if (src / "state").is_dir():
     return src
-  for ckpt_dir in (os.path.join(src, CKPT_SUBDIR), src):
-    if os.path.isdir(ckpt_dir):
+  for ckpt_dir in (src / CKPT_SUBDIR, src):
+    if ckpt_dir.is_dir():
       steps = ocp.utils.checkpoint_steps(ckpt_dir)  # Complete (committed) steps only.
       if steps:
-        return os.path.join(ckpt_dir, str(max(steps)))
+        return ckpt_dir / str(max(steps))
   raise ValueError(
       f"No complete checkpoint found in {src}: pass a training workdir, a "
       "checkpoint step directory (.../checkpoints/<step>) or an .npz file.")
@@ -116,16 +120,16 @@ def load_params(src):
   """
   if not isinstance(src, (str, os.PathLike)):
     raise ValueError(f"load_params needs a path, got {type(src).__name__}.")
-  src = os.fspath(src)
-  if src.endswith(".npz"):
-    if not os.path.isfile(src):
+  src = paths.resolve(src)
+  if src.name.endswith(".npz"):
+    if not src.is_file():
       raise ValueError(f"No such .npz file: {src}")
     return load_npz(src), None
-  if not os.path.exists(src):
+  if not src.exists():
     raise ValueError(f"model_init path does not exist: {src}")
   step_dir = resolve_step_dir(src)
   ckptr = ocp.PyTreeCheckpointer()
-  state_dir = os.path.join(step_dir, "state")
+  state_dir = step_dir / "state"
   tree = ckptr.metadata(state_dir).item_metadata.tree
   if "params" not in tree:
     raise ValueError(f"Checkpoint {step_dir} holds no 'params'.")
@@ -136,10 +140,9 @@ def load_params(src):
       item={"params": tree["params"]}, restore_args={"params": restore_args},
       partial_restore=True))
   config = None
-  config_path = os.path.join(step_dir, "config", "metadata")
-  if os.path.isfile(config_path):
-    with open(config_path) as f:
-      cfg = json.load(f)
+  config_path = step_dir / "config" / "metadata"
+  if config_path.is_file():
+    cfg = json.loads(config_path.read_text())
     if cfg:
       config = ml_collections.ConfigDict(cfg)
   return out["params"], config
@@ -148,7 +151,7 @@ def load_params(src):
 def load_npz(path):
   """Reads an .npz with flat 'a/b/c' keys into a nested dict of np.ndarray."""
   params = {}
-  with np.load(path, allow_pickle=False) as f:
+  with paths.resolve(path).open("rb") as raw, np.load(raw, allow_pickle=False) as f:
     for key in f.files:
       node = params
       *parents, leaf = key.split("/")

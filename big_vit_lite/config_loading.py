@@ -16,12 +16,21 @@ examples or percent of the total, as `NAME_steps`, `NAME_epochs`,
 """
 import math
 
+from absl import flags
 from ml_collections import config_dict
 from ml_collections import config_flags
 
 
-def define_config_flag(name="config", help_string="Training configuration file (FILE.py[:arg])."):
-  return config_flags.DEFINE_config_file(name, None, help_string, lock_config=True)
+def define_config_flag(name="config", help_string="Training configuration file (FILE.py[:arg]).",
+                       flag_values=flags.FLAGS):
+  """The --config flag; a key set to None in the file must be a `config_dict.placeholder(TYPE)`.
+
+  ml_collections parses `--config.key=value` with the type of the value in
+  the file, so a plain None cannot be overridden; a placeholder reads as None
+  and carries the type.
+  """
+  return config_flags.DEFINE_config_file(name, None, help_string, flag_values=flag_values,
+                                         lock_config=True)
 
 
 class UnreadConfigKeyError(ValueError):

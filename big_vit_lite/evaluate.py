@@ -21,7 +21,6 @@ Results go to OUT/metrics.jsonl (one line, keys "EVAL_NAME/KEY", step = the
 checkpoint's step) and TensorBoard, and a table is printed.
 """
 import math
-import os
 import re
 import sys
 
@@ -36,6 +35,7 @@ import numpy as np
 from big_vit_lite import checkpoint
 from big_vit_lite import config_loading
 from big_vit_lite import metrics
+from big_vit_lite import paths
 from big_vit_lite import sharding
 from big_vit_lite import evaluators
 from big_vit_lite.models import vit
@@ -61,17 +61,18 @@ def read_source(src):
   `vit.load` reads them again into the model (it also converts the other
   .npz layouts and resamples the position embedding).
   """
-  src = os.path.expanduser(str(src))
-  if not os.path.exists(src):
+  src = paths.resolve(src)  # Local or on a bucket (gs://...).
+  if not src.exists():
     raise ValueError(f"model_init={src} does not exist; pass a training workdir, a "
                      "checkpoint step directory or an .npz.")
-  if not (os.path.isdir(src) or src.endswith(".npz")):
+  is_dir = src.is_dir()
+  if not (is_dir or src.name.endswith(".npz")):
     raise ValueError(f"model_init={src} is neither a directory nor an .npz file; pass a "
                      "training workdir, a checkpoint step directory or an .npz.")
   params, config = checkpoint.load_params(src)
   step = 0
-  if os.path.isdir(src):
-    step_dir = os.path.basename(checkpoint.resolve_step_dir(src))
+  if is_dir:
+    step_dir = checkpoint.resolve_step_dir(src).name
     step = int(step_dir) if step_dir.isdigit() else 0
   return _flatten(params), config, step
 
@@ -235,7 +236,7 @@ def evaluate(config, workdir):
   rules = sharding.make_rules(cfg.get("sharding_rules"), mesh)
   abstract = jax.eval_shape(
       lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, res, res, channels)))["params"])
-  loaded = vit.load(abstract, os.path.expanduser(str(src)), model_cfg)
+  loaded = vit.load(abstract, str(paths.resolve(src)), model_cfg)
   shardings = sharding.logical_shardings(abstract, mesh, rules)
   params = jax.device_put(nn.meta.unbox(loaded), shardings)
 
@@ -281,7 +282,7 @@ def main(argv):
     sys.exit(1)
   if jax.process_index() == 0:
     print(format_table(results))
-    print(f"(written to {os.path.join(_WORKDIR.value, 'metrics.jsonl')})")
+    print(f"(written to {paths.resolve(_WORKDIR.value) / 'metrics.jsonl'})")
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from big_vit_lite import devices
+from big_vit_lite import paths
 
 
 def calibrate_cpu_flops(n=1024, reps=5):
@@ -63,19 +64,28 @@ def compiled_flops(compiled):
 
 
 class MetricWriter:
-  """Writes scalars to `workdir/metrics.jsonl` and TensorBoard (process 0 only)."""
+  """Writes scalars to `workdir/metrics.jsonl` and TensorBoard (process 0 only).
+
+  `workdir` may be local or a bucket (gs://...): all I/O goes through epath and
+  tf.io.gfile. (On a bucket every append rewrites the object; metrics.jsonl
+  stays small, a few lines per logged step.)
+  """
 
   def __init__(self, workdir, *, tensorboard=True):
-    self.workdir = workdir
-    self.path = os.path.join(workdir, "metrics.jsonl")
+    self.workdir = paths.resolve(workdir)
+    self.path = self.workdir / "metrics.jsonl"
     self._active = jax.process_index() == 0
-    self._tb = None
+    self._tensorboard = tensorboard
+    self._tb = None  # clu writer, created at the first write (see start_run).
     if self._active:
-      os.makedirs(workdir, exist_ok=True)
-      if tensorboard:
-        from clu import metric_writers  # pylint: disable=g-import-not-at-top
-        self._tb = metric_writers.create_default_writer(
-            workdir, just_logging=False, asynchronous=False)
+      self.workdir.mkdir(parents=True, exist_ok=True)
+
+  def _tb_writer(self):
+    if self._tb is None and self._tensorboard:
+      from clu import metric_writers  # pylint: disable=g-import-not-at-top
+      self._tb = metric_writers.create_default_writer(
+          str(self.workdir), just_logging=False, asynchronous=False)
+    return self._tb
 
   def write(self, step, metrics):
     if not self._active:
@@ -83,35 +93,46 @@ class MetricWriter:
     row = {"step": int(step)}
     for k, v in metrics.items():
       row[k] = _to_python(v)
-    with open(self.path, "a") as f:
+    with self.path.open("a") as f:
       f.write(json.dumps(row) + "\n")
-    if self._tb is not None:
-      scalars = {k: v for k, v in row.items()
-                 if k != "step" and isinstance(v, (int, float))}
-      if scalars:
-        self._tb.write_scalars(int(step), scalars)
+    scalars = {k: v for k, v in row.items() if k != "step" and isinstance(v, (int, float))}
+    if scalars and self._tb_writer() is not None:
+      self._tb.write_scalars(int(step), scalars)
 
-  def truncate_after(self, step):
-    """Drops lines with a step > `step` (written after the checkpoint a run resumes from).
+  def start_run(self, resumed_step=None):
+    """Marks where this run starts: fresh (None) or from the checkpoint at `resumed_step`.
 
-    A run that is killed re-does the steps since its last checkpoint; without
-    this their lines would appear twice.
+    A killed run's work after its last checkpoint is done again by the
+    restarted one; without this those steps would show twice. metrics.jsonl
+    is rewritten without the lines after `resumed_step` (all lines for a
+    fresh start), via a temporary file and a rename so that a kill now cannot
+    lose it. TensorBoard event files are append-only: instead a new event
+    file gets TensorBoard's restart marker, a `SessionLog(START)` event at
+    the first step this run logs; TensorBoard drops the earlier files' events
+    from that step on (its `purge_orphaned_data`, on by default). Every run
+    writes one, because TensorBoard treats the first START it sees in a
+    directory as a plain start and only later ones as restarts. Call it
+    before the first `write`.
     """
-    if not self._active or not os.path.exists(self.path):
+    if not self._active:
       return
-    with open(self.path) as f:
-      lines = f.readlines()
-    kept = []
-    for line in lines:
-      try:
-        if json.loads(line)["step"] <= step:
-          kept.append(line)
-      except (ValueError, KeyError):
-        pass  # A torn last line from a kill mid-write.
-    tmp = self.path + ".tmp"
-    with open(tmp, "w") as f:
-      f.writelines(kept)
-    os.replace(tmp, self.path)
+    if self._tb is not None:
+      raise RuntimeError("MetricWriter.start_run must come before the first write.")
+    keep_through = -1 if resumed_step is None else int(resumed_step)
+    if self.path.exists():
+      kept = []
+      for line in self.path.read_text().splitlines(keepends=True):
+        try:
+          if json.loads(line)["step"] <= keep_through:
+            kept.append(line if line.endswith("\n") else line + "\n")
+        except (ValueError, KeyError):
+          pass  # A torn last line from a kill mid-write.
+      tmp = self.workdir / "metrics.jsonl.tmp"
+      tmp.write_text("".join(kept))
+      tmp.replace(self.path)
+    if self._tensorboard:
+      _write_tensorboard_start(self.workdir, keep_through + 1,
+                               after_second=max(_event_file_seconds(self.workdir), default=0))
 
   def flush(self):
     if self._tb is not None:
@@ -123,10 +144,42 @@ class MetricWriter:
       self._tb = None
 
 
+def _event_file_seconds(workdir):
+  """The creation times (whole seconds) in the names of `workdir`'s event files."""
+  # Names: events.out.tfevents.<seconds>.<host>.<pid>...
+  fields = [p.name.split(".")[3] for p in workdir.glob("events.out.tfevents.*")]
+  return [int(f) for f in fields if f.isdigit()]
+
+
+def _wait_past(second):
+  while int(time.time()) <= second:
+    time.sleep(0.05)
+
+
+def _write_tensorboard_start(workdir, step, after_second):
+  """A new event file holding only `SessionLog(START)` at `step`.
+
+  TensorBoard reads a directory's event files in name order, and the names
+  start with the creation time in whole seconds. Waiting for a new second
+  before and after writing it makes the file sort after the earlier runs'
+  files and before the one the clu writer creates next (at most ~1 s).
+  """
+  from tensorboard.compat.proto import event_pb2  # pylint: disable=g-import-not-at-top
+  from tensorboard.summary.writer import event_file_writer  # pylint: disable=g-import-not-at-top
+  _wait_past(after_second)
+  writer = event_file_writer.EventFileWriter(str(workdir), filename_suffix=".start")
+  created = int(time.time())  # >= the second in the file's name.
+  writer.add_event(event_pb2.Event(
+      wall_time=time.time(), step=int(step),
+      session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START)))
+  writer.close()
+  _wait_past(created)
+
+
 def read_metrics(workdir):
   """The rows of `workdir/metrics.jsonl` (a helper for tests and notebooks)."""
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    return [json.loads(line) for line in f if line.strip()]
+  text = (paths.resolve(workdir) / "metrics.jsonl").read_text()
+  return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def _to_python(v):

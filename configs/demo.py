@@ -6,16 +6,15 @@ Runs anywhere, no internet needed once the datasets are prepared:
   python -m big_vit_lite.train --config=configs/demo.py --workdir=workdirs/demo
 
 Expected result: Fashion-MNIST test prec@1 ("val/prec@1" in
-workdirs/demo/metrics.jsonl) ~0.90 after 5,600 steps (12 epochs), few-shot
-10-shot ~0.49 (MNIST) / ~0.45 (Animal-MNIST). Measured 2026-12-02 on 2 CPU
-cores (AMD EPYC, jax 0.10.2): val/prec@1 0.8362 / 0.8761 / 0.8939 / 0.8975 at
-steps 1400 / 2800 / 4200 / 5600, in 52 min of wall time while the 2 cores were
-shared with ~5 other jobs (load average 9-15); the fastest 100-step window ran
-at 0.25 s/step (10.35 GFLOP per step, 32% of the matmul rate calibrated at
-start), i.e. ~23 min for the 5,600 steps even then. The target of >= 0.91 in
-<= 15 min is not reached yet: it needs finer patches (4x4, 49 tokens), which
-this CPU ran ~2.5x slower per step (measured side by side) because attention's small matmuls are slow
-(see shared/PERF.md), or a faster step.
+workdirs/demo/metrics.jsonl) ~0.89-0.90 after 5,600 steps (12 epochs), few-shot
+10-shot ~0.54 (MNIST) / ~0.42 (Animal-MNIST). Measured 2026-12-02 on 2 idle
+CPU cores (AMD EPYC, jax 0.10.2): val/prec@1 0.8683 / 0.8912 / 0.8944 at steps
+2800 / 4200 / 5600, 515 s wall in all (0.085 s/step, evals included).
+The target of >= 0.91 in <= 15 min is not reached yet. Tried (same day, step
+counts sized to 15 min of these 2 cores): batch 256, lr 2e-3, 5,000 steps
+(21 epochs) with pad(2)|random_crop(28)|flip_lr -> 0.8939; 4x4 patches
+(49 tokens, 0.26 s/step), 3,000 steps -> 0.8799. Both still underfit
+(val loss falling at the end): what limits it is FLOPs per second on 2 cores.
 
 Args (comma-separated after the file name, e.g. `configs/demo.py:runlocal`):
   runlocal   a few steps on a small batch, for tests and smoke runs.
@@ -45,7 +44,7 @@ def get_config(arg=None):
   config.seed = 0
 
   config.input = dict(
-      data=dict(name="fashion_mnist", split="train", data_dir=None),
+      data=dict(name="fashion_mnist", split="train", data_dir=config_dict.placeholder(str)),
       batch_size=128,
       pp=TRAIN_PP,
       shuffle_buffer_size=20_000,
@@ -54,9 +53,9 @@ def get_config(arg=None):
   # 28x28 images, 7x7 patches -> 16 tokens: on CPU attention over many short
   # heads is slow, so few tokens and a moderately wide model train fastest.
   config.model_name = "vit"
-  config.model = dict(variant=None, width=128, depth=4, mlp_dim=512, num_heads=2,
-                      patch_size=7, posemb="learn", pool_type="gap", num_classes=10,
-                      remat_policy=None)
+  config.model = dict(variant=config_dict.placeholder(str), width=128, depth=4, mlp_dim=512,
+                      num_heads=2, patch_size=7, posemb="learn", pool_type="gap", num_classes=10,
+                      remat_policy=config_dict.placeholder(str))
   config.loss = "softmax_xent"
   # Start from another run / an .npz instead of random init: --config.model_init=SRC
   # (a training workdir, a checkpoint step dir or a vision_transformer .npz);
@@ -65,7 +64,7 @@ def get_config(arg=None):
   config.model_load = dict(dont_load=())
 
   config.total_steps = 5600  # ~12 epochs.
-  config.total_epochs = None
+  config.total_epochs = config_dict.placeholder(float)
   config.optax_name = "scale_by_adam"
   config.optax = dict(b1=0.9, b2=0.999)
   config.lr = 1e-3
@@ -75,11 +74,12 @@ def get_config(arg=None):
 
   config.log_training_steps = 100
   config.ckpt_steps = 1000
-  config.keep_ckpt_steps = None
+  config.keep_ckpt_steps = config_dict.placeholder(int)
 
   config.evals = ml_collections.ConfigDict()
   config.evals.val = dict(
-      type="classification", data=dict(name="fashion_mnist", split="test", data_dir=None),
+      type="classification",
+      data=dict(name="fashion_mnist", split="test", data_dir=config_dict.placeholder(str)),
       pp=EVAL_PP, batch_size=500, log_steps=1400)
   # The ViT paper's few-shot linear probe on the other offline datasets.
   config.evals.fewshot = dict(
@@ -91,7 +91,7 @@ def get_config(arg=None):
   if runlocal:
     config.input.batch_size = 32
     config.input.shuffle_buffer_size = 100
-    config.input.cache = None
+    config.input.cache = config_dict.placeholder(str)
     config.model.depth = 2
     config.model.width = 32
     config.model.mlp_dim = 64

@@ -45,7 +45,7 @@ def get_config(arg=None):
   config.model = ml_collections.ConfigDict(dict(
       gelu=ml_collections.config_dict.placeholder(str),
       dtype_mm=ml_collections.config_dict.placeholder(str)))
-  config.mesh = [("data", -1)]
+  config.mesh = (("data", -1),)  # A tuple, not a list: only tuples take --config.mesh="[...]".
   config.evals = ml_collections.ConfigDict()
   config.evals.fewshot = presets.fewshot(
       res=args["res"], channels=args["channels"], folder=args["folder"] or None,

@@ -67,8 +67,10 @@ def data_source(data, classes=None):
   if data not in DATA:
     raise ValueError(f"Unknown data '{data}': use one of {', '.join(DATA)} or folder:ROOT.")
   name, train_split, minival_split, classes = DATA[data]
-  return (dict(name=name, split=train_split, data_dir=None),
-          dict(name=name, split=minival_split, data_dir=None), classes)
+  # data_dir: a placeholder (None: $TFDS_DATA_DIR, else tfds' default) so that
+  # --config.input.data.data_dir=DIR can set it (a plain None cannot be overridden).
+  return (dict(name=name, split=train_split, data_dir=config_dict.placeholder(str)),
+          dict(name=name, split=minival_split, data_dir=config_dict.placeholder(str)), classes)
 
 
 def get_config(arg=None):
@@ -86,7 +88,7 @@ def get_config(arg=None):
       shuffle_buffer_size=250_000,
   )
   config.total_steps = config_dict.placeholder(int)  # None: counted in epochs.
-  config.total_epochs = 90
+  config.total_epochs = 90.0  # float: --config.total_epochs=0.5 works too.
   config.log_training_steps = 50
   config.ckpt_steps = 1000
   config.keep_ckpt_steps = 50_000
@@ -125,8 +127,10 @@ def get_config(arg=None):
   # One global batch of 4096 needs many devices: data parallel over all of them
   # by default; switch to FSDP (params + optimizer state split) for memory with
   # --config.mesh="[('data', -1), ('fsdp', 8)]" (see `python -m big_vit_lite.plan`).
-  config.mesh = [("data", -1)]
-  config.sharding_rules = None  # sharding.DEFAULT_RULES.
+  config.mesh = (("data", -1),)  # A tuple, not a list: only tuples take --config.mesh="[...]".
+  # None: sharding.DEFAULT_RULES; override with e.g.
+  # --config.sharding_rules="(('embed', 'fsdp'), ('mlp', 'model'), ('heads', 'model'))".
+  config.sharding_rules = config_dict.placeholder(tuple)
 
   if args["runlocal"]:
     _runlocal(config, num_classes)
@@ -142,11 +146,11 @@ def _runlocal(config, num_classes):
                      f"|onehot({num_classes}, key='label', key_result='labels')"
                      "|keep('image', 'labels')")
   config.model.variant = "mu/16"
-  config.total_epochs = None
+  config.total_epochs = config_dict.placeholder(float)  # Unset, still overridable.
   config.total_steps = 3
   config.log_training_steps = 1
   config.ckpt_steps = 3
-  config.keep_ckpt_steps = None
+  config.keep_ckpt_steps = config_dict.placeholder(int)
   config.schedule.warmup_steps = 1
   config.evals.minival.pp = (f"decode|resize({res})|value_range(-1, 1)"
                              f"|onehot({num_classes}, key='label', key_result='labels')"

@@ -30,14 +30,14 @@ def get_config(arg=None):
   config.seed = 0
 
   config.input = dict(
-      data=dict(name="imagenet2012", split="train[:99%]", data_dir=None),
+      data=dict(name="imagenet2012", split="train[:99%]", data_dir=config_dict.placeholder(str)),
       batch_size=1024,
       pp=(f"decode_jpeg_and_inception_crop({res})|flip_lr|randaug(2, 10)|value_range(-1, 1)"
           "|onehot(1000, key='label', key_result='labels')|keep('image', 'labels')"),
       shuffle_buffer_size=250_000,
   )
   config.total_steps = config_dict.placeholder(int)  # None: counted in epochs.
-  config.total_epochs = 90
+  config.total_epochs = 90.0  # float: --config.total_epochs=0.5 works too.
   config.log_training_steps = 50
   config.ckpt_steps = 1000
   config.keep_ckpt_steps = 10_000
@@ -69,17 +69,17 @@ def get_config(arg=None):
   config.evals.val = dict(type="classification",
                           data=dict(name="imagenet2012", split="validation"),
                           pp=eval_pp, batch_size=1024, log_steps=2500)
-  config.mesh = [("data", -1)]
+  config.mesh = (("data", -1),)  # A tuple, not a list: only tuples take --config.mesh="[...]".
 
   if runlocal:
     config.input.batch_size = 8
     config.input.shuffle_buffer_size = 16
     config.model.variant = "mu/16"
-    config.total_epochs = None
+    config.total_epochs = config_dict.placeholder(float)  # Unset, still overridable.
     config.total_steps = 3
     config.log_training_steps = 1
     config.ckpt_steps = 3
-    config.keep_ckpt_steps = None
+    config.keep_ckpt_steps = config_dict.placeholder(int)
     config.schedule.warmup_steps = 1
     for ev in (config.evals.minival, config.evals.val):
       ev.batch_size = 8

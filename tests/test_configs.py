@@ -3,12 +3,19 @@
 The ImageNet configs run on `tfds.testing.mock_data` (random examples for the
 real builders), the demo on the offline Fashion-MNIST. In-process, tiny.
 """
+import contextlib
 import importlib.util
 import math
 import os
+import sys
+import threading
+from unittest import mock
 
+from absl import flags
+from ml_collections import config_dict
 import pytest
 import tensorflow_datasets as tfds
+from tensorflow_datasets.testing import test_utils as tfds_test_utils
 
 from big_vit_lite import config_loading
 from big_vit_lite import metrics
@@ -61,15 +68,44 @@ def _run_runlocal(config, workdir):
   return rows
 
 
+@contextlib.contextmanager
+def _mock_data_confined_to_this_thread(**kwargs):
+  """`tfds.testing.mock_data` whose file-system redirect only affects the thread using tfds.
+
+  Under mock_data every `builder.as_dataset` runs inside tfds' `MockFs`, which
+  patches epath and tf.io.gfile process-wide so that every absolute path
+  points into a throwaway temporary directory. Orbax's async save writes from
+  a background thread; when an evaluator builds its dataset while a save is
+  in flight, the save's files land in that directory and vanish ("No
+  ArrayMetadata found"). Real data never uses MockFs. Here the redirect
+  applies only to the thread that entered MockFs (the one calling tfds).
+  """
+  original = tfds_test_utils.mock_gfile
+
+  def confined_mock_gfile(**fns):
+    owner = threading.get_ident()
+
+    def confine(fn):
+      def maybe_redirect(original_fn, *args, **kw):
+        if threading.get_ident() == owner:
+          return fn(original_fn, *args, **kw)
+        return original_fn(*args, **kw)
+      return maybe_redirect
+
+    return original(**{name: confine(fn) for name, fn in fns.items()})
+
+  with mock.patch.object(tfds_test_utils, "mock_gfile", confined_mock_gfile), \
+       tfds.testing.mock_data(**kwargs):
+    yield
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("name", ["vit_l16", "vit_b16", "vit_s16_i1k"])
 def test_imagenet_configs_runlocal_train_on_mock_data(name, tmp_path):
   config = _load(name).get_config("runlocal")
-  # Orbax's async save threads lose their array metadata while tfds' mock_data
-  # patches are active (seen with orbax 0.12.8 / tfds 4.9.10; real data is fine).
-  config.ckpt_async = False
-  with tfds.testing.mock_data(num_examples=16):
+  assert config.get("ckpt_async", True)  # Async saves, as in real runs.
+  with _mock_data_confined_to_this_thread(num_examples=16):
     rows = _run_runlocal(config, tmp_path)
   eval_keys = {k for r in rows for k in r if "/" in k and not k.startswith("img/")}
   for eval_name in config.evals:
@@ -85,3 +121,97 @@ def test_demo_runlocal_trains_on_offline_data(tfds_data_dir, tmp_path, monkeypat
   keys = {k for r in rows for k in r}
   assert "val/prec@1" in keys and any(k.startswith("fewshot/") for k in keys)
   assert os.path.exists(tmp_path / "config.json")
+
+
+# --------------------------------------------------------------------------
+# Command-line overrides of keys that are None in the file.
+# ml_collections parses `--config.key=value` with the type of the value in the
+# file; a plain None has no type and cannot be overridden (only a
+# `config_dict.placeholder(TYPE)`, which reads as None, can). Every key that is
+# None in any config (with or without its smoke arg) must take an override.
+
+CLI_CONFIGS = CONFIGS + ("fewshot", "linear_probe")
+# A command-line value per field type, and what the config must then hold.
+CLI_VALUES = {int: ("7", 7), float: ("0.5", 0.5), str: ("some/dir", "some/dir"),
+              bool: ("true", True), tuple: ("(('embed', 'fsdp'),)", (("embed", "fsdp"),))}
+
+
+def _parse_cli(config_arg, *overrides):
+  """The config that `--config=CONFIG_ARG --config.k=v ...` gives the trainer's flag."""
+  flag_values = flags.FlagValues()
+  config_loading.define_config_flag(flag_values=flag_values)
+  argv = ["prog", f"--config={config_arg}", *overrides]
+  with mock.patch.object(sys, "argv", argv):  # config_flags reads the overrides from sys.argv.
+    flag_values(argv)
+  return flag_values.config
+
+
+def _leaves(cfg, prefix=""):
+  for k in cfg.keys():
+    v = cfg[k]
+    if isinstance(v, config_dict.ConfigDict):
+      yield from _leaves(v, f"{prefix}{k}.")
+    else:
+      yield prefix + k, v, cfg.get_type(k)
+
+
+def _get(cfg, path):
+  for part in path.split("."):
+    cfg = cfg[part]
+  return cfg
+
+
+def _none_keys_not_overridable(config_arg):
+  """Keys that are None in the config but reject (or mangle) `--config.KEY=VALUE`."""
+  failures = []
+  for key, value, field_type in _leaves(_parse_cli(config_arg)):
+    if value is not None:
+      continue
+    if field_type not in CLI_VALUES:
+      failures.append(f"{key} (type {field_type.__name__})")
+      continue
+    text, expected = CLI_VALUES[field_type]
+    try:
+      got = _get(_parse_cli(config_arg, f"--config.{key}={text}"), key)
+    except flags.Error as e:
+      failures.append(f"{key} ({e})")
+      continue
+    if got != expected:
+      failures.append(f"{key} (got {got!r})")
+  return failures
+
+
+@pytest.mark.parametrize("arg", ["", ":runlocal"])
+@pytest.mark.parametrize("name", CLI_CONFIGS)
+def test_none_valued_keys_can_be_overridden_from_the_command_line(name, arg):
+  failures = _none_keys_not_overridable(os.path.join(ROOT, "configs", f"{name}.py{arg}"))
+  assert not failures, (f"configs/{name}.py{arg}: None-valued keys that --config.KEY=VALUE "
+                        f"cannot set (use config_dict.placeholder(TYPE)): {failures}")
+
+
+def test_the_override_check_catches_a_plain_none(tmp_path):
+  path = tmp_path / "cfg.py"
+  path.write_text("from ml_collections import config_dict\n"
+                  "def get_config():\n"
+                  "  return config_dict.ConfigDict(dict(\n"
+                  "      plain=None, typed=config_dict.placeholder(int), sub=dict(d=None)))\n")
+  assert [f.split(" ")[0] for f in _none_keys_not_overridable(str(path))] == ["plain", "sub.d"]
+
+
+@pytest.mark.parametrize("name", ["vit_l16", "vit_b16", "vit_s16_i1k"])
+def test_total_steps_from_the_command_line_on_epoch_configs(name):
+  path = os.path.join(ROOT, "configs", f"{name}.py")
+  assert _parse_cli(path).total_steps is None
+  config = _parse_cli(path, "--config.total_steps=5", "--config.total_epochs=0.5")
+  assert (config.total_steps, config.total_epochs) == (5, 0.5)
+  assert config_loading.get_steps("total", config_loading.TrackedConfig(config),
+                                  steps_per_epoch=100.0) == 5
+
+
+@pytest.mark.parametrize("name", [n for n in CLI_CONFIGS if n != "demo"])  # demo sets no mesh.
+def test_mesh_from_the_command_line(name):
+  # The form docs/scale_out.md and the configs document; ml_collections only
+  # parses it into a field that holds a tuple (a list field rejects overrides).
+  config = _parse_cli(os.path.join(ROOT, "configs", f"{name}.py"),
+                      "--config.mesh=[('data', -1), ('fsdp', 2)]")
+  assert [tuple(a) for a in config.mesh] == [("data", -1), ("fsdp", 2)]

@@ -12,6 +12,8 @@ basename(ROOT).
 """
 import os
 
+from ml_collections import config_dict
+
 OFFLINE_DATASETS = ("mnist10k", "animal_mnist")
 
 
@@ -34,7 +36,12 @@ def _datasets(datasets, folder, data_dir):
   if folder:
     return folder_datasets(folder)
   names = datasets or OFFLINE_DATASETS
-  return {n: dict(name=n, data_dir=data_dir) for n in names}
+  # An unset data_dir is a typed placeholder (reads as None), one per dataset:
+  # `--config.evals.fewshot.datasets.mnist10k.data_dir=DIR` must work, and
+  # ml_collections cannot override a plain None from the command line. (These
+  # dicts are meant for ConfigDicts, which resolve placeholders on access.)
+  return {n: dict(name=n, data_dir=config_dict.placeholder(str) if data_dir is None else data_dir)
+          for n in names}
 
 
 def fewshot(res, *, channels=3, datasets=None, folder=None, data_dir=None,
