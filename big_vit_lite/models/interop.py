@@ -25,6 +25,7 @@ import flax.linen as nn
 import jax
 import numpy as np
 
+from big_vit_lite import paths
 from big_vit_lite.models import vit
 
 _POSEMB = "Transformer/posembed_input/pos_embedding"
@@ -168,7 +169,8 @@ def _fit_posemb(src: np.ndarray, src_prefix: int, tgt_shape: tuple, tgt_prefix: 
 def read_npz(path) -> dict:
   """Flat dict of a params .npz. Pickled (object) entries are refused."""
   try:
-    with np.load(path, allow_pickle=False) as f:
+    # Through epath, so that a gs:// model_init reads like a local file.
+    with paths.resolve(path).open("rb") as fh, np.load(fh, allow_pickle=False) as f:
       return {k: f[k] for k in f.files}
   except ValueError as e:
     raise ValueError(f"Cannot read {path}: {e} (pickled npz files are refused; "
@@ -192,8 +194,8 @@ def read_params(path) -> dict:
 
   (A timm .safetensors needs the number of heads to split qkv: see `read_timm`.)
   """
-  path = os.fspath(path)
-  if os.path.isdir(path):
+  path = paths.resolve(path)
+  if path.is_dir():
     try:
       from big_vit_lite import checkpoint  # pylint: disable=g-import-not-at-top
     except ImportError:
@@ -201,7 +203,7 @@ def read_params(path) -> dict:
                        "pass an .npz file.") from None
     params, _ = checkpoint.load_params(path)
     return canonicalize(to_numpy_flat(params))
-  if not os.path.exists(path):
+  if not path.exists():
     raise ValueError(f"Checkpoint {path} does not exist.")
   return canonicalize(read_npz(path))
 
