@@ -13,7 +13,8 @@ CPU cores (AMD EPYC, jax 0.10.2): val/prec@1 0.8683 / 0.8912 / 0.8944 at steps
 The target of >= 0.91 in <= 15 min is not reached yet. Tried (same day, step
 counts sized to 15 min of these 2 cores): batch 256, lr 2e-3, 5,000 steps
 (21 epochs) with pad(2)|random_crop(28)|flip_lr -> 0.8939; 4x4 patches
-(49 tokens, 0.26 s/step), 3,000 steps -> 0.8799. Both still underfit
+(49 tokens, 0.26 s/step), 3,000 steps -> 0.8799; width 192, depth 6, 3 heads
+(0.21 s/step), 4,000 steps -> 0.8898. All still underfit
 (val loss falling at the end): what limits it is FLOPs per second on 2 cores.
 
 Args (comma-separated after the file name, e.g. `configs/demo.py:runlocal`):
