@@ -11,6 +11,7 @@ import os
 
 import numpy as np
 import pytest
+from etils.epath import gpath
 from etils.epath import testing as epath_testing
 
 from big_vit_lite import checkpoint
@@ -27,8 +28,11 @@ def fake_bucket(tmp_path, monkeypatch):
   cwd.mkdir()
   monkeypatch.chdir(cwd)
   # With TensorFlow installed epath hands gs:// to tf.io.gfile (real GCS); this
-  # makes it use its backend table, which mock_epath replaces.
+  # makes it use its backend table, which mock_epath replaces. epath caches
+  # its "is TF installed" answer on first use (any earlier test that touched
+  # epath), so the cache is cleared for the variable to count, and again after.
   monkeypatch.setenv("EPATH_USE_TF", "false")
+  gpath._is_tf_installed.cache_clear()  # pylint: disable=protected-access
 
   def local(path):
     path = os.fspath(path)
@@ -44,6 +48,8 @@ def fake_bucket(tmp_path, monkeypatch):
       open=one, exists=one, isdir=one, listdir=one, glob=one, makedirs=one, mkdir=one,
       remove=one, rmtree=one, stat=one, walk=one, rename=two, replace=two, copy=two):
     yield root
+  monkeypatch.undo()
+  gpath._is_tf_installed.cache_clear()  # pylint: disable=protected-access
   assert not os.listdir(cwd), "something wrote to a local 'gs:' path, bypassing epath"
 
 
