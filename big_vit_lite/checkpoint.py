@@ -20,12 +20,14 @@ import signal
 import threading
 
 from absl import logging
+from flax import traverse_util
 import jax
 import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
 from big_vit_lite import paths
+from big_vit_lite.models import interop
 
 CKPT_SUBDIR = "checkpoints"
 
@@ -150,15 +152,7 @@ def load_params(src):
 
 def load_npz(path):
   """Reads an .npz with flat 'a/b/c' keys into a nested dict of np.ndarray."""
-  params = {}
-  with paths.resolve(path).open("rb") as raw, np.load(raw, allow_pickle=False) as f:
-    for key in f.files:
-      node = params
-      *parents, leaf = key.split("/")
-      for p in parents:
-        node = node.setdefault(p, {})
-      node[leaf] = f[key]
-  return params
+  return traverse_util.unflatten_dict(interop.read_npz(path), sep="/")
 
 
 # --------------------------------------------------------------------------
