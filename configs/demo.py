@@ -56,7 +56,7 @@ def get_config(arg=None):
   config.model_name = "vit"
   config.model = dict(variant=config_dict.placeholder(str), width=128, depth=4, mlp_dim=512,
                       num_heads=2, patch_size=7, posemb="learn", pool_type="gap", num_classes=10,
-                      remat_policy=config_dict.placeholder(str))
+                      remat_policy=config_dict.placeholder(str), stem_channels=())
   config.loss = "softmax_xent"
   # Start from another run / an .npz instead of random init: --config.model_init=SRC
   # (a training workdir, a checkpoint step dir or a vision_transformer .npz);

@@ -207,3 +207,31 @@ def test_grad_with_remat_scan_and_drop_path():
   grads = jax.jit(jax.grad(loss))(nn.meta.unbox(params))
   norms = [float(jnp.linalg.norm(g)) for g in jax.tree.leaves(grads)]
   assert all(np.isfinite(norms)) and sum(norms) > 0
+
+
+def test_conv_stem_sees_across_patch_borders(tmp_path):
+  """stem_channels adds 3x3 convs before patchify: a pixel on a patch border then
+  reaches the neighbouring patch's token, which plain patchify never does."""
+  def stem_tokens(model, params, images):
+    return model.apply({"params": params}, images)[1]["stem"]
+
+  poked = IMAGES.at[:, 0, 3, :].add(1.0)  # last column of patch (0, 0), next to patch (0, 1)
+  for stem, crosses in (((), False), ((8, 4), True)):
+    model, params = _init(stem_channels=stem)
+    delta = np.abs(stem_tokens(model, params, poked) - stem_tokens(model, params, IMAGES))
+    assert delta[:, 0].max() > 0
+    assert (delta[:, 1].max() > 0) == crosses
+    assert delta[:, 2:].max() == 0
+
+  names = interop.flatten(nn.meta.unbox(params))
+  assert names["stem/conv_0/kernel"].shape == (3, 3, 3, 8)
+  assert names["stem/conv_1/kernel"].shape == (3, 3, 8, 4)
+  assert names["embedding/kernel"].shape == (4, 4, 4, 32)
+  # The stem travels through .npz like any other param.
+  vit.save_npz(params, tmp_path / "stem.npz")
+  _, fresh = _init(seed=1, stem_channels=(8, 4))
+  loaded = vit.load(fresh, tmp_path / "stem.npz")
+  np.testing.assert_array_equal(nn.meta.unbox(loaded)["stem"]["conv_1"]["kernel"],
+                                names["stem/conv_1/kernel"])
+  with pytest.raises(ValueError, match="convolutional stem"):
+    interop.to_timm(params)

@@ -368,6 +368,9 @@ def _to_timm(flat, image_size):
   if "pre_logits/kernel" in flat:
     raise ValueError("timm's VisionTransformer has no pre-logits (rep_size) layer; export a model "
                      "with rep_size=False.")
+  if any(k.startswith("stem/") for k in flat):
+    raise ValueError("timm's VisionTransformer has no convolutional stem (stem_channels); "
+                     "only plain-patchify models export to timm.")
   a = _infer_arch(flat)
   p, d = a["patch_size"], a["embed_dim"]
   sd = {"patch_embed.proj.weight": flat["embedding/kernel"].transpose(3, 2, 0, 1),

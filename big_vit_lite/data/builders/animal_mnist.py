@@ -18,7 +18,6 @@ import tensorflow_datasets as tfds
 from big_vit_lite.data import offline_sources
 from big_vit_lite.data.builders import fixed_split
 
-NUM_TEST = 2_000
 
 # The only globals a pickled plain ndarray references.
 _ALLOWED = {
@@ -62,29 +61,13 @@ def load_animals(data_path, label_path):
   return images.reshape(-1, 28, 28, 1), labels.astype(np.int64).reshape(-1)
 
 
-class AnimalMnist(tfds.core.GeneratorBasedBuilder):
+class AnimalMnist(fixed_split.Grey28Builder):
   """Animal-MNIST, 10,000 silhouettes from PyPI animal-mnist==0.4; seeded 8k/2k split."""
 
   VERSION = tfds.core.Version("1.0.0")
   RELEASE_NOTES = {"1.0.0": "From animal-mnist==0.4 (version_3 files); split seed 0."}
+  HOMEPAGE = "https://pypi.org/project/animal-mnist/"
+  NUM_TEST = 2_000
 
-  def _info(self):
-    return self.dataset_info_from_configs(
-        features=tfds.features.FeaturesDict({
-            "image": tfds.features.Image(shape=(28, 28, 1)),
-            "label": tfds.features.ClassLabel(num_classes=10),
-        }),
-        supervised_keys=("image", "label"),
-        homepage="https://pypi.org/project/animal-mnist/",
-        description=__doc__)
-
-  def _split_generators(self, dl_manager):
-    del dl_manager  # offline: the pip package's files are found on disk
-    images, labels = load_animals(*offline_sources.animal_mnist_files())
-    train, test = fixed_split.split_indices(images, NUM_TEST)
-    return {"train": self._generate_examples(images, labels, train),
-            "test": self._generate_examples(images, labels, test)}
-
-  def _generate_examples(self, images, labels, indices):
-    for i in indices:
-      yield int(i), {"image": images[i], "label": int(labels[i])}
+  def _load_arrays(self):
+    return load_animals(*offline_sources.animal_mnist_files())

