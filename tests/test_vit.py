@@ -235,3 +235,20 @@ def test_conv_stem_sees_across_patch_borders(tmp_path):
                                 names["stem/conv_1/kernel"])
   with pytest.raises(ValueError, match="convolutional stem"):
     interop.to_timm(params)
+
+
+@pytest.mark.parametrize("dtype,tol", [(jnp.float32, 1e-5), (jnp.bfloat16, 3e-2)])
+def test_attention_matches_jax_reference_values_and_grads(dtype, tol):
+  """Our attention (hand-written backward) against jax.nn.dot_product_attention + autodiff."""
+  q, k, v, g = (jax.random.normal(kk, (2, 10, 3, 8)).astype(dtype)
+                for kk in jax.random.split(jax.random.key(3), 4))
+
+  def loss(fn):
+    return lambda q, k, v: jnp.sum(fn(q, k, v).astype(jnp.float32) * g.astype(jnp.float32))
+
+  ours = jax.value_and_grad(loss(vit.dot_product_attention), argnums=(0, 1, 2))(q, k, v)
+  ref = jax.value_and_grad(loss(jax.nn.dot_product_attention), argnums=(0, 1, 2))(q, k, v)
+  for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(ref)):
+    assert a.dtype == b.dtype
+    np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32),
+                               atol=tol, rtol=tol)
