@@ -102,6 +102,30 @@ def describe_environment(env=None) -> dict | None:
   return None
 
 
+def set_cpu_devices(n) -> None:
+  """Splits the CPU backend into `n` JAX devices (config.num_cpu_devices); None: leave as is.
+
+  On CPU, data parallel over a few devices is faster than one device: each
+  device runs its own shard of the batch on its own thread, instead of every
+  small op being split across all cores and joined again. Measured on 2 cores
+  (demo ViT, 28x28, 16 tokens, width 128): 1,424 img/s on 1 device at batch
+  128; 2,755 img/s on 2 devices at batch 64 (32 per device). Large models gain
+  nothing (ViT-Ti/16 at 224: 23.8 vs 24.3 img/s on 4 devices). Only the CPU
+  backend changes; a GPU or TPU stays the default backend. Must run before
+  the first JAX computation.
+  """
+  if n is None:
+    return
+  if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+    raise ValueError(f"num_cpu_devices={n!r}: use a positive integer, or leave it unset.")
+  try:
+    jax.config.update("jax_num_cpu_devices", n)
+  except RuntimeError:
+    raise ValueError(f"num_cpu_devices={n} cannot take effect: JAX already started its CPU "
+                     f"backend with {jax.local_device_count('cpu')} device(s). Run the job "
+                     "in a fresh process.") from None
+
+
 def initialize(*, heartbeat_timeout_s: float | None = None) -> bool:
   """Joins the multi-process job described by the environment; returns True if it did.
 

@@ -103,8 +103,9 @@ def main(argv):
 def train(raw_config, workdir):
   """The training job; returns the final (global) params."""
   # ------------------------------------------------------------------ setup
-  distributed.initialize()  # Before anything touches a backend.
   config = config_loading.TrackedConfig(raw_config)
+  distributed.set_cpu_devices(config.get("num_cpu_devices", None))  # Before any backend starts.
+  distributed.initialize()  # Before anything touches a backend.
   workdir = paths.resolve(workdir)  # Local (made absolute) or a bucket (gs://..., as given).
   is_main = jax.process_index() == 0
   if is_main:

@@ -58,6 +58,33 @@ def test_eight_devices_match_one(mesh, one_device, tfds_data_dir, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
+def test_num_cpu_devices_splits_the_cpu_and_matches_one(one_device, tfds_data_dir, tmp_path):
+  """config.num_cpu_devices=2 in a process started with one CPU device: data parallel on 2."""
+  _, ref_losses, _ = one_device
+  workdir = str(tmp_path / "split")
+  r = run_train(tfds_data_dir, workdir, f"--config.total_steps={STEPS}",
+                "--config.num_cpu_devices=2", devices=1)
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert "2 devices (cpu)" in r.stderr and "{'data': 2}" in r.stderr
+  losses = read_losses(workdir)
+  np.testing.assert_allclose([losses[s] for s in sorted(losses)],
+                             [ref_losses[s] for s in sorted(ref_losses)], rtol=2e-5)
+
+
+def test_num_cpu_devices_errors():
+  import jax  # pylint: disable=import-outside-toplevel
+  from big_vit_lite import distributed  # pylint: disable=import-outside-toplevel
+  distributed.set_cpu_devices(None)  # Unset: nothing happens.
+  for bad in (0, -2, 1.5, "2", True):
+    with pytest.raises(ValueError, match="positive integer"):
+      distributed.set_cpu_devices(bad)
+  jax.devices()  # The backend is running now, with its device count fixed.
+  with pytest.raises(ValueError, match="fresh process"):
+    distributed.set_cpu_devices(jax.local_device_count() + 3)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
 def test_fsdp_checkpoint_resumes_on_one_device(one_device, tfds_data_dir, tmp_path):
   _, ref_losses, _ = one_device
   workdir = str(tmp_path / "fsdp_then_one")

@@ -34,6 +34,7 @@ def get_config(arg=None):
   config.grad_clip_norm = 1.0
   config.log_training_steps = 1
   config.ckpt_steps = 4
+  config.num_cpu_devices = ml_collections.config_dict.placeholder(int)
   mesh = args.get("mesh", "data")
   config.mesh = [(mesh, -1)] if mesh != "model" else [("data", -1), ("model", 2)]
   if "init" in args:
