@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import optax
 
 from big_vit_lite import devices
+from big_vit_lite import distributed
 from big_vit_lite import losses
 from big_vit_lite import sharding
 from big_vit_lite import xla_cpu_flags
@@ -55,6 +56,9 @@ _PEAK_TFLOPS = flags.DEFINE_float("peak_tflops", None,
 _CPU_FLAGS = flags.DEFINE_enum("cpu_flags", "default", list(xla_cpu_flags.PRESETS),
                                "XLA CPU flag preset (see big_vit_lite/xla_cpu_flags.py); "
                                "must be applied before JAX starts, so only via this flag.")
+_NUM_CPU_DEVICES = flags.DEFINE_integer(
+    "num_cpu_devices", None, "Split the CPU into this many JAX devices (as the trainer's "
+    "config.num_cpu_devices); use with --mesh=data:-1.")
 
 def _median_min_max(times):
   return statistics.median(times), min(times), max(times)
@@ -138,7 +142,9 @@ def bench_model(model, *, batch, res, num_classes, mode=("train", "infer"), mesh
   """Times one model's train and/or inference step; returns the JSON-able result dict.
 
   model: a flax module whose apply(..., train=) returns (logits, out).
-  calib_gflops: in-process matmul rate for MFU (None: no MFU).
+  calib_gflops: in-process matmul rate of all devices together, for MFU (None: no MFU).
+  peak_flops: datasheet peak of all devices together (None: no mfu_peak).
+  FLOPs and achieved FLOP/s are of the whole step, summed over the mesh's devices.
   """
   rng = jax.random.PRNGKey(0)
   x = jax.random.normal(rng, (batch, res, res, 3), jnp.float32)
@@ -156,7 +162,8 @@ def bench_model(model, *, batch, res, num_classes, mode=("train", "infer"), mesh
   def finish(prefix, compiled, compile_s, times, cpu_times):
     med, lo, hi = _median_min_max(times)
     out[f"{prefix}_cpu_s"] = statistics.median(cpu_times)
-    flops = _flops(compiled)
+    # XLA's cost analysis counts one device's share of a partitioned program.
+    flops = _flops(compiled) * (mesh.size if mesh is not None else 1)
     out.update({
         f"{prefix}_compile_s": compile_s,
         f"{prefix}_step_s": med, f"{prefix}_step_s_min": lo, f"{prefix}_step_s_max": hi,
@@ -236,6 +243,10 @@ def build_model(variant, num_classes, dtype, remat, scan, model_kw):
 def main(argv):
   del argv
   try:
+    distributed.set_cpu_devices(_NUM_CPU_DEVICES.value)
+  except ValueError as e:
+    sys.exit(f"bench: {e}")
+  try:
     model_kw = json.loads(_MODEL_KW.value)
     batches = [int(b) for b in _BATCH.value]
   except ValueError as e:
@@ -255,15 +266,18 @@ def main(argv):
     for batch in batches:
       model = build_model(variant, _NUM_CLASSES.value, _DTYPE.value, _REMAT.value,
                           _SCAN.value, model_kw)
-      # MFU is per device against device 0's matmul rate (real accelerators;
-      # fake CPU devices share the cores, so their MFU reads low).
+      # MFU against device 0's matmul rate times the device count on
+      # accelerators. CPU devices (num_cpu_devices / XLA's host device count)
+      # share the same cores, and one device's matmul already uses them all,
+      # so there the calibrated rate is the whole machine's.
       calib_before = calibrate_matmul(_CALIB_N.value, _DTYPE.value)
+      calib_devices = 1 if dev.platform == "cpu" else n_dev
       ctx = jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext()
       with ctx:
         res = bench_model(model, batch=batch, res=_RES.value,
                           num_classes=_NUM_CLASSES.value, mode=tuple(_MODE.value),
                           mesh=mesh, steps=_STEPS.value, warmup=_WARMUP.value,
-                          calib_gflops=calib_before * n_dev,
+                          calib_gflops=calib_before * calib_devices,
                           peak_flops=peak * n_dev if peak else None)
       calib_after = calibrate_matmul(_CALIB_N.value, _DTYPE.value)
       line = dict(variant=variant, dtype=_DTYPE.value, remat=_REMAT.value,

@@ -32,17 +32,28 @@ def _run(args, timeout=100):
 @pytest.mark.timeout(150)
 def test_cli_prints_one_json_line_per_case():
   p = _run(["-m", "big_vit_lite.bench", "--variant=mu/8", "--batch=2,4", "--res=16",
-            "--num_classes=10", "--steps=2", "--warmup=1", "--calib_n=64", "--mesh=data:-1"])
+            "--num_classes=10", "--steps=2", "--warmup=1", "--calib_n=64", "--mesh=data:-1",
+            "--num_cpu_devices=2"])
   lines = [json.loads(l) for l in p.stdout.splitlines() if l.startswith("{")]
   assert [l["batch"] for l in lines] == [2, 4]
   for line in lines:
     assert CONTRACT_KEYS | ISSUE_KEYS <= set(line), sorted(CONTRACT_KEYS | ISSUE_KEYS - set(line))
-    assert line["variant"] == "mu/8" and line["mesh"] == "data:-1"
+    assert line["variant"] == "mu/8" and line["mesh"] == "data:-1" and line["num_devices"] == 2
     assert line["train_img_per_s"] > 0 and line["infer_img_per_s"] > 0
     assert line["train_step_s_min"] <= line["train_step_s"] <= line["train_step_s_max"]
     # The training step costs more FLOPs than inference (backward ~2x forward).
     assert line["step_flops"] > 2 * line["infer_step_flops"] > 0
+    # Two CPU devices share the cores that one calibration matmul already uses:
+    # MFU is the whole step's FLOP/s over that one rate.
     assert line["mfu"] == pytest.approx(line["achieved_gflops"] / line["calib_gflops"])
+  # Whole-step FLOPs (both devices' shares), as the same step on one device.
+  # Inference: training adds the optimizer update, which each data-parallel
+  # device repeats on its replica of the params.
+  one = _run(["-m", "big_vit_lite.bench", "--variant=mu/8", "--batch=4", "--res=16",
+              "--num_classes=10", "--steps=1", "--warmup=1", "--calib_n=64", "--mode=infer"])
+  one = json.loads([l for l in one.stdout.splitlines() if l.startswith("{")][0])
+  assert one["num_devices"] == 1
+  assert lines[1]["infer_step_flops"] == pytest.approx(one["infer_step_flops"], rel=0.02)
   # Twice the batch, twice the FLOPs (everything in a ViT step scales with batch
   # except the optimizer update, which is tiny for mu/8).
   assert lines[1]["infer_step_flops"] == pytest.approx(2 * lines[0]["infer_step_flops"], rel=0.05)
