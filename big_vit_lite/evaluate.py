@@ -38,6 +38,7 @@ from big_vit_lite import metrics
 from big_vit_lite import paths
 from big_vit_lite import sharding
 from big_vit_lite import evaluators
+from big_vit_lite.models import interop
 from big_vit_lite.models import vit
 
 _CONFIG = _WORKDIR = None  # flag holders, defined by _define_flags()
@@ -74,17 +75,7 @@ def read_source(src):
   if is_dir:
     step_dir = checkpoint.resolve_step_dir(src).name
     step = int(step_dir) if step_dir.isdigit() else 0
-  return _flatten(params), config, step
-
-
-def _flatten(tree, prefix=""):
-  flat = {}
-  for k, v in tree.items():
-    if isinstance(v, dict):
-      flat.update(_flatten(v, f"{prefix}{k}/"))
-    else:
-      flat[f"{prefix}{k}"] = np.asarray(v)
-  return flat
+  return {k: np.asarray(v) for k, v in interop.flatten(params).items()}, config, step
 
 
 def _find(flat, pattern, what):

@@ -16,6 +16,14 @@ CPU-seconds were trustworthy):
               ViT-Ti/16 took ~1.4x fewer CPU-seconds in a micro-benchmark, the
               (seq x head_dim) attention dots ~0.8x; whole step not measured.
   onednn      oneDNN matmuls: +2% (noise) on a 2-core AVX2 Zen3 (shared/PERF.md).
+Also tried on the demo ViT's training step (28x28, batch 128, width 128;
+CPU-seconds per step, idle machine, jax 0.10.2), none kept:
+  --xla_cpu_experimental_ynn_fusion_type=dot                 6% slower
+  --xla_cpu_experimental_ynn_fusion_type=dot,eltwise,reduce  12% slower
+  --xla_cpu_prefer_vector_width=512                          same
+  --xla_cpu_use_xnnpack=false                                2% slower
+What did help small models is not a flag but splitting the CPU into a few
+devices (config.num_cpu_devices; see distributed.set_cpu_devices).
 """
 import os
 
