@@ -6,16 +6,20 @@ Runs anywhere, no internet needed once the datasets are prepared:
   python -m big_vit_lite.train --config=configs/demo.py --workdir=workdirs/demo
 
 Expected result: Fashion-MNIST test prec@1 ("val/prec@1" in
-workdirs/demo/metrics.jsonl) ~0.89-0.90 after 5,600 steps (12 epochs), few-shot
-10-shot ~0.54 (MNIST) / ~0.42 (Animal-MNIST). Measured 2026-12-02 on 2 idle
-CPU cores (AMD EPYC, jax 0.10.2): val/prec@1 0.8683 / 0.8912 / 0.8944 at steps
-2800 / 4200 / 5600, 515 s wall in all (0.085 s/step, evals included).
-The target of >= 0.91 in <= 15 min is not reached yet. Tried (same day, step
-counts sized to 15 min of these 2 cores): batch 256, lr 2e-3, 5,000 steps
-(21 epochs) with pad(2)|random_crop(28)|flip_lr -> 0.8939; 4x4 patches
-(49 tokens, 0.26 s/step), 3,000 steps -> 0.8799; width 192, depth 6, 3 heads
-(0.21 s/step), 4,000 steps -> 0.8898. All still underfit
-(val loss falling at the end): what limits it is FLOPs per second on 2 cores.
+workdirs/demo/metrics.jsonl) 0.91 after 30,000 steps (32 epochs at batch 64),
+few-shot 10-shot ~0.65 (MNIST) / ~0.59 (Animal-MNIST). Measured 2026-12-03 on
+2 idle CPU cores (AMD EPYC, AVX-512, jax 0.10.2) with `bash scripts/demo.sh`:
+val/prec@1 0.8714 / 0.8935 / 0.9042 / 0.9098 / 0.9101 at steps 12k / 20k / 24k
+/ 28k / 30k; the training job took 860 s (2,200-2,340 img/s, 27-29 ms/step,
+evals included) and the whole command 878 s; a second run gave the same figures. The
+margin on the 0.91-in-15-minutes target is thin on both counts.
+What made it: 2 CPU devices with 32 images each (1.9x the img/s of one device
+at batch 128), hence 32 epochs instead of 12; with that many epochs the
+translation augmentation pays off. What limits it: compute on 2 cores. With
+12-19 epochs every variant tried stayed at 0.89-0.90: this model at batch 128
+(0.8996 after 9,000 steps), a 3x3 conv stem before patchify
+(model.stem_channels, 0.9013 / 0.9007 for the same time), 4x4 patches (0.8936),
+width 192 / depth 6 (0.8898).
 
 Args (comma-separated after the file name, e.g. `configs/demo.py:runlocal`):
   runlocal   a few steps on a small batch, for tests and smoke runs.
@@ -23,7 +27,9 @@ Args (comma-separated after the file name, e.g. `configs/demo.py:runlocal`):
 import ml_collections
 from ml_collections import config_dict
 
-TRAIN_PP = ("decode(channels=1)|flip_lr|value_range(-1, 1)"
+# pad(2)|random_crop(28): shifts of up to 2 px; with 32 epochs the model
+# overfits without them.
+TRAIN_PP = ("decode(channels=1)|pad(2)|random_crop(28)|flip_lr|value_range(-1, 1)"
             "|onehot(10, key='label', key_result='labels')|keep('image', 'labels')")
 EVAL_PP = ("decode(channels=1)|value_range(-1, 1)"
            "|onehot(10, key='label', key_result='labels')|keep('image', 'labels')")
@@ -46,7 +52,7 @@ def get_config(arg=None):
 
   config.input = dict(
       data=dict(name="fashion_mnist", split="train", data_dir=config_dict.placeholder(str)),
-      batch_size=128,
+      batch_size=64,  # 32 per CPU device: small enough to stay in cache.
       pp=TRAIN_PP,
       shuffle_buffer_size=20_000,
       cache="raw",  # 60k tiny PNGs: keep the raw records in memory after epoch 1.
@@ -54,6 +60,11 @@ def get_config(arg=None):
   # 28x28 images, 7x7 patches -> 16 tokens: on CPU attention over many short
   # heads is slow, so few tokens and a moderately wide model train fastest.
   config.model_name = "vit"
+  # Data parallel over 2 CPU devices (each runs its half of the batch on its
+  # own thread): 1.9x the img/s of one device for a model this small (see
+  # distributed.set_cpu_devices). On a GPU/TPU machine this changes nothing.
+  config.num_cpu_devices = 2
+  config.mesh = (("data", -1),)
   config.model = dict(variant=config_dict.placeholder(str), width=128, depth=4, mlp_dim=512,
                       num_heads=2, patch_size=7, posemb="learn", pool_type="gap", num_classes=10,
                       remat_policy=config_dict.placeholder(str), stem_channels=())
@@ -64,33 +75,34 @@ def get_config(arg=None):
   config.model_init = config_dict.placeholder(str)
   config.model_load = dict(dont_load=())
 
-  config.total_steps = 5600  # ~12 epochs.
+  config.total_steps = 30_000  # 32 epochs.
   config.total_epochs = config_dict.placeholder(float)
   config.optax_name = "scale_by_adam"
   config.optax = dict(b1=0.9, b2=0.999)
-  config.lr = 1e-3
+  config.lr = 7e-4
   config.wd = 1e-4  # Decoupled (not multiplied by lr), see optim.py.
-  config.schedule = dict(warmup_steps=500, decay_type="cosine")
+  config.schedule = dict(warmup_steps=1000, decay_type="cosine")
   config.grad_clip_norm = 1.0
 
-  config.log_training_steps = 100
-  config.ckpt_steps = 1000
+  config.log_training_steps = 500
+  config.ckpt_steps = 4000
   config.keep_ckpt_steps = config_dict.placeholder(int)
 
   config.evals = ml_collections.ConfigDict()
   config.evals.val = dict(
       type="classification",
       data=dict(name="fashion_mnist", split="test", data_dir=config_dict.placeholder(str)),
-      pp=EVAL_PP, batch_size=500, log_steps=1400)
+      pp=EVAL_PP, batch_size=500, log_steps=4000)
   # The ViT paper's few-shot linear probe on the other offline datasets.
   config.evals.fewshot = dict(
       type="fewshot", datasets=dict(mnist10k=dict(name="mnist10k"),
                                     animal_mnist=dict(name="animal_mnist")),
       pp="decode(channels=1)|value_range(-1, 1)|keep('image', 'label')",
-      shots=(10,), num_seeds=3, batch_size=500, log_steps=5600)
+      shots=(10,), num_seeds=3, batch_size=500, log_steps=30_000)
 
   if runlocal:
     config.input.batch_size = 32
+    config.num_cpu_devices = config_dict.placeholder(int)  # Tests choose their device count.
     config.input.shuffle_buffer_size = 100
     config.input.cache = config_dict.placeholder(str)
     config.model.depth = 2
