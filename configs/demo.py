@@ -14,7 +14,9 @@ val/prec@1 0.8714 / 0.8935 / 0.9042 / 0.9098 / 0.9101 at steps 12k / 20k / 24k
 evals included) and the whole command 878 s; a second run gave the same figures. The
 margin on the 0.91-in-15-minutes target is thin on both counts.
 What made it: 2 CPU devices with 32 images each (1.9x the img/s of one device
-at batch 128), hence 32 epochs instead of 12; with that many epochs the
+at batch 128 in big_vit_lite.bench; 2,200-2,340 img/s in this job, with its
+input pipeline on the same cores, against ~1,500 img/s for the earlier
+1-device batch-128 demo), hence 32 epochs instead of 12; with that many epochs the
 translation augmentation pays off. What limits it: compute on 2 cores. With
 12-19 epochs every variant tried stayed at 0.89-0.90: this model at batch 128
 (0.8996 after 9,000 steps), a 3x3 conv stem before patchify

@@ -397,8 +397,10 @@ class Model(nn.Module):
   stem before it: one 3x3 stride-1 conv + GELU per entry (its output channels),
   so each patch embeds local features instead of raw pixels ("Early
   convolutions help transformers see better", Xiao et al. 2021; the ViT
-  paper's hybrids use a ResNet here). It converges faster on small data; such
-  models do not export to timm's VisionTransformer.
+  paper's hybrids use a ResNet here). It learns more per step on small data
+  (demo model on Fashion-MNIST: 0.871 vs 0.862 test accuracy after 3,000
+  steps with one 16-channel conv) but each CPU step costs 15% more, which
+  evened out over a 15-minute run. Such models do not export to timm.
 
   `out` holds "stem" (patch embeddings), "with_posemb", "block00".."blockNN"
   (each block's output), "encoded" (all tokens after the final LayerNorm),
