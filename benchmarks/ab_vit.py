@@ -2,6 +2,7 @@
 
   git show HEAD~1:big_vit_lite/models/vit.py > /tmp/vit_old.py
   python benchmarks/ab_vit.py --old=/tmp/vit_old.py --variant=Ti/16 --mode=train --rounds=8
+  python benchmarks/ab_vit.py --old=current --old_kw='{"gelu": "tanh"}'   # a model option
 
 Both training (or inference) steps are compiled first, then timed in turns,
 one step each per round, so machine load hits both alike. Prints one JSON
@@ -32,7 +33,7 @@ def load_module(path):
 
 
 def make_step(vit_module, variant, mode, batch, res, num_classes, model_kw):
-  model = vit_module.Model(num_classes=num_classes, variant=variant, **model_kw)
+  model = vit_module.Model(num_classes=num_classes, **{"variant": variant, **model_kw})
   rng = jax.random.PRNGKey(0)
   x = jax.random.normal(rng, (batch, res, res, 3))
   labels = jax.nn.one_hot(jnp.arange(batch) % num_classes, num_classes)
@@ -60,7 +61,8 @@ def make_step(vit_module, variant, mode, batch, res, num_classes, model_kw):
 
 def main():
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("--old", required=True, help="path of the other vit.py")
+  p.add_argument("--old", required=True,
+                 help="path of the other vit.py, or 'current' to compare model kwargs only")
   p.add_argument("--variant", default="Ti/16")
   p.add_argument("--mode", default="train", choices=["train", "infer"])
   p.add_argument("--batch", type=int, default=32)
@@ -68,12 +70,16 @@ def main():
   p.add_argument("--rounds", type=int, default=8)
   p.add_argument("--model_kw", default='{"remat_policy": null}',
                  help="JSON kwargs for both Models (default: no remat)")
+  p.add_argument("--old_kw", default="{}",
+                 help='JSON kwargs for the old Model only, on top of --model_kw, e.g. \'{"gelu": "tanh"}\'')
   args = p.parse_args()
   kw = json.loads(args.model_kw)
-  versions = [("old", load_module(args.old)), ("current", vit_current)]
+  old = vit_current if args.old == "current" else load_module(args.old)
+  versions = [("old", old), ("current", vit_current)]
+  kws = [{**kw, **json.loads(args.old_kw)}, kw]
   runs = []
-  for _, module in versions:
-    run = make_step(module, args.variant, args.mode, args.batch, args.res, 1000, kw)
+  for (_, module), model_kw in zip(versions, kws):
+    run = make_step(module, args.variant, args.mode, args.batch, args.res, 1000, model_kw)
     run()  # warm-up
     runs.append(run)
   wall, cpu = [[] for _ in runs], [[] for _ in runs]

@@ -37,6 +37,7 @@ from big_vit_lite import optim
 from big_vit_lite import paths
 from big_vit_lite import sharding
 from big_vit_lite.data import device as device_lib
+from big_vit_lite.data import device_aug as device_aug_lib
 from big_vit_lite.data import input_pipeline
 from big_vit_lite.data import mixup as mixup_lib
 
@@ -156,6 +157,7 @@ def train(raw_config, workdir):
   init_head_bias = config.get("init_head_bias", None)
   mixup_cfg = config.consume("mixup", None)
   mixup_fn = _make_mixup(mixup_cfg)
+  device_aug_fn = device_aug_lib.make(config.consume("device_aug", None))
 
   batch_spec = train_iter.batch_spec()
   image_shape = batch_spec["image"].shape[1:]
@@ -213,6 +215,9 @@ def train(raw_config, workdir):
       step = state["step"]
       rng_mix, rng_drop = jax.random.split(jax.random.fold_in(state["rng"], step))
       images, labels = batch["image"], batch["labels"]
+      if device_aug_fn is not None:  # its own key: mixup and dropout keep theirs
+        images = device_aug_fn(jax.random.fold_in(jax.random.fold_in(state["rng"], step), 1),
+                               images)
       if mixup_fn is not None:
         images, labels = mixup_fn(rng_mix, images, labels)
 

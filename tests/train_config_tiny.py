@@ -22,6 +22,8 @@ def get_config(arg=None):
       shuffle_buffer_size=64,
       prefetch=2,
   )
+  # Shifts/flips in the jitted step too: the kill/resume and 8-device tests cover them.
+  config.device_aug = dict(translate=1, fill=-1.0, flip_lr=True)
   config.model_name = "vit"
   config.model = dict(variant=None, width=16, depth=1, mlp_dim=32, num_heads=2, patch_size=7,
                       pool_type="gap", num_classes=10, remat_policy=None, dropout=0.1)
