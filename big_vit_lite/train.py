@@ -213,11 +213,11 @@ def train(raw_config, workdir):
     # ------------------------------------------------------------ update step
     def update(state, batch):
       step = state["step"]
-      rng_mix, rng_drop = jax.random.split(jax.random.fold_in(state["rng"], step))
+      rng_step = jax.random.fold_in(state["rng"], step)
+      rng_mix, rng_drop = jax.random.split(rng_step)
       images, labels = batch["image"], batch["labels"]
       if device_aug_fn is not None:  # its own key: mixup and dropout keep theirs
-        images = device_aug_fn(jax.random.fold_in(jax.random.fold_in(state["rng"], step), 1),
-                               images)
+        images = device_aug_fn(jax.random.fold_in(rng_step, 1), images)
       if mixup_fn is not None:
         images, labels = mixup_fn(rng_mix, images, labels)
 
