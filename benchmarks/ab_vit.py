@@ -3,6 +3,8 @@
   git show HEAD~1:big_vit_lite/models/vit.py > /tmp/vit_old.py
   python benchmarks/ab_vit.py --old=/tmp/vit_old.py --variant=Ti/16 --mode=train --rounds=8
   python benchmarks/ab_vit.py --old=current --old_kw='{"gelu": "tanh"}'   # a model option
+  python benchmarks/ab_vit.py --old=current \
+      --compiler_options='{"xla_cpu_scheduler_type": "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED"}'
 
 Both training (or inference) steps are compiled first, then timed in turns,
 one step each per round, so machine load hits both alike. Prints one JSON
@@ -32,14 +34,15 @@ def load_module(path):
   return module
 
 
-def make_step(vit_module, variant, mode, batch, res, num_classes, model_kw):
+def make_step(vit_module, variant, mode, batch, res, num_classes, model_kw, compiler_options=None):
   model = vit_module.Model(num_classes=num_classes, **{"variant": variant, **model_kw})
   rng = jax.random.PRNGKey(0)
   x = jax.random.normal(rng, (batch, res, res, 3))
   labels = jax.nn.one_hot(jnp.arange(batch) % num_classes, num_classes)
   params = sharding.unbox(jax.jit(model.init)(rng, x)["params"])
   if mode == "infer":
-    f = jax.jit(lambda p, x: model.apply({"params": p}, x)[0]).lower(params, x).compile()
+    f = jax.jit(lambda p, x: model.apply({"params": p}, x)[0]).lower(params, x).compile(
+        compiler_options)
     return lambda: f(params, x).block_until_ready()
   tx = optax.adamw(1e-3, weight_decay=1e-4)
 
@@ -51,7 +54,7 @@ def make_step(vit_module, variant, mode, batch, res, num_classes, model_kw):
     return (optax.apply_updates(p, updates), opt_state), loss
 
   state = [(params, tx.init(params))]
-  f = jax.jit(step, donate_argnums=0).lower(state[0], x, labels).compile()
+  f = jax.jit(step, donate_argnums=0).lower(state[0], x, labels).compile(compiler_options)
 
   def run():
     state[0], loss = f(state[0], x, labels)
@@ -72,14 +75,21 @@ def main():
                  help="JSON kwargs for both Models (default: no remat)")
   p.add_argument("--old_kw", default="{}",
                  help='JSON kwargs for the old Model only, on top of --model_kw, e.g. \'{"gelu": "tanh"}\'')
+  p.add_argument("--compiler_options", default="{}",
+                 help="JSON XLA compiler options for the current version only, e.g. "
+                      '\'{"xla_cpu_scheduler_type": "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED"}\'')
+  p.add_argument("--old_compiler_options", default="{}",
+                 help="JSON XLA compiler options for the old version only")
   args = p.parse_args()
   kw = json.loads(args.model_kw)
+  options = [json.loads(args.old_compiler_options), json.loads(args.compiler_options)]
   old = vit_current if args.old == "current" else load_module(args.old)
   versions = [("old", old), ("current", vit_current)]
   kws = [{**kw, **json.loads(args.old_kw)}, kw]
   runs = []
-  for (_, module), model_kw in zip(versions, kws):
-    run = make_step(module, args.variant, args.mode, args.batch, args.res, 1000, model_kw)
+  for (_, module), model_kw, opts in zip(versions, kws, options):
+    run = make_step(module, args.variant, args.mode, args.batch, args.res, 1000, model_kw,
+                    opts or None)
     run()  # warm-up
     runs.append(run)
   wall, cpu = [[] for _ in runs], [[] for _ in runs]

@@ -252,3 +252,31 @@ def test_attention_matches_jax_reference_values_and_grads(dtype, tol):
     assert a.dtype == b.dtype
     np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32),
                                atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype,tol", [(jnp.float32, 2e-5), (jnp.bfloat16, 2e-2)])
+@pytest.mark.parametrize("cotangent", ["random", "broadcast"])
+def test_layer_norm_matches_flax_values_and_grads(dtype, tol, cotangent):
+  """Our LayerNorm (hand-written backward) against flax.linen.LayerNorm + autodiff, under jit."""
+  kx, ks, kb, kg = jax.random.split(jax.random.key(4), 4)
+  x = (3.0 * jax.random.normal(kx, (2, 7, 24)) + 1.5).astype(dtype)  # non-zero mean
+  scale = 1.0 + 0.3 * jax.random.normal(ks, (24,))
+  bias = 0.3 * jax.random.normal(kb, (24,))
+  g = jax.random.normal(kg, (2, 7, 24) if cotangent == "random" else (24,))
+  ref_ln = nn.LayerNorm(epsilon=1e-6)
+
+  def loss(fn):
+    return lambda x, s, b: jnp.sum(fn(x, s, b).astype(jnp.float32) * g)
+
+  ours = jax.jit(jax.value_and_grad(loss(vit.layer_norm), argnums=(0, 1, 2)))(x, scale, bias)
+  ref = jax.jit(jax.value_and_grad(loss(
+      lambda x, s, b: ref_ln.apply({"params": {"scale": s, "bias": b}}, x)),
+      argnums=(0, 1, 2)))(x, scale, bias)
+  for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(ref)):
+    assert a.dtype == b.dtype
+    np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32),
+                               atol=tol * max(1.0, float(np.abs(np.asarray(b, np.float32)).max())),
+                               rtol=tol)
+  # The module form keeps flax's param names and logical axes.
+  params = vit.LayerNorm().init(jax.random.key(0), x)["params"]
+  assert set(params) == {"scale", "bias"} and params["scale"].names == ("embed",)
