@@ -280,3 +280,17 @@ def test_layer_norm_matches_flax_values_and_grads(dtype, tol, cotangent):
   # The module form keeps flax's param names and logical axes.
   params = vit.LayerNorm().init(jax.random.key(0), x)["params"]
   assert set(params) == {"scale", "bias"} and params["scale"].names == ("embed",)
+
+
+def test_gelu_exact_matches_jax_values_and_grads():
+  """gelu_exact (hand-written backward) against jax.nn.gelu(approximate=False) + autodiff."""
+  x = 4.0 * jax.random.normal(jax.random.key(5), (3, 50))
+  g = jax.random.normal(jax.random.key(6), (3, 50))
+
+  def loss(fn):
+    return lambda x: jnp.sum(fn(x) * g)
+
+  ours = jax.jit(jax.value_and_grad(loss(vit.gelu_exact)))(x)
+  ref = jax.jit(jax.value_and_grad(loss(lambda x: jax.nn.gelu(x, approximate=False))))(x)
+  for a, b in zip(ours, ref):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)

@@ -102,7 +102,11 @@ def _reshaped_init(init, flat_shape):
   return fn
 
 
-@jax.custom_jvp
+_SQRT_HALF = np.sqrt(0.5)
+_INV_SQRT_2PI = 1 / np.sqrt(2 * np.pi)
+
+
+@jax.custom_vjp
 def gelu_exact(x):
   """Exact GELU, x * Phi(x), written with erf and a hand-written derivative.
 
@@ -111,16 +115,28 @@ def gelu_exact(x):
   into two branches selected per element, and autodiff of it recomputes them
   in several passes; erf is one polynomial and the derivative
   Phi(x) + x * phi(x) one more exp. Measured: ~5% of a ViT-Ti/16 training step.
+
+  The backward pass keeps only x and recomputes erf from it. The optimization
+  barrier stops XLA from merging that erf with the forward one, which would
+  make the forward pass write erf(x) out in full (an extra (tokens, mlp_dim)
+  array per block) and read it back, one memory pass more than it saves on a
+  memory-bound CPU. Measured (MLP block of ViT-Ti/16, fwd+bwd, CPU): 5% faster.
   """
-  return x * (0.5 + 0.5 * jax.lax.erf(x * np.asarray(np.sqrt(0.5), x.dtype)))
+  return x * (0.5 + 0.5 * jax.lax.erf(x * np.asarray(_SQRT_HALF, x.dtype)))
 
 
-@gelu_exact.defjvp
-def _gelu_exact_jvp(primals, tangents):
-  (x,), (t,) = primals, tangents
-  cdf = 0.5 + 0.5 * jax.lax.erf(x * np.asarray(np.sqrt(0.5), x.dtype))
-  pdf = jnp.exp(-0.5 * x * x) * np.asarray(1 / np.sqrt(2 * np.pi), x.dtype)
-  return x * cdf, t * (cdf + x * pdf)
+def _gelu_exact_fwd(x):
+  return gelu_exact(x), x
+
+
+def _gelu_exact_bwd(x, g):
+  x = jax.lax.optimization_barrier(x)
+  cdf = 0.5 + 0.5 * jax.lax.erf(x * np.asarray(_SQRT_HALF, x.dtype))
+  pdf = jnp.exp(-0.5 * x * x) * np.asarray(_INV_SQRT_2PI, x.dtype)
+  return (g * (cdf + x * pdf),)
+
+
+gelu_exact.defvjp(_gelu_exact_fwd, _gelu_exact_bwd)
 
 
 def _gelu(kind: str):
