@@ -617,12 +617,8 @@ class _Embedding(nn.Module):
     bias = self.param("bias", _partitioned(nn.initializers.zeros, ("embed",)), (d,), jnp.float32)
     # Pixels past the last whole patch are dropped, as a VALID conv does.
     x = image[:, :gh * p, :gw * p].reshape(b, gh, p, gw, p, c)
-    x = jnp.transpose(x, (0, 1, 3, 2, 4, 5)).reshape(b, gh, gw, p * p * c)
     x, kernel, bias = (a.astype(self.dtype_mm) for a in (x, kernel, bias))
-    # One patch-major copy of the image, shared by the forward matmul and the
-    # kernel's gradient: without the barrier XLA makes the copy twice.
-    x = jax.lax.optimization_barrier(x)
-    x = jnp.einsum("bhwk,kd->bhwd", x, kernel.reshape(p * p * c, d)) + bias
+    x = jnp.einsum("bhpwqc,pqcd->bhwd", x, kernel) + bias
     return nn.with_logical_constraint(x, ("batch", None, None, "embed"))
 
 
