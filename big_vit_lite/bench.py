@@ -14,6 +14,10 @@ JSON also has `mfu_peak`.
 The training step is the real thing minus the input pipeline: forward,
 softmax cross-entropy, backward, AdamW, with the train state donated.
 """
+if __name__ == "__main__":  # First, before jax and TF load: once more with huge pages.
+  from big_vit_lite import hostmem  # pylint: disable=g-import-not-at-top
+  hostmem.use_huge_pages(__file__)
+
 import contextlib
 import json
 import resource
@@ -29,6 +33,7 @@ import optax
 
 from big_vit_lite import devices
 from big_vit_lite import distributed
+from big_vit_lite import hostmem
 from big_vit_lite import losses
 from big_vit_lite import sharding
 from big_vit_lite import xla_cpu_flags
@@ -282,7 +287,8 @@ def main(argv):
       calib_after = calibrate_matmul(_CALIB_N.value, _DTYPE.value)
       line = dict(variant=variant, dtype=_DTYPE.value, remat=_REMAT.value,
                   scan=_SCAN.value, mesh=_MESH.value or None, model_kw=model_kw,
-                  cpu_flags=_CPU_FLAGS.value, device_kind=dev.device_kind,
+                  cpu_flags=_CPU_FLAGS.value, host_malloc=hostmem.status(),
+                  device_kind=dev.device_kind,
                   num_devices=n_dev, jax_version=jax.__version__,
                   calib_gflops=calib_before, calib_gflops_after=calib_after,
                   datasheet_peak_tflops=peak / 1e12 if peak else None)

@@ -20,6 +20,10 @@ a one-line error that names the values to use.
 Results go to OUT/metrics.jsonl (one line, keys "EVAL_NAME/KEY", step = the
 checkpoint's step) and TensorBoard, and a table is printed.
 """
+if __name__ == "__main__":  # First, before jax and TF load: once more with huge pages.
+  from big_vit_lite import hostmem  # pylint: disable=g-import-not-at-top
+  hostmem.use_huge_pages(__file__)
+
 import math
 import re
 import sys

@@ -12,6 +12,10 @@ CPU), because the checkpoint holds params, optimizer state, step, rng and
 the data iterator's position, and every random number is a function of
 (seed, step).
 """
+if __name__ == "__main__":  # First, before jax and TF load: once more with huge pages.
+  from big_vit_lite import hostmem  # pylint: disable=g-import-not-at-top
+  hostmem.use_huge_pages(__file__)
+
 import functools
 import importlib
 import logging as py_logging
@@ -31,6 +35,7 @@ from big_vit_lite import checkpoint as ckpt_lib
 from big_vit_lite import config_loading
 from big_vit_lite import distributed
 from big_vit_lite import evaluators as evaluators_lib
+from big_vit_lite import hostmem
 from big_vit_lite import losses
 from big_vit_lite import metrics as metrics_lib
 from big_vit_lite import optim
@@ -115,6 +120,7 @@ def train(raw_config, workdir):
   logging.info("big_vit_lite.train: process %d/%d, %d devices (%s), workdir %s",
                jax.process_index(), jax.process_count(), jax.device_count(),
                jax.devices()[0].device_kind, workdir)
+  logging.info("Host memory for XLA buffers: %s", hostmem.status())
   seed = int(config.get("seed", 0))
   writer = metrics_lib.MetricWriter(workdir)
 
