@@ -11,7 +11,13 @@ one step each per round, so machine load hits both alike. Prints one JSON
 line per version: medians, and the per-round speedup of the current version
 over --old in wall time and in process CPU time. On a shared CPU, trust the
 CPU-time ratio (its spread is a few %) over wall time (spread of 2x).
+Like the job entry points it runs with glibc's huge-page tunable
+(big_vit_lite/hostmem.py); BIG_VIT_LITE_HUGE_PAGES=0 turns that off.
 """
+if __name__ == "__main__":  # First, before jax loads: once more with huge pages.
+  from big_vit_lite import hostmem  # pylint: disable=g-import-not-at-top
+  hostmem.use_huge_pages(__file__)
+
 import argparse
 import importlib.util
 import json
