@@ -4,7 +4,7 @@ XLA CPU allocates a jitted step's temporaries as one block per call (ViT-Ti/16,
 batch 32, train step: 1.57 GB) and frees it when the call returns. glibc
 serves blocks over 32 MB with a fresh mmap and gives them back with munmap, so
 every step faults the whole block in again, 4 KiB at a time. Measured on the
-2-core CI VM: ~420k page faults and 0.8-0.9 s of kernel time per 1.6 s step.
+2-core dev VM: ~420k page faults and 0.8-0.9 s of kernel time per 1.6 s step.
 
 `glibc.malloc.hugetlb=1` (glibc >= 2.35) makes malloc madvise such blocks for
 transparent huge pages: 2 MiB faults, ~1.1k per step, and the same step in
