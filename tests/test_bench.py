@@ -8,6 +8,7 @@ import jax
 import pytest
 
 from big_vit_lite import bench
+from big_vit_lite import hostmem
 from big_vit_lite import xla_cpu_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -53,6 +54,10 @@ def test_cli_prints_one_json_line_per_case():
               "--num_classes=10", "--steps=1", "--warmup=1", "--calib_n=64", "--mode=infer"])
   one = json.loads([l for l in one.stdout.splitlines() if l.startswith("{")][0])
   assert one["num_devices"] == 1
+  # The entry point re-executed itself with huge pages for XLA's buffers (hostmem.py).
+  if (hostmem.thp_mode() in ("always", "madvise") and "GLIBC_TUNABLES" not in os.environ
+      and os.environ.get(hostmem.OPT_OUT) != "0"):
+    assert one["host_malloc"].startswith("glibc.malloc.hugetlb=1"), one["host_malloc"]
   assert lines[1]["infer_step_flops"] == pytest.approx(one["infer_step_flops"], rel=0.02)
   # Twice the batch, twice the FLOPs (everything in a ViT step scales with batch
   # except the optimizer update, which is tiny for mu/8).
