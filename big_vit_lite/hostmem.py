@@ -16,7 +16,8 @@ glibc reads GLIBC_TUNABLES when the process starts, so the job entry points
 (train, bench, evaluate) call `use_huge_pages()` first thing: it re-executes
 the same command once with the tunable added (same pid, argv, stdin/stdout).
 It does nothing when the tunable is already set (either way), off Linux/glibc,
-when the kernel has transparent huge pages set to `never`, or when
+unless the kernel's transparent-huge-page mode is `madvise` (with `always`
+such blocks get huge pages anyway; with `never` they cannot), or when
 BIG_VIT_LITE_HUGE_PAGES=0.
 """
 import os
@@ -59,7 +60,7 @@ def _applicable(main_file):
     return False
   if TUNABLE in os.environ.get("GLIBC_TUNABLES", ""):
     return False  # Already set, by us or by the user (who may have set it to 0).
-  return thp_mode() in ("always", "madvise")
+  return thp_mode() == "madvise"
 
 
 def use_huge_pages(main_file):
