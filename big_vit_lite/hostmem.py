@@ -15,10 +15,10 @@ Numerics are untouched; only where the bytes live changes.
 glibc reads GLIBC_TUNABLES when the process starts, so the job entry points
 (train, bench, evaluate) call `use_huge_pages()` first thing: it re-executes
 the same command once with the tunable added (same pid, argv, stdin/stdout).
-It does nothing when the tunable is already set (either way), off Linux/glibc,
-unless the kernel's transparent-huge-page mode is `madvise` (with `always`
-such blocks get huge pages anyway; with `never` they cannot), or when
-BIG_VIT_LITE_HUGE_PAGES=0.
+It does so only on Linux with glibc >= 2.35, when the kernel's
+transparent-huge-page mode is `madvise` (with `always` such blocks get huge
+pages anyway; with `never` they cannot), when GLIBC_TUNABLES does not set the
+tunable already (to either value), and unless BIG_VIT_LITE_HUGE_PAGES=0.
 """
 import os
 import platform
@@ -51,13 +51,21 @@ def status():
   return f"default malloc (transparent huge pages: {thp_mode()})"
 
 
+def _version(text):
+  try:
+    return tuple(int(p) for p in text.split(".")[:2])
+  except ValueError:
+    return (0,)
+
+
 def _applicable(main_file):
   if os.path.realpath(sys.argv[0]) != os.path.realpath(main_file):
     return False  # Not started as this module's command (e.g. runpy from another program).
   if os.environ.get(OPT_OUT, "1") == "0":
     return False
-  if sys.platform != "linux" or platform.libc_ver()[0] != "glibc":
-    return False
+  libc, version = platform.libc_ver()
+  if sys.platform != "linux" or libc != "glibc" or _version(version) < (2, 35):
+    return False  # Older glibc ignores the tunable.
   if TUNABLE in os.environ.get("GLIBC_TUNABLES", ""):
     return False  # Already set, by us or by the user (who may have set it to 0).
   return thp_mode() == "madvise"

@@ -16,8 +16,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # tunable, and hostmem leaves the process alone; with `never` nothing can.
 needs_thp = pytest.mark.skipif(
     sys.platform != "linux" or platform.libc_ver()[0] != "glibc"
+    or hostmem._version(platform.libc_ver()[1]) < (2, 35)  # pylint: disable=protected-access
     or hostmem.thp_mode() != "madvise",
-    reason="needs Linux, glibc and transparent huge pages in madvise mode")
+    reason="needs Linux, glibc >= 2.35 and transparent huge pages in madvise mode")
 
 # A job entry point in miniature: the call first, then it reports what it got.
 # The array part counts the page faults of a jitted op with a 64 MB output,
