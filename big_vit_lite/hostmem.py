@@ -40,10 +40,22 @@ def thp_mode():
   return text[start + 1:end] if 0 <= start < end else None
 
 
+def _setting():
+  """The `glibc.malloc.hugetlb=...` entry of GLIBC_TUNABLES, or None."""
+  tunables = os.environ.get("GLIBC_TUNABLES", "")
+  return next((t for t in tunables.split(":") if t.startswith(TUNABLE + "=")), None)
+
+
+def supported():
+  """Linux, glibc >= 2.35 (older ones ignore the tunable) and THP in `madvise` mode."""
+  libc, version = platform.libc_ver()
+  return (sys.platform == "linux" and libc == "glibc" and _version(version) >= (2, 35)
+          and thp_mode() == "madvise")
+
+
 def status():
   """One line for the logs: whether XLA's buffers get huge pages, and why not."""
-  tunables = os.environ.get("GLIBC_TUNABLES", "")
-  setting = next((t for t in tunables.split(":") if t.startswith(TUNABLE + "=")), None)
+  setting = _setting()
   if setting:
     return f"{setting} (transparent huge pages: {thp_mode()})"
   if os.environ.get(OPT_OUT) == "0":
@@ -63,12 +75,9 @@ def _applicable(main_file):
     return False  # Not started as this module's command (e.g. runpy from another program).
   if os.environ.get(OPT_OUT, "1") == "0":
     return False
-  libc, version = platform.libc_ver()
-  if sys.platform != "linux" or libc != "glibc" or _version(version) < (2, 35):
-    return False  # Older glibc ignores the tunable.
-  if TUNABLE in os.environ.get("GLIBC_TUNABLES", ""):
+  if _setting():
     return False  # Already set, by us or by the user (who may have set it to 0).
-  return thp_mode() == "madvise"
+  return supported()
 
 
 def use_huge_pages(main_file):

@@ -55,7 +55,7 @@ def test_cli_prints_one_json_line_per_case():
   one = json.loads([l for l in one.stdout.splitlines() if l.startswith("{")][0])
   assert one["num_devices"] == 1
   # The entry point re-executed itself with huge pages for XLA's buffers (hostmem.py).
-  if (hostmem.thp_mode() == "madvise" and "GLIBC_TUNABLES" not in os.environ
+  if (hostmem.supported() and "GLIBC_TUNABLES" not in os.environ
       and os.environ.get(hostmem.OPT_OUT) != "0"):
     assert one["host_malloc"].startswith("glibc.malloc.hugetlb=1"), one["host_malloc"]
   assert lines[1]["infer_step_flops"] == pytest.approx(one["infer_step_flops"], rel=0.02)

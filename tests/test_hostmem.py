@@ -1,7 +1,6 @@
 """hostmem: the entry points re-execute once with glibc's huge-page tunable."""
 import json
 import os
-import platform
 import subprocess
 import sys
 import textwrap
@@ -15,9 +14,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # With THP `always` the kernel gives large blocks huge pages without the
 # tunable, and hostmem leaves the process alone; with `never` nothing can.
 needs_thp = pytest.mark.skipif(
-    sys.platform != "linux" or platform.libc_ver()[0] != "glibc"
-    or hostmem._version(platform.libc_ver()[1]) < (2, 35)  # pylint: disable=protected-access
-    or hostmem.thp_mode() != "madvise",
+    not hostmem.supported(),
     reason="needs Linux, glibc >= 2.35 and transparent huge pages in madvise mode")
 
 # A job entry point in miniature: the call first, then it reports what it got.
