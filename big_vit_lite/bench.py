@@ -33,6 +33,8 @@ import optax
 
 from big_vit_lite import devices
 from big_vit_lite import distributed
+from big_vit_lite import flops as flops_lib
+from big_vit_lite import grad_accum
 from big_vit_lite import hostmem
 from big_vit_lite import losses
 from big_vit_lite import sharding
@@ -52,6 +54,9 @@ _MODEL_KW = flags.DEFINE_string("model_kw", "{}",
 _MESH = flags.DEFINE_string("mesh", "",
                             "Mesh as axis:size pairs, e.g. 'data:-1' or 'data:2,fsdp:4' "
                             "(-1 = the remaining devices). Empty: one device, plain jit.")
+_GRAD_ACCUM = flags.DEFINE_integer("grad_accum", 1,
+                                   "Training step as this many sequential microbatches "
+                                   "(config.grad_accum_steps).")
 _MODE = flags.DEFINE_list("mode", ["train", "infer"], "Which steps to time.")
 _STEPS = flags.DEFINE_integer("steps", 5, "Timed steps per measurement.")
 _WARMUP = flags.DEFINE_integer("warmup", 2, "Untimed steps after compilation.")
@@ -116,13 +121,6 @@ def parse_mesh(spec):
   return sharding.make_mesh(cfg)
 
 
-def _flops(compiled):
-  cost = compiled.cost_analysis()
-  if isinstance(cost, (list, tuple)):  # older jax: one dict per computation
-    cost = cost[0] if cost else {}
-  return float((cost or {}).get("flops", float("nan")))
-
-
 def _program_bytes(compiled):
   """Peak bytes the compiled program needs: args + outputs + temps - aliased."""
   try:
@@ -143,12 +141,13 @@ def _shardings(model, mesh, x):
 
 
 def bench_model(model, *, batch, res, num_classes, mode=("train", "infer"), mesh=None,
-                steps=5, warmup=2, calib_gflops=None, peak_flops=None):
+                steps=5, warmup=2, calib_gflops=None, peak_flops=None, grad_accum_steps=1):
   """Times one model's train and/or inference step; returns the JSON-able result dict.
 
   model: a flax module whose apply(..., train=) returns (logits, out).
   calib_gflops: in-process matmul rate of all devices together, for MFU (None: no MFU).
   peak_flops: datasheet peak of all devices together (None: no mfu_peak).
+  grad_accum_steps: the training step's microbatches (big_vit_lite.grad_accum).
   FLOPs and achieved FLOP/s are of the whole step, summed over the mesh's devices.
   """
   rng = jax.random.PRNGKey(0)
@@ -163,12 +162,15 @@ def bench_model(model, *, batch, res, num_classes, mode=("train", "infer"), mesh
   params = init(rng, x)
   n_params = sum(p.size for p in jax.tree.leaves(params))
   out = dict(batch=batch, res=res, params=int(n_params))
+  n_dev = mesh.size if mesh is not None else 1
+  grad_accum.check(grad_accum_steps, batch, n_dev)
 
-  def finish(prefix, compiled, compile_s, times, cpu_times):
+  def finish(prefix, traced, compiled, compile_s, times, cpu_times):
     med, lo, hi = _median_min_max(times)
     out[f"{prefix}_cpu_s"] = statistics.median(cpu_times)
-    # XLA's cost analysis counts one device's share of a partitioned program.
-    flops = _flops(compiled) * (mesh.size if mesh is not None else 1)
+    # One device's share of a partitioned program (XLA's view), loops counted in full.
+    flops = flops_lib.step_flops(traced, compiled, num_devices=n_dev)
+    flops = float("nan") if flops is None else flops * n_dev
     out.update({
         f"{prefix}_compile_s": compile_s,
         f"{prefix}_step_s": med, f"{prefix}_step_s_min": lo, f"{prefix}_step_s_max": hi,
@@ -188,18 +190,21 @@ def bench_model(model, *, batch, res, num_classes, mode=("train", "infer"), mesh
     def train_step(state, x, labels):
       params, opt_state = state
 
-      def loss_fn(p):
-        logits, _ = model.apply({"params": p}, x, train=True, rngs={"dropout": rng})
-        return losses.softmax_xent(logits, labels)
+      def loss_fn(p, b, rng):
+        logits, _ = model.apply({"params": p}, b["x"], train=True, rngs={"dropout": rng})
+        return losses.softmax_xent(logits, b["labels"])
 
-      loss, grads = jax.value_and_grad(loss_fn)(params)
+      loss, grads = grad_accum.value_and_grad(
+          loss_fn, params, {"x": x, "labels": labels}, rng, grad_accum_steps,
+          batch_sharding=batch_sh, param_shardings=params_sh)
       updates, opt_state = tx.update(grads, opt_state, params)
       return (optax.apply_updates(params, updates), opt_state), loss
 
     opt_state = jax.jit(tx.init)(params)
     state = (params, opt_state)
     t0 = time.perf_counter()
-    compiled = jax.jit(train_step, donate_argnums=0).lower(state, x, labels).compile()
+    traced = jax.jit(train_step, donate_argnums=0).trace(state, x, labels)
+    compiled = traced.lower().compile()
     compile_s = time.perf_counter() - t0
 
     def run():
@@ -209,18 +214,19 @@ def bench_model(model, *, batch, res, num_classes, mode=("train", "infer"), mesh
 
     cpu_times = []
     times = time_calls(run, warmup, steps, cpu_times)
-    finish("train", compiled, compile_s, times, cpu_times)
+    finish("train", traced, compiled, compile_s, times, cpu_times)
     params = state[0]
     del state
 
   if "infer" in mode:
     predict = jax.jit(lambda p, x: model.apply({"params": p}, x, train=False)[0])
     t0 = time.perf_counter()
-    compiled = predict.lower(params, x).compile()
+    traced = predict.trace(params, x)
+    compiled = traced.lower().compile()
     compile_s = time.perf_counter() - t0
     cpu_times = []
     times = time_calls(lambda: compiled(params, x).block_until_ready(), warmup, steps, cpu_times)
-    finish("infer", compiled, compile_s, times, cpu_times)
+    finish("infer", traced, compiled, compile_s, times, cpu_times)
 
   # Contract keys: step_flops / mfu refer to the training step when timed.
   main = "train" if "train" in mode else "infer"
@@ -266,6 +272,11 @@ def main(argv):
   dev = jax.devices()[0]
   peak = _PEAK_TFLOPS.value * 1e12 if _PEAK_TFLOPS.value else devices.datasheet_peak(dev, _DTYPE.value)
   n_dev = mesh.size if mesh is not None else 1
+  try:
+    for batch in batches:
+      grad_accum.check(_GRAD_ACCUM.value, batch, n_dev)
+  except ValueError as e:
+    sys.exit(f"bench: --grad_accum: {e}")
 
   for variant in _VARIANT.value:
     for batch in batches:
@@ -283,10 +294,12 @@ def main(argv):
                           num_classes=_NUM_CLASSES.value, mode=tuple(_MODE.value),
                           mesh=mesh, steps=_STEPS.value, warmup=_WARMUP.value,
                           calib_gflops=calib_before * calib_devices,
-                          peak_flops=peak * n_dev if peak else None)
+                          peak_flops=peak * n_dev if peak else None,
+                          grad_accum_steps=_GRAD_ACCUM.value)
       calib_after = calibrate_matmul(_CALIB_N.value, _DTYPE.value)
       line = dict(variant=variant, dtype=_DTYPE.value, remat=_REMAT.value,
-                  scan=_SCAN.value, mesh=_MESH.value or None, model_kw=model_kw,
+                  scan=_SCAN.value, grad_accum_steps=_GRAD_ACCUM.value,
+                  mesh=_MESH.value or None, model_kw=model_kw,
                   cpu_flags=_CPU_FLAGS.value, host_malloc=hostmem.status(),
                   device_kind=dev.device_kind,
                   num_devices=n_dev, jax_version=jax.__version__,

@@ -50,19 +50,6 @@ def peak_flops_per_device(device=None):
   return devices.datasheet_peak(device, "bfloat16")
 
 
-def compiled_flops(compiled):
-  """FLOPs of one call of a compiled (per-device SPMD) program, or None."""
-  try:
-    cost = compiled.cost_analysis()
-  except Exception:  # Some backends do not implement cost analysis.
-    return None
-  if isinstance(cost, (list, tuple)):
-    cost = cost[0] if cost else None
-  if not cost or "flops" not in cost:
-    return None
-  return float(cost["flops"])
-
-
 class MetricWriter:
   """Writes scalars to `workdir/metrics.jsonl` and TensorBoard (process 0 only).
 

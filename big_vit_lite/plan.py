@@ -8,6 +8,12 @@ real optimizer (`optim.make`), sharded with the config's logical-axis rules on t
 those figures are exact. Gradients are the size of the (sharded) f32 params. Activations and
 FLOPs are analytic (formulas below, calibrated against XLA's compiled memory analysis).
 
+config.grad_accum_steps = k (default 1; see big_vit_lite/grad_accum.py) runs each device's batch
+as k microbatches in sequence: activations are those of local_batch / k, plus a float32 gradient
+accumulator the size of the gradients when k > 1; FLOPs per step are unchanged, the gradient
+reductions across devices happen once per microbatch (step_time_s counts k of them). k must
+divide the per-device batch (the same check as the trainer's).
+
 --compile additionally lowers and compiles the train step (forward, softmax cross-entropy,
 backward, optimizer update, state donated) against abstract inputs on simulated CPU devices in a
 subprocess (so any mesh size works on one machine) and prints XLA's memory analysis and FLOPs
@@ -20,7 +26,9 @@ those of a run without remat (the analytic figure is what a TPU/GPU scheduler ac
 With --json the last line is one JSON object: params_bytes_per_device, opt_bytes_per_device,
 grad_bytes_per_device, act_bytes_per_device, total_bytes_per_device, hbm_bytes, fits,
 flops_per_step (model FLOPs, fwd+bwd, whole global batch), hw_flops_per_step (+ remat
-recomputation), step_time_s, mfu_bound, and, with --compile, compiled_* fields.
+recomputation), step_time_s, mfu_bound, grad_accum_steps, micro_batch (per device),
+grad_accum_bytes_per_device, and, with --compile, compiled_* fields (compiled_flops_per_device
+counts scanned loops, model scan=True or k > 1, once per iteration: big_vit_lite/flops.py).
 """
 from __future__ import annotations
 
@@ -223,6 +231,7 @@ def train_flops(arch: dict, *, batch: int, res: int, num_classes: int, tokens: i
 def plan(config, mesh: dict, device: str, res: int | None = None) -> dict:
   """The analytic plan (see module docstring) as a dict."""
   import jax.numpy as jnp
+  from big_vit_lite import grad_accum
   if device not in DEVICES:
     raise ValueError(f"--device={device!r}: known devices are {', '.join(DEVICES)}")
   spec = DEVICES[device]
@@ -235,6 +244,9 @@ def plan(config, mesh: dict, device: str, res: int | None = None) -> dict:
   if batch % dp:
     raise ValueError(f"input.batch_size={batch} is not divisible by the {dp} data-parallel "
                      f"devices of mesh {mesh}; change the batch size or the mesh")
+  accum = grad_accum.check(config.get("grad_accum_steps", 1), batch, dp)
+  local_batch = batch // dp
+  micro_batch = local_batch // accum
   model, boxed, params, _, opt_state = abstract_state(config, res)
   arch = model.arch()
   num_classes = int(config.model.get("num_classes", 0) or 0)
@@ -250,10 +262,14 @@ def plan(config, mesh: dict, device: str, res: int | None = None) -> dict:
   params_b = sum(_shard_numel(s, sp, mesh) * dt.itemsize for s, dt, sp in param_specs)
   grads_b = sum(_shard_numel(s, sp, mesh) * 4 for s, _, sp in param_specs)
   opt_b = _opt_bytes_per_device(params, opt_state, param_specs, mesh)
-  act_b = activation_bytes(arch, local_batch=batch // dp, tokens=tokens, remat=remat,
+  # With accumulation one microbatch's activations are alive at a time (grad_accum's lax.scan);
+  # the gradients of the microbatch in flight are grads_b as before, and their running sum is
+  # a float32 carry sharded like the params. The step's input is still the whole local batch.
+  act_b = activation_bytes(arch, local_batch=micro_batch, tokens=tokens, remat=remat,
                            mm_bytes=mm_bytes, tp=tp, num_classes=num_classes,
                            image_numel=res * res * channels, dropout=model.dropout > 0)
-  batch_b = batch // dp * (res * res * channels + num_classes) * 4
+  accum_b = grads_b if accum > 1 else 0
+  batch_b = local_batch * (res * res * channels + num_classes) * 4
   # FSDP: weights are all-gathered (full size / tp) before use. Without remat XLA keeps the
   # gathered copies of all blocks alive from forward to backward (it reuses them rather than
   # gathering twice): a whole unsharded param set. With remat the gather is part of each
@@ -265,8 +281,10 @@ def plan(config, mesh: dict, device: str, res: int | None = None) -> dict:
     gathered_b = int(2 * n_params / max(1, arch["depth"]) * 4 / tp)
   else:
     gathered_b = int(n_params * 4 / tp)
-  total_b = params_b + opt_b + grads_b + act_b + batch_b + gathered_b
+  total_b = params_b + opt_b + grads_b + accum_b + act_b + batch_b + gathered_b
 
+  # Accumulation does not change the FLOPs of a step: the same examples go forward and backward,
+  # in k pieces (the k-1 extra gradient additions are elementwise, not counted here).
   model_flops, hw_flops = train_flops(arch, batch=batch, res=res, num_classes=num_classes,
                                       tokens=tokens, remat=remat, channels=channels)
   peak = spec.bf16_flops if mm_bytes == 2 else spec.f32_flops
@@ -275,18 +293,24 @@ def plan(config, mesh: dict, device: str, res: int | None = None) -> dict:
   # reduce-scattered (3 x full f32 param bytes / tp, times (f-1)/f); over the data axis the
   # grad shards are all-reduced (2 x shard bytes x (d-1)/d). Assumes no overlap with compute
   # would give their sum; XLA overlaps them, so the bound is the larger of the two.
+  # With k microbatches the gradient reductions happen once per microbatch (the accumulator is
+  # sharded like the params, so each microbatch's gradients are reduced before being added;
+  # seen in the compiled HLO: the all-reduces sit in the scan's body), while the weight gathers
+  # are loop-invariant and XLA hoists them out of the loop: once per step.
   full_param_b = n_params * 4 / tp
-  comm_b = 3 * full_param_b * (fsdp - 1) / fsdp
+  comm_b = (2 + accum) * full_param_b * (fsdp - 1) / fsdp
   data = mesh.get("data", 1)
-  comm_b += 2 * (full_param_b / fsdp) * (data - 1) / data
+  comm_b += accum * 2 * (full_param_b / fsdp) * (data - 1) / data
   comm_s = comm_b / spec.link_bytes_per_s
   step_s = max(compute_s, comm_s)
   out = dict(
       variant=config.model.get("variant"), res=res, tokens=tokens, mesh=mesh, devices=n_dev,
-      device=spec.name, global_batch=batch, local_batch=batch // dp, remat=remat,
+      device=spec.name, global_batch=batch, local_batch=local_batch, grad_accum_steps=accum,
+      micro_batch=micro_batch, remat=remat,
       dtype_mm=str(model.dtype_mm), num_params=int(n_params),
       params_bytes_per_device=int(params_b), opt_bytes_per_device=int(opt_b),
-      grad_bytes_per_device=int(grads_b), act_bytes_per_device=int(act_b),
+      grad_bytes_per_device=int(grads_b), grad_accum_bytes_per_device=int(accum_b),
+      act_bytes_per_device=int(act_b),
       batch_bytes_per_device=int(batch_b), fsdp_gather_bytes_per_device=int(gathered_b),
       total_bytes_per_device=int(total_b), hbm_bytes=int(spec.hbm_bytes),
       fits=bool(total_b <= USABLE_FRACTION * spec.hbm_bytes),
@@ -308,6 +332,8 @@ def compiled_stats(config, mesh: dict, res: int) -> dict:
   import numpy as np
   import optax
   from jax.sharding import NamedSharding, PartitionSpec as P
+  from big_vit_lite import flops as flops_lib
+  from big_vit_lite import grad_accum
 
   n_dev = math.prod(mesh.values())
   if jax.device_count() < n_dev:
@@ -324,7 +350,9 @@ def compiled_stats(config, mesh: dict, res: int) -> dict:
   opt_sh = jax.tree.map(lambda l: by_shape.get(l.shape, replicated), opt_state)
   batch = int(config.input.batch_size)
   num_classes = int(config.model.get("num_classes", 0) or 0)
-  batch_sh = NamedSharding(jmesh, P(dict(rules).get("batch")))
+  batch_axes = dict(rules).get("batch")
+  batch_sh = NamedSharding(jmesh, P(batch_axes))
+  accum = grad_accum.check(config.get("grad_accum_steps", 1), batch, _axes_size(batch_axes, mesh))
   images = jax.ShapeDtypeStruct((batch, res, res, image_channels(config)), jnp.float32,
                                 sharding=batch_sh)
   labels = jax.ShapeDtypeStruct((batch, num_classes), jnp.float32, sharding=batch_sh)
@@ -334,24 +362,27 @@ def compiled_stats(config, mesh: dict, res: int) -> dict:
   def step(state, images, labels):
     params, opt_state = state
 
-    def loss_fn(p):
-      # A fixed key: dropout/drop-path only need *a* key for the shapes to be right.
-      logits, _ = model.apply({"params": p}, images, train=True,
-                              rngs={"dropout": jax.random.PRNGKey(0)})
-      return optax.softmax_cross_entropy(logits, labels).mean()
+    def loss_fn(p, b, rng):
+      logits, _ = model.apply({"params": p}, b["image"], train=True, rngs={"dropout": rng})
+      return optax.softmax_cross_entropy(logits, b["labels"]).mean()
 
-    loss, grads = jax.value_and_grad(loss_fn)(params)
+    # The trainer's gradient computation, so that k > 1 compiles to its microbatch scan. A fixed
+    # key: dropout/drop-path only need *a* key for the shapes to be right.
+    loss, grads = grad_accum.value_and_grad(
+        loss_fn, params, {"image": images, "labels": labels}, jax.random.PRNGKey(0), accum,
+        batch_sharding=batch_sh, param_shardings=param_sh)
     params, opt_state = opt.apply(params, grads, opt_state)
     return (params, opt_state), loss
 
   with jax.set_mesh(jmesh), nn.logical_axis_rules(rules):
     jitted = jax.jit(step, in_shardings=((param_sh, opt_sh), batch_sh, batch_sh),
                      out_shardings=((param_sh, opt_sh), replicated), donate_argnums=(0,))
-    compiled = jitted.lower(state, images, labels).compile()
+    traced = jitted.trace(state, images, labels)
+    compiled = traced.lower().compile()
   mem = compiled.memory_analysis()
-  cost = compiled.cost_analysis()
-  if isinstance(cost, (list, tuple)):
-    cost = cost[0] if cost else {}
+  # XLA's cost analysis counts a loop body once; step_flops adds the other iterations of the
+  # model's layer scan (scan=True) and of the microbatch scan (k > 1).
+  step_flops = flops_lib.step_flops(traced, compiled, num_devices=n_dev)
   return dict(
       compiled_argument_bytes=int(mem.argument_size_in_bytes),
       compiled_output_bytes=int(mem.output_size_in_bytes),
@@ -359,7 +390,7 @@ def compiled_stats(config, mesh: dict, res: int) -> dict:
       compiled_temp_bytes=int(mem.temp_size_in_bytes),
       compiled_peak_bytes=int(mem.argument_size_in_bytes + mem.output_size_in_bytes
                               - mem.alias_size_in_bytes + mem.temp_size_in_bytes),
-      compiled_flops_per_device=float((cost or {}).get("flops", 0.0)),
+      compiled_flops_per_device=float(step_flops or 0.0),
   )
 
 
@@ -393,16 +424,21 @@ def _fmt_bytes(b: float) -> str:
 
 def format_report(p: dict) -> str:
   mesh = ",".join(f"{k}:{v}" for k, v in p["mesh"].items())
+  accum = (f" in {p['grad_accum_steps']} microbatches of {p['micro_batch']}"
+           if p["grad_accum_steps"] > 1 else "")
   lines = [
       f"ViT {p['variant']} @ {p['res']}px ({p['tokens']} tokens), {p['num_params'] / 1e6:.1f}M params, "
-      f"global batch {p['global_batch']} ({p['local_batch']}/device), remat={p['remat']}, "
+      f"global batch {p['global_batch']} ({p['local_batch']}/device{accum}), remat={p['remat']}, "
       f"matmuls in {p['dtype_mm']}",
       f"mesh {mesh} = {p['devices']} x {p['device']} ({p['hbm_bytes'] / GIB:.0f} GiB each)",
       "per device:",
       f"  params          {_fmt_bytes(p['params_bytes_per_device'])}",
       f"  optimizer state {_fmt_bytes(p['opt_bytes_per_device'])}",
       f"  gradients       {_fmt_bytes(p['grad_bytes_per_device'])}",
-      f"  activations     {_fmt_bytes(p['act_bytes_per_device'])}  (peak, kept for backward)",
+      *([f"  accumulator     {_fmt_bytes(p['grad_accum_bytes_per_device'])}  (f32 gradient sum "
+         f"over the {p['grad_accum_steps']} microbatches)"] if p["grad_accum_steps"] > 1 else []),
+      f"  activations     {_fmt_bytes(p['act_bytes_per_device'])}  (peak, kept for backward"
+      + (f", per microbatch of {p['micro_batch']})" if p["grad_accum_steps"] > 1 else ")"),
       f"  input batch     {_fmt_bytes(p['batch_bytes_per_device'])}",
       f"  fsdp gathers    {_fmt_bytes(p['fsdp_gather_bytes_per_device'])}  (unsharded weights in use)",
       f"  total           {_fmt_bytes(p['total_bytes_per_device'])}  -> fits: "

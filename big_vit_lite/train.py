@@ -35,6 +35,8 @@ from big_vit_lite import checkpoint as ckpt_lib
 from big_vit_lite import config_loading
 from big_vit_lite import distributed
 from big_vit_lite import evaluators as evaluators_lib
+from big_vit_lite import flops as flops_lib
+from big_vit_lite import grad_accum
 from big_vit_lite import hostmem
 from big_vit_lite import losses
 from big_vit_lite import metrics as metrics_lib
@@ -140,6 +142,7 @@ def train(raw_config, workdir):
   if batch_size % n_batch_dev:
     raise ValueError(f"input.batch_size={batch_size} is not divisible by the {n_batch_dev} "
                      "devices of the batch mesh axes.")
+  accum_steps = grad_accum.check(config.get("grad_accum_steps", 1), batch_size, n_batch_dev)
   train_iter = input_pipeline.make_train_iterator(input_cfg, seed=seed)
   steps_per_epoch = train_iter.num_examples / batch_size
   total_steps = config_loading.get_steps("total", config, steps_per_epoch=steps_per_epoch,
@@ -152,8 +155,10 @@ def train(raw_config, workdir):
   keep_every = config_loading.get_steps("keep_ckpt", config, default=None, **dur)
   prefetch_size = input_cfg.get("prefetch", 2)
   prefetch_size = 2 if prefetch_size is None else int(prefetch_size)
-  logging.info("Training %d steps (%.2f epochs of %d examples), batch %d.",
-               total_steps, total_steps / steps_per_epoch, train_iter.num_examples, batch_size)
+  logging.info("Training %d steps (%.2f epochs of %d examples), batch %d%s.",
+               total_steps, total_steps / steps_per_epoch, train_iter.num_examples, batch_size,
+               f" in {accum_steps} microbatches of {batch_size // accum_steps}"
+               if accum_steps > 1 else "")
 
   # ---------------------------------------------------- model and optimizer
   model_mod = _model_module(config.get("model_name", "vit"))
@@ -227,12 +232,14 @@ def train(raw_config, workdir):
       if mixup_fn is not None:
         images, labels = mixup_fn(rng_mix, images, labels)
 
-      def loss_of(params):
-        logits, _ = model.apply({"params": params}, images, train=True,
-                                rngs={"dropout": rng_drop})
-        return loss_fn(logits, labels)
+      def loss_of(params, batch, rng):
+        logits, _ = model.apply({"params": params}, batch["image"], train=True,
+                                rngs={"dropout": rng})
+        return loss_fn(logits, batch["labels"])
 
-      loss, grads = jax.value_and_grad(loss_of)(state["params"])
+      loss, grads = grad_accum.value_and_grad(
+          loss_of, state["params"], {"image": images, "labels": labels}, rng_drop, accum_steps,
+          batch_sharding=batch_sh, param_shardings=params_sh)
       params, opt_state = opt.apply(state["params"], grads, state["opt_state"])
       measurements = {"training_loss": loss, "grad_norm": optax.global_norm(grads),
                       "learning_rate": opt.lr_fn(step)}
@@ -247,13 +254,14 @@ def train(raw_config, workdir):
     batch_abstract = {k: jax.ShapeDtypeStruct((batch_size,) + v.shape[1:], v.dtype, sharding=batch_sh)
                       for k, v in batch_spec.items()}
     # One compile, reused for every step; donation lets XLA update in place.
-    update_compiled = jax.jit(update, in_shardings=(state_sh, batch_sh),
-                              out_shardings=(state_sh, repl),
-                              donate_argnums=(0,)).lower(state_abstract, batch_abstract).compile()
-    step_flops = metrics_lib.compiled_flops(update_compiled)
+    update_traced = jax.jit(update, in_shardings=(state_sh, batch_sh),
+                            out_shardings=(state_sh, repl),
+                            donate_argnums=(0,)).trace(state_abstract, batch_abstract)
+    update_compiled = update_traced.lower().compile()
+    step_flops = flops_lib.step_flops(update_traced, update_compiled, num_devices=mesh.size)
     peak = metrics_lib.peak_flops_per_device()
     logging.info("Train step: %s GFLOP per device; device peak %s GFLOP/s",
-                 None if step_flops is None else round(step_flops / 1e9, 3),
+                 None if step_flops is None else f"{step_flops / 1e9:.4g}",
                  None if peak is None else round(peak / 1e9, 1))
 
     # ----------------------------------------------------- checkpoint / resume

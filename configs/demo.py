@@ -89,6 +89,9 @@ def get_config(arg=None):
   config.model_init = config_dict.placeholder(str)
   config.model_load = dict(dont_load=())
 
+  # Gradient accumulation: the batch runs as N sequential microbatches per step (same update,
+  # ~1/N of the activation memory): --config.grad_accum_steps=4 when the batch does not fit.
+  config.grad_accum_steps = 1
   config.total_steps = 30_000  # 32 epochs.
   config.total_epochs = config_dict.placeholder(float)
   config.optax_name = "scale_by_adam"

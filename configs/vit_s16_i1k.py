@@ -36,6 +36,9 @@ def get_config(arg=None):
           "|onehot(1000, key='label', key_result='labels')|keep('image', 'labels')"),
       shuffle_buffer_size=250_000,
   )
+  # Gradient accumulation: the batch runs as N sequential microbatches per step (same update,
+  # ~1/N of the activation memory): --config.grad_accum_steps=4 when the batch does not fit.
+  config.grad_accum_steps = 1
   config.total_steps = config_dict.placeholder(int)  # None: counted in epochs.
   config.total_epochs = 90.0  # float: --config.total_epochs=0.5 works too.
   config.log_training_steps = 50

@@ -1,4 +1,5 @@
 """big_vit_lite.plan: analytic memory/FLOPs per device vs XLA's compiled memory analysis."""
+import importlib.util
 import json
 import os
 import subprocess
@@ -27,6 +28,7 @@ def get_config(arg=None):
   c.wd = 1e-4
   c.schedule = dict(warmup_steps=2, decay_type="cosine")
   c.mesh = [("data", -1)]
+  c.grad_accum_steps = 1
   return c
 '''
 
@@ -38,16 +40,35 @@ def _run_plan(*args, timeout=240):
                         capture_output=True, text=True, timeout=timeout, check=False)
 
 
+@pytest.fixture(scope="module")
+def tiny_config(tmp_path_factory):
+  config = tmp_path_factory.mktemp("plan") / "tiny.py"
+  config.write_text(TINY_CONFIG)
+  return config
+
+
+_COMPILED = {}  # Compiling is the slow part: tests asking for the same run share it.
+
+
+def _compiled_plan(config, *args):
+  """(stdout, plan dict) of `plan --compile --json` with these args, run once per module."""
+  if args not in _COMPILED:
+    proc = _run_plan(f"--config={config}", *args, "--compile", "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    _COMPILED[args] = proc.stdout, json.loads(proc.stdout.strip().splitlines()[-1])
+  return _COMPILED[args]
+
+
+_BASE_COMPILE = ("--mesh=data:2,fsdp:2", "--config.model.dtype_mm=float32",
+                 "--config.model.dropout=0.0")
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("mesh,dtype_mm,dropout", [("data:2,fsdp:2", "float32", 0.0),
                                                     ("fsdp:2,model:2", "bfloat16", 0.1)])
-def test_plan_matches_compiled_memory_analysis(tmp_path, mesh, dtype_mm, dropout):
-  config = tmp_path / "tiny.py"
-  config.write_text(TINY_CONFIG)
-  proc = _run_plan(f"--config={config}", f"--mesh={mesh}", f"--config.model.dtype_mm={dtype_mm}",
-                   f"--config.model.dropout={dropout}", "--compile", "--json")
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  p = json.loads(proc.stdout.strip().splitlines()[-1])
+def test_plan_matches_compiled_memory_analysis(tiny_config, mesh, dtype_mm, dropout):
+  stdout, p = _compiled_plan(tiny_config, f"--mesh={mesh}", f"--config.model.dtype_mm={dtype_mm}",
+                             f"--config.model.dropout={dropout}")
   assert p["res"] == 28 and p["tokens"] == 50 and p["devices"] == 4
   assert p["local_batch"] == {"data:2,fsdp:2": 8, "fsdp:2,model:2": 16}[mesh]  # "model" splits no batch.
 
@@ -65,7 +86,54 @@ def test_plan_matches_compiled_memory_analysis(tmp_path, mesh, dtype_mm, dropout
   ratio = p["hw_flops_per_step"] / p["devices"] / p["compiled_flops_per_device"]
   assert (0.85 if dropout == 0 else 0.7) <= ratio <= 1.0, ratio
   # The human-readable report comes first.
-  assert "fits: yes" in proc.stdout and "optimizer state" in proc.stdout
+  assert "fits: yes" in stdout and "optimizer state" in stdout
+
+
+@pytest.mark.timeout(300)
+def test_grad_accum_compiles_to_less_memory_and_the_same_flops(tiny_config):
+  _, one = _compiled_plan(tiny_config, *_BASE_COMPILE)
+  stdout, two = _compiled_plan(tiny_config, *_BASE_COMPILE, "--config.grad_accum_steps=2")
+  assert (two["grad_accum_steps"], two["micro_batch"], two["local_batch"]) == (2, 4, 8)
+  assert "in 2 microbatches of 4" in stdout and "accumulator" in stdout
+  # One microbatch's activations alive at a time: the step's temporaries shrink (the activations
+  # are most of them here), and the analytic figure, accumulator included, still tracks XLA's.
+  assert two["compiled_temp_bytes"] < 0.75 * one["compiled_temp_bytes"]
+  temp = (two["grad_bytes_per_device"] + two["grad_accum_bytes_per_device"]
+          + two["act_bytes_per_device"] + two["fsdp_gather_bytes_per_device"])
+  assert temp == pytest.approx(two["compiled_temp_bytes"], rel=0.10)
+  # Same examples, same work: XLA counts the microbatch scan's body once (half the step
+  # here); the compiled figure counts it per iteration.
+  assert two["compiled_flops_per_device"] == pytest.approx(one["compiled_flops_per_device"],
+                                                           rel=0.04)
+  assert two["flops_per_step"] == one["flops_per_step"]
+
+
+@pytest.mark.timeout(120)
+def test_grad_accum_halves_activations_and_adds_an_accumulator(tiny_config):
+  spec = importlib.util.spec_from_file_location("tiny_plan_config", tiny_config)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  mesh = plan.parse_mesh("data:2,fsdp:2")
+  plans = {}
+  for k in (1, 2, 4):
+    config = module.get_config()
+    config.grad_accum_steps = k
+    plans[k] = plan.plan(config, mesh, "tpu_v4")
+  one, two, four = plans[1], plans[2], plans[4]
+  assert (one["micro_batch"], two["micro_batch"], four["micro_batch"]) == (8, 4, 2)
+  assert two["act_bytes_per_device"] == pytest.approx(one["act_bytes_per_device"] / 2, rel=0.01)
+  assert four["act_bytes_per_device"] == pytest.approx(one["act_bytes_per_device"] / 4, rel=0.01)
+  # The float32 gradient sum: a second gradient-sized buffer, sharded like the params.
+  assert one["grad_accum_bytes_per_device"] == 0
+  assert two["grad_accum_bytes_per_device"] == two["grad_bytes_per_device"] > 0
+  assert two["total_bytes_per_device"] == (
+      one["total_bytes_per_device"] - one["act_bytes_per_device"] + two["act_bytes_per_device"]
+      + two["grad_accum_bytes_per_device"])
+  # The whole local batch is still the step's input; the FLOPs of a step do not change.
+  assert two["batch_bytes_per_device"] == one["batch_bytes_per_device"]
+  assert two["flops_per_step"] == one["flops_per_step"]
+  # ... but the gradients are reduced across devices once per microbatch.
+  assert two["comm_time_s"] > one["comm_time_s"]
 
 
 def _big_config(variant, batch, *, remat="nothing_saveable", dtype_mm="bfloat16"):
@@ -134,11 +202,12 @@ def test_activations_shrink_with_remat_and_tensor_parallelism():
     (["--mesh=data:3,xyz:2"], "--mesh="),
     (["--mesh=data:5"], "not divisible"),
     (["--mesh=data:2", "--device=tpu_v9"], "tpu_v9"),
+    # 32 examples split over 16 microbatches, but 8 per device do not split 16 ways.
+    (["--mesh=data:4", "--config.grad_accum_steps=16"], "does not divide the per-device batch"),
+    (["--mesh=data:4", "--config.grad_accum_steps=0"], "grad_accum_steps=0"),
 ])
-def test_plan_errors_are_one_line(tmp_path, args, message):
-  config = tmp_path / "tiny.py"
-  config.write_text(TINY_CONFIG)
-  proc = _run_plan(f"--config={config}", *args)
+def test_plan_errors_are_one_line(tiny_config, args, message):
+  proc = _run_plan(f"--config={tiny_config}", *args)
   assert proc.returncode != 0
   assert message in proc.stderr.strip().splitlines()[-1], proc.stderr[-2000:]
 

@@ -28,6 +28,7 @@ def get_config(arg=None):
   config.model = dict(variant=None, width=16, depth=1, mlp_dim=32, num_heads=2, patch_size=7,
                       pool_type="gap", num_classes=10, remat_policy=None, dropout=0.1)
   config.loss = "softmax_xent"
+  config.grad_accum_steps = 1
   config.total_steps = 12
   config.optax_name = "scale_by_adam"
   config.lr = 1e-3

@@ -1,0 +1,89 @@
+"""Gradient accumulation: one optimizer step, its batch run as k microbatches in sequence.
+
+config.grad_accum_steps = k (default 1) splits every global batch into k
+microbatches of batch_size / k, runs forward and backward on each inside one
+jitted step (a `lax.scan`, so only one microbatch's activations are alive at a
+time) and averages their gradients before the optimizer update. Use it to
+train a batch that does not fit: the update is that of the full batch, for
+about 1/k of the activation memory, at the price of k smaller (less
+efficient) matmuls on an accelerator.
+
+What is exactly the same as k = 1: the examples, their order across steps,
+mixup / device augmentation (applied to the whole batch before the split),
+the loss and gradient as averages over the global batch (every microbatch has
+the same size, so the mean of the k means is the batch mean). What differs:
+floating-point summation order, batch-statistics of anything computed over
+the batch inside the model (a ViT has none), and dropout masks (each
+microbatch folds its index into the step's dropout key).
+
+Microbatch i holds examples i, i+k, i+2k, ... of the global batch: with the
+batch split over devices in contiguous blocks, every device keeps its own
+rows (batch_size / devices must be divisible by k), so the split moves no data.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+
+def check(steps, batch_size: int, batch_devices: int) -> int:
+  """Validates config.grad_accum_steps against the batch; returns it as an int."""
+  if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+    raise ValueError(f"grad_accum_steps={steps!r}: use a positive integer (1 = no accumulation).")
+  if batch_size % (steps * batch_devices):
+    raise ValueError(
+        f"grad_accum_steps={steps} does not divide the per-device batch: input.batch_size="
+        f"{batch_size} over {batch_devices} device(s) is {batch_size / batch_devices:g} per "
+        f"device. Choose grad_accum_steps dividing it, or a batch size divisible by "
+        f"{steps * batch_devices}.")
+  return steps
+
+
+def split(batch, steps: int, batch_sharding: NamedSharding | None = None):
+  """(B, ...) leaves -> (steps, B / steps, ...); microbatch i = rows i, i+steps, ..."""
+  def one(x):
+    x = x.reshape((x.shape[0] // steps, steps) + x.shape[1:])
+    x = jnp.swapaxes(x, 0, 1)
+    if batch_sharding is not None:  # the microbatch axis replicated, rows stay where they were
+      spec = P(None, *batch_sharding.spec)
+      x = jax.lax.with_sharding_constraint(x, NamedSharding(batch_sharding.mesh, spec))
+    return x
+  return jax.tree.map(one, batch)
+
+
+def value_and_grad(loss_fn: Callable[[Any, Any, jax.Array], jax.Array], params, batch,
+                   rng: jax.Array, steps: int, *,
+                   batch_sharding: NamedSharding | None = None, param_shardings=None):
+  """(mean loss, mean gradient) of loss_fn(params, batch, rng) over `steps` microbatches.
+
+  loss_fn must return the mean loss over the examples it is given. With steps == 1
+  this is exactly `jax.value_and_grad(loss_fn)(params, batch, rng)`.
+  param_shardings: the params' shardings, kept for the gradient accumulators
+  (under FSDP they must stay sharded, not be gathered whole on every device).
+  """
+  grad_fn = jax.value_and_grad(loss_fn)
+  if steps == 1:
+    return grad_fn(params, batch, rng)
+
+  def body(carry, xs):
+    loss_sum, grad_sum = carry
+    index, micro = xs
+    if batch_sharding is not None:
+      micro = jax.lax.with_sharding_constraint(micro, batch_sharding)
+    loss, grads = grad_fn(params, micro, jax.random.fold_in(rng, index))
+    grad_sum = jax.tree.map(lambda s, g: s + g.astype(s.dtype), grad_sum, grads)
+    return (loss_sum + loss.astype(jnp.float32), grad_sum), None
+
+  # Accumulate in float32 whatever the params' dtype: k bf16 additions lose bits.
+  zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+  if param_shardings is not None:
+    zeros = jax.lax.with_sharding_constraint(zeros, param_shardings)
+  (loss_sum, grad_sum), _ = jax.lax.scan(
+      body, (jnp.zeros((), jnp.float32), zeros),
+      (jnp.arange(steps), split(batch, steps, batch_sharding)))
+  grads = jax.tree.map(lambda s, p: (s / steps).astype(p.dtype), grad_sum, params)
+  return loss_sum / steps, grads
