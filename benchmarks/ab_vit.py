@@ -3,6 +3,7 @@
   git show HEAD~1:big_vit_lite/models/vit.py > /tmp/vit_old.py
   python benchmarks/ab_vit.py --old=/tmp/vit_old.py --variant=Ti/16 --mode=train --rounds=8
   python benchmarks/ab_vit.py --old=current --old_kw='{"gelu": "tanh"}'   # a model option
+  python benchmarks/ab_vit.py --old=current --grad_accum=2   # 2 microbatches vs 1 batch
   python benchmarks/ab_vit.py --old=current \
       --compiler_options='{"xla_cpu_scheduler_type": "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED"}'
 
@@ -11,6 +12,12 @@ one step each per round, so machine load hits both alike. Prints one JSON
 line per version: medians, and the per-round speedup of the current version
 over --old in wall time and in process CPU time. On a shared CPU, trust the
 CPU-time ratio (its spread is a few %) over wall time (spread of 2x).
+One bias it cannot remove: two programs whose temporaries are large and of
+different sizes slow each other down in turns (the freed block goes back to
+the kernel every step). ViT-S/16, batch 32, --old_grad_accum=2 vs 1 read
+0.54x here but 1.0x in separate `big_vit_lite.bench` processes (8.1-9.8 vs
+8.8-9.0 img/s); ViT-Ti/16 --grad_accum=4 read 1.12x here, 1.0x there. Check a
+gain from changing the program's memory footprint with separate processes.
 Like the job entry points it runs with glibc's huge-page tunable
 (big_vit_lite/hostmem.py); BIG_VIT_LITE_HUGE_PAGES=0 turns that off.
 """
@@ -28,6 +35,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from big_vit_lite import grad_accum
 from big_vit_lite import losses
 from big_vit_lite import sharding
 from big_vit_lite.models import vit as vit_current
@@ -40,7 +48,8 @@ def load_module(path):
   return module
 
 
-def make_step(vit_module, variant, mode, batch, res, num_classes, model_kw, compiler_options=None):
+def make_step(vit_module, variant, mode, batch, res, num_classes, model_kw, compiler_options=None,
+              accum_steps=1):
   model = vit_module.Model(num_classes=num_classes, **{"variant": variant, **model_kw})
   rng = jax.random.PRNGKey(0)
   x = jax.random.normal(rng, (batch, res, res, 3))
@@ -54,8 +63,9 @@ def make_step(vit_module, variant, mode, batch, res, num_classes, model_kw, comp
 
   def step(state, x, labels):
     p, opt_state = state
-    loss_fn = lambda p: losses.softmax_xent(model.apply({"params": p}, x, train=True)[0], labels)
-    loss, grads = jax.value_and_grad(loss_fn)(p)
+    loss_fn = lambda p, b, rng: losses.softmax_xent(
+        model.apply({"params": p}, b[0], train=True, rngs={"dropout": rng})[0], b[1])
+    loss, grads = grad_accum.value_and_grad(loss_fn, p, (x, labels), rng, accum_steps)
     updates, opt_state = tx.update(grads, opt_state, p)
     return (optax.apply_updates(p, updates), opt_state), loss
 
@@ -86,6 +96,9 @@ def main():
                       '\'{"xla_cpu_scheduler_type": "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED"}\'')
   p.add_argument("--old_compiler_options", default="{}",
                  help="JSON XLA compiler options for the old version only")
+  p.add_argument("--grad_accum", type=int, default=1,
+                 help="microbatches per training step, current version (config.grad_accum_steps)")
+  p.add_argument("--old_grad_accum", type=int, default=1, help="the same, old version")
   args = p.parse_args()
   kw = json.loads(args.model_kw)
   options = [json.loads(args.old_compiler_options), json.loads(args.compiler_options)]
@@ -93,9 +106,10 @@ def main():
   versions = [("old", old), ("current", vit_current)]
   kws = [{**kw, **json.loads(args.old_kw)}, kw]
   runs = []
-  for (_, module), model_kw, opts in zip(versions, kws, options):
+  accums = [args.old_grad_accum, args.grad_accum]
+  for (_, module), model_kw, opts, accum in zip(versions, kws, options, accums):
     run = make_step(module, args.variant, args.mode, args.batch, args.res, 1000, model_kw,
-                    opts or None)
+                    opts or None, accum)
     run()  # warm-up
     runs.append(run)
   wall, cpu = [[] for _ in runs], [[] for _ in runs]

@@ -72,14 +72,24 @@ def test_cli_rejects_bad_flags_in_one_line():
   assert "--mesh='data': expected axis:size pairs" in p.stderr
 
 
-def test_bench_model_train_only_and_scan():
+def test_bench_model_train_only_scan_and_grad_accum():
   from big_vit_lite.models import vit
-  model = vit.Model(num_classes=10, variant="mu/8", scan=True, remat_policy=None)
-  out = bench.bench_model(model, batch=2, res=16, num_classes=10, mode=("train",), steps=1,
-                          warmup=0, calib_gflops=None)
-  assert out["train_img_per_s"] > 0 and "infer_img_per_s" not in out
-  assert out["mfu"] is None  # no calibration given, no MFU claimed
-  assert out["params"] > 0 and out["step_flops"] > 0
+  outs = {}
+  for scan, accum in ((False, 1), (True, 1), (True, 2)):
+    model = vit.Model(num_classes=10, variant="mu/8", scan=scan, remat_policy=None)
+    out = bench.bench_model(model, batch=4, res=16, num_classes=10, mode=("train",), steps=1,
+                            warmup=0, calib_gflops=None, grad_accum_steps=accum)
+    assert out["train_img_per_s"] > 0 and "infer_img_per_s" not in out
+    assert out["mfu"] is None  # no calibration given, no MFU claimed
+    assert out["params"] > 0
+    outs[scan, accum] = out["step_flops"]
+  # Scanned blocks and microbatches are the same work as the plain step (XLA alone counts a
+  # loop body once: 1/depth and 1/k of it).
+  assert outs[True, 1] == pytest.approx(outs[False, 1], rel=0.03)
+  assert outs[True, 2] == pytest.approx(outs[False, 1], rel=0.03)
+  with pytest.raises(ValueError, match="grad_accum_steps=3"):
+    bench.bench_model(model, batch=4, res=16, num_classes=10, mode=("train",), steps=1,
+                      grad_accum_steps=3)
 
 
 def test_parse_mesh():
