@@ -5,6 +5,7 @@ off (each microbatch draws its own dropout masks by design, so with dropout the
 runs differ). Also the loop-aware FLOP count the trainer logs.
 """
 import re
+import signal
 
 import jax
 import jax.numpy as jnp
@@ -17,7 +18,8 @@ from big_vit_lite import grad_accum
 from big_vit_lite import losses
 from big_vit_lite import sharding
 from big_vit_lite.models import vit
-from trainer_runs import read_losses, run_train
+from trainer_runs import (assert_same_params, read_losses, run_train, start_train,
+                          wait_for_step)
 
 STEPS = 8
 NO_DROPOUT = ("--config.model.dropout=0.", f"--config.total_steps={STEPS}")
@@ -57,6 +59,24 @@ def test_microbatches_train_like_one_batch(steps, mesh, devices, big_batch, tfds
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
   # The step does the same work; XLA alone would count the loop body once (1/steps).
   assert _logged_gflop(r.stderr) * devices == pytest.approx(ref_gflop, rel=0.05)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_sigkill_and_resume_with_microbatches_is_bit_identical(tfds_data_dir, tmp_path):
+  args = ("--config.grad_accum_steps=2", "--config.total_steps=120", "--config.ckpt_steps=20")
+  ref, killed = str(tmp_path / "ref"), str(tmp_path / "killed")
+  r = run_train(tfds_data_dir, ref, *args)
+  assert r.returncode == 0, r.stderr[-3000:]
+  proc = start_train(tfds_data_dir, killed, *args)
+  wait_for_step(proc, killed, 50)
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  r = run_train(tfds_data_dir, killed, *args)
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert "Resuming from" in r.stderr
+  assert read_losses(killed) == read_losses(ref)
+  assert_same_params(ref, killed)
 
 
 @pytest.mark.slow
