@@ -10,7 +10,8 @@ gradient accumulation over k microbatches (a scan) reads k times too low.
 what it misses: it walks the step's jaxpr and counts its FLOPs the way XLA
 does (matmuls and convolutions exactly, one per element for elementwise
 arithmetic) twice, once with every `scan` body multiplied by its length and
-once with each body counted a single time, and adds the difference. A program
+once as XLA's loop program holds it (one body, or `unroll` bodies plus the
+remainder), and adds the difference. A program
 without scans gets exactly XLA's figure. `while` loops with a data-dependent
 trip count cannot be counted and stay at one iteration, as in XLA.
 """
@@ -29,12 +30,30 @@ def _dot_flops(eqn):
   return 2 * math.prod(out.shape) * math.prod(lhs.shape[d] for d in lhs_contract)
 
 
+def _valid_taps(in_size, out_size, k, stride, pad_lo, lhs_dil, rhs_dil):
+  """Kernel taps that land inside the (dilated) input, summed over one dim's output positions."""
+  last = (in_size - 1) * lhs_dil
+  return sum(1 for o in range(out_size) for j in range(k)
+             if 0 <= (i := o * stride - pad_lo + j * rhs_dil) <= last and i % lhs_dil == 0)
+
+
 def _conv_flops(eqn):
-  rhs = eqn.invars[1].aval  # the kernel
+  """2 x multiply-adds over the taps inside the input, as XLA counts (padding taps are free)."""
+  lhs, rhs = eqn.invars[0].aval, eqn.invars[1].aval  # input, kernel
   out = eqn.outvars[0].aval
-  out_feature_dim = eqn.params["dimension_numbers"].rhs_spec[0]
-  # Each output element is a dot over (input features / groups) x kernel window.
-  return 2 * math.prod(out.shape) * math.prod(rhs.shape) // rhs.shape[out_feature_dim]
+  p = eqn.params
+  dn = p["dimension_numbers"]
+  spatial = len(dn.lhs_spec) - 2
+  lhs_dil = p.get("lhs_dilation") or (1,) * spatial
+  rhs_dil = p.get("rhs_dilation") or (1,) * spatial
+  taps = 1
+  for d in range(spatial):
+    taps *= _valid_taps(lhs.shape[dn.lhs_spec[2 + d]], out.shape[dn.out_spec[2 + d]],
+                        rhs.shape[dn.rhs_spec[2 + d]], p["window_strides"][d],
+                        p["padding"][d][0], lhs_dil[d], rhs_dil[d])
+  out_spatial = math.prod(out.shape[dn.out_spec[2 + d]] for d in range(spatial))
+  per_tap = math.prod(out.shape) // out_spatial * rhs.shape[dn.rhs_spec[1]]  # x in-features/group
+  return 2 * per_tap * taps
 
 
 def _sub_jaxprs(value):

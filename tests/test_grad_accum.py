@@ -160,3 +160,18 @@ def test_step_flops_of_partly_unrolled_scans(unroll):
   traced = jax.jit(f).trace(w, x)
   assert flops.step_flops(traced, traced.lower().compile()) == pytest.approx(
       8 * 2 * 16 * 64 * 64, rel=0.01)
+
+
+def test_step_flops_of_scanned_grouped_convolutions():
+  w = jnp.ones((3, 3, 4, 16))  # HWIO, 2 groups of 4 input features each
+
+  def conv(x):
+    return jax.lax.conv_general_dilated(x, w, (1, 1), "SAME", feature_group_count=2,
+                                        dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+  x = jnp.ones((5, 2, 8, 8, 8))
+  plain = jax.jit(conv).trace(x[0])
+  scanned = jax.jit(lambda x: jax.lax.scan(lambda c, xi: (c + conv(xi).sum(), None), 0.0, x)[0]
+                    ).trace(x)
+  one = plain.lower().compile().cost_analysis()["flops"]
+  assert flops.step_flops(scanned, scanned.lower().compile()) == pytest.approx(5 * one, rel=0.01)
