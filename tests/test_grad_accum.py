@@ -170,7 +170,7 @@ def test_step_flops_of_scanned_grouped_convolutions():
                                         dimension_numbers=("NHWC", "HWIO", "NHWC"))
 
   x = jnp.ones((5, 2, 8, 8, 8))
-  plain = jax.jit(conv).trace(x[0])
+  plain = jax.jit(lambda x: conv(x).sum()).trace(x[0])
   scanned = jax.jit(lambda x: jax.lax.scan(lambda c, xi: (c + conv(xi).sum(), None), 0.0, x)[0]
                     ).trace(x)
   one = plain.lower().compile().cost_analysis()["flops"]
