@@ -4,6 +4,7 @@ Real trainer subprocesses on the tiny ViT over the offline Fashion-MNIST, dropou
 off (each microbatch draws its own dropout masks by design, so with dropout the
 runs differ). Also the loop-aware FLOP count the trainer logs.
 """
+import os
 import re
 import signal
 
@@ -64,14 +65,16 @@ def test_microbatches_train_like_one_batch(steps, mesh, devices, big_batch, tfds
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_sigkill_and_resume_with_microbatches_is_bit_identical(tfds_data_dir, tmp_path):
-  args = ("--config.grad_accum_steps=2", "--config.total_steps=120", "--config.ckpt_steps=20")
+  args = ("--config.grad_accum_steps=2", "--config.total_steps=300", "--config.ckpt_steps=40")
   ref, killed = str(tmp_path / "ref"), str(tmp_path / "killed")
   r = run_train(tfds_data_dir, ref, *args)
   assert r.returncode == 0, r.stderr[-3000:]
   proc = start_train(tfds_data_dir, killed, *args)
-  wait_for_step(proc, killed, 50)
+  wait_for_step(proc, killed, 100)  # past 2 checkpoint steps: one is complete
   proc.send_signal(signal.SIGKILL)
   proc.wait()
+  saved = [int(d) for d in os.listdir(os.path.join(killed, "checkpoints")) if d.isdigit()]
+  assert max(saved, default=0) < 300, "killed too late: the run had finished"
   r = run_train(tfds_data_dir, killed, *args)
   assert r.returncode == 0, r.stderr[-3000:]
   assert "Resuming from" in r.stderr
