@@ -14,6 +14,7 @@ Durations (total, warmup, cooldown, ...) can be given in steps, epochs,
 examples or percent of the total, as `NAME_steps`, `NAME_epochs`,
 `NAME_examples`, `NAME_percent`; `get_steps` turns them into steps.
 """
+import difflib
 import math
 
 from absl import flags
@@ -37,6 +38,29 @@ class UnreadConfigKeyError(ValueError):
   pass
 
 
+# Keys people bring from the codebases this one is measured against, and ours for them
+# (vision_transformer: accum_steps, grad_norm_clip, base_lr, batch; timm flags: clip_grad,
+# weight_decay, epochs, warmup_epochs; Hugging Face / MaxText: gradient_accumulation_steps).
+PEER_KEYS = {
+    "accum_steps": "grad_accum_steps",
+    "gradient_accumulation_steps": "grad_accum_steps",
+    "grad_accum": "grad_accum_steps",
+    "grad_norm_clip": "grad_clip_norm",
+    "clip_grad": "grad_clip_norm",
+    "clip_grad_norm": "grad_clip_norm",
+    "base_lr": "lr",
+    "learning_rate": "lr",
+    "weight_decay": "wd",
+    "batch": "input.batch_size",
+    "batch_size": "input.batch_size",
+    "epochs": "total_epochs",
+    "num_epochs": "total_epochs",
+    "warmup_steps": "schedule.warmup_steps",
+    "warmup_epochs": "schedule.warmup_epochs",
+    "decay_type": "schedule.decay_type",
+}
+
+
 class TrackedConfig:
   """Read-only view of a ConfigDict that records which keys were read.
 
@@ -45,23 +69,26 @@ class TrackedConfig:
   `cfg.consume("key")` marks a whole subtree read and returns it untracked.
   """
 
-  def __init__(self, cfg, _prefix="", _log=None):
+  def __init__(self, cfg, _prefix="", _log=None, _asked=None):
     object.__setattr__(self, "_cfg", cfg)
     object.__setattr__(self, "_prefix", _prefix)
     object.__setattr__(self, "_log", _log if _log is not None else set())
+    # Every key the code asked for, present or not: the candidates for "did you mean".
+    object.__setattr__(self, "_asked", _asked if _asked is not None else set())
 
   # -- reading
   def _wrap(self, name, value):
     path = self._prefix + name
     if isinstance(value, config_dict.ConfigDict):
       self._log.add(path + ".")  # Touched, not consumed: its leaves still count.
-      return TrackedConfig(value, path + ".", self._log)
+      return TrackedConfig(value, path + ".", self._log, self._asked)
     self._log.add(path)
     return value
 
   def __getattr__(self, name):
     if name.startswith("__"):
       raise AttributeError(name)
+    self._asked.add(self._prefix + name)
     try:
       value = self._cfg[name]
     except KeyError:
@@ -70,18 +97,21 @@ class TrackedConfig:
     return self._wrap(name, value)
 
   def __getitem__(self, name):
+    self._asked.add(self._prefix + name)
     return self._wrap(name, self._cfg[name])
 
   def __setattr__(self, name, value):
     raise TypeError("TrackedConfig is read-only; change the config file or pass --config.KEY=VALUE.")
 
   def get(self, name, default=None):
+    self._asked.add(self._prefix + name)
     if name not in self._cfg:
       return default
     value = self._wrap(name, self._cfg[name])
     return default if value is None else value
 
   def __contains__(self, name):
+    self._asked.add(self._prefix + name)
     return name in self._cfg
 
   def keys(self):
@@ -92,6 +122,8 @@ class TrackedConfig:
 
   def consume(self, name=None, default=None):
     """Marks `name` (or this whole dict) and everything under it read; returns it as is."""
+    if name is not None:
+      self._asked.add(self._prefix + name)
     if name is None:
       self._log.add(self._prefix + "*")
       return self._cfg
@@ -126,7 +158,15 @@ class TrackedConfig:
     if unread:
       more = f" (and {len(unread) - 1} more: {', '.join(unread[1:4])})" if len(unread) > 1 else ""
       raise UnreadConfigKeyError(
-          f"Config key '{unread[0]}' is set but nothing reads it{more}: remove it or fix its spelling.")
+          f"Config key '{unread[0]}' is set but nothing reads it{self._hint(unread[0])}{more}: "
+          "remove it or fix its spelling.")
+
+  def _hint(self, path):
+    """' (here: grad_accum_steps)' for a peer's name, ' (did you mean X?)' for a near miss."""
+    if path in PEER_KEYS:
+      return f" (this framework calls it '{PEER_KEYS[path]}')"
+    close = difflib.get_close_matches(path, sorted(self._asked - {path}), n=1, cutoff=0.8)
+    return f" (did you mean '{close[0]}'?)" if close else ""
 
 
 def _leaf_paths(cfg, prefix=""):

@@ -12,12 +12,16 @@ import threading
 from unittest import mock
 
 from absl import flags
+import jax
+import jax.numpy as jnp
+import ml_collections
 from ml_collections import config_dict
 import pytest
 import tensorflow_datasets as tfds
 from tensorflow_datasets.testing import test_utils as tfds_test_utils
 
 from big_vit_lite import config_loading
+from big_vit_lite import optim
 from big_vit_lite import metrics
 from big_vit_lite import train
 
@@ -215,3 +219,30 @@ def test_mesh_from_the_command_line(name):
   config = _parse_cli(os.path.join(ROOT, "configs", f"{name}.py"),
                       "--config.mesh=[('data', -1), ('fsdp', 2)]")
   assert [tuple(a) for a in config.mesh] == [("data", -1), ("fsdp", 2)]
+
+
+@pytest.mark.parametrize("extra,hint", [
+    (dict(accum_steps=4), "(this framework calls it 'grad_accum_steps')"),   # vision_transformer
+    (dict(weight_decay=0.1), "(this framework calls it 'wd')"),              # timm
+    (dict(schedule=dict(decay_type="cosine", warmup_step=5)), "(did you mean 'schedule.warmup_steps'?)"),
+    (dict(lr_mult=[("head/.*", 10.0)]), "(did you mean 'lr_mults'?)"),
+    (dict(zzz_unrelated=1), ": remove it"),                                  # no hint invented
+])
+def test_unread_key_error_names_what_was_meant(extra, hint):
+  """The optimizer reads its keys through the tracked config; what it never read is named."""
+  raw = ml_collections.ConfigDict(dict(lr=1e-3, wd=1e-4, schedule=dict(decay_type="cosine")))
+  for k, v in extra.items():
+    if isinstance(v, dict):
+      raw[k].update(v)
+    else:
+      raw[k] = v
+  config = config_loading.TrackedConfig(raw)
+  params = {"head": {"kernel": jax.ShapeDtypeStruct((2, 3), jnp.float32)}}
+  optim.make(config, params, total_steps=10, steps_per_epoch=5.0, batch_size=4)
+  with pytest.raises(config_loading.UnreadConfigKeyError) as e:
+    config.check_all_read()
+  message = str(e.value)
+  assert "\n" not in message and "is set but nothing reads it" in message
+  assert hint in message, message
+  if hint == ": remove it":
+    assert "did you mean" not in message and "calls it" not in message

@@ -103,6 +103,7 @@ def test_unread_config_key_is_a_one_line_error(tfds_data_dir, tmp_path):
   assert r.returncode == 1
   last = r.stderr.strip().splitlines()[-1]
   assert "'schedule.warmup_step'" in last and "nothing reads it" in last, last
+  assert "did you mean 'schedule.warmup_steps'?" in last, last
   assert not os.path.exists(tmp_path / "w" / "checkpoints" / "12")
 
 
