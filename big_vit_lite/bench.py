@@ -20,7 +20,6 @@ if __name__ == "__main__":  # First, before jax and TF load: once more with huge
 
 import contextlib
 import json
-import math
 import resource
 import statistics
 import sys
@@ -122,13 +121,6 @@ def parse_mesh(spec):
   return sharding.make_mesh(cfg)
 
 
-def _batch_devices(mesh):
-  """How many ways the batch is split (the mesh's batch axes; 1 without a mesh)."""
-  if mesh is None:
-    return 1
-  return math.prod(mesh.shape[a] for a in sharding.batch_axes(mesh))
-
-
 def _program_bytes(compiled):
   """Peak bytes the compiled program needs: args + outputs + temps - aliased."""
   try:
@@ -171,7 +163,7 @@ def bench_model(model, *, batch, res, num_classes, mode=("train", "infer"), mesh
   n_params = sum(p.size for p in jax.tree.leaves(params))
   out = dict(batch=batch, res=res, params=int(n_params))
   n_dev = mesh.size if mesh is not None else 1
-  grad_accum.check(grad_accum_steps, batch, _batch_devices(mesh))
+  grad_accum.check(grad_accum_steps, batch, sharding.batch_devices(mesh))
 
   def finish(prefix, traced, compiled, compile_s, times, cpu_times):
     med, lo, hi = _median_min_max(times)
@@ -282,7 +274,7 @@ def main(argv):
   n_dev = mesh.size if mesh is not None else 1
   try:
     for batch in batches:
-      grad_accum.check(_GRAD_ACCUM.value, batch, _batch_devices(mesh))
+      grad_accum.check(_GRAD_ACCUM.value, batch, sharding.batch_devices(mesh))
   except ValueError as e:
     sys.exit(f"bench: --grad_accum: {e}")
 

@@ -122,11 +122,10 @@ class TrackedConfig:
 
   def consume(self, name=None, default=None):
     """Marks `name` (or this whole dict) and everything under it read; returns it as is."""
-    if name is not None:
-      self._asked.add(self._prefix + name)
     if name is None:
       self._log.add(self._prefix + "*")
       return self._cfg
+    self._asked.add(self._prefix + name)
     if name not in self._cfg:
       return default
     self._log.add(self._prefix + name + ".*")
@@ -162,7 +161,7 @@ class TrackedConfig:
           "remove it or fix its spelling.")
 
   def _hint(self, path):
-    """' (here: grad_accum_steps)' for a peer's name, ' (did you mean X?)' for a near miss."""
+    """" (this framework calls it 'X')" for a peer's name, " (did you mean 'X'?)" for a near miss."""
     if path in PEER_KEYS:
       return f" (this framework calls it '{PEER_KEYS[path]}')"
     close = difflib.get_close_matches(path, sorted(self._asked - {path}), n=1, cutoff=0.8)

@@ -87,7 +87,8 @@ def jaxpr_flops(jaxpr, *, unroll_scans: bool = True) -> int:
 
   Matmuls and convolutions exactly; elementwise arithmetic and reductions one FLOP per
   element. unroll_scans=False counts what XLA's loop program holds: one body per
-  scan, or `unroll` bodies (plus the remainder) for a partly unrolled scan. `while` bodies count once (their trip count is data); `cond` its costliest branch.
+  scan, or `unroll` bodies (plus the remainder) for a partly unrolled scan. `while`
+  bodies count once (their trip count is data); `cond` its costliest branch.
   """
   if isinstance(jaxpr, jex_core.ClosedJaxpr):
     jaxpr = jaxpr.jaxpr

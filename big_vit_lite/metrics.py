@@ -4,8 +4,9 @@
 `{"step": step, ...}` to `workdir/metrics.jsonl` and the scalars to clu's
 TensorBoard writer. Only process 0 writes, so every process may call it.
 
-MFU = achieved FLOP/s (the compiled step's `cost_analysis()` FLOPs over the
-measured step time) / peak FLOP/s. Accelerator peaks are the vendor dense
+MFU = achieved FLOP/s (the compiled step's FLOPs, `flops.step_flops`: XLA's
+cost analysis with loop iterations counted in full, over the measured step
+time) / peak FLOP/s. Accelerator peaks are the vendor dense
 bf16 figures in devices.py; a CPU has no useful datasheet figure (it depends on
 cores, SIMD width and what else runs), so its peak is calibrated at start by
 timing a large f32 matmul in the same process.

@@ -73,6 +73,13 @@ def batch_axes(mesh):
   return tuple(a for a in BATCH_AXES if a in mesh.axis_names)
 
 
+def batch_devices(mesh):
+  """How many ways the batch is split: the product of the batch axes (1 without a mesh)."""
+  if mesh is None:
+    return 1
+  return math.prod(mesh.shape[a] for a in batch_axes(mesh))
+
+
 def batch_sharding(mesh):
   return NamedSharding(mesh, P(batch_axes(mesh)))
 

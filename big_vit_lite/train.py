@@ -138,7 +138,7 @@ def train(raw_config, workdir):
   if input_cfg is None:
     raise ValueError("The config needs an `input` dict (data, batch_size, pp).")
   batch_size = int(input_cfg.batch_size)
-  n_batch_dev = math.prod(mesh.shape[a] for a in sharding.batch_axes(mesh))
+  n_batch_dev = sharding.batch_devices(mesh)
   if batch_size % n_batch_dev:
     raise ValueError(f"input.batch_size={batch_size} is not divisible by the {n_batch_dev} "
                      "devices of the batch mesh axes.")
