@@ -243,6 +243,27 @@ def peak_memory():
   return dict(peak_device_bytes=stats.get("peak_bytes_in_use"), peak_host_rss_bytes=rss)
 
 
+def check_args(variants, batches, model_kw, *, res, steps, warmup):
+  """Raises ValueError (one line) for flags that could only fail later, mid-run."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  from big_vit_lite.models import vit  # pylint: disable=g-import-not-at-top
+  for variant in variants:
+    patch = vit.decode_variant(variant)["patch_size"]
+    if res < patch:
+      raise ValueError(f"--res={res} is smaller than the patch size of {variant!r}")
+  for name, value, low in (("batch", min(batches), 1), ("res", res, 1), ("steps", steps, 1),
+                           ("warmup", warmup, 0)):
+    if value < low:
+      raise ValueError(f"--{name}={value}: must be at least {low}")
+  if not isinstance(model_kw, dict):
+    raise ValueError(f"--model_kw must be a JSON dict, got {model_kw!r}")
+  known = {f.name for f in dataclasses.fields(vit.Model)} - {"parent", "name"}
+  unknown = sorted(set(model_kw) - known)
+  if unknown:
+    raise ValueError(f"--model_kw: unknown vit.Model argument(s) {unknown}; "
+                     f"known: {', '.join(sorted(known))}")
+
+
 def build_model(variant, num_classes, dtype, remat, scan, model_kw):
   from big_vit_lite.models import vit  # imported late: bench flags parse without it
   kw = dict(num_classes=num_classes, variant=variant, dtype_mm=dtype,
@@ -265,6 +286,11 @@ def main(argv):
   bad = set(_MODE.value) - {"train", "infer"}
   if bad:
     sys.exit(f"bench: --mode: unknown {sorted(bad)}; use train and/or infer")
+  try:
+    check_args(_VARIANT.value, batches, model_kw, res=_RES.value, steps=_STEPS.value,
+               warmup=_WARMUP.value)
+  except ValueError as e:
+    sys.exit(f"bench: {e}")
   try:
     mesh = parse_mesh(_MESH.value)
   except ValueError as e:

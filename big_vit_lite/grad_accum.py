@@ -32,6 +32,8 @@ from jax.sharding import PartitionSpec as P
 
 def check(steps, batch_size: int, batch_devices: int) -> int:
   """Validates config.grad_accum_steps against the batch; returns it as an int."""
+  if batch_size < 1:  # the one check every entry point (train, plan, bench) passes through
+    raise ValueError(f"input.batch_size={batch_size}: use a positive integer.")
   if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
     raise ValueError(f"grad_accum_steps={steps!r}: use a positive integer (1 = no accumulation).")
   if batch_size % (steps * batch_devices):

@@ -92,6 +92,20 @@ def test_bench_model_train_only_scan_and_grad_accum():
                       grad_accum_steps=3)
 
 
+def test_check_args_names_the_bad_flag():
+  bench.check_args(["Ti/16", "mu/8"], [1, 32], {"gelu": "tanh"}, res=224, steps=1, warmup=0)
+  bad = [((["X/16"], [32], {}), {}, "Unknown ViT variant 'X/16'"),
+         ((["Ti/16"], [32, 0], {}), {}, "--batch=0: must be at least 1"),
+         ((["Ti/16"], [32], {}), {"res": 8}, "--res=8 is smaller than the patch size"),
+         ((["Ti/16"], [32], {}), {"steps": 0}, "--steps=0"),
+         ((["Ti/16"], [32], [1]), {}, "must be a JSON dict"),
+         ((["Ti/16"], [32], {"widht": 8}), {}, r"unknown vit.Model argument\(s\) \['widht'\]")]
+  for args, kw, match in bad:
+    kw = {"res": 224, "steps": 1, "warmup": 0, **kw}
+    with pytest.raises(ValueError, match=match):
+      bench.check_args(*args, **kw)
+
+
 def test_parse_mesh():
   assert bench.parse_mesh("") is None
   mesh = bench.parse_mesh("data:-1")

@@ -98,6 +98,12 @@ def test_check_rejects_non_positive_integers(bad):
     grad_accum.check(bad, 16, 1)
 
 
+@pytest.mark.parametrize("batch", [0, -8])
+def test_check_rejects_an_empty_batch(batch):
+  with pytest.raises(ValueError, match=f"input.batch_size={batch}: use a positive integer"):
+    grad_accum.check(1, batch, 1)
+
+
 def test_split_interleaves_rows():
   x = jnp.arange(12).reshape(12, 1)
   micro = grad_accum.split({"x": x}, 3)["x"]
