@@ -63,13 +63,19 @@ FROZEN = -1  # Schedule group index of frozen parameters.
 # --------------------------------------------------------------------------
 # Schedules.
 
+DECAY_TYPES = ("cosine", "linear", "polynomial", "rsqrt", "stair", "constant")
+
+
 def make_schedule(sched, *, total_steps, steps_per_epoch=None, batch_size=None):
   """A schedule dict -> fn(step) -> multiplier in [0, 1] (jnp-traceable).
 
-  sched keys: decay_type ("cosine" | "linear" | "rsqrt" | "constant"),
-  warmup_{steps|epochs|examples|percent}, cooldown_{...} (linear to 0 at the end),
-  min_lr / linear_end (multiplier at the end for cosine / linear),
-  timescale (rsqrt: s = 1/sqrt(1 + (t - warmup) / timescale)).
+  sched keys: decay_type ("cosine" | "linear" | "polynomial" | "rsqrt" | "stair" |
+  "constant"), warmup_{steps|epochs|examples|percent}, cooldown_{...} (linear to 0 at
+  the end), min_lr / linear_end (multiplier at the end for cosine / linear / polynomial),
+  power (polynomial: end + (1 - end) * (1 - progress) ** power; 1 is linear),
+  timescale (rsqrt: s = 1/sqrt(1 + (t - warmup) / timescale)),
+  steps + mults (stair: the multiplier becomes mults[i] once step >= steps[i]; steps are
+  absolute training steps, increasing).
   """
   dur = dict(steps_per_epoch=steps_per_epoch, batch_size=batch_size, total_steps=total_steps)
   warmup = config_loading.get_steps("warmup", sched, default=0, **dur)
@@ -79,6 +85,9 @@ def make_schedule(sched, *, total_steps, steps_per_epoch=None, batch_size=None):
   end = sched.get("linear_end", end)
   end = 0.0 if end is None else float(end)
   timescale = float(sched.get("timescale", 10_000))
+  power = float(sched.get("power", 1.0))
+  stair_steps = list(sched.get("steps", None) or ())
+  stair_mults = list(sched.get("mults", None) or ())
   if warmup + cooldown > total_steps:
     # Quick runs (--config.total_steps=N) shorten a config: scale the phases down
     # rather than refuse, but say so.
@@ -86,8 +95,13 @@ def make_schedule(sched, *, total_steps, steps_per_epoch=None, batch_size=None):
     logging.warning("warmup (%d) + cooldown (%d) steps exceed total_steps (%d): scaling them "
                     "by %.3f.", warmup, cooldown, total_steps, scale)
     warmup, cooldown = int(warmup * scale), int(cooldown * scale)
-  if decay_type not in ("cosine", "linear", "rsqrt", "constant"):
-    raise ValueError(f"Unknown schedule decay_type '{decay_type}': use cosine, linear, rsqrt or constant.")
+  if decay_type not in DECAY_TYPES:
+    raise ValueError(f"Unknown schedule decay_type '{decay_type}': use {', '.join(DECAY_TYPES)}.")
+  if decay_type == "stair" and (not stair_steps or len(stair_steps) != len(stair_mults)
+                                or sorted(stair_steps) != stair_steps):
+    raise ValueError(f"decay_type='stair' needs steps (increasing) and as many mults, got "
+                     f"steps={stair_steps} mults={stair_mults}: e.g. "
+                     f"steps=[30_000, 60_000], mults=[0.1, 0.01]")
 
   def fn(step):
     step = jnp.asarray(step, jnp.float32)
@@ -96,8 +110,14 @@ def make_schedule(sched, *, total_steps, steps_per_epoch=None, batch_size=None):
       mult = end + (1.0 - end) * 0.5 * (1.0 + jnp.cos(jnp.pi * progress))
     elif decay_type == "linear":
       mult = 1.0 - (1.0 - end) * progress
+    elif decay_type == "polynomial":
+      mult = end + (1.0 - end) * (1.0 - progress) ** power
     elif decay_type == "rsqrt":
       mult = jax.lax.rsqrt(1.0 + jnp.maximum(step - warmup, 0.0) / timescale)
+    elif decay_type == "stair":
+      # How many boundaries the step has reached picks the multiplier (1 before the first).
+      reached = jnp.sum(step >= jnp.asarray(stair_steps, jnp.float32))
+      mult = jnp.asarray([1.0] + stair_mults, jnp.float32)[reached]
     else:
       mult = jnp.ones_like(step)
     if warmup:

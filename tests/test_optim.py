@@ -35,6 +35,23 @@ def test_linear_rsqrt_constant_and_cooldown():
                              [1.0, 1.0, 0.5, 0.0], atol=1e-6)
 
 
+def test_polynomial_and_stair():
+  poly = _sched(total=100, decay_type="polynomial", power=2.0, linear_end=0.1)
+  np.testing.assert_allclose([poly(0), poly(50), poly(100)], [1.0, 0.1 + 0.9 * 0.25, 0.1],
+                             atol=1e-6)
+  lin = _sched(total=100, decay_type="linear")
+  poly1 = _sched(total=100, decay_type="polynomial")  # power 1 is linear
+  np.testing.assert_allclose([poly1(t) for t in (0, 30, 100)], [lin(t) for t in (0, 30, 100)],
+                             atol=1e-6)
+  stair = _sched(total=100, warmup_steps=10, decay_type="stair", steps=[30, 60], mults=[0.1, 0.01])
+  np.testing.assert_allclose([stair(5), stair(29), stair(30), stair(59), stair(60), stair(99)],
+                             [0.5, 1.0, 0.1, 0.1, 0.01, 0.01], atol=1e-7)
+  for bad in (dict(steps=[30]), dict(steps=[60, 30], mults=[0.1, 0.01]),
+              dict(steps=[30], mults=[0.1, 0.01])):
+    with pytest.raises(ValueError, match="decay_type='stair' needs steps"):
+      _sched(total=100, decay_type="stair", **bad)
+
+
 def test_durations_in_epochs_examples_percent():
   # steps_per_epoch=10, batch_size=8 (see _sched).
   assert float(_sched(total=100, warmup_epochs=2, decay_type="constant")(10)) == pytest.approx(0.5)
