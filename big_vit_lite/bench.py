@@ -37,6 +37,7 @@ from big_vit_lite import flops as flops_lib
 from big_vit_lite import grad_accum
 from big_vit_lite import hostmem
 from big_vit_lite import losses
+from big_vit_lite import oom
 from big_vit_lite import sharding
 from big_vit_lite import xla_cpu_flags
 
@@ -315,13 +316,20 @@ def main(argv):
       calib_before = calibrate_matmul(_CALIB_N.value, _DTYPE.value)
       calib_devices = 1 if dev.platform == "cpu" else n_dev
       ctx = jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext()
-      with ctx:
-        res = bench_model(model, batch=batch, res=_RES.value,
-                          num_classes=_NUM_CLASSES.value, mode=tuple(_MODE.value),
-                          mesh=mesh, steps=_STEPS.value, warmup=_WARMUP.value,
-                          calib_gflops=calib_before * calib_devices,
-                          peak_flops=peak * n_dev if peak else None,
-                          grad_accum_steps=_GRAD_ACCUM.value)
+      try:
+        with ctx:
+          res = bench_model(model, batch=batch, res=_RES.value,
+                            num_classes=_NUM_CLASSES.value, mode=tuple(_MODE.value),
+                            mesh=mesh, steps=_STEPS.value, warmup=_WARMUP.value,
+                            calib_gflops=calib_before * calib_devices,
+                            peak_flops=peak * n_dev if peak else None,
+                            grad_accum_steps=_GRAD_ACCUM.value)
+      except jax.errors.JaxRuntimeError as e:
+        if not oom.is_oom(e):
+          raise
+        sys.exit(f"bench: {variant}: " + oom.message(
+            e, what="the benchmark", batch_size=batch, devices=sharding.batch_devices(mesh),
+            grad_accum_steps=_GRAD_ACCUM.value))
       calib_after = calibrate_matmul(_CALIB_N.value, _DTYPE.value)
       line = dict(variant=variant, dtype=_DTYPE.value, remat=_REMAT.value,
                   scan=_SCAN.value, grad_accum_steps=_GRAD_ACCUM.value,

@@ -92,6 +92,18 @@ def test_bench_model_train_only_scan_and_grad_accum():
                       grad_accum_steps=3)
 
 
+@pytest.mark.timeout(90)
+def test_cli_out_of_memory_is_one_line():
+  p = subprocess.run([sys.executable, "-m", "big_vit_lite.bench", "--variant=mu/16", "--res=32",
+                      "--batch=50000000", "--mode=infer", "--steps=1", "--warmup=0",
+                      "--calib_n=64"], cwd=ROOT, capture_output=True, text=True, timeout=80)
+  assert p.returncode == 1
+  last = p.stderr.strip().splitlines()[-1]
+  assert last.startswith("bench: mu/16: out of memory during the benchmark at "
+                         "input.batch_size=50000000 (50,000,000 per device)"), last
+  assert "Traceback" not in p.stderr
+
+
 def test_check_args_names_the_bad_flag():
   bench.check_args(["Ti/16", "mu/8"], [1, 32], {"gelu": "tanh"}, res=224, steps=1, warmup=0)
   bad = [((["X/16"], [32], {}), {}, "Unknown ViT variant 'X/16'"),
