@@ -54,6 +54,7 @@ def test_prefetch_state_is_that_of_the_last_returned_batch(size):
   pf.close()
 
 
+@pytest.mark.timeout(60)
 def test_prefetch_reraises_source_errors():
   def bad():
     yield {"x": np.zeros((jax.device_count(),), np.float32)}
@@ -61,6 +62,8 @@ def test_prefetch_reraises_source_errors():
   pf = device.prefetch(bad(), 2, _mesh())
   next(pf)
   with pytest.raises(RuntimeError, match="disk on fire"):
+    next(pf)
+  with pytest.raises(RuntimeError, match="disk on fire"):  # again, instead of hanging
     next(pf)
 
 
@@ -87,3 +90,13 @@ def test_mixup_and_cutmix_mix_labels_consistently():
   np.testing.assert_allclose(bl.sum(-1), 1, atol=1e-6)
   same = mixup.mixup_or_cutmix(rng, images, labels)
   assert same[0] is images
+
+
+def test_mixup_refuses_integer_labels():
+  # Mixed class ids (lam*3 + (1-lam)*7 -> 4) would be silently wrong targets.
+  images, ids = jnp.zeros((4, 8, 8, 3)), jnp.arange(4)
+  for fn in (mixup.mixup, mixup.cutmix):
+    with pytest.raises(ValueError, match="one-hot"):
+      fn(jax.random.key(0), images, ids)
+  with pytest.raises(ValueError, match="onehot"):
+    mixup.mixup_or_cutmix(jax.random.key(0), images, ids, mixup_alpha=0.2)

@@ -44,6 +44,12 @@ def test_full_imagenet_style_string():
     ("onehot(10, colour='red')", ["onehot", "colour"]),
     ("inception_crop(224, area_min=0)", ["inception_crop", "area_min"]),
     ("", ["non-empty"]),
+    ("decod|value_range(-1, 1)", ["did you mean 'decode'"]),
+    ("vgg_value_range", ["did you mean standardize"]),
+    ("decode,value_range(-1, 1)", ["separate ops with '|'"]),
+    ("resize(True)", ["resize(True)", "positive"]),  # was a silent 1x1 resize
+    ("value_range(1, 1)", ["vmin == vmax"]),  # was a constant image
+    ("value_range('a', 1)", ["must be numbers"]),
 ])
 def test_bad_pp_strings_are_one_line_errors_naming_the_op(bad, words):
   with pytest.raises(ValueError) as e:
@@ -56,7 +62,9 @@ def test_bad_pp_strings_are_one_line_errors_naming_the_op(bad, words):
 
 @pytest.mark.parametrize("fmt, mode, channels", [
     ("JPEG", "RGB", 3), ("PNG", "RGB", 3), ("PNG", "L", 3), ("JPEG", "CMYK", 3),
-    ("PNG", "RGBA", 3), ("PNG", "L", 1)])
+    ("PNG", "RGBA", 3), ("PNG", "L", 1),
+    # tf cannot decode these to that channel count itself (was a mid-run crash):
+    ("GIF", "L", 1), ("WEBP", "RGB", 1), ("BMP", "RGB", 1), ("JPEG", "RGB", 4)])
 def test_decode_formats_and_channels(fmt, mode, channels):
   raw = _encode(np.asarray(Image.fromarray(IMG).convert(mode)), fmt) if mode != "CMYK" else \
       _encode_cmyk(IMG)

@@ -64,3 +64,12 @@ def test_bad_config_is_a_one_line_error(cfg, match):
   with pytest.raises(ValueError, match=match) as e:
     device_aug.make(cfg)
   assert "\n" not in str(e.value)
+
+
+def test_fill_that_does_not_fit_integer_images_is_refused():
+  # A pp without value_range gives uint8 images: fill=-1.0 would become 255.
+  images = jnp.zeros((2, 6, 6, 1), jnp.uint8)
+  with pytest.raises(ValueError, match="value_range"):
+    device_aug.translate(jax.random.PRNGKey(0), images, 2, -1.0)
+  out = device_aug.translate(jax.random.PRNGKey(0), images, 2, 7)
+  assert out.dtype == jnp.uint8 and set(np.unique(np.asarray(out))) <= {0, 7}

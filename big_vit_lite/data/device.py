@@ -82,6 +82,7 @@ class _Prefetcher:
       self._queue.put((self._END, None))
       raise StopIteration
     if isinstance(item, BaseException):
+      self._queue.put((item, None))  # the thread is gone: a later next() must not block
       raise item
     self._state = state
     return item

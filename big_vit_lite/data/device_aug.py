@@ -32,6 +32,12 @@ def translate(rng, images, max_shift, fill=0.0):
     return images
   b, h, w, c = images.shape
   s = max_shift
+  if not jnp.issubdtype(images.dtype, jnp.floating):
+    info = jnp.iinfo(images.dtype)
+    if fill != int(fill) or not info.min <= fill <= info.max:
+      # (-1.0 cast to uint8 would silently shift in white, 255)
+      raise ValueError(f"device_aug fill={fill} does not fit the {images.dtype} images: "
+                       f"add value_range(-1, 1) to the pp, or a fill in [{info.min}, {info.max}]")
   padded = jnp.pad(images, ((0, 0), (s, s), (s, s), (0, 0)),
                    constant_values=jnp.asarray(fill, images.dtype))
   offsets = jax.random.randint(rng, (b, 2), 0, 2 * s + 1)

@@ -1,5 +1,9 @@
 """A folder of images as a dataset: ROOT/SPLIT/CLASS/*.{jpg,jpeg,png,...}.
 
+Images in sub-folders of a class folder belong to that class (as in
+torchvision's ImageFolder); images directly in ROOT/SPLIT are ignored with
+a warning.
+
 Config: data=dict(name="imagefolder", data_dir=ROOT, split="train").
 Labels are the index of CLASS in the sorted union of class folders over all
 splits of ROOT (so train and val agree even if a split lacks a class).
@@ -55,6 +59,10 @@ def check_file(path):
 def _convert_to_png(path, out_dir, index):
   out = os.path.join(out_dir, f"{index}.png")
   with Image.open(path) as im:
+    if im.mode.startswith("I;16"):
+      # Pillow's convert("RGB") clips 16-bit values at 255 (a white image):
+      # scale to 8 bits as tf does for 16-bit PNGs.
+      im = Image.fromarray((np.asarray(im).astype(np.uint16) >> 8).astype(np.uint8))
     im.convert("RGB").save(out, "PNG")
   return out
 
@@ -76,6 +84,7 @@ class ImageFolderSource:
       raise ValueError("imagefolder needs data_dir=ROOT (images in ROOT/SPLIT/CLASS/*.jpg)")
     root = os.path.expanduser(root)
     split_dir = os.path.join(root, split)
+    self.name = f"imagefolder {split_dir}"
     if not os.path.isdir(split_dir):
       found = sorted(self._subdirs(root)) if os.path.isdir(root) else "none"
       raise ValueError(f"imagefolder: no folder {split_dir} (expected ROOT/SPLIT/CLASS/*.jpg); "
@@ -84,11 +93,14 @@ class ImageFolderSource:
                                for c in self._subdirs(os.path.join(root, s))})
     files, labels = [], []
     for label, cls in enumerate(self.class_names):
-      cdir = os.path.join(split_dir, cls)
-      if os.path.isdir(cdir):
-        names = sorted(n for n in os.listdir(cdir) if n.lower().endswith(EXTENSIONS))
-        files += [os.path.join(cdir, n) for n in names]
-        labels += [label] * len(names)
+      names = self._images_under(os.path.join(split_dir, cls))
+      files += names
+      labels += [label] * len(names)
+    loose = [n for n in os.listdir(split_dir) if n.lower().endswith(EXTENSIONS)
+             and os.path.isfile(os.path.join(split_dir, n))]
+    if loose:
+      log.warning("imagefolder %s: ignored %d image(s) outside class folders (e.g. %s): "
+                  "put them in %s/CLASS/", split_dir, len(loose), loose[0], split_dir)
     with concurrent.futures.ThreadPoolExecutor(num_threads) as pool:
       checks = list(pool.map(check_file, files))
     # The few files tf cannot decode (e.g. TIFF) are converted once to PNGs in
@@ -119,6 +131,15 @@ class ImageFolderSource:
     self._root = root
 
   @staticmethod
+  def _images_under(cdir):
+    """Image files in a class folder and its sub-folders (as torchvision's ImageFolder)."""
+    out = []
+    for top, dirs, names in os.walk(cdir, followlinks=True):
+      dirs[:] = [d for d in dirs if not d.startswith(".")]
+      out += [os.path.join(top, n) for n in names if n.lower().endswith(EXTENSIONS)]
+    return sorted(out)
+
+  @staticmethod
   def _subdirs(path):
     return [d for d in os.listdir(path) if os.path.isdir(os.path.join(path, d))
             and not d.startswith(".")]
@@ -132,7 +153,9 @@ class ImageFolderSource:
 
   def decode(self, index):
     # numpy -> constants in whichever tf.data function traces this.
-    as_bytes = lambda xs: np.asarray(xs or [""], dtype=object).astype(bytes)  # noqa: E731
+    # UTF-8 by hand: numpy's astype(bytes) is ASCII-only ("café.jpg" would crash).
+    as_bytes = lambda xs: np.asarray([x.encode("utf-8") for x in xs] or [b""],  # noqa: E731
+                                     dtype=object)
     names = [os.path.relpath(f, self._root) for f in self.files]
     labels = self.labels if len(self.labels) else np.zeros([1], np.int64)
     return {"image": tf.io.read_file(tf.gather(tf.constant(as_bytes(self._paths)), index)),

@@ -22,8 +22,11 @@ for free: their raw records are indices).
 import contextlib
 import logging
 import math
+import numbers
+import re
 
 import jax
+import numpy as np
 import tensorflow as tf
 
 from big_vit_lite.data import pp as pp_lib
@@ -39,6 +42,15 @@ _EVAL_KEY = 0x5EED  # eval augmentation (if any) is a fixed function of the exam
 
 def _plain(cfg):
   return dict(cfg.to_dict() if hasattr(cfg, "to_dict") else cfg)
+
+
+def _count(value, what, minimum):
+  """An int config value >= minimum (64.0 is fine, 64.5 / "64" / True are not)."""
+  ok = (not isinstance(value, (bool, np.bool_)) and isinstance(value, numbers.Real)
+        and float(value).is_integer() and value >= minimum)
+  if not ok:
+    raise ValueError(f"{what} must be an int >= {minimum}, got {value!r}")
+  return int(value)
 
 
 def _processes(process_index, process_count):
@@ -89,21 +101,43 @@ def _pp_map(source, pp_fn):
 
 
 @contextlib.contextmanager
-def _batching_hint():
-  """Turns tf's error for examples of different shapes into a one-line hint."""
+def _data_errors(what):
+  """tf's errors on bad data or pp -> a one-line ValueError.
+
+  They come while iterating (a crop larger than the image, a label beyond
+  onehot's depth, examples of different sizes, a truncated or deleted
+  dataset file), wrapped in several lines of tf graph context that say
+  nothing to the user.
+  """
   try:
     yield
-  except tf.errors.InvalidArgumentError as e:
-    if "batch" not in str(e) or "hape" not in str(e):
-      raise
-    raise ValueError("pp output has examples of different shapes, which cannot be batched: "
-                     "end the pp with ops giving a fixed size (e.g. resize(224) or "
-                     "inception_crop(224)); " + _shapes_detail(str(e))) from None
+  except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError) as e:
+    msg = str(e)
+    if "batch" in msg and "hape" in msg:
+      raise ValueError("pp output has examples of different shapes, which cannot be batched: "
+                       "end the pp with ops giving a fixed size (e.g. resize(224) or "
+                       "inception_crop(224)); " + _shapes_detail(msg)) from None
+    raise ValueError(f"{what}: preprocessing an example failed: {_tf_error_text(msg)}") from e
+  except (tf.errors.DataLossError, tf.errors.NotFoundError) as e:
+    raise ValueError(f"{what}: a file is truncated or missing ({_tf_error_text(str(e))}); "
+                     f"for a tfds dataset, delete its folder and prepare it again") from e
 
 
 def _shapes_detail(msg):
   at = msg.find("Shapes are")
   return " ".join((msg[at:] if at >= 0 else msg).split())[:160]
+
+
+def _tf_error_text(msg):
+  """The useful part of a tf runtime error: no graph node names, one line."""
+  msg = msg.split("\n\t [[")[0]  # node context
+  msg = re.sub(r"\{\{function_node [^}]*\}\}", "", msg)
+  msg = re.sub(r"\[Op:\w+\].*$", "", msg, flags=re.S)
+  msg = re.sub(r"^.*transformation with iterator: \S+: ", "", msg, flags=re.S)
+  if msg.lstrip().startswith("assertion failed:"):
+    # tf.debugging.Assert's data: "[text] [values]..." -> "text values".
+    msg = " ".join(p.strip() for p in re.findall(r"\[([^\[\]]*)\]", msg))
+  return " ".join(msg.split())[:300]
 
 
 def _options():
@@ -133,7 +167,8 @@ class TrainIterator:
   # --- state -------------------------------------------------------------
   def get_state(self):
     return {"examples_per_shard": int(self._consumed), "num_shards": self._num_shards,
-            "seed": self._seed, "step": int(self._consumed // self._batch_per_shard)}
+            "seed": self._seed, "step": int(self._consumed // self._batch_per_shard),
+            "num_examples": int(self.num_examples)}
 
   def set_state(self, state):
     state = dict(state)
@@ -144,6 +179,13 @@ class TrainIterator:
                          f"{mine}; set {where}={saved} to resume the same data order")
     if "examples_per_shard" not in state:
       raise ValueError(f"data iterator state {state} lacks 'examples_per_shard'")
+    # The position is in examples, so another batch size or pp resumes at the
+    # same example; another split size means other data at that position.
+    saved_n = state.get("num_examples", self.num_examples)
+    if int(saved_n) != self.num_examples:
+      logging.warning("data iterator state was saved for a split of %d examples, this one has "
+                      "%d: resuming at example %d per shard of different data", int(saved_n),
+                      self.num_examples, int(state["examples_per_shard"]))
     self._consumed = int(state["examples_per_shard"])
     self._it = None
 
@@ -159,7 +201,8 @@ class TrainIterator:
             for k, s in self._build(0).element_spec.items()}
     if all(d is not None for s in spec.values() for d in s.shape):
       return spec
-    batch = next(iter(self._build(0, peek=True)))
+    with _data_errors(f"train data {self._source.name}"):
+      batch = next(iter(self._build(0, peek=True)))
     return {k: jax.ShapeDtypeStruct(tuple(v.shape), v.dtype.as_numpy_dtype)
             for k, v in batch.items()}
 
@@ -168,9 +211,9 @@ class TrainIterator:
     return self
 
   def __next__(self):
-    if self._it is None:
-      self._it = iter(self._build(self._consumed))
-    with _batching_hint():
+    with _data_errors(f"train data {self._source.name}"):
+      if self._it is None:
+        self._it = iter(self._build(self._consumed))
       batch = next(self._it)
     self._consumed += self._batch_per_shard
     return {k: v.numpy() if hasattr(v, "numpy") else v for k, v in batch.items()}
@@ -223,8 +266,8 @@ def make_train_iterator(input_cfg, *, seed, process_index=None, process_count=No
     if cfg.get(key) is None:
       raise ValueError(f"input config needs '{key}'")
   process_index, process_count = _processes(process_index, process_count)
-  num_shards = cfg.get("num_shards") or process_count
-  batch_size = int(cfg["batch_size"])
+  num_shards = _count(cfg.get("num_shards") or process_count, "input.num_shards", 1)
+  batch_size = _count(cfg["batch_size"], "input.batch_size", 1)
   if num_shards % process_count:
     raise ValueError(f"input.num_shards={num_shards} must be a multiple of the process count "
                      f"{process_count}")
@@ -236,11 +279,15 @@ def make_train_iterator(input_cfg, *, seed, process_index=None, process_count=No
     raise ValueError(f"input.cache must be None or 'raw' (cache the raw records in memory), "
                      f"got {cache!r}")
   buf = cfg.get("shuffle_buffer_size", 10_000)
-  buf = 0 if buf is None else int(buf)
+  buf = 0 if buf is None else _count(buf, "input.shuffle_buffer_size (0 or None: no shuffle)", 0)
   prefetch = cfg.get("prefetch", 2)
-  if prefetch is not None and (not isinstance(prefetch, int) or prefetch < 0):
-    raise ValueError(f"input.prefetch must be an int >= 0, got {prefetch!r}")
+  if prefetch is not None:
+    _count(prefetch, "input.prefetch", 0)
   source = sources.get_source(cfg["data"])
+  if source.num_examples == 0:
+    skipped = getattr(source, "num_skipped", 0)
+    raise ValueError(f"train data {source.name} has no examples"
+                     + (f" ({skipped} unreadable file(s) skipped, see the log)" if skipped else ""))
   pp_fn = pp_lib.get_preprocess_fn(cfg["pp"])
   per_process = num_shards // process_count
   shards = range(process_index * per_process, (process_index + 1) * per_process)
@@ -290,9 +337,11 @@ class EvalIterable:
           lambda d: tf.nest.map_structure(tf.zeros_like, d))
       ds = ds.concatenate(zero.cache().repeat(pad))
     ds = ds.batch(self._local_batch).prefetch(tf.data.AUTOTUNE).with_options(_options())
-    it = iter(ds)
+    what = f"eval data {self._source.name}"
+    with _data_errors(what):
+      it = iter(ds)
     while True:
-      with _batching_hint():
+      with _data_errors(what):
         batch = next(it, None)
       if batch is None:
         return
@@ -302,6 +351,7 @@ class EvalIterable:
 def make_eval_iterator(data_cfg, pp, batch_size, *, process_index=None, process_count=None):
   """Host-local eval batches with a bool `_mask`; see EvalIterable."""
   process_index, process_count = _processes(process_index, process_count)
+  batch_size = _count(batch_size, "eval batch_size", 1)
   if batch_size % process_count:
     raise ValueError(f"eval batch_size={batch_size} must be divisible by the process count "
                      f"{process_count}")

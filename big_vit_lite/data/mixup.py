@@ -11,8 +11,17 @@ import jax
 import jax.numpy as jnp
 
 
+def _check_labels(labels):
+  # Mixing integer class ids would average them into other, wrong, class ids.
+  if labels.ndim != 2 or not jnp.issubdtype(labels.dtype, jnp.floating):
+    raise ValueError(f"mixup/cutmix need one-hot float labels [batch, classes], got "
+                     f"{labels.dtype} {tuple(labels.shape)}: end the pp with e.g. "
+                     f"onehot(K, key='label', key_result='labels')")
+
+
 def mixup(rng, images, labels, *, alpha=0.2):
   """images [B,H,W,C] float, labels [B,K] float -> mixed (images, labels)."""
+  _check_labels(labels)
   lam = jax.random.beta(rng, alpha, alpha)
   lam = jnp.maximum(lam, 1.0 - lam)  # the original example dominates
   mix = lambda x: lam * x + (1.0 - lam) * jnp.roll(x, 1, axis=0)  # noqa: E731
@@ -21,6 +30,7 @@ def mixup(rng, images, labels, *, alpha=0.2):
 
 def cutmix(rng, images, labels, *, alpha=1.0):
   """Pastes a box of the neighbour's image; labels mixed by the box's true area."""
+  _check_labels(labels)
   lam_rng, y_rng, x_rng = jax.random.split(rng, 3)
   lam = jax.random.beta(lam_rng, alpha, alpha)
   h, w = images.shape[1], images.shape[2]
@@ -45,6 +55,7 @@ def mixup_or_cutmix(rng, images, labels, *, mixup_alpha=0.0, cutmix_alpha=0.0, s
   """
   if mixup_alpha <= 0 and cutmix_alpha <= 0:
     return images, labels
+  _check_labels(labels)
   if cutmix_alpha <= 0:
     return mixup(rng, images, labels, alpha=mixup_alpha)
   if mixup_alpha <= 0:

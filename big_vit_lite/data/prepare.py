@@ -13,8 +13,11 @@ Builds a tfds dataset into D (default: $TFDS_DATA_DIR, else ~/tensorflow_dataset
 Sources: scripts/fetch_offline_sources.sh installs them; offline_sources.py
 says where they are looked for. Re-running on a prepared dataset is a no-op.
 """
+import os
+import socket
 import sys
 import time
+import urllib.parse
 
 from absl import app
 from absl import flags
@@ -44,8 +47,50 @@ def get_builder(name, data_dir, source="auto"):
   try:
     return tfds.builder(name, data_dir=data_dir)
   except tfds.core.registered.DatasetNotFoundError:
+    hint = sources.name_hint(name)
     raise ValueError(f"unknown dataset {name!r}: not a tfds dataset nor one of "
-                     f"{sources.OFFLINE_DATASETS + ('imagenet21k',)}") from None
+                     f"{sources.OFFLINE_DATASETS + ('imagenet21k',)}"
+                     + (f"; {hint}" if hint else "")) from None
+
+
+_PROXY_VARS = ("https_proxy", "http_proxy", "all_proxy")
+GCS_HOST = ("storage.googleapis.com", 443)  # tfds tries its own copy there first
+
+
+def check_download_hosts(builder, data_dir, timeout=10.0):
+  """Fails fast, in one line, when none of a dataset's download hosts can be reached.
+
+  Offline, tfds' downloader retries each URL ten times with growing
+  back-off: `prepare` would sit for many minutes before failing. Skipped
+  behind a proxy (only the proxy can tell) and for datasets whose files
+  the user downloads by hand (tfds explains those itself).
+  """
+  if getattr(builder, "MANUAL_DOWNLOAD_INSTRUCTIONS", None):
+    return
+  if any(os.environ.get(v) or os.environ.get(v.upper()) for v in _PROXY_VARS):
+    return
+  try:
+    urls = list(builder.url_infos or {})
+  except Exception:  # pylint: disable=broad-except  (no checksums file: nothing to check)
+    return
+  hosts = {}
+  for url in urls:
+    parts = urllib.parse.urlsplit(url)
+    if parts.hostname:
+      hosts.setdefault(parts.hostname, parts.port or (80 if parts.scheme == "http" else 443))
+  if hosts:  # reaching tfds' GCS copy is enough
+    hosts.setdefault(*GCS_HOST)
+  errors = []
+  for host, port in hosts.items():
+    try:
+      socket.create_connection((host, port), timeout=timeout).close()
+      return
+    except OSError as e:
+      errors.append(f"{host}: {e}")
+  if errors:
+    raise ValueError(f"cannot download {builder.name}: {errors[0]} (offline?); prepare it on a "
+                     f"machine with internet (same command) and copy its folder "
+                     f"{builder.name}/ into {data_dir}")
 
 
 def prepare(name, data_dir=None, manual_dir=None, source="auto"):
@@ -56,6 +101,8 @@ def prepare(name, data_dir=None, manual_dir=None, source="auto"):
   if builder.is_prepared():
     logging.info("%s already prepared in %s", name, builder.data_dir)
   else:
+    if not manual_dir:
+      check_download_hosts(builder, data_dir)
     config = tfds.download.DownloadConfig(manual_dir=manual_dir) if manual_dir else None
     builder.download_and_prepare(download_config=config)
   return builder, time.time() - t0

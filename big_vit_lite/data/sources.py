@@ -7,6 +7,7 @@ into an example dict with the image still encoded. Reading raw records is
 cheap, so the input pipeline can shuffle and skip them (resume) before it
 does the expensive decode + pp in a parallel map.
 """
+import difflib
 import os
 
 import tensorflow as tf
@@ -30,6 +31,16 @@ def _prepare_hint(name, data_dir):
     return (f"put the official ImageNet-21k tar file(s) in a folder and run `python -m "
             f"big_vit_lite.data.prepare imagenet21k --data_dir={data_dir} --manual_dir=FOLDER`")
   return f"run `python -m big_vit_lite.data.prepare {name} --data_dir={data_dir}`"
+
+
+def name_hint(name):
+  """'did you mean ...' for a misspelt dataset name, or ''."""
+  known = tfds.list_builders(with_community_datasets=False)
+  base = name.split(":")[0].split("/")[0]
+  near = difflib.get_close_matches(base.lower(), known, n=3, cutoff=0.75)
+  if not near:
+    return ""
+  return f"did you mean {' or '.join(repr(n) for n in near)}?"
 
 
 def check_data_cfg(data_cfg):
@@ -82,7 +93,9 @@ class TfdsSource:
       builder = tfds.builder(name, data_dir=data_dir)
     except tfds.core.registered.DatasetNotFoundError:
       raise ValueError(f"dataset {name!r} is unknown to tfds and not found in {data_dir}; "
-                       f"{hint}") from None
+                       f"{name_hint(name) or hint}") from None
+    except AssertionError as e:  # e.g. a version that tfds does not have
+      raise ValueError(f"dataset {name!r}: {' '.join(str(e).split())}") from None
     if not builder.is_prepared():
       raise ValueError(f"dataset {name!r} is not prepared in {data_dir}; {hint}")
     self.name = name
@@ -97,6 +110,9 @@ class TfdsSource:
       raise ValueError(f"bad split {split!r} for {name!r} (splits: "
                        f"{sorted(builder.info.splits)}): {e}".replace("\n", " ")) from None
     self.num_examples = int(split_info.num_examples)
+    if self.num_examples <= 0:
+      raise ValueError(f"split {split!r} of {name!r} selects no examples "
+                       f"({split_info.num_examples}); check its slice bounds")
     # (filename, skip, take) of every file piece, in tfds' canonical order.
     self._pieces = [(fi.filename, fi.skip, fi.take) for fi in split_info.file_instructions
                     if fi.take > 0]

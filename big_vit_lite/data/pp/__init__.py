@@ -27,15 +27,37 @@ def get_preprocess_fn(pp_string):
   if not isinstance(pp_string, str) or not pp_string.strip():
     raise ValueError(f"pp must be a non-empty string like 'decode|value_range(-1, 1)', "
                      f"got {pp_string!r}")
-  ops = [build_op(text) for text in pp_string.split("|") if text.strip()]
+  ops = [(text.strip(), build_op(text)) for text in pp_string.split("|") if text.strip()]
 
   def preprocess(data):
     data = dict(data)
-    for op in ops:
-      data = op(data)
+    for text, op in ops:
+      try:
+        data = op(data)
+      except KeyError as e:
+        # An op reading a key the example lacks (a typo, or keep() removed it).
+        have = sorted(k for k in data if not k.startswith("_"))
+        raise op_error(text, f"the example has no key {e.args[0]!r} (it has {have}); "
+                       f"check the key names of the ops before it") from None
+      except (ValueError, TypeError) as e:
+        raise op_error(text, e) from e
     return data
 
   return preprocess
+
+
+def op_error(op_text, reason):
+  """A one-line ValueError naming the op, that survives tf.data's tracing.
+
+  tf.data traces the pp function with autograph, which rewrites any error
+  raised inside into a multi-line "in user code: ..." report;
+  `ag_pass_through` tells autograph to re-raise this one as it is.
+  """
+  reason = " ".join(str(reason).split())
+  prefix = f"pp op {op_text!r}: "
+  e = ValueError(reason if reason.startswith("pp op ") else prefix + reason)
+  e.ag_pass_through = True
+  return e
 
 
 def ensure_rng(data, seed=0):

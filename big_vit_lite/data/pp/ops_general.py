@@ -16,12 +16,18 @@ def get_onehot(depth, key="label", key_result=None, multi=True, on=1.0, off=0.0)
 
   `on`/`off` give label smoothing, e.g. on=0.9+0.1/K, off=0.1/K.
   """
-  if not isinstance(depth, int) or depth < 1:
+  if not isinstance(depth, int) or isinstance(depth, bool) or depth < 1:
     raise ValueError(f"depth must be a positive int, got {depth!r}")
   key_result = key_result or key
 
   def op(data):
     labels = tf.cast(data[key], tf.int32)
+    # tf.one_hot silently maps a label >= depth to an all-`off` vector: a
+    # depth below the class count would train on wrong targets without a sign.
+    with tf.control_dependencies([tf.debugging.Assert(tf.reduce_all(labels < depth), [
+        f"onehot({depth}): a label is >= depth {depth}; set depth to the number of classes; "
+        f"labels:", labels])]):
+      labels = tf.identity(labels)
     hot = tf.one_hot(labels, depth, on_value=float(on), off_value=float(off),
                      dtype=tf.float32)
     if multi and len(hot.shape) == 2:
@@ -41,8 +47,8 @@ def get_keep(*keys):
   def op(data):
     missing = [k for k in keys if k not in data]
     if missing:
-      raise ValueError(f"keep{keys}: keys {missing} not in the example "
-                       f"(it has {sorted(data)})")
+      raise ValueError(f"keys {missing} not in the example "
+                       f"(it has {sorted(k for k in data if not _internal(k))})")
     return {k: v for k, v in data.items() if k in keys or _internal(k)}
   return op
 

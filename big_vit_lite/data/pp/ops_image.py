@@ -14,12 +14,16 @@ _METHODS = ("bilinear", "nearest", "bicubic", "area", "lanczos3", "lanczos5",
             "gaussian", "mitchellcubic")
 
 
+def _is_int(x):
+  return isinstance(x, int) and not isinstance(x, bool)  # resize(True) is no 1x1 resize
+
+
 def _hw(size, what):
   """int or (h, w) -> (h, w) of positive ints."""
   if isinstance(size, int):
     size = (size, size)
   if (not isinstance(size, (tuple, list)) or len(size) != 2
-      or not all(isinstance(s, int) and s > 0 for s in size)):
+      or not all(_is_int(s) and s > 0 for s in size)):
     raise ValueError(f"{what} must be a positive int or (height, width), got {size!r}")
   return tuple(size)
 
@@ -47,6 +51,30 @@ def _resize(image, hw, method, antialias=False):
   return tf.cast(out, dtype)
 
 
+def _image(data, key, op_name):
+  """The decoded image under `key`; encoded bytes there mean `decode` is missing."""
+  img = data[key]
+  if img.dtype == tf.string:
+    raise ValueError(f"{op_name} got encoded image bytes under {key!r}: put 'decode' (or "
+                     f"'decode_jpeg_and_inception_crop') before it")
+  return img
+
+
+def _fits(img, hw, op_name):
+  """Checks an image is at least hw: when traced if the size is known, else per example."""
+  h, w = (img.shape[0], img.shape[1]) if img.shape.rank == 3 else (None, None)
+  if h is not None and w is not None:
+    if h < hw[0] or w < hw[1]:
+      raise ValueError(f"{op_name}: the {h}x{w} images are smaller than the crop {hw[0]}x{hw[1]}; "
+                       f"resize (e.g. resize_small({max(hw)})) before it")
+    return img
+  big_enough = tf.reduce_all(tf.shape(img)[:2] >= tf.constant(hw))
+  with tf.control_dependencies([tf.debugging.Assert(big_enough, [
+      f"{op_name}: an image is smaller than the crop {hw[0]}x{hw[1]}; resize (e.g. "
+      f"resize_small({max(hw)})) before it; image size:", tf.shape(img)[:2]])]):
+    return tf.identity(img)
+
+
 def _with(data, key, value):
   out = dict(data)
   out[key] = value
@@ -56,8 +84,25 @@ def _with(data, key, value):
 def _decode_any(raw, channels):
   # expand_animations=False: a GIF gives its first frame (rank 3), so every
   # decoded image has the same rank whatever the file format.
-  return tf.io.decode_image(raw, channels=channels, expand_animations=False,
-                            dtype=tf.uint8)
+  decode = lambda c: tf.io.decode_image(raw, channels=c, expand_animations=False,  # noqa: E731
+                                        dtype=tf.uint8)
+  if channels not in (1, 4):
+    return decode(channels)
+  # tf decodes GIF/WEBP/BMP to 1 and JPEG/GIF/WEBP to 4 channels not at all, and
+  # CMYK JPEGs not to 1: those decode to RGB and are converted here (a grey
+  # JPEG comes back exactly); PNG (and BMP to 4) decode directly.
+  direct = tf.strings.substr(raw, 0, 4) == b"\x89PNG"
+  if channels == 4:
+    direct |= tf.strings.substr(raw, 0, 2) == b"BM"
+  if channels == 1:
+    convert = lambda: _rgb_to_grey(decode(3))  # noqa: E731
+  else:
+    convert = lambda: tf.pad(decode(3), [[0, 0], [0, 0], [0, 1]], constant_values=255)  # noqa: E731
+  return tf.cond(direct, lambda: decode(channels), convert)
+
+
+def _rgb_to_grey(image):
+  return tf.cast(tf.round(tf.image.rgb_to_grayscale(tf.cast(image, tf.float32))), image.dtype)
 
 
 def _fix_channels(image, channels):
@@ -65,7 +110,7 @@ def _fix_channels(image, channels):
   if channels == 3:
     return _to_rgb(image)
   if channels == 1 and image.shape[-1] == 3:
-    return tf.cast(tf.round(tf.image.rgb_to_grayscale(tf.cast(image, tf.float32))), image.dtype)
+    return _rgb_to_grey(image)
   return image
 
 
@@ -100,7 +145,7 @@ def get_decode(channels=3, key="image"):
 def get_to_rgb(key="image"):
   """Grey (1 channel) -> RGB by repeating it; RGBA -> RGB by dropping alpha."""
   def op(data):
-    img = data[key]
+    img = _image(data, key, "to_rgb")
     out = _to_rgb(img)
     if img.shape.rank == 3:
       out = tf.ensure_shape(out, img.shape[:2].concatenate([3]))
@@ -131,8 +176,8 @@ def get_inception_crop(size=None, area_min=5, area_max=100, ratio_min=3 / 4, rat
   method = _method(method)
 
   def op(data):
+    img = _image(data, key, "inception_crop")
     data, seed = take_seed(data, "inception_crop")
-    img = data[key]
     begin, csize, = _sample_crop(tf.shape(img), seed, area_min, area_max, (ratio_min, ratio_max))
     crop = tf.slice(img, begin, csize)
     if hw is not None:
@@ -154,8 +199,11 @@ def get_decode_jpeg_and_inception_crop(size=None, area_min=5, area_max=100, rati
   method = _method(method)
 
   def op(data):
-    data, seed = take_seed(data, "decode_jpeg_and_inception_crop")
     raw = data[key]
+    if raw.dtype != tf.string:
+      raise ValueError(f"needs the encoded image bytes under {key!r} (it decodes them "
+                       f"itself): remove the 'decode' before it, or use inception_crop")
+    data, seed = take_seed(data, "decode_jpeg_and_inception_crop")
 
     def jpeg():
       shape = tf.image.extract_jpeg_shape(raw)
@@ -182,7 +230,7 @@ def get_resize(size, method="bilinear", antialias=False, key="image"):
   method = _method(method)
 
   def op(data):
-    img = data[key]
+    img = _image(data, key, "resize")
     out = _resize(img, hw, method, antialias)
     return _with(data, key, tf.ensure_shape(out, [*hw, img.shape[-1]]))
   return op
@@ -191,12 +239,12 @@ def get_resize(size, method="bilinear", antialias=False, key="image"):
 @register("resize_small")
 def get_resize_small(smaller_size, method="area", antialias=False, key="image"):
   """Resizes so that the shorter side is `smaller_size`, keeping the aspect ratio."""
-  if not isinstance(smaller_size, int) or smaller_size < 1:
+  if not _is_int(smaller_size) or smaller_size < 1:
     raise ValueError(f"smaller_size must be a positive int, got {smaller_size!r}")
   method = _method(method)
 
   def op(data):
-    img = data[key]
+    img = _image(data, key, "resize_small")
     h, w = tf.shape(img)[0], tf.shape(img)[1]
     ratio = tf.cast(smaller_size, tf.float32) / tf.cast(tf.minimum(h, w), tf.float32)
     nh = tf.cast(tf.round(tf.cast(h, tf.float32) * ratio), tf.int32)
@@ -210,11 +258,9 @@ def get_central_crop(crop_size, key="image"):
   hw = _hw(crop_size, "crop_size")
 
   def op(data):
-    img = data[key]
+    img = _fits(_image(data, key, "central_crop"), hw, "central_crop")
     top = (tf.shape(img)[0] - hw[0]) // 2
     left = (tf.shape(img)[1] - hw[1]) // 2
-    tf.debugging.assert_non_negative(tf.minimum(top, left),
-                                     message=f"central_crop{hw}: image is smaller than the crop")
     crop = img[top:top + hw[0], left:left + hw[1]]
     return _with(data, key, tf.ensure_shape(crop, [*hw, img.shape[-1]]))
   return op
@@ -225,8 +271,8 @@ def get_random_crop(crop_size, key="image"):
   hw = _hw(crop_size, "crop_size")
 
   def op(data):
+    img = _fits(_image(data, key, "random_crop"), hw, "random_crop")
     data, seed = take_seed(data, "random_crop")
-    img = data[key]
     c = tf.shape(img)[-1]
     crop = tf.image.stateless_random_crop(img, tf.stack([hw[0], hw[1], c]), seed=seed)
     return _with(data, key, tf.ensure_shape(crop, [*hw, img.shape[-1]]))
@@ -243,12 +289,12 @@ def get_pad(pad, value=0, key="image"):
   if isinstance(pad, int):
     pad = (pad, pad)
   if (not isinstance(pad, (tuple, list)) or len(pad) != 2
-      or not all(isinstance(p, int) and p >= 0 for p in pad)):
+      or not all(_is_int(p) and p >= 0 for p in pad)):
     raise ValueError(f"pad must be a non-negative int or (rows, cols), got {pad!r}")
   ph, pw = pad
 
   def op(data):
-    img = data[key]
+    img = _image(data, key, "pad")
     out = tf.pad(img, [[ph, ph], [pw, pw], [0, 0]], constant_values=tf.cast(value, img.dtype))
     h, w, c = img.shape
     shape = [None if h is None else h + 2 * ph, None if w is None else w + 2 * pw, c]
@@ -259,8 +305,8 @@ def get_pad(pad, value=0, key="image"):
 @register("flip_lr")
 def get_flip_lr(key="image"):
   def op(data):
+    img = _image(data, key, "flip_lr")
     data, seed = take_seed(data, "flip_lr")
-    img = data[key]
     # tf.cond, not tf.image's where(): only flipped images pay for the copy.
     flip = tf.random.stateless_uniform([], seed) < 0.5
     return _with(data, key, tf.cond(flip, lambda: tf.reverse(img, [-2]), lambda: img))
@@ -270,6 +316,13 @@ def get_flip_lr(key="image"):
 @register("value_range")
 def get_value_range(vmin=-1, vmax=1, in_min=0, in_max=255.0, clip_values=False, key="image"):
   """Maps [in_min, in_max] linearly to [vmin, vmax] as float32."""
+  if not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+             for v in (vmin, vmax, in_min, in_max)):
+    raise ValueError(f"vmin, vmax, in_min, in_max must be numbers, got "
+                     f"{vmin!r}, {vmax!r}, {in_min!r}, {in_max!r}")
+  if vmin == vmax:
+    raise ValueError(f"vmin == vmax == {vmin} maps every pixel to one value; "
+                     f"e.g. value_range(-1, 1)")
   if not in_max > in_min:
     raise ValueError(f"need in_max > in_min, got {in_min}, {in_max}")
 
@@ -278,7 +331,7 @@ def get_value_range(vmin=-1, vmax=1, in_min=0, in_max=255.0, clip_values=False, 
   offset = vmin - in_min * scale
 
   def op(data):
-    x = tf.cast(data[key], tf.float32) * scale + offset
+    x = tf.cast(_image(data, key, "value_range"), tf.float32) * scale + offset
     if clip_values:
       x = tf.clip_by_value(x, min(vmin, vmax), max(vmin, vmax))
     return _with(data, key, x)
@@ -292,6 +345,6 @@ def get_standardize(mean=(123.675, 116.28, 103.53), std=(58.395, 57.12, 57.375),
     raise ValueError(f"mean and std need the same length and non-zero std, got {mean}, {std}")
 
   def op(data):
-    x = tf.cast(data[key], tf.float32)
+    x = tf.cast(_image(data, key, "standardize"), tf.float32)
     return _with(data, key, (x - tf.constant(mean, tf.float32)) / tf.constant(std, tf.float32))
   return op

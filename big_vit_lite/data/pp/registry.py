@@ -8,9 +8,13 @@ tf.data's map). New ops are one decorated function in any module imported
 by `pp/__init__.py`.
 """
 import ast
+import difflib
 import inspect
 
 _OPS = {}
+# big_vision ops that have another name here.
+_RENAMED = {"vgg_value_range": "standardize (ImageNet mean/std on 0..255 by default)",
+            "random_flip_lr": "flip_lr", "resize_smaller": "resize_small"}
 
 
 def register(name):
@@ -51,13 +55,16 @@ def parse_op(op_text):
       raise ValueError(f"pp op {op_text!r}: **kwargs are not supported")
     return node.func.id, args, kwargs
   raise ValueError(f"pp op {op_text!r} is not valid; write it like "
-                   f"'name' or 'name(arg, key=value)'")
+                   f"'name' or 'name(arg, key=value)', and separate ops with '|'")
 
 
 def build_op(op_text):
   name, args, kwargs = parse_op(op_text)
   if name not in _OPS:
-    raise ValueError(f"unknown pp op {name!r} in {op_text!r}; known ops: "
+    near = ([_RENAMED[name]] if name in _RENAMED else
+            [repr(n) for n in difflib.get_close_matches(name, known_ops(), n=1, cutoff=0.6)])
+    hint = f"did you mean {near[0]}? " if near else ""
+    raise ValueError(f"unknown pp op {name!r} in {op_text!r}; {hint}known ops: "
                      f"{', '.join(known_ops())}")
   factory = _OPS[name]
   try:

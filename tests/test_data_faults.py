@@ -1,0 +1,188 @@
+"""Faults a user makes with the input pipeline give one-line errors, never silent wrong data."""
+import logging
+import os
+import shutil
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from big_vit_lite.data import input_pipeline as ip
+from big_vit_lite.data import prepare
+
+
+def _train(data_dir, pp, **kw):
+  cfg = dict(data=dict(name="mnist10k", split="test[:64]", data_dir=data_dir), batch_size=8,
+             pp=pp, shuffle_buffer_size=0)
+  cfg.update(kw)
+  it = ip.make_train_iterator(cfg, seed=0, process_index=0, process_count=1)
+  return next(it)
+
+
+def _one_line_error(fn, *words):
+  with pytest.raises(ValueError) as e:
+    fn()
+  msg = str(e.value)
+  assert "\n" not in msg, msg
+  for w in words:
+    assert w in msg, msg
+  return msg
+
+
+@pytest.mark.parametrize("pp, words", [
+    # big_vision's classic: keep() of the key onehot did not write.
+    ("decode|onehot(10)|keep('image', 'labels')", ["keep", "'labels'", "'label'"]),
+    ("decode|onehot(10, key='labl')", ["onehot", "'labl'", "'label'"]),
+    ("value_range(-1, 1)", ["value_range", "decode"]),  # decode forgotten
+    ("decode|central_crop(32)", ["central_crop", "smaller than the crop", "resize"]),
+    ("decode|random_crop(32)", ["random_crop", "smaller than the crop"]),
+    ("decode|onehot(5)", ["onehot(5)", "depth"]),  # 10 classes: was all-zero targets
+    ("decode|value_rang(-1, 1)", ["did you mean 'value_range'"]),
+    ("decode(1)|randaug(2, 10)", ["randaug", "RGB"]),
+])
+def test_pp_faults_in_the_pipeline_are_one_line(tfds_data_dir, pp, words):
+  _one_line_error(lambda: _train(tfds_data_dir, pp), *words)
+
+
+def test_eval_pp_faults_are_one_line(tfds_data_dir):
+  data = dict(name="mnist10k", split="test[:10]", data_dir=tfds_data_dir)
+  _one_line_error(lambda: list(ip.make_eval_iterator(data, "decode|central_crop(29)", 4,
+                                                     process_index=0, process_count=1)),
+                  "eval data mnist10k", "smaller than the crop")
+
+
+def test_onehot_with_enough_depth_is_unchanged(tfds_data_dir):
+  b = _train(tfds_data_dir, "decode(1)|onehot(10, key_result='labels')")
+  np.testing.assert_array_equal(b["labels"].argmax(-1), b["label"])
+  assert (b["labels"].sum(-1) == 1).all()
+
+
+@pytest.mark.parametrize("data, words", [
+    (dict(name="fashon_mnist", split="train"), ["did you mean 'fashion_mnist'"]),
+    (dict(name="mnist10k:9.9.9", split="train"), ["mnist10k", "9.9.9"]),  # was AssertionError
+    (dict(name="mnist10k", split="train[5000:4000]"), ["no examples"]),  # was -1000 examples
+])
+def test_dataset_name_and_split_faults(tfds_data_dir, data, words):
+  _one_line_error(lambda: ip.get_num_examples(dict(data, data_dir=tfds_data_dir)), *words)
+
+
+def test_prepare_suggests_the_near_name(tmp_path):
+  _one_line_error(lambda: prepare.prepare("animal_minst", str(tmp_path)),
+                  "did you mean 'animal_mnist'")
+
+
+@pytest.mark.parametrize("change, words", [
+    (dict(batch_size=0), ["batch_size", ">= 1"]),
+    (dict(shuffle_buffer_size=-1), ["shuffle_buffer_size"]),
+    (dict(prefetch=True), ["prefetch"]),
+    (dict(batch_size=8.5), ["batch_size"]),
+])
+def test_bad_input_numbers(tfds_data_dir, change, words):
+  _one_line_error(lambda: _train(tfds_data_dir, "decode", **change), *words)
+  if "batch_size" in change:
+    _one_line_error(lambda: ip.make_eval_iterator(
+        dict(name="mnist10k", split="test", data_dir=tfds_data_dir), "decode",
+        change["batch_size"], process_index=0, process_count=1), "batch_size")
+
+
+def test_state_of_another_split_size_warns(tfds_data_dir, caplog):
+  cfg = dict(data=dict(name="mnist10k", split="test[:64]", data_dir=tfds_data_dir),
+             batch_size=8, pp="decode", shuffle_buffer_size=0)
+  state = ip.make_train_iterator(cfg, seed=0, process_index=0, process_count=1).get_state()
+  cfg["data"]["split"] = "test[:96]"
+  other = ip.make_train_iterator(cfg, seed=0, process_index=0, process_count=1)
+  with caplog.at_level(logging.WARNING):
+    other.set_state(state)
+  assert "64 examples" in caplog.text and "96" in caplog.text
+
+
+def _save(path, img, fmt, **kw):
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  img.save(path, fmt, **kw)
+
+
+def test_imagefolder_nested_and_odd_formats_into_a_grey_model(tmp_path, caplog):
+  root = str(tmp_path)
+  grey = np.random.default_rng(0).integers(0, 256, (9, 11), dtype=np.uint8)
+  g = Image.fromarray(grey)
+  _save(f"{root}/train/a/x.png", g, "PNG")
+  _save(f"{root}/train/a/2024/deep/nested.png", g, "PNG")  # was silently left out
+  _save(f"{root}/train/b/x.gif", g, "GIF")                 # decode(1) crashed on these
+  _save(f"{root}/train/b/x.bmp", g.convert("RGB"), "BMP")
+  _save(f"{root}/train/b/x.webp", g, "WEBP", lossless=True)
+  _save(f"{root}/train/b/cmyk.jpg", g.convert("CMYK"), "JPEG", quality=100)
+  # 16-bit TIFF: came out white (Pillow's 8-bit conversion clips at 255).
+  _save(f"{root}/train/b/x16.tif", Image.fromarray(grey.astype(np.uint16) * 257), "TIFF")
+  _save(f"{root}/train/loose.png", g, "PNG")               # not in a class: ignored, said so
+  data = dict(name="imagefolder", data_dir=root, split="train")
+  with caplog.at_level(logging.WARNING):
+    batches = list(ip.make_eval_iterator(data, "decode(1)", 8, process_index=0,
+                                         process_count=1))
+  assert "loose.png" in caplog.text
+  (b,) = batches
+  names = [n.decode() for n in b["file_name"][b["_mask"]]]
+  assert sorted(names) == ["train/a/2024/deep/nested.png", "train/a/x.png", "train/b/cmyk.jpg",
+                           "train/b/x.bmp", "train/b/x.gif", "train/b/x.webp", "train/b/x16.tif"]
+  images = dict(zip(names, b["image"][b["_mask"]]))
+  labels = dict(zip(names, b["label"][b["_mask"]]))
+  assert labels["train/a/2024/deep/nested.png"] == 0 and labels["train/b/x.gif"] == 1
+  for name in ("train/a/x.png", "train/a/2024/deep/nested.png", "train/b/x.bmp", "train/b/x.webp",
+               "train/b/x16.tif"):
+    assert images[name].shape == (9, 11, 1)
+    np.testing.assert_array_equal(images[name][..., 0], grey, err_msg=name)
+  for name in ("train/b/x.gif", "train/b/cmyk.jpg"):  # palette / lossy: close, not exact
+    assert np.abs(images[name][..., 0].astype(int) - grey).mean() < 8, name
+
+
+class _FakeBuilder:
+  name = "somedata"
+  url_infos = {"https://nonexistent.invalid/data.tgz": None}
+
+  def is_prepared(self):
+    return False
+
+  def download_and_prepare(self, download_config=None):
+    raise AssertionError("offline: would retry for minutes")
+
+
+def test_prepare_offline_fails_fast_in_one_line(monkeypatch, tmp_path):
+  for var in ("https_proxy", "http_proxy", "all_proxy"):
+    monkeypatch.delenv(var, raising=False)
+    monkeypatch.delenv(var.upper(), raising=False)
+  monkeypatch.setattr(prepare, "GCS_HOST", ("nonexistent.invalid", 443))
+  monkeypatch.setattr(prepare, "get_builder", lambda *a, **k: _FakeBuilder())
+  _one_line_error(lambda: prepare.prepare("somedata", str(tmp_path)),
+                  "cannot download somedata", "nonexistent.invalid", str(tmp_path))
+  monkeypatch.setenv("HTTPS_PROXY", "http://proxy.invalid:3128")  # only the proxy can tell
+  with pytest.raises(AssertionError, match="would retry"):
+    prepare.prepare("somedata", str(tmp_path))
+
+
+def test_imagefolder_without_readable_images_says_so(tmp_path):
+  os.makedirs(tmp_path / "train" / "a")
+  (tmp_path / "train" / "a" / "x.jpg").write_bytes(b"not a jpeg")
+  cfg = dict(data=dict(name="imagefolder", data_dir=str(tmp_path), split="train"),
+             batch_size=2, pp="decode")  # was: "shard 0 has 0 examples ... lower batch_size"
+  _one_line_error(lambda: ip.make_train_iterator(cfg, seed=0, process_index=0, process_count=1),
+                  "no examples", "1 unreadable")
+
+
+def test_corrupt_dataset_file_is_one_line(tfds_data_dir, tmp_path):
+  src = os.path.join(tfds_data_dir, "mnist10k", "1.0.0")
+  dst = tmp_path / "mnist10k" / "1.0.0"
+  shutil.copytree(src, dst, ignore=shutil.ignore_patterns("*train*"))
+  (test_file,) = [p for p in dst.iterdir() if "test.tfrecord" in p.name]
+  test_file.write_bytes(test_file.read_bytes()[:5000])  # a truncated copy
+  data = dict(name="mnist10k", split="test", data_dir=str(tmp_path))
+  _one_line_error(lambda: list(ip.make_eval_iterator(data, "decode", 500, process_index=0,
+                                                     process_count=1)),
+                  "eval data mnist10k", "prepare")
+
+
+def test_imagefolder_non_ascii_names(tmp_path):
+  for path in ("train/café/é.png", "train/猫/x y.png"):  # crashed the pipeline (ASCII-only)
+    _save(str(tmp_path / path), Image.fromarray(np.zeros((4, 4, 3), np.uint8)), "PNG")
+  (b,) = ip.make_eval_iterator(dict(name="imagefolder", data_dir=str(tmp_path), split="train"),
+                               "decode", 2, process_index=0, process_count=1)
+  assert [n.decode() for n in b["file_name"]] == ["train/café/é.png", "train/猫/x y.png"]
+  assert b["label"].tolist() == [0, 1]
