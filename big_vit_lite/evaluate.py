@@ -4,8 +4,10 @@ r"""Evaluate a checkpoint: few-shot, linear probe or classification, no training
       --config.model_init=SRC
 
 SRC is a training workdir (its newest complete checkpoint), an orbax step
-directory (WORKDIR/checkpoints/<step>) or an .npz in the vision_transformer
-layout (also big_vision's and the paper's pre-linen layout).
+directory (WORKDIR/checkpoints/<step>), an .npz in the vision_transformer
+layout (also big_vision's, with or without its "params/" prefix, and the
+paper's pre-linen layout) or a timm .safetensors written by
+big_vit_lite.export.
 
 The model: for a training workdir or step directory, the run's own model
 config (saved with the checkpoint); for an .npz, the architecture read off
@@ -16,7 +18,10 @@ Entries of the eval config's `model` dict that are not None override both
 The model runs at the resolution and channel count it was trained with; the
 eval pp must resize to that and decode to that many channels (grey -> RGB
 for RGB models): configs/fewshot.py:res=R,channels=C. A mismatch stops with
-a one-line error that names the values to use.
+a one-line error that names the values to use. (A sincos2d model with no
+saved training pp has no fixed resolution: it runs at the pp's size.) A
+checkpoint without a head (num_classes=0) takes fewshot and linear_probe
+evals only.
 Results go to OUT/metrics.jsonl (one line, keys "EVAL_NAME/KEY", step = the
 checkpoint's step) and TensorBoard, and a table is printed.
 """
@@ -71,15 +76,21 @@ def read_source(src):
     raise ValueError(f"model_init={src} does not exist; pass a training workdir, a "
                      "checkpoint step directory or an .npz.")
   is_dir = src.is_dir()
+  if src.name.endswith(".safetensors"):  # Our timm export (its metadata names the heads).
+    return interop.read_params(src), None, 0
   if not (is_dir or src.name.endswith(".npz")):
-    raise ValueError(f"model_init={src} is neither a directory nor an .npz file; pass a "
-                     "training workdir, a checkpoint step directory or an .npz.")
+    raise ValueError(f"model_init={src} is neither a directory nor an .npz or .safetensors "
+                     "file; pass a training workdir, a checkpoint step directory or an .npz.")
   params, config = checkpoint.load_params(src)
   step = 0
   if is_dir:
     step_dir = checkpoint.resolve_step_dir(src).name
     step = int(step_dir) if step_dir.isdigit() else 0
-  return {k: np.asarray(v) for k, v in interop.flatten(params).items()}, config, step
+  # One canonical layout (big_vision's "params/" prefix and top-level posemb, scan
+  # stacks, pre-linen numbering all converted), so that the shapes below are read
+  # the same way whatever wrote the file.
+  flat = interop.canonicalize({k: np.asarray(v) for k, v in interop.flatten(params).items()})
+  return flat, config, step
 
 
 def _find(flat, pattern, what):
@@ -93,9 +104,10 @@ def _find(flat, pattern, what):
 def infer_model_cfg(flat):
   """vit.Model kwargs read off the param shapes.
 
-  Works on the loop and scan layouts and on the pre-linen block numbering
-  (MultiHeadDotProductAttention_1, MlpBlock_3) alike.
+  Works on every layout `interop.canonicalize` reads (loop and scan, the
+  pre-linen block numbering, big_vision's "params/" prefix) alike.
   """
+  flat = interop.canonicalize(flat)
   kernel = _find(flat, r"embedding/kernel", "patch embedding")
   q = _find(flat, r"Transformer/encoderblock(_0)?/MultiHeadDotProductAttention_\d+/query/kernel",
             "attention")
@@ -110,29 +122,48 @@ def infer_model_cfg(flat):
              posemb="learn" if has_posemb else "sincos2d")
   if "pre_logits/kernel" in flat:
     cfg["rep_size"] = int(flat["pre_logits/kernel"].shape[1])
+  stem = _stem_kernels(flat)
+  if stem:
+    cfg["stem_channels"] = tuple(int(k.shape[3]) for k in stem)
   return cfg
 
 
+def _stem_kernels(flat):
+  """The conv stem's kernels (3, 3, C_in, C_out) in order; [] for a plain patchify."""
+  kernels = []
+  while f"stem/conv_{len(kernels)}/kernel" in flat:
+    kernels.append(flat[f"stem/conv_{len(kernels)}/kernel"])
+  return kernels
+
+
 def native_input_shape(flat, saved_config):
-  """(res, channels) the model was trained at, from the param shapes."""
+  """(res, channels) the model was trained at, from the param shapes.
+
+  res is None for a sincos2d model with no saved training pp: it has no
+  size-dependent params and runs at whatever size the eval pp gives.
+  """
+  flat = interop.canonicalize(flat)
   kernel = _find(flat, r"embedding/kernel", "patch embedding")
   patch, channels = int(kernel.shape[0]), int(kernel.shape[2])
-  if "Transformer/posembed_input/pos_embedding" in flat:
+  stem = _stem_kernels(flat)
+  if stem:  # The patch embedding sees the stem's output; the image goes into the stem.
+    channels = int(stem[0].shape[2])
+  tokens = None
+  if "Transformer/posembed_input/pos_embedding" in flat:  # canonical: a cls row iff a cls
     tokens = flat["Transformer/posembed_input/pos_embedding"].shape[1] - ("cls" in flat)
-  elif "pos_embedding" in flat:  # big_vision: no entry for the class token
-    tokens = flat["pos_embedding"].shape[1]
-  else:
-    tokens = None
   if tokens is not None:
-    return math.isqrt(tokens) * patch, channels
+    side = math.isqrt(tokens)
+    if side * side != tokens:
+      raise ValueError(f"The checkpoint's position embedding has {tokens} patch tokens, not a "
+                       "square grid: evaluate runs square images only.")
+    return side * patch, channels
   # sincos posemb has no params: look for the training pp's size instead.
   pp = ""
   if saved_config is not None and "input" in saved_config:
     pp = str(saved_config.input.get("pp", ""))
   m = re.findall(r"(?:resize|inception_crop|random_crop|central_crop)\((\d+)", pp)
   if not m:
-    raise ValueError("Cannot tell the model's input resolution (no learned posemb and no "
-                     "saved training pp); evaluate needs a learned-posemb model here.")
+    return None, channels
   return int(m[-1]), channels
 
 
@@ -169,11 +200,15 @@ def make_predict_fn(model, res, channels):
 
   def predict_fn(params, images):
     _, h, w, c = images.shape
-    if (h, w, c) != (res, res, channels):
+    if (h, w, c) != (res or h, res or w, channels):
+      if res is None:
+        raise ValueError(f"The eval pp gives {h}x{w}x{c} images but the model takes {channels} "
+                         f"channels: decode with channels={channels} in the pp (e.g. "
+                         f"configs/fewshot.py:channels={channels}).")
       raise ValueError(
           f"The eval pp gives {h}x{w}x{c} images but the model takes {res}x{res}x{channels}: "
           f"resize to {res} and decode with channels={channels} in the pp (e.g. "
-          f"configs/fewshot.py:res={res}).")
+          f"configs/fewshot.py:res={res},channels={channels}).")
     return model.apply({"params": params}, images.astype(jnp.float32), train=False)
 
   return predict_fn
@@ -225,12 +260,16 @@ def evaluate(config, workdir):
   flat, saved_config, step = read_source(src)
   model, model_cfg = build_model(cfg, flat, saved_config)
   res, channels = native_input_shape(flat, saved_config)
-  logging.info("Model input: %dx%dx%d; checkpoint step %d.", res, res, channels, step)
+  logging.info("Model input: %sx%sx%d; checkpoint step %d.", res or "any", res or "any",
+               channels, step)
+  # A sincos2d model with no known resolution has no size-dependent params:
+  # initialise it at one patch and run it at the eval pp's size.
+  init_res = res or int(flat["embedding/kernel"].shape[0])
 
   mesh = sharding.make_mesh(cfg.get("mesh"))
   rules = sharding.make_rules(cfg.get("sharding_rules"), mesh)
-  abstract = jax.eval_shape(
-      lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, res, res, channels)))["params"])
+  abstract = jax.eval_shape(lambda: model.init(
+      jax.random.PRNGKey(0), jnp.zeros((1, init_res, init_res, channels)))["params"])
   loaded = vit.load(abstract, str(paths.resolve(src)), model_cfg)
   shardings = sharding.logical_shardings(abstract, mesh, rules)
   params = jax.device_put(nn.meta.unbox(loaded), shardings)
@@ -243,6 +282,12 @@ def evaluate(config, workdir):
     if etype is None:
       raise ValueError(f"evals.{name} needs a `type` (classification, fewshot, linear_probe).")
     ecfg.pop("log_steps", None)  # only the trainer schedules evals
+    if etype == "classification" and not model_cfg["num_classes"]:
+      # Without a head the "logits" are the pre-logits features: scoring them as
+      # class scores would print a meaningless accuracy.
+      raise ValueError(f"evals.{name}: the checkpoint has no classification head "
+                       "(num_classes=0), so a classification eval has nothing to score; "
+                       "use fewshot or linear_probe on its features.")
     cls = evaluators.get_evaluator_cls(etype)
     try:
       evaluators_by_name[name] = cls(predict_fn, mesh=mesh, **ecfg)

@@ -1,20 +1,30 @@
 r"""Exports ViT params as a vision_transformer-layout .npz or a timm safetensors file.
 
-  python -m big_vit_lite.export --src=SRC --out=FILE --format=npz|timm [--res=224]
+  python -m big_vit_lite.export --src=SRC --out=FILE.npz|FILE.safetensors [--res=224]
 
 SRC: an .npz (vision_transformer, big_vision or pre-linen layout), a training
-workdir (its latest checkpoint) or an orbax step directory. With
---format=timm the file loads into timm with strict=True:
+workdir (its latest checkpoint), an orbax step directory or a .safetensors
+this tool wrote. The format follows FILE's suffix (--format=npz|timm may say
+it too). A timm file (.safetensors) loads into timm with strict=True:
 
   import timm, safetensors.torch
   model = timm.create_model("vit_base_patch16_224", num_classes=1000)   # for a B/16
   model.load_state_dict(safetensors.torch.load_file(FILE), strict=True)
 
-The timm kwargs that rebuild the exact architecture (global_pool, class_token,
-fc_norm, ...) are printed and stored in the file's metadata ("timm_kwargs").
+or, for timm's registered names, as pretrained weights (num_classes in the
+overlay too, or timm silently replaces a head of another size):
+
+  timm.create_model("vit_base_patch16_224", pretrained=True, num_classes=N,
+                    pretrained_cfg_overlay=dict(file=FILE, num_classes=N))
+
+The printed summary holds that line ("timm_usage") and timm's name for the
+architecture when it has one ("timm_name"). The timm kwargs that rebuild the
+exact architecture (global_pool, class_token, fc_norm, ...) are printed too
+and stored in the file's metadata ("timm_kwargs").
 --res is needed only for sincos2d models (they have no posemb param to copy).
 """
 import json
+import os
 import sys
 
 from absl import app
@@ -26,20 +36,39 @@ from big_vit_lite.models import interop
 def _define_flags():
   # Defined only when run as a command, so that importing this module (tests,
   # other tools) does not clash with other CLIs' flags in one process.
-  flags.DEFINE_string("src", None, "Params to export: .npz, training workdir or step dir.")
+  flags.DEFINE_string("src", None, "Params to export: .npz, training workdir, step dir or our "
+                      ".safetensors.")
   flags.DEFINE_string("out", None, "Output file (.npz or .safetensors).")
-  flags.DEFINE_enum("format", "npz", ["npz", "timm"], "Output layout.")
+  flags.DEFINE_enum("format", None, ["npz", "timm"],
+                    "Output layout; default: from --out's suffix (.npz or .safetensors).")
   flags.DEFINE_integer("res", None, "Image size; needed for timm export of sincos2d models.")
 
 
-def export(src: str, out: str, fmt: str, res=None) -> dict:
-  """Reads `src` and writes `out`; returns a summary dict (printed by the CLI)."""
+_SUFFIX = {"npz": ".npz", "timm": ".safetensors"}
+
+
+def export(src: str, out: str, fmt=None, res=None) -> dict:
+  """Reads `src` and writes `out`; returns a summary dict (printed by the CLI).
+
+  fmt None takes the format from the suffix of `out`. The suffix must match
+  the format: `vit.load` and `evaluate` tell the two apart by it.
+  """
+  by_suffix = next((f for f, suffix in _SUFFIX.items() if str(out).endswith(suffix)), None)
+  fmt = fmt or by_suffix
+  if fmt not in _SUFFIX or by_suffix != fmt:
+    raise ValueError(f"--out={out}: name it *{_SUFFIX.get(fmt, '.npz or *.safetensors')} "
+                     f"for --format={fmt or 'npz|timm'} (the loaders go by the suffix).")
+  parent = os.path.dirname(os.path.abspath(out))
+  if not os.path.isdir(parent):
+    raise ValueError(f"--out={out}: the directory {parent} does not exist.")
   flat = interop.read_params(src)
   if fmt == "npz":
     interop.save_npz(flat, out)
     return {"out": out, "format": "npz", "num_params": len(flat)}
   kwargs = interop.write_timm(flat, out, image_size=res)
-  return {"out": out, "format": "timm", "timm_kwargs": kwargs}
+  return {"out": out, "format": "timm", "timm_kwargs": kwargs,
+          "timm_name": interop.timm_model_name(kwargs),
+          "timm_usage": interop.timm_usage(kwargs, out)}
 
 
 def main(argv):

@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 
+import flax.linen as nn
 import jax
 import numpy as np
 import jax.numpy as jnp
@@ -71,9 +72,11 @@ def tiny_npz(tmp_path_factory):
 def test_evaluate_npz_linear_probe_on_image_folder(tiny_npz, tfds_data_dir, tmp_path):
   root = evaluator_fixtures.write_image_folder(str(tmp_path / "shapes3"))
   out = str(tmp_path / "eval")
-  # Grey PNGs into an RGB model (the pp decodes to 3 channels), on 2 devices.
+  # Grey PNGs into an RGB model (the pp decodes to 3 channels), on 2 devices, with
+  # an odd batch size (padded with masked rows for the mesh).
   p = _run(["big_vit_lite.evaluate", f"--config=configs/linear_probe.py:channels=3,folder={root}",
-            f"--workdir={out}", f"--config.model_init={tiny_npz}"], tfds_data_dir,
+            f"--workdir={out}", f"--config.model_init={tiny_npz}",
+            "--config.evals.linear_probe.batch_size=15"], tfds_data_dir,
            timeout=150, devices=2)
   assert p.returncode == 0, p.stderr[-3000:]
   (row,) = _metrics(out)
@@ -166,3 +169,55 @@ def test_model_config_is_read_off_any_npz_layout():
   assert evaluate.native_input_shape(bv, None) == (28, 3)
   with pytest.raises(ValueError, match="no ViT params"):
     evaluate.infer_model_cfg({"dense/kernel": np.zeros((2, 2))})
+
+
+def test_model_input_read_off_stem_big_vision_and_sincos_checkpoints():
+  from big_vit_lite import evaluate  # pylint: disable=import-outside-toplevel
+  from big_vit_lite.models import interop  # pylint: disable=import-outside-toplevel
+  kw = dict(evaluator_fixtures.TINY_VIT, stem_channels=(8,))
+  abstract = jax.eval_shape(vit.Model(num_classes=5, **kw).init, jax.random.key(0),
+                            jnp.zeros((1, 28, 28, 1)))["params"]
+  flat = {k: np.zeros(v.shape, v.dtype)
+          for k, v in interop.flatten(nn.meta.unbox(abstract)).items()}
+  # A conv-stem model takes grey images: the stem's input channels, not the embedding's (8).
+  assert evaluate.native_input_shape(flat, None) == (28, 1)
+  assert evaluate.infer_model_cfg(flat)["stem_channels"] == (8,)
+  # big_vision train checkpoints keep the params under "params/" next to the optimizer.
+  bv = {f"params/{k}": v for k, v in flat.items()}
+  bv["opt/state/count"] = np.zeros(())
+  assert evaluate.infer_model_cfg(bv)["depth"] == 1
+  assert evaluate.native_input_shape(bv, None) == (28, 1)
+  # A non-square grid (4x2 tokens) was taken for a 2x2 one (isqrt).
+  with pytest.raises(ValueError, match="8 patch tokens, not a square grid"):
+    evaluate.native_input_shape(dict(flat, **{"Transformer/posembed_input/pos_embedding":
+                                              np.zeros((1, 8, 32), np.float32)}), None)
+  # sincos2d without a saved pp: no fixed resolution (it runs at the eval pp's size).
+  del flat["Transformer/posembed_input/pos_embedding"]
+  assert evaluate.native_input_shape(flat, None) == (None, 1)
+
+
+def test_evaluate_headless_and_sincos_npz_in_process(tmp_path):
+  import ml_collections  # pylint: disable=import-outside-toplevel
+  from big_vit_lite import evaluate  # pylint: disable=import-outside-toplevel
+  root = evaluator_fixtures.write_image_folder(str(tmp_path / "shapes3"), n_train=2, n_test=4)
+  def save(num_classes, posemb):  # Random values of the right shapes (cheaper than an eager init).
+    model = vit.Model(num_classes=num_classes, **evaluator_fixtures.TINY_VIT, posemb=posemb)
+    abstract = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, 28, 28, 1)))
+    rng = np.random.default_rng(0)
+    params = jax.tree.map(lambda a: rng.normal(0, 0.1, a.shape).astype(a.dtype),
+                          nn.meta.unbox(abstract["params"]))
+    path = str(tmp_path / f"m{num_classes}.npz")
+    vit.save_npz(params, path)
+    return path
+
+  def config(src):
+    return ml_collections.ConfigDict(dict(model_init=src, evals=dict(val=dict(
+        type="classification", data=dict(name="imagefolder", data_dir=root, split="test"),
+        pp=presets.eval_pp(28, channels=1), batch_size=8))))
+
+  # No head: the "logits" would be the features, so prec@1 would mean nothing.
+  with pytest.raises(ValueError, match="no classification head"):
+    evaluate.evaluate(config(save(0, "learn")), str(tmp_path / "e0"))
+  # A sincos2d .npz has no posemb to read the resolution off; it used to be refused.
+  results = evaluate.evaluate(config(save(3, "sincos2d")), str(tmp_path / "e3"))
+  assert 0.0 <= results["val"]["prec@1"] <= 1.0 and results["val"]["loss"] > 0

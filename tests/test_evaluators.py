@@ -1,4 +1,7 @@
 """Evaluators end to end in-process: real data pipeline, sharded forward, tiny models."""
+import os
+import shutil
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -45,6 +48,14 @@ def test_registry_finds_types_and_rejects_others(mesh):
     fewshot.Evaluator(pixels_predict_fn, mesh=mesh, shotz=(1,))
   with pytest.raises(ValueError, match="datasets"):
     fewshot.Evaluator(pixels_predict_fn, mesh=mesh, datasets={"x": dict(split="train")})
+  # Checked when built, not after the forward passes (or deep in the input pipeline).
+  with pytest.raises(ValueError, match="l2_regs"):
+    fewshot.Evaluator(pixels_predict_fn, mesh=mesh, l2_regs=(0.0,))
+  for cls in (fewshot.Evaluator, linear_probe.Evaluator):
+    with pytest.raises(ValueError, match="batch_size=0 must be a positive integer"):
+      cls(pixels_predict_fn, mesh=mesh, batch_size=0)
+  with pytest.raises(ValueError, match="batch_size=2.5"):
+    classification.Evaluator(pixels_predict_fn, mesh=mesh, data={}, pp="", batch_size=2.5)
 
 
 @pytest.fixture(scope="module")
@@ -205,3 +216,71 @@ def test_representation_pools_token_layers():
   np.testing.assert_allclose(flat, tokens.reshape(2, 12))
   with pytest.raises(ValueError, match="token_pool"):
     features.representation(None, out, "encoded", token_pool="max")
+
+
+def test_wrong_labels_for_the_model_are_one_line_errors(shapes_folder, mesh, tmp_path):
+  data = dict(name="imagefolder", data_dir=shapes_folder, split="test")
+
+  def two_class_head(params, images):  # 2 outputs; the folder has 3 classes
+    flat = images.reshape(images.shape[0], -1)
+    return flat[:, :2], {"pre_logits": flat[:, :32]}
+
+  # Integer labels past the head used to become all-zero targets: never a hit
+  # but zero loss, i.e. a wrong prec@1 and loss without complaint.
+  ev = classification.Evaluator(two_class_head, mesh=mesh, data=data, pp=GREY_PP, batch_size=16)
+  with pytest.raises(ValueError, match=r"8 examples have a label outside the model's 2 classes"):
+    ev.run({})
+  onehot_pp = ("decode(channels=1)|value_range(-1, 1)|onehot(3, key='label', key_result='labels')"
+               "|keep('image', 'labels')")
+  ev = classification.Evaluator(two_class_head, mesh=mesh, data=data, pp=onehot_pp, batch_size=16)
+  with pytest.raises(ValueError, match=r"3-class 'labels' but the model's head has 2 outputs"):
+    ev.run({})  # was a TypeError from inside jit
+  # Few-shot / linear probe need the integer label: a pp that drops it was a KeyError.
+  for cls in (fewshot.Evaluator, linear_probe.Evaluator):
+    ev = cls(pixels_predict_fn, mesh=mesh, datasets=presets.folder_datasets(shapes_folder),
+             pp=onehot_pp, batch_size=16)
+    with pytest.raises(ValueError, match=r"lack 'label'.*keep\('image', 'label'\)"):
+      ev.run({})
+  # One class: every prediction is right, a 100% that measures nothing.
+  one = tmp_path / "one"
+  for split in ("train", "test"):
+    shutil.copytree(os.path.join(shapes_folder, split, "bars"), one / split / "bars")
+  for cls in (fewshot.Evaluator, linear_probe.Evaluator):
+    ev = cls(pixels_predict_fn, mesh=mesh, datasets=presets.folder_datasets(str(one)),
+             pp=GREY_PP, batch_size=16)
+    with pytest.raises(ValueError, match="at least 2 classes"):
+      ev.run({})
+
+
+def test_non_finite_model_outputs_are_one_line_errors(shapes_folder, mesh):
+  # A diverged (NaN) checkpoint: few-shot died in the SVD (LinAlgError), the linear
+  # probe reported chance accuracy and classification a prec@1 from argmax(NaN).
+  def scaled_pixels(params, images):
+    flat = images.reshape(images.shape[0], -1) * params["scale"]
+    return flat[:, :3], {"pre_logits": flat}
+
+  nan = {"scale": jnp.float32(np.nan)}
+  datasets = presets.folder_datasets(shapes_folder)
+  for ev in (fewshot.Evaluator(scaled_pixels, mesh=mesh, datasets=datasets, pp=GREY_PP,
+                               shots=(1,), num_seeds=1, batch_size=16),
+             linear_probe.Evaluator(scaled_pixels, mesh=mesh, datasets=datasets, pp=GREY_PP,
+                                    batch_size=16)):
+    with pytest.raises(ValueError, match=r"'pre_logits' features are NaN/inf for \d+ of"):
+      ev.run(nan)
+  ev = classification.Evaluator(scaled_pixels, mesh=mesh, batch_size=16, pp=GREY_PP,
+                                data=dict(name="imagefolder", data_dir=shapes_folder, split="test"))
+  with pytest.raises(ValueError, match="logits are NaN/inf for 24 of 24"):
+    ev.run(nan)
+  assert ev.run({"scale": jnp.float32(1.0)})["prec@1"] >= 0.0
+
+
+def test_eval_batches_are_padded_to_the_mesh():
+  # batch_size=10 on 4 devices was an IndivisibleError traceback from put_batch:
+  # the batch now gets masked-out zero rows up to a multiple of the batch axes.
+  mesh4 = jax.sharding.AbstractMesh((4, 2), ("data", "model"))
+  batch = {"image": np.ones((10, 2, 2, 1), np.float32), "_mask": np.ones(10, bool),
+           "label": np.arange(10)}
+  out = features._pad_for_mesh(batch, mesh4)
+  assert {k: v.shape[0] for k, v in out.items()} == {"image": 12, "_mask": 12, "label": 12}
+  assert out["_mask"].sum() == 10 and not out["image"][10:].any()
+  assert features._pad_for_mesh(batch, jax.sharding.AbstractMesh((2,), ("data",))) is batch

@@ -24,11 +24,24 @@ def _model(**kw):
 
 
 def _init(seed=0, **kw):
-  return _model(**kw).init(jax.random.key(seed), IMAGES)["params"]
+  """Boxed params as init returns them, with random values (an eager init takes seconds)."""
+  rng = np.random.default_rng(seed)
+  return jax.tree.map(
+      lambda box: box.replace_boxed(rng.normal(0, 0.1, box.value.shape).astype(box.value.dtype)),
+      _abstract(**kw), is_leaf=lambda x: isinstance(x, nn.Partitioned))
 
 
 def _flat(params):
   return interop.to_numpy_flat(params)
+
+
+def _abstract(**kw):
+  return jax.eval_shape(_model(**kw).init, jax.random.key(0), IMAGES)["params"]
+
+
+def _random(seed=0, **kw):
+  """Plain (unboxed) random params of the model's shapes."""
+  return nn.meta.unbox(_init(seed, **kw))
 
 
 def _assert_same(a, b):
@@ -84,7 +97,7 @@ def test_wrong_shape_and_missing_param_name_the_path(tmp_path):
 
 def test_dont_load_reinitialises_new_head(tmp_path):
   vit.save_npz(_init(), tmp_path / "p.npz")
-  init = _model(num_classes=5).init(jax.random.key(3), IMAGES)["params"]
+  init = _init(seed=3, num_classes=5)
   with pytest.raises(ValueError, match="'head/(bias|kernel)' has shape"):
     vit.load(init, tmp_path / "p.npz")
   loaded = vit.load(init, tmp_path / "p.npz", dont_load=["head/.*"])
@@ -309,3 +322,111 @@ def test_timm_parity_with_real_timm():
                        capture_output=True, text=True, timeout=280)
   assert run.returncode == 0, run.stdout + run.stderr
   assert run.stdout.count('"max_abs_diff"') == 3
+
+
+def test_checkpoint_of_another_architecture_is_refused(tmp_path, caplog):
+  # A deeper model, or a class token the model lacks, used to load with the extra
+  # params silently dropped: a different model than the checkpoint's.
+  abstract = _abstract
+  deep = _random(depth=3)
+  vit.save_npz(deep, tmp_path / "deep.npz")
+  with pytest.raises(ValueError, match="encoderblock_2.*another architecture"):
+    vit.load(abstract(), tmp_path / "deep.npz")
+  with pytest.raises(ValueError, match="'cls'"):
+    vit.load(abstract(pool_type="gap"), tmp_path / "deep.npz",
+             dont_load=["Transformer/encoderblock_2/.*"])
+  # Leaving them out on purpose: dont_load may name checkpoint-only params (big_vision).
+  two = vit.load(abstract(), tmp_path / "deep.npz", dont_load=["Transformer/encoderblock_2/.*"])
+  np.testing.assert_array_equal(_flat(two)["Transformer/encoderblock_1/LayerNorm_0/scale"],
+                                _flat(deep)["Transformer/encoderblock_1/LayerNorm_0/scale"])
+  # Routine drops still load, with a warning: the head (feature model) and the
+  # pre-logits layer (vision_transformer fine-tuning without representation_size).
+  vit.save_npz(dict(_flat(deep), **{"pre_logits/kernel": np.ones((32, 16), np.float32)}),
+               tmp_path / "rep.npz")
+  with caplog.at_level("WARNING"):
+    headless = vit.load(abstract(num_classes=0, depth=3), tmp_path / "rep.npz")
+  assert "head" not in headless and "pre_logits/kernel" in caplog.text
+
+
+def test_export_reads_our_timm_file_back(tmp_path):
+  # timm -> npz (e.g. for big_vision) used to fail reading the .safetensors as an .npz.
+  params = _random(pool_type="map")
+  interop.write_timm(params, tmp_path / "m.safetensors")
+  export.export(str(tmp_path / "m.safetensors"), str(tmp_path / "m.npz"), "npz")
+  _assert_same(vit.load(_abstract(pool_type="map"), tmp_path / "m.npz"), params)
+  from safetensors.numpy import save_file  # pylint: disable=import-outside-toplevel
+  save_file(load_file(tmp_path / "m.safetensors"), str(tmp_path / "bare.safetensors"))
+  with pytest.raises(ValueError, match="number of attention heads"):
+    export.export(str(tmp_path / "bare.safetensors"), str(tmp_path / "x.npz"), "npz")
+  # The format follows the suffix; a suffix the loaders would misread is refused
+  # (an npz named .safetensors was written when --format was left out).
+  assert export.export(str(tmp_path / "m.npz"), str(tmp_path / "t.safetensors"))["format"] == "timm"
+  with pytest.raises(ValueError, match=r"name it \*\.npz for --format=npz"):
+    export.export(str(tmp_path / "m.npz"), str(tmp_path / "y.safetensors"), "npz")
+  # A missing output directory was a SafetensorError traceback.
+  with pytest.raises(ValueError, match="does not exist"):
+    export.export(str(tmp_path / "m.npz"), str(tmp_path / "no" / "m.safetensors"))
+
+
+def test_timm_usage_names_registered_models_and_keeps_the_head():
+  kw = dict(img_size=224, patch_size=16, in_chans=3, embed_dim=768, depth=12, num_heads=12,
+            mlp_ratio=4.0, num_classes=10, global_pool="token", class_token=True, fc_norm=False)
+  assert interop.timm_model_name(kw) == "vit_base_patch16_224"
+  assert interop.timm_model_name(dict(kw, embed_dim=192, num_heads=3, patch_size=16,
+                                      img_size=384)) == "vit_tiny_patch16_384"
+  # timm's pretrained loading drops a head whose size differs from the registered
+  # model's unless the overlay says num_classes: the line must say it.
+  assert "pretrained_cfg_overlay=dict(file=\"/x/m.safetensors\", num_classes=10)" in (
+      interop.timm_usage(kw, "/x/m.safetensors"))
+  for other in (dict(in_chans=1), dict(global_pool="avg", class_token=False), dict(patch_size=14),
+                dict(depth=6), dict(img_size=256)):
+    assert interop.timm_model_name(dict(kw, **other)) is None, other
+  assert interop.timm_usage(dict(kw, depth=6), "m.safetensors").startswith(
+      "m = timm.models.vision_transformer.VisionTransformer(img_size=224")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_timm_usage_line_runs_in_real_timm(tmp_path):
+  """Optional: the printed timm line, run in $TIMM_PYTHON, gives our logits (Ti/16, 10 classes)."""
+  sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+  try:
+    import timm_parity  # pylint: disable=g-import-not-at-top
+  finally:
+    sys.path.pop(0)
+  python = timm_parity.timm_python()
+  if python is None:
+    pytest.skip("torch/timm not available (set TIMM_PYTHON to run it)")
+  model = vit.Model(num_classes=10, variant="Ti/16", head_zeroinit=False, remat_policy=None)
+  images = np.asarray(jax.random.uniform(jax.random.key(0), (1, 224, 224, 3), minval=-1, maxval=1))
+  rng = np.random.default_rng(1)
+  params = jax.tree.map(lambda a: rng.normal(0, 0.05, a.shape).astype(a.dtype), nn.meta.unbox(
+      jax.eval_shape(model.init, jax.random.key(1), images)["params"]))
+  np.save(tmp_path / "x.npy", images)
+  np.save(tmp_path / "ours.npy", np.asarray(jax.jit(model.apply)({"params": params}, images)[0]))
+  summary = export.export(_npz(tmp_path, params), str(tmp_path / "m.safetensors"), "timm")
+  assert summary["timm_name"] == "vit_tiny_patch16_224"
+  script = (f"import sys; sys.path.insert(0, {os.path.dirname(timm_parity.__file__)!r}); "
+            "import timm_parity; timm_parity._install_torchvision_standin(); "
+            "import numpy as np, torch, timm; m = " + summary["timm_usage"] + "; "
+            f"x = torch.from_numpy(np.load({str(tmp_path / 'x.npy')!r})).permute(0, 3, 1, 2); "
+            f"ours = np.load({str(tmp_path / 'ours.npy')!r}); "
+            "print(float(np.abs(m.eval()(x).detach().numpy() - ours).max()))")
+  run = subprocess.run([python, "-c", script], capture_output=True, text=True, timeout=280)
+  assert run.returncode == 0, run.stderr[-2000:]
+  assert float(run.stdout.split()[-1]) < 1e-4, run.stdout
+
+
+def _npz(tmp_path, params):
+  vit.save_npz(params, tmp_path / "src.npz")
+  return str(tmp_path / "src.npz")
+
+
+def test_timm_no_embed_class_posemb_gets_a_zero_class_row():
+  # timm's no_embed_class models (e.g. DeiT III) have pos_embed for the grid only;
+  # its first grid row used to be taken as the class token's.
+  sd, _ = interop.to_timm(_random())
+  sd["pos_embed"][:, :1] = 0.0
+  want = interop.from_timm(sd, num_heads=2)
+  got = interop.from_timm(dict(sd, pos_embed=sd["pos_embed"][:, 1:]), num_heads=2)
+  np.testing.assert_array_equal(got[POSEMB], want[POSEMB])

@@ -20,9 +20,17 @@ LOSSES = ("softmax_xent", "sigmoid_xent")
 
 
 def _labels(batch, num_classes):
+  """(B, num_classes) float targets; a class count that differs from the head's is an error."""
   if "labels" in batch:
+    if batch["labels"].shape[-1] != num_classes:  # Static: raised while tracing.
+      raise ValueError(
+          f"The eval pp makes {batch['labels'].shape[-1]}-class 'labels' but the model's head "
+          f"has {num_classes} outputs; use onehot({num_classes}, ...) in the pp, or evaluate "
+          "a model whose head fits this dataset.")
     return batch["labels"].astype(jnp.float32)
   if "label" in batch:
+    # Labels outside [0, num_classes) would become all-zero rows (never a hit, zero
+    # loss): run() counts them and refuses the result instead.
     return jax.nn.one_hot(batch["label"], num_classes, dtype=jnp.float32)
   raise ValueError("Classification eval batches need 'labels' (one-hot) or 'label' "
                    f"(integer); the pp produced {sorted(batch)}.")
@@ -39,7 +47,9 @@ def batch_sums(logits, labels, mask, loss_name):
   top1 = jnp.argmax(logits, axis=-1)
   hit1 = jnp.take_along_axis(labels, top1[:, None], axis=-1)[:, 0] > 0
   out = {"correct@1": jnp.sum(hit1 * mask), "loss": jnp.sum(loss * mask),
-         "count": jnp.sum(mask)}
+         "count": jnp.sum(mask),
+         # argmax of NaN logits picks a class anyway: counted so that run() refuses.
+         "non_finite": jnp.sum(~jnp.all(jnp.isfinite(logits), axis=-1) * mask)}
   if logits.shape[-1] > 5:
     _, top5 = jax.lax.top_k(logits, 5)
     hit5 = jnp.any(jnp.take_along_axis(labels, top5, axis=-1) > 0, axis=-1)
@@ -54,29 +64,46 @@ class Evaluator:
                loss_name="softmax_xent"):
     if loss_name not in LOSSES:
       raise ValueError(f"loss_name={loss_name!r} is not one of {LOSSES}.")
-    if int(batch_size) % jax.process_count():
-      raise ValueError(f"batch_size={batch_size} must be divisible by the process "
-                       f"count {jax.process_count()}.")
+    self.batch_size = feats.check_batch_size(batch_size)
     self.data = data.to_dict() if hasattr(data, "to_dict") else dict(data)
     self.pp = pp
-    self.batch_size = int(batch_size)
     self.mesh = mesh
+    self._head_size = None
 
     def sums(params, batch):
       logits, _ = predict_fn(params, batch["image"])
-      return batch_sums(logits, _labels(batch, logits.shape[-1]), batch["_mask"],
-                        loss_name)
+      num_classes = logits.shape[-1]
+      self._head_size = num_classes  # Static, known once traced; for run()'s messages.
+      out = batch_sums(logits, _labels(batch, num_classes), batch["_mask"], loss_name)
+      if "labels" not in batch and "label" in batch:
+        label = batch["label"]
+        outside = (label < 0) | (label >= num_classes)
+        out["bad_label"] = jnp.sum(outside * batch["_mask"].astype(jnp.float32))
+        out["max_label"] = jnp.max(jnp.where(batch["_mask"], label, 0))
+      return out
 
     self._sums = jax.jit(sums)
 
   def run(self, params):
     it = input_pipeline.make_eval_iterator(self.data, self.pp, self.batch_size)
     totals = {}
+    max_label = 0
     for out in feats.map_batches(self._sums, params, self._select(it), self.mesh):
+      max_label = max(max_label, int(out.pop("max_label", 0)))
       for k, v in out.items():
         totals[k] = totals.get(k, 0.0) + float(v)
     if not totals or totals["count"] == 0:
       raise ValueError(f"Classification eval data {self.data} yielded no examples.")
+    if totals["non_finite"]:
+      raise ValueError(
+          f"Classification eval data {self.data}: the model's logits are NaN/inf for "
+          f"{int(totals['non_finite'])} of {int(totals['count'])} examples (non-finite params "
+          "or an overflow); prec@1 would be meaningless. Evaluate a finite checkpoint.")
+    if totals.get("bad_label"):
+      raise ValueError(
+          f"Classification eval data {self.data}: {int(totals['bad_label'])} examples have a "
+          f"label outside the model's {self._head_size} classes (largest label "
+          f"{max_label}); evaluate a model whose head fits this dataset.")
     n = totals["count"]
     result = {"prec@1": totals["correct@1"] / n, "loss": totals["loss"] / n}
     if "correct@5" in totals:

@@ -10,17 +10,58 @@ Also here: reading a representation (a named intermediate of the model) out
 of `predict_fn`'s output, and re-batching a chosen subset of a split so that
 few-shot evaluation forwards only the examples it samples.
 """
+import math
+
 import numpy as np
 import jax
 import jax.numpy as jnp
 from jax.experimental import multihost_utils
 
+from big_vit_lite import sharding
 from big_vit_lite.data import device as data_device
 
 
 def to_host(tree):
   """Global (possibly multi-process) jax arrays -> full numpy arrays on every process."""
   return multihost_utils.process_allgather(tree, tiled=True)
+
+
+def check_batch_size(batch_size):
+  """The eval batch size as an int: positive and split evenly over the processes."""
+  try:
+    n = int(batch_size)
+  except (TypeError, ValueError):
+    n = 0
+  if n < 1 or n != batch_size or n % jax.process_count():
+    raise ValueError(f"batch_size={batch_size!r} must be a positive integer divisible by the "
+                     f"process count {jax.process_count()}.")
+  return n
+
+
+def require_keys(batch, keys):
+  """A one-line error when the eval pp dropped a key the evaluator needs (e.g. "label")."""
+  missing = [k for k in keys if k not in batch]
+  if missing:
+    raise ValueError(
+        f"The eval batches lack {', '.join(map(repr, missing))}: the pp gives "
+        f"{sorted(k for k in batch if not k.startswith('_'))}. Keep the integer label "
+        "(end the pp with keep('image', 'label'); no onehot) for this evaluator.")
+
+
+def _pad_for_mesh(local, mesh):
+  """Pads a host-local batch with masked-out zero rows so the mesh's batch axes divide it.
+
+  Any eval batch_size then works on any device count (e.g. 256 on 6 GPUs);
+  the callers drop rows with `_mask == False`.
+  """
+  n = len(local["_mask"])
+  devices, procs = sharding.batch_devices(mesh), jax.process_count()
+  multiple = devices // math.gcd(devices, procs)  # local rows x procs must split evenly
+  pad = (-n) % multiple
+  if not pad:
+    return local
+  return {k: np.concatenate([np.asarray(v), np.zeros((pad, *np.shape(v)[1:]), np.asarray(v).dtype)])
+          for k, v in local.items()}
 
 
 def map_batches(fn, params, local_batches, mesh, keys=None):
@@ -32,8 +73,9 @@ def map_batches(fn, params, local_batches, mesh, keys=None):
   pending = None
   for local in local_batches:
     if keys is not None:
+      require_keys(local, keys)
       local = {k: local[k] for k in keys}
-    batch = data_device.put_batch(local, mesh)
+    batch = data_device.put_batch(_pad_for_mesh(local, mesh), mesh)
     out = fn(params, batch)
     if pending is not None:
       yield to_host(pending)
@@ -99,7 +141,14 @@ class FeatureExtractor:
       raise ValueError("The eval data yielded no batches; check its split name and size.")
     cat = {k: np.concatenate([c[k] for c in chunks]) for k in chunks[0]}
     valid = cat.pop("_mask").astype(bool)
-    return {k: v[valid] for k, v in cat.items()}
+    out = {k: v[valid] for k, v in cat.items()}
+    bad = int(np.sum(~np.isfinite(out["feature"]).all(axis=1)))
+    if bad:
+      # Ridge's SVD would fail on them and L-BFGS would silently fit chance.
+      raise ValueError(f"The model's {self.layer!r} features are NaN/inf for {bad} of "
+                       f"{len(out['feature'])} examples: the checkpoint holds non-finite "
+                       "params or overflows (e.g. in bfloat16); evaluate a finite checkpoint.")
+    return out
 
 
 def gather_local(array):
@@ -142,6 +191,7 @@ def select_batches(local_batches, wanted, local_batch_size, num_batches, keys):
 
   for local in local_batches:
     if template is None:  # Shapes and dtypes of one row, for the zero rows.
+      require_keys(local, keys)
       template = {k: np.asarray(local[k][0]) for k in keys}
     mask = np.asarray(local["_mask"]).astype(bool)
     for i in np.flatnonzero(mask):

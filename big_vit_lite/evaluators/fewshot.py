@@ -96,6 +96,19 @@ def sample_per_class(labels, shot, rng):
   return np.concatenate(out)
 
 
+def check_classes(train_labels, what):
+  """Integer class ids, at least two classes: else the accuracy would be meaningless."""
+  labels = np.asarray(train_labels)
+  if labels.size and (not np.issubdtype(labels.dtype, np.integer) or labels.min() < 0):
+    raise ValueError(f"{what} evaluation needs integer class ids >= 0 as labels, got "
+                     f"{labels.dtype} values from {labels.min()} to {labels.max()}.")
+  classes = np.unique(labels)
+  if classes.size < 2:
+    # One class: every prediction is that class, a "100%" that measures nothing.
+    raise ValueError(f"{what} evaluation needs at least 2 classes in the train split, found "
+                     f"{classes.size} ({classes.tolist()}); check the dataset and its split.")
+
+
 class Evaluator:
   """Few-shot ridge evaluation on one or more datasets."""
 
@@ -112,11 +125,9 @@ class Evaluator:
     if int(num_seeds) < 1:
       raise ValueError(f"num_seeds must be >= 1, got {num_seeds!r}.")
     self.seeds = tuple(range(int(num_seeds)))
-    self.batch_size = int(batch_size)
-    if self.batch_size % jax.process_count():
-      raise ValueError(f"batch_size={batch_size} must be divisible by the process "
-                       f"count {jax.process_count()}.")
-    self.l2_regs = tuple(float(r) for r in l2_regs)
+    self.batch_size = feats.check_batch_size(batch_size)
+    # Checked now, not after the forward passes.
+    self.l2_regs = tuple(float(r) for r in ridge.check_l2_regs(l2_regs))
     self.label_key = label_key
     self.extractor = feats.FeatureExtractor(predict_fn, mesh, representation_layer,
                                             token_pool)
@@ -140,6 +151,7 @@ class Evaluator:
   def _samples(self, labels):
     """{(seed, shot): ids} nested per seed, over valid global example ids."""
     ids = np.arange(labels.shape[0])
+    check_classes(labels, "Few-shot")
     counts = np.bincount(labels)
     fewest = int(counts[counts > 0].min())
     if fewest < max(self.shots):

@@ -12,7 +12,6 @@ Config (evals.NAME minus type/log_steps):
   representation_layer, token_pool: which features, as in fewshot.py.
 """
 from absl import logging
-import jax
 import numpy as np
 
 from big_vit_lite.data import input_pipeline
@@ -22,12 +21,6 @@ from big_vit_lite.evaluators import logistic
 from big_vit_lite.evaluators import ridge
 
 DEFAULT_L2_REGS = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2)
-
-
-def _batch_axes(mesh):
-  if mesh is None:
-    return ()
-  return tuple(a for a in ("data", "fsdp") if a in mesh.axis_names)
 
 
 class Evaluator:
@@ -48,10 +41,7 @@ class Evaluator:
     self.l2_regs = tuple(float(r) for r in l2_regs)
     if not self.l2_regs or min(self.l2_regs) < 0:
       raise ValueError(f"l2_regs must be non-negative numbers, got {l2_regs!r}.")
-    self.batch_size = int(batch_size)
-    if self.batch_size % jax.process_count():
-      raise ValueError(f"batch_size={batch_size} must be divisible by the process "
-                       f"count {jax.process_count()}.")
+    self.batch_size = feats.check_batch_size(batch_size)
     self.seed = int(seed)
     self.max_iter = int(max_iter)
     # Gradient-norm tolerance of the mean loss (scikit-learn's lbfgs default is
@@ -80,7 +70,7 @@ class Evaluator:
     # every l2 value at once.
     fit = lambda weights: logistic.fit(
         x_train, y_train, num_classes, self.l2_regs, weights=weights, mesh=self.mesh,
-        batch_axes=_batch_axes(self.mesh), max_iter=self.max_iter, tol=self.tol)
+        max_iter=self.max_iter, tol=self.tol)
     best = 0
     if len(self.l2_regs) > 1:
       hold = np.random.default_rng(self.seed).permutation(n)[
@@ -107,6 +97,7 @@ class Evaluator:
       if name not in cache:
         cache[name] = self._features(params, name)
       (x_tr, y_tr), (x_te, y_te) = cache[name]["train"], cache[name]["test"]
+      fewshot.check_classes(y_tr, "Linear-probe")
       num_classes = int(max(y_tr.max(), y_te.max())) + 1
       results[name], _ = self.probe(x_tr, y_tr, x_te, y_te, num_classes)
     return results

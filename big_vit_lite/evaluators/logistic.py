@@ -21,6 +21,8 @@ import numpy as np
 import optax
 from jax.experimental import multihost_utils
 
+from big_vit_lite import sharding
+
 
 def _objective(params, x, y, w, l2):
   logits = x @ params["kernel"] + params["bias"]
@@ -59,21 +61,17 @@ def _fit_many(x, y, w, l2s, *, num_classes, max_iter, tol):
   return jax.vmap(lambda l2: _lbfgs(x, y, w, l2, num_classes, max_iter, tol))(l2s)
 
 
-def _to_device(arrays, mesh, batch_axes):
+def _to_device(arrays, mesh):
   """Pads rows to a multiple of the batch-axis size and shards them there."""
-  if mesh is None or not batch_axes:
+  if mesh is None or not sharding.batch_axes(mesh):
     return [jnp.asarray(a) for a in arrays]
-  sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(tuple(batch_axes)))
-  out = []
-  for a in arrays:
-    # Every process holds all rows (features were gathered), so each device
-    # just takes its slice of the host copy.
-    out.append(jax.make_array_from_callback(a.shape, sharding, lambda idx, a=a: a[idx]))
-  return out
+  rows = sharding.batch_sharding(mesh)
+  # Every process holds all rows (features were gathered), so each device
+  # just takes its slice of the host copy.
+  return [jax.make_array_from_callback(a.shape, rows, lambda idx, a=a: a[idx]) for a in arrays]
 
 
-def fit(x, labels, num_classes, l2s, *, weights=None, mesh=None, batch_axes=(),
-        max_iter=1000, tol=1e-5):
+def fit(x, labels, num_classes, l2s, *, weights=None, mesh=None, max_iter=1000, tol=1e-5):
   """Fits one logistic regression per l2 value.
 
   Args:
@@ -84,7 +82,7 @@ def fit(x, labels, num_classes, l2s, *, weights=None, mesh=None, batch_axes=(),
     weights: optional (n,) 0/1 row weights; rows with 0 are ignored. Fitting
       a subset through weights keeps the shapes, so it reuses the compiled
       solver (a held-out split and the final fit compile once).
-    mesh, batch_axes: optional mesh and its batch axes to shard rows over.
+    mesh: optional mesh; rows are sharded over its batch axes (sharding.batch_axes).
     max_iter: L-BFGS iteration cap; tol: gradient-norm stopping tolerance.
 
   Returns:
@@ -97,15 +95,12 @@ def fit(x, labels, num_classes, l2s, *, weights=None, mesh=None, batch_axes=(),
     raise ValueError("Logistic regression needs at least one training example.")
   weights = (np.ones((n,), np.float32) if weights is None
              else np.asarray(weights, np.float32).reshape(n))
-  shards = 1
-  if mesh is not None and batch_axes:
-    shards = int(np.prod([mesh.shape[a] for a in batch_axes]))
-  pad = (-n) % shards
+  pad = (-n) % sharding.batch_devices(mesh)
   if pad:
     x = np.concatenate([x, np.zeros((pad, x.shape[1]), x.dtype)])
     labels = np.concatenate([labels, np.zeros((pad,), labels.dtype)])
     weights = np.concatenate([weights, np.zeros((pad,), weights.dtype)])
-  xd, yd, wd = _to_device([x, labels, weights], mesh, batch_axes)
+  xd, yd, wd = _to_device([x, labels, weights], mesh)
   params, iters = _fit_many(xd, yd, wd, jnp.asarray(l2s, jnp.float32),
                             num_classes=num_classes, max_iter=max_iter, tol=tol)
   # process_allgather also handles arrays spread over several processes.

@@ -20,7 +20,7 @@ import numpy as np
 DEFAULT_L2_REGS = tuple(2.0**k for k in range(-4, 17, 2))
 
 
-def _check_l2_regs(l2_regs):
+def check_l2_regs(l2_regs):
   regs = np.asarray(l2_regs, np.float64).reshape(-1)
   if regs.size == 0 or np.any(~np.isfinite(regs)) or np.any(regs <= 0):
     raise ValueError(f"l2_regs must be a non-empty list of positive numbers, got {l2_regs!r}.")
@@ -77,7 +77,7 @@ def ridge_path(x, y, l2_regs):
   """
   x = np.asarray(x, np.float64)
   y = np.asarray(y, np.float64)
-  regs = _check_l2_regs(l2_regs)
+  regs = check_l2_regs(l2_regs)
   n = x.shape[0]
   # With an unpenalised intercept the solution for w depends only on the
   # centred data, and the intercept is the target mean minus the shift.
@@ -110,7 +110,7 @@ def fit(x, labels, num_classes, l2_regs=DEFAULT_L2_REGS):
   l2 value (the safer choice with so little data).
   """
   labels = np.asarray(labels)
-  regs = _check_l2_regs(l2_regs)
+  regs = check_l2_regs(l2_regs)
   y = signed_onehot(labels, num_classes)
   ws, bs, loo = ridge_path(x, y, regs)
   loo_acc = (loo.argmax(-1) == labels[None]).mean(axis=1)

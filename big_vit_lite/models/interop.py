@@ -190,10 +190,14 @@ def save_npz(params, path):
 
 
 def read_params(path) -> dict:
-  """Canonical flat params from an .npz or a training checkpoint (workdir or step dir).
+  """Canonical flat params from an .npz, a training checkpoint or our timm .safetensors.
 
-  (A timm .safetensors needs the number of heads to split qkv: see `read_timm`.)
+  A training checkpoint is a workdir or step dir. A .safetensors must come from
+  `write_timm` (its metadata gives the number of heads needed to split qkv; for
+  other timm files see `read_timm`).
   """
+  if os.fspath(path).endswith(".safetensors"):
+    return read_timm(path, num_heads=None)
   path = paths.resolve(path)
   if path.is_dir():
     try:
@@ -257,7 +261,8 @@ def merge(init_params, src_flat: Mapping[str, np.ndarray], dont_load: Sequence[s
   keep = set()
   for pattern in dont_load:
     hits = {k for k in tgt if re.fullmatch(pattern, k)}
-    if not hits:
+    # As in big_vision, a pattern may also name checkpoint params to leave out.
+    if not hits and not any(re.fullmatch(pattern, k) for k in src_flat):
       raise ValueError(f"dont_load pattern {pattern!r} matches no model param "
                        f"(names look like {next(iter(tgt))!r}).")
     keep |= hits
@@ -279,9 +284,23 @@ def merge(init_params, src_flat: Mapping[str, np.ndarray], dont_load: Sequence[s
       raise ValueError(f"param {k!r} has shape {v.shape} in the checkpoint but {spec.shape} in "
                        "the model; add it to dont_load to re-initialise it.")
     loaded[k] = v.astype(spec.dtype)
-  unused = sorted(set(src_flat) - set(tgt_loop))
-  if unused:
-    logging.info("Checkpoint params not used by the model: %s", ", ".join(unused))
+  kept_loop = unstack_layers({k: _Abstract(tgt[k].shape, tgt[k].dtype) for k in keep})
+  unused = sorted(k for k in set(src_flat) - set(tgt_loop) - set(kept_loop)
+                  if not any(re.fullmatch(p, k) for p in dont_load))
+  # Dropping the classifier (a headless feature model), vision_transformer's
+  # pre-logits layer (fine-tuning without representation_size) or a posemb
+  # table for a sincos2d model (timm files always hold one) is routine.
+  # Anything else unused means another architecture (more blocks, a class
+  # token or MAP head the model lacks): loading it would give a different
+  # model without complaint, so it is an error unless dont_load names it.
+  dropped = [k for k in unused if k == _POSEMB or k.split("/")[0] in ("head", "pre_logits")]
+  if dropped:
+    logging.warning("Checkpoint params not used by the model: %s", ", ".join(dropped))
+  other = [k for k in unused if k not in dropped]
+  if other:
+    raise ValueError(f"the checkpoint has {len(other)} params the model lacks, e.g. "
+                     f"{other[0]!r}: it is another architecture (depth, pool_type, "
+                     "stem, ...); build the model to match, or name them in dont_load.")
 
   if scan_depth is not None:
     loaded = stack_layers(loaded, scan_depth)
@@ -415,6 +434,48 @@ def _to_timm(flat, image_size):
   return sd, kwargs
 
 
+# timm's registered plain ViTs: size name by (embed_dim, depth, num_heads, mlp_dim),
+# and the (patch, image size) pairs timm defines a model name for.
+_TIMM_SIZES = {(192, 12, 3, 768): "tiny", (384, 12, 6, 1536): "small",
+               (768, 12, 12, 3072): "base", (1024, 24, 16, 4096): "large",
+               (1280, 32, 16, 5120): "huge", (1408, 40, 16, 6144): "giant",
+               (1664, 48, 16, 8192): "gigantic"}
+_TIMM_NAMED = {"tiny": {(16, 224), (16, 384)},
+               "small": {(8, 224), (16, 224), (16, 384), (32, 224), (32, 384)},
+               "base": {(8, 224), (16, 224), (16, 384), (32, 224), (32, 384)},
+               "large": {(14, 224), (16, 224), (16, 384), (32, 224), (32, 384)},
+               "huge": {(14, 224)}, "giant": {(14, 224)}, "gigantic": {(14, 224)}}
+
+
+def timm_model_name(kwargs: Mapping[str, Any]) -> Optional[str]:
+  """timm's registered name for the architecture of `to_timm`'s kwargs, or None.
+
+  Only plain RGB class-token ViTs have one (e.g. "vit_base_patch16_224");
+  the others load with `VisionTransformer(**kwargs)`.
+  """
+  d = kwargs["embed_dim"]
+  size = _TIMM_SIZES.get((d, kwargs["depth"], kwargs["num_heads"], round(kwargs["mlp_ratio"] * d)))
+  if (size is None or kwargs["in_chans"] != 3 or kwargs["global_pool"] != "token"
+      or not kwargs["class_token"]
+      or (kwargs["patch_size"], kwargs["img_size"]) not in _TIMM_NAMED[size]):
+    return None
+  return f"vit_{size}_patch{kwargs['patch_size']}_{kwargs['img_size']}"
+
+
+def timm_usage(kwargs: Mapping[str, Any], path) -> str:
+  """The Python line that builds the timm model for a file written by `write_timm`."""
+  name, n = timm_model_name(kwargs), kwargs["num_classes"]
+  if name:
+    # num_classes goes into the overlay too: when it differs from the
+    # registered model's (1000), timm's pretrained loading drops the head and
+    # leaves a random one without a word.
+    return (f'timm.create_model("{name}", pretrained=True, num_classes={n}, '
+            f'pretrained_cfg_overlay=dict(file="{os.fspath(path)}", num_classes={n}))')
+  args = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
+  return ("m = timm.models.vision_transformer.VisionTransformer(" + args + "); "
+          f'm.load_state_dict(safetensors.torch.load_file("{os.fspath(path)}"), strict=True)')
+
+
 def write_timm(params, path, image_size: Optional[int] = None) -> dict:
   """Writes params as a timm safetensors file; returns the timm create_model kwargs.
 
@@ -449,7 +510,13 @@ def from_timm(sd: Mapping[str, np.ndarray], num_heads: int) -> dict:
   if "cls_token" in sd:
     flat["cls"] = take("cls_token")
   if "pos_embed" in sd:
-    flat[_POSEMB] = take("pos_embed")
+    pe = take("pos_embed")
+    n = pe.shape[1]
+    if "cls_token" in sd and round(np.sqrt(n)) ** 2 == n:
+      # timm's no_embed_class models (DeiT III, ...): the grid rows only, the class
+      # token gets no posemb, i.e. a zero row (a grid count plus one is never square).
+      pe = np.concatenate([np.zeros_like(pe[:, :1]), pe], axis=1)
+    flat[_POSEMB] = pe
 
   def attn(src, dst, fused_qkv=True):
     if fused_qkv:
@@ -494,9 +561,23 @@ def from_timm(sd: Mapping[str, np.ndarray], num_heads: int) -> dict:
   return flat
 
 
-def read_timm(path, num_heads: int) -> dict:
-  """Canonical flat params of a timm ViT .safetensors file."""
+def read_timm(path, num_heads: Optional[int]) -> dict:
+  """Canonical flat params of a timm ViT .safetensors file.
+
+  num_heads=None takes it from the "timm_kwargs" metadata that `write_timm`
+  stores (timm's state dict itself does not say how qkv splits into heads).
+  """
+  from safetensors import safe_open  # pylint: disable=g-import-not-at-top
   from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
   if not os.path.exists(path):
     raise ValueError(f"Checkpoint {path} does not exist.")
+  if num_heads is None:
+    with safe_open(os.fspath(path), "np") as f:
+      meta = f.metadata() or {}
+    try:
+      num_heads = int(json.loads(meta["timm_kwargs"])["num_heads"])
+    except (KeyError, ValueError, TypeError):
+      raise ValueError(f"{path} does not say its number of attention heads (no timm_kwargs "
+                       "metadata): load it with vit.load into a model of that "
+                       "architecture instead.") from None
   return from_timm(load_file(os.fspath(path)), num_heads)
