@@ -44,6 +44,7 @@ import numpy as np
 from big_vit_lite import checkpoint
 from big_vit_lite import config_loading
 from big_vit_lite import metrics
+from big_vit_lite import oom
 from big_vit_lite import paths
 from big_vit_lite import sharding
 from big_vit_lite import evaluators
@@ -315,9 +316,13 @@ def main(argv):
     raise app.UsageError("--workdir=OUT is required.")
   try:
     results = evaluate(_CONFIG.value, _WORKDIR.value)
-  except (ValueError, config_loading.UnreadConfigKeyError) as e:
+  except (ValueError, config_loading.UnreadConfigKeyError, jax.errors.JaxRuntimeError) as e:
+    if isinstance(e, jax.errors.JaxRuntimeError) and not oom.is_oom(e):
+      raise
     # One line on stderr and a non-zero exit; the full traceback only at -v 1.
     logging.debug("evaluate failed", exc_info=True)
+    if oom.is_oom(e):
+      e = oom.message(e, what="evaluation", advice=oom.EVAL_ADVICE)
     print(f"big_vit_lite.evaluate: error: {' '.join(str(e).split())}", file=sys.stderr)
     sys.exit(1)
   if jax.process_index() == 0:

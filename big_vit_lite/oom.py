@@ -29,8 +29,17 @@ def requested_bytes(err: BaseException):
   return float(m.group(1)) * _UNITS[(m.group(2) or "").lower()]
 
 
+TRAIN_ADVICE = (
+    "Lower input.batch_size or raise grad_accum_steps (same batch in sequential "
+    "microbatches), keep model.remat_policy='nothing_saveable', or split params and optimizer "
+    "state with an fsdp mesh axis; `python -m big_vit_lite.plan --config=... --mesh=...` "
+    "estimates the memory per device without running.")
+EVAL_ADVICE = ("Lower the evals' batch_size (--config.evals.NAME.batch_size=...) or evaluate on "
+               "more devices.")
+
+
 def message(err: BaseException, *, what: str, batch_size=None, devices=None,
-            grad_accum_steps=None) -> str:
+            grad_accum_steps=None, advice=TRAIN_ADVICE) -> str:
   """One line: what ran out of memory, how much was asked, and the knobs that help."""
   asked = requested_bytes(err)
   asked = f" (an allocation of {asked / 2**30:.2f} GiB failed)" if asked else ""
@@ -39,8 +48,4 @@ def message(err: BaseException, *, what: str, batch_size=None, devices=None,
     per_dev = batch_size // devices if batch_size % devices == 0 else batch_size / devices
     where = f" at input.batch_size={batch_size} ({per_dev:,} per device"
     where += f", {grad_accum_steps} microbatches)" if grad_accum_steps and grad_accum_steps > 1 else ")"
-  return (f"out of memory during {what}{where}{asked}. Lower input.batch_size or raise "
-          f"grad_accum_steps (same batch in sequential microbatches), keep "
-          f"model.remat_policy='nothing_saveable', or split params and optimizer state with an "
-          f"fsdp mesh axis; `python -m big_vit_lite.plan --config=... --mesh=...` estimates the "
-          f"memory per device without running.")
+  return f"out of memory during {what}{where}{asked}. {advice}"
