@@ -57,6 +57,42 @@ class Checkpointer:
   def all_steps(self):
     return list(self.manager.all_steps())
 
+  def step_dir(self, step):
+    return self.directory / str(int(step))
+
+  def saved_config(self, step):
+    """The config (a plain dict) the checkpoint at `step` was written with, or None."""
+    path = self.step_dir(step) / "config" / "metadata"
+    try:
+      return json.loads(path.read_text()) or None
+    except (OSError, ValueError):
+      return None
+
+  def state_mismatch(self, step, abstract_state):
+    """None if the arrays saved at `step` fit `abstract_state`, else the first difference.
+
+    Compares array names and shapes from the checkpoint's metadata (nothing
+    is read): restoring a checkpoint of another model or optimizer would
+    otherwise fail deep inside orbax with a message about its internals.
+    dtypes may differ (orbax casts on restore, e.g. a changed mu_dtype).
+    """
+    metadata = ocp.PyTreeCheckpointer().metadata(self.step_dir(step) / "state")
+    tree = getattr(getattr(metadata, "item_metadata", None), "tree", None)
+    if tree is None:
+      raise ValueError("its state/ holds no readable array metadata")
+    saved = {p: tuple(m.shape) for p, m in _flatten_metadata(tree)}
+    wanted = {"/".join(_key_name(k) for k in path): tuple(x.shape)
+              for path, x in jax.tree_util.tree_flatten_with_path(abstract_state)[0]}
+    # Params first: a changed model shows as a param, not as its optimizer moments.
+    for path in sorted(set(saved) | set(wanted), key=lambda p: (not p.startswith("params/"), p)):
+      if path not in saved:
+        return f"'{path}' is not in the checkpoint"
+      if path not in wanted:
+        return f"the checkpoint has '{path}', which this config does not make"
+      if saved[path] != wanted[path]:
+        return f"'{path}' has shape {saved[path]} in the checkpoint, {wanted[path]} in this config"
+    return None
+
   def save(self, step, state, data_state, config=None):
     """Starts an (async) save of `state` (pytree) and `data_state` (JSON dict)."""
     items = dict(
@@ -86,6 +122,28 @@ class Checkpointer:
   def close(self):
     self.manager.wait_until_finished()
     self.manager.close()
+
+
+def _flatten_metadata(tree, prefix=""):
+  """(path "a/b/0", array metadata) pairs of orbax's metadata tree (dicts, lists, None)."""
+  if isinstance(tree, dict):
+    items = tree.items()
+  elif isinstance(tree, (list, tuple)):
+    items = enumerate(tree)
+  else:
+    if tree is not None:  # None: an empty optimizer state (no arrays).
+      yield prefix[:-1], tree
+    return
+  for k, v in items:
+    yield from _flatten_metadata(v, f"{prefix}{k}/")
+
+
+def _key_name(key):
+  """A jax tree path entry as orbax names it (dict key, list index, namedtuple field)."""
+  for attr in ("key", "idx", "name"):
+    if hasattr(key, attr):
+      return str(getattr(key, attr))
+  return str(key)
 
 
 def _config_to_json(config):
@@ -157,25 +215,40 @@ def load_npz(path):
 
 # --------------------------------------------------------------------------
 # Preemption: SIGTERM -> save at the next step boundary and exit 0.
+# Ctrl-C (SIGINT) -> the same save, then the trainer exits 130; a second
+# Ctrl-C stops at once (Python's default KeyboardInterrupt).
 
 class PreemptionWatcher:
-  """Notices SIGTERM (how schedulers and TPU VMs announce preemption).
+  """Notices SIGTERM (how schedulers and TPU VMs announce preemption) and Ctrl-C.
 
   The handler only sets a flag; the training loop checks `reached(step)` after
   each step, saves and exits cleanly. With several processes jax's
   preemption sync manager picks one step on which all processes agree (the
-  coordination service relays the signal), so all of them save that step.
+  coordination service relays the signal), so all of them save that step;
+  there Ctrl-C keeps its default (one process alone cannot stop in step).
+  `interrupted` says whether it was Ctrl-C. `close()` puts the previous
+  handlers back.
   """
 
   def __init__(self):
     self._flag = threading.Event()
+    self.interrupted = False
     self._multi = jax.process_count() > 1
+    self._previous = {}
     if not self._multi and threading.current_thread() is threading.main_thread():
-      self._previous = signal.signal(signal.SIGTERM, self._handle)
+      for sig in (signal.SIGTERM, signal.SIGINT):
+        self._previous[sig] = signal.signal(sig, self._handle)
 
   def _handle(self, signum, frame):
-    del signum, frame
-    logging.warning("SIGTERM received: saving a checkpoint at the next step.")
+    del frame
+    if signum == signal.SIGINT:
+      self.interrupted = True
+      # A second Ctrl-C (e.g. while the save runs) stops at once.
+      signal.signal(signal.SIGINT, self._previous.get(signal.SIGINT, signal.default_int_handler))
+      logging.warning("Ctrl-C: saving a checkpoint at the next step, then stopping "
+                      "(press Ctrl-C again to stop without saving).")
+    else:
+      logging.warning("SIGTERM received: saving a checkpoint at the next step.")
     self._flag.set()
 
   def reached(self, step):
@@ -186,3 +259,8 @@ class PreemptionWatcher:
       except RuntimeError:  # Preemption service not running (e.g. no coordinator).
         return False
     return self._flag.is_set()
+
+  def close(self):
+    for sig, handler in self._previous.items():
+      signal.signal(sig, handler)
+    self._previous = {}

@@ -16,6 +16,8 @@ examples or percent of the total, as `NAME_steps`, `NAME_epochs`,
 """
 import difflib
 import math
+import re
+import sys
 
 from absl import flags
 from ml_collections import config_dict
@@ -32,6 +34,82 @@ def define_config_flag(name="config", help_string="Training configuration file (
   """
   return config_flags.DEFINE_config_file(name, None, help_string, flag_values=flag_values,
                                          lock_config=True)
+
+
+def loaded(config, flag="--config"):
+  """`config` if its file loaded; else a one-line ValueError saying why.
+
+  ml_collections defers a file it cannot open (missing, unreadable) until the
+  config is first used, then raises a multi-line IOError from deep inside.
+  """
+  if config is None or isinstance(config, config_dict.ConfigDict):
+    return config
+  try:
+    config.keys()  # ml_collections' _ErrorConfig: raises the deferred error.
+  except OSError as e:
+    raise ValueError(_load_error(flag, e)) from None
+  return config
+
+
+def _load_error(flag, error):
+  lines = [l.strip() for l in str(error.__cause__ or error).splitlines() if l.strip()]
+  return f"Cannot load the {flag} file: {lines[-1] if lines else error}"
+
+
+def parse_flags(argv, prog="big_vit_lite", flag_values=flags.FLAGS):
+  """absl flags parser (`app.run(main, flags_parser=parse_flags)`): one line for a bad override.
+
+  `--config.no_such_key=1` makes ml_collections raise an AttributeError /
+  KeyError with three chained tracebacks; a user needs the key's name.
+  """
+  try:
+    return flag_values(argv)
+  except flags.UnrecognizedFlagError as e:
+    if "." not in e.flagname:
+      sys.exit(f"{prog}: error: {e} (--helpfull lists the flags)")
+    sys.exit(f"{prog}: error: {_no_such_key(e.flagname, flag_values)}")
+  except flags.Error as e:  # What absl's default parser says: a bad value.
+    sys.exit(f"{prog}: error: {e} (--helpfull lists the flags)")
+  except SyntaxError as e:  # Raised while the config file is imported.
+    sys.exit(f"{prog}: error: the config file {e.filename} does not parse: {e.msg} at line "
+             f"{e.lineno}: {(e.text or '').strip()}")
+  except OSError as e:  # --config.KEY=V on a config file that cannot be loaded.
+    sys.exit(f"{prog}: error: {_load_error('--config', e)}")
+  except (AttributeError, KeyError) as e:
+    # ml_collections registers each --config.KEY of sys.argv as a flag; a KEY
+    # the file lacks fails when it is applied, with the key in the message.
+    message = _innermost_message(e)
+    found = re.findall(r"'(\w+)'", message)
+    names = [a[2:].split("=", 1)[0] for a in argv[1:] if a.startswith("--") and "." in a]
+    name = next((n for n in names if found and n.split(".")[-1] == found[0]), None)
+    if name is None:
+      raise
+    close = re.search(r"[Dd]id you mean \"(\w+)\"", message)  # ml_collections' own guess.
+    sys.exit(f"{prog}: error: {_no_such_key(name, flag_values, close and close.group(1))}")
+
+
+def _no_such_key(flag_name, flag_values, close=None):
+  """'--config.model.widht: the config file has no key 'model.widht' (did you mean 'width'?)...'"""
+  flag, *path = flag_name.split(".")
+  if close is None:  # Unless ml_collections guessed, guess from the loaded config.
+    node = flag_values[flag].value if flag in flag_values else None
+    for part in path[:-1]:
+      node = node.get(part) if isinstance(node, config_dict.ConfigDict) else None
+    keys = list(node.keys()) if isinstance(node, config_dict.ConfigDict) else []
+    close = (difflib.get_close_matches(path[-1], keys, n=1, cutoff=0.6) or [None])[0]
+  hint = f" (did you mean '{close}'?)" if close else ""
+  return (f"--{flag_name}: the config file has no key '{'.'.join(path)}'{hint}. Fix the "
+          "spelling, or add the key to the config file (a key whose default is None as "
+          "config_dict.placeholder(TYPE)).")
+
+
+def _innermost_message(error):
+  """ml_collections wraps its KeyError message in an AttributeError(KeyError(...))."""
+  while isinstance(error, BaseException) and error.args:
+    if isinstance(error.args[0], str):
+      return error.args[0]
+    error = error.args[0]
+  return str(error)
 
 
 class UnreadConfigKeyError(ValueError):

@@ -87,6 +87,20 @@ class MetricWriter:
     if scalars and self._tb_writer() is not None:
       self._tb.write_scalars(int(step), scalars)
 
+  def logged_keys(self, step):
+    """The keys metrics.jsonl holds for `step` (empty on processes other than 0)."""
+    if not self._active or not self.path.exists():
+      return set()
+    keys = set()
+    for line in self.path.read_text().splitlines():
+      try:
+        row = json.loads(line)
+      except ValueError:
+        continue  # A torn last line.
+      if isinstance(row, dict) and row.get("step") == step:
+        keys.update(k for k in row if k != "step")
+    return keys
+
   def start_run(self, resumed_step=None):
     """Marks where this run starts: fresh (None) or from the checkpoint at `resumed_step`.
 

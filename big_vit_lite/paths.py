@@ -6,8 +6,16 @@ as a local directory. `resolve` leaves a URI untouched (os.path.abspath would
 turn `gs://b/x` into `$PWD/gs:/b/x`) and makes a local path absolute with `~`
 expanded, so that it names the same directory whatever the current
 directory is later.
+
+`lock_workdir` keeps a second trainer out of a workdir that one is using
+(both would write the same checkpoint steps and interleave metrics.jsonl).
 """
+import contextlib
+import fcntl
 import os
+import socket
+
+from absl import logging
 
 from etils import epath
 
@@ -30,3 +38,35 @@ def resolve(path):
       raise ValueError(f"Unsupported filesystem in {os.fspath(path)!r}: use a local path or "
                        "gs://, s3://, az://.") from None
   return epath.Path(os.path.abspath(os.path.expanduser(os.fspath(path))))
+
+
+@contextlib.contextmanager
+def lock_workdir(workdir):
+  """Holds an exclusive lock on `workdir/.lock` while the block runs (local workdirs).
+
+  flock: the kernel drops it when the holder dies, even by `kill -9`, so a
+  restarted run never finds a stale lock. Buckets have no locks: skipped.
+  """
+  if is_uri(workdir):
+    yield
+    return
+  path = os.path.join(os.fspath(workdir), ".lock")
+  try:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+  except OSError as e:  # E.g. a read-only mount: nothing could be saved there either.
+    raise ValueError(f"Cannot write to --workdir {workdir}: {e.strerror or e}.") from None
+  try:
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+      raise ValueError(f"Another trainer ({holder}) is using --workdir {workdir}: wait for it "
+                       "to finish or stop it, or pass another --workdir.") from None
+    except OSError as e:  # A filesystem without locks (some network mounts).
+      logging.warning("Cannot lock %s (%s); not guarding against a second trainer.", path, e)
+    else:
+      os.ftruncate(fd, 0)
+      os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+    yield
+  finally:
+    os.close(fd)

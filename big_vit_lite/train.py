@@ -10,17 +10,21 @@ DIR; a run killed at any moment and restarted with the same command gives
 the same losses and final params as an uninterrupted one (bit for bit on
 CPU), because the checkpoint holds params, optimizer state, step, rng and
 the data iterator's position, and every random number is a function of
-(seed, step).
+(seed, step). SIGTERM (preemption) saves and exits 0; Ctrl-C saves and
+exits 130. One trainer per workdir (WORKDIR/.lock).
 """
 if __name__ == "__main__":  # First, before jax and TF load: once more with huge pages.
   from big_vit_lite import hostmem  # pylint: disable=g-import-not-at-top
   hostmem.use_huge_pages(__file__)
 
+import contextlib
 import functools
 import importlib
+import json
 import logging as py_logging
 import math
 import sys
+import time
 
 from absl import app
 from absl import flags
@@ -29,6 +33,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from jax.experimental import multihost_utils
+import numpy as np
 import optax
 
 from big_vit_lite import checkpoint as ckpt_lib
@@ -61,6 +66,10 @@ def _define_flags():
 
 class TrainingError(RuntimeError):
   """A failure with a one-line explanation for the user (exit status 1)."""
+
+
+class TrainingInterrupted(TrainingError):
+  """Ctrl-C: the state was saved; exit status 130 (the shell's code for SIGINT)."""
 
 
 def _model_module(name):
@@ -101,7 +110,10 @@ def main(argv):
   if _CONFIG.value is None:
     raise app.UsageError("--config is required, e.g. --config=configs/demo.py")
   try:
-    train(_CONFIG.value, _WORKDIR.value)
+    train(config_loading.loaded(_CONFIG.value, "--config"), _WORKDIR.value)
+  except TrainingInterrupted as e:
+    print(f"big_vit_lite.train: {e}", file=sys.stderr, flush=True)
+    sys.exit(130)
   except (ValueError, TypeError, TrainingError, config_loading.UnreadConfigKeyError) as e:
     logging.error("%s", e, exc_info=isinstance(e, TypeError))
     print(f"big_vit_lite.train: error: {e}", file=sys.stderr, flush=True)
@@ -110,6 +122,32 @@ def main(argv):
 
 def train(raw_config, workdir):
   """The training job; returns the final (global) params."""
+  # Undone however train ends: the workdir lock, the signal handlers.
+  with contextlib.ExitStack() as cleanup:
+    return _train(raw_config, workdir, cleanup)
+
+
+def _prepare_workdir(workdir, cleanup):
+  """Creates `workdir` and locks it against a second trainer (process 0 only)."""
+  if workdir.exists() and not workdir.is_dir():
+    raise ValueError(f"--workdir {workdir} exists and is not a directory: pass a directory.")
+  try:
+    workdir.mkdir(parents=True, exist_ok=True)
+  except OSError as e:
+    raise ValueError(f"Cannot create --workdir {workdir}: {e.strerror or e}.") from None
+  cleanup.enter_context(paths.lock_workdir(workdir))
+
+
+def _positive(name, value, allow_none=False):
+  if value is None and allow_none:
+    return None
+  if value is None or value < 1:
+    raise ValueError(f"config.{name} must be a positive number of steps, got {value}"
+                     f"{' (leave it unset for none)' if allow_none else ''}.")
+  return value
+
+
+def _train(raw_config, workdir, cleanup):
   # ------------------------------------------------------------------ setup
   config = config_loading.TrackedConfig(raw_config)
   distributed.set_cpu_devices(config.get("num_cpu_devices", None))  # Before any backend starts.
@@ -117,8 +155,10 @@ def train(raw_config, workdir):
   workdir = paths.resolve(workdir)  # Local (made absolute) or a bucket (gs://..., as given).
   is_main = jax.process_index() == 0
   if is_main:
-    workdir.mkdir(parents=True, exist_ok=True)
-    (workdir / "config.json").write_text(raw_config.to_json_best_effort(indent=2) + "\n")
+    _prepare_workdir(workdir, cleanup)
+    # config.json is written once the checkpoint (if any) has been read: a run
+    # that stops on a bad config must not overwrite the config of the run
+    # that made this workdir.
   logging.info("big_vit_lite.train: process %d/%d, %d devices (%s), workdir %s",
                jax.process_index(), jax.process_count(), jax.device_count(),
                jax.devices()[0].device_kind, workdir)
@@ -145,14 +185,19 @@ def train(raw_config, workdir):
   accum_steps = grad_accum.check(config.get("grad_accum_steps", 1), batch_size, n_batch_dev)
   train_iter = input_pipeline.make_train_iterator(input_cfg, seed=seed)
   steps_per_epoch = train_iter.num_examples / batch_size
-  total_steps = config_loading.get_steps("total", config, steps_per_epoch=steps_per_epoch,
-                                         batch_size=batch_size, required=True)
+  total_steps = _positive("total_steps", config_loading.get_steps(
+      "total", config, steps_per_epoch=steps_per_epoch, batch_size=batch_size, required=True))
   dur = dict(steps_per_epoch=steps_per_epoch, batch_size=batch_size, total_steps=total_steps)
-  log_steps = config_loading.get_steps("log_training", config, default=50, **dur)
+  log_steps = _positive("log_training_steps",
+                        config_loading.get_steps("log_training", config, default=50, **dur))
+  # Unset or 0: saves only at the end (and on preemption).
   ckpt_steps = config_loading.get_steps("ckpt", config, default=None, **dur)
-  keep_ckpts = int(config.get("keep_ckpts", 3))  # The last N checkpoints ...
+  if ckpt_steps is not None and ckpt_steps < 0:
+    raise ValueError(f"config.ckpt_steps must be >= 0 (0: save only at the end), got {ckpt_steps}.")
+  keep_ckpts = _positive("keep_ckpts", int(config.get("keep_ckpts", 3)))  # The last N ...
   # ... plus every step divisible by keep_ckpt_steps.
-  keep_every = config_loading.get_steps("keep_ckpt", config, default=None, **dur)
+  keep_every = _positive("keep_ckpt_steps", config_loading.get_steps(
+      "keep_ckpt", config, default=None, **dur), allow_none=True)
   prefetch_size = input_cfg.get("prefetch", 2)
   prefetch_size = 2 if prefetch_size is None else int(prefetch_size)
   logging.info("Training %d steps (%.2f epochs of %d examples), batch %d%s.",
@@ -251,26 +296,17 @@ def train(raw_config, workdir):
         step=jax.ShapeDtypeStruct((), jnp.int32), rng=jax.ShapeDtypeStruct((2,), jnp.uint32))
     state_abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                                   state_abstract, state_sh)
-    batch_abstract = {k: jax.ShapeDtypeStruct((batch_size,) + v.shape[1:], v.dtype, sharding=batch_sh)
-                      for k, v in batch_spec.items()}
-    # One compile, reused for every step; donation lets XLA update in place.
-    update_traced = jax.jit(update, in_shardings=(state_sh, batch_sh),
-                            out_shardings=(state_sh, repl),
-                            donate_argnums=(0,)).trace(state_abstract, batch_abstract)
-    update_compiled = update_traced.lower().compile()
-    step_flops = flops_lib.step_flops(update_traced, update_compiled, num_devices=mesh.size)
-    peak = metrics_lib.peak_flops_per_device()
-    logging.info("Train step: %s GFLOP per device; device peak %s GFLOP/s",
-                 None if step_flops is None else f"{step_flops / 1e9:.4g}",
-                 None if peak is None else round(peak / 1e9, 1))
 
     # ----------------------------------------------------- checkpoint / resume
+    # Before the (slow) compile: a workdir this config cannot resume, a damaged
+    # checkpoint or a bad model_init fails in seconds, not after minutes.
     checkpointer = ckpt_lib.Checkpointer(workdir, keep=keep_ckpts, keep_every=keep_every,
                                          async_save=ckpt_async)
     resume_step = checkpointer.latest_step()
     if resume_step is not None:
+      _check_resumable(checkpointer, resume_step, state_abstract, raw_config, total_steps)
       logging.info("Resuming from %s/%d", checkpointer.directory, resume_step)
-      state, data_state = checkpointer.restore(resume_step, state_abstract)
+      state, data_state = _restore(checkpointer, resume_step, state_abstract)
       train_iter.set_state(data_state)
     else:
       params = init_fn(rng_init)
@@ -280,11 +316,33 @@ def train(raw_config, workdir):
         loaded = model_mod.load(init_values, model_init, model_kw, dont_load=dont_load)
         params = _global_from_host(loaded, params_sh)
       state = make_state(params)
+    if is_main:  # This config now runs in this workdir.
+      (workdir / "config.json").write_text(raw_config.to_json_best_effort(indent=2) + "\n")
+
+    # ---------------------------------------------------------------- compile
+    batch_abstract = {k: jax.ShapeDtypeStruct((batch_size,) + v.shape[1:], v.dtype, sharding=batch_sh)
+                      for k, v in batch_spec.items()}
+    if resume_step is not None and resume_step >= total_steps:
+      # A finished run started again (e.g. by a scheduler): no step to compile.
+      update_compiled = step_flops = peak = None
+    else:
+      # One compile, reused for every step; donation lets XLA update in place.
+      update_traced = jax.jit(update, in_shardings=(state_sh, batch_sh),
+                              out_shardings=(state_sh, repl),
+                              donate_argnums=(0,)).trace(state_abstract, batch_abstract)
+      update_compiled = update_traced.lower().compile()
+      step_flops = flops_lib.step_flops(update_traced, update_compiled, num_devices=mesh.size)
+      peak = metrics_lib.peak_flops_per_device()
+      logging.info("Train step: %s GFLOP per device; device peak %s GFLOP/s",
+                   None if step_flops is None else f"{step_flops / 1e9:.4g}",
+                   None if peak is None else round(peak / 1e9, 1))
+
     # Drops what a killed earlier attempt logged after the resumed step (or
     # all of it, for a fresh start), in metrics.jsonl and in TensorBoard.
     writer.start_run(resume_step)
     # Device prefetch; its get_state() is the position after the last batch *returned*.
     batches = device_lib.prefetch(train_iter, prefetch_size, mesh)
+    cleanup.callback(batches.close)  # (Idempotent; on an error its thread must stop too.)
     first_step = int(jax.device_get(state["step"]))
 
     # ------------------------------------------------------------------- loop
@@ -292,7 +350,9 @@ def train(raw_config, workdir):
                                 global_batch=batch_size, step_flops=step_flops,
                                 peak_flops_total=peak)
     preemption = ckpt_lib.PreemptionWatcher()
+    cleanup.callback(preemption.close)
     guard = distributed.HangGuard.from_env(timeout_s=hang_timeout)
+    cleanup.callback(guard.stop)
     last_saved = resume_step
     tracing = False
     pending_loss = None  # (step, loss array): checked one step late to keep the pipeline full.
@@ -318,8 +378,10 @@ def train(raw_config, workdir):
                             "or set config.grad_clip_norm.")
       checkpointer.save(step, state, data_state, raw_config)
 
-    def run_evals(step, final):
+    def run_evals(step, final, only=None):
       for name, (evaluator, every) in evaluators.items():
+        if only is not None and name not in only:
+          continue
         if final or (every and step % every == 0):
           results = evaluator.run(state["params"])
           writer.write(step, {f"{name}/{k}": v for k, v in results.items()})
@@ -329,6 +391,13 @@ def train(raw_config, workdir):
 
     if first_step == 0 and evaluators and eval_at_start:
       run_evals(0, final=False)
+    if first_step == total_steps and evaluators:
+      # Resumed from the final checkpoint: the run that wrote it was stopped
+      # (killed, preempted, Ctrl-C) before its final evals had all logged.
+      missing = _evals_not_logged(writer, evaluators, total_steps)
+      if missing:
+        logging.info("Running the final evals the previous attempt did not log: %s", missing)
+        run_evals(total_steps, final=True, only=missing)
     chrono.tick(first_step)
     step = first_step
     data_state = batches.get_state()
@@ -374,6 +443,9 @@ def train(raw_config, workdir):
         checkpointer.close()
         writer.close()
         guard.stop()
+        if preemption.interrupted:
+          raise TrainingInterrupted(f"interrupted (Ctrl-C): saved step {step} to "
+                                    f"{checkpointer.directory}; run the same command to resume.")
         logging.warning("Preempted: saved step %d to %s; exiting.", step, checkpointer.directory)
         return state["params"]
       run_evals(step, final)
@@ -386,6 +458,79 @@ def train(raw_config, workdir):
     guard.stop()
     logging.info("Done: %d steps; checkpoints in %s", step, checkpointer.directory)
     return state["params"]
+
+
+def _evals_not_logged(writer, evaluators, step):
+  """Names of `evaluators` with no line at `step` in metrics.jsonl (process 0 decides for all)."""
+  logged = writer.logged_keys(step)
+  mask = np.array([not any(k.startswith(f"{name}/") for k in logged) for name in evaluators],
+                  np.int32)
+  if jax.process_count() > 1:  # Every process must run the same evals (collectives).
+    mask = np.asarray(multihost_utils.broadcast_one_to_all(mask))
+  return [name for name, m in zip(evaluators, mask) if m]
+
+
+def _check_resumable(checkpointer, step, state_abstract, raw_config, total_steps):
+  """Raises a one-line TrainingError when the checkpoint at `step` cannot continue this config."""
+  step_dir = checkpointer.step_dir(step)
+  try:
+    mismatch = checkpointer.state_mismatch(step, state_abstract)
+  except Exception as e:  # pylint: disable=broad-except
+    raise TrainingError(_damaged(checkpointer, step, e)) from e
+  if mismatch:
+    changed = _config_changes(checkpointer.saved_config(step),
+                              json.loads(raw_config.to_json_best_effort()))
+    changed = f"; config changes since it was saved: {changed}" if changed else ""
+    raise TrainingError(
+        f"Cannot resume from {step_dir}: it was written for another model or optimizer "
+        f"({mismatch}){changed}. Use a new --workdir (with config.model_init={step_dir} to "
+        "start from its params), or undo the change.")
+  if step >= total_steps:
+    logging.warning("The checkpoint at step %d is already at or past total_steps=%d: "
+                    "nothing to train (raise config.total_steps to train on).", step, total_steps)
+
+
+def _restore(checkpointer, step, state_abstract):
+  try:
+    return checkpointer.restore(step, state_abstract)
+  except Exception as e:  # pylint: disable=broad-except
+    raise TrainingError(_damaged(checkpointer, step, e)) from e
+
+
+def _damaged(checkpointer, step, error):
+  """One line for a checkpoint that cannot be read (files deleted or truncated after the save)."""
+  # tensorstore's reads still in flight report to orbax's closed event loop
+  # ("Event loop is closed" tracebacks): let them finish so that the user's
+  # one-line reason comes last.
+  time.sleep(1.0)
+  first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+  if len(first_line) > 300:
+    first_line = first_line[:300] + "..."
+  older = sorted(s for s in checkpointer.all_steps() if s < step)
+  where = (f"move it out of {checkpointer.directory} (e.g. to {checkpointer.step_dir(step)}.damaged) "
+           f"to resume from step {older[-1]}" if older else
+           f"move it out of {checkpointer.directory} to start afresh")
+  return f"Cannot read checkpoint {checkpointer.step_dir(step)} ({first_line}); if it is damaged, {where}."
+
+
+def _config_changes(saved, current, limit=5):
+  """'a.b: 16 -> 32, ...' for the leaves that differ between two config dicts."""
+  if not saved:
+    return ""
+  flat_saved, flat_current = dict(_flat_items(saved)), dict(_flat_items(current))
+  keys = sorted(k for k in set(flat_saved) | set(flat_current)
+                if flat_saved.get(k, "<unset>") != flat_current.get(k, "<unset>"))
+  out = [f"{k}: {flat_saved.get(k, '<unset>')} -> {flat_current.get(k, '<unset>')}"
+         for k in keys[:limit]]
+  return ", ".join(out) + (f" (and {len(keys) - limit} more)" if len(keys) > limit else "")
+
+
+def _flat_items(tree, prefix=""):
+  for k, v in tree.items():
+    if isinstance(v, dict) and v:
+      yield from _flat_items(v, f"{prefix}{k}.")
+    else:
+      yield prefix + k, json.dumps(v)
 
 
 def _make_mixup(mixup_cfg):
@@ -436,4 +581,5 @@ def _make_evaluators(config, model, mesh, **dur):
 
 if __name__ == "__main__":
   _define_flags()
-  app.run(main)
+  app.run(main, flags_parser=functools.partial(config_loading.parse_flags,
+                                               prog="big_vit_lite.train"))

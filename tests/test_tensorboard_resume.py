@@ -9,6 +9,7 @@ tensor summaries, which is what TF2 / clu scalars are).
 """
 import collections
 import math
+import re
 import signal
 
 import numpy as np
@@ -64,12 +65,14 @@ def test_sigkill_and_resume_shows_each_step_once_in_tensorboard(tfds_data_dir, t
   workdir = str(tmp_path / "run")
   args = ("--config.total_steps=300", "--config.ckpt_steps=40")
   proc = start_train(tfds_data_dir, workdir, *args)
-  wait_for_step(proc, workdir, 100)  # Steps 81..100+ are past the last checkpoint (80).
+  wait_for_step(proc, workdir, 100)  # Steps 81..100+ are past the last checkpoint.
   proc.send_signal(signal.SIGKILL)
   proc.wait(timeout=30)
   r = run_train(tfds_data_dir, workdir, *args)
   assert r.returncode == 0, r.stderr[-3000:]
-  assert "Resuming from" in r.stderr
+  # Usually 80; 40 when a busy machine had not committed the async save of 80 at the kill.
+  resumed = int(re.search(r"Resuming from \S+/(\d+)", r.stderr).group(1))
+  assert resumed in (40, 80), resumed
 
   rows = metrics.read_metrics(workdir)
   assert sorted(read_losses(workdir)) == list(range(1, 301))
@@ -82,7 +85,8 @@ def test_sigkill_and_resume_shows_each_step_once_in_tensorboard(tfds_data_dir, t
 
   raw = _tensorboard_scalars(workdir, purge=False)
   orphans = [s for s, n in collections.Counter(s for s, _ in raw["training_loss"]).items() if n > 1]
-  assert orphans and min(orphans) == 81, orphans  # The killed run's extra steps are in its file.
+  # The killed run's steps past the checkpoint are in its file too.
+  assert orphans and min(orphans) == resumed + 1, (resumed, orphans)
 
   shown = _tensorboard_scalars(workdir)
   assert set(shown) == set(expected)

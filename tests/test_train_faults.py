@@ -1,0 +1,218 @@
+"""The trainer under faults a user meets: each ends in one line that says what to do, and no
+user data is lost or overwritten.
+
+In-process (`train.train`) on the tiny config, so that the errors raised
+before the step compiles cost no compile and the one run that trains compiles
+once: a Ctrl-C'd run, then resumes of its workdir with a changed model, a
+changed optimizer and a damaged checkpoint.
+"""
+import os
+import shutil
+import signal
+import sys
+import threading
+
+from absl import flags
+import pytest
+
+from big_vit_lite import checkpoint
+from big_vit_lite import config_loading
+from big_vit_lite import metrics
+from big_vit_lite import paths
+from big_vit_lite import train
+from trainer_runs import TINY
+
+import train_config_tiny
+
+
+def _config(data_dir, **overrides):
+  config = train_config_tiny.get_config()
+  config.input.data.data_dir = data_dir
+  for key, value in overrides.items():
+    node = config
+    *parents, leaf = key.split(".")
+    for p in parents:
+      node = node[p]
+    node[leaf] = value
+  return config
+
+
+# ------------------------------------------------------------ command line
+
+def _parse(*args):
+  # ml_collections registers the --config.KEY of sys.argv as flags when the flag is defined.
+  sys.argv = ["prog", *args]
+  fv = flags.FlagValues()
+  config_loading.define_config_flag(flag_values=fv)
+  return fv, config_loading.parse_flags(["prog", *args], prog="prog", flag_values=fv)
+
+
+@pytest.fixture(autouse=True)
+def _keep_argv(monkeypatch):
+  monkeypatch.setattr(sys, "argv", list(sys.argv))
+
+
+def test_unknown_override_key_is_one_line_naming_it():
+  with pytest.raises(SystemExit) as e:
+    _parse(f"--config={TINY}", "--config.model.widht=32")
+  msg = str(e.value.code)
+  assert "\n" not in msg and msg.startswith("prog: error: --config.model.widht:"), msg
+  assert "no key 'model.widht' (did you mean 'width'?)" in msg, msg
+  with pytest.raises(SystemExit, match="no key 'keep_ckpts'.*placeholder"):
+    _parse(f"--config={TINY}", "--config.keep_ckpts=3")  # Read by the trainer, absent in the file.
+  fv, _ = _parse(f"--config={TINY}", "--config.total_steps=7")
+  assert fv.config.total_steps == 7
+
+
+def test_missing_config_file_is_one_line(tmp_path):
+  missing = str(tmp_path / "nope.py")
+  fv, _ = _parse(f"--config={missing}")
+  with pytest.raises(ValueError) as e:
+    config_loading.loaded(fv.config)
+  assert str(e.value) == f"Cannot load the --config file: [Errno 2] No such file or directory: '{missing}'"
+  with pytest.raises(SystemExit, match="Cannot load the --config file: .*No such file"):
+    _parse(f"--config={missing}", "--config.lr=0.1")  # An override makes ml_collections read it.
+
+
+def test_config_file_with_a_syntax_error_is_one_line(tmp_path):
+  bad = tmp_path / "bad.py"
+  bad.write_text("def get_config(arg=None):\n  return dict(lr=0.1,\n")
+  with pytest.raises(SystemExit) as e:
+    _parse(f"--config={bad}")
+  msg = str(e.value.code)
+  assert "\n" not in msg and msg.startswith(f"prog: error: the config file {bad} does not parse:"), msg
+
+
+# ------------------------------------------------- errors before any compile
+
+@pytest.mark.parametrize("key,value,match", [
+    ("total_steps", 0, "config.total_steps must be a positive number of steps, got 0"),
+    ("total_steps", -5, "config.total_steps must be a positive"),
+    ("log_training_steps", 0, "config.log_training_steps must be a positive"),
+    ("keep_ckpts", 0, "config.keep_ckpts must be a positive"),  # Orbax would delete every one.
+    ("keep_ckpt_steps", 0, "config.keep_ckpt_steps must be a positive.*leave it unset"),
+    ("keep_ckpt_steps", -1, "config.keep_ckpt_steps must be a positive"),
+    ("ckpt_steps", -4, "config.ckpt_steps must be >= 0"),
+])
+def test_nonsense_step_counts_are_one_line_errors(tfds_data_dir, tmp_path, key, value, match):
+  with pytest.raises(ValueError, match=match):
+    train.train(_config(tfds_data_dir, **{key: value}), str(tmp_path / "w"))
+  assert not os.path.exists(tmp_path / "w" / "config.json")
+
+
+def test_workdir_that_is_a_file_or_locked(tfds_data_dir, tmp_path):
+  afile = tmp_path / "afile"
+  afile.write_text("my notes\n")
+  with pytest.raises(ValueError, match="exists and is not a directory"):
+    train.train(_config(tfds_data_dir), str(afile))
+  assert afile.read_text() == "my notes\n"
+  workdir = tmp_path / "busy"
+  workdir.mkdir()
+  with paths.lock_workdir(workdir):  # What a running trainer holds.
+    with pytest.raises(ValueError, match=rf"Another trainer \(pid {os.getpid()} .*--workdir {workdir}"):
+      train.train(_config(tfds_data_dir), str(workdir))
+  assert os.listdir(workdir) == [".lock"]
+
+
+# ------------------------------------- Ctrl-C, then resumes of that workdir
+
+def _interrupt_at(workdir, step, stop):
+  """Sends this process SIGINT once `workdir` has logged `step` (as Ctrl-C would).
+
+  Never after `stop` is set: a stray SIGINT would end the whole pytest session.
+  """
+  def run():
+    while not stop.wait(0.02):
+      try:
+        if any(r["step"] >= step for r in metrics.read_metrics(workdir)):
+          os.kill(os.getpid(), signal.SIGINT)
+          return
+      except (OSError, ValueError):
+        pass
+  thread = threading.Thread(target=run, daemon=True)
+  thread.start()
+  return thread
+
+
+@pytest.mark.timeout(240)
+# A failed restore leaves tensorstore reads whose callbacks find orbax's event loop closed.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_ctrl_c_saves_then_changed_or_damaged_resumes_fail_clearly(tfds_data_dir, tmp_path):
+  workdir = str(tmp_path / "run")
+  handler_before = signal.getsignal(signal.SIGINT)
+  stop = threading.Event()
+  thread = _interrupt_at(workdir, 3, stop)
+  try:
+    with pytest.raises(train.TrainingInterrupted, match="saved step \\d+ .* run the same command"):
+      train.train(_config(tfds_data_dir, total_steps=100_000, ckpt_steps=0), workdir)
+  except KeyboardInterrupt:  # Not pytest's own Ctrl-C: the trainer did not handle it.
+    pytest.fail("Ctrl-C stopped the trainer with KeyboardInterrupt instead of a save")
+  finally:
+    stop.set()
+    thread.join()
+  assert signal.getsignal(signal.SIGINT) is handler_before  # Handlers are put back.
+  saved = checkpoint.Checkpointer(workdir).all_steps()
+  assert len(saved) == 1 and 3 <= saved[0] < 100_000, saved
+  assert metrics.read_metrics(workdir)[-1]["step"] == saved[0]
+  config_json = open(os.path.join(workdir, "config.json")).read()
+
+  # Another model width: one line naming the array and the config key, before compiling.
+  with pytest.raises(train.TrainingError) as e:
+    train.train(_config(tfds_data_dir, total_steps=100_000, ckpt_steps=0, **{"model.width": 32}),
+                workdir)
+  msg = str(e.value)
+  assert "\n" not in msg and "Cannot resume from" in msg, msg
+  assert "'params/" in msg and "(16,) in the checkpoint, (32,) in this config" in msg, msg
+  assert "model.width: 16 -> 32" in msg and "new --workdir" in msg, msg
+  # Another optimizer.
+  with pytest.raises(train.TrainingError, match="optax_name: \"scale_by_adam\" -> \"sgd\""):
+    train.train(_config(tfds_data_dir, total_steps=100_000, ckpt_steps=0, optax_name="sgd"),
+                workdir)
+  # The failed attempts left the run's config.json and checkpoint alone.
+  assert open(os.path.join(workdir, "config.json")).read() == config_json
+  assert checkpoint.Checkpointer(workdir).all_steps() == saved
+
+  # A checkpoint damaged after it was committed (a file deleted): says which and what to do.
+  step_dir = os.path.join(workdir, "checkpoints", str(saved[0]))
+  shutil.copytree(step_dir, os.path.join(workdir, "checkpoints", "1"))  # An older good one.
+  os.remove(os.path.join(step_dir, "state", "manifest.ocdbt"))
+  with pytest.raises(train.TrainingError) as e:
+    train.train(_config(tfds_data_dir, total_steps=100_000, ckpt_steps=0), workdir)
+  msg = str(e.value)
+  assert "\n" not in msg and f"Cannot read checkpoint {step_dir}" in msg, msg
+  assert f"move it out of {os.path.dirname(step_dir)}" in msg and "resume from step 1" in msg, msg
+
+
+# ------------------------------------------- final evals after a late stop
+
+@pytest.mark.timeout(240)
+def test_final_evals_run_on_a_resume_that_missed_them(tfds_data_dir, tmp_path, monkeypatch):
+  """A run killed after its final checkpoint but before its final evals logged them."""
+  monkeypatch.setenv("TFDS_DATA_DIR", tfds_data_dir)  # The eval data has no data_dir of its own.
+  workdir = str(tmp_path / "run")
+
+  def run_and_read(arg):
+    config = train_config_tiny.get_config(arg)
+    config.input.data.data_dir = tfds_data_dir
+    config.total_steps, config.ckpt_steps = 2, 0
+    train.train(config, workdir)
+    return [r for r in metrics.read_metrics(workdir) if "val/prec@1" in r]
+
+  # What a kill during the final eval leaves: the final checkpoint, no eval line. (Made by
+  # a run without evals: the same files, without compiling the evaluator here.)
+  assert not run_and_read(None)
+  evals = run_and_read("evals")
+  assert [r["step"] for r in evals] == [2] and 0 <= evals[0]["val/prec@1"] <= 1, evals
+  assert metrics.read_metrics(workdir)[-1] == evals[0]
+
+
+def test_only_the_final_evals_not_logged_run_again(tmp_path):
+  writer = metrics.MetricWriter(tmp_path, tensorboard=False)
+  writer.write(12, {"training_loss": 1.0})
+  writer.write(12, {"val/prec@1": 0.5, "val/loss": 1.0})
+  writer.write(6, {"fewshot/mnist10k_10shot": 0.3})  # An earlier step does not count.
+  with open(tmp_path / "metrics.jsonl", "a") as f:
+    f.write('{"step": 12, "fewsh')  # Torn by a kill.
+  evaluators = {"val": None, "fewshot": None}
+  assert train._evals_not_logged(writer, evaluators, 12) == ["fewshot"]
+  assert train._evals_not_logged(writer, evaluators, 13) == ["val", "fewshot"]
