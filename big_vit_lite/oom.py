@@ -43,9 +43,13 @@ def message(err: BaseException, *, what: str, batch_size=None, devices=None,
   """One line: what ran out of memory, how much was asked, and the knobs that help."""
   asked = requested_bytes(err)
   asked = f" (an allocation of {asked / 2**30:.2f} GiB failed)" if asked else ""
-  where = ""
-  if batch_size and devices:
-    per_dev = batch_size // devices if batch_size % devices == 0 else batch_size / devices
-    where = f" at input.batch_size={batch_size} ({per_dev:,} per device"
-    where += f", {grad_accum_steps} microbatches)" if grad_accum_steps and grad_accum_steps > 1 else ")"
+  where, detail = "", []
+  if batch_size:
+    where = f" at input.batch_size={batch_size}"
+    if devices:
+      per_dev = batch_size // devices if batch_size % devices == 0 else batch_size / devices
+      detail.append(f"{per_dev:,} per device")
+    if grad_accum_steps and grad_accum_steps > 1:
+      detail.append(f"{grad_accum_steps} microbatches")
+    where += f" ({', '.join(detail)})" if detail else ""
   return f"out of memory during {what}{where}{asked}. {advice}"

@@ -45,6 +45,7 @@ from big_vit_lite import grad_accum
 from big_vit_lite import hostmem
 from big_vit_lite import losses
 from big_vit_lite import metrics as metrics_lib
+from big_vit_lite import oom
 from big_vit_lite import optim
 from big_vit_lite import paths
 from big_vit_lite import sharding
@@ -114,6 +115,16 @@ def main(argv):
   except TrainingInterrupted as e:
     print(f"big_vit_lite.train: {e}", file=sys.stderr, flush=True)
     sys.exit(130)
+  except jax.errors.JaxRuntimeError as e:
+    if not oom.is_oom(e):
+      raise
+    logging.error("%s", e)  # XLA's own report (what it tried to allocate) stays in the log.
+    cfg = _CONFIG.value
+    msg = oom.message(e, what="training", batch_size=cfg.get("input", {}).get("batch_size"),
+                      grad_accum_steps=cfg.get("grad_accum_steps"))
+    print(f"big_vit_lite.train: error: {msg} Checkpoints already written are intact.",
+          file=sys.stderr, flush=True)
+    sys.exit(1)
   except (ValueError, TypeError, TrainingError, config_loading.UnreadConfigKeyError) as e:
     logging.error("%s", e, exc_info=isinstance(e, TypeError))
     print(f"big_vit_lite.train: error: {e}", file=sys.stderr, flush=True)

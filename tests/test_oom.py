@@ -31,3 +31,17 @@ def test_other_errors_are_not_oom_and_gpu_wording_parses():
       "RESOURCE_EXHAUSTED: Out of memory while trying to allocate 16106127360 bytes.")) == 16106127360
   assert oom.requested_bytes(RuntimeError("Out of memory while trying to allocate 1.50GiB")) == 1.5 * 2**30
   assert oom.requested_bytes(RuntimeError("Out of memory")) is None
+
+
+@pytest.mark.timeout(120)
+def test_train_cli_out_of_memory_is_one_line(tfds_data_dir, tmp_path):
+  from trainer_runs import run_train  # pylint: disable=g-import-not-at-top
+  # A 16 x 4e9 MLP kernel: the sharded init asks XLA for 256 GB at once.
+  r = run_train(tfds_data_dir, str(tmp_path / "run"), "--config.model.mlp_dim=4000000000",
+                timeout=100)
+  assert r.returncode == 1
+  last = r.stderr.strip().splitlines()[-1]
+  assert last.startswith("big_vit_lite.train: error: out of memory during training at "
+                         "input.batch_size=16 (an allocation of 238.42 GiB failed)"), last
+  assert "Checkpoints already written are intact." in last
+  assert "Traceback" not in r.stderr
