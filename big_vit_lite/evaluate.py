@@ -29,6 +29,7 @@ if __name__ == "__main__":  # First, before jax and TF load: once more with huge
   from big_vit_lite import hostmem  # pylint: disable=g-import-not-at-top
   hostmem.use_huge_pages(__file__)
 
+import functools
 import math
 import re
 import sys
@@ -315,7 +316,7 @@ def main(argv):
   if not _WORKDIR.value:
     raise app.UsageError("--workdir=OUT is required.")
   try:
-    results = evaluate(_CONFIG.value, _WORKDIR.value)
+    results = evaluate(config_loading.loaded(_CONFIG.value), _WORKDIR.value)
   except (ValueError, config_loading.UnreadConfigKeyError, jax.errors.JaxRuntimeError) as e:
     if isinstance(e, jax.errors.JaxRuntimeError) and not oom.is_oom(e):
       raise
@@ -332,4 +333,5 @@ def main(argv):
 
 if __name__ == "__main__":
   _define_flags()
-  app.run(main)
+  app.run(main, flags_parser=functools.partial(config_loading.parse_flags,
+                                               prog="big_vit_lite.evaluate"))

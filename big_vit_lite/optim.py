@@ -220,6 +220,10 @@ def make(config, params, *, total_steps, steps_per_epoch=None, batch_size=None):
   lr = float(config.get("lr", 1e-3))
   wd = float(config.get("wd", 0.0) or 0.0)
   clip = config.get("grad_clip_norm", None)
+  # A negative lr ascends the loss, a negative wd grows the weights: never meant.
+  for key, value in (("lr", lr), ("wd", wd), ("grad_clip_norm", clip)):
+    if value is not None and not value >= 0:  # (also NaN)
+      raise ValueError(f"config.{key}={value} must be >= 0.")
   wd_mults = config.get("wd_mults", None)
   wd_mults = [(".*/kernel$", 1.0)] if wd_mults is None else list(wd_mults)
   lr_mults = list(config.get("lr_mults", None) or [])

@@ -32,6 +32,7 @@ counts scanned loops, model scan=True or k > 1, once per iteration: big_vit_lite
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -470,7 +471,8 @@ def _define_flags():
 def main(argv):
   del argv
   f = flags.FLAGS
-  config = f.config
+  from big_vit_lite import config_loading  # pylint: disable=g-import-not-at-top
+  config = config_loading.loaded(f.config)
   if config is None:
     raise app.UsageError("--config=configs/FILE.py[:arg] is required")
   mesh = parse_mesh(f.mesh) if f.mesh else mesh_from_config(config.get("mesh") or [("data", 1)])
@@ -505,7 +507,8 @@ def run():
       print(f"plan: {e}", file=sys.stderr)
       sys.exit(1)
 
-  app.run(_main)
+  from big_vit_lite import config_loading  # pylint: disable=g-import-not-at-top
+  app.run(_main, flags_parser=functools.partial(config_loading.parse_flags, prog="plan"))
 
 
 if __name__ == "__main__":

@@ -227,6 +227,11 @@ def _train(raw_config, workdir, cleanup):
   device_aug_fn = device_aug_lib.make(config.consume("device_aug", None))
 
   batch_spec = train_iter.batch_spec()
+  missing = [k for k in ("image", "labels") if k not in batch_spec]
+  if missing:
+    raise ValueError(f"the train pp gives {sorted(batch_spec)}, without {missing}: the step needs "
+                     "'image' and one-hot 'labels', e.g. end input.pp with "
+                     "onehot(K, key='label', key_result='labels')|keep('image', 'labels')")
   image_shape = batch_spec["image"].shape[1:]
 
   def init_params(rng):

@@ -246,3 +246,21 @@ def test_unread_key_error_names_what_was_meant(extra, hint):
   assert hint in message, message
   if hint == ": remove it":
     assert "did you mean" not in message and "calls it" not in message
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("cli,extra", [("big_vit_lite.plan", ["--mesh=data:8"]),
+                                       ("big_vit_lite.evaluate", ["--workdir=UNUSED"])])
+def test_other_clis_say_config_file_mistakes_in_one_line(cli, extra, tmp_path):
+  import subprocess  # pylint: disable=g-import-not-at-top
+  cfg = "configs/vit_l16.py" if cli.endswith("plan") else "configs/fewshot.py"
+  extra = [a.replace("UNUSED", str(tmp_path / "out")) for a in extra]
+  cases = [([f"--config={tmp_path}/nope.py"], "Cannot load the --config file: [Errno 2]"),
+           ([f"--config={cfg}", "--config.model_int=x"], "--config.model_int: the config file "
+            "has no key 'model_int'"),]
+  for args, want in cases:
+    p = subprocess.run([sys.executable, "-m", cli, *args, *extra], cwd=ROOT,
+                       capture_output=True, text=True, timeout=100)
+    assert p.returncode == 1, p.stderr[-2000:]
+    assert "Traceback" not in p.stderr
+    assert want in p.stderr.strip().splitlines()[-1], p.stderr[-500:]

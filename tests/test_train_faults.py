@@ -100,6 +100,13 @@ def test_nonsense_step_counts_are_one_line_errors(tfds_data_dir, tmp_path, key, 
   assert not os.path.exists(tmp_path / "w" / "config.json")
 
 
+def test_train_pp_without_labels_is_one_line(tfds_data_dir, tmp_path):
+  pp = "decode(1)|value_range(-1, 1)|keep('image', 'label')"
+  with pytest.raises(ValueError, match=r"the train pp gives \['image', 'label'\], without "
+                                       r"\['labels'\]: .*onehot\(K, key='label'"):
+    train.train(_config(tfds_data_dir, **{"input.pp": pp}), str(tmp_path / "w"))
+
+
 def test_workdir_that_is_a_file_or_locked(tfds_data_dir, tmp_path):
   afile = tmp_path / "afile"
   afile.write_text("my notes\n")
