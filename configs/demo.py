@@ -104,6 +104,11 @@ def get_config(arg=None):
   config.log_training_steps = 500
   config.ckpt_steps = 4000
   config.keep_ckpt_steps = config_dict.placeholder(int)
+  # Trainer knobs, spelled out so the command line can set them (--config.keep_ckpts=5).
+  config.keep_ckpts = 3  # The last N checkpoints, plus every keep_ckpt_steps-th.
+  config.ckpt_async = True  # Save in the background while training goes on.
+  config.eval_at_start = False  # Also run the evals at step 0.
+  config.hang_timeout_s = config_dict.placeholder(float)  # Stop a process stuck this long.
 
   config.evals = ml_collections.ConfigDict()
   config.evals.val = dict(

@@ -95,6 +95,11 @@ def get_config(arg=None):
   config.log_training_steps = 50
   config.ckpt_steps = 1000
   config.keep_ckpt_steps = 50_000
+  # Trainer knobs, spelled out so the command line can set them (--config.keep_ckpts=5).
+  config.keep_ckpts = 3  # The last N checkpoints, plus every keep_ckpt_steps-th.
+  config.ckpt_async = True  # Save in the background while training goes on.
+  config.eval_at_start = False  # Also run the evals at step 0.
+  config.hang_timeout_s = config_dict.placeholder(float)  # Stop a process stuck this long.
 
   config.model_name = "vit"
   config.model = dict(variant=args["variant"], num_classes=num_classes, pool_type="tok",
