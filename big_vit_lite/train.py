@@ -454,11 +454,9 @@ def _train(raw_config, workdir, cleanup):
         check_finite(step, measured["training_loss"])
         save(step)
         last_saved = step
-      if preempted:
-        batches.close()
+      if preempted:  # (The prefetch thread and the hang guard stop on the way out: cleanup.)
         checkpointer.close()
         writer.close()
-        guard.stop()
         if preemption.interrupted:
           raise TrainingInterrupted(f"interrupted (Ctrl-C): saved step {step} to "
                                     f"{checkpointer.directory}; run the same command to resume.")
@@ -468,10 +466,8 @@ def _train(raw_config, workdir, cleanup):
       guard.tick(step)
       chrono.resume()
 
-    batches.close()
     checkpointer.close()
     writer.close()
-    guard.stop()
     logging.info("Done: %d steps; checkpoints in %s", step, checkpointer.directory)
     return state["params"]
 
