@@ -329,7 +329,12 @@ def _train(raw_config, workdir, cleanup):
       if model_init:
         logging.info("Initialising params from %s (dont_load=%s)", model_init, dont_load)
         init_values = _host_copy(params) if dont_load else params_abstract
-        loaded = model_mod.load(init_values, model_init, model_kw, dont_load=dont_load)
+        # The patch grid, so that a learned posemb is resampled to this run's
+        # (possibly non-square) input, not to the square of its token count.
+        patch = model.arch()["patch_size"]
+        grid_hw = (image_shape[0] // patch, image_shape[1] // patch)
+        loaded = model_mod.load(init_values, model_init, model_kw, dont_load=dont_load,
+                                grid_hw=grid_hw)
         params = _global_from_host(loaded, params_sh)
       state = make_state(params)
     if is_main:  # This config now runs in this workdir.

@@ -136,6 +136,24 @@ def test_posemb_resample_14_to_24_smooth_with_exact_cls(tmp_path):
   assert np.abs(np.diff(grid, axis=0)).max() < np.abs(np.diff(field(14)[0].reshape(14, 14, d), axis=0)).max()
 
 
+def test_posemb_resample_to_non_square_grid_with_square_token_count(tmp_path):
+  # A 5x5 checkpoint into a 4x9 input grid: 36 tokens, also the count of a 6x6 grid.
+  kw = dict(variant=None, width=8, depth=1, mlp_dim=16, num_heads=2, patch_size=4, num_classes=3)
+  src = _flat(jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), nn.meta.unbox(jax.eval_shape(
+      vit.Model(**kw).init, jax.random.key(0), jnp.zeros((1, 20, 20, 3)))["params"])))
+  grid5 = np.random.default_rng(0).normal(size=(1, 25, 8)).astype(np.float32)
+  src[POSEMB] = np.concatenate([np.full((1, 1, 8), 7.0, np.float32), grid5], axis=1)
+  np.savez(tmp_path / "g5.npz", **src)
+  tgt = jax.eval_shape(vit.Model(**kw).init, jax.random.key(0), jnp.zeros((1, 16, 36, 3)))["params"]
+  pe = vit.load(tgt, tmp_path / "g5.npz", grid_hw=(4, 9))["Transformer"]["posembed_input"]
+  pe = pe["pos_embedding"].value
+  np.testing.assert_array_equal(pe[:, 1:], interop.resample_posemb(grid5, (4, 9)))
+  np.testing.assert_array_equal(pe[:, :1], 7.0)
+  assert not np.allclose(pe[:, 1:], interop.resample_posemb(grid5, (6, 6)))
+  with pytest.raises(ValueError, match="grid 5x9 does not match the model's 36 grid tokens"):
+    vit.load(tgt, tmp_path / "g5.npz", grid_hw=(5, 9))
+
+
 def test_big_vision_layout_loads(tmp_path):
   params = _init()
   flat = _flat(params)

@@ -223,3 +223,28 @@ def test_only_the_final_evals_not_logged_run_again(tmp_path):
   evaluators = {"val": None, "fewshot": None}
   assert train._evals_not_logged(writer, evaluators, 12) == ["fewshot"]
   assert train._evals_not_logged(writer, evaluators, 13) == ["val", "fewshot"]
+
+
+# ------------------------------------------------------------- model_init
+
+@pytest.mark.timeout(240)
+def test_model_init_posemb_resampled_to_a_non_square_grid(tfds_data_dir, tmp_path):
+  """A 4x4-grid checkpoint fine-tuned at 28x63 (a 4x9 grid: 36 tokens, as many as 6x6)."""
+  import jax
+  import numpy as np
+  from big_vit_lite.models import interop
+  from big_vit_lite.models import vit
+
+  config = _config(tfds_data_dir, total_steps=1, ckpt_steps=0, lr=0.0, wd=0.0)
+  config.input.pp = config.input.pp.replace("|flip_lr", "|resize((28, 63))")
+  src = jax.eval_shape(vit.Model(**config.model).init, jax.random.key(0), np.zeros((1, 28, 28, 1)))
+  rng = np.random.default_rng(0)
+  src = jax.tree.map(lambda s: rng.normal(0, 0.1, s.shape).astype(s.dtype), src["params"])
+  vit.save_npz(src, tmp_path / "init.npz")
+  config.model_init = str(tmp_path / "init.npz")
+  config.device_aug = None
+  train.train(config, str(tmp_path / "w"))
+  got, _ = checkpoint.load_params(str(tmp_path / "w"))
+  grid4 = interop.to_numpy_flat(src)["Transformer/posembed_input/pos_embedding"]
+  np.testing.assert_allclose(got["Transformer"]["posembed_input"]["pos_embedding"],
+                             interop.resample_posemb(grid4, (4, 9)), rtol=1e-6)

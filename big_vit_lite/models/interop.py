@@ -145,17 +145,29 @@ def resample_posemb(posemb: np.ndarray, new_hw: tuple[int, int]) -> np.ndarray:
   return np.asarray(new, posemb.dtype).reshape(1, -1, d)
 
 
-def _fit_posemb(src: np.ndarray, src_prefix: int, tgt_shape: tuple, tgt_prefix: int) -> np.ndarray:
-  """Source posemb -> target shape: resample the grid part, keep/add/drop the cls row."""
+def _fit_posemb(src: np.ndarray, src_prefix: int, tgt_shape: tuple, tgt_prefix: int,
+                grid_hw=None) -> np.ndarray:
+  """Source posemb -> target shape: resample the grid part, keep/add/drop the cls row.
+
+  grid_hw: the model's (h, w) patch grid. Without it the target grid is taken
+  to be square, which is wrong for a non-square input whose token count
+  happens to be square (4x9 = 36 tokens is not 6x6).
+  """
   prefix, grid = src[:, :src_prefix], src[:, src_prefix:]
   n_tgt = tgt_shape[1] - tgt_prefix
+  if grid_hw is not None and grid_hw[0] * grid_hw[1] != n_tgt:
+    raise ValueError(f"param {_POSEMB!r}: grid {grid_hw[0]}x{grid_hw[1]} does not match the "
+                     f"model's {n_tgt} grid tokens.")
   if grid.shape[1] != n_tgt or grid.shape[2] != tgt_shape[2]:
-    gs = int(round(np.sqrt(n_tgt)))
-    if gs * gs != n_tgt or grid.shape[2] != tgt_shape[2]:
+    if grid_hw is None:
+      gs = int(round(np.sqrt(n_tgt)))
+      grid_hw = (gs, gs)
+    if grid_hw[0] * grid_hw[1] != n_tgt or grid.shape[2] != tgt_shape[2]:
       raise ValueError(f"param {_POSEMB!r}: cannot fit checkpoint shape {src.shape} to model "
                        f"shape {tgt_shape}; add it to dont_load to re-initialise it.")
-    grid = resample_posemb(grid, (gs, gs))
-    logging.info("Resampled posemb from %d to %d grid tokens.", src.shape[1] - src_prefix, n_tgt)
+    grid = resample_posemb(grid, tuple(grid_hw))
+    logging.info("Resampled posemb from %d grid tokens to a %dx%d grid.",
+                 src.shape[1] - src_prefix, *grid_hw)
   if tgt_prefix and not src_prefix:  # big_vision/gap: the cls token had no posemb.
     prefix = np.zeros((1, tgt_prefix, src.shape[2]), src.dtype)
   elif not tgt_prefix:
@@ -215,7 +227,7 @@ def read_params(path) -> dict:
 # ----------------------------------------------------------------------------
 # load
 
-def load(init_params, path, model_cfg=None, dont_load: Sequence[str] = ()):
+def load(init_params, path, model_cfg=None, dont_load: Sequence[str] = (), grid_hw=None):
   """Loads a checkpoint into the structure of `init_params`.
 
   init_params: the model's params (the "params" collection), boxed
@@ -228,6 +240,9 @@ def load(init_params, path, model_cfg=None, dont_load: Sequence[str] = ()):
     structure is read from init_params.
   dont_load: regexes (re.fullmatch on the model's "/"-joined param names, e.g.
     "head/.*") whose params keep their init values.
+  grid_hw: the model's (h, w) patch grid (image size // patch size), for
+    resampling a learned posemb to a non-square grid; if None, a posemb that
+    needs resampling is resampled to a square grid.
 
   Returns params of the same kind as init_params: a boxed tree when boxed was
   given, else a plain nested dict; leaves are host np.ndarrays in init's dtype.
@@ -240,7 +255,7 @@ def load(init_params, path, model_cfg=None, dont_load: Sequence[str] = ()):
   else:
     flat = read_params(path)
   try:
-    return merge(init_params, flat, dont_load)
+    return merge(init_params, flat, dont_load, grid_hw)
   except ValueError as e:
     raise ValueError(f"Cannot load {path}: {e}") from None
 
@@ -252,10 +267,11 @@ def _num_heads(init_params) -> int:
   raise ValueError("The model has no attention params.")
 
 
-def merge(init_params, src_flat: Mapping[str, np.ndarray], dont_load: Sequence[str] = ()):
+def merge(init_params, src_flat: Mapping[str, np.ndarray], dont_load: Sequence[str] = (),
+          grid_hw=None):
   """Fits canonical flat params `src_flat` to `init_params` (see `load`)."""
   if isinstance(init_params, Mapping) and set(init_params) == {"params"}:  # whole variables
-    return {"params": merge(init_params["params"], src_flat, dont_load)}
+    return {"params": merge(init_params["params"], src_flat, dont_load, grid_hw)}
   boxed = any(_is_box(x) for x in jax.tree.leaves(init_params, is_leaf=_is_box))
   tgt = flatten(nn.meta.unbox(init_params))
   keep = set()
@@ -279,7 +295,7 @@ def merge(init_params, src_flat: Mapping[str, np.ndarray], dont_load: Sequence[s
                        "re-initialise it.")
     v = np.asarray(src_flat[k])
     if k == _POSEMB:
-      v = _fit_posemb(v, src_prefix, spec.shape, tgt_prefix)
+      v = _fit_posemb(v, src_prefix, spec.shape, tgt_prefix, grid_hw)
     if v.shape != spec.shape:
       raise ValueError(f"param {k!r} has shape {v.shape} in the checkpoint but {spec.shape} in "
                        "the model; add it to dont_load to re-initialise it.")

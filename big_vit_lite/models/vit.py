@@ -630,10 +630,10 @@ class _Embedding(nn.Module):
     return nn.with_logical_constraint(x, ("batch", None, None, "embed"))
 
 
-def load(init_params, path, model_cfg=None, dont_load: Sequence[str] = ()):
+def load(init_params, path, model_cfg=None, dont_load: Sequence[str] = (), grid_hw=None):
   """Loads a checkpoint into the structure of `init_params` (see interop.load)."""
   from big_vit_lite.models import interop  # pylint: disable=g-import-not-at-top
-  return interop.load(init_params, path, model_cfg, dont_load)
+  return interop.load(init_params, path, model_cfg, dont_load, grid_hw)
 
 
 def save_npz(params, path):
