@@ -15,9 +15,13 @@ Workdirs and sources may be local or on a bucket (gs://...): paths are
 etils.epath paths, which orbax takes as they are.
 """
 import json
+import logging as py_logging
 import os
+import re
 import signal
+import sys
 import threading
+import traceback
 
 from absl import logging
 from flax import traverse_util
@@ -76,11 +80,7 @@ class Checkpointer:
     otherwise fail deep inside orbax with a message about its internals.
     dtypes may differ (orbax casts on restore, e.g. a changed mu_dtype).
     """
-    metadata = ocp.PyTreeCheckpointer().metadata(self.step_dir(step) / "state")
-    tree = getattr(getattr(metadata, "item_metadata", None), "tree", None)
-    if tree is None:
-      raise ValueError("its state/ holds no readable array metadata")
-    saved = {p: tuple(m.shape) for p, m in _flatten_metadata(tree)}
+    saved = {p: tuple(m.shape) for p, m in _flatten_metadata(_state_tree(self.step_dir(step)))}
     wanted = {"/".join(_key_name(k) for k in path): tuple(x.shape)
               for path, x in jax.tree_util.tree_flatten_with_path(abstract_state)[0]}
     # Params first: a changed model shows as a param, not as its optimizer moments.
@@ -110,6 +110,7 @@ class Checkpointer:
     orbax reads each device's slice, so a checkpoint from 8 FSDP devices
     restores onto 1 device and back.
     """
+    _drop_abandoned_read_reports()
     out = self.manager.restore(int(step), args=ocp.args.Composite(
         state=ocp.args.StandardRestore(abstract_state),
         data=ocp.args.JsonRestore(),
@@ -122,6 +123,67 @@ class Checkpointer:
   def close(self):
     self.manager.wait_until_finished()
     self.manager.close()
+
+
+def _state_tree(step_dir):
+  """The array metadata tree of `step_dir`/state; a one-line ValueError saying why not."""
+  _drop_abandoned_read_reports()
+  # The handler, not a PyTreeCheckpointer: that one swallows the reason (and
+  # warns about a step metadata file that state/ never has).
+  handler = ocp.PyTreeCheckpointHandler()
+  try:
+    return handler.metadata(step_dir / "state").tree
+  except Exception as e:  # pylint: disable=broad-except
+    raise ValueError(_reason(e)) from e
+  finally:
+    handler.close()
+
+
+def _reason(error):
+  """The first line of `error`, without tensorstore's spec (a long JSON)."""
+  line = (str(error).strip().splitlines() or [""])[0]
+  return re.sub(r"\s*\[tensorstore_spec=.*", "", line) or type(error).__name__
+
+
+def _drop_abandoned_read_reports():
+  """Silences the reports of the reads orbax abandons when one read fails.
+
+  orbax starts the reads of all arrays at once; when one fails (a damaged
+  checkpoint) it raises and closes its event loop at once. The other reads
+  finish later on tensorstore's threads, and their callbacks find the loop
+  closed: "RuntimeError: Event loop is closed" tracebacks through
+  sys.unraisablehook, or asyncio's "Task (Future) exception was never
+  retrieved", around the one-line error. Nothing waits for those reads and nothing can,
+  so these two reports, and only they, are dropped from now on (they come
+  at any time later). Idempotent.
+  """
+  if not getattr(sys.unraisablehook, "drops_abandoned_reads", False):
+    previous = sys.unraisablehook
+
+    def hook(unraisable):
+      if not _is_closed_loop_callback(unraisable):
+        previous(unraisable)
+
+    hook.drops_abandoned_reads = True
+    sys.unraisablehook = hook
+  asyncio_logger = py_logging.getLogger("asyncio")
+  if _keep_unless_abandoned_read not in asyncio_logger.filters:
+    asyncio_logger.addFilter(_keep_unless_abandoned_read)
+
+
+def _is_closed_loop_callback(unraisable):
+  """Whether native code (tensorstore) called a closed asyncio loop's call_soon_threadsafe."""
+  frames = traceback.extract_tb(unraisable.exc_traceback)
+  return (type(unraisable.exc_value) is RuntimeError  # pylint: disable=unidiomatic-typecheck
+          and str(unraisable.exc_value) == "Event loop is closed" and unraisable.object is None
+          and bool(frames) and frames[0].name == "call_soon_threadsafe")
+
+
+def _keep_unless_abandoned_read(record):
+  """A logging filter: False for asyncio's report of a tensorstore read error nobody awaited."""
+  error = record.exc_info[1] if record.exc_info else None
+  return not (re.match(r"(Task|Future) exception was never retrieved", str(record.msg))
+              and "tensorstore_spec" in str(error))
 
 
 def _flatten_metadata(tree, prefix=""):
@@ -188,17 +250,21 @@ def load_params(src):
   if not src.exists():
     raise ValueError(f"model_init path does not exist: {src}")
   step_dir = resolve_step_dir(src)
-  ckptr = ocp.PyTreeCheckpointer()
-  state_dir = step_dir / "state"
-  tree = ckptr.metadata(state_dir).item_metadata.tree
+  try:
+    tree = _state_tree(step_dir)
+  except ValueError as e:
+    raise ValueError(_cannot_read(step_dir, e)) from e
   if "params" not in tree:
     raise ValueError(f"Checkpoint {step_dir} holds no 'params'.")
   # Restore only the params, as host numpy arrays (no device/mesh needed).
   restore_args = jax.tree.map(
       lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree["params"])
-  out = ckptr.restore(state_dir, args=ocp.args.PyTreeRestore(
-      item={"params": tree["params"]}, restore_args={"params": restore_args},
-      partial_restore=True))
+  try:
+    out = ocp.PyTreeCheckpointer().restore(step_dir / "state", args=ocp.args.PyTreeRestore(
+        item={"params": tree["params"]}, restore_args={"params": restore_args},
+        partial_restore=True))
+  except Exception as e:  # pylint: disable=broad-except
+    raise ValueError(_cannot_read(step_dir, e)) from e
   config = None
   config_path = step_dir / "config" / "metadata"
   if config_path.is_file():
@@ -206,6 +272,14 @@ def load_params(src):
     if cfg:
       config = ml_collections.ConfigDict(cfg)
   return out["params"], config
+
+
+def _cannot_read(step_dir, error):
+  """One line for a step directory whose arrays cannot be read (damaged after the save)."""
+  older = [s for s in ocp.utils.checkpoint_steps(step_dir.parent)
+           if step_dir.name.isdigit() and s < int(step_dir.name)]
+  other = f"an older step ({step_dir.parent / str(max(older))})" if older else "another checkpoint"
+  return f"Cannot read checkpoint {step_dir} ({_reason(error)}); if it is damaged, pass {other}."
 
 
 def load_npz(path):

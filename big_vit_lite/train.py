@@ -24,7 +24,6 @@ import json
 import logging as py_logging
 import math
 import sys
-import time
 
 from absl import app
 from absl import flags
@@ -516,10 +515,6 @@ def _restore(checkpointer, step, state_abstract):
 
 def _damaged(checkpointer, step, error):
   """One line for a checkpoint that cannot be read (files deleted or truncated after the save)."""
-  # tensorstore's reads still in flight report to orbax's closed event loop
-  # ("Event loop is closed" tracebacks): let them finish so that the user's
-  # one-line reason comes last.
-  time.sleep(1.0)
   first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
   if len(first_line) > 300:
     first_line = first_line[:300] + "..."

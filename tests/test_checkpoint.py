@@ -1,5 +1,7 @@
 """Checkpointer (orbax): round trip, retention policy, atomicity, load_params sources."""
 import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -9,6 +11,7 @@ import optax
 import pytest
 
 from big_vit_lite import checkpoint
+from trainer_runs import ROOT, run_train
 
 
 def _state(scale=1.0):
@@ -73,3 +76,64 @@ def test_load_params_from_npz_and_bad_paths(tmp_path):
   os.makedirs(tmp_path / "empty")
   with pytest.raises(ValueError, match="No complete checkpoint"):
     checkpoint.load_params(str(tmp_path / "empty"))
+
+
+def _damaged_workdir(workdir, steps=(1, 2)):
+  """A workdir whose newest checkpoint lost its OCDBT manifest (e.g. deleted by hand)."""
+  ckpt = checkpoint.Checkpointer(str(workdir), async_save=False)
+  # Many arrays: orbax opens them all at once, and abandons the rest when one fails.
+  params = {f"dense_{i}": {"kernel": jnp.full((2, 2), float(i))} for i in range(1000)}
+  for step in steps:
+    ckpt.save(step, dict(params=params), {}, None)
+  ckpt.close()
+  step_dir = os.path.join(workdir, "checkpoints", str(steps[-1]))
+  os.remove(os.path.join(step_dir, "state", "manifest.ocdbt"))
+  return step_dir
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_resume_from_a_damaged_checkpoint_prints_one_line_only(tfds_data_dir, tmp_path):
+  # orbax's reads still in flight when it gave up printed "RuntimeError: Event loop is
+  # closed" tracebacks (dozens) around the trainer's one line.
+  workdir = str(tmp_path / "run")
+  step_dir = _damaged_workdir(workdir)
+  p = run_train(tfds_data_dir, workdir, timeout=100)
+  assert p.returncode == 1, p.stderr[-3000:]
+  last = p.stderr.strip().splitlines()[-1]
+  assert last.startswith(f"big_vit_lite.train: error: Cannot read checkpoint {step_dir} ("), last
+  for noise in ("Event loop is closed", "Traceback", "never retrieved"):
+    assert noise not in p.stderr, p.stderr[-3000:]
+
+
+def test_damaged_checkpoint_reads_are_one_line_errors_and_nothing_else(tmp_path):
+  # In a child process: orbax's abandoned reads report from tensorstore's threads any
+  # time later, up to the process's exit (here after 1 s).
+  step_dir = _damaged_workdir(tmp_path)
+  child = ("import sys, time\n"
+           "from big_vit_lite import checkpoint\n"
+           "for read in (lambda: checkpoint.load_params(sys.argv[1]),\n"
+           "             lambda: checkpoint.Checkpointer(sys.argv[1]).state_mismatch(2, {})) * 2:\n"
+           "  try:\n"
+           "    read()\n"
+           "  except Exception as e:\n"
+           "    print(f'{type(e).__name__}: {e}', file=sys.stderr)\n"
+           "time.sleep(1)\n")
+  p = subprocess.run([sys.executable, "-c", child, str(tmp_path)], capture_output=True,
+                     text=True, timeout=100, cwd=ROOT,
+                     env=dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT))
+  for noise in ("Event loop is closed", "Traceback", "never retrieved"):
+    assert noise not in p.stderr, p.stderr[-3000:]
+  lines = [l for l in p.stderr.splitlines() if l.endswith("does not exist")
+           or "if it is damaged" in l]
+  assert len(lines) == 4, p.stderr[-3000:]
+  # load_params (evaluate, model_init): was an AttributeError ('NoneType' object has no
+  # attribute 'tree').
+  older = os.path.join(tmp_path, "checkpoints", "1")
+  for line in lines[::2]:
+    assert line.startswith(f"ValueError: Cannot read checkpoint {step_dir} (NOT_FOUND: "), lines
+    assert line.endswith(f"does not exist); if it is damaged, pass an older step ({older})."), lines
+    assert "tensorstore_spec" not in line, lines
+  # The trainer's resume check: the reason, not "its state/ holds no readable array metadata".
+  for line in lines[1::2]:
+    assert line.startswith("ValueError: NOT_FOUND: ") and ".zarray" in line, lines

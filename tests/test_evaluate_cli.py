@@ -10,6 +10,7 @@ import numpy as np
 import jax.numpy as jnp
 import pytest
 
+from big_vit_lite import checkpoint
 from big_vit_lite.evaluators import presets
 from big_vit_lite.models import vit
 
@@ -85,13 +86,30 @@ def test_evaluate_npz_linear_probe_on_image_folder(tiny_npz, tfds_data_dir, tmp_
   assert "shapes3" in p.stdout
 
 
+def _damaged_checkpoint(workdir):
+  """A training workdir whose checkpoint lost its OCDBT manifest."""
+  ckpt = checkpoint.Checkpointer(str(workdir), async_save=False)
+  ckpt.save(1, dict(params={f"dense_{i}": jnp.zeros((2, 2)) for i in range(100)}), {}, None)
+  ckpt.close()
+  os.remove(os.path.join(workdir, "checkpoints", "1", "state", "manifest.ocdbt"))
+  return str(workdir)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_evaluate_errors_are_one_line(tiny_npz, tfds_data_dir, tmp_path):
+  # 12 train images per class, and the default shots go up to 25.
+  root = evaluator_fixtures.write_image_folder(str(tmp_path / "shapes3"), n_test=1)
   cases = [
       (str(tmp_path / "missing"), "configs/fewshot.py:runlocal", "does not exist"),
       # The model takes 28x28x3; the pp makes 32x32x1.
       (tiny_npz, "configs/fewshot.py:runlocal,res=32", "resize to 28"),
+      # Was a warning and a "shapes3_25shot" fitted on 12 examples per class.
+      (tiny_npz, f"configs/fewshot.py:channels=3,folder={root}",
+       "class 0 has only 12 train examples, too few for 25-shot; lower `shots` to at most 12"),
+      # Was an AttributeError traceback, among "Event loop is closed" ones.
+      (_damaged_checkpoint(tmp_path / "damaged"), "configs/fewshot.py:runlocal",
+       f"Cannot read checkpoint {tmp_path / 'damaged' / 'checkpoints' / '1'} (NOT_FOUND: "),
   ]
   for src, config, message in cases:
     p = _run(["big_vit_lite.evaluate", f"--config={config}", f"--workdir={tmp_path / 'e'}",
@@ -134,7 +152,8 @@ def test_evaluate_two_processes_match_one(tiny_npz, tfds_data_dir, tmp_path):
   # The numbers must not depend on the process count.
   root = evaluator_fixtures.write_image_folder(str(tmp_path / "shapes3"))
   args = ["big_vit_lite.evaluate", f"--config=configs/fewshot.py:channels=3,folder={root}",
-          "--config.evals.fewshot.batch_size=8", f"--config.model_init={tiny_npz}"]
+          "--config.evals.fewshot.batch_size=8", "--config.evals.fewshot.shots=(1,10)",
+          f"--config.model_init={tiny_npz}"]
   one = _run(args + [f"--workdir={tmp_path / 'one'}"], tfds_data_dir, timeout=120)
   assert one.returncode == 0, one.stderr[-3000:]
   env = dict(os.environ, TFDS_DATA_DIR=tfds_data_dir, LOCAL_PREFIX_OUTPUT="0")

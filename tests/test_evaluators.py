@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from big_vit_lite import sharding
+from big_vit_lite import train
 from big_vit_lite.data import input_pipeline
 from big_vit_lite.evaluators import classification
 from big_vit_lite.evaluators import features
@@ -87,16 +88,61 @@ def test_fewshot_reuses_features_only_for_the_same_params(shapes_folder, mesh, m
                          datasets=presets.folder_datasets(shapes_folder),
                          pp=presets.eval_pp(28, channels=1), shots=(5,), num_seeds=3,
                          batch_size=16)
+  assert reads == ["train"]  # The labels pass, once, when built.
   first = ev.run(params)
   assert first["shapes3_5shot"] > 0.5, first  # random-init features beat chance (33%)
   assert reads == ["train", "train", "test"]  # labels pass, sampled pass, test pass
   # Same params: the features are reused, nothing is read again.
   assert ev.run(params) == first
   assert len(reads) == 3
-  # New params (other arrays): features are recomputed, not served stale.
+  # New params (other arrays): features are recomputed, not served stale (the
+  # samples, which depend on the labels alone, are kept).
   second = ev.run(init(1))
-  assert len(reads) == 6
+  assert reads[3:] == ["train", "test"]
   assert second != first
+
+
+def test_more_shots_than_a_class_has_is_one_line_before_any_forward(shapes_folder, mesh,
+                                                                   tmp_path):
+  # 12 train images per class, but only 7 of class 1 ("corner", in sorted order).
+  root = tmp_path / "shapes3"
+  shutil.copytree(shapes_folder, root)
+  for i in range(7, 12):
+    os.remove(root / "train" / "corner" / f"{i}.png")
+  calls = []
+
+  def predict_fn(params, images):
+    calls.append(images.shape)
+    return pixels_predict_fn(params, images)
+
+  # It used to warn, then report "shapes3_10shot" fitted on 7 examples of that class.
+  with pytest.raises(ValueError) as e:
+    fewshot.Evaluator(predict_fn, mesh=mesh, datasets=presets.folder_datasets(str(root)),
+                      pp=GREY_PP, shots=(1, 5, 10), num_seeds=2, batch_size=16)
+  msg = str(e.value)
+  assert "\n" not in msg and not calls, msg
+  assert msg.startswith("Few-shot dataset 'shapes3' (imagefolder, split 'train'): class 1 has "
+                        "only 7 train examples, too few for 10-shot; lower `shots` to at most 7 "
+                        "or use a bigger train split."), msg
+  # As many shots as the smallest class has: fine.
+  ev = fewshot.Evaluator(predict_fn, mesh=mesh, datasets=presets.folder_datasets(str(root)),
+                         pp=GREY_PP, shots=(1, 7), num_seeds=2, batch_size=16)
+  assert set(ev.run({})) == {"shapes3_1shot", "shapes3_7shot"}
+
+
+def test_trainer_stops_on_too_many_shots_before_training(shapes_folder, tfds_data_dir,
+                                                          tmp_path):
+  import train_config_tiny  # pylint: disable=import-outside-toplevel
+  config = train_config_tiny.get_config()
+  config.input.data.data_dir = tfds_data_dir
+  config.evals = dict(fewshot=dict(type="fewshot", datasets=presets.folder_datasets(shapes_folder),
+                                   pp=GREY_PP, shots=(1, 25), num_seeds=1, log_steps=100))
+  # (main prints this ValueError as its one line, like the evaluators' other config errors.)
+  with pytest.raises(ValueError, match=r"'shapes3' .*class 0 has only 12 train examples, too few "
+                                       r"for 25-shot"):
+    train.train(config, str(tmp_path / "run"))
+  # Before the checkpointer, the step's compile and any training.
+  assert not os.path.exists(tmp_path / "run" / "checkpoints")
 
 
 def _load_split(data_cfg, pp):
@@ -236,9 +282,9 @@ def test_wrong_labels_for_the_model_are_one_line_errors(shapes_folder, mesh, tmp
   with pytest.raises(ValueError, match=r"3-class 'labels' but the model's head has 2 outputs"):
     ev.run({})  # was a TypeError from inside jit
   # Few-shot / linear probe need the integer label: a pp that drops it was a KeyError.
-  for cls in (fewshot.Evaluator, linear_probe.Evaluator):
+  for cls, kw in ((fewshot.Evaluator, dict(shots=(1, 10))), (linear_probe.Evaluator, {})):
     ev = cls(pixels_predict_fn, mesh=mesh, datasets=presets.folder_datasets(shapes_folder),
-             pp=onehot_pp, batch_size=16)
+             pp=onehot_pp, batch_size=16, **kw)
     with pytest.raises(ValueError, match=r"lack 'label'.*keep\('image', 'label'\)"):
       ev.run({})
   # One class: every prediction is right, a 100% that measures nothing.
@@ -246,10 +292,9 @@ def test_wrong_labels_for_the_model_are_one_line_errors(shapes_folder, mesh, tmp
   for split in ("train", "test"):
     shutil.copytree(os.path.join(shapes_folder, split, "bars"), one / split / "bars")
   for cls in (fewshot.Evaluator, linear_probe.Evaluator):
-    ev = cls(pixels_predict_fn, mesh=mesh, datasets=presets.folder_datasets(str(one)),
-             pp=GREY_PP, batch_size=16)
-    with pytest.raises(ValueError, match="at least 2 classes"):
-      ev.run({})
+    with pytest.raises(ValueError, match="at least 2 classes"):  # (fewshot: when built)
+      cls(pixels_predict_fn, mesh=mesh, datasets=presets.folder_datasets(str(one)),
+          pp=GREY_PP, batch_size=16).run({})
 
 
 def test_non_finite_model_outputs_are_one_line_errors(shapes_folder, mesh):

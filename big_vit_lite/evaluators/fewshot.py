@@ -14,12 +14,18 @@ What differs from big_vision:
   plus the test split.
 - The l2 penalty is chosen per fit by exact leave-one-out accuracy on the
   sampled training examples (see ridge.py), never on the test split.
+- The labels pass and the samples depend on the data alone: they are done
+  once, when the evaluator is built, so that a shot count above a class's
+  train examples fails then (before training or any forward pass) instead of
+  reporting a "25shot" that used fewer examples.
 - Features are computed once per dataset per `run`, and reused by later runs
   only while the params are the very same (immutable) arrays.
 
 Config (evals.NAME minus type/log_steps):
   datasets: {NAME: dict(name=TFDS_NAME, data_dir=None, [train_split], [test_split], [pp])}
   pp: preprocessing of both splits; must keep "image" and the integer label.
+  shots, num_seeds: k-shot settings and seeds; every class of each train split
+    needs at least max(shots) examples.
   representation_layer: "pre_logits" (default), "logits" or any key of the
     model's `out` ("encoded", "block03", ...); token_pool: "mean" or
     "flatten" for token-shaped layers (see features.representation).
@@ -132,6 +138,9 @@ class Evaluator:
     self.extractor = feats.FeatureExtractor(predict_fn, mesh, representation_layer,
                                             token_pool)
     self._cache = ParamsCache()
+    # Now, not at the first run: a dataset with too few examples for `shots`
+    # stops the trainer before it trains.
+    self._plans = {name: self._plan(name) for name in self.datasets}
 
   # ------------------------------------------------------------------ data
 
@@ -148,15 +157,18 @@ class Evaluator:
     return (feats.gather_local(np.concatenate(labels)),
             feats.gather_local(np.concatenate(masks)))
 
-  def _samples(self, labels):
+  def _samples(self, labels, what):
     """{(seed, shot): ids} nested per seed, over valid global example ids."""
     ids = np.arange(labels.shape[0])
     check_classes(labels, "Few-shot")
     counts = np.bincount(labels)
-    fewest = int(counts[counts > 0].min())
-    if fewest < max(self.shots):
-      logging.warning("fewshot: a class has only %d train examples; shots above that use "
-                      "all of them.", fewest)
+    present = np.flatnonzero(counts)
+    fewest = present[np.argmin(counts[present])]
+    if counts[fewest] < max(self.shots):
+      raise ValueError(
+          f"Few-shot {what}: class {fewest} has only {counts[fewest]} train examples, too few "
+          f"for {max(self.shots)}-shot; lower `shots` to at most {counts[fewest]} or use a "
+          "bigger train split.")
     out = {}
     for seed in self.seeds:
       order = sample_per_class(labels, max(self.shots), np.random.default_rng(seed))
@@ -169,16 +181,24 @@ class Evaluator:
         out[seed, shot] = ids[np.concatenate(chosen)]
     return out
 
-  def _features(self, params, name):
-    train_cfg, test_cfg, pp = self.datasets[name]
+  def _plan(self, name):
+    """The train labels of dataset `name` and its samples (as global example ids)."""
+    train_cfg = self.datasets[name][0]
     labels_pn, valid_pn = self._train_labels(train_cfg)
-    nproc, n_local = labels_pn.shape
-    gid = np.arange(nproc * n_local).reshape(nproc, n_local)
+    gid = np.arange(labels_pn.size).reshape(labels_pn.shape)
     valid_ids = gid[valid_pn]
     valid_labels = labels_pn[valid_pn]
-    samples = self._samples(valid_labels)
+    samples = self._samples(valid_labels, f"dataset {name!r} ({train_cfg['name']}, split "
+                                          f"{train_cfg['split']!r})")
     # Sample positions index valid_ids; map them to global ids (process, row).
-    samples = {k: valid_ids[v] for k, v in samples.items()}
+    return dict(labels_pn=labels_pn, max_label=int(valid_labels.max()),
+                samples={k: valid_ids[v] for k, v in samples.items()})
+
+  def _features(self, params, name):
+    train_cfg, test_cfg, pp = self.datasets[name]
+    plan = self._plans[name]
+    labels_pn, samples = plan["labels_pn"], plan["samples"]
+    nproc, n_local = labels_pn.shape
     wanted_global = np.unique(np.concatenate(list(samples.values())))
     counts = np.bincount(wanted_global // n_local, minlength=nproc)
     local_bs = self.batch_size // nproc
@@ -201,7 +221,7 @@ class Evaluator:
     return dict(train_x=train["feature"], train_y=train[self.label_key],
                 rows={k: np.array([row_of[int(g)] for g in v]) for k, v in samples.items()},
                 test_x=test["feature"], test_y=test[self.label_key],
-                num_classes=int(max(valid_labels.max(), test[self.label_key].max())) + 1)
+                num_classes=max(plan["max_label"], int(test[self.label_key].max())) + 1)
 
   # ------------------------------------------------------------------ eval
 
