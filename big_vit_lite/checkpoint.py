@@ -121,6 +121,10 @@ class Checkpointer:
     self.manager.wait_until_finished()
 
   def close(self):
+    """Waits for a save in flight (it commits), then releases orbax's threads. Idempotent."""
+    if getattr(self, "_closed", False):
+      return
+    self._closed = True
     self.manager.wait_until_finished()
     self.manager.close()
 

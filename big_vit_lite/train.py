@@ -317,6 +317,9 @@ def _train(raw_config, workdir, cleanup):
     # checkpoint or a bad model_init fails in seconds, not after minutes.
     checkpointer = ckpt_lib.Checkpointer(workdir, keep=keep_ckpts, keep_every=keep_every,
                                          async_save=ckpt_async)
+    # However the run ends (an eval or the data raising, Ctrl-C), an async save
+    # in flight finishes: otherwise the process exits with its step uncommitted.
+    cleanup.callback(_finish_saves, checkpointer)
     resume_step = checkpointer.latest_step()
     if resume_step is not None:
       _check_resumable(checkpointer, resume_step, state_abstract, raw_config, total_steps)
@@ -504,6 +507,14 @@ def _check_resumable(checkpointer, step, state_abstract, raw_config, total_steps
   if step >= total_steps:
     logging.warning("The checkpoint at step %d is already at or past total_steps=%d: "
                     "nothing to train (raise config.total_steps to train on).", step, total_steps)
+
+
+def _finish_saves(checkpointer):
+  """close() on the way out of a failing run; its own error must not hide the run's."""
+  try:
+    checkpointer.close()
+  except Exception as e:  # pylint: disable=broad-except
+    logging.error("The checkpoint save in flight did not complete: %s", e)
 
 
 def _restore(checkpointer, step, state_abstract):

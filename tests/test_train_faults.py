@@ -248,3 +248,23 @@ def test_model_init_posemb_resampled_to_a_non_square_grid(tfds_data_dir, tmp_pat
   grid4 = interop.to_numpy_flat(src)["Transformer/posembed_input/pos_embedding"]
   np.testing.assert_allclose(got["Transformer"]["posembed_input"]["pos_embedding"],
                              interop.resample_posemb(grid4, (4, 9)), rtol=1e-6)
+
+
+@pytest.mark.timeout(240)
+def test_a_failing_eval_keeps_the_checkpoint_saved_just_before(tfds_data_dir, tmp_path, monkeypatch):
+  """An eval that raises right after an async save: the save still completes (and commits)."""
+  from big_vit_lite.evaluators import classification
+
+  def boom(self, params):
+    raise RuntimeError("eval failed")
+
+  monkeypatch.setenv("TFDS_DATA_DIR", tfds_data_dir)
+  monkeypatch.setattr(classification.Evaluator, "run", boom)
+  config = train_config_tiny.get_config("evals")
+  config.input.data.data_dir = tfds_data_dir
+  config.total_steps, config.ckpt_steps = 12, 6
+  workdir = str(tmp_path / "w")
+  with pytest.raises(RuntimeError, match="eval failed"):
+    train.train(config, workdir)
+  # Read at once: nothing may still be writing step 6 once train has returned.
+  assert checkpoint.Checkpointer(workdir).all_steps() == [6]
