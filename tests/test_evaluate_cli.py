@@ -210,9 +210,20 @@ def test_model_input_read_off_stem_big_vision_and_sincos_checkpoints():
   with pytest.raises(ValueError, match="8 patch tokens, not a square grid"):
     evaluate.native_input_shape(dict(flat, **{"Transformer/posembed_input/pos_embedding":
                                               np.zeros((1, 8, 32), np.float32)}), None)
+  # Trained on 28x63 (a 4x9 grid, 36 tokens as in 6x6): a square run would scramble the posemb.
+  import ml_collections  # pylint: disable=import-outside-toplevel
+  saved = ml_collections.ConfigDict(dict(input=dict(pp="decode(1)|resize((28, 63))|keep('image')")))
+  nonsquare = dict(flat, **{"Transformer/posembed_input/pos_embedding":
+                            np.zeros((1, 36, 32), np.float32)})
+  with pytest.raises(ValueError, match=r"trained on 28x63 images .*square images only"):
+    evaluate.native_input_shape(nonsquare, saved)
+  saved.input.pp = "decode(1)|resize(42)|keep('image')"
+  assert evaluate.native_input_shape(nonsquare, saved) == (42, 1)
   # sincos2d without a saved pp: no fixed resolution (it runs at the eval pp's size).
   del flat["Transformer/posembed_input/pos_embedding"]
   assert evaluate.native_input_shape(flat, None) == (None, 1)
+  saved.input.pp = "decode(1)|inception_crop([24, 24])|keep('image')"
+  assert evaluate.native_input_shape(flat, saved) == (24, 1)
 
 
 def test_evaluate_headless_and_sincos_npz_in_process(tmp_path):
