@@ -54,6 +54,7 @@ class Checkpointer:
     )
     self.manager = ocp.CheckpointManager(
         self.directory, options=options, item_names=("state", "data", "config"))
+    self._closed = False
 
   def latest_step(self):
     return self.manager.latest_step()
@@ -122,7 +123,7 @@ class Checkpointer:
 
   def close(self):
     """Waits for a save in flight (it commits), then releases orbax's threads. Idempotent."""
-    if getattr(self, "_closed", False):
+    if self._closed:
       return
     self._closed = True
     self.manager.wait_until_finished()
@@ -138,12 +139,12 @@ def _state_tree(step_dir):
   try:
     return handler.metadata(step_dir / "state").tree
   except Exception as e:  # pylint: disable=broad-except
-    raise ValueError(_reason(e)) from e
+    raise ValueError(error_reason(e)) from e
   finally:
     handler.close()
 
 
-def _reason(error):
+def error_reason(error):
   """The first line of `error`, without tensorstore's spec (a long JSON)."""
   line = (str(error).strip().splitlines() or [""])[0]
   return re.sub(r"\s*\[tensorstore_spec=.*", "", line) or type(error).__name__
@@ -283,7 +284,7 @@ def _cannot_read(step_dir, error):
   older = [s for s in ocp.utils.checkpoint_steps(step_dir.parent)
            if step_dir.name.isdigit() and s < int(step_dir.name)]
   other = f"an older step ({step_dir.parent / str(max(older))})" if older else "another checkpoint"
-  return f"Cannot read checkpoint {step_dir} ({_reason(error)}); if it is damaged, pass {other}."
+  return f"Cannot read checkpoint {step_dir} ({error_reason(error)}); if it is damaged, pass {other}."
 
 
 def load_npz(path):

@@ -526,7 +526,7 @@ def _restore(checkpointer, step, state_abstract):
 
 def _damaged(checkpointer, step, error):
   """One line for a checkpoint that cannot be read (files deleted or truncated after the save)."""
-  first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+  first_line = ckpt_lib.error_reason(error)
   if len(first_line) > 300:
     first_line = first_line[:300] + "..."
   older = sorted(s for s in checkpointer.all_steps() if s < step)
