@@ -45,7 +45,7 @@ def test_full_imagenet_style_string():
     ("inception_crop(224, area_min=0)", ["inception_crop", "area_min"]),
     ("", ["non-empty"]),
     ("decod|value_range(-1, 1)", ["did you mean 'decode'"]),
-    ("vgg_value_range", ["did you mean standardize"]),
+    ("random_flip_lr", ["did you mean flip_lr"]),
     ("decode,value_range(-1, 1)", ["separate ops with '|'"]),
     ("resize(True)", ["resize(True)", "positive"]),  # was a silent 1x1 resize
     ("value_range(1, 1)", ["vmin == vmax"]),  # was a constant image
@@ -174,3 +174,76 @@ def test_randaug_changes_images_and_validates_args():
   for bad in ("randaug(-1, 10)", "randaug(2, 31)"):
     with pytest.raises(ValueError, match="randaug"):
       pp.get_preprocess_fn(bad)
+
+
+# big_vision parity: its pp strings run here and give its tensors (values
+# computed with its definitions, written out as plain tf calls).
+
+def _bv_resize(img, hw, method="bilinear", antialias=False):
+  out = tf.image.resize(img, hw, method=method, antialias=antialias)
+  return tf.cast(tf.clip_by_value(out, 0, 255), tf.uint8).numpy()  # truncates
+
+
+def test_big_vision_eval_string_gives_big_vision_tensors():
+  img = RNG.integers(0, 256, (45, 67, 3), dtype=np.uint8)
+  out = run("decode|resize_small(20)|central_crop(16)|value_range(-1,1)",
+            image=_encode(img, "PNG"))["image"]
+  small = _bv_resize(img, (20, 30), "area")  # 67 * 20 / 45 = 29.8 -> 30
+  want = small[2:18, 7:23] / 255 * 2 - 1
+  np.testing.assert_allclose(out, want, atol=1e-6)  # was up to 2/255 off: resizes rounded
+
+
+@pytest.mark.parametrize("op, method, antialias", [
+    ("resize((20, 30))", "bilinear", False), ("resize((20, 30), 'bicubic')", "bicubic", False),
+    ("resize((20, 30), antialias=True)", "bilinear", True),
+    ("resize((80, 90), 'lanczos3')", "lanczos3", False)])
+def test_resize_truncates_like_big_vision(op, method, antialias):
+  hw = (20, 30) if "20" in op else (80, 90)
+  np.testing.assert_array_equal(run(op, image=IMG)["image"], _bv_resize(IMG, hw, method, antialias))
+
+
+def test_resize_long_and_central_crop_without_size():
+  out = run("resize_long(30)", image=IMG)["image"]  # area, antialias=True by default
+  np.testing.assert_array_equal(out, _bv_resize(IMG, (20, 30), "area", True))
+  np.testing.assert_array_equal(run("central_crop", image=IMG)["image"], IMG[:, 10:50])
+  np.testing.assert_array_equal(run("central_crop()", image=IMG[:35])["image"], IMG[:35, 12:47])
+
+
+def test_inception_crop_takes_big_vision_positional_args():
+  a = run("inception_crop(8, 5, 100, 'nearest', True)", image=IMG)["image"]
+  b = run("inception_crop(8, area_min=5, method='nearest', antialias=True)", image=IMG)["image"]
+  np.testing.assert_array_equal(a, b)
+
+
+def test_vgg_value_range_and_per_channel_value_range():
+  out = run("vgg_value_range", image=np.full((1, 1, 3), 255, np.uint8))["image"]
+  np.testing.assert_allclose(out[0, 0], (1 - np.array([0.485, 0.456, 0.406]))
+                             / np.array([0.229, 0.224, 0.225]), rtol=1e-6)
+  out = run("value_range(0, 1, in_min=[0, 10, 0], in_max=[255, 20, 2])",
+            image=np.array([[[51, 15, 1]]], np.uint8))["image"]
+  np.testing.assert_allclose(out, [[[0.2, 0.5, 0.5]]], rtol=1e-6)
+  with pytest.raises(ValueError, match="one value per channel"):
+    pp.get_preprocess_fn("value_range(0, 1, in_min=[0, 0], in_max=[1, 2, 3])")
+
+
+def test_inkey_outkey():
+  out = run("value_range(outkey='prof')|resize(4, inkey='prof', outkey='small')", image=IMG)
+  np.testing.assert_array_equal(out["image"], IMG)  # the input stays as it was
+  np.testing.assert_allclose(out["prof"], IMG / 127.5 - 1, atol=1e-6)
+  assert out["small"].shape == (4, 4, 3) and out["small"].dtype == np.float32
+  out = run("flip_lr(inkey='image', outkey='image', key='x')", x=IMG, image=IMG[:1])
+  assert out["image"].shape == (1, 60, 3)  # key overrides both
+  with pytest.raises(ValueError, match="bad arguments"):
+    pp.get_preprocess_fn("onehot(10, inkey='label')")
+
+
+def test_decode_precise_and_grey_from_colour_jpeg():
+  raw = _encode(IMG, "JPEG")
+  out = run("decode(precise=True)", image=raw)["image"]
+  np.testing.assert_array_equal(out, tf.io.decode_jpeg(raw, dct_method="INTEGER_ACCURATE"))
+  assert not np.array_equal(out, run("decode", image=raw)["image"])
+  # libjpeg's own grey, as tf.io.decode_image(channels=1) (was RGB -> grey, off by up to 3).
+  big = np.asarray(Image.fromarray(IMG).resize((120, 80)))
+  raw = _encode(big, "JPEG", quality=95)
+  np.testing.assert_array_equal(run("decode(1)", image=raw)["image"],
+                                tf.io.decode_image(raw, channels=1))

@@ -1,4 +1,10 @@
-"""pp ops on keys and labels: onehot, keep, drop, copy, rename."""
+"""pp ops on keys and labels: onehot, keep, drop, copy, rename.
+
+As big_vision's, except (deliberately): onehot reads "label" by default
+(big_vision: "labels"; our datasets give "label"), its result is always
+float32 and a label >= depth is an error; keep fails on a missing key and
+never drops the pipeline's "_" keys; rename is ours.
+"""
 import tensorflow as tf
 
 from big_vit_lite.data.pp.registry import register

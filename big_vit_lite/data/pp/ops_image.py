@@ -1,10 +1,20 @@
 """pp ops on images: decoding, crops, resizes, flips, value ranges.
 
-All ops take `key` (default "image"). Random ops (inception crops,
-random_crop, flip_lr) are stateless: their seed comes from the example's
-`_rng` (see rng.py), so the same example at the same position always gets
-the same augmentation, also after a resume.
+All ops take `key` (default "image"), and big_vision's `inkey`/`outkey`
+(see registry.py). Ops big_vision also has take its arguments in its order
+with its defaults (inception crops' aspect ratios: 3/4..4/3 for its
+0.75..1.33) and give its values: a resized integer image is truncated (not
+rounded) back to its dtype, as big_vision does. Random ops (inception
+crops, random_crop, flip_lr) are stateless: their seed comes from the
+example's `_rng` (see rng.py), so the same example at the same position
+always gets the same augmentation, also after a resume; they draw from
+big_vision's distributions, not its samples. Deliberate differences:
+`decode` also takes images decoded upstream, CMYK JPEGs and 4 channels from
+any format; `decode_jpeg_and_inception_crop` also takes non-JPEG bytes; an
+image smaller than a crop is a one-line error; value_range is one
+multiply-add (within 1 ulp of big_vision's two steps).
 """
+import numpy as np
 import tensorflow as tf
 
 from big_vit_lite.data.pp.registry import register
@@ -41,13 +51,13 @@ _CONVEX = ("bilinear", "nearest", "area")
 
 
 def _resize(image, hw, method, antialias=False):
-  """Resizes keeping the input dtype (uint8 stays uint8, rounded)."""
+  """Resizes keeping the input dtype: uint8 stays uint8, truncated as big_vision does."""
   dtype = image.dtype
   out = tf.image.resize(image, hw, method=method, antialias=antialias)
   if dtype.is_integer:
     if method in _CONVEX and not antialias:
-      return tf.cast(out + 0.5, dtype)  # round half up; values already in range
-    return tf.saturate_cast(tf.round(out), dtype)
+      return tf.cast(out, dtype)  # values already in range (to float error, which truncates)
+    return tf.saturate_cast(out, dtype)  # = big_vision's clip, then cast
   return tf.cast(out, dtype)
 
 
@@ -81,19 +91,29 @@ def _with(data, key, value):
   return out
 
 
-def _decode_any(raw, channels):
+def _decode_any(raw, channels, precise=False):
   # expand_animations=False: a GIF gives its first frame (rank 3), so every
   # decoded image has the same rank whatever the file format.
-  decode = lambda c: tf.io.decode_image(raw, channels=c, expand_animations=False,  # noqa: E731
-                                        dtype=tf.uint8)
+  def decode(c):
+    plain = lambda: tf.io.decode_image(raw, channels=c, expand_animations=False,  # noqa: E731
+                                       dtype=tf.uint8)
+    if not precise:
+      return plain()
+    # The IDCT of PIL/cv2/PyTorch; other formats do not depend on it.
+    return tf.cond(tf.io.is_jpeg(raw), lambda: tf.io.decode_jpeg(
+        raw, channels=c, dct_method="INTEGER_ACCURATE"), plain)
   if channels not in (1, 4):
     return decode(channels)
   # tf decodes GIF/WEBP/BMP to 1 and JPEG/GIF/WEBP to 4 channels not at all, and
   # CMYK JPEGs not to 1: those decode to RGB and are converted here (a grey
-  # JPEG comes back exactly); PNG (and BMP to 4) decode directly.
+  # JPEG comes back exactly); PNG (and BMP to 4), and other JPEGs to 1 (libjpeg's
+  # own grey, as big_vision's), decode directly.
   direct = tf.strings.substr(raw, 0, 4) == b"\x89PNG"
   if channels == 4:
     direct |= tf.strings.substr(raw, 0, 2) == b"BM"
+  else:
+    direct |= tf.cond(tf.io.is_jpeg(raw), lambda: tf.image.extract_jpeg_shape(raw)[2] != 4,
+                      lambda: tf.constant(False))
   if channels == 1:
     convert = lambda: _rgb_to_grey(decode(3))  # noqa: E731
   else:
@@ -122,11 +142,13 @@ def _to_rgb(image):
 
 
 @register("decode")
-def get_decode(channels=3, key="image"):
+def get_decode(channels=3, precise=False, key="image"):
   """Decodes JPEG/PNG/GIF/BMP bytes to uint8 [H, W, channels].
 
-  Tensors that are already images (e.g. tfds features decoded upstream)
-  pass through, with grey/RGB converted to `channels`.
+  precise=True decodes JPEGs with the accurate integer IDCT (as PIL, cv2
+  and PyTorch do) instead of tf's default. Tensors that are already images
+  (e.g. tfds features decoded upstream) pass through, with grey/RGB
+  converted to `channels`.
   """
   if channels not in (0, 1, 3, 4):
     raise ValueError(f"channels must be 0 (as stored), 1, 3 or 4, got {channels!r}")
@@ -134,7 +156,7 @@ def get_decode(channels=3, key="image"):
   def op(data):
     x = data[key]
     if x.dtype == tf.string:
-      img = _decode_any(x, channels)
+      img = _decode_any(x, channels, bool(precise))
     else:
       img = _fix_channels(x, channels)
     return _with(data, key, img)
@@ -168,9 +190,12 @@ def _sample_crop(shape, seed, area_min, area_max, ratio):
 
 
 @register("inception_crop")
-def get_inception_crop(size=None, area_min=5, area_max=100, ratio_min=3 / 4, ratio_max=4 / 3,
-                       method="bilinear", antialias=False, key="image"):
-  """Random crop of `area_min..area_max` percent and ratio, resized to `size`."""
+def get_inception_crop(size=None, area_min=5, area_max=100, method="bilinear", antialias=False,
+                       ratio_min=3 / 4, ratio_max=4 / 3, key="image"):
+  """Random crop of `area_min..area_max` percent and ratio, resized to `size`.
+
+  The positional order is big_vision's (its op has no ratio arguments).
+  """
   _check_area(area_min, area_max)
   hw = _hw(size, "size") if size is not None else None
   method = _method(method)
@@ -236,33 +261,56 @@ def get_resize(size, method="bilinear", antialias=False, key="image"):
   return op
 
 
-@register("resize_small")
-def get_resize_small(smaller_size, method="area", antialias=False, key="image"):
-  """Resizes so that the shorter side is `smaller_size`, keeping the aspect ratio."""
-  if not _is_int(smaller_size) or smaller_size < 1:
-    raise ValueError(f"smaller_size must be a positive int, got {smaller_size!r}")
+def _get_resize_side(side, method, antialias, key, name, shorter):
+  """Resizes so that the shorter (or longer) side is `side`, keeping the aspect ratio."""
+  if not _is_int(side) or side < 1:
+    arg = "smaller_size" if shorter else "longer_size"
+    raise ValueError(f"{arg} must be a positive int, got {side!r}")
   method = _method(method)
 
   def op(data):
-    img = _image(data, key, "resize_small")
+    img = _image(data, key, name)
     h, w = tf.shape(img)[0], tf.shape(img)[1]
-    ratio = tf.cast(smaller_size, tf.float32) / tf.cast(tf.minimum(h, w), tf.float32)
+    ref = tf.minimum(h, w) if shorter else tf.maximum(h, w)
+    ratio = tf.cast(side, tf.float32) / tf.cast(ref, tf.float32)
     nh = tf.cast(tf.round(tf.cast(h, tf.float32) * ratio), tf.int32)
     nw = tf.cast(tf.round(tf.cast(w, tf.float32) * ratio), tf.int32)
     return _with(data, key, _resize(img, tf.stack([nh, nw]), method, antialias))
   return op
 
 
+@register("resize_small")
+def get_resize_small(smaller_size, method="area", antialias=False, key="image"):
+  """Resizes so that the shorter side is `smaller_size`, keeping the aspect ratio."""
+  return _get_resize_side(smaller_size, method, antialias, key, "resize_small", shorter=True)
+
+
+@register("resize_long")
+def get_resize_long(longer_size, method="area", antialias=True, key="image"):
+  """Resizes so that the longer side is `longer_size`, keeping the aspect ratio.
+
+  antialias defaults to True here, as in big_vision (resize_small's is False).
+  """
+  return _get_resize_side(longer_size, method, antialias, key, "resize_long", shorter=False)
+
+
 @register("central_crop")
-def get_central_crop(crop_size, key="image"):
-  hw = _hw(crop_size, "crop_size")
+def get_central_crop(crop_size=None, key="image"):
+  """Central crop of `crop_size`; None: the largest central square."""
+  hw = _hw(crop_size, "crop_size") if crop_size is not None else None
 
   def op(data):
-    img = _fits(_image(data, key, "central_crop"), hw, "central_crop")
-    top = (tf.shape(img)[0] - hw[0]) // 2
-    left = (tf.shape(img)[1] - hw[1]) // 2
-    crop = img[top:top + hw[0], left:left + hw[1]]
-    return _with(data, key, tf.ensure_shape(crop, [*hw, img.shape[-1]]))
+    img = _image(data, key, "central_crop")
+    if hw is None:
+      side = tf.minimum(tf.shape(img)[0], tf.shape(img)[1])
+      ch, cw = side, side
+    else:
+      img = _fits(img, hw, "central_crop")
+      ch, cw = hw
+    top = (tf.shape(img)[0] - ch) // 2
+    left = (tf.shape(img)[1] - cw) // 2
+    crop = img[top:top + ch, left:left + cw]
+    return _with(data, key, tf.ensure_shape(crop, [*(hw or (None, None)), img.shape[-1]]))
   return op
 
 
@@ -313,22 +361,40 @@ def get_flip_lr(key="image"):
   return op
 
 
+def _numbers(v, lists=False):
+  """A number, or with `lists` also a non-empty list of numbers."""
+  vs = v if lists and isinstance(v, (tuple, list)) else [v]
+  return bool(vs) and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in vs)
+
+
 @register("value_range")
 def get_value_range(vmin=-1, vmax=1, in_min=0, in_max=255.0, clip_values=False, key="image"):
-  """Maps [in_min, in_max] linearly to [vmin, vmax] as float32."""
-  if not all(isinstance(v, (int, float)) and not isinstance(v, bool)
-             for v in (vmin, vmax, in_min, in_max)):
-    raise ValueError(f"vmin, vmax, in_min, in_max must be numbers, got "
-                     f"{vmin!r}, {vmax!r}, {in_min!r}, {in_max!r}")
+  """Maps [in_min, in_max] linearly to [vmin, vmax] as float32.
+
+  in_min/in_max may be per-channel lists (as in big_vision).
+  """
+  if not (_numbers(vmin) and _numbers(vmax) and _numbers(in_min, True)
+          and _numbers(in_max, True)):
+    raise ValueError(f"vmin, vmax must be numbers, in_min, in_max numbers or per-channel lists, "
+                     f"got {vmin!r}, {vmax!r}, {in_min!r}, {in_max!r}")
   if vmin == vmax:
     raise ValueError(f"vmin == vmax == {vmin} maps every pixel to one value; "
                      f"e.g. value_range(-1, 1)")
-  if not in_max > in_min:
+  try:
+    lo, hi = np.broadcast_arrays(np.asarray(in_min, float), np.asarray(in_max, float))
+  except ValueError:
+    raise ValueError(f"in_min and in_max lists need one value per channel each, "
+                     f"got {in_min}, {in_max}") from None
+  if not (hi > lo).all():
     raise ValueError(f"need in_max > in_min, got {in_min}, {in_max}")
 
   # One multiply-add: each elementwise op is a full pass over the image.
-  scale = (vmax - vmin) / (in_max - in_min)
-  offset = vmin - in_min * scale
+  scale = (vmax - vmin) / (hi - lo)
+  offset = vmin - lo * scale
+  if scale.ndim:
+    scale, offset = tf.constant(scale, tf.float32), tf.constant(offset, tf.float32)
+  else:
+    scale, offset = float(scale), float(offset)
 
   def op(data):
     x = tf.cast(_image(data, key, "value_range"), tf.float32) * scale + offset
@@ -339,6 +405,7 @@ def get_value_range(vmin=-1, vmax=1, in_min=0, in_max=255.0, clip_values=False, 
 
 
 @register("standardize")
+@register("vgg_value_range")  # big_vision's name, with the same defaults
 def get_standardize(mean=(123.675, 116.28, 103.53), std=(58.395, 57.12, 57.375), key="image"):
   """(x - mean) / std per channel as float32; defaults: ImageNet stats on 0..255."""
   if len(mean) != len(std) or any(s == 0 for s in std):

@@ -7,6 +7,8 @@ follows), negating the direction of geometric ops at random. Sizes of
 translations and cutouts are relative to the image (the reference values
 100 px and 40 px are for 224 px images). Every random choice draws from the
 example's `_rng`, so augmentation is reproducible per example (exact resume).
+Pixel values can differ from big_vision's by a level: blends here round
+where it truncates, and posterize keeps at least 1 bit.
 Input: uint8 RGB [H, W, 3]; output the same shape and dtype.
 """
 import math

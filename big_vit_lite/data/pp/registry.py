@@ -6,15 +6,18 @@ is a factory registered by name; calling it with the string's arguments
 returns a function `example_dict -> example_dict` (tf ops, run inside
 tf.data's map). New ops are one decorated function in any module imported
 by `pp/__init__.py`.
+
+Ops with `key="image"` also take big_vision's `inkey`/`outkey`: read one
+key, write another (`value_range(outkey="prof")` leaves "image" as it
+was); a `key` given overrides both, as in big_vision.
 """
 import ast
 import difflib
 import inspect
 
 _OPS = {}
-# big_vision ops that have another name here.
-_RENAMED = {"vgg_value_range": "standardize (ImageNet mean/std on 0..255 by default)",
-            "random_flip_lr": "flip_lr", "resize_smaller": "resize_small"}
+# Names people reach for that have another name here.
+_RENAMED = {"random_flip_lr": "flip_lr", "resize_smaller": "resize_small"}
 
 
 def register(name):
@@ -67,12 +70,32 @@ def build_op(op_text):
     raise ValueError(f"unknown pp op {name!r} in {op_text!r}; {hint}known ops: "
                      f"{', '.join(known_ops())}")
   factory = _OPS[name]
+  sig = inspect.signature(factory)
+  inkey = outkey = None
+  if "key" in sig.parameters and sig.parameters["key"].default == "image":
+    inkey, outkey = kwargs.pop("inkey", None), kwargs.pop("outkey", None)
   try:
-    inspect.signature(factory).bind(*args, **kwargs)
+    bound = sig.bind(*args, **kwargs)
   except TypeError as e:
     raise ValueError(f"pp op {op_text!r}: bad arguments ({e}); signature is "
-                     f"{name}{inspect.signature(factory)}") from None
+                     f"{name}{sig}") from None
+  if (inkey or outkey) and "key" not in bound.arguments:
+    inkey, outkey = inkey or "image", outkey or "image"
+    kwargs["key"] = inkey
+  else:
+    inkey = outkey = None
   try:
-    return factory(*args, **kwargs)
+    op = factory(*args, **kwargs)
   except (TypeError, ValueError) as e:
     raise ValueError(f"pp op {op_text!r}: {e}") from None
+  return _in_out(op, inkey, outkey) if inkey != outkey else op
+
+
+def _in_out(op, inkey, outkey):
+  """`op` reads and writes `inkey`; this puts its result under `outkey` instead."""
+  def wrapped(data):
+    out = dict(op(data))
+    out[outkey] = out[inkey]
+    out[inkey] = data[inkey]
+    return out
+  return wrapped
