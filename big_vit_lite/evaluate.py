@@ -48,6 +48,7 @@ from big_vit_lite import metrics
 from big_vit_lite import oom
 from big_vit_lite import paths
 from big_vit_lite import sharding
+from big_vit_lite.data import pp as pp_lib
 from big_vit_lite import evaluators
 from big_vit_lite.models import interop
 from big_vit_lite.models import vit
@@ -150,20 +151,20 @@ def native_input_shape(flat, saved_config):
   stem = _stem_kernels(flat)
   if stem:  # The patch embedding sees the stem's output; the image goes into the stem.
     channels = int(stem[0].shape[2])
-  # The training pp's last size, if the checkpoint has its config.
+  # The size the training pp gives images, if the checkpoint has its config.
   pp = ""
   if saved_config is not None and "input" in saved_config:
     pp = str(saved_config.input.get("pp", ""))
-  sizes = re.findall(r"(?:resize|inception_crop|random_crop|central_crop)\(\s*"
-                     r"(?:[(\[]\s*(\d+)\s*,\s*(\d+)\s*[)\]]|(\d+))", pp)
   trained_hw = None
-  if sizes:
-    h, w, side = sizes[-1]
-    trained_hw = (int(side), int(side)) if side else (int(h), int(w))
-    if trained_hw[0] != trained_hw[1]:
-      # A 4x9 grid has as many tokens as a 6x6 one: run square, its posemb would be scrambled.
-      raise ValueError(f"The checkpoint was trained on {trained_hw[0]}x{trained_hw[1]} images "
-                       f"(its pp: {pp!r}): evaluate runs square images only.")
+  if pp.strip():
+    try:
+      trained_hw = pp_lib.output_hw(pp, channels=channels)
+    except ValueError:  # a pp this version cannot build: go by the param shapes alone
+      pass
+  if trained_hw and trained_hw[0] != trained_hw[1]:
+    # A 4x9 grid has as many tokens as a 6x6 one: run square, its posemb would be scrambled.
+    raise ValueError(f"The checkpoint was trained on {trained_hw[0]}x{trained_hw[1]} images "
+                     f"(its pp: {pp!r}): evaluate runs square images only.")
   tokens = None
   if "Transformer/posembed_input/pos_embedding" in flat:  # canonical: a cls row iff a cls
     tokens = flat["Transformer/posembed_input/pos_embedding"].shape[1] - ("cls" in flat)

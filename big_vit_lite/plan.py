@@ -53,8 +53,6 @@ _MESH_AXES = ("data", "fsdp", "model")
 # Image side used when input.pp names none (datasets decoded at their native size).
 _NATIVE_RES = {"fashion_mnist": 28, "mnist": 28, "mnist10k": 28, "animal_mnist": 28,
                "cifar10": 32, "cifar100": 32}
-_SIZE_OPS = ("resize", "resize_small", "inception_crop", "decode_jpeg_and_inception_crop",
-             "central_crop", "random_crop", "crop", "decode_and_resize")
 
 
 def parse_mesh(spec: str) -> dict:
@@ -81,13 +79,18 @@ def mesh_from_config(mesh_cfg) -> dict:
 
 
 def image_res(config, override: int | None = None) -> int:
-  """The training image side: --res, else the last size op in input.pp, else the dataset's."""
+  """The training image side: --res, else what input.pp gives "image", else the dataset's."""
   if override:
     return int(override)
   pp = str(config.input.get("pp", ""))
-  sizes = [int(m.group(2)) for m in re.finditer(r"(\w+)\(\s*(\d+)", pp) if m.group(1) in _SIZE_OPS]
-  if sizes:
-    return sizes[-1]
+  if pp.strip():
+    from big_vit_lite.data import pp as pp_lib
+    hw = pp_lib.output_hw(pp, channels=image_channels(config))
+    if hw and hw[0] != hw[1]:
+      raise ValueError(f"input.pp={pp!r} gives {hw[0]}x{hw[1]} images; the planner models "
+                       "square ones: pass --res=N")
+    if hw:
+      return hw[0]
   name = str(config.input.data.get("name", "")).split(":")[0].split("/")[0]
   if name in _NATIVE_RES:
     return _NATIVE_RES[name]

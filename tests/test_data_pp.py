@@ -247,3 +247,20 @@ def test_decode_precise_and_grey_from_colour_jpeg():
   raw = _encode(big, "JPEG", quality=95)
   np.testing.assert_array_equal(run("decode(1)", image=raw)["image"],
                                 tf.io.decode_image(raw, channels=1))
+
+
+@pytest.mark.parametrize("pp_string,hw", [
+    ("decode|inception_crop(224)|flip_lr|value_range(-1, 1)|onehot(10)", (224, 224)),
+    ("decode|resize_small(256)|central_crop(224)", (224, 224)),
+    ("decode|resize((28, 63))", (28, 63)),
+    ("decode|pad(2)|random_crop(28)", (28, 28)),
+    ("decode|resize(40)|central_crop()", (40, 40)),
+    ("resize(28)|value_range(0, 1)", (28, 28)),  # tfds images decoded upstream
+    # A distillation pp: the teacher's copy is resized after the student's image.
+    ("decode|resize(64)|copy('image', 'prof')|resize(32, key='prof')", (64, 64)),
+    ("decode|resize(64)|resize(32, outkey='prof')", (64, 64)),
+    ("decode|resize_small(256)", None),  # depends on each image
+    ("decode|keep('texts')", None),
+])
+def test_output_hw_follows_the_image_key(pp_string, hw):
+  assert pp.output_hw(pp_string) == hw

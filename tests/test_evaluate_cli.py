@@ -219,6 +219,9 @@ def test_model_input_read_off_stem_big_vision_and_sincos_checkpoints():
     evaluate.native_input_shape(nonsquare, saved)
   saved.input.pp = "decode(1)|resize(42)|keep('image')"
   assert evaluate.native_input_shape(nonsquare, saved) == (42, 1)
+  # A distillation pp's teacher copy at another size is not the student's image.
+  saved.input.pp = "decode(1)|resize(42)|resize((28, 63), outkey='prof')"
+  assert evaluate.native_input_shape(nonsquare, saved) == (42, 1)
   # sincos2d without a saved pp: no fixed resolution (it runs at the eval pp's size).
   del flat["Transformer/posembed_input/pos_embedding"]
   assert evaluate.native_input_shape(flat, None) == (None, 1)

@@ -212,6 +212,22 @@ def test_plan_errors_are_one_line(tiny_config, args, message):
   assert message in proc.stderr.strip().splitlines()[-1], proc.stderr[-2000:]
 
 
+def test_image_res_is_the_size_pp_gives_the_image_key():
+  config = ml_collections.ConfigDict(dict(input=dict(
+      data=dict(name="imagenet2012"),
+      pp="decode|inception_crop(64)|copy('image', 'prof')|resize(32, key='prof')")))
+  assert plan.image_res(config) == 64  # not the teacher's 32, the last size op
+  assert plan.image_res(config, 48) == 48
+  config.input.pp = "decode|resize((28, 63))"
+  with pytest.raises(ValueError, match="28x63 images.*--res"):
+    plan.image_res(config)
+  config.input.pp = "decode|resize_small(256)"  # no fixed size, no known dataset size
+  with pytest.raises(ValueError, match="--res"):
+    plan.image_res(config)
+  config.input.data.name = "mnist10k"
+  assert plan.image_res(config) == 28
+
+
 @pytest.mark.timeout(120)
 def test_plan_cli_on_the_vit_l16_config():
   proc = _run_plan("--config=configs/vit_l16.py", "--mesh=data:64,fsdp:4", "--device=tpu_v4",

@@ -46,6 +46,33 @@ def get_preprocess_fn(pp_string):
   return preprocess
 
 
+def output_hw(pp_string, key="image", channels=3):
+  """(height, width) that the pp gives `key` whatever the input, else None.
+
+  Found by tracing the pp on symbolic inputs (encoded bytes, then a decoded
+  uint8 image of any size), so it follows key=/inkey=/outkey= and copies
+  exactly as the pipeline will: in "decode|resize(64)|copy('image', 'prof')|
+  resize(32, key='prof')" the image is 64x64. None when the size depends on
+  the input (resize_small without a crop), or the pp needs features other
+  than image and label.
+  """
+  fn = get_preprocess_fn(pp_string)
+  rng = tf.TensorSpec([2], tf.int64)
+  label = tf.TensorSpec([], tf.int64)
+  for image in (tf.TensorSpec([], tf.string), tf.TensorSpec([None, None, channels], tf.uint8)):
+    spec = {"image": image, "label": label, RNG_KEY: rng}
+    try:
+      out = tf.function(fn, autograph=False).get_concrete_function(spec).structured_outputs
+    except (ValueError, TypeError, KeyError, tf.errors.OpError):
+      continue
+    shape = out.get(key).shape if isinstance(out, dict) and key in out else None
+    if shape is None or shape.rank != 3:
+      return None
+    h, w = shape[0], shape[1]
+    return (int(h), int(w)) if h is not None and w is not None else None
+  return None
+
+
 def op_error(op_text, reason):
   """A one-line ValueError naming the op, that survives tf.data's tracing.
 
