@@ -219,3 +219,14 @@ def test_32bit_tiffs_are_skipped_not_clipped(tmp_path, caplog):
   for name, mode in (("float.tif", "mode F"), ("int32.tif", "mode I")):
     line = next(l for l in caplog.text.split(";") if name in l)
     assert mode in line and "8- or 16-bit PNG/TIFF" in line
+
+
+def test_a_split_of_only_unsupported_files_says_so(tmp_path):
+  ramp = np.arange(12 * 10).reshape(12, 10)
+  _save(str(tmp_path / "train/a/float.tif"), Image.fromarray((ramp / 119).astype(np.float32)),
+        "TIFF")
+  with pytest.raises(ValueError, match=r"no examples \(1 unreadable or unsupported file\(s\) "
+                                       r"skipped, see the log\)"):
+    ip.make_train_iterator(dict(data=dict(name="imagefolder", data_dir=str(tmp_path),
+                                          split="train"), batch_size=2, pp="decode(1)"), seed=0,
+                           process_index=0, process_count=1)

@@ -287,7 +287,8 @@ def make_train_iterator(input_cfg, *, seed, process_index=None, process_count=No
   if source.num_examples == 0:
     skipped = getattr(source, "num_skipped", 0)
     raise ValueError(f"train data {source.name} has no examples"
-                     + (f" ({skipped} unreadable file(s) skipped, see the log)" if skipped else ""))
+                     + (f" ({skipped} unreadable or unsupported file(s) skipped, see the log)"
+                        if skipped else ""))
   pp_fn = pp_lib.get_preprocess_fn(cfg["pp"])
   per_process = num_shards // process_count
   shards = range(process_index * per_process, (process_index + 1) * per_process)
