@@ -5,13 +5,27 @@
 sessions. Where: $BVL_TEST_DATA_DIR, else $TFDS_DATA_DIR, else
 ~/tensorflow_datasets. Their sources must be installed first with
 scripts/fetch_offline_sources.sh (.ci/run does it before pytest).
+
+JAX's persistent compilation cache is on for the whole run (a temporary dir,
+shared with the trainer subprocesses and xdist workers through the
+environment): the kill/resume tests start the same tiny run several times,
+and each start compiled the same programs again (~5 s of a ~20 s start).
 """
+import atexit
 import fcntl
 import os
+import shutil
+import tempfile
 
 import pytest
 
 OFFLINE = ("fashion_mnist", "mnist10k", "animal_mnist")
+
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+  _cache = tempfile.mkdtemp(prefix="bvl-test-jax-cache-")
+  atexit.register(shutil.rmtree, _cache, ignore_errors=True)
+  os.environ.update(JAX_COMPILATION_CACHE_DIR=_cache, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+                    JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
 
 
 def _test_data_dir():

@@ -91,7 +91,12 @@ def _bounds(n, parts):
 
 
 def _pp_map(source, pp_fn):
-  """(epoch key, index, raw record) -> preprocessed example; runs in the parallel map."""
+  """(epoch key, index, raw record) -> preprocessed example; runs in the parallel map.
+
+  Not autograph-converted: the pp ops are plain tf ops with no Python control
+  flow on tensors, and converting them cost seconds at every pipeline build.
+  """
+  @tf.autograph.experimental.do_not_convert
   def fn(key, index, record):
     data = dict(source.decode(record))
     data[pp_lib.RNG_KEY] = _example_rng(key, index)
@@ -229,6 +234,7 @@ class TrainIterator:
     source, buf = self._source, (1 if peek else self._shuffle_buffer_size)
     cached = source.raw(start, end).cache() if self._cache == "raw" and not peek else None
 
+    @tf.autograph.experimental.do_not_convert
     def epoch(e):
       eseed = _fold(base_seed, e)
       if cached is not None:
