@@ -9,7 +9,7 @@ scripts/fetch_offline_sources.sh (.ci/run does it before pytest).
 JAX's persistent compilation cache is on for the whole run (a temporary dir,
 shared with the trainer subprocesses and xdist workers through the
 environment): the kill/resume tests start the same tiny run several times,
-and each start compiled the same programs again (~5 s of a ~20 s start).
+and each start compiled the same programs again (~7 s of a ~22 s start).
 """
 import atexit
 import fcntl

@@ -76,9 +76,10 @@ def output_hw(pp_string, key="image", channels=3):
 def op_error(op_text, reason):
   """A one-line ValueError naming the op, that survives tf.data's tracing.
 
-  tf.data traces the pp function with autograph, which rewrites any error
-  raised inside into a multi-line "in user code: ..." report;
-  `ag_pass_through` tells autograph to re-raise this one as it is.
+  Where tf.data traces the pp function with autograph (a user's own
+  `ds.map(get_preprocess_fn(...))`; our input pipeline does not convert it),
+  autograph rewrites any error raised inside into a multi-line "in user
+  code: ..." report; `ag_pass_through` tells it to re-raise this one as it is.
   """
   reason = " ".join(str(reason).split())
   prefix = f"pp op {op_text!r}: "
