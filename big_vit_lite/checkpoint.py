@@ -1,10 +1,13 @@
 """Checkpoints: orbax CheckpointManager with atomic async saves, resume and preemption.
 
-Layout: `WORKDIR/checkpoints/<step>/` with three items:
+Layout: `WORKDIR/checkpoints/<step>/` with four items:
   state/   params, optimizer state, step and rng (a pytree of arrays, saved
            sharded; restorable onto any device count or mesh),
   data/    the training iterator's position (`TrainIterator.get_state()`),
-  config/  the run's config as JSON (so `load_params` can rebuild the model).
+  config/  the run's config as JSON (so `load_params` can rebuild the model),
+  checksums/  a checksum of each array of state/, computed on device before
+           the save and checked after a restore: orbax's files have none, so
+           flipped bits in them would otherwise resume silently.
 Orbax writes each step into a temporary directory and renames it when every
 item is complete, so a kill during a save leaves the previous step usable and
 an incomplete one invisible.
@@ -14,6 +17,8 @@ checkpoint), an orbax step directory or an `.npz` file as nested numpy dicts.
 Workdirs and sources may be local or on a bucket (gs://...): paths are
 etils.epath paths, which orbax takes as they are.
 """
+import errno
+import fnmatch
 import json
 import logging as py_logging
 import os
@@ -26,6 +31,7 @@ import traceback
 from absl import logging
 from flax import traverse_util
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
@@ -34,6 +40,31 @@ from big_vit_lite import paths
 from big_vit_lite.models import interop
 
 CKPT_SUBDIR = "checkpoints"
+
+
+class SaveError(RuntimeError):
+  """A checkpoint save that did not complete (e.g. the disk is full); one line, `step` failed."""
+
+  def __init__(self, message, step, disk_full):
+    super().__init__(message)
+    self.step = step
+    self.disk_full = disk_full
+
+
+def unusable_path_reason(path):
+  """Why orbax cannot keep checkpoints under `path`, or None.
+
+  tensorstore reads a backslash in a local path as a separator, and orbax
+  finds the files it has just written with a glob of the full path, which a
+  `[...]` in a directory name turns into a character class: such a run would
+  train to the end and leave checkpoints nobody can read.
+  """
+  text = os.fspath(path)
+  if "\\" in text:
+    return "a backslash (tensorstore reads it as '/')"
+  if not fnmatch.fnmatchcase(text, text):
+    return "'[...]' (orbax globs the path, so it cannot find its own files there)"
+  return None
 
 
 class Checkpointer:
@@ -45,6 +76,13 @@ class Checkpointer:
 
   def __init__(self, workdir, *, keep=3, keep_every=None, async_save=True):
     self.directory = paths.resolve(workdir) / CKPT_SUBDIR
+    reason = unusable_path_reason(self.directory)
+    if reason:
+      raise ValueError(f"Checkpoints cannot be saved under {self.directory}: its path has "
+                       f"{reason}. Use a --workdir without it.")
+    if self.directory.exists() and not self.directory.is_dir():
+      raise ValueError(f"{self.directory} is not a directory: move that file away, checkpoints "
+                       "are saved there.")
     options = ocp.CheckpointManagerOptions(
         max_to_keep=keep,           # The last `keep` checkpoints ...
         keep_period=keep_every,     # ... plus every step divisible by keep_every.
@@ -53,8 +91,10 @@ class Checkpointer:
         cleanup_tmp_directories=True,  # Leftovers of a save interrupted by a kill.
     )
     self.manager = ocp.CheckpointManager(
-        self.directory, options=options, item_names=("state", "data", "config"))
+        self.directory, options=options, item_names=("state", "data", "config", "checksums"))
     self._closed = False
+    self._in_flight = None  # The step of the last save started.
+    _drop_abandoned_read_reports()  # (Writes too: a failed save abandons the others.)
 
   def latest_step(self):
     return self.manager.latest_step()
@@ -100,9 +140,16 @@ class Checkpointer:
         state=ocp.args.StandardSave(state),
         data=ocp.args.JsonSave(data_state if data_state is not None else {}),
         config=ocp.args.JsonSave(_config_to_json(config)),
+        checksums=ocp.args.JsonSave(checksums(state)),
     )
-    # force=True: the caller decides when to save (ckpt_steps, end, preemption).
-    self.manager.save(int(step), args=ocp.args.Composite(**items), force=True)
+    # A failed earlier (async) save is reported as that step, before this one starts.
+    self.wait()
+    self._in_flight = int(step)
+    try:
+      # force=True: the caller decides when to save (ckpt_steps, end, preemption).
+      self.manager.save(int(step), args=ocp.args.Composite(**items), force=True)
+    except Exception as e:  # pylint: disable=broad-except
+      raise self._save_error(e) from e
 
   def restore(self, step, abstract_state):
     """Restores onto the shardings of `abstract_state` (ShapeDtypeStructs with .sharding).
@@ -116,18 +163,87 @@ class Checkpointer:
         state=ocp.args.StandardRestore(abstract_state),
         data=ocp.args.JsonRestore(),
     ))
+    _verify_checksums(self.step_dir(step), out["state"])
     return out["state"], out["data"]
 
   def wait(self):
-    self.manager.wait_until_finished()
+    """Waits for the save in flight; a SaveError if it failed."""
+    try:
+      self.manager.wait_until_finished()
+    except Exception as e:  # pylint: disable=broad-except
+      raise self._save_error(e) from e
+
+  def _save_error(self, error):
+    global _save_failed
+    _save_failed = True  # What orbax's other writes report from now on is this failure again.
+    reason = error_reason(error)
+    disk_full = (getattr(error, "errno", None) in (errno.ENOSPC, errno.EDQUOT)
+                 or "No space left on device" in reason or "Disk quota exceeded" in reason)
+    if disk_full:  # (tensorstore's reason names orbax's temporary files, twice.)
+      reason = "no space left on device"
+    return SaveError(f"Saving checkpoint step {self._in_flight} to {self.directory} failed "
+                     f"({reason})", self._in_flight, disk_full)
 
   def close(self):
-    """Waits for a save in flight (it commits), then releases orbax's threads. Idempotent."""
+    """Waits for a save in flight (it commits), then releases orbax's threads. Idempotent.
+
+    A SaveError if that save failed.
+    """
     if self._closed:
       return
     self._closed = True
-    self.manager.wait_until_finished()
-    self.manager.close()
+    failed = None
+    try:
+      self.wait()
+    except SaveError as e:
+      failed = e
+    try:
+      self.manager.close()
+    except Exception:  # pylint: disable=broad-except
+      if failed is None:  # (Else it is that failure again: orbax's close waits too.)
+        raise
+    if failed is not None:
+      raise failed
+
+
+def checksums(state):
+  """{array path: [dtype, checksum]} for the arrays of `state` (computed where they live).
+
+  The checksum is the sum over an array's 8-, 16- or 32-bit words of word x
+  (2 x position + 1), mod 2^32: a change to any one word changes it. Exact
+  whatever the sharding, so a checkpoint restored onto another mesh checks too.
+  """
+  leaves = [(path, jnp.asarray(x)) for path, x in jax.tree_util.tree_flatten_with_path(state)[0]]
+  values = _checksums([x for _, x in leaves])
+  return {"/".join(_key_name(k) for k in path): [str(x.dtype), int(v.addressable_data(0))]
+          for (path, x), v in zip(leaves, values)}
+
+
+@jax.jit
+def _checksums(arrays):
+  def one(x):
+    if x.dtype == jnp.bool_:
+      words = x.astype(jnp.uint32)
+    elif x.dtype.itemsize > 4:
+      words = jax.lax.bitcast_convert_type(x, jnp.uint32)
+    else:
+      unsigned = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}[x.dtype.itemsize]
+      words = jax.lax.bitcast_convert_type(x, unsigned).astype(jnp.uint32)
+    weights = jax.lax.iota(jnp.uint32, words.size).reshape(words.shape) * 2 + 1
+    return jnp.sum(words * weights, dtype=jnp.uint32)
+  return [one(x) for x in arrays]
+
+
+def _verify_checksums(step_dir, state):
+  """A ValueError naming the first array of `state` whose checksum differs from the saved one."""
+  try:  # (Checkpoints written before checksums were saved have none.)
+    saved = json.loads((step_dir / "checksums" / "metadata").read_text())
+  except (OSError, ValueError):
+    saved = {}
+  for path, (dtype, value) in checksums(state).items():
+    # A restore cast to another dtype (e.g. a changed mu_dtype) has other bits.
+    if path in saved and saved[path][0] == dtype and saved[path][1] != value:
+      raise ValueError(f"'{path}' does not match the checksum saved with it")
 
 
 def _state_tree(step_dir):
@@ -146,7 +262,10 @@ def _state_tree(step_dir):
 
 def error_reason(error):
   """The first line of `error`, without tensorstore's spec (a long JSON)."""
+  if "See full TensorStore details" in str(error) and error.__cause__ is not None:
+    return error_reason(error.__cause__)  # orbax's wrapper: the reason is tensorstore's.
   line = (str(error).strip().splitlines() or [""])[0]
+  line = re.sub(r"^\{\{function_node [^}]*\}\}\s*", "", line)  # TensorFlow's op name.
   return re.sub(r"\s*\[tensorstore_spec=.*", "", line) or type(error).__name__
 
 
@@ -160,7 +279,8 @@ def _drop_abandoned_read_reports():
   sys.unraisablehook, or asyncio's "Task (Future) exception was never
   retrieved", around the one-line error. Nothing waits for those reads and nothing can,
   so these two reports, and only they, are dropped from now on (they come
-  at any time later). Idempotent.
+  at any time later). Writes are the same once a save has failed (a full
+  disk): the SaveError says it. Idempotent.
   """
   if not getattr(sys.unraisablehook, "drops_abandoned_reads", False):
     previous = sys.unraisablehook
@@ -184,11 +304,17 @@ def _is_closed_loop_callback(unraisable):
           and bool(frames) and frames[0].name == "call_soon_threadsafe")
 
 
+_save_failed = False  # Set once a SaveError has been raised in this process.
+
+
 def _keep_unless_abandoned_read(record):
-  """A logging filter: False for asyncio's report of a tensorstore read error nobody awaited."""
+  """A logging filter: False for asyncio's report of an orbax error nobody awaited.
+
+  That is a tensorstore read's, or after a failed save any (its other writes).
+  """
   error = record.exc_info[1] if record.exc_info else None
   return not (re.match(r"(Task|Future) exception was never retrieved", str(record.msg))
-              and "tensorstore_spec" in str(error))
+              and (_save_failed or "tensorstore_spec" in str(error)))
 
 
 def _flatten_metadata(tree, prefix=""):
@@ -224,6 +350,15 @@ def _config_to_json(config):
 # --------------------------------------------------------------------------
 # Reading params from other runs / files.
 
+def complete_steps(workdir):
+  """The committed checkpoint steps in `workdir` (a listing: no orbax manager, nothing written)."""
+  directory = paths.resolve(workdir) / CKPT_SUBDIR
+  try:
+    return sorted(ocp.utils.checkpoint_steps(directory)) if directory.is_dir() else []
+  except (OSError, ValueError):
+    return []
+
+
 def resolve_step_dir(src):
   """A workdir, checkpoints dir or step dir -> the step directory to read (an epath.Path)."""
   src = paths.resolve(src)
@@ -254,6 +389,9 @@ def load_params(src):
     return load_npz(src), None
   if not src.exists():
     raise ValueError(f"model_init path does not exist: {src}")
+  if "\\" in os.fspath(src):
+    raise ValueError(f"Cannot read checkpoints under {src}: {unusable_path_reason(src)}; "
+                     "rename the directory.")
   step_dir = resolve_step_dir(src)
   try:
     tree = _state_tree(step_dir)
@@ -268,6 +406,7 @@ def load_params(src):
     out = ocp.PyTreeCheckpointer().restore(step_dir / "state", args=ocp.args.PyTreeRestore(
         item={"params": tree["params"]}, restore_args={"params": restore_args},
         partial_restore=True))
+    _verify_checksums(step_dir, {"params": out["params"]})
   except Exception as e:  # pylint: disable=broad-except
     raise ValueError(_cannot_read(step_dir, e)) from e
   config = None

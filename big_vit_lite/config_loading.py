@@ -16,12 +16,15 @@ examples or percent of the total, as `NAME_steps`, `NAME_epochs`,
 """
 import difflib
 import math
+import os
 import re
 import sys
+import traceback
 
 from absl import flags
 from ml_collections import config_dict
 from ml_collections import config_flags
+from ml_collections.config_flags import config_flags as config_flags_impl
 
 
 def define_config_flag(name="config", help_string="Training configuration file (FILE.py[:arg]).",
@@ -63,34 +66,119 @@ def parse_flags(argv, prog="big_vit_lite", flag_values=flags.FLAGS):
   KeyError with three chained tracebacks; a user needs the key's name.
   """
   try:
-    return flag_values(argv)
+    parsed = flag_values(argv)
   except flags.UnrecognizedFlagError as e:
     if "." not in e.flagname:
       sys.exit(f"{prog}: error: {e} (--helpfull lists the flags)")
     sys.exit(f"{prog}: error: {_no_such_key(e.flagname, flag_values)}")
   except flags.Error as e:  # What absl's default parser says: a bad value.
+    if "Error whilst parsing config file" in str(e):  # get_config raised ValueError/TypeError.
+      sys.exit(f"{prog}: error: {_get_config_failed(e)}")
+    unsupported = re.match(r"Type <class '([\w.]+)'> of field (\S+) is not supported", str(e))
+    if unsupported:  # ml_collections lists its types; a user needs what to change.
+      sys.exit(f"{prog}: error: {_cannot_override(*unsupported.groups())}")
     sys.exit(f"{prog}: error: {e} (--helpfull lists the flags)")
   except SyntaxError as e:  # Raised while the config file is imported.
     sys.exit(f"{prog}: error: the config file {e.filename} does not parse: {e.msg} at line "
              f"{e.lineno}: {(e.text or '').strip()}")
   except OSError as e:  # --config.KEY=V on a config file that cannot be loaded.
     sys.exit(f"{prog}: error: {_load_error('--config', e)}")
-  except (AttributeError, KeyError) as e:
+  except Exception as e:  # pylint: disable=broad-except
+    if _raised_loading_config_file(e):  # The file's own code failed (NameError, ImportError, ...).
+      sys.exit(f"{prog}: error: {_get_config_failed(e, _config_file_arg(argv, flag_values))}")
+    if not isinstance(e, (AttributeError, KeyError)):
+      raise
     # ml_collections registers each --config.KEY of sys.argv as a flag; a KEY
     # the file lacks fails when it is applied, with the key in the message.
     message = _innermost_message(e)
     found = re.findall(r"'(\w+)'", message)
     names = [a[2:].split("=", 1)[0] for a in argv[1:] if a.startswith("--") and "." in a]
-    name = next((n for n in names if found and n.split(".")[-1] == found[0]), None)
+    # The missing key may be a parent of the one set (--config.optax.b1 without `optax`).
+    name = next((n for n in names if found and found[0] in n.split(".")[1:]), None)
     if name is None:
       raise
     close = re.search(r"[Dd]id you mean \"(\w+)\"", message)  # ml_collections' own guess.
-    sys.exit(f"{prog}: error: {_no_such_key(name, flag_values, close and close.group(1))}")
+    parts = name.split(".")
+    missing = ".".join(parts[1:parts.index(found[0], 1) + 1])
+    sys.exit(f"{prog}: error: {_no_such_key(name, flag_values, close and close.group(1), missing)}")
+  for name in flag_values:  # A config file whose get_config() returned None.
+    flag = flag_values[name]
+    if (isinstance(flag.parser, config_flags_impl.ConfigFileFlagParser) and flag.present
+        and flag.value is None):
+      sys.exit(f"{prog}: error: --{name}: get_config() in {config_flags.get_config_filename(flag)} "
+               "returned None (a missing return statement?).")
+  return parsed
 
 
-def _no_such_key(flag_name, flag_values, close=None):
-  """'--config.model.widht: the config file has no key 'model.widht' (did you mean 'width'?)...'"""
+def _cannot_override(type_name, field):
+  """One line for --FIELD=V on a field whose type ml_collections cannot parse (None, list)."""
+  if type_name == "NoneType":
+    return (f"--{field}: the config file sets it to None, so its type is unknown: make it "
+            "config_dict.placeholder(TYPE) there (e.g. placeholder(str)) to set it from the "
+            "command line.")
+  return (f"--{field}: a {type_name} cannot be set from the command line (a tuple can: "
+          f"--{field}='(a, b)'): change it in the config file.")
+
+
+def _parse_frame(error):
+  """The frame of ml_collections' ConfigFileFlagParser.parse in `error`'s traceback, or None."""
+  return next((f for f in traceback.extract_tb(error.__traceback__)
+               if f.name == "parse" and f.filename == config_flags_impl.__file__), None)
+
+
+def _raised_loading_config_file(error):
+  """Whether `error` came out of running a config file (ml_collections' ConfigFileFlagParser)."""
+  return _parse_frame(error) is not None
+
+
+def _config_file_arg(argv, flag_values):
+  """What argv gives the (first) config-file flag, e.g. 'configs/demo.py:runlocal'."""
+  for i, arg in enumerate(argv[1:], 1):
+    name, eq, value = arg.lstrip("-").partition("=")
+    if (arg.startswith("-") and name in flag_values
+        and isinstance(flag_values[name].parser, config_flags_impl.ConfigFileFlagParser)):
+      return value if eq else (argv[i + 1] if i + 1 < len(argv) else "")
+  return ""
+
+
+def _get_config_failed(error, flag_value=""):
+  """'the config file F failed: NameError: ... (line 3)' for an error raised by a config file.
+
+  ml_collections passes a ValueError or TypeError on as the text of its
+  traceback inside absl's error; anything else comes as it was raised.
+  """
+  if isinstance(error, flags.Error):
+    text = str(error)
+    lines = [l.strip() for l in text.splitlines() if l.strip()]
+    what = lines[-1]
+    frames = re.findall(r'File "([^"]+)", line (\d+)', text)
+    flag_value = re.match(r"flag --\w+=(\S+?):? Error whilst", text)
+    flag_value = flag_value.group(1) if flag_value else ""
+  else:
+    what = (f"{type(error).__name__}: {error}" if str(error) else type(error).__name__)
+    frames = [(f.filename, str(f.lineno)) for f in traceback.extract_tb(error.__traceback__)]
+    frames = frames[[f[0] for f in frames].index(_parse_frame(error).filename):]
+  # Below ml_collections' parser, outside the installed packages: the config file (or its imports).
+  own = [f for f in frames if f[0] != config_flags_impl.__file__ and "site-packages" not in f[0]
+         and not f[0].startswith("<")]
+  name = flag_value or (own[0][0] if own else "")
+  where = ""
+  if own:
+    same_file = os.path.abspath(own[-1][0]) == os.path.abspath(name.split(":", 1)[0])
+    where = f" (line {own[-1][1]})" if same_file else f" ({own[-1][0]}, line {own[-1][1]})"
+  if isinstance(error, AttributeError) and "get_config" in str(error):
+    return f"the config file {name} has no get_config() function: define get_config(arg=None)."
+  return f"the config file {name} failed: {what}{where}"
+
+
+def _no_such_key(flag_name, flag_values, close=None, missing=None):
+  """'--config.model.widht: the config file has no key 'model.widht' (did you mean 'width'?)...'
+
+  `missing`: the part of the dotted path that is absent, if not all of it.
+  """
   flag, *path = flag_name.split(".")
+  if missing is not None:
+    path = missing.split(".")
   if close is None:  # Unless ml_collections guessed, guess from the loaded config.
     node = flag_values[flag].value if flag in flag_values else None
     for part in path[:-1]:

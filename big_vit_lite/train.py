@@ -11,13 +11,16 @@ the same losses and final params as an uninterrupted one (bit for bit on
 CPU), because the checkpoint holds params, optimizer state, step, rng and
 the data iterator's position, and every random number is a function of
 (seed, step). SIGTERM (preemption) saves and exits 0; Ctrl-C saves and
-exits 130. One trainer per workdir (WORKDIR/.lock).
+exits 130. One trainer per workdir (WORKDIR/.lock). A write that fails (a
+full disk, a checkpoint save) ends in one line naming the last complete
+checkpoint, which a rerun resumes from.
 """
 if __name__ == "__main__":  # First, before jax and TF load: once more with huge pages.
   from big_vit_lite import hostmem  # pylint: disable=g-import-not-at-top
   hostmem.use_huge_pages(__file__)
 
 import contextlib
+import errno
 import functools
 import importlib
 import json
@@ -131,16 +134,58 @@ def main(argv):
 
 
 def train(raw_config, workdir):
-  """The training job; returns the final (global) params."""
-  # Undone however train ends: the workdir lock, the signal handlers.
-  with contextlib.ExitStack() as cleanup:
-    return _train(raw_config, workdir, cleanup)
+  """The training job; returns the final (global) params.
+
+  Ctrl-C anywhere raises TrainingInterrupted, a failed write (a full disk,
+  a checkpoint save) a one-line TrainingError saying which checkpoint is left.
+  """
+  try:
+    # Undone however train ends: the workdir lock, the signal handlers, a save in flight.
+    with contextlib.ExitStack() as cleanup:
+      return _train(raw_config, workdir, cleanup)
+  except KeyboardInterrupt:  # Before the loop's handler is in place, or a second Ctrl-C.
+    raise TrainingInterrupted(f"interrupted (Ctrl-C); {_last_checkpoint(workdir)}.") from None
+  except Exception as e:  # pylint: disable=broad-except
+    disk_full = _disk_full(e)
+    io_error = isinstance(e, (OSError, ckpt_lib.SaveError)) or disk_full
+    if isinstance(e, TrainingError) or not io_error:
+      raise
+    todo = ("free space on the disk of --workdir (config.keep_ckpts sets how many checkpoints "
+            "are kept)" if disk_full else "fix the cause")
+    raise TrainingError(f"{ckpt_lib.error_reason(e)}; {_last_checkpoint(workdir, todo)}.") from e
+
+
+def _disk_full(error):
+  """Whether `error` (Python's, orbax's, TensorFlow's writing TensorBoard events) is ENOSPC."""
+  if isinstance(error, ckpt_lib.SaveError):
+    return error.disk_full
+  if isinstance(error, OSError):
+    return error.errno in (errno.ENOSPC, errno.EDQUOT)
+  return "No space left on device" in str(error) or "Disk quota exceeded" in str(error)
+
+
+def _last_checkpoint(workdir, todo=None):
+  """'the last complete checkpoint is step N in DIR: [TODO and ]run the same command to resume'."""
+  todo = f"{todo} and run" if todo else "run"
+  try:
+    steps = ckpt_lib.complete_steps(workdir)
+    where = paths.resolve(workdir) / ckpt_lib.CKPT_SUBDIR
+  except ValueError:
+    steps, where = [], None
+  if steps:
+    return (f"the last complete checkpoint is step {steps[-1]} in {where}: {todo} the same "
+            "command to resume")
+  return (f"no checkpoint was saved{f' in {where}' if where else ''}: {todo} the same command "
+          "to start again")
 
 
 def _prepare_workdir(workdir, cleanup):
   """Creates `workdir` and locks it against a second trainer (process 0 only)."""
   if workdir.exists() and not workdir.is_dir():
     raise ValueError(f"--workdir {workdir} exists and is not a directory: pass a directory.")
+  reason = ckpt_lib.unusable_path_reason(workdir)
+  if reason:
+    raise ValueError(f"--workdir {workdir} has {reason}: use a directory name without it.")
   try:
     workdir.mkdir(parents=True, exist_ok=True)
   except OSError as e:
