@@ -20,6 +20,8 @@ Keys (all optional; unknown keys are errors):
 The randomness comes from the train step's key folded with the step number,
 so resumed runs see exactly the same augmentations.
 """
+import math
+
 import jax
 import jax.numpy as jnp
 
@@ -64,8 +66,9 @@ def make(cfg):
   if isinstance(shift, bool) or not isinstance(shift, int) or shift < 0:
     raise ValueError(f"config.device_aug.translate must be an int >= 0 (pixels), got {shift!r}")
   fill = kw.get("fill", 0.0)
-  if isinstance(fill, bool) or not isinstance(fill, (int, float)):
-    raise ValueError(f"config.device_aug.fill must be a number, got {fill!r}")
+  if isinstance(fill, bool) or not isinstance(fill, (int, float)) or not math.isfinite(fill):
+    # (a NaN fill would reach the loss, and stop the run as a non-finite loss)
+    raise ValueError(f"config.device_aug.fill must be a number (finite), got {fill!r}")
   flip = kw.get("flip_lr", False)
   if not isinstance(flip, bool):
     raise ValueError(f"config.device_aug.flip_lr must be True or False, got {flip!r}")

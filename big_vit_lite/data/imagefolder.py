@@ -1,8 +1,9 @@
-"""A folder of images as a dataset: ROOT/SPLIT/CLASS/*.{jpg,jpeg,png,...}.
+"""A folder of images as a dataset: ROOT/SPLIT/CLASS/*.{jpg,png,...} (EXTENSIONS).
 
 Images in sub-folders of a class folder belong to that class (as in
 torchvision's ImageFolder); images directly in ROOT/SPLIT are ignored with
-a warning.
+a warning. Hidden files and folders (".x", macOS's "._x.jpg") and "__MACOSX"
+folders are not read: they are not images of the dataset, nor classes.
 
 Config: data=dict(name="imagefolder", data_dir=ROOT, split="train").
 Labels are the index of CLASS in the sorted union of class folders over all
@@ -24,18 +25,19 @@ that names an existing folder (even "a+b") is that whole folder. A count and
 a percent in one slice are refused (tfds reads "train[10:50%]" as percents).
 
 Bad files must not stop a run. When the source is built, every file gets a
-cheap check (header parsed by Pillow, and for JPEG/PNG the end-of-image
-marker present, which catches truncated files) in a thread pool; files that
-fail are skipped and counted in the log. Grey, CMYK, RGBA, palette, 16-bit
-and odd-sized images decode with tf (the pp `decode` op converts channels);
-the few formats tf cannot decode (e.g. TIFF) are converted once to PNG files
-in a temporary folder (removed at exit). 16-bit TIFFs keep their top 8 bits
-(as tf reads 16-bit PNGs). 32-bit integer and float TIFFs (Pillow modes "I"
-and "F") are skipped like unreadable files, with the reason in the log:
-Pillow's 8-bit conversion (torchvision's default loader) would clip them
-silently, and no one rule fits them all (a float image may hold [0, 1] or
-[0, 255]; an int32 one 8-, 12-, 16-bit or other values): save them as 8- or
-16-bit PNG/TIFF.
+cheap check (header parsed by Pillow, and the file complete: JPEG/PNG end
+markers, GIF trailer, BMP size, PNG chunk CRCs; see image_check) in a
+thread pool; files that fail are skipped and counted in the log. Grey,
+CMYK, RGBA, palette, 16-bit and odd-sized images decode with tf (the pp
+`decode` op converts channels); the files tf cannot decode right (TIFF,
+palette/1-bit/16-bit/RLE BMPs, transparent or animated WebP) are converted
+once to PNG files in a temporary folder (removed at exit). 16-bit TIFFs
+keep their top 8 bits (as tf reads 16-bit PNGs). 32-bit integer and float
+TIFFs (Pillow modes "I" and "F") are skipped like unreadable files, with the
+reason in the log: Pillow's 8-bit conversion (torchvision's default loader)
+would clip them silently, and no one rule fits them all (a float image may
+hold [0, 1] or [0, 255]; an int32 one 8-, 12-, 16-bit or other values):
+save them as 8- or 16-bit PNG/TIFF.
 """
 import atexit
 import concurrent.futures
@@ -44,6 +46,7 @@ import os
 import re
 import shutil
 import tempfile
+import unicodedata
 
 import numpy as np
 import tensorflow as tf
@@ -51,8 +54,13 @@ from PIL import Image
 
 from big_vit_lite.data import image_check
 
-EXTENSIONS = (".jpg", ".jpeg", ".png", ".gif", ".bmp", ".webp", ".tif", ".tiff")
-_TF_FORMATS = ("JPEG", "PNG", "GIF", "BMP", "WEBP")  # tf.io.decode_image reads these
+EXTENSIONS = (".jpg", ".jpeg", ".jfif", ".jpe", ".png", ".gif", ".bmp", ".webp", ".tif",
+              ".tiff", ".ppm", ".pgm", ".pbm", ".pnm", ".avif")
+# Image formats not read here: files with these are counted and said in the log, not
+# dropped without a word.
+OTHER_IMAGE_EXTENSIONS = (".heic", ".heif", ".jxl", ".jp2", ".j2k", ".psd", ".ico", ".tga",
+                          ".pcx", ".dds", ".svg", ".exr", ".hdr", ".dng", ".cr2", ".nef",
+                          ".raw", ".xpm", ".qoi")
 
 log = logging.getLogger(__name__)
 
@@ -63,23 +71,14 @@ _SPLIT_FORM = ("use SPLIT or SPLIT[A:B], A and B each empty, a count or a percen
 
 
 def check_file(path):
-  """-> (status, reason), status "ok" | "convert" (tf cannot decode it) | "bad".
+  """-> (status, reason), status "ok" | "convert" (tf cannot decode it right) | "bad".
 
-  Cheap: header + end marker, not a full decode.
+  Cheap: header + end marker, not a full decode (see image_check).
   """
   try:
     with open(path, "rb") as f:
-      fmt, size = image_check.header(f)
-      f.seek(0, os.SEEK_END)
-      f.seek(max(0, f.tell() - image_check.TAIL_BYTES))
-      tail = f.read()
-    if min(size) < 1:
-      return "bad", f"empty image {size}"
-    problem = image_check.tail_problem(fmt, tail)
-    if problem:
-      return "bad", problem
-    return ("ok" if fmt in _TF_FORMATS else "convert"), ""
-  except Exception as e:  # pylint: disable=broad-except
+      return image_check.check(f)
+  except OSError as e:  # a broken link, a file without read permission
     return "bad", f"{type(e).__name__}: {e}"
 
 
@@ -130,16 +129,38 @@ def slice_indices(split, name, lo, hi, n):
 def _convert_to_png(path, out_dir, index):
   out = os.path.join(out_dir, f"{index}.png")
   with Image.open(path) as im:
-    if im.mode in ("I", "F"):
+    # Pillow reads 16-bit PGM/PPM into 32-bit mode "I", from 16-bit rows ("I;16B").
+    rows = im.tile[0].args if im.tile else ""
+    rows = str(rows if isinstance(rows, str) else (rows or [""])[0])
+    sixteen = im.mode.startswith("I;16") or (im.mode == "I" and rows.startswith("I;16"))
+    if im.mode in ("I", "F") and not sixteen:
       kind = "float" if im.mode == "F" else "integer"
       raise ValueError(f"32-bit {kind} image (Pillow mode {im.mode}) has no one 8-bit reading: "
                        f"save it as an 8- or 16-bit PNG/TIFF")
-    if im.mode.startswith("I;16"):
+    if sixteen:
       # Pillow's convert("RGB") clips 16-bit values at 255 (a white image):
       # scale to 8 bits as tf does for 16-bit PNGs.
       im = Image.fromarray((np.asarray(im).astype(np.uint16) >> 8).astype(np.uint8))
     im.convert("RGB").save(out, "PNG")
   return out
+
+
+def _nfc(name):
+  return unicodedata.normalize("NFC", name)
+
+
+def _hidden(name):
+  """Hidden files and folders, and what macOS leaves in copies and zips ("._x.jpg" resource
+  forks, "__MACOSX/"): not images of the dataset, and not a class."""
+  return name.startswith(".") or name == "__MACOSX"
+
+
+def _try_convert(path, out_dir, index):
+  """(PNG path, None), or (None, why it cannot be converted)."""
+  try:
+    return _convert_to_png(path, out_dir, index), None
+  except Exception as e:  # pylint: disable=broad-except
+    return None, f"{type(e).__name__}: {e}"
 
 
 _CONVERTED_DIRS = []
@@ -163,11 +184,24 @@ class ImageFolderSource:
     parts = [(split, None, None)] if os.path.isdir(split_dir) else parse_split(split)
     for name, _, _ in parts:
       if not os.path.isdir(os.path.join(root, name)):
-        found = sorted(self._subdirs(root)) if os.path.isdir(root) else "none"
         raise ValueError(f"imagefolder: no folder {os.path.join(root, name)} (expected "
-                         f"ROOT/SPLIT/CLASS/*.jpg); splits in {root}: {found}")
-    self.class_names = sorted({c for s in self._subdirs(root)
-                               for c in self._subdirs(os.path.join(root, s))})
+                         f"ROOT/SPLIT/CLASS/*.jpg); {self._root_hint(root)}")
+    # Folder names that differ only in Unicode normalisation are one class: macOS writes
+    # "café" decomposed (NFD), so a split copied from a Mac gave that class a second label.
+    # Each class is named and placed by its first spelling in sort order, as before.
+    spellings = {}
+    for s in self._subdirs(root):
+      for c in self._subdirs(os.path.join(root, s)):
+        spellings.setdefault(_nfc(c), set()).add(c)
+    self.class_names = sorted(min(v) for v in spellings.values())
+    self._labels = {_nfc(c): i for i, c in enumerate(self.class_names)}
+    names = self.class_names
+    if all(c.isdecimal() for c in names) and names != sorted(names, key=int):
+      odd = next(c for i, c in enumerate(names) if c != sorted(names, key=int)[i])
+      log.warning("imagefolder %s: the class folders are numbers, but labels are their places "
+                  "in name order (as in torchvision): folder %r is label %d; name them with "
+                  "leading zeros (%s for 1) to make each label its number", root, odd,
+                  names.index(odd), "1".zfill(max(len(c) for c in names)))
     files, labels = [], []
     for name, lo, hi in parts:
       part_files, part_labels = self._split_files(os.path.join(root, name))
@@ -176,19 +210,19 @@ class ImageFolderSource:
         labels.append(part_labels[i])
     with concurrent.futures.ThreadPoolExecutor(num_threads) as pool:
       checks = list(pool.map(check_file, files))
-    # The few files tf cannot decode (e.g. TIFF) are converted once to PNGs in
-    # a temporary folder, so the pipeline reads every image the same way.
-    convert_dir = None
-    paths = list(files)
-    for i, (status, _) in enumerate(checks):
-      if status == "convert":
-        if convert_dir is None:
-          convert_dir = tempfile.mkdtemp(prefix="bvl_imagefolder_")
-          _CONVERTED_DIRS.append(convert_dir)
-        try:
-          paths[i] = _convert_to_png(files[i], convert_dir, i)
-        except Exception as e:  # pylint: disable=broad-except
-          checks[i] = ("bad", f"{type(e).__name__}: {e}")
+      # The files tf cannot decode right (e.g. TIFF) are converted once to PNGs
+      # in a temporary folder (in the pool too: a folder may hold thousands),
+      # so the pipeline reads every image the same way.
+      paths = list(files)
+      todo = [i for i, (status, _) in enumerate(checks) if status == "convert"]
+      if todo:
+        out_dir = tempfile.mkdtemp(prefix="bvl_imagefolder_")
+        _CONVERTED_DIRS.append(out_dir)
+        converted = pool.map(lambda i: _try_convert(files[i], out_dir, i), todo)
+        for i, (path, error) in zip(todo, converted):
+          paths[i] = path
+          if error:
+            checks[i] = ("bad", error)
     self.skipped = [(f, why) for f, (status, why) in zip(files, checks) if status == "bad"]
     keep = [i for i, (status, _) in enumerate(checks) if status != "bad"]
     self.files = [files[i] for i in keep]
@@ -203,13 +237,33 @@ class ImageFolderSource:
                   split_dir, self.num_skipped, "; ".join(f"{f} ({why})" for f, why in self.skipped[:3]))
     self._root = root
 
+  def _root_hint(self, root):
+    """What ROOT holds, for the error on a missing split: its splits, or that it is a split."""
+    if not os.path.isdir(root):
+      return f"splits in {root}: none"
+    found = sorted(self._subdirs(root))
+    for d in found[:8]:
+      try:
+        names = os.listdir(os.path.join(root, d))
+      except OSError:  # (no permission: say what can be said)
+        continue
+      if any(n.lower().endswith(EXTENSIONS) for n in names):
+        return (f"{root} holds class folders ({d!r} has images): it is a split folder itself; "
+                f"set data_dir={os.path.dirname(root.rstrip(os.sep))} and "
+                f"split={os.path.basename(root.rstrip(os.sep))!r}")
+    more = f", ... ({len(found)} in all)" if len(found) > 8 else ""
+    return f"splits in {root}: {found[:8]}{more}"
+
   def _split_files(self, split_dir):
     """(files, labels) of a split folder, sorted by class, then path."""
-    files, labels = [], []
-    for label, cls in enumerate(self.class_names):
-      names = self._images_under(os.path.join(split_dir, cls))
+    files, labels, others = [], [], []
+    for d in sorted(self._subdirs(split_dir), key=lambda d: (self._labels[_nfc(d)], d)):
+      names = self._images_under(os.path.join(split_dir, d), others)
       files += names
-      labels += [label] * len(names)
+      labels += [self._labels[_nfc(d)]] * len(names)
+    if others:
+      log.warning("imagefolder %s: ignored %d file(s) in image formats not read here (e.g. "
+                  "%s): convert them to PNG or JPEG", split_dir, len(others), others[0])
     loose = [n for n in os.listdir(split_dir) if n.lower().endswith(EXTENSIONS)
              and os.path.isfile(os.path.join(split_dir, n))]
     if loose:
@@ -218,18 +272,33 @@ class ImageFolderSource:
     return files, labels
 
   @staticmethod
-  def _images_under(cdir):
-    """Image files in a class folder and its sub-folders (as torchvision's ImageFolder)."""
-    out = []
+  def _images_under(cdir, others):
+    """Image files in a class folder and its sub-folders (as torchvision's ImageFolder);
+    files of OTHER_IMAGE_EXTENSIONS are appended to `others`.
+
+    Links to folders are followed, except into a folder the path is already
+    in: such a cycle repeated its images some 40 times, until the path got
+    too deep to resolve.
+    """
+    out, above = [], {}  # folder -> ids of it and the folders above it in the walk
     for top, dirs, names in os.walk(cdir, followlinks=True):
-      dirs[:] = [d for d in dirs if not d.startswith(".")]
+      st = os.stat(top)
+      path_ids = above.get(os.path.dirname(top), frozenset())
+      if (st.st_dev, st.st_ino) in path_ids:
+        dirs[:] = []
+        continue
+      above[top] = path_ids | {(st.st_dev, st.st_ino)}
+      dirs[:] = [d for d in dirs if not _hidden(d)]
+      names = [n for n in names if not _hidden(n)]
       out += [os.path.join(top, n) for n in names if n.lower().endswith(EXTENSIONS)]
+      others += [os.path.join(top, n) for n in names
+                 if n.lower().endswith(OTHER_IMAGE_EXTENSIONS)]
     return sorted(out)
 
   @staticmethod
   def _subdirs(path):
     return [d for d in os.listdir(path) if os.path.isdir(os.path.join(path, d))
-            and not d.startswith(".")]
+            and not _hidden(d)]
 
   def raw(self, start, end, order_seed=None):
     """Indices of images [start, end); a full permutation when order_seed is given."""
@@ -240,8 +309,10 @@ class ImageFolderSource:
 
   def decode(self, index):
     # numpy -> constants in whichever tf.data function traces this.
-    # UTF-8 by hand: numpy's astype(bytes) is ASCII-only ("café.jpg" would crash).
-    as_bytes = lambda xs: np.asarray([x.encode("utf-8") for x in xs] or [b""],  # noqa: E731
+    # The names' bytes on disk by hand: numpy's astype(bytes) is ASCII-only ("café.jpg"
+    # would crash), and encode("utf-8") fails on names that are not UTF-8 (Latin-1 ones
+    # from old archives, which Python holds as surrogate escapes).
+    as_bytes = lambda xs: np.asarray([os.fsencode(x) for x in xs] or [b""],  # noqa: E731
                                      dtype=object)
     names = [os.path.relpath(f, self._root) for f in self.files]
     labels = self.labels if len(self.labels) else np.zeros([1], np.int64)

@@ -36,6 +36,15 @@ from big_vit_lite.data import sources
 # read by the trainer through `device.prefetch`.
 TRAIN_KEYS = ("data", "batch_size", "pp", "shuffle_buffer_size", "num_shards", "cache",
               "prefetch")
+# big_vision's input keys that are not ours: what to do instead.
+_FILTERS = "use a split slice (data.split='train[:90%]'): filters would break exact resume"
+_INSTEAD = {
+    "cache_raw": "use cache='raw' (leave it out for False)",
+    "num_parallel_calls": "not needed: the pp map runs with tf.data.AUTOTUNE",
+    "skip_errors": "not needed: image folders skip unreadable files up front, tfds datasets "
+                   "are checked when prepared",
+    "filter_fn": _FILTERS, "pre_filter_fn": _FILTERS, "post_filter_fn": _FILTERS,
+}
 _MAX_EPOCHS = 2**62
 _EVAL_KEY = 0x5EED  # eval augmentation (if any) is a fixed function of the example index
 
@@ -119,18 +128,25 @@ def _data_errors(what):
   except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError) as e:
     msg = str(e)
     if "batch" in msg and "hape" in msg:
-      raise ValueError("pp output has examples of different shapes, which cannot be batched: "
-                       "end the pp with ops giving a fixed size (e.g. resize(224) or "
-                       "inception_crop(224)); " + _shapes_detail(msg)) from None
+      raise _batch_error(msg) from None
     raise ValueError(f"{what}: preprocessing an example failed: {_tf_error_text(msg)}") from e
   except (tf.errors.DataLossError, tf.errors.NotFoundError) as e:
     raise ValueError(f"{what}: a file is truncated or missing ({_tf_error_text(str(e))}); "
                      f"for a tfds dataset, delete its folder and prepare it again") from e
 
 
-def _shapes_detail(msg):
-  at = msg.find("Shapes are")
-  return " ".join((msg[at:] if at >= 0 else msg).split())[:160]
+def _batch_error(msg):
+  """tf's "cannot batch" error -> one line saying how to give every example one shape."""
+  detail = _tf_error_text(msg)
+  at = detail.find("Shapes are")
+  detail = detail[at:] if at >= 0 else detail
+  shapes = [s.split(",") for s in re.findall(r"\[(\d+(?:,\d+)*)\]", detail)[:2]]
+  if len(shapes) == 2 and len(shapes[0]) == 3 and shapes[0][:2] == shapes[1][:2]:
+    fix = "decode(3) or decode(1) (not decode(0)) gives every image the same channel count"
+  else:
+    fix = "end the pp with ops giving a fixed size (e.g. resize(224) or inception_crop(224))"
+  return ValueError(f"pp output has examples of different shapes, which cannot be batched: "
+                    f"{fix}; {detail[:200]}")
 
 
 def _tf_error_text(msg):
@@ -266,6 +282,9 @@ def make_train_iterator(input_cfg, *, seed, process_index=None, process_count=No
   """TrainIterator over this process's shards; see the module docstring."""
   cfg = _plain(input_cfg)
   unknown = sorted(set(cfg) - set(TRAIN_KEYS))
+  for key in unknown:
+    if key in _INSTEAD:
+      raise ValueError(f"input.{key} (big_vision's) is not a key here: {_INSTEAD[key]}")
   if unknown:
     raise ValueError(f"input config has unknown key(s) {unknown}; allowed: {', '.join(TRAIN_KEYS)}")
   for key in ("data", "batch_size", "pp"):
@@ -295,6 +314,14 @@ def make_train_iterator(input_cfg, *, seed, process_index=None, process_count=No
     raise ValueError(f"train data {source.name} has no examples"
                      + (f" ({skipped} unreadable or unsupported file(s) skipped, see the log)"
                         if skipped else ""))
+  # Every process checks every shard (not only its own), so all fail alike: one
+  # process failing alone would leave the others waiting in collectives.
+  bounds = _bounds(source.num_examples, num_shards)
+  smallest = min(b - a for a, b in zip(bounds[:-1], bounds[1:]))
+  if smallest < batch_size // num_shards:
+    raise ValueError(f"train data {source.name} has {source.num_examples} examples: cut into "
+                     f"{num_shards} shard(s), the smallest has {smallest}, fewer than its batch "
+                     f"of {batch_size // num_shards}; lower input.batch_size (or num_shards)")
   pp_fn = pp_lib.get_preprocess_fn(cfg["pp"])
   per_process = num_shards // process_count
   shards = range(process_index * per_process, (process_index + 1) * per_process)

@@ -11,8 +11,12 @@
                  animal-mnist==0.4 (found without importing it: its modules
                  import keras and download things)
 """
+import contextlib
 import importlib.util
+import json
 import os
+import tarfile
+import zlib
 
 FETCH_HINT = "run scripts/fetch_offline_sources.sh to install the offline dataset sources"
 FASHION_MNIST_FILES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
@@ -61,3 +65,13 @@ def animal_mnist_files():
       return tuple(paths)
   raise FileNotFoundError(f"Animal-MNIST files {ANIMAL_FILES} not found in {candidates}; "
                           f"{FETCH_HINT} (pip install --no-deps animal-mnist==0.4)")
+
+
+@contextlib.contextmanager
+def reading(path):
+  """A damaged (e.g. truncated) source file -> one ValueError naming it and the fix."""
+  try:
+    yield
+  except (OSError, EOFError, tarfile.TarError, zlib.error, json.JSONDecodeError) as e:
+    raise ValueError(f"{path} is damaged ({type(e).__name__}: {e}); install it again: "
+                     f"{FETCH_HINT}") from None

@@ -51,6 +51,8 @@ def get_builder(name, data_dir, source="auto"):
     raise ValueError(f"unknown dataset {name!r}: not a tfds dataset nor one of "
                      f"{sources.OFFLINE_DATASETS + ('imagenet21k',)}"
                      + (f"; {hint}" if hint else "")) from None
+  except ValueError as e:
+    raise sources.builder_error(name, e) from None
 
 
 _PROXY_VARS = ("https_proxy", "http_proxy", "all_proxy")
@@ -101,6 +103,13 @@ def prepare(name, data_dir=None, manual_dir=None, source="auto"):
   if builder.is_prepared():
     logging.info("%s already prepared in %s", name, builder.data_dir)
   else:
+    instructions = getattr(builder, "MANUAL_DOWNLOAD_INSTRUCTIONS", None)
+    default_manual = os.path.join(data_dir, "downloads", "manual")
+    if instructions and not manual_dir and not (os.path.isdir(default_manual)
+                                                and os.listdir(default_manual)):
+      # tfds' own error ends in a multi-line text that a one-line report cuts off.
+      raise ValueError(f"{name} is downloaded by hand: put its files in a folder and pass "
+                       f"--manual_dir=FOLDER ({' '.join(instructions.split())})")
     if not manual_dir:
       check_download_hosts(builder, data_dir)
     config = tfds.download.DownloadConfig(manual_dir=manual_dir) if manual_dir else None

@@ -33,14 +33,30 @@ def _prepare_hint(name, data_dir):
   return f"run `python -m big_vit_lite.data.prepare {name} --data_dir={data_dir}`"
 
 
+# Names people write for datasets that tfds (or we) call otherwise.
+_ALIASES = {"imagenet": "imagenet2012", "imagenet1k": "imagenet2012",
+            "imagenet_1k": "imagenet2012", "ilsvrc2012": "imagenet2012",
+            "imagenet22k": "imagenet21k", "image_folder": "imagefolder"}
+
+
 def name_hint(name):
   """'did you mean ...' for a misspelt dataset name, or ''."""
-  known = tfds.list_builders(with_community_datasets=False)
-  base = name.split(":")[0].split("/")[0]
-  near = difflib.get_close_matches(base.lower(), known, n=3, cutoff=0.75)
+  known = tfds.list_builders(with_community_datasets=False) + ["imagefolder"]
+  base = name.split(":")[0].split("/")[0].lower().replace("-", "_")
+  if base in _ALIASES:
+    return f"did you mean {_ALIASES[base]!r}?"
+  near = difflib.get_close_matches(base, known, n=3, cutoff=0.75)
   if not near:
     return ""
   return f"did you mean {' or '.join(repr(n) for n in near)}?"
+
+
+def builder_error(name, error):
+  """tfds.builder's ValueError (a name it cannot parse, like "fashion-mnist", or a config
+  it lacks; several lines) -> one line with the near name."""
+  hint = name_hint(name)
+  return ValueError(f"dataset {name!r}: {str(error).splitlines()[0].rstrip('.: ')}"
+                    + (f"; {hint}" if hint else ""))
 
 
 def check_data_cfg(data_cfg):
@@ -54,6 +70,14 @@ def check_data_cfg(data_cfg):
   if not data_cfg.get("name") or not data_cfg.get("split"):
     raise ValueError(f"data config needs name and split, got {data_cfg}")
   return data_cfg
+
+
+def encoded_images(features):
+  """tfds decoders that keep image features encoded: the pp `decode` op decodes them
+  inside the parallel map. Not float32 images: tfds stores those as their bytes in an
+  RGBA PNG, which `decode` would read as colours; tfds decodes them to float32."""
+  return {k: tfds.decode.SkipDecoding() for k, f in features.items()
+          if isinstance(f, tfds.features.Image) and f.tf_dtype != tf.float32}
 
 
 _SOURCES = {}
@@ -96,6 +120,8 @@ class TfdsSource:
                        f"{name_hint(name) or hint}") from None
     except AssertionError as e:  # e.g. a version that tfds does not have
       raise ValueError(f"dataset {name!r}: {' '.join(str(e).split())}") from None
+    except ValueError as e:
+      raise builder_error(name, e) from None
     if not builder.is_prepared():
       raise ValueError(f"dataset {name!r} is not prepared in {data_dir}; {hint}")
     self.name = name
@@ -117,9 +143,7 @@ class TfdsSource:
     self._pieces = [(fi.filename, fi.skip, fi.take) for fi in split_info.file_instructions
                     if fi.take > 0]
     features = builder.info.features
-    # Images stay encoded: the pp `decode` op decodes them inside the parallel map.
-    self._decoders = {k: tfds.decode.SkipDecoding() for k, f in features.items()
-                      if isinstance(f, tfds.features.Image)}
+    self._decoders = encoded_images(features)
     self._features = features
 
   def _pieces_in(self, start, end):
@@ -166,8 +190,7 @@ class MockedTfdsSource:
 
   def __init__(self, name, split, data_dir=None):
     builder = tfds.builder(name, data_dir=resolve_data_dir(data_dir))
-    decoders = {k: tfds.decode.SkipDecoding() for k, f in builder.info.features.items()
-                if isinstance(f, tfds.features.Image)}
+    decoders = encoded_images(builder.info.features)
     # Built once here, outside any tf.data function that later slices it.
     self._ds = builder.as_dataset(split=split, decoders=decoders, shuffle_files=False)
     self.num_examples = int(self._ds.cardinality())

@@ -46,7 +46,7 @@ def _reconstruct():
 
 
 def load_array(path):
-  with gzip.open(path, "rb") as f:
+  with offline_sources.reading(path), gzip.open(path, "rb") as f:
     arr = _ArrayOnlyUnpickler(f).load()
   if not isinstance(arr, np.ndarray) or arr.dtype.hasobject:
     raise ValueError(f"{path}: expected a plain numpy array, got {type(arr).__name__}")

@@ -18,14 +18,18 @@ from big_vit_lite.data import offline_sources
 
 def read_idx(path, magic, count):
   """Reads one gzip'd IDX file, checking its header against what tfds expects."""
-  with gzip.open(path, "rb") as f:
+  with offline_sources.reading(path), gzip.open(path, "rb") as f:
     raw = f.read()
   ndim = raw[3]
   header = np.frombuffer(raw[:4 + 4 * ndim], ">u4")
   if header[0] != magic or header[1] != count:
     raise ValueError(f"{path}: IDX header {header.tolist()} is not magic {magic} with {count} items")
   data = np.frombuffer(raw[4 + 4 * ndim:], np.uint8)
-  return data.reshape([int(d) for d in header[1:]])
+  shape = [int(d) for d in header[1:]]
+  if data.size != np.prod(shape):
+    raise ValueError(f"{path} is damaged ({data.size} bytes of data for shape {shape}); "
+                     f"install it again: {offline_sources.FETCH_HINT}")
+  return data.reshape(shape)
 
 
 class OfflineFashionMnist(tfds_mnist.FashionMNIST, skip_registration=True):

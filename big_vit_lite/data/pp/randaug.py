@@ -77,15 +77,18 @@ def _equalize(image):
 
 
 def _sharpness(image, factor):
-  x = tf.cast(image, tf.float32)[None]
-  k = tf.constant([[1, 1, 1], [1, 5, 1], [1, 1, 1]], tf.float32) / 13.0
-  k = tf.tile(k[:, :, None, None], [1, 1, 3, 1])
-  smooth = tf.nn.depthwise_conv2d(x, k, [1, 1, 1, 1], "VALID")[0]
-  # Borders keep their original pixels (as PIL's ImageEnhance.Sharpness).
-  smooth = tf.pad(smooth, [[1, 1], [1, 1], [0, 0]])
-  mask = tf.pad(tf.ones_like(smooth[1:-1, 1:-1]), [[1, 1], [1, 1], [0, 0]])
-  degenerate = tf.where(mask > 0, smooth, x[0])
-  return _blend(degenerate, image, factor)
+  def sharpened():
+    x = tf.cast(image, tf.float32)[None]
+    k = tf.constant([[1, 1, 1], [1, 5, 1], [1, 1, 1]], tf.float32) / 13.0
+    k = tf.tile(k[:, :, None, None], [1, 1, 3, 1])
+    smooth = tf.nn.depthwise_conv2d(x, k, [1, 1, 1, 1], "VALID")[0]
+    # Borders keep their original pixels (as PIL's ImageEnhance.Sharpness).
+    smooth = tf.pad(smooth, [[1, 1], [1, 1], [0, 0]])
+    mask = tf.pad(tf.ones_like(smooth[1:-1, 1:-1]), [[1, 1], [1, 1], [0, 0]])
+    degenerate = tf.where(mask > 0, smooth, x[0])
+    return _blend(degenerate, image, factor)
+  # Under 3 pixels a side every pixel is border, so unchanged (the 3x3 filter failed there).
+  return tf.cond(tf.reduce_all(tf.shape(image)[:2] >= 3), sharpened, lambda: image)
 
 
 def _cutout(image, frac, seed):
@@ -133,9 +136,10 @@ NUM_OPS = 16
 
 @register("randaug")
 def get_randaug(num_layers=2, magnitude=10, key="image"):
-  if not isinstance(num_layers, int) or num_layers < 0:
+  if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 0:
     raise ValueError(f"num_layers must be an int >= 0, got {num_layers!r}")
-  if not 0 <= magnitude <= 30:
+  if isinstance(magnitude, bool) or not isinstance(magnitude, (int, float)) \
+      or not 0 <= magnitude <= 30:
     raise ValueError(f"magnitude must be in [0, 30] (10 = full strength), got {magnitude!r}")
   level = magnitude / _MAX_LEVEL
 

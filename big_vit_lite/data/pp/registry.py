@@ -16,8 +16,24 @@ import difflib
 import inspect
 
 _OPS = {}
-# Names people reach for that have another name here.
-_RENAMED = {"random_flip_lr": "flip_lr", "resize_smaller": "resize_small"}
+# Names people reach for that have another name here (where difflib's guess is wrong).
+_RENAMED = {"random_flip_lr": "flip_lr", "resize_smaller": "resize_small",
+            "random_resized_crop": "inception_crop", "random_horizontal_flip": "flip_lr",
+            "normalize": "standardize"}
+# Ops of big_vision (and torchvision) configs that are not here: what to write instead.
+_INSTEAD = {
+    "clip_value_range": "standardize(mean=(122.771, 116.746, 104.094), "
+                        "std=(68.501, 66.632, 70.323)), CLIP's statistics on 0..255",
+    "squeeze_last_dim": "nothing: drop it (labels of tfds ClassLabel features and image "
+                        "folders are scalars already)",
+    "lookup": "integer labels: tfds ClassLabel features and image folders give class ids "
+              "(there is no string lookup here)",
+    "to_tensor": "value_range(0, 1)",
+    "grayscale": "decode(1)", "to_grayscale": "decode(1)", "rgb_to_grayscale": "decode(1)",
+    "mixup": "config.mixup = dict(mixup_alpha=0.2) (mixup runs on device in the train step)",
+    "cutmix": "config.mixup = dict(cutmix_alpha=1.0) (cutmix runs on device in the train step)",
+}
+_KEY_ARGS = ("key", "key_result", "inkey", "outkey")
 
 
 def register(name):
@@ -67,6 +83,8 @@ def build_op(op_text):
     near = ([_RENAMED[name]] if name in _RENAMED else
             [repr(n) for n in difflib.get_close_matches(name, known_ops(), n=1, cutoff=0.6)])
     hint = f"did you mean {near[0]}? " if near else ""
+    if name in _INSTEAD:
+      hint = f"it is not available here; instead use {_INSTEAD[name]}. "
     raise ValueError(f"unknown pp op {name!r} in {op_text!r}; {hint}known ops: "
                      f"{', '.join(known_ops())}")
   factory = _OPS[name]
@@ -79,6 +97,13 @@ def build_op(op_text):
   except TypeError as e:
     raise ValueError(f"pp op {op_text!r}: bad arguments ({e}); signature is "
                      f"{name}{sig}") from None
+  keys = dict(bound.arguments)
+  keys.update({k: v for k, v in (("inkey", inkey), ("outkey", outkey)) if v is not None})
+  for arg in _KEY_ARGS:
+    if keys.get(arg) is not None and not isinstance(keys[arg], str):
+      # flip_lr(0.5) would read the key 0.5 (flip_lr takes no probability).
+      raise ValueError(f"pp op {op_text!r}: {arg} must be a key name (a string), got "
+                       f"{keys[arg]!r}; signature is {name}{sig}")
   if (inkey or outkey) and "key" not in bound.arguments:
     inkey, outkey = inkey or "image", outkey or "image"
     kwargs["key"] = inkey
