@@ -5,9 +5,10 @@ r"""Evaluate a checkpoint: few-shot, linear probe or classification, no training
 
 SRC is a training workdir (its newest complete checkpoint), an orbax step
 directory (WORKDIR/checkpoints/<step>), an .npz in the vision_transformer
-layout (also big_vision's, with or without its "params/" prefix, and the
-paper's pre-linen layout) or a timm .safetensors written by
-big_vit_lite.export.
+layout (also big_vision's, with or without its "params/" prefix, the image
+tower of its SigLIP / LiT files, and the paper's pre-linen layout) or a timm
+.safetensors (written by big_vit_lite.export, or timm's own of a standard
+size). SRC is read once: a run writing new steps meanwhile does not mix in.
 
 The model: for a training workdir or step directory, the run's own model
 config (saved with the checkpoint); for an .npz, the architecture read off
@@ -16,8 +17,9 @@ Entries of the eval config's `model` dict that are not None override both
 (e.g. `--config.model.gelu=tanh` for the original paper's checkpoints).
 
 The model runs at the resolution and channel count it was trained with; the
-eval pp must resize to that and decode to that many channels (grey -> RGB
-for RGB models): configs/fewshot.py:res=R,channels=C. A mismatch stops with
+eval pp must resize to that (or any size with the same patch grid: a /14
+model trained at 384 takes 378 to 391) and decode to that many channels
+(grey -> RGB for RGB models): configs/fewshot.py:res=R,channels=C. A mismatch stops with
 a one-line error that names the values to use. (A sincos2d model with no
 saved training pp has no fixed resolution: it runs at the pp's size.) A
 checkpoint without a head (num_classes=0) takes fewshot and linear_probe
@@ -68,11 +70,12 @@ def _define_flags():
 # ---------------------------------------------------------------- the model
 
 def read_source(src):
-  """SRC -> (flat "a/b/c" params as found, saved config or None, checkpoint step).
+  """SRC -> (canonical flat "a/b/c" params, saved config or None, checkpoint step).
 
-  The params are read here only to learn the architecture and input size;
-  `vit.load` reads them again into the model (it also converts the other
-  .npz layouts and resamples the position embedding).
+  Read once: a workdir's newest step is resolved here, and the same params
+  go into the model (`interop.merge`). A training run that writes (or
+  deletes) a step meanwhile cannot mix one step's number or config with
+  another's params.
   """
   src = paths.resolve(src)  # Local or on a bucket (gs://...).
   if not src.exists():
@@ -84,11 +87,11 @@ def read_source(src):
   if not (is_dir or src.name.endswith(".npz")):
     raise ValueError(f"model_init={src} is neither a directory nor an .npz or .safetensors "
                      "file; pass a training workdir, a checkpoint step directory or an .npz.")
-  params, config = checkpoint.load_params(src)
   step = 0
   if is_dir:
-    step_dir = checkpoint.resolve_step_dir(src).name
-    step = int(step_dir) if step_dir.isdigit() else 0
+    src = checkpoint.resolve_step_dir(src)
+    step = int(src.name) if src.name.isdigit() else 0
+  params, config = checkpoint.load_params(src)
   # One canonical layout (big_vision's "params/" prefix and top-level posemb, scan
   # stacks, pre-linen numbering all converted), so that the shapes below are read
   # the same way whatever wrote the file.
@@ -139,10 +142,12 @@ def _stem_kernels(flat):
   return kernels
 
 
-def native_input_shape(flat, saved_config):
+def native_input_shape(flat, saved_config, trained_hw=None):
   """(res, channels) the model was trained at, from the param shapes.
 
-  res is None for a sincos2d model with no saved training pp: it has no
+  trained_hw: the (h, w) it was trained at when known otherwise (a timm
+  export's metadata); else the saved config's training pp tells, if any.
+  res is None for a sincos2d model with no known training size: it has no
   size-dependent params and runs at whatever size the eval pp gives.
   """
   flat = interop.canonicalize(flat)
@@ -155,16 +160,16 @@ def native_input_shape(flat, saved_config):
   pp = ""
   if saved_config is not None and "input" in saved_config:
     pp = str(saved_config.input.get("pp", ""))
-  trained_hw = None
-  if pp.strip():
+  if trained_hw is None and pp.strip():
     try:
       trained_hw = pp_lib.output_hw(pp, channels=channels)
     except ValueError:  # a pp this version cannot build: go by the param shapes alone
       pass
   if trained_hw and trained_hw[0] != trained_hw[1]:
     # A 4x9 grid has as many tokens as a 6x6 one: run square, its posemb would be scrambled.
+    said = f"its pp: {pp!r}" if pp.strip() else "its timm metadata"
     raise ValueError(f"The checkpoint was trained on {trained_hw[0]}x{trained_hw[1]} images "
-                     f"(its pp: {pp!r}): evaluate runs square images only.")
+                     f"({said}): evaluate runs square images only.")
   tokens = None
   if "Transformer/posembed_input/pos_embedding" in flat:  # canonical: a cls row iff a cls
     tokens = flat["Transformer/posembed_input/pos_embedding"].shape[1] - ("cls" in flat)
@@ -173,6 +178,10 @@ def native_input_shape(flat, saved_config):
     if side * side != tokens:
       raise ValueError(f"The checkpoint's position embedding has {tokens} patch tokens, not a "
                        "square grid: evaluate runs square images only.")
+    if trained_hw and trained_hw[0] // patch == side:
+      # The size it was trained at, also when the patch does not divide it
+      # (So400m/14 at 384: a 27x27 grid; the last 6 pixels fall off).
+      return trained_hw[0], channels
     return side * patch, channels
   # sincos posemb has no params: the training pp's size, if known.
   return (trained_hw[0] if trained_hw else None), channels
@@ -206,12 +215,18 @@ def build_model(config, flat, saved_config):
     raise ValueError(f"Bad model config {model_cfg}: {e}") from None
 
 
-def make_predict_fn(model, res, channels):
-  """predict_fn(params, images) -> (logits, out), checking the image shape first."""
+def make_predict_fn(model, res, channels, patch=1):
+  """predict_fn(params, images) -> (logits, out), checking the image shape first.
+
+  Images must have `channels` and, unless res is None, the patch grid of
+  res x res images: a /14 model made for 384 px (a 27x27 grid) takes 378 to
+  391 px, as the patchify drops what is past the last whole patch.
+  """
 
   def predict_fn(params, images):
     _, h, w, c = images.shape
-    if (h, w, c) != (res or h, res or w, channels):
+    grid = (h // patch, w // patch)
+    if c != channels or (res is not None and grid != (res // patch, res // patch)):
       if res is None:
         raise ValueError(f"The eval pp gives {h}x{w}x{c} images but the model takes {channels} "
                          f"channels: decode with channels={channels} in the pp (e.g. "
@@ -270,7 +285,8 @@ def evaluate(config, workdir):
     raise ValueError("The config has no `evals`: nothing to evaluate.")
   flat, saved_config, step = read_source(src)
   model, model_cfg = build_model(cfg, flat, saved_config)
-  res, channels = native_input_shape(flat, saved_config)
+  trained_hw = interop.timm_image_size(src) if str(src).endswith(".safetensors") else None
+  res, channels = native_input_shape(flat, saved_config, trained_hw)
   logging.info("Model input: %sx%sx%d; checkpoint step %d.", res or "any", res or "any",
                channels, step)
   # A sincos2d model with no known resolution has no size-dependent params:
@@ -281,11 +297,14 @@ def evaluate(config, workdir):
   rules = sharding.make_rules(cfg.get("sharding_rules"), mesh)
   abstract = jax.eval_shape(lambda: model.init(
       jax.random.PRNGKey(0), jnp.zeros((1, init_res, init_res, channels)))["params"])
-  loaded = vit.load(abstract, str(paths.resolve(src)), model_cfg)
+  try:  # The params read above, not the source again (see read_source).
+    loaded = interop.merge(abstract, flat)
+  except ValueError as e:
+    raise ValueError(f"Cannot load {src}: {e}") from None
   shardings = sharding.logical_shardings(abstract, mesh, rules)
   params = jax.device_put(nn.meta.unbox(loaded), shardings)
 
-  predict_fn = make_predict_fn(model, res, channels)
+  predict_fn = make_predict_fn(model, res, channels, int(flat["embedding/kernel"].shape[0]))
   evaluators_by_name = {}
   for name in cfg.raw.evals:
     ecfg = cfg.evals[name].to_dict()  # marks the whole entry read

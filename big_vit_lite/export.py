@@ -21,7 +21,10 @@ The printed summary holds that line ("timm_usage") and timm's name for the
 architecture when it has one ("timm_name"). The timm kwargs that rebuild the
 exact architecture (global_pool, class_token, fc_norm, ...) are printed too
 and stored in the file's metadata ("timm_kwargs").
---res is needed only for sincos2d models (they have no posemb param to copy).
+--res (N or HxW) is needed for sincos2d models (they have no posemb param to
+copy) and for an .npz of a model trained on non-square images (a 4x9 patch
+grid has as many posemb rows as a 6x6 one); a training workdir or step
+directory, or a .safetensors this tool wrote, says its image size itself.
 """
 import json
 import os
@@ -30,6 +33,7 @@ import sys
 from absl import app
 from absl import flags
 
+from big_vit_lite import paths
 from big_vit_lite.models import interop
 
 
@@ -41,7 +45,8 @@ def _define_flags():
   flags.DEFINE_string("out", None, "Output file (.npz or .safetensors).")
   flags.DEFINE_enum("format", None, ["npz", "timm"],
                     "Output layout; default: from --out's suffix (.npz or .safetensors).")
-  flags.DEFINE_integer("res", None, "Image size; needed for timm export of sincos2d models.")
+  flags.DEFINE_string("res", None, "Image size, N or HxW; for timm export of sincos2d models "
+                      "and of non-square .npz models.")
 
 
 _SUFFIX = {"npz": ".npz", "timm": ".safetensors"}
@@ -61,7 +66,17 @@ def export(src: str, out: str, fmt=None, res=None) -> dict:
   parent = os.path.dirname(os.path.abspath(out))
   if not os.path.isdir(parent):
     raise ValueError(f"--out={out}: the directory {parent} does not exist.")
-  flat = interop.read_params(src)
+  res = _parse_res(res)
+  if paths.resolve(src).is_dir():  # A training checkpoint: its config knows the image size.
+    from big_vit_lite import checkpoint  # pylint: disable=g-import-not-at-top
+    params, config = checkpoint.load_params(src)
+    flat = interop.canonicalize(interop.to_numpy_flat(params))
+    if res is None and fmt == "timm":
+      res = interop.trained_hw(config, flat)
+  else:
+    flat = interop.read_params(src)
+    if res is None and fmt == "timm" and str(src).endswith(".safetensors"):
+      res = interop.timm_image_size(src)  # Our timm file says its size (it may be non-square).
   if fmt == "npz":
     interop.save_npz(flat, out)
     return {"out": out, "format": "npz", "num_params": len(flat)}
@@ -69,6 +84,17 @@ def export(src: str, out: str, fmt=None, res=None) -> dict:
   return {"out": out, "format": "timm", "timm_kwargs": kwargs,
           "timm_name": interop.timm_model_name(kwargs),
           "timm_usage": interop.timm_usage(kwargs, out)}
+
+
+def _parse_res(res):
+  """None, an int, (h, w) or "N" / "HxW" -> None, int or (h, w)."""
+  if res is None or not isinstance(res, str):
+    return res
+  parts = res.lower().split("x")
+  if len(parts) not in (1, 2) or not all(p.strip().isdigit() for p in parts):
+    raise ValueError(f"--res={res}: use an image size N or HxW, e.g. 224 or 160x320.")
+  sizes = tuple(int(p) for p in parts)
+  return sizes[0] if len(sizes) == 1 else sizes
 
 
 def main(argv):

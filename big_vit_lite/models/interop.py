@@ -7,7 +7,9 @@ with the class token's entry first when there is a class token).
 
 Readers turn each foreign layout into the canonical one:
   - big_vision: top-level `pos_embedding` without a cls entry (the cls token
-    gets no position embedding there, which equals a zero cls row);
+    gets no position embedding there, which equals a zero cls row); its
+    training `.npz` ("params/" next to the optimizer state) and the image
+    tower ("img/") of its two-tower SigLIP / LiT files;
   - scan layout: `Transformer/encoderblock/...` stacked on a leading axis;
   - the original paper's pre-linen numbering: `MultiHeadDotProductAttention_1`,
     `LayerNorm_2`, `MlpBlock_3` inside each block;
@@ -17,8 +19,10 @@ loop, grid size, dont_load) and checks every name and shape.
 """
 import json
 import logging
+import math
 import os
 import re
+import zipfile
 from typing import Any, Mapping, Optional, Sequence
 
 import flax.linen as nn
@@ -108,8 +112,9 @@ def canonicalize(flat: Mapping[str, np.ndarray]) -> dict:
   """Any supported npz layout -> canonical flat dict (posemb has a cls row iff there is a cls)."""
   flat = dict(flat)
   # big_vision train checkpoints hold the params under "params/" (older ones under
-  # "opt/target/") next to the optimizer state: keep only the params.
-  for prefix in ("params/", "opt/target/"):
+  # "opt/target/") next to the optimizer state: keep only the params. Its
+  # two-tower models (SigLIP, LiT) keep the image ViT under "img/": keep that.
+  for prefix in ("params/img/", "img/", "params/", "opt/target/"):
     if f"{prefix}embedding/kernel" in flat:
       flat = {k[len(prefix):]: v for k, v in flat.items() if k.startswith(prefix)}
       break
@@ -131,43 +136,63 @@ def canonicalize(flat: Mapping[str, np.ndarray]) -> dict:
   return flat
 
 
-def resample_posemb(posemb: np.ndarray, new_hw: tuple[int, int]) -> np.ndarray:
-  """Bilinear resize of a square grid posemb (1, N, D) to (1, h*w, D); no prefix rows."""
+def resample_posemb(posemb: np.ndarray, new_hw: tuple[int, int], old_hw=None) -> np.ndarray:
+  """Bilinear resize of a grid posemb (1, N, D) to (1, h*w, D); no prefix rows.
+
+  old_hw: the source's (h, w) grid; None for a square one.
+  """
   _, n, d = posemb.shape
-  gs = int(round(np.sqrt(n)))
-  if gs * gs != n:
-    raise ValueError(f"Cannot resample a position embedding of {n} tokens: not a square grid.")
-  if (gs, gs) == tuple(new_hw):
+  if old_hw is None:
+    gs = int(round(np.sqrt(n)))
+    if gs * gs != n:
+      raise ValueError(f"Cannot resample a position embedding of {n} tokens: not a square grid.")
+    old_hw = (gs, gs)
+  if tuple(old_hw) == tuple(new_hw):
     return posemb
-  grid = np.asarray(posemb[0], np.float32).reshape(gs, gs, d)
+  grid = np.asarray(posemb[0], np.float32).reshape(*old_hw, d)
   # antialias matters only when shrinking; it avoids aliasing of the learned field.
   new = jax.image.resize(grid, (*new_hw, d), method="bilinear", antialias=True)
   return np.asarray(new, posemb.dtype).reshape(1, -1, d)
 
 
 def _fit_posemb(src: np.ndarray, src_prefix: int, tgt_shape: tuple, tgt_prefix: int,
-                grid_hw=None) -> np.ndarray:
+                grid_hw=None, src_grid_hw=None) -> np.ndarray:
   """Source posemb -> target shape: resample the grid part, keep/add/drop the cls row.
 
   grid_hw: the model's (h, w) patch grid. Without it the target grid is taken
   to be square, which is wrong for a non-square input whose token count
   happens to be square (4x9 = 36 tokens is not 6x6).
+  src_grid_hw: the checkpoint's grid when known (a training checkpoint's pp
+  says it); else it is taken to be square. Equal token counts keep their
+  rows unless both grids are known to differ (a warning says when the rows
+  of a square count go to a non-square grid: 36 rows may be 6x6 or 4x9).
   """
   prefix, grid = src[:, :src_prefix], src[:, src_prefix:]
-  n_tgt = tgt_shape[1] - tgt_prefix
+  n_src, n_tgt = grid.shape[1], tgt_shape[1] - tgt_prefix
   if grid_hw is not None and grid_hw[0] * grid_hw[1] != n_tgt:
     raise ValueError(f"param {_POSEMB!r}: grid {grid_hw[0]}x{grid_hw[1]} does not match the "
                      f"model's {n_tgt} grid tokens.")
-  if grid.shape[1] != n_tgt or grid.shape[2] != tgt_shape[2]:
-    if grid_hw is None:
-      gs = int(round(np.sqrt(n_tgt)))
-      grid_hw = (gs, gs)
-    if grid_hw[0] * grid_hw[1] != n_tgt or grid.shape[2] != tgt_shape[2]:
+  if src_grid_hw is not None and src_grid_hw[0] * src_grid_hw[1] != n_src:
+    src_grid_hw = None  # The saved config does not describe these params.
+  if grid.shape[2] != tgt_shape[2]:
+    return src  # Another width: merge's shape check says so, naming both architectures.
+  side, src_side = math.isqrt(n_tgt), math.isqrt(n_src)
+  tgt_hw = (tuple(grid_hw) if grid_hw is not None
+            else (side, side) if side * side == n_tgt else None)
+  src_hw = (tuple(src_grid_hw) if src_grid_hw is not None
+            else (src_side, src_side) if src_side * src_side == n_src else None)
+  if n_src == n_tgt and (src_grid_hw is None or tgt_hw is None):
+    # Nothing says the two grids differ: keep the rows.
+    if src_hw is not None and tgt_hw is not None and src_hw != tgt_hw:
+      logging.warning("Took the checkpoint's %d posemb rows for the model's %dx%d grid as they "
+                      "are; if it was trained on another grid (e.g. %dx%d), load it from its "
+                      "training workdir, whose config says so.", n_src, *tgt_hw, *src_hw)
+  elif src_hw != tgt_hw:
+    if tgt_hw is None:
       raise ValueError(f"param {_POSEMB!r}: cannot fit checkpoint shape {src.shape} to model "
                        f"shape {tgt_shape}; add it to dont_load to re-initialise it.")
-    grid = resample_posemb(grid, tuple(grid_hw))
-    logging.info("Resampled posemb from %d grid tokens to a %dx%d grid.",
-                 src.shape[1] - src_prefix, *grid_hw)
+    grid = resample_posemb(grid, tgt_hw, src_hw)
+    logging.info("Resampled posemb from %d grid tokens to a %dx%d grid.", n_src, *tgt_hw)
   if tgt_prefix and not src_prefix:  # big_vision/gap: the cls token had no posemb.
     prefix = np.zeros((1, tgt_prefix, src.shape[2]), src.dtype)
   elif not tgt_prefix:
@@ -179,14 +204,36 @@ def _fit_posemb(src: np.ndarray, src_prefix: int, tgt_shape: tuple, tgt_prefix: 
 # .npz
 
 def read_npz(path) -> dict:
-  """Flat dict of a params .npz. Pickled (object) entries are refused."""
+  """Flat dict of a params .npz. Pickled (object) entries are refused.
+
+  A file that is not a whole .npz (empty, truncated by a copy, an .npy or
+  anything else under that name) is a one-line ValueError, not numpy's or
+  zipfile's traceback.
+  """
   try:
     # Through epath, so that a gs:// model_init reads like a local file.
-    with paths.resolve(path).open("rb") as fh, np.load(fh, allow_pickle=False) as f:
-      return {k: f[k] for k in f.files}
+    with paths.resolve(path).open("rb") as fh:
+      if fh.read(4) not in (b"PK\x03\x04", b"PK\x05\x06"):  # zip: local header / empty archive
+        raise ValueError(f"Cannot read {path}: not an .npz (zip) file; pass an .npz written by "
+                         "np.savez or vit.save_npz.")
+      fh.seek(0)
+      with np.load(fh, allow_pickle=False) as f:
+        return {k: _recover_bfloat16(f[k]) for k in f.files}
+  except (zipfile.BadZipFile, EOFError, OSError) as e:
+    raise ValueError(f"Cannot read {path}: a damaged or truncated .npz ({e}); copy or "
+                     "download it again.") from None
   except ValueError as e:
+    if str(e).startswith(f"Cannot read {path}:"):
+      raise
     raise ValueError(f"Cannot read {path}: {e} (pickled npz files are refused; "
                      "re-save the arrays with np.savez).") from None
+
+
+def _recover_bfloat16(a):
+  """np.savez writes bfloat16 as a 2-byte void type (big_vision reads it back the same way)."""
+  if a.dtype.kind == "V" and a.dtype.itemsize == 2 and a.dtype.names is None:
+    return a.view(jax.numpy.bfloat16)
+  return a
 
 
 def save_npz(params, path):
@@ -210,6 +257,17 @@ def read_params(path) -> dict:
   """
   if os.fspath(path).endswith(".safetensors"):
     return read_timm(path, num_heads=None)
+  return read_params_and_grid(path)[0]
+
+
+def read_params_and_grid(path):
+  """(canonical flat params, the (h, w) patch grid they were trained on or None).
+
+  The grid is known for training checkpoints (workdir, step dir) whose saved
+  config has a training pp; files do not say it.
+  """
+  if os.fspath(path).endswith(".safetensors"):
+    return read_timm(path, num_heads=None), None
   path = paths.resolve(path)
   if path.is_dir():
     try:
@@ -217,11 +275,28 @@ def read_params(path) -> dict:
     except ImportError:
       raise ValueError(f"{path} is a directory but big_vit_lite.checkpoint is not available; "
                        "pass an .npz file.") from None
-    params, _ = checkpoint.load_params(path)
-    return canonicalize(to_numpy_flat(params))
+    params, config = checkpoint.load_params(path)
+    flat = canonicalize(to_numpy_flat(params))
+    hw = trained_hw(config, flat)
+    patch = flat["embedding/kernel"].shape[0] if "embedding/kernel" in flat else None
+    return flat, (hw[0] // patch, hw[1] // patch) if hw and patch else None
   if not path.exists():
     raise ValueError(f"Checkpoint {path} does not exist.")
-  return canonicalize(read_npz(path))
+  return canonicalize(read_npz(path)), None
+
+
+def trained_hw(config, flat) -> Optional[tuple[int, int]]:
+  """(h, w) a training run's pp gives its images (config: the run's saved config), or None."""
+  pp = str(config.input.get("pp", "")) if config is not None and "input" in config else ""
+  if not pp.strip() or "embedding/kernel" not in flat:
+    return None
+  from big_vit_lite.data import pp as pp_lib  # pylint: disable=g-import-not-at-top
+  stem = flat.get("stem/conv_0/kernel")  # The image goes into the stem, if any.
+  channels = (stem if stem is not None else flat["embedding/kernel"]).shape[2]
+  try:
+    return pp_lib.output_hw(pp, channels=int(channels))
+  except ValueError:  # a pp this version cannot build: the posemb's shape must do
+    return None
 
 
 # ----------------------------------------------------------------------------
@@ -251,11 +326,11 @@ def load(init_params, path, model_cfg=None, dont_load: Sequence[str] = (), grid_
   del model_cfg
   path = os.fspath(path)
   if path.endswith(".safetensors"):
-    flat = read_timm(path, num_heads=_num_heads(init_params))
+    flat, src_grid_hw = read_timm(path, num_heads=_num_heads(init_params)), None
   else:
-    flat = read_params(path)
+    flat, src_grid_hw = read_params_and_grid(path)
   try:
-    return merge(init_params, flat, dont_load, grid_hw)
+    return merge(init_params, flat, dont_load, grid_hw, src_grid_hw)
   except ValueError as e:
     raise ValueError(f"Cannot load {path}: {e}") from None
 
@@ -268,10 +343,13 @@ def _num_heads(init_params) -> int:
 
 
 def merge(init_params, src_flat: Mapping[str, np.ndarray], dont_load: Sequence[str] = (),
-          grid_hw=None):
-  """Fits canonical flat params `src_flat` to `init_params` (see `load`)."""
+          grid_hw=None, src_grid_hw=None):
+  """Fits canonical flat params `src_flat` to `init_params` (see `load`).
+
+  src_grid_hw: the (h, w) patch grid `src_flat` was trained on, if known.
+  """
   if isinstance(init_params, Mapping) and set(init_params) == {"params"}:  # whole variables
-    return {"params": merge(init_params["params"], src_flat, dont_load, grid_hw)}
+    return {"params": merge(init_params["params"], src_flat, dont_load, grid_hw, src_grid_hw)}
   boxed = any(_is_box(x) for x in jax.tree.leaves(init_params, is_leaf=_is_box))
   tgt = flatten(nn.meta.unbox(init_params))
   keep = set()
@@ -288,17 +366,24 @@ def merge(init_params, src_flat: Mapping[str, np.ndarray], dont_load: Sequence[s
   tgt_prefix = 1 if "cls" in tgt else 0
   src_prefix = 1 if "cls" in src_flat else 0
 
+  # Names the architectures when they differ: "add X to dont_load" alone would
+  # send a user loading a B/16 into a Ti/16 through every param in turn.
+  arch_note = _arch_difference(src_flat, unstack_layers(
+      {k: _Abstract(v.shape, v.dtype) for k, v in tgt.items()}))
+  advice = "add it to dont_load to re-initialise it"
+  if arch_note:
+    advice = f"build the model to match, or {advice}"
+
   loaded = {}
   for k, spec in tgt_loop.items():
     if k not in src_flat:
-      raise ValueError(f"the checkpoint has no param {k!r}; add it to dont_load to "
-                       "re-initialise it.")
+      raise ValueError(f"the checkpoint has no param {k!r}{arch_note}; {advice}.")
     v = np.asarray(src_flat[k])
     if k == _POSEMB:
-      v = _fit_posemb(v, src_prefix, spec.shape, tgt_prefix, grid_hw)
+      v = _fit_posemb(v, src_prefix, spec.shape, tgt_prefix, grid_hw, src_grid_hw)
     if v.shape != spec.shape:
       raise ValueError(f"param {k!r} has shape {v.shape} in the checkpoint but {spec.shape} in "
-                       "the model; add it to dont_load to re-initialise it.")
+                       f"the model{arch_note}; {advice}.")
     loaded[k] = v.astype(spec.dtype)
   kept_loop = unstack_layers({k: _Abstract(tgt[k].shape, tgt[k].dtype) for k in keep})
   unused = sorted(k for k in set(src_flat) - set(tgt_loop) - set(kept_loop)
@@ -315,8 +400,8 @@ def merge(init_params, src_flat: Mapping[str, np.ndarray], dont_load: Sequence[s
   other = [k for k in unused if k not in dropped]
   if other:
     raise ValueError(f"the checkpoint has {len(other)} params the model lacks, e.g. "
-                     f"{other[0]!r}: it is another architecture (depth, pool_type, "
-                     "stem, ...); build the model to match, or name them in dont_load.")
+                     f"{other[0]!r}{arch_note or ': it is another architecture (stem, ...)'}; "
+                     "build the model to match, or name them in dont_load.")
 
   if scan_depth is not None:
     loaded = stack_layers(loaded, scan_depth)
@@ -330,6 +415,41 @@ def merge(init_params, src_flat: Mapping[str, np.ndarray], dont_load: Sequence[s
     loaded = jax.tree.map(lambda box, v: box.replace_boxed(v) if _is_box(box) else v,
                           init_params, loaded, is_leaf=_is_box)
   return loaded
+
+
+def _arch(flat) -> dict:
+  """Width, depth, heads, MLP size, patch, channels and pooling of loop-layout params.
+
+  `flat` maps names to anything with a .shape; facts whose params are absent
+  are left out.
+  """
+  def shape(k):
+    return tuple(flat[k].shape) if k in flat else None
+  block = "Transformer/encoderblock_0"
+  facts = {}
+  if shape("embedding/kernel"):
+    facts["patch"], _, facts["channels"], facts["width"] = shape("embedding/kernel")
+  blocks = {m.group(1) for m in map(_BLOCK_RE.match, flat) if m}
+  if blocks:
+    facts["depth"] = len(blocks)
+  if shape(f"{block}/MultiHeadDotProductAttention_0/query/kernel"):
+    facts["heads"] = shape(f"{block}/MultiHeadDotProductAttention_0/query/kernel")[1]
+  if shape(f"{block}/MlpBlock_0/Dense_0/kernel"):
+    facts["mlp_dim"] = shape(f"{block}/MlpBlock_0/Dense_0/kernel")[1]
+  facts["pool_type"] = "tok" if "cls" in flat else "map" if "MAPHead_0/probe" in flat else "gap"
+  return facts
+
+
+def _arch_difference(src_flat, tgt_loop) -> str:
+  """" (another architecture...; checkpoint vs model: width 768 vs 192, ...)" or "" if alike."""
+  src, tgt = _arch(src_flat), _arch(tgt_loop)
+  diff = [f"{k} {src[k]} vs {tgt[k]}" for k in tgt if k in src and src[k] != tgt[k]]
+  if not diff:
+    return ""
+  size = next((n for n, v in vit.VARIANTS.items()
+               if v == tuple(src.get(k) for k in ("width", "depth", "mlp_dim", "heads"))), None)
+  hint = f", a ViT-{size}/{src['patch']}" if size and "patch" in src else ""
+  return f" (another architecture{hint}; checkpoint vs model: {', '.join(diff)})"
 
 
 class _Abstract:
@@ -383,20 +503,33 @@ def _mlp_to_timm(flat, src, dst, sd):
     sd[f"{dst}.fc{i + 1}.bias"] = flat[f"{src}/Dense_{i}/bias"]
 
 
-def to_timm(params, image_size: Optional[int] = None) -> tuple[dict, dict]:
+def to_timm(params, image_size=None) -> tuple[dict, dict]:
   """Params (any supported layout) -> (timm state dict of np arrays, timm create_model kwargs).
 
   Load it with `timm.create_model("vit_base_patch16_224", num_classes=..., **kwargs)`
   (or timm's VisionTransformer(**kwargs)) and `load_state_dict(sd, strict=True)`.
   Global average pooling maps to timm's `global_pool="avg", fc_norm=False`:
   ours normalises the tokens and then averages them, which timm does only
-  without fc_norm. A sincos2d model has no posemb param: pass image_size so
-  that the fixed embedding is written as timm's `pos_embed`.
+  without fc_norm. image_size: an int (square) or (height, width). A sincos2d
+  model has no posemb param: pass it so that the fixed embedding is written
+  as timm's `pos_embed`. A model trained on non-square images needs it too:
+  its posemb's token count does not say the grid (4x9 and 6x6 are both 36),
+  and timm would lay the rows out on the wrong one.
   """
   try:
     return _to_timm(canonicalize(to_numpy_flat(params)), image_size)  # nested or flat, any layout
   except KeyError as e:
     raise ValueError(f"These params lack {e}: not a ViT in a supported layout.") from None
+
+
+def _image_hw(image_size):
+  """int or (h, w) -> (h, w) ints; None stays None."""
+  if image_size is None:
+    return None
+  hw = (image_size, image_size) if np.ndim(image_size) == 0 else tuple(image_size)
+  if len(hw) != 2 or min(int(x) for x in hw) < 1:
+    raise ValueError(f"image_size={image_size!r}: use an int or (height, width).")
+  return tuple(int(x) for x in hw)
 
 
 def _to_timm(flat, image_size):
@@ -413,18 +546,26 @@ def _to_timm(flat, image_size):
   tgt_prefix = 1 if a["class_token"] else 0
   if a["class_token"]:
     sd["cls_token"] = flat["cls"]
+  hw = _image_hw(image_size)
+  grid = None if hw is None else (hw[0] // p, hw[1] // p)
   if _POSEMB in flat:
     pe = flat[_POSEMB]
-    grid = int(round(np.sqrt(pe.shape[1] - tgt_prefix)))
-    if image_size and image_size // p != grid:
-      raise ValueError(f"image_size={image_size} does not match the posemb grid {grid}x{grid} "
-                       f"(patch {p}); omit it or resample by loading into a model first.")
+    tokens = pe.shape[1] - tgt_prefix
+    side = int(round(np.sqrt(tokens)))
+    if grid is None and side * side != tokens:
+      raise ValueError(f"The position embedding has {tokens} grid tokens, not a square grid: "
+                       "pass the (height, width) the model was trained at (--res=HxW).")
+    if grid is None:
+      grid = (side, side)
+    elif grid[0] * grid[1] != tokens:
+      raise ValueError(f"image_size={image_size} gives a {grid[0]}x{grid[1]} grid (patch {p}) but "
+                       f"the posemb has {tokens} grid tokens; pass the size the model was "
+                       "trained at, or resample by loading into a model first.")
   else:
-    if not image_size:
+    if grid is None:
       raise ValueError("These params have no learned posemb (sincos2d): pass image_size "
                        "(--res) so the fixed embedding can be written for timm.")
-    grid = image_size // p
-    pe = vit.posemb_sincos_2d(grid, grid, d)
+    pe = vit.posemb_sincos_2d(*grid, d)
     pe = np.concatenate([np.zeros((1, tgt_prefix, d), pe.dtype), pe], axis=1)
   sd["pos_embed"] = pe
   for i in range(a["depth"]):
@@ -443,7 +584,11 @@ def _to_timm(flat, image_size):
   if a["num_classes"]:
     sd["head.weight"], sd["head.bias"] = flat["head/kernel"].T, flat["head/bias"]
   sd = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in sd.items()}
-  kwargs = dict(img_size=grid * p, patch_size=p, in_chans=a["in_chans"], embed_dim=d,
+  # The size given (timm, like us, drops the pixels past the last whole patch:
+  # So400m/14 runs at 384), else the grid's.
+  img_size = hw or (grid[0] * p, grid[1] * p)
+  img_size = img_size[0] if img_size[0] == img_size[1] else img_size
+  kwargs = dict(img_size=img_size, patch_size=p, in_chans=a["in_chans"], embed_dim=d,
                 depth=a["depth"], num_heads=a["num_heads"], mlp_ratio=a["mlp_dim"] / d,
                 num_classes=a["num_classes"], global_pool=a["global_pool"],
                 class_token=a["class_token"], fc_norm=False)
@@ -492,7 +637,7 @@ def timm_usage(kwargs: Mapping[str, Any], path) -> str:
           f'm.load_state_dict(safetensors.torch.load_file("{os.fspath(path)}"), strict=True)')
 
 
-def write_timm(params, path, image_size: Optional[int] = None) -> dict:
+def write_timm(params, path, image_size=None) -> dict:
   """Writes params as a timm safetensors file; returns the timm create_model kwargs.
 
   The kwargs are also stored as JSON in the file's metadata under "timm_kwargs".
@@ -503,8 +648,52 @@ def write_timm(params, path, image_size: Optional[int] = None) -> dict:
   return kwargs
 
 
-def from_timm(sd: Mapping[str, np.ndarray], num_heads: int) -> dict:
-  """timm VisionTransformer state dict -> canonical flat params."""
+def _read_safetensors(path, tensors=True):
+  """(metadata dict, {name: np.ndarray} or None) of a local or bucket (gs://) file."""
+  from safetensors import numpy as st_numpy  # pylint: disable=g-import-not-at-top
+  from safetensors import safe_open  # pylint: disable=g-import-not-at-top
+  if paths.is_uri(path):  # safe_open maps local files only: read the bytes through epath.
+    data = paths.resolve(path).read_bytes()
+    header = json.loads(data[8:8 + int.from_bytes(data[:8], "little")])
+    return header.get("__metadata__") or {}, st_numpy.load(data) if tensors else None
+  with safe_open(os.fspath(path), "np") as f:
+    return f.metadata() or {}, {k: f.get_tensor(k) for k in f.keys()} if tensors else None
+
+
+def _standard_heads(sd) -> Optional[int]:
+  """The head count of a timm state dict of a standard size (vit.VARIANTS), else None.
+
+  timm's own files (the hub's model.safetensors) do not store it. Width,
+  depth and MLP size together pick one of the literature's sizes, whose head
+  count timm's registered ViTs (and DeiT) share.
+  """
+  try:
+    width = sd["patch_embed.proj.weight"].shape[0]
+    mlp_dim = sd["blocks.0.mlp.fc1.weight"].shape[0]
+  except KeyError:
+    return None
+  depth = len({k.split(".")[1] for k in sd if k.startswith("blocks.")})
+  return next((h for w, d, m, h in vit.VARIANTS.values() if (w, d, m) == (width, depth, mlp_dim)),
+              None)
+
+
+def timm_image_size(path) -> Optional[tuple[int, int]]:
+  """(h, w) from the timm_kwargs metadata `write_timm` stores, or None."""
+  try:
+    return _image_hw(json.loads(_read_safetensors(path, tensors=False)[0]["timm_kwargs"])
+                     ["img_size"])
+  except Exception:  # pylint: disable=broad-except
+    return None  # No metadata (another tool's file): read_timm says what is wrong, if anything.
+
+
+def from_timm(sd: Mapping[str, np.ndarray], num_heads: int,
+              grid_tokens: Optional[int] = None) -> dict:
+  """timm VisionTransformer state dict -> canonical flat params.
+
+  grid_tokens: the model's patch count (from img_size and patch_size), when
+  known, tells whether pos_embed has a row for the class token; else a
+  square row count is taken for a grid without one.
+  """
   sd = {k: np.asarray(v) for k, v in sd.items()}
   if "fc_norm.weight" in sd:
     raise ValueError("This timm model normalises after pooling (fc_norm); ours normalises "
@@ -528,9 +717,11 @@ def from_timm(sd: Mapping[str, np.ndarray], num_heads: int) -> dict:
   if "pos_embed" in sd:
     pe = take("pos_embed")
     n = pe.shape[1]
-    if "cls_token" in sd and round(np.sqrt(n)) ** 2 == n:
+    grid_only = n == grid_tokens if grid_tokens else round(np.sqrt(n)) ** 2 == n
+    if "cls_token" in sd and grid_only:
       # timm's no_embed_class models (DeiT III, ...): the grid rows only, the class
-      # token gets no posemb, i.e. a zero row (a grid count plus one is never square).
+      # token gets no posemb, i.e. a zero row (a square grid's count plus one is
+      # never square; a non-square grid's can be, hence grid_tokens).
       pe = np.concatenate([np.zeros_like(pe[:, :1]), pe], axis=1)
     flat[_POSEMB] = pe
 
@@ -583,17 +774,39 @@ def read_timm(path, num_heads: Optional[int]) -> dict:
   num_heads=None takes it from the "timm_kwargs" metadata that `write_timm`
   stores (timm's state dict itself does not say how qkv splits into heads).
   """
-  from safetensors import safe_open  # pylint: disable=g-import-not-at-top
-  from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
-  if not os.path.exists(path):
+  if not paths.resolve(path).exists():
     raise ValueError(f"Checkpoint {path} does not exist.")
-  if num_heads is None:
-    with safe_open(os.fspath(path), "np") as f:
-      meta = f.metadata() or {}
-    try:
-      num_heads = int(json.loads(meta["timm_kwargs"])["num_heads"])
-    except (KeyError, ValueError, TypeError):
+  try:
+    meta, sd = _read_safetensors(path)
+  except Exception as e:  # pylint: disable=broad-except
+    # SafetensorError (a bad header) or a dtype numpy lacks: not ours to show as a traceback.
+    raise ValueError(f"Cannot read {path}: not a readable safetensors file "
+                     f"({' '.join(str(e).split())}); copy or export it again.") from None
+  try:
+    kwargs = json.loads(meta["timm_kwargs"])
+  except (KeyError, ValueError):
+    kwargs = {}
+  try:
+    saved_heads = int(kwargs["num_heads"])
+  except (KeyError, ValueError, TypeError):
+    saved_heads = None
+  if num_heads is None and saved_heads is None:
+    saved_heads = _standard_heads(sd)
+    if saved_heads is None:
       raise ValueError(f"{path} does not say its number of attention heads (no timm_kwargs "
-                       "metadata): load it with vit.load into a model of that "
-                       "architecture instead.") from None
-  return from_timm(load_file(os.fspath(path)), num_heads)
+                       "metadata) and is not a standard ViT size (Ti, S, B, L, ...): load it "
+                       "with vit.load into a model of that architecture instead.")
+    logging.info("%s has no timm_kwargs metadata: %d heads, as every ViT of its width, depth "
+                 "and MLP size.", path, saved_heads)
+  if num_heads is not None and saved_heads not in (None, num_heads):
+    # qkv splits into any head count that divides the width: it would load, as another model.
+    raise ValueError(f"{path} holds a ViT with {saved_heads} attention heads, the model has "
+                     f"{num_heads}: build the model with num_heads={saved_heads}.")
+  num_heads = num_heads or saved_heads
+  grid_tokens = None
+  try:
+    h, w = _image_hw(kwargs["img_size"])
+    grid_tokens = (h // kwargs["patch_size"]) * (w // kwargs["patch_size"])
+  except (KeyError, ValueError, TypeError):
+    pass
+  return from_timm(sd, num_heads, grid_tokens)

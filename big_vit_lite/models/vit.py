@@ -520,6 +520,9 @@ class Model(nn.Module):
     if len(arch) < 5:
       raise ValueError("ViT needs a variant (e.g. 'B/16') or all of width, depth, mlp_dim, "
                        "num_heads and patch_size.")
+    for k, v in arch.items():
+      if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
+        raise ValueError(f"ViT {k}={v!r}: use a positive integer.")
     return arch
 
   def _check(self):
@@ -532,6 +535,39 @@ class Model(nn.Module):
                                                                str(self.remat_policy)):
       raise ValueError(f"Unknown remat_policy={self.remat_policy!r}: use None or a "
                        "jax.checkpoint_policies name such as 'nothing_saveable'.")
+    try:
+      floating = jnp.issubdtype(jnp.dtype(self.dtype_mm), jnp.floating)
+    except TypeError:
+      floating = False
+    if not floating:
+      raise ValueError(f"Unknown dtype_mm={self.dtype_mm!r}: use 'float32' or 'bfloat16' "
+                       "(or another float type).")
+    counts = (("num_classes", self.num_classes, 0),
+              ("rep_size", int(self.rep_size) if isinstance(self.rep_size, bool)
+               else self.rep_size, 0),
+              *((f"stem_channels[{i}]", c, 1) for i, c in enumerate(self.stem_channels)))
+    for name, value, least in counts:
+      if not isinstance(value, (int, np.integer)) or value < least:
+        raise ValueError(f"ViT {name}={value!r}: use an integer >= {least}.")
+    for name in ("dropout", "drop_path"):
+      if not 0.0 <= getattr(self, name) < 1.0:
+        raise ValueError(f"ViT {name}={getattr(self, name)!r}: use a rate in [0, 1).")
+
+  def _check_params_fit(self, h, w, c, tokens):
+    """One line instead of flax's ScopeParamShapeError when applied params do not fit the images."""
+    params = nn.meta.unbox(self.variables.get("params", {}))
+    first = (params.get("stem", {}).get("conv_0") if self.stem_channels else None) or (
+        params.get("embedding", {}))
+    want = first["kernel"].shape[2] if "kernel" in first else c
+    if want != c:
+      raise ValueError(f"The params take {want}-channel images, these have {c}: decode them "
+                       f"with channels={want}.")
+    pe = params.get("Transformer", {}).get("posembed_input", {}).get("pos_embedding")
+    if pe is not None and pe.shape[1] != tokens:
+      raise ValueError(f"{h}x{w} images give {tokens} tokens but the params' position embedding "
+                       f"has {pe.shape[1]}: feed images of the size the params were made for, or "
+                       "vit.load them into a model initialised at this size (which resamples "
+                       "the position embedding).")
 
   @nn.compact
   def __call__(self, image, *, train: bool = False):
@@ -544,6 +580,7 @@ class Model(nn.Module):
     gh, gw = h // p, w // p
     if gh < 1 or gw < 1:
       raise ValueError(f"Image {h}x{w} is smaller than the patch size {p}.")
+    self._check_params_fit(h, w, c, gh * gw + (self.pool_type == "tok"))
 
     x = image
     if self.stem_channels:
