@@ -17,9 +17,9 @@ INSTALL_REQUIRES = [
     "tensorboard==2.21.0",
     "etils[epath]==1.15.0",  # paths.py: workdirs on buckets (gs://)
     "safetensors==0.8.0",  # timm export (numpy API, no torch)
-    "absl-py",
-    "numpy",
-    "pillow",  # image folders, ImageNet-21k builder
+    "absl-py==2.5.1",
+    "numpy==2.4.6",
+    "pillow==13.0.0",  # image folders (BMP/WebP/GIF decoding), ImageNet-21k builder
 ]
 
 setuptools.setup(
@@ -30,7 +30,6 @@ setuptools.setup(
     python_requires=">=3.10",
     install_requires=INSTALL_REQUIRES,
     extras_require={
-        "test": ["pytest==9.2.0", "pytest-timeout", "pytest-xdist==3.8.0", "scikit-learn==1.9.1",
-                 "pillow"],
+        "test": ["pytest==9.2.0", "pytest-timeout", "pytest-xdist==3.8.0", "scikit-learn==1.9.1"],
     },
 )
