@@ -30,6 +30,6 @@ setuptools.setup(
     python_requires=">=3.10",
     install_requires=INSTALL_REQUIRES,
     extras_require={
-        "test": ["pytest==9.2.0", "pytest-timeout", "pytest-xdist==3.8.0", "scikit-learn==1.9.1"],
+        "test": ["pytest==9.2.0", "pytest-timeout==2.4.0", "pytest-xdist==3.8.0", "scikit-learn==1.9.1"],
     },
 )
