@@ -109,16 +109,11 @@ def parse_mesh(spec):
   """'data:2,fsdp:-1' -> sharding.make_mesh([("data", 2), ("fsdp", -1)]); '' -> None."""
   if not spec:
     return None
-  cfg = []
-  for part in spec.split(","):
-    name, sep, size = part.partition(":")
-    try:
-      cfg.append((name, int(size)))
-    except ValueError:
-      sep = ""
-    if not sep:
-      raise ValueError(f"--mesh={spec!r}: expected axis:size pairs, e.g. 'data:-1' or "
-                       "'data:2,fsdp:-1'")
+  try:
+    cfg = sharding.parse_mesh(spec)
+  except ValueError:
+    raise ValueError(f"--mesh={spec!r}: expected axis:size pairs, e.g. 'data:-1' or "
+                     "'data:2,fsdp:-1'") from None
   return sharding.make_mesh(cfg)
 
 
@@ -244,25 +239,65 @@ def peak_memory():
   return dict(peak_device_bytes=stats.get("peak_bytes_in_use"), peak_host_rss_bytes=rss)
 
 
-def check_args(variants, batches, model_kw, *, res, steps, warmup):
+def check_args(variants, batches, model_kw, *, res, steps, warmup, mode=("train", "infer"),
+               calib_n=1, num_classes=1, peak_tflops=None):
   """Raises ValueError (one line) for flags that could only fail later, mid-run."""
   import dataclasses  # pylint: disable=g-import-not-at-top
   from big_vit_lite.models import vit  # pylint: disable=g-import-not-at-top
+  if not variants or not batches:
+    raise ValueError("--variant and --batch need at least one value each")
   for variant in variants:
     patch = vit.decode_variant(variant)["patch_size"]
     if res < patch:
       raise ValueError(f"--res={res} is smaller than the patch size of {variant!r}")
   for name, value, low in (("batch", min(batches), 1), ("res", res, 1), ("steps", steps, 1),
-                           ("warmup", warmup, 0)):
+                           ("warmup", warmup, 0), ("calib_n", calib_n, 1),
+                           ("num_classes", num_classes, 1)):
     if value < low:
       raise ValueError(f"--{name}={value}: must be at least {low}")
+  bad = sorted(set(mode) - {"train", "infer"})
+  if bad or not mode:
+    raise ValueError(f"--mode={','.join(mode)}: use train and/or infer, e.g. --mode=train,infer")
+  if peak_tflops is not None and not peak_tflops > 0:
+    raise ValueError(f"--peak_tflops={peak_tflops}: use the device's positive datasheet peak, "
+                     "or leave it out")
   if not isinstance(model_kw, dict):
     raise ValueError(f"--model_kw must be a JSON dict, got {model_kw!r}")
+  own_flag = {"variant": "--variant", "num_classes": "--num_classes", "dtype_mm": "--dtype",
+              "remat_policy": "--remat", "scan": "--scan"}
+  clash = sorted(set(model_kw) & set(own_flag))  # The JSON line would say the flag's value.
+  if clash:
+    raise ValueError(f"--model_kw sets {clash[0]!r}: use {own_flag[clash[0]]} instead")
   known = {f.name for f in dataclasses.fields(vit.Model)} - {"parent", "name"}
   unknown = sorted(set(model_kw) - known)
   if unknown:
     raise ValueError(f"--model_kw: unknown vit.Model argument(s) {unknown}; "
                      f"known: {', '.join(sorted(known))}")
+
+
+def check_mesh_args(mesh, batches, accum, mesh_flag, num_cpu_devices):
+  """One-line ValueErrors for a batch the mesh cannot split and for an unused CPU split."""
+  if mesh is None and (num_cpu_devices or 1) > 1:
+    raise ValueError(f"--num_cpu_devices={num_cpu_devices} without --mesh times one device: "
+                     "add --mesh=data:-1")
+  n = sharding.batch_devices(mesh)
+  for batch in batches:
+    if batch % n:
+      raise ValueError(f"--batch={batch} is not divisible by the {n} devices of "
+                       f"--mesh={mesh_flag} that split the batch (data and fsdp axes)")
+    try:
+      grad_accum.check(accum, batch, n)
+    except ValueError as e:
+      raise ValueError(f"--grad_accum={accum}: {e}") from None
+
+
+def check_model(model, res, variant):
+  """Traces the model's init (nothing is computed): a bad --model_kw / --remat raises here."""
+  try:
+    jax.eval_shape(model.init, jax.random.PRNGKey(0), jax.ShapeDtypeStruct((1, res, res, 3),
+                                                                           jnp.float32))
+  except (ValueError, TypeError) as e:
+    raise ValueError(f"{variant}: {e}") from None
 
 
 def build_model(variant, num_classes, dtype, remat, scan, model_kw):
@@ -284,26 +319,20 @@ def main(argv):
     batches = [int(b) for b in _BATCH.value]
   except ValueError as e:
     sys.exit(f"bench: --model_kw must be a JSON dict and --batch integers ({e})")
-  bad = set(_MODE.value) - {"train", "infer"}
-  if bad:
-    sys.exit(f"bench: --mode: unknown {sorted(bad)}; use train and/or infer")
   try:
     check_args(_VARIANT.value, batches, model_kw, res=_RES.value, steps=_STEPS.value,
-               warmup=_WARMUP.value)
-  except ValueError as e:
-    sys.exit(f"bench: {e}")
-  try:
+               warmup=_WARMUP.value, mode=_MODE.value, calib_n=_CALIB_N.value,
+               num_classes=_NUM_CLASSES.value, peak_tflops=_PEAK_TFLOPS.value)
     mesh = parse_mesh(_MESH.value)
+    check_mesh_args(mesh, batches, _GRAD_ACCUM.value, _MESH.value, _NUM_CPU_DEVICES.value)
+    for variant in _VARIANT.value:  # A model the flags cannot build fails here, in one line.
+      check_model(build_model(variant, _NUM_CLASSES.value, _DTYPE.value, _REMAT.value,
+                              _SCAN.value, model_kw), _RES.value, variant)
   except ValueError as e:
     sys.exit(f"bench: {e}")
   dev = jax.devices()[0]
   peak = _PEAK_TFLOPS.value * 1e12 if _PEAK_TFLOPS.value else devices.datasheet_peak(dev, _DTYPE.value)
   n_dev = mesh.size if mesh is not None else 1
-  try:
-    for batch in batches:
-      grad_accum.check(_GRAD_ACCUM.value, batch, sharding.batch_devices(mesh))
-  except ValueError as e:
-    sys.exit(f"bench: --grad_accum: {e}")
 
   for variant in _VARIANT.value:
     for batch in batches:

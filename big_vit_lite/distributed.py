@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import faulthandler
 import os
+import socket
 import sys
 import threading
 import time
@@ -43,6 +44,9 @@ ENV_MODE = "BVL_DISTRIBUTED"
 ENV_HEARTBEAT = "BVL_HEARTBEAT_TIMEOUT_S"
 ENV_HANG_TIMEOUT = "BVL_HANG_TIMEOUT_S"
 ENV_HANG_STARTUP = "BVL_HANG_STARTUP_TIMEOUT_S"
+ENV_INIT_TIMEOUT = "BVL_INIT_TIMEOUT_S"
+# How long initialize() waits for every process to join (jax's own default).
+DEFAULT_INIT_TIMEOUT_S = 300.0
 
 _SLURM_VARS = ("SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID")
 
@@ -89,8 +93,7 @@ def describe_environment(env=None) -> dict | None:
           f"got {ENV_COORDINATOR}={coord!r}, {ENV_NUM_PROCESSES}={num}, {ENV_PROCESS_ID}={pid}")
     if num < 1 or not 0 <= pid < num:
       raise ValueError(f"need 0 <= {ENV_PROCESS_ID} < {ENV_NUM_PROCESSES}; got {pid} and {num}")
-    if ":" not in coord:
-      raise ValueError(f"{ENV_COORDINATOR}={coord!r} must be HOST:PORT (the address of process 0)")
+    _check_address(coord)
     if num == 1:
       return None
     return dict(coordinator_address=coord, num_processes=num, process_id=pid)
@@ -100,6 +103,16 @@ def describe_environment(env=None) -> dict | None:
   if mode == "auto":
     return {}  # Cloud TPU pod / Open MPI / k8s: jax detects; on a single host it is a 1-process job.
   return None
+
+
+def _check_address(coord: str) -> None:
+  """One-line ValueError unless `coord` is HOST:PORT with a port in 1..65535."""
+  host, sep, port = coord.rpartition(":")
+  what = f"{ENV_COORDINATOR}={coord!r} must be HOST:PORT, the address of process 0"
+  if not sep or not host or "://" in coord or coord != coord.strip() or " " in coord:
+    raise ValueError(f"{what} (e.g. 10.0.0.1:8476, no scheme or spaces)")
+  if not port.isdigit() or not 1 <= int(port) <= 65535:
+    raise ValueError(f"{what}; port {port!r} is not a number in 1..65535")
 
 
 def set_cpu_devices(n) -> None:
@@ -152,10 +165,70 @@ def initialize(*, heartbeat_timeout_s: float | None = None) -> bool:
     kwargs["heartbeat_timeout_seconds"] = max(1, int(round(heartbeat)))
   if jax.distributed.is_initialized():
     return True
-  jax.distributed.initialize(**kwargs)
+  if kwargs.get("process_id") == 0:
+    _check_port_free(kwargs["coordinator_address"])
+  timeout = _float_env(ENV_INIT_TIMEOUT, os.environ)
+  timeout = DEFAULT_INIT_TIMEOUT_S if timeout is None else timeout
+  if timeout <= 0:
+    raise ValueError(f"{ENV_INIT_TIMEOUT}={timeout:g}: use a positive number of seconds")
+  # jax's own limit a little later than ours: past it, its coordination client aborts the
+  # process with a C++ stack trace; ours says in one line what to check.
+  kwargs["initialization_timeout"] = int(timeout) + 30
+  joined = threading.Event()
+  watchdog = threading.Thread(target=_join_watchdog, args=(joined, timeout, kwargs),
+                              name="JoinWatchdog", daemon=True)
+  watchdog.start()
+  try:
+    jax.distributed.initialize(**kwargs)
+  except jax.errors.JaxRuntimeError as e:
+    where = kwargs.get("coordinator_address", "the detected coordinator")
+    first = (str(e).strip().splitlines() or ["?"])[0]
+    raise ValueError(f"jax.distributed could not start or reach the coordinator at {where} "
+                     f"({first}); check {ENV_COORDINATOR} (is the port free on process 0's "
+                     "host?)") from None
+  finally:
+    joined.set()
   logging.info("jax.distributed: process %d of %d, %d local / %d global devices",
                jax.process_index(), jax.process_count(), jax.local_device_count(), jax.device_count())
   return True
+
+
+def _check_port_free(coord: str) -> None:
+  """Process 0 serves the coordinator on the port of `coord`: one line if it is taken.
+
+  (jax 0.10 logs "Failed to add port to server" and then crashes with SIGSEGV.)
+  """
+  port = int(coord.rpartition(":")[2])
+  for family, any_host in ((socket.AF_INET6, "::"), (socket.AF_INET, "")):
+    try:
+      sock = socket.socket(family, socket.SOCK_STREAM)
+    except OSError:  # e.g. IPv6 disabled on this host
+      continue
+    with sock:
+      sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC: TIME_WAIT is fine
+      try:
+        sock.bind((any_host, port))
+      except OSError as e:
+        raise ValueError(f"{ENV_COORDINATOR}={coord}: process 0 cannot serve on port {port} of "
+                         f"this host ({e.strerror}); another job or a leftover process holds "
+                         "it: pick another port for every process") from None
+    return
+
+
+def _join_watchdog(joined: threading.Event, timeout: float, kwargs: dict) -> None:
+  """Ends the process with one line if jax.distributed.initialize has not returned in time."""
+  if joined.wait(timeout):
+    return
+  num, pid = kwargs.get("num_processes"), kwargs.get("process_id")
+  coord = kwargs.get("coordinator_address", "the detected coordinator")
+  who = f"process {pid} of {num}" if num else "this process"
+  sys.stderr.write(
+      f"\njax.distributed: {who} waited {timeout:.0f} s for all processes to join at {coord}; "
+      f"check that every one of them was started with the same {ENV_COORDINATOR} and "
+      f"{ENV_NUM_PROCESSES}, each with its own {ENV_PROCESS_ID}, and that process 0's host is "
+      f"reachable on that port (limit: ${ENV_INIT_TIMEOUT}).\n")
+  sys.stderr.flush()
+  os._exit(1)  # The main thread is blocked in jax's C++ client: nothing else unwinds it.
 
 
 class HangGuard:
@@ -163,7 +236,8 @@ class HangGuard:
 
   `tick(step)` after every training step (and after evals/checkpoints, which are collective too).
   Before the first tick the limit is `startup_timeout_s` (compilation of the first step can take
-  minutes on a pod). A disabled guard (timeout_s None or <= 0) costs nothing and does nothing.
+  minutes on a pod; <= 0: no limit before the first tick). A disabled guard (timeout_s None or
+  <= 0) costs nothing and does nothing.
   """
 
   def __init__(self, timeout_s: float | None, *, startup_timeout_s: float | None = None,
@@ -171,6 +245,8 @@ class HangGuard:
     self.timeout_s = timeout_s if timeout_s and timeout_s > 0 else None
     if self.timeout_s is not None and startup_timeout_s is None:
       startup_timeout_s = max(self.timeout_s, 900.0)
+    if startup_timeout_s is not None and startup_timeout_s <= 0:
+      startup_timeout_s = float("inf")  # 0 turns the startup limit off, as 0 does the guard.
     self.startup_timeout_s = startup_timeout_s
     self.exit_code = exit_code
     self._stream = stream if stream is not None else sys.stderr

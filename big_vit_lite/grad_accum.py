@@ -36,6 +36,11 @@ def check(steps, batch_size: int, batch_devices: int) -> int:
     raise ValueError(f"input.batch_size={batch_size}: use a positive integer.")
   if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
     raise ValueError(f"grad_accum_steps={steps!r}: use a positive integer (1 = no accumulation).")
+  if batch_size % batch_devices:
+    raise ValueError(
+        f"input.batch_size={batch_size} is not divisible by the {batch_devices} devices the "
+        f"batch is split over (the mesh's data and fsdp axes): use a multiple of "
+        f"{batch_devices * steps}, or a mesh with fewer data/fsdp devices.")
   if batch_size % (steps * batch_devices):
     raise ValueError(
         f"grad_accum_steps={steps} does not divide the per-device batch: input.batch_size="

@@ -27,8 +27,12 @@ With --json the last line is one JSON object: params_bytes_per_device, opt_bytes
 grad_bytes_per_device, act_bytes_per_device, total_bytes_per_device, hbm_bytes, fits,
 flops_per_step (model FLOPs, fwd+bwd, whole global batch), hw_flops_per_step (+ remat
 recomputation), step_time_s, mfu_bound, grad_accum_steps, micro_batch (per device),
-grad_accum_bytes_per_device, and, with --compile, compiled_* fields (compiled_flops_per_device
-counts scanned loops, model scan=True or k > 1, once per iteration: big_vit_lite/flops.py).
+grad_accum_bytes_per_device, arch (width, depth, mlp_dim, num_heads, patch_size), ignored_px
+(image rows/columns the patchify drops: res % patch), unsplit_params (param dims the mesh axes
+do not divide: kept whole, or FSDP moved to another dim, exactly as the trainer shards them;
+also a `note:` line of the report), and, with --compile, compiled_* fields
+(compiled_flops_per_device counts scanned loops, model scan=True or k > 1, once per iteration:
+big_vit_lite/flops.py).
 """
 from __future__ import annotations
 
@@ -57,30 +61,40 @@ _NATIVE_RES = {"fashion_mnist": 28, "mnist": 28, "mnist10k": 28, "animal_mnist":
 
 def parse_mesh(spec: str) -> dict:
   """'data:64,fsdp:4' -> {'data': 64, 'fsdp': 4} (order kept; -1 is not allowed here)."""
+  from big_vit_lite import sharding
   mesh = {}
   for part in spec.split(","):
     name, sep, size = part.strip().partition(":")
     if not sep or name not in _MESH_AXES or not size.isdigit() or int(size) < 1 or name in mesh:
       raise ValueError(f"--mesh={spec!r}: expected distinct axis:size pairs with axes "
-                       f"{'/'.join(_MESH_AXES)} and positive sizes, e.g. 'data:64,fsdp:4'")
+                       f"{'/'.join(_MESH_AXES)} and positive sizes, e.g. 'data:64,fsdp:4'"
+                       f"{sharding._axis_hint(name)}")  # pylint: disable=protected-access
     mesh[name] = int(size)
   return mesh
 
 
 def mesh_from_config(mesh_cfg) -> dict:
   """config.mesh ([("data", 8), ("fsdp", -1)]) -> dict; -1 axes need --mesh instead."""
-  mesh = {}
+  if isinstance(mesh_cfg, str):
+    return parse_mesh(mesh_cfg)
   for name, size in mesh_cfg:
     if size == -1:
       raise ValueError(f"config.mesh has {name}:-1 (fill all devices): the planner does not know "
                        "the device count; pass --mesh=data:N,fsdp:M")
-    mesh[name] = int(size)
-  return mesh
+  try:
+    return parse_mesh(",".join(f"{name}:{size}" for name, size in mesh_cfg))
+  except ValueError:
+    raise ValueError(f"config.mesh={tuple(tuple(a) for a in mesh_cfg)}: use distinct "
+                     f"{'/'.join(_MESH_AXES)} axes with positive integer sizes, or pass "
+                     "--mesh=data:N,fsdp:M") from None
 
 
 def image_res(config, override: int | None = None) -> int:
   """The training image side: --res, else what input.pp gives "image", else the dataset's."""
-  if override:
+  if override is not None:
+    if int(override) < 1:
+      raise ValueError(f"--res={override}: use a positive image side, or leave it out to take "
+                       "the size input.pp gives")
     return int(override)
   pp = str(config.input.get("pp", ""))
   if pp.strip():
@@ -103,12 +117,25 @@ def image_channels(config) -> int:
   return int(found[-1]) if found else 3
 
 
+def _abstract_mesh(mesh: dict):
+  import jax
+  return jax.sharding.AbstractMesh(tuple(mesh.values()), tuple(mesh))
+
+
 def _rules(config, mesh: dict):
   """The trainer's logical-axis rules (config.sharding_rules or its defaults) for this mesh."""
-  import jax
   from big_vit_lite import sharding
-  abstract = jax.sharding.AbstractMesh(tuple(mesh.values()), tuple(mesh))
-  return sharding.make_rules(config.get("sharding_rules"), abstract)
+  return sharding.make_rules(config.get("sharding_rules"), _abstract_mesh(mesh))
+
+
+def state_shardings(boxed, params, opt_state, mesh, rules, unsplit=None):
+  """(param shardings, opt-state shardings) exactly as the trainer makes them (sharding.py).
+
+  `mesh` is a jax Mesh or AbstractMesh: the planner needs no devices for the shapes.
+  """
+  from big_vit_lite import sharding
+  param_sh = sharding.logical_shardings(boxed, mesh, rules, unsplit=unsplit)
+  return param_sh, sharding.like_params_shardings(opt_state, params, param_sh, mesh)
 
 
 def _axes_size(axes, mesh: dict) -> int:
@@ -116,12 +143,6 @@ def _axes_size(axes, mesh: dict) -> int:
     return 1
   axes = (axes,) if isinstance(axes, str) else axes
   return math.prod(mesh[a] for a in axes)
-
-
-def _shard_numel(shape, spec, mesh: dict) -> int:
-  """Elements of one device's shard: each dim divided (rounded up) by its mesh axes."""
-  spec = tuple(spec) + (None,) * (len(shape) - len(spec))
-  return math.prod(-(-dim // _axes_size(axes, mesh)) for dim, axes in zip(shape, spec))
 
 
 def _model_kwargs(config) -> dict:
@@ -152,32 +173,6 @@ def _unbox(tree):
   return nn.meta.unbox(tree)
 
 
-def _leaves_with_specs(boxed, rules):
-  """[(shape, dtype, mesh PartitionSpec)] for every param leaf."""
-  import flax.linen as nn
-  import jax
-  logical = nn.get_partition_spec(boxed)
-  plain = _unbox(boxed)
-  specs = jax.tree.map(lambda s: nn.logical_to_mesh_axes(tuple(s), rules), logical,
-                       is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
-  leaves = jax.tree.leaves(plain)
-  spec_leaves = jax.tree.leaves(specs, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
-  return list(zip([l.shape for l in leaves], [l.dtype for l in leaves], spec_leaves))
-
-
-def _opt_bytes_per_device(params, opt_state, param_specs, mesh) -> int:
-  """Optimizer-state leaves shaped like a param are sharded like it; others are replicated."""
-  import jax
-  by_shape = {}
-  for (shape, _, spec) in param_specs:
-    by_shape.setdefault(tuple(shape), spec)
-  total = 0
-  for leaf in jax.tree.leaves(opt_state):
-    spec = by_shape.get(tuple(leaf.shape), ())
-    total += _shard_numel(leaf.shape, spec, mesh) * leaf.dtype.itemsize
-  return total
-
-
 def activation_bytes(arch: dict, *, local_batch: int, tokens: int, remat: bool, mm_bytes: int,
                      tp: int = 1, num_classes: int = 0, image_numel: int = 0,
                      dropout: bool = False) -> int:
@@ -199,7 +194,10 @@ def activation_bytes(arch: dict, *, local_batch: int, tokens: int, remat: bool, 
   compile cannot check this case; TPU/GPU schedulers do.
   """
   t, d = tokens, arch["width"]
-  m, h = arch["mlp_dim"] / tp, max(1, arch["num_heads"] // tp)
+  # A tensor-parallel degree that does not divide the MLP width / heads leaves them whole
+  # (sharding.fit_spec).
+  m = arch["mlp_dim"] / tp if arch["mlp_dim"] % tp == 0 else arch["mlp_dim"]
+  h = arch["num_heads"] // tp if arch["num_heads"] % tp == 0 else arch["num_heads"]
   per_block = (t * d * (3.4 * 4 + 2 * mm_bytes) + t * m * (1.9 * 4 + 1.85 * mm_bytes)
                + 1.85 * 4 * h * t * t)
   if dropout:
@@ -232,20 +230,29 @@ def train_flops(arch: dict, *, batch: int, res: int, num_classes: int, tokens: i
   return float(model), float(hw)
 
 
+def resolve_device(device: str) -> str:
+  """--device as people write it ('H100', 'v5e', 'TPU-v4') -> its key in devices.DEVICES."""
+  name = device.lower().replace("-", "_")
+  for key in (name, f"tpu_{name}"):
+    if key in DEVICES:
+      return key
+  raise ValueError(f"--device={device!r}: known devices are {', '.join(DEVICES)}")
+
+
 def plan(config, mesh: dict, device: str, res: int | None = None) -> dict:
   """The analytic plan (see module docstring) as a dict."""
+  import jax
   import jax.numpy as jnp
   from big_vit_lite import grad_accum
-  if device not in DEVICES:
-    raise ValueError(f"--device={device!r}: known devices are {', '.join(DEVICES)}")
-  spec = DEVICES[device]
+  from big_vit_lite import sharding
+  spec = DEVICES[resolve_device(device)]
   res = image_res(config, res)
   n_dev = math.prod(mesh.values())
   rules = _rules(config, mesh)
   batch = int(config.input.batch_size)
-  batch_axes = dict(rules).get("batch")
-  dp = _axes_size(batch_axes, mesh)
-  if batch % dp:
+  # The trainer splits its input batch over the mesh's data and fsdp axes (sharding.py).
+  dp = sharding.batch_devices(_abstract_mesh(mesh))
+  if batch >= 1 and batch % dp:
     raise ValueError(f"input.batch_size={batch} is not divisible by the {dp} data-parallel "
                      f"devices of mesh {mesh}; change the batch size or the mesh")
   accum = grad_accum.check(config.get("grad_accum_steps", 1), batch, dp)
@@ -261,11 +268,15 @@ def plan(config, mesh: dict, device: str, res: int | None = None) -> dict:
   channels = image_channels(config)
   tp = _axes_size(dict(rules).get("mlp"), mesh)
 
-  param_specs = _leaves_with_specs(boxed, rules)
-  n_params = sum(math.prod(s) for s, _, _ in param_specs)
-  params_b = sum(_shard_numel(s, sp, mesh) * dt.itemsize for s, dt, sp in param_specs)
-  grads_b = sum(_shard_numel(s, sp, mesh) * 4 for s, _, sp in param_specs)
-  opt_b = _opt_bytes_per_device(params, opt_state, param_specs, mesh)
+  # The trainer's own shardings: a dim its mesh axes do not divide stays whole.
+  unsplit = []
+  param_sh, opt_sh = state_shardings(boxed, params, opt_state, _abstract_mesh(mesh), rules,
+                                     unsplit)
+  n_params = sum(math.prod(x.shape) for x in jax.tree.leaves(params))
+  params_b = sharding.describe(param_sh, params)
+  grads_b = sharding.describe(param_sh, jax.tree.map(
+      lambda x: jax.ShapeDtypeStruct(x.shape, jnp.float32), params))
+  opt_b = sharding.describe(opt_sh, opt_state)
   # With accumulation one microbatch's activations are alive at a time (grad_accum's lax.scan);
   # the gradients of the microbatch in flight are grads_b as before, and their running sum is
   # a float32 carry sharded like the params. The step's input is still the whole local batch.
@@ -279,6 +290,8 @@ def plan(config, mesh: dict, device: str, res: int | None = None) -> dict:
   # gathering twice): a whole unsharded param set. With remat the gather is part of each
   # recomputed block: about two blocks' worth (one in use, the next one prefetched).
   fsdp = _axes_size(dict(rules).get("embed"), mesh)
+  if arch["width"] % fsdp:  # The weights stay whole (sharding.fit_spec): nothing to gather.
+    fsdp = 1
   if fsdp == 1:
     gathered_b = 0
   elif remat:
@@ -308,7 +321,8 @@ def plan(config, mesh: dict, device: str, res: int | None = None) -> dict:
   comm_s = comm_b / spec.link_bytes_per_s
   step_s = max(compute_s, comm_s)
   out = dict(
-      variant=config.model.get("variant"), res=res, tokens=tokens, mesh=mesh, devices=n_dev,
+      variant=config.model.get("variant"), arch=dict(arch), res=res, tokens=tokens, mesh=mesh,
+      devices=n_dev,
       device=spec.name, global_batch=batch, local_batch=local_batch, grad_accum_steps=accum,
       micro_batch=micro_batch, remat=remat,
       dtype_mm=str(model.dtype_mm), num_params=int(n_params),
@@ -321,6 +335,9 @@ def plan(config, mesh: dict, device: str, res: int | None = None) -> dict:
       flops_per_step=model_flops, hw_flops_per_step=hw_flops,
       compute_time_s=compute_s, comm_time_s=comm_s, step_time_s=step_s,
       mfu_bound=model_flops / n_dev / peak / step_s,
+      unsplit_params=unsplit,
+      # The patchify (a VALID strided conv, as in big_vision) ignores the last res % patch px.
+      ignored_px=res % arch["patch_size"],
   )
   return out
 
@@ -335,9 +352,9 @@ def compiled_stats(config, mesh: dict, res: int) -> dict:
   import jax.numpy as jnp
   import numpy as np
   import optax
-  from jax.sharding import NamedSharding, PartitionSpec as P
   from big_vit_lite import flops as flops_lib
   from big_vit_lite import grad_accum
+  from big_vit_lite import sharding
 
   n_dev = math.prod(mesh.values())
   if jax.device_count() < n_dev:
@@ -346,17 +363,13 @@ def compiled_stats(config, mesh: dict, res: int) -> dict:
   jmesh = jax.sharding.Mesh(devices, tuple(mesh), axis_types=(jax.sharding.AxisType.Auto,) * len(mesh))
   rules = _rules(config, mesh)
   model, boxed, params, opt, opt_state = abstract_state(config, res)
-  param_sh = nn.logical_to_mesh_sharding(nn.get_partition_spec(boxed), jmesh, rules)
-  by_shape = {}
-  for leaf, sh in zip(jax.tree.leaves(params), jax.tree.leaves(param_sh)):
-    by_shape.setdefault(leaf.shape, sh)
-  replicated = NamedSharding(jmesh, P())
-  opt_sh = jax.tree.map(lambda l: by_shape.get(l.shape, replicated), opt_state)
+  param_sh, opt_sh = state_shardings(boxed, params, opt_state, jmesh, rules, unsplit=[])
+  replicated = sharding.replicated(jmesh)
   batch = int(config.input.batch_size)
   num_classes = int(config.model.get("num_classes", 0) or 0)
-  batch_axes = dict(rules).get("batch")
-  batch_sh = NamedSharding(jmesh, P(batch_axes))
-  accum = grad_accum.check(config.get("grad_accum_steps", 1), batch, _axes_size(batch_axes, mesh))
+  batch_sh = sharding.batch_sharding(jmesh)
+  accum = grad_accum.check(config.get("grad_accum_steps", 1), batch,
+                           sharding.batch_devices(jmesh))
   images = jax.ShapeDtypeStruct((batch, res, res, image_channels(config)), jnp.float32,
                                 sharding=batch_sh)
   labels = jax.ShapeDtypeStruct((batch, num_classes), jnp.float32, sharding=batch_sh)
@@ -430,8 +443,12 @@ def format_report(p: dict) -> str:
   mesh = ",".join(f"{k}:{v}" for k, v in p["mesh"].items())
   accum = (f" in {p['grad_accum_steps']} microbatches of {p['micro_batch']}"
            if p["grad_accum_steps"] > 1 else "")
+  arch = p.get("arch") or {}
+  shape = (f" (width {arch['width']}, depth {arch['depth']}, MLP {arch['mlp_dim']}, "
+           f"{arch['num_heads']} heads, patch {arch['patch_size']})" if arch else "")
   lines = [
-      f"ViT {p['variant']} @ {p['res']}px ({p['tokens']} tokens), {p['num_params'] / 1e6:.1f}M params, "
+      f"ViT {p['variant'] or 'custom'}{shape} @ {p['res']}px ({p['tokens']} tokens), "
+      f"{p['num_params'] / 1e6:.1f}M params, "
       f"global batch {p['global_batch']} ({p['local_batch']}/device{accum}), remat={p['remat']}, "
       f"matmuls in {p['dtype_mm']}",
       f"mesh {mesh} = {p['devices']} x {p['device']} ({p['hbm_bytes'] / GIB:.0f} GiB each)",
@@ -451,6 +468,13 @@ def format_report(p: dict) -> str:
       f"step time >= {p['step_time_s'] * 1e3:.1f} ms (compute at peak {p['compute_time_s'] * 1e3:.1f} ms, "
       f"collectives {p['comm_time_s'] * 1e3:.1f} ms); MFU bound {p['mfu_bound']:.2f}",
   ]
+  if p.get("ignored_px"):
+    lines.append(f"note: {p['res']} px is not a multiple of the patch size "
+                 f"{p['arch']['patch_size']}: the patchify ignores the last {p['ignored_px']} "
+                 "px rows and columns of every image")
+  if p.get("unsplit_params"):
+    lines.append(f"note: param dims not divisible by their mesh axes (split as in training): "
+                 f"{'; '.join(p['unsplit_params'])}")
   if "compiled_temp_bytes" in p:
     lines.append(
         f"compiled on {p['devices']} simulated CPU devices: arguments "

@@ -12,10 +12,17 @@ A rule maps a logical name to a mesh axis, a tuple of mesh axes, or None
 order: so "batch" comes first and takes ("data", "fsdp") for activations,
 and "embed" -> "fsdp" then only applies to params (which have no batch axis).
 Rules naming mesh axes the mesh does not have are dropped, so one rule set
-serves every mesh.
+serves every mesh. `config.sharding_rules` replaces the default rule of each
+logical name it names, in that rule's place (so "batch" keeps coming first);
+the names it leaves out keep their defaults. A param dim that its mesh axes do
+not divide is not split along them: FSDP's axes move to another dim of that
+param they divide, the others leave it whole, and a warning says which (fit_spec).
 """
+import difflib
 import math
+import operator
 
+from absl import logging
 import flax.linen as nn
 import jax
 from jax.sharding import NamedSharding, PartitionSpec as P
@@ -36,23 +43,76 @@ DEFAULT_RULES = (
     ("classes", None),
     ("layers", None),
 )
+_LOGICAL_NAMES = tuple(name for name, _ in DEFAULT_RULES)
+
+
+# Names other frameworks give our mesh axes (tensor parallelism is "model" here).
+_AXIS_ALIASES = {"tensor": "model", "tp": "model", "mp": "model", "dp": "data", "batch": "data",
+                 "replica": "data", "zero": "fsdp"}
+
+
+def _axis_hint(name):
+  near = _AXIS_ALIASES.get(str(name).lower())
+  return f" (did you mean '{near}'?)" if near else ""
+
+
+def _int_or_none(size):
+  """An integer size (numpy's too) as int; None for anything else (bools, floats, strings)."""
+  if isinstance(size, bool):
+    return None
+  try:
+    return operator.index(size)
+  except TypeError:
+    return None
+
+
+def parse_mesh(spec):
+  """'data:2,fsdp:-1' -> [("data", 2), ("fsdp", -1)]; '' or None -> None."""
+  if not spec:
+    return None
+  cfg = []
+  for part in str(spec).split(","):
+    name, sep, size = part.strip().partition(":")
+    try:
+      cfg.append((name.strip(), int(size)))
+    except ValueError:
+      sep = ""
+    if not sep:
+      raise ValueError(f"mesh {spec!r}: expected axis:size pairs, e.g. 'data:-1' or "
+                       "'data:2,fsdp:-1'")
+  return cfg
 
 
 def make_mesh(mesh_cfg=(("data", -1),), devices=None):
   """[(axis, size), ...] -> jax Mesh with Auto axis types; one size may be -1 (the rest).
 
-  Auto (not jax.make_mesh's default Explicit) axis types: Flax linen's
-  logical constraints only work with Auto.
+  mesh_cfg may also be a string, 'data:2,fsdp:-1'. Auto (not jax.make_mesh's
+  default Explicit) axis types: Flax linen's logical constraints only work with Auto.
   """
   devices = jax.devices() if devices is None else devices
-  mesh_cfg = [tuple(a) for a in (mesh_cfg or (("data", -1),))]
+  if isinstance(mesh_cfg, str):
+    mesh_cfg = parse_mesh(mesh_cfg)
+  mesh_cfg = list(mesh_cfg or (("data", -1),))
+  for entry in mesh_cfg:
+    if isinstance(entry, str) or not hasattr(entry, "__len__") or len(entry) != 2:
+      one = " (one axis needs a trailing comma: (('data', -1),))" if isinstance(entry, str) else ""
+      raise ValueError(f"mesh: {entry!r} is not an (axis, size) pair{one}; write e.g. "
+                       "mesh=(('data', -1),) or (('data', 2), ('fsdp', -1)).")
+  mesh_cfg = [tuple(a) for a in mesh_cfg]
+  for name, size in mesh_cfg:
+    n = _int_or_none(size)
+    if n is None or (n < 1 and n != -1):
+      raise ValueError(f"mesh {mesh_cfg}: axis {name!r} has size {size!r}; use a positive "
+                       "integer, or -1 for the devices left over.")
+  mesh_cfg = [(name, _int_or_none(size)) for name, size in mesh_cfg]
   names = [a for a, _ in mesh_cfg]
-  sizes = [int(s) for _, s in mesh_cfg]
   for name in names:
     if name not in MESH_AXES:
-      raise ValueError(f"Unknown mesh axis '{name}': use {', '.join(MESH_AXES)}.")
+      raise ValueError(f"Unknown mesh axis {name!r}{_axis_hint(name)} in mesh {mesh_cfg}: use "
+                       f"{', '.join(MESH_AXES)}.")
   if len(set(names)) != len(names):
     raise ValueError(f"Mesh axes repeat in {mesh_cfg}.")
+  sizes = [s for _, s in mesh_cfg]
   n = len(devices)
   if sizes.count(-1) > 1:
     raise ValueError(f"At most one mesh axis may have size -1, got {mesh_cfg}.")
@@ -62,8 +122,10 @@ def make_mesh(mesh_cfg=(("data", -1),), devices=None):
       raise ValueError(f"Mesh {mesh_cfg}: {n} devices are not divisible by {known}.")
     sizes[sizes.index(-1)] = n // known
   if math.prod(sizes) != n:
+    cpu = (" (on CPU, config.num_cpu_devices / bench's --num_cpu_devices splits the CPU into "
+           "more devices)" if math.prod(sizes) > n and devices[0].platform == "cpu" else "")
     raise ValueError(f"Mesh {mesh_cfg} needs {math.prod(sizes)} devices but there are {n}: "
-                     "use -1 for one axis to take the rest.")
+                     f"use -1 for one axis to take the rest{cpu}.")
   return jax.make_mesh(tuple(sizes), tuple(names), devices=devices,
                        axis_types=(jax.sharding.AxisType.Auto,) * len(names))
 
@@ -88,19 +150,78 @@ def replicated(mesh):
   return NamedSharding(mesh, P())
 
 
+# Logical names other frameworks use (big_vision, t5x/MaxText) -> ours.
+_LOGICAL_ALIASES = {"act_batch": "batch", "activation_batch": "batch", "length": "seq",
+                    "activation_length": "seq", "joined_kv": "kv", "head_dim": "kv",
+                    "num_heads": "heads", "emb": "embed", "hidden": "mlp", "layer": "layers"}
+
+
+def _rule_pairs(rules_cfg):
+  """config.sharding_rules (pairs, or a dict) -> [(logical, axes)], checked one by one."""
+  if hasattr(rules_cfg, "items"):
+    rules_cfg = list(rules_cfg.items())
+  if isinstance(rules_cfg, str) or not isinstance(rules_cfg, (list, tuple)):
+    raise ValueError(f"sharding_rules={rules_cfg!r}: use (logical axis, mesh axes) pairs, e.g. "
+                     "(('embed', 'fsdp'), ('mlp', 'model')).")
+  pairs = []
+  for rule in rules_cfg:
+    if (isinstance(rule, str) or not isinstance(rule, (list, tuple)) or len(rule) != 2
+        or not isinstance(rule[0], str)):
+      one = (" (one rule needs a trailing comma: (('embed', 'fsdp'),))"
+             if isinstance(rule, str) else "")
+      raise ValueError(f"sharding_rules: {rule!r} is not a (logical axis, mesh axes) pair{one}; "
+                       "write e.g. (('embed', 'fsdp'), ('mlp', 'model')).")
+    logical, axes = rule
+    if logical not in _LOGICAL_NAMES:
+      near = _LOGICAL_ALIASES.get(logical) or next(
+          iter(difflib.get_close_matches(logical, _LOGICAL_NAMES, n=1)), None)
+      hint = f" (did you mean '{near}'?)" if near else ""
+      if any(c in logical for c in "*./[]^$\\"):
+        hint = (" (rules name the model's logical axes, not param-name regexes as big_vision's "
+                "sharding_strategy does; for FSDP give the mesh an 'fsdp' axis)")
+      raise ValueError(f"sharding_rules: unknown logical axis {logical!r}{hint}; the model's "
+                       f"logical axes are {', '.join(_LOGICAL_NAMES)}.")
+    if axes is not None:
+      axes = (axes,) if isinstance(axes, str) else axes
+      if not isinstance(axes, (list, tuple)) or not all(isinstance(a, str) for a in axes):
+        raise ValueError(f"sharding_rules: {logical!r} maps to {rule[1]!r}; use a mesh axis "
+                         f"name ({', '.join(MESH_AXES)}), a tuple of them, or None.")
+      for a in axes:
+        if a not in MESH_AXES:
+          hint = (" big_vision's sharding_strategy (fsdp(axis=...), replicate) is not a rule "
+                  "here: give the mesh an 'fsdp' axis instead." if "(" in a or a == "replicate"
+                  else "")
+          raise ValueError(f"sharding_rules: {logical!r} maps to unknown mesh axis {a!r}"
+                           f"{_axis_hint(a)}; use {', '.join(MESH_AXES)} or None.{hint}")
+      if len(set(axes)) != len(axes):
+        raise ValueError(f"sharding_rules: {logical!r} maps to {tuple(axes)}, which repeats an "
+                         "axis; name each mesh axis once.")
+      axes = tuple(axes)
+    pairs.append((logical, axes))
+  return pairs
+
+
 def make_rules(rules_cfg, mesh):
-  """Config rules (or the defaults) restricted to the mesh's axes, as a tuple for Flax."""
-  rules = DEFAULT_RULES if rules_cfg is None else [tuple(r) for r in rules_cfg]
+  """The default rules with config.sharding_rules over them, restricted to the mesh's axes.
+
+  A config rule replaces the default of the logical name it names, in the default's
+  place (rule order decides which logical axis of an array gets a mesh axis first:
+  "batch" must stay ahead of "embed", or activations would be split along "embed"
+  over fsdp and repeated on every data-parallel device). Several config rules for one
+  name are tried in their order. Returns a tuple for Flax.
+  """
+  named = {}
+  for logical, axes in ([] if rules_cfg is None else _rule_pairs(rules_cfg)):
+    named.setdefault(logical, []).append(axes)
+  rules = []
+  for logical, axes in DEFAULT_RULES:
+    rules += [(logical, a) for a in named.get(logical, [axes])]
   out = []
   for logical, axes in rules:
     if axes is None:
       out.append((logical, None))
       continue
     axes = (axes,) if isinstance(axes, str) else tuple(axes)
-    for a in axes:
-      if a not in MESH_AXES:
-        raise ValueError(f"sharding_rules: '{logical}' maps to unknown mesh axis '{a}'; "
-                         f"use {', '.join(MESH_AXES)} or None.")
     axes = tuple(a for a in axes if a in mesh.axis_names and mesh.shape[a] > 1)
     out.append((logical, axes if len(axes) > 1 else (axes[0] if axes else None)))
   return tuple(out)
@@ -117,28 +238,73 @@ def unbox(tree):
       tree, is_leaf=lambda x: isinstance(x, nn.meta.AxisMetadata))
 
 
-def logical_shardings(boxed_abstract, mesh, rules):
+def logical_shardings(boxed_abstract, mesh, rules, *, unsplit=None):
   """Shardings of a tree whose leaves are (abstract) nn.Partitioned boxes or plain arrays.
 
   Plain (unannotated) leaves are replicated. A dim whose mesh axes do not divide it
-  is left unsharded (e.g. 10 classes on 4 devices) instead of failing.
+  (width 18 on fsdp=4) is not split there instead of failing (fit_spec: FSDP's axes
+  move to another dim they divide, if any). Such dims are summarised, one line per
+  case, into the list `unsplit` where one is given, and otherwise logged as one warning.
   """
   specs = nn.get_partition_spec(boxed_abstract)
   mesh_specs = nn.logical_to_mesh(specs, rules)
   shapes = unbox(boxed_abstract)
+  found = []
 
-  def fit(spec, x):
-    if not isinstance(spec, P):
-      spec = P()
-    dims = list(spec) + [None] * (len(x.shape) - len(spec))
-    for i, axes in enumerate(dims):
-      if axes is None:
-        continue
-      size = math.prod(mesh.shape[a] for a in ((axes,) if isinstance(axes, str) else axes))
-      if x.shape[i] % size:
-        dims[i] = None
-    return NamedSharding(mesh, P(*dims))
-  return jax.tree.map(fit, mesh_specs, shapes, is_leaf=lambda s: isinstance(s, P) or s is None)
+  def fit(path, spec, x):
+    spec = fit_spec(spec, x.shape, mesh.shape, found, "/".join(_dict_keys(path)))
+    return NamedSharding(mesh, spec)
+  out = jax.tree_util.tree_map_with_path(
+      fit, mesh_specs, shapes, is_leaf=lambda s: isinstance(s, P) or s is None)
+  found = _summarize(found)
+  if unsplit is not None:
+    unsplit.extend(found)
+  elif found:
+    logging.warning("Sharding: param dims not divisible by their mesh axes: %s",
+                    "; ".join(found))
+  return out
+
+
+def _summarize(found):
+  """[(param, dim size, axes, n, moved)] -> one note per case: what, how many, an example."""
+  groups = {}
+  for name, size, axes, n, moved in found:
+    groups.setdefault((size, axes, n, moved is not None), []).append(name)
+  return [f"size {size} over {axes} ({n}): {len(names)} param(s) "
+          f"{'split along another dim' if moved else 'whole'}, e.g. {names[0]}"
+          for (size, axes, n, moved), names in groups.items()]
+
+
+def fit_spec(spec, shape, axis_sizes, unsplit=None, name="array"):
+  """`spec` (a mesh PartitionSpec, or None) made to fit an array of `shape`.
+
+  A dim that its mesh axes do not divide is left unsharded. Storage-only axes (no "model"
+  among them: FSDP's) then move to the largest other unsharded dim they divide, as
+  big_vision's fsdp strategy picks a dim (ViT-g's width 1408 does not split 256 ways, its
+  MLP's 6144 does); what finds no such dim stays whole. Each case is noted in the list
+  `unsplit` as (name, dim size, axes, their size, dim moved to or None), if given.
+  """
+  if not isinstance(spec, P):
+    spec = P()
+  dims = list(spec) + [None] * (len(shape) - len(spec))
+  dropped = []
+  for i, axes in enumerate(dims):
+    if axes is None:
+      continue
+    names = (axes,) if isinstance(axes, str) else tuple(axes)
+    size = math.prod(axis_sizes[a] for a in names)
+    if shape[i] % size:
+      dims[i] = None
+      dropped.append((i, axes, names, size))
+  for i, axes, names, size in dropped:
+    free = [j for j in range(len(shape))
+            if j != i and dims[j] is None and shape[j] >= size and shape[j] % size == 0]
+    moved = max(free, key=lambda j: shape[j]) if free and "model" not in names else None
+    if moved is not None:
+      dims[moved] = axes
+    if unsplit is not None:
+      unsplit.append((name, shape[i], "x".join(names), size, moved))
+  return P(*dims)
 
 
 def like_params_shardings(tree_abstract, params_abstract, params_shardings, mesh):
