@@ -25,16 +25,38 @@ saved training pp has no fixed resolution: it runs at the pp's size.) A
 checkpoint without a head (num_classes=0) takes fewshot and linear_probe
 evals only.
 Results go to OUT/metrics.jsonl (one line, keys "EVAL_NAME/KEY", step = the
-checkpoint's step) and TensorBoard, and a table is printed.
+checkpoint's step) and TensorBoard, and a table is printed. Evaluating the
+same step again replaces its earlier numbers in metrics.jsonl (no duplicate
+keys at one step). An eval that fails, or Ctrl-C (exit status 130), keeps
+the results of the evals that finished before it, and the one-line message
+says which were written.
 """
-if __name__ == "__main__":  # First, before jax and TF load: once more with huge pages.
+if __name__ == "__main__":
+  import os as _os  # pylint: disable=g-import-not-at-top
+  import signal as _signal  # pylint: disable=g-import-not-at-top
+  import sys as _sys  # pylint: disable=g-import-not-at-top
+
+  def _interrupted_while_starting(*_):
+    # Ctrl-C during the imports (seconds of them) or the config parsing: no traceback.
+    print("big_vit_lite.evaluate: interrupted (Ctrl-C) while starting; nothing was written.",
+          file=_sys.stderr, flush=True)
+    _os._exit(130)  # pylint: disable=protected-access
+
+  _signal.signal(_signal.SIGINT, _interrupted_while_starting)  # main() installs its own.
+  # First, before jax and TF load: once more with huge pages.
   from big_vit_lite import hostmem  # pylint: disable=g-import-not-at-top
   hostmem.use_huge_pages(__file__)
 
+import contextlib
 import functools
+import gc
+import json
 import math
+import os
 import re
+import signal
 import sys
+import threading
 
 from absl import app
 from absl import flags
@@ -197,6 +219,8 @@ def build_model(config, flat, saved_config):
   else:
     model_cfg = infer_model_cfg(flat)
     source = "the param shapes"
+  # big_vision's eval configs say model_name="vit" too: read, not an unread-key error.
+  model_name = config.get("model_name") or model_name
   overrides = {}
   if "model" in config:
     overrides = {k: v for k, v in config.consume("model").items() if v is not None}
@@ -270,6 +294,108 @@ def format_table(results):
   return "\n".join(lines)
 
 
+# ---------------------------------------------------------------- results
+
+class Interrupted(Exception):
+  """Ctrl-C during the evals; the message says which results were written (exit 130)."""
+
+
+class _CtrlC:
+  """The SIGINT handler of main(): raises KeyboardInterrupt, and remembers it.
+
+  Python would swallow an exception raised inside a garbage-collection
+  callback (jax has one) or a __del__, printing "Exception ignored in ...":
+  there it only sets `pressed`, which the evals check between evals.
+  """
+  pressed = False
+
+  def __call__(self, signum, frame):
+    del signum
+    self.pressed = True
+    callbacks = {getattr(cb, "__code__", None) for cb in gc.callbacks}
+    while frame is not None:
+      if frame.f_code in callbacks or frame.f_code.co_name == "__del__":
+        return
+      frame = frame.f_back
+    raise KeyboardInterrupt
+
+
+_CTRL_C = _CtrlC()
+
+
+def _check_ctrl_c():
+  if _CTRL_C.pressed:
+    raise KeyboardInterrupt
+
+
+def _drop_earlier_results(path, step, keys):
+  """Removes `keys` from metrics.jsonl's lines at `step`: evaluating a step again replaces them.
+
+  Lines left with only "step" go; other lines stay as they are (a training
+  run's own lines, other steps). Rewritten through a temporary file and a
+  rename, and only when something changes, so a kill cannot lose the file.
+  """
+  if not path.exists():
+    return
+  text = path.read_text()
+  kept, changed = [], bool(text) and not text.endswith("\n")  # A torn last line.
+  for line in text.splitlines():
+    try:
+      row = json.loads(line)
+    except ValueError:
+      row = None
+    if isinstance(row, dict) and row.get("step") == step and keys & row.keys():
+      changed = True
+      row = {k: v for k, v in row.items() if k not in keys}
+      if len(row) > 1:
+        kept.append(json.dumps(row))
+    else:
+      kept.append(line)
+  if changed:
+    tmp = path.parent / (path.name + ".tmp")
+    tmp.write_text("".join(line + "\n" for line in kept))
+    tmp.replace(path)
+
+
+@contextlib.contextmanager
+def _ctrl_c_ignored():
+  """A Ctrl-C now would leave the results written or not: no one could tell."""
+  main = threading.current_thread() is threading.main_thread()
+  previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+  try:
+    yield
+  finally:
+    if main:  # (None: a handler not set from Python.)
+      signal.signal(signal.SIGINT, signal.default_int_handler if previous is None else previous)
+
+
+def check_workdir(workdir):
+  """A one-line error now, not a traceback after the evals, for an OUT that cannot be written."""
+  out = paths.resolve(workdir)
+  if out.exists() and not out.is_dir():
+    raise ValueError(f"--workdir {out} exists and is not a directory: pass a directory.")
+  if (out / "metrics.jsonl").is_dir():
+    raise ValueError(f"{out / 'metrics.jsonl'} is a directory: remove it or pass another "
+                     "--workdir.")
+  if not paths.is_uri(workdir):  # Local: the nearest existing folder must take new files.
+    parent = next(p for p in (out, *out.parents) if p.exists())
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+      raise ValueError(f"Cannot write to --workdir {out}: {parent} is not a writable "
+                       "directory; pass another --workdir.")
+
+
+def write_results(workdir, step, results):
+  """One metrics.jsonl line (and TensorBoard scalars) for {eval_name: {key: value}}."""
+  row = {f"{n}/{k}": v for n, r in results.items() for k, v in r.items()}
+  with _ctrl_c_ignored():
+    writer = metrics.MetricWriter(workdir)
+    if jax.process_index() == 0:
+      _drop_earlier_results(writer.path, step, set(row))
+    writer.write(step, row)
+    writer.close()
+  return writer.path
+
+
 # ---------------------------------------------------------------- main
 
 def evaluate(config, workdir):
@@ -283,6 +409,24 @@ def evaluate(config, workdir):
                      "workdir, a checkpoint step directory or an .npz).")
   if "evals" not in cfg or not len(cfg.raw.evals):
     raise ValueError("The config has no `evals`: nothing to evaluate.")
+  if jax.process_index() == 0:  # The process that writes (see metrics.MetricWriter).
+    check_workdir(workdir)
+  # The entries first: a mistake there stops before a large checkpoint is read.
+  entries = {}
+  for name in cfg.raw.evals:
+    entry = cfg.evals[name]
+    if not isinstance(entry, config_loading.TrackedConfig):
+      raise ValueError(f"evals.{name} must be a dict of the eval's settings, e.g. "
+                       f"dict(type='fewshot', ...), got {entry!r}.")
+    ecfg = entry.to_dict()  # marks the whole entry read
+    # Like big_vision, an entry named after a type needs no `type`.
+    etype = ecfg.pop("type", name if name in evaluators.available() else None)
+    if etype is None:
+      raise ValueError(f"evals.{name} needs a `type` (one of "
+                       f"{', '.join(evaluators.available())}).")
+    for key in [k for k in ecfg if k.startswith("log_")]:
+      del ecfg[key]  # log_steps / _epochs / _percent ...: only the trainer schedules evals
+    entries[name] = (evaluators.get_evaluator_cls(etype), etype, ecfg)
   flat, saved_config, step = read_source(src)
   model, model_cfg = build_model(cfg, flat, saved_config)
   trained_hw = interop.timm_image_size(src) if str(src).endswith(".safetensors") else None
@@ -305,34 +449,47 @@ def evaluate(config, workdir):
   params = jax.device_put(nn.meta.unbox(loaded), shardings)
 
   predict_fn = make_predict_fn(model, res, channels, int(flat["embedding/kernel"].shape[0]))
-  evaluators_by_name = {}
-  for name in cfg.raw.evals:
-    ecfg = cfg.evals[name].to_dict()  # marks the whole entry read
-    etype = ecfg.pop("type", None)
-    if etype is None:
-      raise ValueError(f"evals.{name} needs a `type` (classification, fewshot, linear_probe).")
-    ecfg.pop("log_steps", None)  # only the trainer schedules evals
+  for name, (_, etype, _) in entries.items():
     if etype == "classification" and not model_cfg["num_classes"]:
       # Without a head the "logits" are the pre-logits features: scoring them as
       # class scores would print a meaningless accuracy.
       raise ValueError(f"evals.{name}: the checkpoint has no classification head "
                        "(num_classes=0), so a classification eval has nothing to score; "
                        "use fewshot or linear_probe on its features.")
-    cls = evaluators.get_evaluator_cls(etype)
+  cfg.check_all_read()  # Before the evaluators read any data (fewshot reads its labels).
+
+  evaluators_by_name = {}
+  for name, (cls, etype, ecfg) in entries.items():
     try:
       evaluators_by_name[name] = cls(predict_fn, mesh=mesh, **ecfg)
-    except TypeError as e:
+    except (TypeError, ValueError) as e:
       raise ValueError(f"evals.{name} (type {etype}): {e}") from None
-  cfg.check_all_read()
 
-  writer = metrics.MetricWriter(workdir)
-  results = {}
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    for name, evaluator in evaluators_by_name.items():
-      logging.info("Running eval %s ...", name)
-      results[name] = {k: float(v) for k, v in evaluator.run(params).items()}
-  writer.write(step, {f"{n}/{k}": v for n, r in results.items() for k, v in r.items()})
-  writer.close()
+  results, running = {}, None
+  try:
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+      for name, evaluator in evaluators_by_name.items():
+        _check_ctrl_c()
+        running = name
+        logging.info("Running eval %s ...", name)
+        results[name] = {k: float(v) for k, v in evaluator.run(params).items()}
+        running = None
+      _check_ctrl_c()
+  except BaseException as e:  # Keep what finished; say so in the one line.
+    path = paths.resolve(workdir) / "metrics.jsonl"
+    if results:
+      path = write_results(workdir, step, results)
+      done = f"the results of {', '.join(results)} were written to {path}"
+    else:
+      done = f"nothing was written to {path}"
+    if isinstance(e, KeyboardInterrupt):
+      where = f" during evals.{running}" if running else ""
+      raise Interrupted(f"interrupted (Ctrl-C){where}; {done}.") from None
+    if isinstance(e, ValueError) and running:
+      raise ValueError(f"evals.{running}: {str(e).rstrip('.')}; {done}.") from None
+    logging.error("evals.%s failed; %s.", running, done)
+    raise
+  write_results(workdir, step, results)
   return results
 
 
@@ -343,9 +500,19 @@ def main(argv):
     raise app.UsageError("--config=configs/FILE.py is required.")
   if not _WORKDIR.value:
     raise app.UsageError("--workdir=OUT is required.")
+  # Ctrl-C from here on raises KeyboardInterrupt, so the evals can keep what finished.
+  signal.signal(signal.SIGINT, _CTRL_C)
   try:
     results = evaluate(config_loading.loaded(_CONFIG.value), _WORKDIR.value)
-  except (ValueError, config_loading.UnreadConfigKeyError, jax.errors.JaxRuntimeError) as e:
+  except (Interrupted, KeyboardInterrupt) as e:
+    reason = str(e) if isinstance(e, Interrupted) else "interrupted (Ctrl-C); nothing was written."
+    print(f"big_vit_lite.evaluate: {reason}", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    # Not sys.exit: tearing down the interpreter after an interrupted XLA dispatch or
+    # tf.data pipeline can crash (a segfault, exit status -11) instead of exiting 130.
+    os._exit(130)  # pylint: disable=protected-access
+  except (ValueError, OSError, config_loading.UnreadConfigKeyError,
+          jax.errors.JaxRuntimeError) as e:
     if isinstance(e, jax.errors.JaxRuntimeError) and not oom.is_oom(e):
       raise
     # One line on stderr and a non-zero exit; the full traceback only at -v 1.
@@ -354,6 +521,13 @@ def main(argv):
       e = oom.message(e, what="evaluation", advice=oom.EVAL_ADVICE)
     print(f"big_vit_lite.evaluate: error: {' '.join(str(e).split())}", file=sys.stderr)
     sys.exit(1)
+
+  def interrupted_after(*_):  # The results are written; no traceback from the exit either.
+    print("big_vit_lite.evaluate: interrupted (Ctrl-C) after the results were written.",
+          file=sys.stderr, flush=True)
+    os._exit(130)  # pylint: disable=protected-access
+
+  signal.signal(signal.SIGINT, interrupted_after)
   if jax.process_index() == 0:
     print(format_table(results))
     print(f"(written to {paths.resolve(_WORKDIR.value) / 'metrics.jsonl'})")

@@ -26,6 +26,8 @@ Args (after ':', comma separated):
   pool=P       for token-shaped layers: mean (default) or flatten (keeps the
                tokens' positions; see README "Evaluation" for why it matters).
   runlocal     1 and 5 shots, 2 seeds, slices of the splits (seconds).
+Every setting can be set on the command line, e.g.
+  --config.evals.fewshot.shots='(1, 5)' --config.evals.fewshot.l2_regs='(1.0, 16.0)'
 For an .npz of another model, e.g. ViT-B/16 at 224:
   --config=configs/fewshot.py:res=224,channels=3 --config.model_init=ViT-B_16.npz
 """

@@ -23,6 +23,8 @@ Args (after ':', comma separated):
   pool=P       for token-shaped layers: mean (default) or flatten (keeps the
                tokens' positions; see README "Evaluation" for why it matters).
   runlocal     slices of the splits, fewer L-BFGS iterations (seconds).
+Every setting of the probe can be set on the command line, e.g.
+  --config.evals.linear_probe.l2_regs='(1e-4, 1e-3)' --config.evals.linear_probe.max_iter=500
 """
 import ml_collections
 

@@ -7,13 +7,17 @@ once: padding rows of the last batch have `_mask == False` and are excluded
 from all sums. Sums are taken on device per batch; only scalars come back.
 
 Labels are read from "labels" (one-hot / multi-hot, as the training pp
-makes them) or, when absent, from the integer "label".
+makes them) or, when absent, from the integer "label". A row's classes are
+its largest entries, so label smoothing (onehot(..., off=0.1/K)) does not
+make every prediction a hit; rows with no positive entry (ImageNet-ReaL's
+images without a label) count nowhere, as in big_vision.
 """
 import jax
 import jax.numpy as jnp
 import optax
 
 from big_vit_lite.data import input_pipeline
+from big_vit_lite.evaluators import config_keys
 from big_vit_lite.evaluators import features as feats
 
 LOSSES = ("softmax_xent", "sigmoid_xent")
@@ -39,24 +43,27 @@ def _labels(batch, num_classes):
 def batch_sums(logits, labels, mask, loss_name):
   """Masked sums of correct@1, correct@5, loss and example count for one batch."""
   logits = logits.astype(jnp.float32)
-  mask = mask.astype(jnp.float32)
+  top = jnp.max(labels, axis=-1, keepdims=True)
+  mask = mask.astype(jnp.float32) * (top[:, 0] > 0)  # no positive class: not counted
+  positive = labels >= top  # the row's class(es), also under label smoothing
   if loss_name == "softmax_xent":
     loss = -jnp.sum(labels * jax.nn.log_softmax(logits), axis=-1)
   else:
     loss = jnp.sum(optax.sigmoid_binary_cross_entropy(logits, labels), axis=-1)
   top1 = jnp.argmax(logits, axis=-1)
-  hit1 = jnp.take_along_axis(labels, top1[:, None], axis=-1)[:, 0] > 0
+  hit1 = jnp.take_along_axis(positive, top1[:, None], axis=-1)[:, 0]
   out = {"correct@1": jnp.sum(hit1 * mask), "loss": jnp.sum(loss * mask),
          "count": jnp.sum(mask),
          # argmax of NaN logits picks a class anyway: counted so that run() refuses.
          "non_finite": jnp.sum(~jnp.all(jnp.isfinite(logits), axis=-1) * mask)}
   if logits.shape[-1] > 5:
     _, top5 = jax.lax.top_k(logits, 5)
-    hit5 = jnp.any(jnp.take_along_axis(labels, top5, axis=-1) > 0, axis=-1)
+    hit5 = jnp.any(jnp.take_along_axis(positive, top5, axis=-1), axis=-1)
     out["correct@5"] = jnp.sum(hit5 * mask)
   return out
 
 
+@config_keys.checked_keys
 class Evaluator:
   """prec@1 / prec@5 / loss of the classifier head over one split."""
 
@@ -69,9 +76,16 @@ class Evaluator:
     self.pp = pp
     self.mesh = mesh
     self._head_size = None
+    feats.check_data(self.data, pp)
 
     def sums(params, batch):
-      logits, _ = predict_fn(params, batch["image"])
+      logits, out = predict_fn(params, batch["image"])
+      if isinstance(out, dict) and "head_input" in out and out.get("pre_logits") is logits:
+        # vit.Model(num_classes=0) returns its features as "logits" (seen while
+        # tracing): their argmax against the labels would be a meaningless accuracy.
+        raise ValueError("The model has no classification head (num_classes=0), so a "
+                         "classification eval has nothing to score; use fewshot or "
+                         "linear_probe on its features, or give the model a head.")
       num_classes = logits.shape[-1]
       self._head_size = num_classes  # Static, known once traced; for run()'s messages.
       out = batch_sums(logits, _labels(batch, num_classes), batch["_mask"], loss_name)
@@ -92,18 +106,20 @@ class Evaluator:
       max_label = max(max_label, int(out.pop("max_label", 0)))
       for k, v in out.items():
         totals[k] = totals.get(k, 0.0) + float(v)
-    if not totals or totals["count"] == 0:
-      raise ValueError(f"Classification eval data {self.data} yielded no examples.")
-    if totals["non_finite"]:
-      raise ValueError(
-          f"Classification eval data {self.data}: the model's logits are NaN/inf for "
-          f"{int(totals['non_finite'])} of {int(totals['count'])} examples (non-finite params "
-          "or an overflow); prec@1 would be meaningless. Evaluate a finite checkpoint.")
     if totals.get("bad_label"):
       raise ValueError(
           f"Classification eval data {self.data}: {int(totals['bad_label'])} examples have a "
           f"label outside the model's {self._head_size} classes (largest label "
           f"{max_label}); evaluate a model whose head fits this dataset.")
+    if not totals or totals["count"] == 0:
+      raise ValueError(f"Classification eval data {self.data} yielded no labelled examples "
+                       "(a row of 'labels' with no positive entry does not count); check the "
+                       "split and the pp.")
+    if totals["non_finite"]:
+      raise ValueError(
+          f"Classification eval data {self.data}: the model's logits are NaN/inf for "
+          f"{int(totals['non_finite'])} of {int(totals['count'])} examples (non-finite params "
+          "or an overflow); prec@1 would be meaningless. Evaluate a finite checkpoint.")
     n = totals["count"]
     result = {"prec@1": totals["correct@1"] / n, "loss": totals["loss"] / n}
     if "correct@5" in totals:

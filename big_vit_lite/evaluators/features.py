@@ -19,6 +19,8 @@ from jax.experimental import multihost_utils
 
 from big_vit_lite import sharding
 from big_vit_lite.data import device as data_device
+from big_vit_lite.data import pp as pp_lib
+from big_vit_lite.data import sources
 
 
 def to_host(tree):
@@ -36,6 +38,34 @@ def check_batch_size(batch_size):
     raise ValueError(f"batch_size={batch_size!r} must be a positive integer divisible by the "
                      f"process count {jax.process_count()}.")
   return n
+
+
+def available_host_bytes():
+  """MemAvailable of /proc/meminfo in bytes; None where there is no such file."""
+  try:
+    with open("/proc/meminfo") as f:
+      for line in f:
+        if line.startswith("MemAvailable:"):
+          return int(line.split()[1]) * 1024
+  except OSError:
+    pass
+  return None
+
+
+def _size(num_bytes):
+  return (f"{num_bytes / 2**30:.1f} GiB" if num_bytes >= 2**29 else
+          f"{num_bytes / 2**20:.2f} MiB")
+
+
+def check_data(data_cfg, pp):
+  """Opens the split and builds the pp now, reading no example.
+
+  Called when an evaluator is built: a misspelt dataset, split or pp op
+  then stops a trainer before it trains, not at its first eval hours later.
+  """
+  if sources.get_source(data_cfg).num_examples == 0:
+    raise ValueError(f"eval data {sources.check_data_cfg(data_cfg)} has no examples")
+  pp_lib.get_preprocess_fn(pp)
 
 
 def require_keys(batch, keys):
@@ -82,6 +112,39 @@ def map_batches(fn, params, local_batches, mesh, keys=None):
     pending = out
   if pending is not None:
     yield to_host(pending)
+
+
+_HIGH, _LOW = "/int64_high", "/int64_low"
+
+
+def _split_int64(batch):
+  """int64 arrays -> int32 high and uint32 low halves (jax runs without int64).
+
+  Class ids and example ids go through the device and come back: a plain
+  cast would wrap an id of 2**31 or more onto another one without a sign.
+  """
+  out = {}
+  for k, v in batch.items():
+    v = np.asarray(v)
+    if v.dtype == np.int64 and k != "image":
+      out[k + _HIGH] = (v >> 32).astype(np.int32)
+      out[k + _LOW] = (v & 0xFFFFFFFF).astype(np.uint32)
+    else:
+      out[k] = v
+  return out
+
+
+def _join_int64(arrays):
+  """The inverse of `_split_int64` on host arrays."""
+  out = {}
+  for k, v in arrays.items():
+    if k.endswith(_HIGH):
+      key = k[:-len(_HIGH)]
+      out[key] = (np.asarray(v).astype(np.int64) << 32) | np.asarray(
+          arrays[key + _LOW]).astype(np.int64)
+    elif not k.endswith(_LOW):
+      out[k] = v
+  return out
 
 
 TOKEN_POOLS = ("mean", "flatten")
@@ -132,14 +195,44 @@ class FeatureExtractor:
       return {"feature": representation(logits, out, layer, token_pool), **rest}
 
     self._fn = jax.jit(features)
+    self._token_pool = token_pool
+
+  def _check_memory(self, features, local_batches):
+    """Stops at the first batch if a whole split's features cannot fit in host memory.
+
+    E.g. token_pool="flatten" on a 224 px B/16 is 151k numbers per example:
+    60 GB for 100k examples, and a swapping or killed process otherwise.
+    """
+    num_batches, free = getattr(local_batches, "num_batches", None), available_host_bytes()
+    if num_batches is None or free is None:
+      return
+    rows = num_batches * features.shape[0]
+    need = 2 * rows * features[0].nbytes  # The batches, then their concatenation.
+    if need > free:
+      raise ValueError(
+          f"The {self.layer!r} features (token_pool={self._token_pool!r}: "
+          f"{features.shape[1]} numbers per example) of {rows} examples need {_size(need)} "
+          f"of host memory and {_size(free)} is free; use "
+          "token_pool='mean', another representation_layer or a smaller split (e.g. "
+          "train[:10%]).")
 
   def __call__(self, params, local_batches, keys):
     """Returns a dict of numpy arrays ("feature" + keys) over the valid rows."""
     keys = tuple(dict.fromkeys(("image", "_mask", *keys)))
-    chunks = list(map_batches(self._fn, params, local_batches, self.mesh, keys))
+
+    def selected():
+      for local in local_batches:
+        require_keys(local, keys)
+        yield _split_int64({k: local[k] for k in keys})
+
+    chunks = []
+    for chunk in map_batches(self._fn, params, selected(), self.mesh):
+      if not chunks:
+        self._check_memory(chunk["feature"], local_batches)
+      chunks.append(chunk)
     if not chunks:
       raise ValueError("The eval data yielded no batches; check its split name and size.")
-    cat = {k: np.concatenate([c[k] for c in chunks]) for k in chunks[0]}
+    cat = _join_int64({k: np.concatenate([c[k] for c in chunks]) for k in chunks[0]})
     valid = cat.pop("_mask").astype(bool)
     out = {k: v[valid] for k, v in cat.items()}
     bad = int(np.sum(~np.isfinite(out["feature"]).all(axis=1)))
@@ -156,7 +249,8 @@ def gather_local(array):
   array = np.asarray(array)
   if jax.process_count() == 1:
     return array[None]
-  return np.asarray(multihost_utils.process_allgather(array, tiled=False))
+  return _join_int64({k: np.asarray(v) for k, v in multihost_utils.process_allgather(
+      _split_int64({"x": array}), tiled=False).items()})["x"]
 
 
 def select_batches(local_batches, wanted, local_batch_size, num_batches, keys):

@@ -22,10 +22,12 @@ What differs from big_vision:
   only while the params are the very same (immutable) arrays.
 
 Config (evals.NAME minus type/log_steps):
-  datasets: {NAME: dict(name=TFDS_NAME, data_dir=None, [train_split], [test_split], [pp])}
+  datasets: {NAME: dict(name=TFDS_NAME, data_dir=None, [train_split], [test_split], [pp])};
+    big_vision's {NAME: (TFDS_NAME, TRAIN_SPLIT, TEST_SPLIT)} also works.
   pp: preprocessing of both splits; must keep "image" and the integer label.
   shots, num_seeds: k-shot settings and seeds; every class of each train split
-    needs at least max(shots) examples.
+    needs at least max(shots) examples, and every test class must be one of
+    the train split's (labels are class ids >= 0).
   representation_layer: "pre_logits" (default), "logits" or any key of the
     model's `out` ("encoded", "block03", ...); token_pool: "mean" or
     "flatten" for token-shaped layers (see features.representation).
@@ -38,6 +40,7 @@ import jax
 import numpy as np
 
 from big_vit_lite.data import input_pipeline
+from big_vit_lite.evaluators import config_keys
 from big_vit_lite.evaluators import features as feats
 from big_vit_lite.evaluators import ridge
 
@@ -60,6 +63,9 @@ def dataset_cfgs(datasets, pp, train_split, test_split):
   for name, spec in datasets.items():
     if hasattr(spec, "to_dict"):
       spec = spec.to_dict()
+    if (isinstance(spec, (tuple, list)) and len(spec) == 3
+        and all(isinstance(v, str) for v in spec)):  # big_vision's (name, train, test)
+      spec = dict(name=spec[0], train_split=spec[1], test_split=spec[2])
     if not isinstance(spec, dict) or "name" not in spec:
       raise ValueError(f"datasets[{name!r}] must be a dict with at least `name` (a tfds "
                        f"name or 'imagefolder'), got {spec!r}.")
@@ -93,6 +99,52 @@ class ParamsCache:
     return self.values
 
 
+def positive_ints(values, what):
+  """A tuple of ints >= 1 from an int or a sequence of them (no strings, no 2.5)."""
+  items = (values,) if isinstance(values, (int, np.integer)) else values
+  if isinstance(items, (str, bytes)) or not hasattr(items, "__iter__"):
+    items = None
+  else:
+    items = tuple(items)
+  if not items or not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+                          and v >= 1 for v in items):
+    raise ValueError(f"{what} must be positive integers, e.g. (1, 5, 10, 25); got {values!r}.")
+  return tuple(dict.fromkeys(int(v) for v in items))
+
+
+def positive_int(value, what):
+  """An int >= 1 (not 1.5, not True, not a list)."""
+  if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+    raise ValueError(f"{what} must be a positive integer; got {value!r}.")
+  return int(value)
+
+
+def class_ids(train_labels, test_labels, what):
+  """(train, test, num_classes): labels as positions among the train split's classes.
+
+  The classifiers get one output per class the train split holds (not one
+  per id up to the largest: ids need not be small or contiguous). A test
+  label the train split lacks would be a class no classifier can predict:
+  -1 (the "no label" of unlabelled test splits) or a class missing from the
+  train split (a too small slice, a misnamed folder) stops with one line
+  instead of lowering the accuracy without a word.
+  """
+  classes = np.unique(train_labels)
+  test = np.asarray(test_labels)
+  pos = np.minimum(np.searchsorted(classes, test), classes.size - 1)
+  unseen = classes[pos] != test
+  if np.any(unseen):
+    bad = np.unique(test[unseen])
+    listed = ", ".join(map(str, bad[:5].tolist())) + (", ..." if bad.size > 5 else "")
+    why = ("negative labels (-1: an unlabelled split?); use a labelled test split"
+           if bad.min() < 0 else
+           "classes the train split lacks; use a train split holding every class (e.g. a "
+           "bigger slice) or a test split without them")
+    raise ValueError(f"{what}: {int(unseen.sum())} of {test.size} test examples have labels "
+                     f"{listed}: {why}.")
+  return np.searchsorted(classes, train_labels), pos, int(classes.size)
+
+
 def sample_per_class(labels, shot, rng):
   """Indices of `shot` random examples per class (all of them if fewer)."""
   out = []
@@ -115,6 +167,7 @@ def check_classes(train_labels, what):
                      f"{classes.size} ({classes.tolist()}); check the dataset and its split.")
 
 
+@config_keys.checked_keys
 class Evaluator:
   """Few-shot ridge evaluation on one or more datasets."""
 
@@ -125,12 +178,8 @@ class Evaluator:
     self.mesh = mesh
     self.datasets = dataset_cfgs(DEFAULT_DATASETS if datasets is None else datasets,
                                  pp, train_split, test_split)
-    self.shots = tuple(int(s) for s in shots)
-    if not self.shots or min(self.shots) < 1:
-      raise ValueError(f"shots must be positive integers, got {shots!r}.")
-    if int(num_seeds) < 1:
-      raise ValueError(f"num_seeds must be >= 1, got {num_seeds!r}.")
-    self.seeds = tuple(range(int(num_seeds)))
+    self.shots = positive_ints(shots, "shots")
+    self.seeds = tuple(range(positive_int(num_seeds, "num_seeds")))
     self.batch_size = feats.check_batch_size(batch_size)
     # Checked now, not after the forward passes.
     self.l2_regs = tuple(float(r) for r in ridge.check_l2_regs(l2_regs))
@@ -139,7 +188,10 @@ class Evaluator:
                                             token_pool)
     self._cache = ParamsCache()
     # Now, not at the first run: a dataset with too few examples for `shots`
-    # stops the trainer before it trains.
+    # (or a wrong split or pp op) stops the trainer before it trains.
+    for train_cfg, test_cfg, dataset_pp in self.datasets.values():
+      feats.check_data(train_cfg, dataset_pp)
+      feats.check_data(test_cfg, dataset_pp)
     self._plans = {name: self._plan(name) for name in self.datasets}
 
   # ------------------------------------------------------------------ data
@@ -161,14 +213,13 @@ class Evaluator:
     """{(seed, shot): ids} nested per seed, over valid global example ids."""
     ids = np.arange(labels.shape[0])
     check_classes(labels, "Few-shot")
-    counts = np.bincount(labels)
-    present = np.flatnonzero(counts)
-    fewest = present[np.argmin(counts[present])]
+    classes, counts = np.unique(labels, return_counts=True)  # (not bincount: ids may be huge)
+    fewest = np.argmin(counts)
     if counts[fewest] < max(self.shots):
       raise ValueError(
-          f"Few-shot {what}: class {fewest} has only {counts[fewest]} train examples, too few "
-          f"for {max(self.shots)}-shot; lower `shots` to at most {counts[fewest]} or use a "
-          "bigger train split.")
+          f"Few-shot {what}: class {classes[fewest]} has only {counts[fewest]} train examples, "
+          f"too few for {max(self.shots)}-shot; lower `shots` to at most {counts[fewest]} or "
+          "use a bigger train split.")
     out = {}
     for seed in self.seeds:
       order = sample_per_class(labels, max(self.shots), np.random.default_rng(seed))
@@ -191,7 +242,7 @@ class Evaluator:
     samples = self._samples(valid_labels, f"dataset {name!r} ({train_cfg['name']}, split "
                                           f"{train_cfg['split']!r})")
     # Sample positions index valid_ids; map them to global ids (process, row).
-    return dict(labels_pn=labels_pn, max_label=int(valid_labels.max()),
+    return dict(labels_pn=labels_pn, train_labels=valid_labels,
                 samples={k: valid_ids[v] for k, v in samples.items()})
 
   def _features(self, params, name):
@@ -218,10 +269,13 @@ class Evaluator:
                          "few-shot needs a deterministic eval iterator.")
     test = self.extractor(params, input_pipeline.make_eval_iterator(
         test_cfg, pp, self.batch_size), keys=(self.label_key,))
-    return dict(train_x=train["feature"], train_y=train[self.label_key],
+    classes = np.unique(plan["train_labels"])
+    _, test_y, num_classes = class_ids(
+        classes, test[self.label_key],
+        f"Few-shot dataset {name!r} ({test_cfg['name']}, split {test_cfg['split']!r})")
+    return dict(train_x=train["feature"], train_y=np.searchsorted(classes, train[self.label_key]),
                 rows={k: np.array([row_of[int(g)] for g in v]) for k, v in samples.items()},
-                test_x=test["feature"], test_y=test[self.label_key],
-                num_classes=max(plan["max_label"], int(test[self.label_key].max())) + 1)
+                test_x=test["feature"], test_y=test_y, num_classes=num_classes)
 
   # ------------------------------------------------------------------ eval
 

@@ -12,17 +12,22 @@ Config (evals.NAME minus type/log_steps):
   representation_layer, token_pool: which features, as in fewshot.py.
 """
 from absl import logging
+import jax
 import numpy as np
 
+from big_vit_lite import oom
 from big_vit_lite.data import input_pipeline
+from big_vit_lite.evaluators import config_keys
 from big_vit_lite.evaluators import features as feats
 from big_vit_lite.evaluators import fewshot
 from big_vit_lite.evaluators import logistic
+from big_vit_lite.evaluators import presets
 from big_vit_lite.evaluators import ridge
 
-DEFAULT_L2_REGS = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2)
+DEFAULT_L2_REGS = presets.LINEAR_PROBE_L2_REGS
 
 
+@config_keys.checked_keys
 class Evaluator:
   """Logistic-regression probe on one or more datasets."""
 
@@ -38,12 +43,18 @@ class Evaluator:
     if not 0.0 < float(holdout_fraction) < 1.0:
       raise ValueError(f"holdout_fraction must be in (0, 1), got {holdout_fraction!r}.")
     self.holdout_fraction = float(holdout_fraction)
-    self.l2_regs = tuple(float(r) for r in l2_regs)
-    if not self.l2_regs or min(self.l2_regs) < 0:
-      raise ValueError(f"l2_regs must be non-negative numbers, got {l2_regs!r}.")
+    try:  # One number or a list of them.
+      regs = np.asarray(l2_regs, np.float64).reshape(-1)
+    except (TypeError, ValueError):
+      regs = np.array([np.nan])
+    if not regs.size or not np.all(np.isfinite(regs)) or np.any(regs < 0):
+      # (NaN or inf would fit nothing and report chance accuracy.)
+      raise ValueError(f"l2_regs must be finite numbers >= 0, e.g. (1e-6, 1e-4, 1e-2); got "
+                       f"{l2_regs!r}.")
+    self.l2_regs = tuple(float(r) for r in regs)
     self.batch_size = feats.check_batch_size(batch_size)
     self.seed = int(seed)
-    self.max_iter = int(max_iter)
+    self.max_iter = fewshot.positive_int(max_iter, "max_iter")
     # Gradient-norm tolerance of the mean loss (scikit-learn's lbfgs default is
     # 1e-4 too); weakly penalised fits would otherwise run to max_iter.
     self.tol = float(tol)
@@ -51,6 +62,9 @@ class Evaluator:
     self.extractor = feats.FeatureExtractor(predict_fn, mesh, representation_layer,
                                             token_pool)
     self._cache = fewshot.ParamsCache()
+    for train_cfg, test_cfg, dataset_pp in self.datasets.values():
+      feats.check_data(train_cfg, dataset_pp)
+      feats.check_data(test_cfg, dataset_pp)
 
   def _features(self, params, name):
     train_cfg, test_cfg, pp = self.datasets[name]
@@ -68,9 +82,20 @@ class Evaluator:
     n = len(y_train)
     # Both fits use all rows with 0/1 weights (same shapes: one compilation),
     # every l2 value at once.
-    fit = lambda weights: logistic.fit(
-        x_train, y_train, num_classes, self.l2_regs, weights=weights, mesh=self.mesh,
-        max_iter=self.max_iter, tol=self.tol)
+    def fit(weights):
+      try:
+        return logistic.fit(x_train, y_train, num_classes, self.l2_regs, weights=weights,
+                            mesh=self.mesh, max_iter=self.max_iter, tol=self.tol)
+      except jax.errors.JaxRuntimeError as e:
+        if not oom.is_oom(e):
+          raise
+        # Not the eval batch size: L-BFGS keeps ~20 copies of the (d x classes) weights
+        # per l2 value, besides the features themselves.
+        raise ValueError(
+            f"The linear probe ran out of device memory fitting {x_train.shape[0]} examples x "
+            f"{x_train.shape[1]} features, {num_classes} classes, {len(self.l2_regs)} l2 values "
+            "at once; use fewer l2_regs, token_pool='mean' or another representation_layer "
+            "(fewer features), or a smaller train split.") from None
     best = 0
     if len(self.l2_regs) > 1:
       hold = np.random.default_rng(self.seed).permutation(n)[
@@ -98,6 +123,8 @@ class Evaluator:
         cache[name] = self._features(params, name)
       (x_tr, y_tr), (x_te, y_te) = cache[name]["train"], cache[name]["test"]
       fewshot.check_classes(y_tr, "Linear-probe")
-      num_classes = int(max(y_tr.max(), y_te.max())) + 1
+      y_tr, y_te, num_classes = fewshot.class_ids(
+          y_tr, y_te, f"Linear-probe dataset {name!r} ({self.datasets[name][1]['name']}, "
+          f"split {self.datasets[name][1]['split']!r})")
       results[name], _ = self.probe(x_tr, y_tr, x_te, y_te, num_classes)
     return results

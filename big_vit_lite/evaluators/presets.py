@@ -14,7 +14,11 @@ import os
 
 from ml_collections import config_dict
 
+from big_vit_lite.evaluators import ridge  # numpy only
+
 OFFLINE_DATASETS = ("mnist10k", "animal_mnist")
+# The linear probe's l2 candidates (picked on a held-out part of train).
+LINEAR_PROBE_L2_REGS = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2)
 
 
 def eval_pp(res, channels=3, label_key="label"):
@@ -48,10 +52,13 @@ def fewshot(res, *, channels=3, datasets=None, folder=None, data_dir=None,
             shots=(1, 5, 10, 25), num_seeds=5, representation_layer="pre_logits",
             token_pool="mean", batch_size=256, log_steps=None, runlocal=False):
   """A `type="fewshot"` evals entry (dict); `log_steps=None` for eval-only configs."""
+  # Every setting spelled out, so that each can be set from the command line
+  # (e.g. --config.evals.fewshot.l2_regs='(1.0,)').
   cfg = dict(type="fewshot", datasets=_datasets(datasets, folder, data_dir),
              pp=eval_pp(res, channels), shots=tuple(shots), num_seeds=num_seeds,
              representation_layer=representation_layer, token_pool=token_pool,
-             batch_size=batch_size, train_split="train", test_split="test")
+             batch_size=batch_size, train_split="train", test_split="test",
+             l2_regs=tuple(ridge.DEFAULT_L2_REGS))
   if runlocal:
     cfg.update(shots=(1, 5), num_seeds=2, batch_size=64)
     if not folder:  # tfds split slicing; image folders are small anyway.
@@ -68,7 +75,8 @@ def linear_probe(res, *, channels=3, datasets=None, folder=None, data_dir=None,
   cfg = dict(type="linear_probe", datasets=_datasets(datasets, folder, data_dir),
              pp=eval_pp(res, channels), representation_layer=representation_layer,
              token_pool=token_pool, batch_size=batch_size, train_split="train",
-             test_split="test")
+             test_split="test", l2_regs=LINEAR_PROBE_L2_REGS, holdout_fraction=0.1,
+             max_iter=1000)
   if runlocal:
     cfg.update(batch_size=64, max_iter=200)
     if not folder:
