@@ -224,6 +224,20 @@ PEER_KEYS = {
     "warmup_steps": "schedule.warmup_steps",
     "warmup_epochs": "schedule.warmup_epochs",
     "decay_type": "schedule.decay_type",
+    # big_vision's older top-level names.
+    "checkpoint_steps": "ckpt_steps",
+    "keep_checkpoint_steps": "keep_ckpt_steps",
+    "dataset": "input.data.name",
+    "train_split": "input.data.split",
+    "pp_train": "input.pp",
+    "shuffle_buffer_size": "input.shuffle_buffer_size",
+    "prefetch_to_device": "input.prefetch",
+    "num_classes": "model.num_classes",
+}
+
+# big_vision keys with nothing to set here.
+UNNEEDED_KEYS = {
+    "pp_modules": "every preprocessing op is always registered",
 }
 
 
@@ -327,9 +341,14 @@ class TrackedConfig:
           "remove it or fix its spelling.")
 
   def _hint(self, path):
-    """" (this framework calls it 'X')" for a peer's name, " (did you mean 'X'?)" for a near miss."""
+    """" (this framework calls it 'X')" for a peer's name, " (did you mean 'X'?)" for a near miss.
+
+    (Or " (not needed here: WHY)" for a big_vision key with nothing to set.)
+    """
     if path in PEER_KEYS:
       return f" (this framework calls it '{PEER_KEYS[path]}')"
+    if path in UNNEEDED_KEYS:
+      return f" (not needed here: {UNNEEDED_KEYS[path]})"
     close = difflib.get_close_matches(path, sorted(self._asked - {path}), n=1, cutoff=0.8)
     return f" (did you mean '{close[0]}'?)" if close else ""
 

@@ -101,6 +101,20 @@ class MetricWriter:
         keys.update(k for k in row if k != "step")
     return keys
 
+  def last_value(self, key):
+    """`key`'s value in the last line of metrics.jsonl that has it, or None (and on processes > 0)."""
+    if not self._active or not self.path.exists():
+      return None
+    value = None
+    for line in self.path.read_text().splitlines():
+      try:
+        row = json.loads(line)
+      except ValueError:
+        continue  # A torn last line.
+      if isinstance(row, dict) and key in row:
+        value = row[key]
+    return value
+
   def start_run(self, resumed_step=None):
     """Marks where this run starts: fresh (None) or from the checkpoint at `resumed_step`.
 
@@ -195,12 +209,14 @@ class Chrono:
   """Step timing, throughput, ETA, core-hours and MFU for the progress line.
 
   Time spent in evaluation and checkpointing is paused out so that img/s
-  measures training only.
+  measures training only. `core_hours_before`: what the earlier attempts of a
+  resumed run used, so that core_hours counts the whole run.
   """
 
   def __init__(self, *, first_step, total_steps, global_batch, step_flops=None,
-               peak_flops_total=None):
+               peak_flops_total=None, core_hours_before=0.0):
     self.first_step = first_step
+    self.core_hours_before = float(core_hours_before or 0.0)
     self.total_steps = total_steps
     self.global_batch = global_batch
     self.step_flops = step_flops
@@ -245,7 +261,7 @@ class Chrono:
         "img/sec": img_s,
         "img/sec/device": img_s / self.num_devices,
         "eta_hours": (self.total_steps - step) * step_time / 3600,
-        "core_hours": self.train_seconds * self.num_cores / 3600,
+        "core_hours": self.core_hours_before + self.train_seconds * self.num_cores / 3600,
         "uptime_hours": (now - self.start) / 3600,
     }
     if self.step_flops and self.peak_flops_total:

@@ -14,9 +14,12 @@ Config keys (big_vision names):
   optax_name: "scale_by_adam" | "adam" | "adamw" (all the same transform here:
       decay is always the decoupled one above), "sgd" / "momentum",
       "adafactor" (big_vision's ViT variant: factored second moment with a
-      capped decay, optional block-RMS clipping and bf16 momentum).
+      capped decay, optional block-RMS clipping and bf16 momentum); big_vision's
+      "big_vision.scale_by_adafactor", "big_vision.momentum_hp" and "big_vision.sgd".
   optax: kwargs of that optimizer, e.g. dict(b1=0.9, b2=0.999, mu_dtype="bfloat16").
-  lr, wd, grad_clip_norm,
+  lr, wd, grad_clip_norm (the global norm of the trainable params' gradients, as in
+      big_vision; unset or 0: no clipping; may change between a run and its resume,
+      the clip keeps no state),
   wd_mults: [(regex, mult)], first match wins, default [(".*/kernel$", 1.0)]
       (decay weight matrices, not biases / norms / embeddings of size 1).
   lr_mults: [(regex, mult)], first match wins, default all 1.
@@ -24,7 +27,12 @@ Config keys (big_vision names):
       list [(regex, dict | None)] for per-parameter schedules; None freezes
       the matching parameters (no optimizer state, params kept bit-identical).
 Parameter names are "/"-joined paths, e.g. "Transformer/encoderblock_0/MlpBlock_0/Dense_0/kernel".
+A regex must match the whole name, and every regex given must be the first match
+of at least one parameter (else it is a typo, or shadowed by an earlier one): an error.
 """
+import difflib
+import inspect
+import math
 import re
 
 from absl import logging
@@ -34,7 +42,22 @@ import optax
 
 from big_vit_lite import config_loading
 
-_DTYPES = {"bfloat16": jnp.bfloat16, "float32": jnp.float32, "float16": jnp.float16, None: None}
+_DTYPE_ALIASES = {"bf16": "bfloat16", "f32": "float32", "fp32": "float32", "f16": "float16",
+                  "fp16": "float16"}
+
+
+def _dtype(value, key):
+  """A config's dtype ("bfloat16", "bf16", jnp.bfloat16 or None) -> a jnp dtype or None."""
+  if value is None:
+    return None
+  try:
+    dtype = jnp.dtype(_DTYPE_ALIASES.get(value, value) if isinstance(value, str) else value)
+  except TypeError:
+    dtype = None
+  if dtype is None or not jnp.issubdtype(dtype, jnp.floating):
+    raise ValueError(f"config.optax.{key}={value!r} is not a float dtype: use 'bfloat16', "
+                     "'float32' or None.")
+  return dtype
 
 
 def param_names(tree):
@@ -44,17 +67,61 @@ def param_names(tree):
   return jax.tree_util.tree_map_with_path(name, tree)
 
 
-def tree_by_regex(tree, rules, default, what):
-  """Maps each leaf name to the value of the first (regex, value) whose regex matches fully."""
-  compiled = [(re.compile(r), v) for r, v in rules]
+def tree_by_regex(tree, rules, default, what, check_used=True):
+  """Maps each leaf name to the value of the first (regex, value) whose regex matches fully.
+
+  check_used: a ValueError when a regex is the first match of no leaf (a typo, a
+  leading '/', a regex matching only part of the names: else silently ignored).
+  """
+  compiled = [(_compile(r, what), v) for r, v in _pairs(rules, what)]
+  used = set()
   def lookup(name):
-    for r, v in compiled:
+    for i, (r, v) in enumerate(compiled):
       if r.fullmatch(name):
+        used.add(i)
         return v
     if default is _REQUIRED:
       raise ValueError(f"Parameter '{name}' matches no regex of {what}: add a catch-all ('.*', ...).")
     return default
-  return jax.tree.map(lookup, param_names(tree))
+  names = param_names(tree)
+  out = jax.tree.map(lookup, names)
+  for i, (r, _) in enumerate(compiled):
+    if check_used and i not in used:
+      raise ValueError(f"{what}: the regex '{r.pattern}' {_unused_reason(r, compiled[:i], names)}.")
+  return out
+
+
+def _pairs(rules, what):
+  """`rules` as a list of (regex, value) pairs; a ValueError for another shape."""
+  rules = list(rules)
+  for rule in rules:
+    if not (isinstance(rule, (list, tuple)) and len(rule) == 2 and isinstance(rule[0], str)):
+      raise ValueError(f"{what} must be a list of (regex, value) pairs, e.g. "
+                       f"[('head/.*', ...), ('.*', ...)]; got the item {rule!r}.")
+  return rules
+
+
+def _compile(regex, what):
+  try:
+    return re.compile(regex)
+  except re.error as e:
+    raise ValueError(f"{what}: '{regex}' is not a valid regex ({e}).") from None
+
+
+def _unused_reason(regex, earlier, names):
+  """Why `regex` is the first match of no parameter name."""
+  names = jax.tree.leaves(names)
+  matched = [n for n in names if regex.fullmatch(n)]
+  if matched:
+    first = next(r.pattern for r, _ in earlier if r.fullmatch(matched[0]))
+    return (f"applies to no parameter: an earlier regex matches them first (e.g. '{matched[0]}', "
+            f"by '{first}'; the first match wins): move it before that one, or remove it")
+  partly = [n for n in names if regex.search(n)]
+  if partly:
+    return (f"matches no whole parameter name, only part of e.g. '{partly[0]}': a regex must "
+            "match the whole name (e.g. '.*/kernel', 'head/.*')")
+  return (f"matches no parameter (the names look like '{names[0]}', without a leading '/'): fix "
+          "it or remove it")
 
 _REQUIRED = object()
 FROZEN = -1  # Schedule group index of frozen parameters.
@@ -69,25 +136,45 @@ DECAY_TYPES = ("cosine", "linear", "polynomial", "rsqrt", "stair", "constant")
 def make_schedule(sched, *, total_steps, steps_per_epoch=None, batch_size=None):
   """A schedule dict -> fn(step) -> multiplier in [0, 1] (jnp-traceable).
 
-  sched keys: decay_type ("cosine" | "linear" | "polynomial" | "rsqrt" | "stair" |
-  "constant"), warmup_{steps|epochs|examples|percent}, cooldown_{...} (linear to 0 at
-  the end), min_lr / linear_end (multiplier at the end for cosine / linear / polynomial),
-  power (polynomial: end + (1 - end) * (1 - progress) ** power; 1 is linear),
-  timescale (rsqrt: s = 1/sqrt(1 + (t - warmup) / timescale)),
+  sched keys: decay_type ("cosine" (the default) | "linear" | "polynomial" | "rsqrt" |
+  "stair" | "constant"), warmup_{steps|epochs|examples|percent}, cooldown_{...} (linear to 0 at
+  the end), min_lr / linear_end / end (multiplier at the end for cosine / linear /
+  polynomial), power (polynomial: end + (1 - end) * (1 - progress) ** power; 1 is linear),
+  timescale, shift (rsqrt: s = 1/sqrt(1 + (t - warmup + shift) / timescale)),
   steps + mults (stair: the multiplier becomes mults[i] once step >= steps[i]; steps are
-  absolute training steps, increasing).
+  absolute training steps, increasing), mult (big_vision's: the whole schedule times
+  mult, e.g. a smaller lr for one group of a list schedule).
   """
   dur = dict(steps_per_epoch=steps_per_epoch, batch_size=batch_size, total_steps=total_steps)
   warmup = config_loading.get_steps("warmup", sched, default=0, **dur)
   cooldown = config_loading.get_steps("cooldown", sched, default=0, **dur)
-  decay_type = sched.get("decay_type", "cosine")
+  decay_type = sched.get("decay_type", None)
+  if decay_type is None:  # A big_vision config ported as it is would decay unexpectedly.
+    logging.warning("The schedule sets no decay_type: cosine decay (big_vision's default is a "
+                    "constant: decay_type='constant').")
+    decay_type = "cosine"
   end = sched.get("min_lr", None)
   end = sched.get("linear_end", end)
+  end = sched.get("end", end)  # (big_vision's name.)
   end = 0.0 if end is None else float(end)
   timescale = float(sched.get("timescale", 10_000))
+  shift = float(sched.get("shift", 0))
   power = float(sched.get("power", 1.0))
+  group_mult = float(sched.get("mult", 1.0))
   stair_steps = list(sched.get("steps", None) or ())
   stair_mults = list(sched.get("mults", None) or ())
+  # Each of these would make the lr negative, infinite or NaN at some step (or never > 0).
+  for key, value, ok, need in (
+      ("warmup", warmup, warmup >= 0, ">= 0"), ("cooldown", cooldown, cooldown >= 0, ">= 0"),
+      ("end", end, end >= 0, ">= 0"), ("power", power, power > 0, "> 0"),
+      ("timescale", timescale, timescale > 0, "> 0"), ("shift", shift, shift >= 0, ">= 0"),
+      ("mult", group_mult, group_mult >= 0, ">= 0"),
+      ("mults", stair_mults, all(m >= 0 for m in stair_mults), "all >= 0")):
+    if not ok or (key != "mults" and not math.isfinite(value)):
+      unit = " steps" if key in ("warmup", "cooldown") else ""
+      name = "linear_end (min_lr, end)" if key == "end" else key
+      raise ValueError(f"The schedule's {name} is {value}{unit}: it must be {need} (else the "
+                       "learning rate gets negative, infinite or NaN).")
   if warmup + cooldown > total_steps:
     # Quick runs (--config.total_steps=N) shorten a config: scale the phases down
     # rather than refuse, but say so.
@@ -113,7 +200,7 @@ def make_schedule(sched, *, total_steps, steps_per_epoch=None, batch_size=None):
     elif decay_type == "polynomial":
       mult = end + (1.0 - end) * (1.0 - progress) ** power
     elif decay_type == "rsqrt":
-      mult = jax.lax.rsqrt(1.0 + jnp.maximum(step - warmup, 0.0) / timescale)
+      mult = jax.lax.rsqrt(1.0 + (jnp.maximum(step - warmup, 0.0) + shift) / timescale)
     elif decay_type == "stair":
       # How many boundaries the step has reached picks the multiplier (1 before the first).
       reached = jnp.sum(step >= jnp.asarray(stair_steps, jnp.float32))
@@ -124,30 +211,52 @@ def make_schedule(sched, *, total_steps, steps_per_epoch=None, batch_size=None):
       mult = mult * jnp.minimum(1.0, step / warmup)
     if cooldown:
       mult = mult * jnp.clip((total_steps - step) / cooldown, 0.0, 1.0)
-    return mult
+    return mult * group_mult if group_mult != 1.0 else mult
   return fn
 
 
 # --------------------------------------------------------------------------
 # Base optimizers (the direction u, before lr, schedule and decay).
 
+OPTAX_NAMES = ("scale_by_adam", "adam", "adamw", "sgd", "momentum", "adafactor",
+               "big_vision.scale_by_adafactor", "big_vision.momentum_hp", "big_vision.sgd")
+
+
 def _base_optimizer(name, kw):
   kw = dict(kw)
   if name in ("scale_by_adam", "adam", "adamw"):
-    kw["mu_dtype"] = _DTYPES[kw.get("mu_dtype")]
-    return optax.scale_by_adam(**kw)
-  if name in ("sgd", "momentum"):
+    kw["mu_dtype"] = _dtype(kw.get("mu_dtype"), "mu_dtype")
+    return _call(optax.scale_by_adam, kw, name)
+  if name in ("sgd", "momentum", "big_vision.momentum_hp"):
+    if name == "big_vision.momentum_hp":  # big_vision's names and defaults.
+      kw.setdefault("momentum", 0.9)
+      kw.setdefault("accumulator_dtype", kw.pop("dtype", "bfloat16"))
     momentum = kw.pop("momentum", 0.9 if name == "momentum" else None)
     nesterov = kw.pop("nesterov", False)
-    dtype = _DTYPES[kw.pop("accumulator_dtype", None)]
+    dtype = _dtype(kw.pop("accumulator_dtype", None), "accumulator_dtype")
     if kw:
-      raise TypeError(f"unexpected optax keys for sgd: {sorted(kw)}")
+      raise ValueError(f"config.optax.{sorted(kw)[0]} is not an option of optax_name='{name}': "
+                       "its options are momentum, nesterov, accumulator_dtype.")
     if not momentum:
       return optax.identity()
     return optax.trace(decay=momentum, nesterov=nesterov, accumulator_dtype=dtype)
+  if name == "big_vision.sgd":
+    return _call(optax.identity, kw, name)
   if name in ("adafactor", "big_vision.scale_by_adafactor"):
-    return scale_by_adafactor(**kw)
-  raise ValueError(f"Unknown optax_name '{name}': use scale_by_adam, adamw, sgd, momentum or adafactor.")
+    return _call(scale_by_adafactor, kw, name)
+  raise ValueError(f"Unknown optax_name '{name}': use one of {', '.join(OPTAX_NAMES)}.")
+
+
+def _call(factory, kw, name):
+  """factory(**kw); a one-line ValueError naming a key of config.optax it does not take."""
+  options = list(inspect.signature(factory).parameters)
+  unknown = sorted(set(kw) - set(options))
+  if unknown:
+    ours = {"learning_rate": "lr", "weight_decay": "wd"}.get(unknown[0])
+    raise ValueError(f"config.optax.{unknown[0]} is not an option of optax_name='{name}'"
+                     f"{f' (set config.{ours} instead)' if ours else ''}: its options are "
+                     f"{', '.join(options) or 'none (leave config.optax empty)'}.")
+  return factory(**kw)
 
 
 def scale_by_adafactor(min_dim_size_to_factor=32, decay_rate=0.8, decay_offset=0,
@@ -169,7 +278,8 @@ def scale_by_adafactor(min_dim_size_to_factor=32, decay_rate=0.8, decay_offset=0
   if clipping_threshold is not None:
     parts.append(optax.clip_by_block_rms(clipping_threshold))
   if momentum is not None:
-    parts.append(optax.ema(momentum, debias=False, accumulator_dtype=_DTYPES[dtype_momentum]))
+    parts.append(optax.ema(momentum, debias=False,
+                           accumulator_dtype=_dtype(dtype_momentum, "dtype_momentum")))
   return optax.chain(*parts)
 
 
@@ -200,10 +310,11 @@ def _scale_by_lr_and_decay(lr, sched_fns, group_tree, lr_mult_tree, wd, wd_mult_
 class Optimizer:
   """What `make` returns: the optax transform plus what the trainer needs around it."""
 
-  def __init__(self, tx, lr_fn, frozen_mask):
+  def __init__(self, tx, lr_fn, frozen_mask, clipped=False):
     self.tx = tx
     self.lr_fn = lr_fn            # step -> learning rate of the first schedule group (for logging).
     self.frozen_mask = frozen_mask  # Tree of bools: True = keep bit-identical.
+    self.clipped = clipped        # Whether the chain starts with the gradient clip.
 
   def apply(self, params, grads, opt_state):
     updates, opt_state = self.tx.update(grads, opt_state, params)
@@ -211,6 +322,53 @@ class Optimizer:
     # Frozen params: the old arrays themselves (p + 0 would turn -0.0 into +0.0).
     new = jax.tree.map(lambda frozen, old, n: old if frozen else n, self.frozen_mask, params, new)
     return new, opt_state
+
+
+def clip_relayout(opt_state, clipped, to_clipped):
+  """`opt_state` (arrays or shapes) of a chain with(out) the gradient clip, for one without (with).
+
+  grad_clip_norm may change between a run and its resume: the clip keeps no
+  state (optax.EmptyState), so the arrays stay the same; only the positions of
+  the chain's other transforms move by one.
+  """
+  if clipped == to_clipped:
+    return opt_state
+  if to_clipped:
+    return (optax.EmptyState(),) + tuple(opt_state)
+  if not isinstance(opt_state[0], optax.EmptyState):
+    raise ValueError(f"The optimizer state does not start with the clip's: {opt_state[0]!r}")
+  return tuple(opt_state)[1:]
+
+
+def _clip_by_global_norm(max_norm, trainable):
+  """optax.clip_by_global_norm of the trainable params' gradients (as big_vision's).
+
+  The gradients of frozen params (which the update ignores) must not count in
+  the norm: fine-tuning a head on a frozen body would clip the head's steps by
+  the body's gradients. Keeps no state (optax.EmptyState) either way.
+  """
+  clip = optax.clip_by_global_norm(max_norm)
+  if all(jax.tree.leaves(trainable)):
+    return clip
+  def update_fn(updates, state, params=None):
+    updates = jax.tree.map(lambda t, u: u if t else jnp.zeros_like(u), trainable, updates)
+    return clip.update(updates, state, params)
+  return optax.GradientTransformation(clip.init, update_fn)
+
+
+def _mults(rules, key):
+  """config.lr_mults / wd_mults as a checked list of (regex, float >= 0)."""
+  pairs = _pairs(rules, f"config.{key}")
+  for regex, mult in pairs:
+    try:
+      ok = float(mult) >= 0  # (False for NaN.)
+    except (TypeError, ValueError):
+      ok = False
+    if not ok:
+      hint = " (to freeze parameters use config.schedule with None)" if key == "lr_mults" else ""
+      raise ValueError(f"config.{key}: the multiplier of '{regex}' is {mult!r}; it must be a "
+                       f"number >= 0{hint}.")
+  return [(regex, float(mult)) for regex, mult in pairs]
 
 
 def make(config, params, *, total_steps, steps_per_epoch=None, batch_size=None):
@@ -224,15 +382,18 @@ def make(config, params, *, total_steps, steps_per_epoch=None, batch_size=None):
   for key, value in (("lr", lr), ("wd", wd), ("grad_clip_norm", clip)):
     if value is not None and not value >= 0:  # (also NaN)
       raise ValueError(f"config.{key}={value} must be >= 0.")
+    if key != "grad_clip_norm" and not math.isfinite(value):  # (An infinite clip is none.)
+      raise ValueError(f"config.{key}={value} must be finite.")
   wd_mults = config.get("wd_mults", None)
-  wd_mults = [(".*/kernel$", 1.0)] if wd_mults is None else list(wd_mults)
-  lr_mults = list(config.get("lr_mults", None) or [])
+  check_wd_mults = wd_mults is not None and wd > 0  # (The default is checked on no model.)
+  wd_mults = [(".*/kernel$", 1.0)] if wd_mults is None else _mults(wd_mults, "wd_mults")
+  lr_mults = _mults(config.get("lr_mults", None) or [], "lr_mults")
 
   sched_cfg = config.schedule if "schedule" in config else None
   if sched_cfg is None:
     groups = [(".*", {"decay_type": "constant"})]
   elif isinstance(sched_cfg, (list, tuple)):
-    groups = [(r, s) for r, s in sched_cfg]
+    groups = _pairs(sched_cfg, "config.schedule")
   else:
     groups = [(".*", sched_cfg)]
   dur = dict(total_steps=total_steps, steps_per_epoch=steps_per_epoch, batch_size=batch_size)
@@ -251,18 +412,18 @@ def make(config, params, *, total_steps, steps_per_epoch=None, batch_size=None):
   group_tree = tree_by_regex(params, group_of, _REQUIRED, "config.schedule")
   frozen_mask = jax.tree.map(lambda g: g == FROZEN, group_tree)
   lr_mult_tree = tree_by_regex(params, lr_mults, 1.0, "config.lr_mults")
-  wd_mult_tree = tree_by_regex(params, wd_mults, 0.0, "config.wd_mults")
+  wd_mult_tree = tree_by_regex(params, wd_mults, 0.0, "config.wd_mults", check_wd_mults)
   trainable = jax.tree.map(lambda f: not f, frozen_mask)
 
   parts = []
   if clip:
-    parts.append(optax.clip_by_global_norm(float(clip)))
+    parts.append(_clip_by_global_norm(float(clip), trainable))
   # masked: frozen params get no optimizer state (e.g. fine-tuning only a head).
   parts.append(optax.masked(_base_optimizer(name, optax_kw), trainable))
   parts.append(_scale_by_lr_and_decay(lr, sched_fns, group_tree, lr_mult_tree, wd, wd_mult_tree))
   tx = optax.chain(*parts)
   lr_fn = lambda step: lr * sched_fns[0](step)
-  return Optimizer(tx, lr_fn, frozen_mask)
+  return Optimizer(tx, lr_fn, frozen_mask, clipped=bool(clip))
 
 
 class _DictReader:
@@ -280,5 +441,7 @@ class _DictReader:
   def check_all_read(self, regex):
     unread = sorted(set(self._d) - self._read)
     if unread:
+      close = difflib.get_close_matches(unread[0], sorted(self._read), n=1, cutoff=0.8)
+      hint = f" (did you mean '{close[0]}'?)" if close else ""
       raise ValueError(f"Config key '{unread[0]}' in the schedule for '{regex}' is not a schedule "
-                       "key: remove it or fix its spelling.")
+                       f"key{hint}: remove it or fix its spelling.")

@@ -193,10 +193,21 @@ def _prepare_workdir(workdir, cleanup):
   cleanup.enter_context(paths.lock_workdir(workdir))
 
 
-def _positive(name, value, allow_none=False):
+def _positive(name, value, allow_none=False, config=None):
+  """`value` (the steps of config key `name`) if >= 1; else a one-line ValueError.
+
+  With `config`, a duration given in another unit (`total_epochs=0`) is named as given.
+  """
   if value is None and allow_none:
     return None
   if value is None or value < 1:
+    if config is not None and name.endswith("_steps") and config.get(name) is None:
+      base = name[:-len("steps")]
+      given = next((k for k in (base + u for u in ("epochs", "examples", "percent"))
+                    if config.get(k) is not None), None)
+      if given:
+        raise ValueError(f"config.{given}={config.get(given)} gives {value} steps: it must give "
+                         "at least 1.")
     raise ValueError(f"config.{name} must be a positive number of steps, got {value}"
                      f"{' (leave it unset for none)' if allow_none else ''}.")
   return value
@@ -241,10 +252,16 @@ def _train(raw_config, workdir, cleanup):
   train_iter = input_pipeline.make_train_iterator(input_cfg, seed=seed)
   steps_per_epoch = train_iter.num_examples / batch_size
   total_steps = _positive("total_steps", config_loading.get_steps(
-      "total", config, steps_per_epoch=steps_per_epoch, batch_size=batch_size, required=True))
+      "total", config, steps_per_epoch=steps_per_epoch, batch_size=batch_size, required=True),
+                          config=config)
+  overridden = [f"total_{u}={config.get(f'total_{u}')}" for u in ("epochs", "examples", "percent")
+                if config.get(f"total_{u}") is not None and config.get("total_steps") is not None]
+  if overridden:
+    logging.info("config.total_steps=%d wins over config.%s.", total_steps, overridden[0])
   dur = dict(steps_per_epoch=steps_per_epoch, batch_size=batch_size, total_steps=total_steps)
   log_steps = _positive("log_training_steps",
-                        config_loading.get_steps("log_training", config, default=50, **dur))
+                        config_loading.get_steps("log_training", config, default=50, **dur),
+                        config=config)
   # Unset or 0: saves only at the end (and on preemption).
   ckpt_steps = config_loading.get_steps("ckpt", config, default=None, **dur)
   if ckpt_steps is not None and ckpt_steps < 0:
@@ -252,7 +269,14 @@ def _train(raw_config, workdir, cleanup):
   keep_ckpts = _positive("keep_ckpts", int(config.get("keep_ckpts", 3)))  # The last N ...
   # ... plus every step divisible by keep_ckpt_steps.
   keep_every = _positive("keep_ckpt_steps", config_loading.get_steps(
-      "keep_ckpt", config, default=None, **dur), allow_none=True)
+      "keep_ckpt", config, default=None, **dur), allow_none=True, config=config)
+  if keep_every and (not ckpt_steps or keep_every % ckpt_steps):
+    # Only saved steps can be kept: those divisible by both.
+    kept = (f"only the steps divisible by {math.lcm(keep_every, ckpt_steps)} are kept" if ckpt_steps
+            else "checkpoints are saved only at the end")
+    logging.warning("config.keep_ckpt_steps=%d is not a multiple of config.ckpt_steps=%s: %s "
+                    "(besides the last %d); make it a multiple of ckpt_steps.", keep_every,
+                    ckpt_steps, kept, keep_ckpts)
   prefetch_size = input_cfg.get("prefetch", 2)
   prefetch_size = 2 if prefetch_size is None else int(prefetch_size)
   logging.info("Training %d steps (%.2f epochs of %d examples), batch %d%s.",
@@ -304,7 +328,7 @@ def _train(raw_config, workdir, cleanup):
     model_load = config.consume("model_load", {}) or {}
     dont_load = tuple(model_load.get("dont_load", ()) or ())
     ckpt_async = bool(config.get("ckpt_async", True))
-    profile = config.get("profile_steps", None)  # (first step, number of steps) to trace.
+    profile = _profile_steps(config.get("profile_steps", None))  # (first step, steps) to trace.
     eval_at_start = bool(config.get("eval_at_start", False))
     hang_timeout = config.get("hang_timeout_s", None)
     # Everything the run uses has been read by now (before the slow compile):
@@ -367,9 +391,15 @@ def _train(raw_config, workdir, cleanup):
     cleanup.callback(_finish_saves, checkpointer)
     resume_step = checkpointer.latest_step()
     if resume_step is not None:
-      _check_resumable(checkpointer, resume_step, state_abstract, raw_config, total_steps)
-      logging.info("Resuming from %s/%d", checkpointer.directory, resume_step)
-      state, data_state = _restore(checkpointer, resume_step, state_abstract)
+      saved_clipped = _check_resumable(checkpointer, resume_step, state_abstract, raw_config,
+                                       total_steps, opt)
+      # model_init only initialises a fresh run (as in big_vision): say so, not silently.
+      logging.info("Resuming from %s/%d%s", checkpointer.directory, resume_step,
+                   f"; config.model_init={model_init} is not read again (it only initialises a "
+                   "fresh run)" if model_init else "")
+      state, data_state = _restore(checkpointer, resume_step, _with_opt_layout(
+          state_abstract, opt, saved_clipped))
+      state["opt_state"] = optim.clip_relayout(state["opt_state"], saved_clipped, opt.clipped)
       train_iter.set_state(data_state)
     else:
       params = init_fn(rng_init)
@@ -414,9 +444,11 @@ def _train(raw_config, workdir, cleanup):
     first_step = int(jax.device_get(state["step"]))
 
     # ------------------------------------------------------------------- loop
+    # core_hours counts the earlier attempts too (their lines up to the checkpoint are kept).
     chrono = metrics_lib.Chrono(first_step=first_step, total_steps=total_steps,
                                 global_batch=batch_size, step_flops=step_flops,
-                                peak_flops_total=peak)
+                                peak_flops_total=peak,
+                                core_hours_before=writer.last_value("core_hours"))
     preemption = ckpt_lib.PreemptionWatcher()
     cleanup.callback(preemption.close)
     guard = distributed.HangGuard.from_env(timeout_s=hang_timeout)
@@ -459,13 +491,16 @@ def _train(raw_config, workdir, cleanup):
 
     if first_step == 0 and evaluators and eval_at_start:
       run_evals(0, final=False)
-    if first_step == total_steps and evaluators:
-      # Resumed from the final checkpoint: the run that wrote it was stopped
-      # (killed, preempted, Ctrl-C) before its final evals had all logged.
-      missing = _evals_not_logged(writer, evaluators, total_steps)
+    due = [name for name, (_, every) in evaluators.items()
+           if first_step == total_steps or (every and first_step and first_step % every == 0)]
+    if resume_step is not None and due:
+      # The run that saved this checkpoint was stopped (killed, preempted,
+      # Ctrl-C) before the evals due at its step had all logged.
+      missing = [n for n in _evals_not_logged(writer, evaluators, first_step) if n in due]
       if missing:
-        logging.info("Running the final evals the previous attempt did not log: %s", missing)
-        run_evals(total_steps, final=True, only=missing)
+        logging.info("Running the evals due at step %d that the previous attempt did not log: %s",
+                     first_step, missing)
+        run_evals(first_step, final=first_step == total_steps, only=missing)
     chrono.tick(first_step)
     step = first_step
     data_state = batches.get_state()
@@ -524,6 +559,21 @@ def _train(raw_config, workdir, cleanup):
     return state["params"]
 
 
+def _profile_steps(value):
+  """config.profile_steps as (first step, number of steps), or None; checked before the compile."""
+  if value is None:
+    return None
+  try:
+    first, count = (int(v) for v in value)
+    ok = first >= 0 and count >= 1
+  except (TypeError, ValueError):
+    ok = False
+  if not ok:
+    raise ValueError(f"config.profile_steps={value!r} must be (first step, number of steps), "
+                     "e.g. (10, 5).")
+  return first, count
+
+
 def _evals_not_logged(writer, evaluators, step):
   """Names of `evaluators` with no line at `step` in metrics.jsonl (process 0 decides for all)."""
   logged = writer.logged_keys(step)
@@ -534,11 +584,29 @@ def _evals_not_logged(writer, evaluators, step):
   return [name for name, m in zip(evaluators, mask) if m]
 
 
-def _check_resumable(checkpointer, step, state_abstract, raw_config, total_steps):
-  """Raises a one-line TrainingError when the checkpoint at `step` cannot continue this config."""
+def _with_opt_layout(state_abstract, opt, clipped):
+  """`state_abstract` with the optimizer state laid out for a chain with(out) the clip."""
+  return dict(state_abstract, opt_state=optim.clip_relayout(state_abstract["opt_state"],
+                                                            opt.clipped, clipped))
+
+
+def _check_resumable(checkpointer, step, state_abstract, raw_config, total_steps, opt):
+  """Whether the checkpoint at `step` was saved with the gradient clip in its optimizer chain.
+
+  Raises a one-line TrainingError when it cannot continue this config. A
+  changed grad_clip_norm (on <-> off) is fine: the clip keeps no state.
+  """
   step_dir = checkpointer.step_dir(step)
   try:
     mismatch = checkpointer.state_mismatch(step, state_abstract)
+    saved_clipped = opt.clipped
+    if mismatch and not checkpointer.state_mismatch(
+        step, _with_opt_layout(state_abstract, opt, not opt.clipped)):
+      mismatch, saved_clipped = None, not opt.clipped
+      logging.info("The checkpoint at step %d was saved %s gradient clipping; this run %s "
+                   "(config.grad_clip_norm): its optimizer state carries over as it is.", step,
+                   "with" if saved_clipped else "without",
+                   "clips" if opt.clipped else "does not clip")
   except Exception as e:  # pylint: disable=broad-except
     raise TrainingError(_damaged(checkpointer, step, e)) from e
   if mismatch:
@@ -552,6 +620,7 @@ def _check_resumable(checkpointer, step, state_abstract, raw_config, total_steps
   if step >= total_steps:
     logging.warning("The checkpoint at step %d is already at or past total_steps=%d: "
                     "nothing to train (raise config.total_steps to train on).", step, total_steps)
+  return saved_clipped
 
 
 def _finish_saves(checkpointer):
@@ -636,6 +705,9 @@ def _make_evaluators(config, model, mesh, **dur):
     if type_name is None:
       raise ValueError(f"config.evals.{name} needs a `type` (e.g. 'classification').")
     every = config_loading.get_steps("log", cfg, **dur)
+    if every is not None and every < 0:
+      raise ValueError(f"config.evals.{name}.log_steps must be >= 0 (0 or unset: only at the "
+                       f"end), got {every}.")
     kwargs = {k: v for k, v in cfg.consume().items()
               if k not in ("type",) and not k.startswith("log_")}
     kwargs = {k: (v.to_dict() if hasattr(v, "to_dict") else v) for k, v in kwargs.items()}

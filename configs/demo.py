@@ -92,8 +92,10 @@ def get_config(arg=None):
   # Gradient accumulation: the batch runs as N sequential microbatches per step (same update,
   # ~1/N of the activation memory): --config.grad_accum_steps=4 when the batch does not fit.
   config.grad_accum_steps = 1
-  config.total_steps = 30_000  # 32 epochs.
-  config.total_epochs = config_dict.placeholder(float)
+  # 32 epochs = 30,000 steps at batch 64. In epochs, so that --config.total_epochs=E works
+  # too (a total_steps set here would win over it); --config.total_steps=N wins over both.
+  config.total_steps = config_dict.placeholder(int)
+  config.total_epochs = 32.0
   config.optax_name = "scale_by_adam"
   config.optax = dict(b1=0.9, b2=0.999)
   config.lr = 7e-4

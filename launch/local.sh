@@ -29,12 +29,15 @@
 set -uo pipefail
 
 usage() {
-  echo "usage: DEVICES_PER_PROCESS=D $0 NPROC -- COMMAND [ARGS...]" >&2
+  echo "usage: DEVICES_PER_PROCESS=D $0 NPROC -- COMMAND [ARGS...] (--help: the details)" >&2
   exit 2
 }
 
 is_uint() { case "$1" in '' | *[!0-9]*) return 1 ;; *) return 0 ;; esac; }
 
+case "${1:-}" in  # --help: the comment above, on stdout.
+  -h | --help) sed -n '2,/^set -uo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
+esac
 [ $# -ge 3 ] || usage
 NPROC="$1"
 shift

@@ -17,7 +17,7 @@
 set -euo pipefail
 
 usage() {
-  echo "usage: $0 --coordinator=HOST:PORT --num_hosts=N --host_id=I [--procs=gpu|host] [--gpus=G] -- COMMAND..." >&2
+  echo "usage: $0 --coordinator=HOST:PORT --num_hosts=N --host_id=I [--procs=gpu|host] [--gpus=G] -- COMMAND... (--help: the details)" >&2
   exit 2
 }
 
@@ -29,6 +29,7 @@ while [ $# -gt 0 ]; do
     --host_id=*) HOST_ID="${1#*=}" ;;
     --procs=*) PROCS="${1#*=}" ;;
     --gpus=*) GPUS="${1#*=}" ;;
+    -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
     --) shift; break ;;
     *) echo "multi_gpu.sh: unknown argument '$1'" >&2; usage ;;
   esac
@@ -36,7 +37,9 @@ while [ $# -gt 0 ]; do
 done
 [ $# -ge 1 ] || usage
 case "$COORD" in *:[0-9]*) ;; *) echo "multi_gpu.sh: --coordinator must be HOST:PORT, got '$COORD'" >&2; exit 2 ;; esac
-case "$NUM_HOSTS$HOST_ID" in '' | *[!0-9]*) echo "multi_gpu.sh: --num_hosts and --host_id must be integers" >&2; exit 2 ;; esac
+for v in "$NUM_HOSTS" "$HOST_ID"; do
+  case "$v" in '' | *[!0-9]*) echo "multi_gpu.sh: --num_hosts and --host_id must be integers, got '$NUM_HOSTS' and '$HOST_ID'" >&2; exit 2 ;; esac
+done
 [ "$HOST_ID" -lt "$NUM_HOSTS" ] || { echo "multi_gpu.sh: need --host_id < --num_hosts" >&2; exit 2; }
 if [ -z "$GPUS" ]; then
   command -v nvidia-smi >/dev/null || { echo "multi_gpu.sh: nvidia-smi not found; pass --gpus=N" >&2; exit 2; }

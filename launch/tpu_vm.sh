@@ -45,8 +45,10 @@ REPO_ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 
 die() { echo "tpu_vm.sh: $*" >&2; exit 2; }
 
+help_text() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
+
 usage() {
-  sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//' >&2
+  help_text >&2
   exit 2
 }
 
@@ -144,7 +146,7 @@ cmd_delete() {
 sub="$1"
 shift
 case "$sub" in
-  -h | --help | help) usage ;;
+  -h | --help | help) help_text; exit 0 ;;
 esac
 need_env
 case "$sub" in
