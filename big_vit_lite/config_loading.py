@@ -233,11 +233,13 @@ PEER_KEYS = {
     "shuffle_buffer_size": "input.shuffle_buffer_size",
     "prefetch_to_device": "input.prefetch",
     "num_classes": "model.num_classes",
+    "batch_size_eval": "evals.NAME.batch_size",
 }
 
 # big_vision keys with nothing to set here.
 UNNEEDED_KEYS = {
     "pp_modules": "every preprocessing op is always registered",
+    "sharding_strategy": "a mesh with an 'fsdp' axis (config.mesh) and sharding_rules for logical axes",
 }
 
 

@@ -701,7 +701,10 @@ def _make_evaluators(config, model, mesh, **dur):
   out = {}
   for name in evals_cfg.keys():
     cfg = evals_cfg[name]
-    type_name = cfg.get("type", None)
+    if not isinstance(cfg, config_loading.TrackedConfig):
+      raise ValueError(f"config.evals.{name} must be a dict of the eval's settings, got {cfg!r}.")
+    # As in big_vision: an entry named after an evaluator type needs no `type`.
+    type_name = cfg.get("type", None) or (name if name in evaluators_lib.available() else None)
     if type_name is None:
       raise ValueError(f"config.evals.{name} needs a `type` (e.g. 'classification').")
     every = config_loading.get_steps("log", cfg, **dur)

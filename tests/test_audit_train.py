@@ -328,11 +328,34 @@ def test_demo_takes_an_epoch_count_from_the_command_line(monkeypatch):
     ("pp_train", "(this framework calls it 'input.pp')"),
     ("prefetch_to_device", "(this framework calls it 'input.prefetch')"),
     ("pp_modules", "(not needed here: every preprocessing op is always registered)"),
+    ("batch_size_eval", "(this framework calls it 'evals.NAME.batch_size')"),
+    ("sharding_strategy", "(not needed here: a mesh with an 'fsdp' axis"),
 ])
 def test_big_vision_top_level_keys_get_our_names(key, hint):
   config = _cfg(**{key: 1})
   with pytest.raises(config_loading.UnreadConfigKeyError, match=re.escape(hint)):
     config.check_all_read()
+
+
+def test_an_eval_entry_that_is_not_a_dict_is_one_line():
+  config = _cfg(evals=ml_collections.ConfigDict({"fewshot": "x"}))
+  with pytest.raises(ValueError, match=r"config.evals.fewshot must be a dict .* got 'x'"):
+    train._make_evaluators(config, model=None, mesh=None)
+
+
+def test_an_eval_entry_named_after_its_type_needs_no_type(monkeypatch):
+  built = []
+
+  def fake_cls(type_name):
+    return lambda predict_fn, mesh, **kw: built.append((type_name, kw)) or type_name
+  monkeypatch.setattr(train.evaluators_lib, "get_evaluator_cls", fake_cls)
+  config = _cfg(evals=ml_collections.ConfigDict({"classification": {"batch_size": 8},
+                                                 "val": {"type": "fewshot"}}))
+  out = train._make_evaluators(config, model=None, mesh=None)
+  assert built == [("classification", {"batch_size": 8}), ("fewshot", {})], built
+  with pytest.raises(ValueError, match="config.evals.mine needs a `type`"):
+    train._make_evaluators(_cfg(evals=ml_collections.ConfigDict({"mine": {}})), None, None)
+  assert set(out) == {"classification", "val"}
 
 
 # ----------------------------------------------------------- launch scripts
