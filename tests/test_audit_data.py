@@ -20,6 +20,8 @@ from big_vit_lite.data import pp
 from big_vit_lite.data import prepare
 from big_vit_lite.data import sources
 
+import checks
+
 RNG = np.random.default_rng(0)
 
 
@@ -45,14 +47,7 @@ def _folder_eval(root, pp_string, split="train"):
   return out
 
 
-def _one_line_error(fn, *words, error=ValueError):
-  with pytest.raises(error) as e:
-    fn()
-  msg = str(e.value)
-  assert "\n" not in msg, msg
-  for w in words:
-    assert w in msg, msg
-  return msg
+_one_line_error = checks.one_line_error
 
 
 def _bmp16(rgb565):

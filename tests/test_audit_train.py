@@ -27,6 +27,7 @@ from big_vit_lite import optim
 from big_vit_lite import train
 from big_vit_lite.models import vit
 
+import checks
 import train_config_tiny
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -36,13 +37,7 @@ def _config(data_dir, arg=None, **overrides):
   config = train_config_tiny.get_config(arg)
   config.input.data.data_dir = data_dir
   config.device_aug, config.model.dropout = None, 0.0  # (A smaller step compiles faster.)
-  for key, value in overrides.items():
-    node = config
-    *parents, leaf = key.split(".")
-    for p in parents:
-      node = node[p]
-    node[leaf] = value
-  return config
+  return checks.set_dotted(config, overrides)
 
 
 def _saved_opt_state(workdir, step):

@@ -10,6 +10,8 @@ from PIL import Image
 from big_vit_lite.data import input_pipeline as ip
 from big_vit_lite.data import prepare
 
+import checks
+
 
 def _train(data_dir, pp, **kw):
   cfg = dict(data=dict(name="mnist10k", split="test[:64]", data_dir=data_dir), batch_size=8,
@@ -19,14 +21,7 @@ def _train(data_dir, pp, **kw):
   return next(it)
 
 
-def _one_line_error(fn, *words):
-  with pytest.raises(ValueError) as e:
-    fn()
-  msg = str(e.value)
-  assert "\n" not in msg, msg
-  for w in words:
-    assert w in msg, msg
-  return msg
+_one_line_error = checks.one_line_error
 
 
 @pytest.mark.parametrize("pp, words", [

@@ -22,19 +22,14 @@ from big_vit_lite import paths
 from big_vit_lite import train
 from trainer_runs import TINY
 
+import checks
 import train_config_tiny
 
 
 def _config(data_dir, **overrides):
   config = train_config_tiny.get_config()
   config.input.data.data_dir = data_dir
-  for key, value in overrides.items():
-    node = config
-    *parents, leaf = key.split(".")
-    for p in parents:
-      node = node[p]
-    node[leaf] = value
-  return config
+  return checks.set_dotted(config, overrides)
 
 
 # ------------------------------------------------------------ command line
