@@ -245,9 +245,7 @@ def _train(raw_config, workdir, cleanup):
     raise ValueError("The config needs an `input` dict (data, batch_size, pp).")
   batch_size = int(input_cfg.batch_size)
   n_batch_dev = sharding.batch_devices(mesh)
-  if batch_size % n_batch_dev:
-    raise ValueError(f"input.batch_size={batch_size} is not divisible by the {n_batch_dev} "
-                     "devices of the batch mesh axes.")
+  # Also checks the batch divides over the batch devices (its message says what to use).
   accum_steps = grad_accum.check(config.get("grad_accum_steps", 1), batch_size, n_batch_dev)
   train_iter = input_pipeline.make_train_iterator(input_cfg, seed=seed)
   steps_per_epoch = train_iter.num_examples / batch_size
