@@ -178,3 +178,19 @@ def test_neighbouring_examples_do_not_share_augmentation_seeds(tiny):
   assert 0.2 < fa.mean() < 0.8 and 0.2 < fb.mean() < 0.8
   assert np.mean(fb[:-1] == fa[1:]) < 0.8
   assert np.mean(fa == fb) < 0.8  # the two ops of one example are independent too
+
+
+def test_batch_spec_never_makes_a_spec_with_unknown_dims(tiny, monkeypatch):
+  # jax >= 0.11 refuses ShapeDtypeStruct((32, None, None, 1), ...): a pp with no fixed image
+  # size ('decode' alone) must read a batch instead of building such a spec first.
+  real = ip.jax.ShapeDtypeStruct
+
+  def strict(shape, dtype, **kw):
+    if any(d is None for d in shape):
+      raise TypeError(f"`shape` passed to `ShapeDtypeStruct` cannot have None in it: {shape}")
+    return real(shape, dtype, **kw)
+
+  monkeypatch.setattr(ip.jax, "ShapeDtypeStruct", strict)
+  it = ip.make_train_iterator(cfg(tiny), seed=3, process_index=0, process_count=1)
+  spec = it.batch_spec()
+  assert all(d is not None for s in spec.values() for d in s.shape)

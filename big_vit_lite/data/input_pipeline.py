@@ -218,10 +218,11 @@ class TrainIterator:
     discard a partly read cache); otherwise one batch is read from a
     throwaway pipeline without shuffle buffer or cache.
     """
-    spec = {k: jax.ShapeDtypeStruct(tuple(s.shape), s.dtype.as_numpy_dtype)
-            for k, s in self._build(0).element_spec.items()}
-    if all(d is not None for s in spec.values() for d in s.shape):
-      return spec
+    # jax >= 0.11 refuses a ShapeDtypeStruct with unknown (None) dims: check the tf shapes first.
+    element_spec = self._build(0).element_spec
+    if all(d is not None for s in element_spec.values() for d in s.shape):
+      return {k: jax.ShapeDtypeStruct(tuple(s.shape), s.dtype.as_numpy_dtype)
+              for k, s in element_spec.items()}
     with _data_errors(f"train data {self._source.name}"):
       batch = next(iter(self._build(0, peek=True)))
     return {k: jax.ShapeDtypeStruct(tuple(v.shape), v.dtype.as_numpy_dtype)
