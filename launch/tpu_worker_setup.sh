@@ -28,9 +28,10 @@ if [ ! -x "$VENV/bin/pip" ]; then
   rm -rf "$VENV"
   "$PY" -m venv "$VENV"
 fi
+# shellcheck disable=SC1091  # the venv made just above
 . "$VENV/bin/activate"
 constraints=()
 if [ "${LOCK:-1}" = 1 ]; then constraints=(-c "$PROJECT/requirements/lock.txt"); fi
 pip install -q -U pip
-pip install -q "${constraints[@]}" -e "$PROJECT[tpu]"
+pip install -q "${constraints[@]}" -e "${PROJECT}[tpu]"
 python -c 'import jax; print(jax.process_index(), jax.device_count(), jax.devices()[0].device_kind)'
