@@ -3,6 +3,7 @@
 # (apt-get, as root or through sudo). Says in one line what is missing where it cannot.
 # Usage: bash scripts/apt_install.sh PACKAGE...
 set -euo pipefail
+case "${1:-}" in -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;; esac
 missing=()
 for pkg in "$@"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

@@ -9,6 +9,7 @@
 # BVL_SOURCES_DIR defaults to ~/.cache/big_vit_lite/sources (prepare looks there too);
 # animal-mnist goes into the python on PATH (the activated .venv), or $BVL_PYTHON.
 set -euo pipefail
+case "${1:-}" in -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;; esac
 
 SOURCES_DIR="${BVL_SOURCES_DIR:-$HOME/.cache/big_vit_lite/sources}"
 PYTHON="${BVL_PYTHON:-python}"  # the active (virtualenv) python

@@ -6,6 +6,7 @@
 # what is missing (python3.11 where python3 is older, the venv module, npm, the Fashion-MNIST
 # package), and elsewhere says in one line what to install.
 set -euo pipefail
+case "${1:-}" in -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;; esac
 cd "$(dirname "$0")/.."
 
 die() { echo "setup.sh: $*" >&2; exit 1; }

@@ -5,6 +5,7 @@
 # Two xdist workers, one test file each at a time (module fixtures built once);
 # `-n 0` runs in this process, `-n 4` on a bigger machine.
 set -euo pipefail
+case "${1:-}" in -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;; esac
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/apt_install.sh shellcheck chromium

@@ -8,6 +8,7 @@
 # Run after scripts/setup.sh (it builds with .venv's `build`). Ends with "N passed, N failed".
 # Usage: bash scripts/wheel_smoke.sh [WORK_DIR]   (default: a new temporary directory)
 set -euo pipefail
+case "${1:-}" in -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;; esac
 cd "$(dirname "$0")/.."
 REPO="$(pwd)"
 WORK="${1:-$(mktemp -d "${TMPDIR:-/tmp}/bvl_smoke.XXXXXX")}"
@@ -64,9 +65,11 @@ for ds in fashion_mnist mnist10k animal_mnist; do '$VPY' -m big_vit_lite.data.pr
 '$VPY' -m big_vit_lite.train --config=demo:runlocal --workdir='$WORK/train' &&
 grep -q '\"val/prec@1\"' '$WORK/train/metrics.jsonl' && test -d '$WORK/train/checkpoints/6'"
 check bench "$VPY" -m big_vit_lite.bench --variant=Ti/16 --batch=2 --res=32 --steps=1 --warmup=0
-check cuda_extra_resolves "$VPY" -m pip install -q --dry-run "big_vit_lite[cuda] @ file://$WHEEL"
+check cuda_extra_resolves bash -c "set -o pipefail; '$VPY' -m pip install --dry-run 'big_vit_lite[cuda] @ file://$WHEEL' 2>&1 |
+  grep '^Would install' | grep -o 'jax-cuda12-plugin-[^ ]*'"
 
 grep -h "==" "$WORK/import.log" | sed 's/^/wheel_smoke: newest allowed: /' || true
+sed 's/^/wheel_smoke: [cuda] would install /' "$WORK/cuda_extra_resolves.log" || true
 echo "wheel_smoke: $((SECONDS - start)) s"
 echo "wheel_smoke: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
