@@ -57,7 +57,9 @@ def shipped_configs_dir():
 
 def shipped_config_names():
   d = shipped_configs_dir()
-  return sorted(f[:-3] for f in os.listdir(d) if f.endswith(".py") and not f.startswith("_")) if d else []
+  if not d:
+    return []
+  return sorted(f[:-3] for f in os.listdir(d) if f.endswith(".py") and not f.startswith("_"))
 
 
 def resolve_config_path(value):
