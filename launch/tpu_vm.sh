@@ -41,6 +41,7 @@ set -euo pipefail
 GCLOUD="${GCLOUD:-gcloud}"
 ACCELERATOR_TYPE="${ACCELERATOR_TYPE:-v4-8}"
 LOCK="${LOCK:-1}"
+case "$LOCK" in 0 | 1) ;; *) echo "tpu_vm.sh: LOCK must be 0 or 1, got '$LOCK'" >&2; exit 2 ;; esac
 REMOTE_DIR="${REMOTE_DIR:-~/big_vit_lite}"
 VENV="${VENV:-~/bvl_venv}"
 # shellcheck disable=SC2088  # "~" is expanded on the worker, not here.

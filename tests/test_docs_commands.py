@@ -179,7 +179,7 @@ def _redirect(words, tmp):
   return out
 
 
-_HELP_RUNS = {}
+_RUNS = {}
 
 
 @pytest.fixture(scope="module")
@@ -215,12 +215,13 @@ def test_documented_command_runs(doc, line, words, block_env, row, tmp_path, fak
     cmd[0] = sys.executable
   elif cmd[0].endswith(".sh") or cmd[0].endswith(".sbatch"):
     cmd = ["bash"] + cmd
-  proc = _HELP_RUNS.get(tuple(cmd)) if row.mode == "help" else None  # a --help documented twice runs once
+  once = row.mode in ("help", "pip")  # the same --help or pip line documented twice runs once
+  proc = _RUNS.get(tuple(cmd)) if once else None
   if proc is None:
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=row.timeout, check=False)
-    if row.mode == "help":
-      _HELP_RUNS[tuple(cmd)] = proc
+    if once:
+      _RUNS[tuple(cmd)] = proc
   out = proc.stdout + proc.stderr
   where = f"{doc}:{line}: {shlex.join(cmd)}\n{out[-3000:]}"
   if row.mode == "help" and cmd[-1] == "--help" and cmd[0] == sys.executable:
