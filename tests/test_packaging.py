@@ -178,3 +178,18 @@ def test_setup_says_in_one_line_what_is_missing(tmp_path, python_version, expect
                         capture_output=True, text=True, timeout=60, check=False)
   assert proc.returncode == 1, proc.stdout + proc.stderr
   assert "no apt-get" in proc.stderr and expected in proc.stderr.splitlines()[-1], proc.stderr
+
+
+def test_offline_sources_without_npm_or_apt_say_what_to_install(tmp_path):
+  """No npm (a fresh Debian): the script apt-installs Debian's npm; without apt-get, one line."""
+  bin_dir = tmp_path / "bin"
+  bin_dir.mkdir()
+  for tool in ("bash", "dirname", "grep", "id", "mkdir"):
+    (bin_dir / tool).symlink_to(shutil.which(tool))
+  env = {"PATH": str(bin_dir), "HOME": str(tmp_path), "BVL_SOURCES_DIR": str(tmp_path / "sources")}
+  proc = subprocess.run([shutil.which("bash"), os.path.join(REPO, "scripts", "fetch_offline_sources.sh")],
+                        env=env, capture_output=True, text=True, timeout=60, check=False)
+  have_fmnist = os.path.isfile("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz")
+  wanted = "npm" if have_fmnist else "dataset-fashion-mnist"
+  assert proc.returncode == 1 and proc.stderr.strip().splitlines()[-1] == (
+      f"apt_install.sh: this machine has no apt-get; install {wanted} (or their equivalents) and rerun")
