@@ -4,7 +4,7 @@
 # fresh virtualenv on a second Python (3.12 where there is one; SMOKE_PYTHON=... picks another),
 # and, from outside the checkout: imports it, finds the shipped `--config=demo`, trains
 # demo:runlocal for real (6 steps, a checkpoint, the evals) and runs a one-step benchmark.
-# Also checks that `big_vit_lite[cuda]` resolves (pip install --dry-run: nothing installed).
+# Also checks that `big_vit_lite[cuda]` and `[tpu]` resolve (pip install --dry-run: nothing installed).
 # Run after scripts/setup.sh (it builds with .venv's `build`). Ends with "N passed, N failed".
 # Usage: bash scripts/wheel_smoke.sh [WORK_DIR]   (default: a new temporary directory)
 set -euo pipefail
@@ -68,8 +68,12 @@ check bench "$VPY" -m big_vit_lite.bench --variant=Ti/16 --batch=2 --res=32 --st
 check cuda_extra_resolves bash -c "set -o pipefail; '$VPY' -m pip install --dry-run 'big_vit_lite[cuda] @ file://$WHEEL' 2>&1 |
   grep '^Would install' | grep -o 'jax-cuda12-plugin-[^ ]*'"
 
+check tpu_extra_resolves bash -c "set -o pipefail; '$VPY' -m pip install --dry-run 'big_vit_lite[tpu] @ file://$WHEEL' 2>&1 |
+  grep '^Would install' | grep -o 'libtpu-[^ ]*'"
+
 grep -h "==" "$WORK/import.log" | sed 's/^/wheel_smoke: newest allowed: /' || true
 sed 's/^/wheel_smoke: [cuda] would install /' "$WORK/cuda_extra_resolves.log" || true
+sed 's/^/wheel_smoke: [tpu] would install /' "$WORK/tpu_extra_resolves.log" || true
 echo "wheel_smoke: $((SECONDS - start)) s"
 echo "wheel_smoke: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
