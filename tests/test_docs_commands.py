@@ -30,6 +30,7 @@ import sys
 import pytest
 
 from test_launch import FAKE_GCLOUD
+from test_packaging import build_tree
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = ["README.md"] + sorted(os.path.relpath(p, REPO) for p in glob.glob(os.path.join(REPO, "docs", "*.md")))
@@ -43,6 +44,7 @@ class Cmd:
   extra: tuple = ()        # run: appended arguments (later absl flags win over earlier ones)
   args: tuple = None       # run: these arguments instead of the documented ones
   help: tuple = None       # help: the command to run instead of `PROGRAM --help`
+  copy: bool = False       # run: give it a copy of the sources to build in, as {tmp}/src
   slow: bool = False
   timeout: int = 300
 
@@ -56,7 +58,7 @@ COMMANDS = [
     Cmd("bash scripts/wheel_smoke.sh", "help"),
     # Installing.
     Cmd("pip install", "pip", slow=True),
-    Cmd("python -m build", "run", args=("--wheel", "--outdir", "{tmp}/dist")),
+    Cmd("python -m build", "run", args=("--wheel", "--outdir", "{tmp}/dist", "{tmp}/src"), copy=True),
     Cmd("export", "env"),
     # The jobs. A line with placeholders (FILE, DIR, ...) is syntax: --help.
     Cmd("python -m big_vit_lite.train", "help"),
@@ -199,6 +201,8 @@ def test_documented_command_runs(doc, line, words, block_env, row, tmp_path, fak
   env.update(env_vars)
   env["PATH"] = f"{os.path.dirname(sys.executable)}:{env['PATH']}"  # `python` = this venv's
   n = len(row.prefix.split())
+  if row.copy:
+    build_tree((tmp_path / "src").mkdir() or tmp_path / "src")
   if row.mode == "help":
     cmd = list(row.help) if row.help else words[:n] + ["--help"]
   elif row.mode == "pip":

@@ -88,10 +88,22 @@ def test_the_suite_runs_on_the_lock():
                      f"or regenerate the lock after a tested bump): {wrong}")
 
 
+def build_tree(dst):
+  """What `python -m build` reads, copied to `dst`: a build writes build/ and *.egg-info/ into its
+  source tree, and two at once in the checkout (test files run in parallel) would clash."""
+  for name in ("setup.py", "README.md", "LICENSE"):
+    shutil.copy(os.path.join(REPO, name), dst)
+  for name in ("big_vit_lite", "configs"):
+    shutil.copytree(os.path.join(REPO, name), os.path.join(dst, name),
+                    ignore=shutil.ignore_patterns("__pycache__"))
+  return dst
+
+
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory):
   out = tmp_path_factory.mktemp("dist")
-  proc = subprocess.run([sys.executable, "-m", "build", "--wheel", "--outdir", str(out), REPO],
+  src = build_tree(tmp_path_factory.mktemp("src"))
+  proc = subprocess.run([sys.executable, "-m", "build", "--wheel", "--outdir", str(out), str(src)],
                         capture_output=True, text=True, timeout=300, check=False)
   assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
   (path,) = glob.glob(str(out / "big_vit_lite-*.whl"))
