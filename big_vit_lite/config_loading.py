@@ -33,10 +33,66 @@ def define_config_flag(name="config", help_string="Training configuration file (
 
   ml_collections parses `--config.key=value` with the type of the value in
   the file, so a plain None cannot be overridden; a placeholder reads as None
-  and carries the type.
+  and carries the type. The value may also name a shipped config (`vit_l16`,
+  `demo:runlocal`): see `resolve_config_path`.
   """
-  return config_flags.DEFINE_config_file(name, None, help_string, flag_values=flag_values,
-                                         lock_config=True)
+  holder = config_flags.DEFINE_config_file(name, None, help_string, flag_values=flag_values,
+                                           lock_config=True)
+  flag_values[name].parser = _ShippedConfigParser(name=name, lock_config=True)
+  return holder
+
+
+def shipped_configs_dir():
+  """The configs that come with the package: big_vit_lite/configs (a wheel), else ./configs.
+
+  The wheel maps the repository's top-level configs/ to big_vit_lite.configs; a checkout or
+  an editable install reads configs/ beside the package.
+  """
+  here = os.path.dirname(os.path.abspath(__file__))
+  for d in (os.path.join(here, "configs"), os.path.join(os.path.dirname(here), "configs")):
+    if os.path.isfile(os.path.join(d, "demo.py")):
+      return d
+  return None
+
+
+def shipped_config_names():
+  d = shipped_configs_dir()
+  if not d:
+    return []
+  return sorted(f[:-3] for f in os.listdir(d) if f.endswith(".py") and not f.startswith("_"))
+
+
+def resolve_config_path(value):
+  """`--config` value -> a file path: a file that exists as given, else a shipped config.
+
+  `vit_l16`, `vit_l16.py` and `configs/vit_l16.py` (the README's spelling, from any directory)
+  name the shipped file; `:arg` is kept. A bare name that is not shipped is a one-line
+  ValueError listing the shipped configs; other paths go on unchanged (and fail as a missing file).
+  """
+  path, colon, arg = value.partition(":")
+  if not path or os.path.exists(path):
+    return value
+  head, base = os.path.split(path)
+  if head not in ("", "configs"):
+    return value
+  name = base[:-3] if base.endswith(".py") else base
+  if name in shipped_config_names():
+    return os.path.join(shipped_configs_dir(), name + ".py") + colon + arg
+  if head:
+    return value
+  raise ValueError(f"'{path}' {_NOT_SHIPPED} (shipped: "
+                   f"{', '.join(shipped_config_names()) or 'none found'}); give a path to a .py "
+                   "file or one of those names.")
+
+
+_NOT_SHIPPED = "is neither a config file nor a shipped config"
+
+
+class _ShippedConfigParser(config_flags_impl.ConfigFileFlagParser):
+  """ml_collections' config-file parser, reading shipped configs by name too."""
+
+  def parse(self, path):
+    return super().parse(resolve_config_path(path))
 
 
 def loaded(config, flag="--config"):
@@ -77,6 +133,8 @@ def parse_flags(argv, prog="big_vit_lite", flag_values=flags.FLAGS):
     unsupported = re.match(r"Type <class '([\w.]+)'> of field (\S+) is not supported", str(e))
     if unsupported:  # ml_collections lists its types; a user needs what to change.
       sys.exit(f"{prog}: error: {_cannot_override(*unsupported.groups())}")
+    if _NOT_SHIPPED in str(e):  # resolve_config_path's line already says what to give.
+      sys.exit(f"{prog}: error: {e}")
     sys.exit(f"{prog}: error: {e} (--helpfull lists the flags)")
   except SyntaxError as e:  # Raised while the config file is imported.
     sys.exit(f"{prog}: error: the config file {e.filename} does not parse: {e.msg} at line "

@@ -65,6 +65,7 @@ def get_config(arg=None):
       pp=TRAIN_PP,
       shuffle_buffer_size=20_000,
       cache="raw",  # 60k tiny PNGs: keep the raw records in memory after epoch 1.
+      num_shards=config_dict.placeholder(int),  # Default: one per process (data order: README).
   )
   # 28x28 images, 7x7 patches -> 16 tokens: on CPU attention over many short
   # heads is slow, so few tokens and a moderately wide model train fastest.

@@ -14,6 +14,9 @@
 # $LOG_DIR, all of this host's processes stopped if one fails). A failure on one host reaches
 # the others through the coordination service / NCCL errors or the hang guard.
 # Single host, all GPUs: --num_hosts=1 --host_id=0 and any free port on 127.0.0.1.
+# Every host needs jax's CUDA build: pip install -c requirements/lock.txt -e '.[cuda]' (CUDA 12
+# wheels, NVIDIA driver >= 525; '.[cuda13]' for CUDA 13). `python -c 'import jax; print(jax.devices())'`
+# should list the GPUs.
 set -euo pipefail
 
 usage() {

