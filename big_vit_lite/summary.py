@@ -147,6 +147,8 @@ def block(s, path):
   head = f"{s['kind']} {s['status']}"
   if s.get("total_steps"):
     head += f" at step {s['step']}/{s['total_steps']}"
+  elif s["kind"] == "evaluate":
+    head += f" (checkpoint step {s['step']})"
   if s.get("epochs") is not None:
     head += f" ({s['epochs']:.3g} epochs)"
   if len(s.get("attempts", ())) > 1:
@@ -204,10 +206,11 @@ class TrainRun:
         device=_device(), checkpoint_dir=str(checkpoint_dir),
         attempts=previous + [dict(start_step=int(start_step or 0), started=_now(),
                                   status="running")],
-        commands=dict(resume=None, evaluate=shlex.join([
-            "python", "-m", "big_vit_lite.evaluate",
-            f"--config=configs/fewshot.py:res={res},channels={channels}",
-            f"--workdir={self.workdir / 'eval'}", f"--config.model_init={self.workdir}"])))
+        commands={})
+    self._evaluate = shlex.join([
+        "python", "-m", "big_vit_lite.evaluate",
+        f"--config=configs/fewshot.py:res={res},channels={channels}",
+        f"--workdir={self.workdir / 'eval'}", f"--config.model_init={self.workdir}"])
     self._write("running")
 
   def _write(self, status, error=None):
@@ -219,7 +222,8 @@ class TrainRun:
     s["report"] = str(self.workdir / REPORT) if self.report else None
     # The same command resumes a run that did not finish (it also trains on a finished
     # one whose total_steps was raised).
-    s["commands"]["resume"] = command("big_vit_lite.train") if status != "finished" else None
+    s["commands"] = dict(resume=command("big_vit_lite.train") if status != "finished" else None,
+                         evaluate=self._evaluate if steps else None)
     write(self.workdir, s)
 
   def evaluated(self):
