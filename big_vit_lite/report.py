@@ -103,6 +103,7 @@ def _plot(ax, runs, key, x):
                            [h * scale for h in run["resume_hours"]]):
       ax.axvline(at, color=color, ls="--", lw=0.8, alpha=0.8,
                  label=f"resumed ({run['name']})" if j == 0 else None)
+  ax.set_xlim(left=0)
   ax.set_title(key, fontsize=10)
   ax.set_xlabel(x if x == "step" else f"training {x}", fontsize=8)
   ax.tick_params(labelsize=8)
@@ -138,8 +139,8 @@ def figures(plt, runs):
       "training": ([(k, x) for k in _TRAINING if k in train_keys for x in ("step", time_x)], 2),
       "evals": ([(k, "step") for k in sorted(eval_keys)], 3),
       "throughput": ([(k, "step") for k in throughput], 3),
-      "other": ([(k, "step") for k in train_keys if k not in _TRAINING and k not in throughput
-                 and k != "uptime_hours"], 3),
+      "other": ([(k, "step") for k in train_keys if k not in _TRAINING and k not in throughput],
+                3),
   }
   draw = lambda ax, key, x: _plot(ax, runs, key, x)
   out = {}

@@ -161,7 +161,7 @@ def block(s, path):
       b = s.get("best", {}).get(k)
       best = f"   best {b['value']:.4g} at step {b['step']}" if b and s["kind"] == "train" else ""
       lines.append(f"  {k:<32} {v:.4g}{best}")
-  speed = [f"{duration(s['hours'])} training" if s.get("hours") else None,
+  speed = [f"{duration(s['hours'])} of training and evals" if s.get("hours") else None,
            f"{s['core_hours']:.3g} core-hours" if s.get("core_hours") else None,
            f"{s['img_per_sec']:,.0f} img/s (median)" if s.get("img_per_sec") else None,
            f"{s['seconds']:.1f} s" if s.get("seconds") else None]
@@ -218,6 +218,7 @@ class TrainRun:
     s.update(stats(read_rows(self.workdir)), status=status, error=error, updated=_now())
     steps = ckpt_lib.complete_steps(self.workdir)
     s["checkpoint"] = f"{s['checkpoint_dir']}/{steps[-1]}" if steps else None
+    s["step"] = max(s["step"], steps[-1] if steps else 0)  # A preemption saves unlogged steps.
     s["attempts"][-1].update(status=status, end_step=s["step"])
     s["report"] = str(self.workdir / REPORT) if self.report else None
     # The same command resumes a run that did not finish (it also trains on a finished
