@@ -3,12 +3,12 @@ r"""A run report: `python -m big_vit_lite.report WORKDIR [WORKDIR...] [--out=DIR
 Writes report.html (one self-contained file: the plots are embedded PNGs,
 no scripts) and the PNGs to DIR, by default WORKDIR/report (several
 workdirs, overlaid for comparison, need --out):
-  training.png    training loss and learning rate against step and against hours
+  training.png    training loss and learning rate against step and wall-clock time
   evals.png       every eval metric against step
   throughput.png  img/s, MFU (every key starting with "mfu") and core-hours
   other.png       every other numeric training metric (grad_norm, step_time, ...)
-Hours are training hours, the attempts of a resumed run back to back;
-resumes are dashed vertical lines. Tables: per run its status, steps,
+Wall-clock time is each attempt's uptime, the attempts of a resumed run
+back to back; resumes are dashed vertical lines. Tables: per run its status, steps,
 epochs, time, img/s, MFU, device and attempts; final and best metrics; the
 config keys that differ between the runs. Only what the runs wrote is read
 (metrics.jsonl, config.json, summary.json, the checkpoint listing), so it
@@ -105,7 +105,7 @@ def _plot(ax, runs, key, x):
                  label=f"resumed ({run['name']})" if j == 0 else None)
   ax.set_xlim(left=0)
   ax.set_title(key, fontsize=10)
-  ax.set_xlabel(x if x == "step" else f"training {x}", fontsize=8)
+  ax.set_xlabel(x if x == "step" else f"wall-clock {x} (attempts back to back)", fontsize=8)
   ax.tick_params(labelsize=8)
   ax.grid(alpha=0.3)
   if len(runs) > 1 or any(run["resume_steps"] for run in runs):
