@@ -72,6 +72,8 @@ def _embedded_pngs(page):
           for b in re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)]
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(400)
 def test_the_trainer_writes_the_report_with_every_metric(finished_run):
   path = os.path.join(finished_run, "report", "report.html")
   assert summary.read(finished_run)["report"] == path
@@ -85,6 +87,8 @@ def test_the_trainer_writes_the_report_with_every_metric(finished_run):
   assert "<td>finished</td>" in page and "<td>12 / 12</td>" in page
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(600)
 def test_report_of_a_killed_and_resumed_run_overlaid(finished_run, resumed_run, tmp_path):
   workdir, live = resumed_run
   # Written while the run was going (before the kill): what it had logged by then.
@@ -153,29 +157,47 @@ def _check_in_chromium(page, tmp_path):
   assert ink[1200:].mean() > 0.01  # The figures below the tables rendered too.
 
 
-def test_report_on_a_bucket_workdir(finished_run, fake_bucket):  # pylint: disable=redefined-outer-name
+def _write_run(workdir):
+  """A run's files as the trainer writes them: resumed at step 4 (uptime starts again)."""
+  os.makedirs(workdir, exist_ok=True)
+  rows = [dict(step=s, training_loss=2.0 / s, learning_rate=0.1, uptime_hours=up,
+               mfu_xla=0.3, **{"img/sec": 100.0 + s}) for s, up in
+          ((2, 0.01), (4, 0.02), (6, 0.005), (8, 0.01))]
+  rows.insert(2, {"step": 4, "val/prec@1": 0.5})
+  with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
+    f.write("".join(json.dumps(r) + "\n" for r in rows))
+  with open(os.path.join(workdir, "config.json"), "w") as f:
+    json.dump(dict(lr=0.1, input=dict(batch_size=8)), f)
+  with open(os.path.join(workdir, "summary.json"), "w") as f:
+    json.dump(dict(status="running", attempts=[dict(start_step=0), dict(start_step=4)]), f)
+  return {k for r in rows for k in r if k != "step"}
+
+
+def test_report_on_a_bucket_workdir(fake_bucket):  # pylint: disable=redefined-outer-name
   run = fake_bucket / "b" / "run"
-  run.mkdir(parents=True)
-  for name in ("metrics.jsonl", "config.json", "summary.json"):
-    shutil.copy(os.path.join(finished_run, name), run / name)
+  logged = _write_run(run)
   path = report.write(["gs://b/run"])
   assert str(path) == "gs://b/run/report/report.html"
   page = (run / "report" / "report.html").read_text()
-  assert _plotted(page) == _logged(finished_run)
+  assert _plotted(page) == logged  # mfu_xla too: every numeric key, whatever its name.
+  assert "<td>running</td>" in page and "<td>2 (resumed at 4)</td>" in page
+  assert "mfu_xla 30.0%" in page
   assert (run / "report" / "training.png").stat().st_size > 1000
 
 
-def test_one_line_errors(tmp_path, finished_run, tfds_data_dir):
+def test_one_line_errors(tmp_path, tfds_data_dir):
   with pytest.raises(ValueError, match="has no metrics.jsonl lines"):
     report.write([str(tmp_path)])
+  run = str(tmp_path / "run")
+  _write_run(run)
   with pytest.raises(ValueError, match="pass --out=DIR"):
-    report.write([finished_run, finished_run])
+    report.write([run, run])
   # Without matplotlib: the report command and a trainer with config.report stop at once.
   shadow = tmp_path / "shadow" / "matplotlib"
   shadow.mkdir(parents=True)
   (shadow / "__init__.py").write_text("raise ImportError(\"No module named 'matplotlib'\")\n")
   env = dict(trainer_runs.env_for(tfds_data_dir), PYTHONPATH=f"{shadow.parent}:{trainer_runs.ROOT}")
-  p = subprocess.run([sys.executable, "-m", "big_vit_lite.report", finished_run],
+  p = subprocess.run([sys.executable, "-m", "big_vit_lite.report", run],
                      cwd=trainer_runs.ROOT, env=env, capture_output=True, text=True, timeout=120)
   assert p.returncode == 1
   assert p.stderr.strip().splitlines()[-1] == (
