@@ -36,6 +36,11 @@ INSTALL = "pip install 'big_vit_lite[report]'"
 _TRAINING = ("training_loss", "learning_rate")
 _THROUGHPUT = ("img/sec", "mfu", "core_hours")  # key prefixes
 _OUT = None
+_CSS = ("body{font-family:sans-serif;margin:1.5em;max-width:1400px}"
+        "table{border-collapse:collapse;font-size:13px}"
+        "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}"
+        "td:first-child,th:first-child,.cfg td{text-align:left}"
+        "img{max-width:100%}.keys{color:#666;font-size:12px}")
 
 
 def require_matplotlib():
@@ -206,8 +211,9 @@ def _config_table(runs):
   differ = [k for k in keys if len({run["config"].get(k) for run in runs}) > 1]
   if not differ:
     return "<p>The runs have the same config.</p>"
-  return _table(["config key", *(run["name"] for run in runs)],
-                [[k, *(run["config"].get(k, "(unset)") for run in runs)] for k in differ])
+  return '<div class="cfg">' + _table(
+      ["config key", *(run["name"] for run in runs)],
+      [[k, *(run["config"].get(k, "(unset)") for run in runs)] for k in differ]) + "</div>"
 
 
 def write(workdirs, out=None):
@@ -233,11 +239,9 @@ def write(workdirs, out=None):
     parts += [f"<h2>{name.capitalize()}</h2>",
               f'<img alt="{name}" src="data:image/png;base64,{base64.b64encode(png).decode()}">',
               f'<p class="keys">{html.escape(", ".join(keys))}</p>']
-  page = ("<!doctype html>\n<html><head><meta charset=\"utf-8\"><link rel=\"icon\" href=\"data:,\">"
-          f"<title>{html.escape(title)}</title><style>body{{font-family:sans-serif;margin:1.5em;"
-          "max-width:1400px}table{border-collapse:collapse;font-size:13px}td,th{border:1px solid"
-          " #ccc;padding:3px 8px;text-align:right}td:first-child,th:first-child{text-align:left}"
-          "img{max-width:100%}.keys{color:#666;font-size:12px}</style></head><body>\n"
+  # (The empty icon: no request for a favicon.ico that is not there.)
+  page = ('<!doctype html>\n<html><head><meta charset="utf-8"><link rel="icon" href="data:,">'
+          f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>\n"
           + "\n".join(parts) + "\n</body></html>\n")
   path = out / "report.html"
   tmp = out / "report.html.tmp"
