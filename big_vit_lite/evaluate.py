@@ -29,7 +29,8 @@ checkpoint's step) and TensorBoard, and a table is printed. Evaluating the
 same step again replaces its earlier numbers in metrics.jsonl (no duplicate
 keys at one step). An eval that fails, or Ctrl-C (exit status 130), keeps
 the results of the evals that finished before it, and the one-line message
-says which were written.
+says which were written. OUT/summary.json (and a block in the log) says how it
+ended, with the results, the source and the time.
 """
 if __name__ == "__main__":
   import os as _os  # pylint: disable=g-import-not-at-top
@@ -57,6 +58,7 @@ import re
 import signal
 import sys
 import threading
+import time
 
 from absl import app
 from absl import flags
@@ -72,6 +74,7 @@ from big_vit_lite import metrics
 from big_vit_lite import oom
 from big_vit_lite import paths
 from big_vit_lite import sharding
+from big_vit_lite import summary
 from big_vit_lite.data import pp as pp_lib
 from big_vit_lite import evaluators
 from big_vit_lite.models import interop
@@ -465,7 +468,7 @@ def evaluate(config, workdir):
     except (TypeError, ValueError) as e:
       raise ValueError(f"evals.{name} (type {etype}): {e}") from None
 
-  results, running = {}, None
+  results, running, t0 = {}, None, time.time()
   try:
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
       for name, evaluator in evaluators_by_name.items():
@@ -482,6 +485,9 @@ def evaluate(config, workdir):
       done = f"the results of {', '.join(results)} were written to {path}"
     else:
       done = f"nothing was written to {path}"
+    error = f"evals.{running}: {e}" if running else str(e) or type(e).__name__
+    summary.write_evaluate(workdir, source=src, step=step, results=results, error=error,
+                           seconds=time.time() - t0, interrupted=isinstance(e, KeyboardInterrupt))
     if isinstance(e, KeyboardInterrupt):
       where = f" during evals.{running}" if running else ""
       raise Interrupted(f"interrupted (Ctrl-C){where}; {done}.") from None
@@ -490,6 +496,8 @@ def evaluate(config, workdir):
     logging.error("evals.%s failed; %s.", running, done)
     raise
   write_results(workdir, step, results)
+  summary.write_evaluate(workdir, source=src, step=step, results=results,
+                         seconds=time.time() - t0)
   return results
 
 

@@ -51,6 +51,7 @@ from big_vit_lite import oom
 from big_vit_lite import optim
 from big_vit_lite import paths
 from big_vit_lite import sharding
+from big_vit_lite import summary as summary_lib
 from big_vit_lite.data import device as device_lib
 from big_vit_lite.data import device_aug as device_aug_lib
 from big_vit_lite.data import input_pipeline
@@ -329,6 +330,10 @@ def _train(raw_config, workdir, cleanup):
     profile = _profile_steps(config.get("profile_steps", None))  # (first step, steps) to trace.
     eval_at_start = bool(config.get("eval_at_start", False))
     hang_timeout = config.get("hang_timeout_s", None)
+    report = bool(config.get("report", False))  # WORKDIR/report/report.html at each eval.
+    if report:
+      from big_vit_lite import report as report_lib  # pylint: disable=g-import-not-at-top
+      report_lib.require_matplotlib()  # Missing: one line now, not at the first eval.
     # Everything the run uses has been read by now (before the slow compile):
     # a key left unread is a typo or a leftover, and an error.
     config.check_all_read()
@@ -440,6 +445,11 @@ def _train(raw_config, workdir, cleanup):
     batches = device_lib.prefetch(train_iter, prefetch_size, mesh)
     cleanup.callback(batches.close)  # (Idempotent; on an error its thread must stop too.)
     first_step = int(jax.device_get(state["step"]))
+    # summary.json now ("running") and however the run ends, with the log's summary block.
+    run_summary = summary_lib.TrainRun(workdir, total_steps=total_steps, start_step=resume_step,
+                                       checkpoint_dir=checkpointer.directory,
+                                       image_shape=image_shape, report=report)
+    cleanup.push(run_summary.exit)
 
     # ------------------------------------------------------------------- loop
     # core_hours counts the earlier attempts too (their lines up to the checkpoint are kept).
@@ -477,15 +487,19 @@ def _train(raw_config, workdir, cleanup):
       checkpointer.save(step, state, data_state, raw_config)
 
     def run_evals(step, final, only=None):
+      ran = False
       for name, (evaluator, every) in evaluators.items():
         if only is not None and name not in only:
           continue
         if final or (every and step % every == 0):
+          ran = True
           results = evaluator.run(state["params"])
           writer.write(step, {f"{name}/{k}": v for k, v in results.items()})
           logging.info("[%d] %s: %s", step, name,
                        ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                                  for k, v in results.items()))
+      if ran and not final:  # (The run's end writes the last one.)
+        run_summary.evaluated()  # The report (config.report), with this step's evals.
 
     if first_step == 0 and evaluators and eval_at_start:
       run_evals(0, final=False)
@@ -546,6 +560,7 @@ def _train(raw_config, workdir, cleanup):
           raise TrainingInterrupted(f"interrupted (Ctrl-C): saved step {step} to "
                                     f"{checkpointer.directory}; run the same command to resume.")
         logging.warning("Preempted: saved step %d to %s; exiting.", step, checkpointer.directory)
+        run_summary.status = "preempted"
         return state["params"]
       run_evals(step, final)
       guard.tick(step)

@@ -111,6 +111,7 @@ def get_config(arg=None):
   config.keep_ckpts = 3  # The last N checkpoints, plus every keep_ckpt_steps-th.
   config.ckpt_async = True  # Save in the background while training goes on.
   config.eval_at_start = False  # Also run the evals at step 0.
+  config.report = False  # True: plots in WORKDIR/report/report.html at each eval.
   config.hang_timeout_s = config_dict.placeholder(float)  # Stop a process stuck this long.
 
   config.evals = ml_collections.ConfigDict()

@@ -3,7 +3,9 @@ r"""Few-shot linear evaluation of a checkpoint (ridge on frozen pre-logits).
   python -m big_vit_lite.evaluate --config=configs/fewshot.py \
       --workdir=workdirs/fewshot --config.model_init=workdirs/demo
 
-For each of 1/5/10/25 shots x 5 seeds: sample that many training images per
+For each of 1/5/10/25 shots x 5 seeds (the counts a dataset has too few
+images per class for are skipped, with a warning; an explicit
+--config.evals.fewshot.shots that cannot be met is an error): sample that many training images per
 class, fit closed-form ridge regression on standardised features (l2 chosen
 by leave-one-out on those images), report the mean test accuracy as
 "fewshot/DATASET_Kshot". Defaults: the offline datasets mnist10k and

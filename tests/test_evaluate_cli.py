@@ -98,7 +98,7 @@ def _damaged_checkpoint(workdir):
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_evaluate_errors_are_one_line(tiny_npz, tfds_data_dir, tmp_path):
-  # 12 train images per class, and the default shots go up to 25.
+  # 12 train images per class, and 25 shots asked for (the default list would drop it).
   root = evaluator_fixtures.write_image_folder(str(tmp_path / "shapes3"), n_test=1)
   cases = [
       (str(tmp_path / "missing"), "configs/fewshot.py:runlocal", "does not exist"),
@@ -106,14 +106,15 @@ def test_evaluate_errors_are_one_line(tiny_npz, tfds_data_dir, tmp_path):
       (tiny_npz, "configs/fewshot.py:runlocal,res=32", "resize to 28"),
       # Was a warning and a "shapes3_25shot" fitted on 12 examples per class.
       (tiny_npz, f"configs/fewshot.py:channels=3,folder={root}",
-       "class 0 has only 12 train examples, too few for 25-shot; lower `shots` to at most 12"),
+       "class 0 has only 12 train examples, too few for 25-shot; lower `shots` to at most 12",
+       "--config.evals.fewshot.shots=(1, 25)"),
       # Was an AttributeError traceback, among "Event loop is closed" ones.
       (_damaged_checkpoint(tmp_path / "damaged"), "configs/fewshot.py:runlocal",
        f"Cannot read checkpoint {tmp_path / 'damaged' / 'checkpoints' / '1'} (NOT_FOUND: "),
   ]
-  for src, config, message in cases:
+  for src, config, message, *overrides in cases:
     p = _run(["big_vit_lite.evaluate", f"--config={config}", f"--workdir={tmp_path / 'e'}",
-              f"--config.model_init={src}"], tfds_data_dir, timeout=100)
+              f"--config.model_init={src}", *overrides], tfds_data_dir, timeout=100)
     assert p.returncode != 0
     last = p.stderr.strip().splitlines()[-1]
     assert last.startswith("big_vit_lite.evaluate: error: ") and message in last, p.stderr[-2000:]

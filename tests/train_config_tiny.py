@@ -38,6 +38,7 @@ def get_config(arg=None):
   config.log_training_steps = 1
   config.ckpt_steps = 4
   config.num_cpu_devices = ml_collections.config_dict.placeholder(int)
+  config.report = False  # --config.report=True: the report at each eval (test_report.py).
   mesh = args.get("mesh", "data")
   config.mesh = [(mesh, -1)] if mesh != "model" else [("data", -1), ("model", 2)]
   if "init" in args:

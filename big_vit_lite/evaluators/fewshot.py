@@ -25,9 +25,11 @@ Config (evals.NAME minus type/log_steps):
   datasets: {NAME: dict(name=TFDS_NAME, data_dir=None, [train_split], [test_split], [pp])};
     big_vision's {NAME: (TFDS_NAME, TRAIN_SPLIT, TEST_SPLIT)} also works.
   pp: preprocessing of both splits; must keep "image" and the integer label.
-  shots, num_seeds: k-shot settings and seeds; every class of each train split
-    needs at least max(shots) examples, and every test class must be one of
-    the train split's (labels are class ids >= 0).
+  shots, num_seeds: k-shot settings and seeds. Unset (None), shots is
+    DEFAULT_SHOTS less the counts a dataset cannot supply (one warning names
+    them); set, every class of each train split needs at least max(shots)
+    examples. Every test class must be one of the train split's (labels are
+    class ids >= 0).
   representation_layer: "pre_logits" (default), "logits" or any key of the
     model's `out` ("encoded", "block03", ...); token_pool: "mean" or
     "flatten" for token-shaped layers (see features.representation).
@@ -48,6 +50,7 @@ DEFAULT_DATASETS = {
     "mnist10k": dict(name="mnist10k"),
     "animal_mnist": dict(name="animal_mnist"),
 }
+DEFAULT_SHOTS = (1, 5, 10, 25)
 DEFAULT_PP = "decode|value_range(-1, 1)|keep('image', 'label')"
 _DATASET_KEYS_OWN = ("train_split", "test_split", "pp")
 
@@ -172,13 +175,14 @@ class Evaluator:
   """Few-shot ridge evaluation on one or more datasets."""
 
   def __init__(self, predict_fn, *, mesh, datasets=None, pp=DEFAULT_PP,
-               shots=(1, 5, 10, 25), num_seeds=5, representation_layer="pre_logits",
+               shots=None, num_seeds=5, representation_layer="pre_logits",
                token_pool="mean", batch_size=256, l2_regs=ridge.DEFAULT_L2_REGS,
                label_key="label", train_split="train", test_split="test"):
     self.mesh = mesh
     self.datasets = dataset_cfgs(DEFAULT_DATASETS if datasets is None else datasets,
                                  pp, train_split, test_split)
-    self.shots = positive_ints(shots, "shots")
+    self.default_shots = shots is None  # Adapted per dataset in _samples.
+    self.shots = positive_ints(DEFAULT_SHOTS if shots is None else shots, "shots")
     self.seeds = tuple(range(positive_int(num_seeds, "num_seeds")))
     self.batch_size = feats.check_batch_size(batch_size)
     # Checked now, not after the forward passes.
@@ -210,27 +214,33 @@ class Evaluator:
             feats.gather_local(np.concatenate(masks)))
 
   def _samples(self, labels, what):
-    """{(seed, shot): ids} nested per seed, over valid global example ids."""
+    """({(seed, shot): ids} nested per seed, over valid global example ids; the shots used)."""
     ids = np.arange(labels.shape[0])
     check_classes(labels, "Few-shot")
     classes, counts = np.unique(labels, return_counts=True)  # (not bincount: ids may be huge)
     fewest = np.argmin(counts)
-    if counts[fewest] < max(self.shots):
+    shots = self.shots
+    if counts[fewest] < max(shots) and self.default_shots:
+      shots = tuple(s for s in shots if s <= counts[fewest])
+      logging.warning("Few-shot %s: class %s has only %d train examples: skipping the default "
+                      "%s (set `shots` to choose the counts).", what, classes[fewest],
+                      counts[fewest], ", ".join(f"{s}-shot" for s in self.shots if s not in shots))
+    elif counts[fewest] < max(shots):
       raise ValueError(
           f"Few-shot {what}: class {classes[fewest]} has only {counts[fewest]} train examples, "
-          f"too few for {max(self.shots)}-shot; lower `shots` to at most {counts[fewest]} or "
+          f"too few for {max(shots)}-shot; lower `shots` to at most {counts[fewest]} or "
           "use a bigger train split.")
     out = {}
     for seed in self.seeds:
-      order = sample_per_class(labels, max(self.shots), np.random.default_rng(seed))
+      order = sample_per_class(labels, max(shots), np.random.default_rng(seed))
       # Re-split the per-class prefix: the first `shot` of each class.
-      for shot in self.shots:
+      for shot in shots:
         chosen = []
         for c in np.unique(labels):
           in_c = order[labels[order] == c]
           chosen.append(in_c[:shot])
         out[seed, shot] = ids[np.concatenate(chosen)]
-    return out
+    return out, shots
 
   def _plan(self, name):
     """The train labels of dataset `name` and its samples (as global example ids)."""
@@ -239,10 +249,10 @@ class Evaluator:
     gid = np.arange(labels_pn.size).reshape(labels_pn.shape)
     valid_ids = gid[valid_pn]
     valid_labels = labels_pn[valid_pn]
-    samples = self._samples(valid_labels, f"dataset {name!r} ({train_cfg['name']}, split "
+    samples, shots = self._samples(valid_labels, f"dataset {name!r} ({train_cfg['name']}, split "
                                           f"{train_cfg['split']!r})")
     # Sample positions index valid_ids; map them to global ids (process, row).
-    return dict(labels_pn=labels_pn, train_labels=valid_labels,
+    return dict(labels_pn=labels_pn, train_labels=valid_labels, shots=shots,
                 samples={k: valid_ids[v] for k, v in samples.items()})
 
   def _features(self, params, name):
@@ -286,7 +296,7 @@ class Evaluator:
       if name not in cache:
         cache[name] = self._features(params, name)
       f = cache[name]
-      for shot in self.shots:
+      for shot in self._plans[name]["shots"]:
         accs = []
         for seed in self.seeds:
           rows = f["rows"][seed, shot]

@@ -49,13 +49,17 @@ def _datasets(datasets, folder, data_dir):
 
 
 def fewshot(res, *, channels=3, datasets=None, folder=None, data_dir=None,
-            shots=(1, 5, 10, 25), num_seeds=5, representation_layer="pre_logits",
+            shots=None, num_seeds=5, representation_layer="pre_logits",
             token_pool="mean", batch_size=256, log_steps=None, runlocal=False):
-  """A `type="fewshot"` evals entry (dict); `log_steps=None` for eval-only configs."""
+  """A `type="fewshot"` evals entry (dict); `log_steps=None` for eval-only configs.
+
+  shots=None: 1, 5, 10, 25 less those a dataset has too few images per class for.
+  """
   # Every setting spelled out, so that each can be set from the command line
   # (e.g. --config.evals.fewshot.l2_regs='(1.0,)').
   cfg = dict(type="fewshot", datasets=_datasets(datasets, folder, data_dir),
-             pp=eval_pp(res, channels), shots=tuple(shots), num_seeds=num_seeds,
+             pp=eval_pp(res, channels), num_seeds=num_seeds,
+             shots=config_dict.placeholder(tuple) if shots is None else tuple(shots),
              representation_layer=representation_layer, token_pool=token_pool,
              batch_size=batch_size, train_split="train", test_split="test",
              l2_regs=tuple(ridge.DEFAULT_L2_REGS))

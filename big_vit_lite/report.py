@@ -1,0 +1,268 @@
+r"""A run report: `python -m big_vit_lite.report WORKDIR [WORKDIR...] [--out=DIR]`.
+
+Writes report.html (one self-contained file: the plots are embedded PNGs,
+no scripts) and the PNGs to DIR, by default WORKDIR/report (several
+workdirs, overlaid for comparison, need --out):
+  training.png    training loss and learning rate against step and wall-clock time
+  evals.png       every eval metric against step
+  throughput.png  img/s, MFU (every key starting with "mfu") and core-hours
+  other.png       every other numeric training metric (grad_norm, step_time, ...)
+Wall-clock time is each attempt's uptime, the attempts of a resumed run
+back to back; resumes are dashed vertical lines. Tables: per run its status, steps,
+epochs, time, img/s, MFU, device and attempts; final and best metrics; the
+config keys that differ between the runs. Only what the runs wrote is read
+(metrics.jsonl, config.json, summary.json, the checkpoint listing), so it
+works on a run in progress and on a bucket workdir (gs://...).
+`config.report = True` makes the trainer write it at each eval.
+Needs matplotlib: pip install 'big_vit_lite[report]'.
+"""
+import base64
+import datetime
+import html
+import io
+import json
+import math
+import sys
+
+from absl import app
+from absl import flags
+from absl import logging
+
+from big_vit_lite import checkpoint as ckpt_lib
+from big_vit_lite import paths
+from big_vit_lite import summary as summary_lib
+
+INSTALL = "pip install 'big_vit_lite[report]'"
+_TRAINING = ("training_loss", "learning_rate")
+_THROUGHPUT = ("img/sec", "mfu", "core_hours")  # key prefixes
+_OUT = None
+_CSS = ("body{font-family:sans-serif;margin:1.5em;max-width:1400px}"
+        "table{border-collapse:collapse;font-size:13px}"
+        "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}"
+        "td:first-child,th:first-child,.cfg td{text-align:left}"
+        "img{max-width:100%}.keys{color:#666;font-size:12px}")
+
+
+def require_matplotlib():
+  """matplotlib.pyplot on the Agg backend; a one-line ValueError saying what to install."""
+  try:
+    import matplotlib  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    raise ValueError(f"The report needs matplotlib, which is not installed: {INSTALL}") from None
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  return plt
+
+
+def _flat(tree, prefix=""):
+  for k, v in tree.items():
+    if isinstance(v, dict) and v:
+      yield from _flat(v, f"{prefix}{k}.")
+    else:
+      yield prefix + k, json.dumps(v)
+
+
+def load(workdir):
+  """One run's rows, hours, resumes, config and summary, as a dict."""
+  wd = paths.resolve(workdir)
+  rows = summary_lib.read_rows(wd)
+  if not rows:
+    raise ValueError(f"{wd} has no metrics.jsonl lines: pass a training or evaluate workdir "
+                     "(a run writes its first line at its first logged step).")
+  config = wd / "config.json"
+  run = dict(workdir=wd, name=wd.name, rows=rows, summary=summary_lib.read(wd),
+             stats=summary_lib.stats(rows), checkpoints=ckpt_lib.complete_steps(wd),
+             config=dict(_flat(json.loads(config.read_text()))) if config.exists() else {})
+  run["train_keys"], run["eval_keys"] = summary_lib.split_keys(rows)
+  # Hours: each attempt's uptime after the attempts before it.
+  run["train_rows"], run["hours"], run["resume_hours"] = [], [], []
+  offset = 0.0
+  for i, seg in enumerate(summary_lib.segments(rows)):
+    if i:
+      run["resume_hours"].append(offset)
+    run["train_rows"] += seg
+    run["hours"] += [offset + r["uptime_hours"] if "uptime_hours" in r else None for r in seg]
+    offset += max([r.get("uptime_hours", 0.0) for r in seg])
+  attempts = run["summary"].get("attempts", [])
+  run["resume_steps"] = ([a["start_step"] for a in attempts[1:]] if attempts else
+                         [s[0]["step"] for s in summary_lib.segments(rows)[1:]])
+  return run
+
+
+def _plot(ax, runs, key, x):
+  """`key` of every run against "step" or "hours"/"minutes", resumes as dashed lines."""
+  scale = 60 if x == "minutes" else 1
+  for i, run in enumerate(runs):
+    color = f"C{i % 10}"
+    if x != "step":
+      pts = [(h * scale, r[key]) for r, h in zip(run["train_rows"], run["hours"])
+             if h is not None and summary_lib.numeric(r.get(key))]
+    else:
+      pts = [(r["step"], r[key]) for r in run["rows"]
+             if summary_lib.numeric(r.get(key))]
+    is_eval = key in run["eval_keys"]
+    if pts:
+      ax.plot(*zip(*pts), color=color, label=run["name"], marker="o" if is_eval else None, ms=3,
+              lw=1.2)
+    for j, at in enumerate(run["resume_steps"] if x == "step" else
+                           [h * scale for h in run["resume_hours"]]):
+      ax.axvline(at, color=color, ls="--", lw=0.8, alpha=0.8,
+                 label=f"resumed ({run['name']})" if j == 0 else None)
+  ax.set_xlim(left=0)
+  ax.set_title(key, fontsize=10)
+  ax.set_xlabel(x if x == "step" else f"wall-clock {x} (attempts back to back)", fontsize=8)
+  ax.tick_params(labelsize=8)
+  ax.grid(alpha=0.3)
+  if len(runs) > 1 or any(run["resume_steps"] for run in runs):
+    ax.legend(fontsize=7)
+
+
+def _figure(plt, panels, cols):
+  """PNG bytes of a grid of (key, x) panels."""
+  rows = math.ceil(len(panels) / cols)
+  fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.1 * rows), squeeze=False)
+  for ax in axes.flat[len(panels):]:
+    ax.set_visible(False)
+  for ax, (draw, key, x) in zip(axes.flat, panels):
+    draw(ax, key, x)
+  fig.tight_layout()
+  buf = io.BytesIO()
+  fig.savefig(buf, format="png", dpi=80)
+  plt.close(fig)
+  return buf.getvalue()
+
+
+def figures(plt, runs):
+  """{png name: (bytes, keys plotted)} for the runs overlaid."""
+  def keys(kind):
+    return list(dict.fromkeys(k for run in runs for k in run[kind]))
+  train_keys, eval_keys = keys("train_keys"), keys("eval_keys")
+  throughput = [k for k in train_keys if k.startswith(_THROUGHPUT)]
+  longest = max((h for run in runs for h in run["hours"] if h is not None), default=0)
+  time_x = "hours" if longest > 2 else "minutes"
+  groups = {
+      "training": ([(k, x) for k in _TRAINING if k in train_keys for x in ("step", time_x)], 2),
+      "evals": ([(k, "step") for k in sorted(eval_keys)], 3),
+      "throughput": ([(k, "step") for k in throughput], 3),
+      "other": ([(k, "step") for k in train_keys if k not in _TRAINING and k not in throughput],
+                3),
+  }
+  draw = lambda ax, key, x: _plot(ax, runs, key, x)
+  out = {}
+  for name, (panels, cols) in groups.items():
+    if panels:
+      out[name] = (_figure(plt, [(draw, k, x) for k, x in panels], min(cols, len(panels))),
+                   list(dict.fromkeys(k for k, _ in panels)))
+  return out
+
+
+def _fmt(v, pct=False):
+  if v is None:
+    return "-"
+  if pct:
+    return f"{100 * v:.1f}%"
+  return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.4g}"
+
+
+def _table(head, rows):
+  cell = lambda tag, v: f"<{tag}>{html.escape(str(v))}</{tag}>"
+  return ("<table><tr>" + "".join(cell("th", h) for h in head) + "</tr>" +
+          "".join("<tr>" + "".join(cell("td", v) for v in r) + "</tr>" for r in rows) +
+          "</table>")
+
+
+def _runs_table(runs):
+  rows = []
+  for run in runs:
+    s, st = run["summary"], run["stats"]
+    dev = s.get("device") or {}
+    total = s.get("total_steps")
+    attempts = s.get("attempts", [])
+    resumed = ", ".join(str(a) for a in run["resume_steps"])
+    rows.append([
+        run["name"], s.get("status", "?"), f"{st['step']}" + (f" / {total}" if total else ""),
+        _fmt(st["epochs"]), summary_lib.duration(st["hours"]), _fmt(st["core_hours"]),
+        _fmt(st["img_per_sec"]),
+        ", ".join(f"{k} {_fmt(v, pct=True)}" for k, v in st["mfu"].items()) or "-",
+        f"{dev['devices']} x {dev['device_kind']}" if dev else "-",
+        f"{max(len(attempts), 1)}" + (f" (resumed at {resumed})" if resumed else ""),
+        ", ".join(map(str, run["checkpoints"][-3:])) or "-"])
+  return _table(["run", "status", "step", "epochs", "training time", "core-hours", "img/s (median)",
+                 "MFU (median)", "device", "attempts", "checkpoints"], rows)
+
+
+def _metrics_table(runs):
+  keys = list(dict.fromkeys(k for run in runs for k in ["training_loss", *sorted(run["eval_keys"])]
+                            if k in run["stats"]["final"]))
+  def cell(run, k):
+    final, best = run["stats"]["final"].get(k), run["stats"]["best"].get(k)
+    if final is None:
+      return "-"
+    return f"{_fmt(final)} (best {_fmt(best['value'])} at {best['step']})" if best else _fmt(final)
+  return _table(["metric: final (best at step)", *(run["name"] for run in runs)],
+                [[k, *(cell(run, k) for run in runs)] for k in keys])
+
+
+def _config_table(runs):
+  if len(runs) < 2:
+    return f"<p>{len(runs[0]['config'])} config keys: {html.escape(str(runs[0]['workdir']))}" \
+           "/config.json</p>"
+  keys = sorted({k for run in runs for k in run["config"]})
+  differ = [k for k in keys if len({run["config"].get(k) for run in runs}) > 1]
+  if not differ:
+    return "<p>The runs have the same config.</p>"
+  return '<div class="cfg">' + _table(
+      ["config key", *(run["name"] for run in runs)],
+      [[k, *(run["config"].get(k, "(unset)") for run in runs)] for k in differ]) + "</div>"
+
+
+def write(workdirs, out=None):
+  """Writes report.html and the PNGs for `workdirs` to `out` (default WORKDIR/report); its path."""
+  plt = require_matplotlib()
+  if out is None and len(workdirs) > 1:
+    raise ValueError("Several workdirs: pass --out=DIR for the comparison report.")
+  runs = [load(w) for w in workdirs]
+  names = [run["name"] for run in runs]
+  for run in runs:  # Same basenames: name them by their parent folder too.
+    if names.count(run["name"]) > 1:
+      run["name"] = f"{run['workdir'].parent.name}/{run['name']}"
+  out = paths.resolve(out) if out else runs[0]["workdir"] / "report"
+  out.mkdir(parents=True, exist_ok=True)
+  title = "Run report: " + ", ".join(run["name"] for run in runs)
+  now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+  parts = [f"<h1>{html.escape(title)}</h1>",
+           f"<p>{now}, from {html.escape(', '.join(str(r['workdir']) for r in runs))}</p>",
+           "<h2>Runs</h2>", _runs_table(runs), "<h2>Metrics</h2>", _metrics_table(runs),
+           "<h2>Config</h2>", _config_table(runs)]
+  for name, (png, keys) in figures(plt, runs).items():
+    (out / f"{name}.png").write_bytes(png)
+    parts += [f"<h2>{name.capitalize()}</h2>",
+              f'<img alt="{name}" src="data:image/png;base64,{base64.b64encode(png).decode()}">',
+              f'<p class="keys">{html.escape(", ".join(keys))}</p>']
+  # (The empty icon: no request for a favicon.ico that is not there.)
+  page = ('<!doctype html>\n<html><head><meta charset="utf-8"><link rel="icon" href="data:,">'
+          f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>\n"
+          + "\n".join(parts) + "\n</body></html>\n")
+  path = out / "report.html"
+  tmp = out / "report.html.tmp"
+  tmp.write_text(page)
+  tmp.replace(path)
+  logging.info("Wrote the report %s", path)
+  return path
+
+
+def main(argv):
+  if len(argv) < 2:
+    raise app.UsageError("Pass one or more workdirs: python -m big_vit_lite.report WORKDIR "
+                         "[WORKDIR...] [--out=DIR]")
+  try:
+    print(write(argv[1:], _OUT.value))
+  except ValueError as e:
+    print(f"big_vit_lite.report: error: {e}", file=sys.stderr)
+    sys.exit(1)
+
+
+if __name__ == "__main__":
+  _OUT = flags.DEFINE_string("out", None, "Where report.html and the PNGs go (default "
+                             "WORKDIR/report).")
+  app.run(main)
