@@ -66,6 +66,9 @@ COMMANDS = [
     Cmd("python -m big_vit_lite.train --config=demo:runlocal", "run", slow=True),
     Cmd("python -m big_vit_lite.evaluate", "help"),
     Cmd("python -m big_vit_lite.export", "help"),
+    # Seeing a run: the report runs on a real trainer workdir in tests/test_report.py.
+    Cmd("python -m big_vit_lite.report", "help"),
+    Cmd("tensorboard --logdir=", "help", help=("tensorboard", "--helpfull")),
     Cmd("python -m big_vit_lite.plan", "run"),
     Cmd("python -m big_vit_lite.bench", "run", extra=("--batch=2", "--res=32", "--steps=1", "--warmup=0"),
         slow=True),
