@@ -431,9 +431,9 @@ def _train(raw_config, workdir, cleanup):
       step_flops = flops_lib.model_flops(update_traced) / mesh.size
       xla_flops = flops_lib.step_flops(update_traced, update_compiled, num_devices=mesh.size)
       peak = metrics_lib.peak_flops_per_device(dtype=model.dtype_mm)
-      logging.info("Train step: %.4g model GFLOP per device (XLA: %s); device peak %s GFLOP/s",
+      logging.info("Train step: %.6g model GFLOP per device (XLA: %s); device peak %s GFLOP/s",
                    step_flops / 1e9, None if xla_flops is None else f"{xla_flops / 1e9:.4g}",
-                   None if peak is None else round(peak / 1e9, 1))
+                   None if peak is None else f"{peak / 1e9:.6g}")
 
     # Drops what a killed earlier attempt logged after the resumed step (or
     # all of it, for a fresh start), in metrics.jsonl and in TensorBoard.
