@@ -39,7 +39,7 @@ FLAG_PRESETS = {
     "latency_hiding": "--xla_gpu_enable_latency_hiding_scheduler=true",
 }
 # Seconds a case takes, compile included (H200 estimates), for the deadline decisions.
-ESTIMATE_S = {"B/16": 45, "L/16": 80, "timm eager": 25, "timm compile": 90}
+ESTIMATE_S = {"B/16": 45, "L/16": 80, "timm eager": 25, "timm compile": 75}
 SMOKE_VARIANTS = {"B/16": "mu/8", "L/16": "mu/16"}
 
 
@@ -122,12 +122,19 @@ def worker_ours(args):
   emit(dict(kind="device", device_kind=dev.device_kind, platform=dev.platform,
             jax_version=jax.__version__, xla_flags=os.environ.get("XLA_FLAGS", ""),
             datasheet_peak_tflops=peak / 1e12 if peak else None))
+  if args.seq_multiple:  # what an earlier worker's numerics check found
+    vit.CUDNN_SEQ_MULTIPLE = args.seq_multiple
+  if args.no_cudnn:
+    vit._on_cuda = lambda: False  # pylint: disable=protected-access  # "auto" takes custom
   if args.numerics:
     t0 = time.time()
     try:
       out = numerics()
     except Exception as e:  # pylint: disable=broad-except
       out = dict(kind="numerics", error=_one_line(e))
+    if vit._on_cuda() and "seq_multiple" not in out:  # pylint: disable=protected-access
+      out["auto_attention"] = "custom: cuDNN refused every padding tried"
+      vit._on_cuda = lambda: False  # pylint: disable=protected-access
     out["elapsed_s"] = time.time() - t0
     emit(out)
   calib = bench.calibrate_matmul(args.calib_n, args.dtype, reps=5)
@@ -277,7 +284,9 @@ def main():
   p.add_argument("--cases", help=argparse.SUPPRESS)
   p.add_argument("--numerics", action="store_true", help=argparse.SUPPRESS)
   p.add_argument("--deadline", type=float, default=float("inf"), help=argparse.SUPPRESS)
-  p.add_argument("--budget_s", type=float, default=450, help="whole run, seconds")
+  p.add_argument("--seq_multiple", type=int, default=0, help=argparse.SUPPRESS)
+  p.add_argument("--no_cudnn", action="store_true", help=argparse.SUPPRESS)
+  p.add_argument("--budget_s", type=float, default=460, help="whole run, seconds")
   p.add_argument("--only", default="numerics,main,timm,ab,flags",
                  help="groups to run, of numerics,main,timm,ab,flags")
   p.add_argument("--batch", type=int, default=256)
@@ -317,7 +326,7 @@ def main():
   flags_cases = [case(f"ours B/16 XLA_FLAGS={args.flags}", "B/16")]
   groups = set(args.only.split(","))
   # Seconds per group (what one leaves goes to the next), in run order.
-  share = dict(main=140, timm=170, ab=100, flags=40)
+  share = dict(main=190, timm=180, ab=70, flags=20)
 
   env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
              TF_CPP_MIN_LOG_LEVEL="2")
@@ -345,6 +354,11 @@ def main():
            f"--cases={json.dumps(cases)}", f"--deadline={deadline}", *common]
     if numerics_too:
       cmd.append("--numerics")
+    num = next((r for r in rows if r.get("kind") == "numerics"), {})
+    if num.get("seq_multiple"):
+      cmd.append(f"--seq_multiple={num['seq_multiple']}")
+    if num.get("auto_attention"):
+      cmd.append("--no_cudnn")
     rows.extend(run_group(group, cmd, dict(env, **(extra_env or {})), deadline, log))
 
   start = time.time()

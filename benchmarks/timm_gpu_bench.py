@@ -82,7 +82,7 @@ def main():
   p.add_argument("--deadline", type=float, default=None,
                  help="time.time() by which every case started must have finished")
   p.add_argument("--estimates", default='{"eager": 25, "compile": 90}',
-                 help="JSON: seconds a case of each mode takes, for --deadline")
+                 help="JSON: seconds a 12-block case of each mode takes, for --deadline")
   args = p.parse_args()
   device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
   if device.type == "cpu":
@@ -90,7 +90,8 @@ def main():
   estimates = json.loads(args.estimates)
   for name, dims in json.loads(args.arch).items():
     for mode in args.modes.split(","):
-      if args.deadline and time.time() + estimates.get(mode, 0) > args.deadline:
+      estimate = estimates.get(mode, 0) * max(1.0, dims[1] / 12) ** 0.5  # deeper: longer
+      if args.deadline and time.time() + estimate > args.deadline:
         print(json.dumps(dict(kind="timm", mode=mode, variant=name, skipped="deadline")),
               flush=True)
         continue
