@@ -145,7 +145,8 @@ def _shardings(model, mesh, x):
 
 
 def bench_model(model, *, batch, res, num_classes, mode=("train", "infer"), mesh=None,
-                steps=5, warmup=2, calib_gflops=None, peak_flops=None, grad_accum_steps=1):
+                steps=5, warmup=2, calib_gflops=None, peak_flops=None, grad_accum_steps=1,
+                trace_dir=None):
   """Times one model's train and/or inference step; returns the JSON-able result dict.
 
   model: a flax module whose apply(..., train=) returns (logits, out).
@@ -153,6 +154,7 @@ def bench_model(model, *, batch, res, num_classes, mode=("train", "infer"), mesh
   peak_flops: datasheet peak of all devices together; `mfu` is against it, else against
   calib_gflops (neither: mfu None).
   grad_accum_steps: the training step's microbatches (big_vit_lite.grad_accum).
+  trace_dir: if set, the timed training steps run under jax.profiler.trace (Perfetto JSON too).
   FLOPs and achieved FLOP/s are of the whole step, summed over the mesh's devices.
   """
   rng = jax.random.PRNGKey(0)
@@ -225,7 +227,10 @@ def bench_model(model, *, batch, res, num_classes, mode=("train", "infer"), mesh
       loss.block_until_ready()
 
     cpu_times = []
-    times = time_calls(run, warmup, steps, cpu_times)
+    time_calls(run, warmup, 0)
+    with (jax.profiler.trace(trace_dir, create_perfetto_trace=True) if trace_dir
+          else contextlib.nullcontext()):
+      times = time_calls(run, 0, steps, cpu_times)
     finish("train", traced, compiled, compile_s, times, cpu_times)
     params = state[0]
     del state

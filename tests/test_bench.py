@@ -250,3 +250,17 @@ def test_bench_runs_from_a_checkout_without_tensorflow_and_friends(tmp_path):
                      timeout=100, env=env)
   assert p.returncode == 0, p.stderr[-3000:]
   assert json.loads(p.stdout.splitlines()[0])["kind"] == "device"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_gpu_profile_summarises_a_trace_of_the_timed_steps(tmp_path):
+  p = subprocess.run([sys.executable, os.path.join("benchmarks", "gpu_profile.py"), "--smoke",
+                      f"--trace_dir={tmp_path}"], cwd=ROOT, capture_output=True, text=True,
+                     timeout=190, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert p.returncode == 0, p.stderr[-3000:]
+  summary = json.loads(p.stdout.strip().splitlines()[-1])
+  assert summary["trace"].startswith(str(tmp_path)) and summary["train_img_per_s"] > 0
+  names = [row["name"] for row in summary["top"]]
+  assert names and not any("Compile" in n for n in names)  # execution only, no compilation
+  assert 0.99 <= sum(summary["by_kind"].values()) <= 1.01
