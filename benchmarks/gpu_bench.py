@@ -190,11 +190,16 @@ def run_group(name, cmd, env, deadline, log):
   except subprocess.TimeoutExpired:
     proc.kill()
     lines.append(dict(kind=name, error="killed at the deadline"))
+    log(lines[-1])
   for t in threads:
     t.join()
+  if os.environ.get("OUT"):  # the worker's log, for a closer look at what went wrong
+    with open(os.path.join(os.environ["OUT"], f"gpu_bench_{name}.log"), "w") as f:
+      f.writelines(err)
   if proc.returncode and not any(d.get("kind") in ("ours", "timm") for d in lines):
     tail = [l.strip() for l in err if l.strip()][-1:] or ["?"]
     lines.append(dict(kind=name, error=f"exit {proc.returncode}: {tail[0][:300]}"))
+    log(lines[-1])
   print(f"   {name}: {time.time() - t0:.0f} s", flush=True)
   return lines
 
@@ -250,6 +255,11 @@ def summarize(rows):
     vs_default = img_s / default["train_img_per_s"] if kind == "ours" and default else None
     out.append(f"| {name} | {img_s:.1f} | {fmt(mfu, '.1%')} | {fmt(ratio('compile'), '.2f')} "
                f"| {fmt(ratio('eager'), '.2f')} | {fmt(vs_default, '.3f')} |")
+  for r in ours:  # model FLOPs must not depend on remat, attention kind or flags
+    default = defaults.get(r["variant"])
+    if default and not r.get("seq_multiple") and r["train_step_flops"] != default["train_step_flops"]:
+      out.append(f"\nnote: {r['name']}: model FLOPs {r['train_step_flops']:.4e} differ from the "
+                 f"default's {default['train_step_flops']:.4e}")
   num = next((r for r in rows if r.get("kind") == "numerics"), None)
   if num:
     out += ["", "numerics: " + ", ".join(

@@ -264,3 +264,15 @@ def test_gpu_profile_summarises_a_trace_of_the_timed_steps(tmp_path):
   names = [row["name"] for row in summary["top"]]
   assert names and not any("Compile" in n for n in names)  # execution only, no compilation
   assert 0.99 <= sum(summary["by_kind"].values()) <= 1.01
+
+
+@pytest.mark.timeout(120)
+def test_cli_reports_with_and_without_remat():
+  p = _run(["-m", "big_vit_lite.bench", "--variant=mu/8", "--batch=2", "--res=16",
+            "--num_classes=10", "--steps=1", "--warmup=0", "--calib_n=64", "--mode=train",
+            "--remat=none,nothing_saveable"])
+  off, on = [json.loads(l) for l in p.stdout.splitlines() if l.startswith("{")]
+  assert (off["remat"], on["remat"]) == ("none", "nothing_saveable")
+  assert off["step_flops"] == on["step_flops"]  # model FLOPs: remat recomputes, adds nothing
+  assert off["train_hw_step_flops"] == off["step_flops"] < on["train_hw_step_flops"]
+  assert off["attention"] == on["attention"] == "custom"  # CPU
