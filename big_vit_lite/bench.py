@@ -194,7 +194,9 @@ def bench_model(model, *, batch, res, num_classes, mode=("train", "infer"), mesh
     if peak:
       out[f"{prefix}_mfu"] = flops / med / peak
       out[f"{prefix}_mfu_hw"] = hw / med / peak
-      out[f"{prefix}_mfu_xla"] = xla / med / peak
+      # XLA's figure only where it is sane (on GPU it misses the cuBLAS/cuDNN calls).
+      sane = flops_lib.sane_xla_flops(xla, model)
+      out[f"{prefix}_mfu_xla"] = sane / med / peak if sane else None
     if calib_gflops:
       out[f"{prefix}_mfu_calib"] = flops / med / 1e9 / calib_gflops
 

@@ -216,7 +216,8 @@ def matmul_flops(jaxpr) -> tuple[int, int]:
   """(model FLOPs, hardware matmul FLOPs) of a jaxpr: matmuls without / with remat's recompute.
 
   Every scan body counts times its length, `cond` its costliest branch, a `while` body once
-  (its trip count is data). For a step traced under jit on a mesh: the global figure.
+  (its trip count is data). For a step traced under jit on a mesh: the global figure
+  (a shard_map body, with per-device shapes, would count once).
   """
   total, recomputed = _matmuls(jaxpr)
   return total - recomputed, total
@@ -245,6 +246,15 @@ def vit_train_flops(arch: dict, *, batch: int, **kw) -> int:
   """Analytic model FLOPs of a ViT training step on `batch` images (see vit_forward_flops)."""
   f = vit_forward_flops(arch, **kw)
   return batch * (3 * (f["blocks"] + f["embed"] + f["head"]) - f["embed"])
+
+
+def sane_xla_flops(xla, model):
+  """XLA's count where it is a plausible hardware figure (>= 90% of the model FLOPs), else None.
+
+  XLA counts matmuls and elementwise work, so it reads more than the model FLOPs, except where
+  the matmuls run in library calls it does not look into (cuBLAS, cuDNN on GPU).
+  """
+  return xla if xla and model and xla >= 0.9 * model else None
 
 
 def step_flops(traced: jax.stages.Traced, compiled: jax.stages.Compiled,

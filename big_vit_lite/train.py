@@ -447,7 +447,8 @@ def _train(raw_config, workdir, cleanup):
     # core_hours counts the earlier attempts too (their lines up to the checkpoint are kept).
     chrono = metrics_lib.Chrono(first_step=first_step, total_steps=total_steps,
                                 global_batch=batch_size, step_flops=step_flops,
-                                peak_flops_total=peak, xla_step_flops=xla_flops,
+                                peak_flops_total=peak,
+                                xla_step_flops=flops_lib.sane_xla_flops(xla_flops, step_flops),
                                 core_hours_before=writer.last_value("core_hours"))
     preemption = ckpt_lib.PreemptionWatcher()
     cleanup.callback(preemption.close)
