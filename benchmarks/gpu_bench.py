@@ -11,7 +11,7 @@ own process (so that JAX and torch never hold the GPU at the same time), within 
      vs XLA attention at B/16 shapes, values and gradients, within bf16 tolerance. Chooses the
      cuDNN token padding (vit.CUDNN_SEQ_MULTIPLE 8, else 64) for the rest of the run.
   2. ours, B/16 and L/16, the defaults (attention auto = cuDNN on a GPU, no remat), bf16.
-  3. timm B/16 and L/16, eager and torch.compile (bf16 autocast, fused AdamW, fused SDPA).
+  3. timm B/16 and L/16, torch.compile then eager (bf16 autocast, fused AdamW, fused SDPA).
   4. A/B on B/16: remat on, attention custom / xla, bf16 residual stream, cuDNN padding 64,
      and an XLA GPU flag preset (its own process: XLA reads flags at start).
 Same batch (256) and 224 px everywhere. A case that would not finish before its group's
@@ -336,7 +336,7 @@ def main():
   flags_cases = [case(f"ours B/16 XLA_FLAGS={args.flags}", "B/16")]
   groups = set(args.only.split(","))
   # Seconds per group (what one leaves goes to the next), in run order.
-  share = dict(main=190, timm=180, ab=70, flags=20)
+  share = dict(main=200, timm=200, ab=45, flags=15)
 
   env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
              TF_CPP_MIN_LOG_LEVEL="2")

@@ -3,8 +3,8 @@
   python benchmarks/timm_gpu_bench.py --arch='{"B/16": [768, 12, 3072, 12, 16]}' --batch=256
 
 Builds timm's VisionTransformer with the same widths as our variant (class token, qkv bias,
-LayerNorm eps 1e-6, fused SDPA attention), so tiny smoke variants work too. For each variant
-and mode (eager, torch.compile of the model) prints one JSON line: train_img_per_s (median of
+LayerNorm eps 1e-6, fused SDPA attention), so tiny smoke variants work too. For each mode
+(torch.compile of the model, eager) and variant prints one JSON line: train_img_per_s (median of
 --steps after --warmup), step time min/max and compile seconds. The step: forward under
 bf16 autocast, cross-entropy, backward, AdamW (fused on CUDA), params f32. On a machine
 without CUDA it runs on the CPU (a smoke check of this script, not a benchmark).
@@ -73,7 +73,8 @@ def main():
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--arch", required=True,
                  help="JSON {name: [width, depth, mlp_dim, heads, patch]}, in run order")
-  p.add_argument("--modes", default="eager,compile")
+  p.add_argument("--modes", default="compile,eager",
+                 help="in run order: every variant of the first mode, then of the next")
   p.add_argument("--batch", type=int, default=256)
   p.add_argument("--res", type=int, default=224)
   p.add_argument("--num_classes", type=int, default=1000)
@@ -88,8 +89,8 @@ def main():
   if device.type == "cpu":
     torch.set_num_threads(2)  # the CPU smoke check, on a shared 2-core machine
   estimates = json.loads(args.estimates)
-  for name, dims in json.loads(args.arch).items():
-    for mode in args.modes.split(","):
+  for mode in args.modes.split(","):
+    for name, dims in json.loads(args.arch).items():
       estimate = estimates.get(mode, 0) * max(1.0, dims[1] / 12) ** 0.5  # deeper: longer
       if args.deadline and time.time() + estimate > args.deadline:
         print(json.dumps(dict(kind="timm", mode=mode, variant=name, skipped="deadline")),

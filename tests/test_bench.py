@@ -276,3 +276,17 @@ def test_cli_reports_with_and_without_remat():
   assert off["step_flops"] == on["step_flops"]  # model FLOPs: remat recomputes, adds nothing
   assert off["train_hw_step_flops"] == off["step_flops"] < on["train_hw_step_flops"]
   assert off["attention"] == on["attention"] == "custom"  # CPU
+
+
+@pytest.mark.timeout(60)
+def test_gpu_bench_skips_timm_in_one_line_without_torch(tmp_path):
+  python = os.path.join(str(tmp_path), "no_torch_python")  # a python that cannot import torch
+  with open(python, "w") as f:
+    f.write(f"#!/bin/sh\nexec {sys.executable} -c 'import sys; sys.exit(\"no torch\")'\n")
+  os.chmod(python, 0o755)
+  p = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "gpu_bench.py"), "--smoke",
+                      "--only=timm", f"--timm_python={python}", "--results_md=none"], cwd=tmp_path,
+                     capture_output=True, text=True, timeout=50)
+  assert p.returncode == 0, p.stderr[-2000:]
+  assert [l for l in p.stdout.splitlines() if l.startswith("timm")] == [
+      f"timm: skipped (torch/timm not importable by {python})"]
