@@ -136,7 +136,6 @@ def test_grad_accum_halves_activations_and_adds_an_accumulator(tiny_config):
   # The whole local batch is still the step's input; the FLOPs of a step do not change.
   assert two["batch_bytes_per_device"] == one["batch_bytes_per_device"]
   assert two["flops_per_step"] == one["flops_per_step"]
-  assert two["compiled_model_flops"] == one["compiled_model_flops"] == one["flops_per_step"]
   # ... but the gradients are reduced across devices once per microbatch.
   assert two["comm_time_s"] > one["comm_time_s"]
 
