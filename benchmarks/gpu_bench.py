@@ -79,6 +79,8 @@ def numerics(batch=4):
   out["padded_xla_vs_xla_rel_err"] = max(rel(a, b) for a, b in zip(padded(q, k, v), xla(q, k, v)))
   if not vit._on_cuda():  # pylint: disable=protected-access
     out["cudnn"] = f"skipped: no CUDA GPU (backend {jax.default_backend()})"
+    # The model-level comparison all the same, of the two attentions a CPU has.
+    out.update(compare_models("custom", "xla", "float32", keys[0], batch, res=64))
     return out
   qb, kb, vb = (x.astype(jnp.bfloat16) for x in (q, k, v))
   ref = xla(qb, kb, vb)
@@ -93,23 +95,34 @@ def numerics(batch=4):
       out[f"cudnn_error_multiple_{multiple}"] = _one_line(e)
   if "seq_multiple" not in out:
     return out
-  # A 2-block model of B/16's widths: cuDNN vs XLA attention, same params.
-  kw = dict(num_classes=10, variant=None, width=768, depth=2, mlp_dim=3072, num_heads=12,
-            patch_size=16, dtype_mm="bfloat16")
-  images = jax.random.normal(keys[0], (batch, 224, 224, 3))
-  params = vit.Model(**kw).init(keys[1], images)["params"]
-  results = {}
-  for attention in ("cudnn", "xla"):
-    model = vit.Model(**kw, attention=attention)
-    fn = lambda p, m=model: jnp.sum(m.apply({"params": p}, images, train=True)[1]["encoded"] ** 2)
-    results[attention] = jax.jit(jax.value_and_grad(fn))(params)
-  (loss_c, grad_c), (loss_x, grad_x) = results["cudnn"], results["xla"]
-  out["model_loss_rel_err"] = abs(float(loss_c) - float(loss_x)) / abs(float(loss_x))
-  out["model_grad_rel_err"] = max(rel(a, b) for a, b in zip(jax.tree.leaves(grad_c),
-                                                            jax.tree.leaves(grad_x)))
+  out.update(compare_models("cudnn", "xla", "bfloat16", keys[0], batch))
   out["pass"] = max(out["cudnn_vs_xla_attention_rel_err"], out["model_loss_rel_err"],
                     out["model_grad_rel_err"]) < 3e-2
   return out
+
+
+def compare_models(kind, ref_kind, dtype_mm, key, batch, res=224):
+  """A 2-block model of B/16's widths with attention=kind vs ref_kind: loss and grads, same params."""
+  import jax
+  import jax.numpy as jnp
+  from big_vit_lite.models import vit
+  kw = dict(num_classes=10, variant=None, width=768, depth=2, mlp_dim=3072, num_heads=12,
+            patch_size=16, dtype_mm=dtype_mm)
+  images = jax.random.normal(key, (batch, res, res, 3))
+  params = vit.Model(**kw, attention=ref_kind).init(jax.random.PRNGKey(1), images)["params"]
+  results = {}
+  for attention in (kind, ref_kind):
+    model = vit.Model(**kw, attention=attention)
+    fn = lambda p, m=model: jnp.sum(m.apply({"params": p}, images, train=True)[1]["encoded"] ** 2)
+    results[attention] = jax.jit(jax.value_and_grad(fn))(params)
+  (loss, grads), (loss_ref, grads_ref) = results[kind], results[ref_kind]
+  norm = lambda t: float(jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32)))
+                                      for x in jax.tree.leaves(t))))
+  # All gradients as one vector: |a - b| / |b| (a leaf-wise max would weigh tiny ones).
+  diff = jax.tree.map(lambda a, b: a.astype(jnp.float32) - b.astype(jnp.float32), grads, grads_ref)
+  return dict(model_compared=f"{kind} vs {ref_kind}",
+              model_loss_rel_err=abs(float(loss) - float(loss_ref)) / abs(float(loss_ref)),
+              model_grad_rel_err=norm(diff) / norm(grads_ref))
 
 
 def worker_ours(args):

@@ -195,6 +195,7 @@ def test_gpu_bench_smoke_runs_on_cpu(tmp_path):
   rows = [json.loads(l) for l in (tmp_path / "gpu_bench.jsonl").read_text().splitlines()]
   numerics = [r for r in rows if r["kind"] == "numerics"][0]
   assert numerics["padded_xla_vs_xla_rel_err"] < 1e-5 and "skipped" in numerics["cudnn"]
+  assert numerics["model_compared"] == "custom vs xla" and numerics["model_grad_rel_err"] < 1e-4
   ours = {r["name"]: r for r in rows if r["kind"] == "ours"}
   assert ours["ours mu/8"]["train_img_per_s"] > 0 and ours["ours mu/8"]["default"]
   assert ours["ours mu/8 remat=nothing_saveable"]["train_hw_step_flops"] > (
