@@ -309,7 +309,8 @@ def main():
   p.add_argument("--deadline", type=float, default=float("inf"), help=argparse.SUPPRESS)
   p.add_argument("--seq_multiple", type=int, default=0, help=argparse.SUPPRESS)
   p.add_argument("--no_cudnn", action="store_true", help=argparse.SUPPRESS)
-  p.add_argument("--budget_s", type=float, default=460, help="whole run, seconds")
+  p.add_argument("--budget_s", type=float, default=450,
+                 help="whole run, seconds (a worker past its deadline is killed 30 s later)")
   p.add_argument("--only", default="numerics,main,timm,ab,flags",
                  help="groups to run, of numerics,main,timm,ab,flags")
   p.add_argument("--batch", type=int, default=256)
@@ -349,7 +350,7 @@ def main():
   flags_cases = [case(f"ours B/16 XLA_FLAGS={args.flags}", "B/16")]
   groups = set(args.only.split(","))
   # Seconds per group (what one leaves goes to the next), in run order.
-  share = dict(main=200, timm=200, ab=45, flags=15)
+  share = dict(main=200, timm=195, ab=40, flags=15)
 
   env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
              TF_CPP_MIN_LOG_LEVEL="2")
