@@ -102,7 +102,7 @@ def numerics(batch=4):
 
 
 def compare_models(kind, ref_kind, dtype_mm, key, batch, res=224):
-  """A 2-block model of B/16's widths with attention=kind vs ref_kind: loss and grads, same params."""
+  """A 2-block model of B/16's widths, attention=kind vs ref_kind: loss and grads, same params."""
   import jax
   import jax.numpy as jnp
   from big_vit_lite.models import vit
@@ -270,7 +270,8 @@ def summarize(rows):
                f"| {fmt(ratio('eager'), '.2f')} | {fmt(vs_default, '.3f')} |")
   for r in ours:  # model FLOPs must not depend on remat, attention kind or flags
     default = defaults.get(r["variant"])
-    if default and not r.get("seq_multiple") and r["train_step_flops"] != default["train_step_flops"]:
+    if (default and not r.get("seq_multiple")
+        and r["train_step_flops"] != default["train_step_flops"]):
       out.append(f"\nnote: {r['name']}: model FLOPs {r['train_step_flops']:.4e} differ from the "
                  f"default's {default['train_step_flops']:.4e}")
   num = next((r for r in rows if r.get("kind") == "numerics"), None)
@@ -339,10 +340,12 @@ def main():
   variant = lambda v: SMOKE_VARIANTS[v] if args.smoke else v
   estimate = lambda key: 10 if args.smoke else ESTIMATE_S[key]
   case = lambda name, v, model_kw=None, seq_multiple=None, default=False: dict(
-      name=name.replace(v, variant(v)), variant=variant(v), model_kw=model_kw or {}, seq_multiple=seq_multiple,
+      name=name.replace(v, variant(v)), variant=variant(v), model_kw=model_kw or {},
+      seq_multiple=seq_multiple,
       estimate_s=estimate(v), default=default)
   main_cases = [case("ours B/16", "B/16", default=True), case("ours L/16", "L/16", default=True)]
-  ab_cases = [case("ours B/16 remat=nothing_saveable", "B/16", {"remat_policy": "nothing_saveable"}),
+  ab_cases = [case("ours B/16 remat=nothing_saveable", "B/16",
+                   {"remat_policy": "nothing_saveable"}),
               case("ours B/16 attention=custom", "B/16", {"attention": "custom"}),
               case("ours B/16 dtype_act=bfloat16", "B/16", {"dtype_act": "bfloat16"}),
               case("ours B/16 attention=xla", "B/16", {"attention": "xla"}),

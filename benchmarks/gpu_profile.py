@@ -80,7 +80,8 @@ def main():
   from big_vit_lite import bench  # pylint: disable=g-import-not-at-top
   trace_dir = args.trace_dir or (os.path.join(os.environ["OUT"], "profile") if os.environ.get("OUT")
                                  else tempfile.mkdtemp(prefix="vit_profile_"))
-  model = bench.build_model(args.variant, 1000, args.dtype, "none", False, json.loads(args.model_kw))
+  model = bench.build_model(args.variant, 1000, args.dtype, "none", False,
+                            json.loads(args.model_kw))
   # Compiled and warmed up outside the trace: it holds only the timed steps.
   out = bench.bench_model(model, batch=args.batch, res=args.res, num_classes=1000,
                           mode=("train",), steps=args.steps, warmup=1, trace_dir=trace_dir)

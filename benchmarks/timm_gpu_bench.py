@@ -1,4 +1,4 @@
-"""timm's VisionTransformer training step on one GPU (bf16 autocast, fused AdamW): gpu_bench.py's peer.
+"""timm's ViT training step on one GPU (bf16 autocast, fused AdamW): gpu_bench.py's peer.
 
   python benchmarks/timm_gpu_bench.py --arch='{"B/16": [768, 12, 3072, 12, 16]}' --batch=256
 

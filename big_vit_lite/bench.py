@@ -356,7 +356,8 @@ def main(argv):
   except ValueError as e:
     sys.exit(f"bench: {e}")
   dev = jax.devices()[0]
-  peak = _PEAK_TFLOPS.value * 1e12 if _PEAK_TFLOPS.value else devices.datasheet_peak(dev, _DTYPE.value)
+  peak = (_PEAK_TFLOPS.value * 1e12 if _PEAK_TFLOPS.value
+          else devices.datasheet_peak(dev, _DTYPE.value))
   n_dev = mesh.size if mesh is not None else 1
 
   for variant, batch, remat in itertools.product(_VARIANT.value, batches, _REMAT.value):

@@ -8,8 +8,9 @@ TensorBoard writer. Only process 0 writes, so every process may call it.
 recomputation not included: `flops.matmul_flops`) / step time / peak FLOP/s.
 `mfu_xla` is the same with XLA's cost analysis for FLOPs (`flops.step_flops`:
 elementwise work and recomputation included), where that count is sane (on GPU
-it leaves out the cuBLAS/cuDNN calls: no `mfu_xla` there). Accelerator peaks are the vendor dense figures in devices.py (H100/
-H200: 989 TFLOP/s bf16) for the model's matmul dtype; a CPU has no useful
+it leaves out the cuBLAS/cuDNN calls: no `mfu_xla` there). Accelerator peaks
+are the vendor dense figures in devices.py (H100/H200: 989 TFLOP/s bf16) for
+the model's matmul dtype; a CPU has no useful
 datasheet figure (it depends on cores, SIMD width and what else runs), so its
 peak is calibrated at start by timing a large f32 matmul in the same process.
 """

@@ -1,4 +1,4 @@
-"""Model FLOPs counted from a step's jaxpr (big_vit_lite/flops.py) against the analytic ViT count."""
+"""Model FLOPs counted from a step's jaxpr (big_vit_lite/flops.py) vs the analytic ViT count."""
 import json
 import os
 import re
@@ -52,7 +52,8 @@ def _analytic(model, batch, res, num_classes):
 
 @pytest.mark.parametrize("variant,res,pool,scan,accum,remat", [
     ("mu/8", 32, "tok", False, 1, None), ("mu/8", 32, "tok", True, 1, "nothing_saveable"),
-    ("mu/8", 32, "tok", False, 2, "dots_saveable"), ("mu/8", 32, "tok", True, 2, "nothing_saveable"),
+    ("mu/8", 32, "tok", False, 2, "dots_saveable"),
+    ("mu/8", 32, "tok", True, 2, "nothing_saveable"),
     ("Ti/16", 64, "gap", False, 1, "nothing_saveable"), ("Ti/16", 64, "gap", True, 2, None)])
 def test_model_flops_are_the_analytic_count_whatever_scan_accum_and_remat(
     variant, res, pool, scan, accum, remat):
@@ -63,8 +64,8 @@ def test_model_flops_are_the_analytic_count_whatever_scan_accum_and_remat(
   assert model_f == _analytic(model, 4, res, 10)  # exact: every matmul, nothing else
   if remat == "nothing_saveable":  # recomputes each block's forward (less its last matmul)
     arch = model.arch()
-    blocks = flops.vit_forward_flops(arch, tokens=(res // arch["patch_size"]) ** 2 + (pool == "tok"),
-                                     patches=1)["blocks"] * 4
+    tokens = (res // arch["patch_size"]) ** 2 + (pool == "tok")
+    blocks = flops.vit_forward_flops(arch, tokens=tokens, patches=1)["blocks"] * 4
     assert 0.5 * blocks < hw_f - model_f <= blocks
   else:  # nothing recomputed (dots_saveable keeps every matmul's output)
     assert hw_f == model_f
