@@ -133,8 +133,10 @@ def render_markdown(records):
       "hand. Training: forward + softmax xent + backward + AdamW, f32, random data (no input",
       "pipeline). Ours and timm (PyTorch CPU, 2 threads) run back to back in each round; the",
       "ratio is the median of the per-round ratios (min-max in brackets), img/s are medians over",
-      "rounds. MFU: achieved FLOP/s (XLA cost analysis of our step; the same count for timm) over",
-      "a square matmul timed in the same process (`jnp.dot` for ours, `torch.mm` for timm).",
+      "rounds. MFU: achieved FLOP/s (our step's FLOPs; the same count for timm) over a square",
+      "matmul timed in the same process (`jnp.dot` for ours, `torch.mm` for timm). Step FLOPs:",
+      "XLA's cost analysis (elementwise work included) in rows before 2026-12-05, model FLOPs",
+      "(the matmuls of the step's jaxpr, big_vit_lite/flops.py: ~1% fewer on CPU) from then on.",
       "The machines are shared, so absolute img/s drift; the ratios are the figures to quote.",
       "CPU-time ratio: timm's process CPU seconds per training step over ours (median over",
       "rounds); it tracks each framework's own cost even when the neighbours' load swamps wall",
@@ -240,8 +242,14 @@ def write_markdown():
     if r.get("raw"):
       r["summary"] = summarize(r["raw"], r["raw"][0]["ours"]["train_step_flops"],
                                r["raw"][0]["ours"]["infer_step_flops"])
+  # The GPU section (appended by gpu_bench.py) is kept as it is.
+  gpu = ""
+  if os.path.exists(RESULTS_MD):
+    text = open(RESULTS_MD).read()
+    marker = "\n## GPU runs"
+    gpu = text[text.index(marker):] if marker in text else ""
   with open(RESULTS_MD, "w") as f:
-    f.write(render_markdown(records))
+    f.write(render_markdown(records) + gpu)
   print(f"wrote {RESULTS_MD}")
 
 

@@ -3,13 +3,19 @@
   python -m big_vit_lite.bench --variant=Ti/16 --batch=32 --res=224
   python -m big_vit_lite.bench --variant=Ti/16,S/16 --batch=8,32 --dtype=bfloat16
 
-Prints one JSON line per case (the cartesian product of --variant and
---batch). Times are medians (with min/max) over --steps repeated steps after
---warmup steps. MFU is measured against a square matmul of the same dtype
-timed in this process right before the case (`calib_gflops`): on a shared or
-throttled machine that ratio is far more stable than any absolute figure.
-Where the device's datasheet peak is known (or given with --peak_tflops), the
-JSON also has `mfu_peak`.
+Prints one JSON line per case (the cartesian product of --variant, --batch
+and --remat). Times are medians (with min/max) over --steps repeated steps
+after --warmup steps.
+
+FLOPs and MFU (big_vit_lite/flops.py): `step_flops` are the step's model
+FLOPs, its matmuls counted from the jaxpr (remat's recomputation not
+included: `hw_step_flops` has it); `xla_step_flops` is XLA's cost analysis
+(which on GPU misses the cuBLAS/cuDNN calls). `mfu` = model FLOPs / step time
+/ the datasheet peak of the devices (devices.py, or --peak_tflops), or, where
+no peak is known (CPU), / a square matmul of the same dtype timed in this
+process right before the case (`calib_gflops`); `mfu_basis` says which.
+`mfu_calib` is always against the timed matmul (on a shared machine far more
+stable than any absolute figure), `mfu_xla` uses XLA's FLOPs.
 
 The training step is the real thing minus the input pipeline: forward,
 softmax cross-entropy, backward, AdamW, with the train state donated.
@@ -19,6 +25,7 @@ if __name__ == "__main__":  # First, before jax and TF load: once more with huge
   hostmem.use_huge_pages(__file__)
 
 import contextlib
+import itertools
 import json
 import resource
 import statistics
@@ -47,8 +54,9 @@ _RES = flags.DEFINE_integer("res", 224, "Image resolution (square).")
 _NUM_CLASSES = flags.DEFINE_integer("num_classes", 1000, "Classifier head size.")
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"],
                            "Matmul dtype (Model dtype_mm); params stay float32.")
-_REMAT = flags.DEFINE_string("remat", "none",
-                             "Model remat_policy: 'none' or a jax.checkpoint_policies name.")
+_REMAT = flags.DEFINE_list("remat", ["none"],
+                           "Model remat_policy(s): 'none' or jax.checkpoint_policies names, e.g. "
+                           "none,nothing_saveable to report both.")
 _SCAN = flags.DEFINE_bool("scan", False, "Run the encoder blocks under nn.scan.")
 _MODEL_KW = flags.DEFINE_string("model_kw", "{}",
                                 "JSON dict of extra vit.Model kwargs, e.g. '{\"gelu\": \"tanh\"}'.")
@@ -137,13 +145,16 @@ def _shardings(model, mesh, x):
 
 
 def bench_model(model, *, batch, res, num_classes, mode=("train", "infer"), mesh=None,
-                steps=5, warmup=2, calib_gflops=None, peak_flops=None, grad_accum_steps=1):
+                steps=5, warmup=2, calib_gflops=None, peak_flops=None, grad_accum_steps=1,
+                trace_dir=None):
   """Times one model's train and/or inference step; returns the JSON-able result dict.
 
   model: a flax module whose apply(..., train=) returns (logits, out).
-  calib_gflops: in-process matmul rate of all devices together, for MFU (None: no MFU).
-  peak_flops: datasheet peak of all devices together (None: no mfu_peak).
+  calib_gflops: in-process matmul rate of all devices together (None: no mfu_calib).
+  peak_flops: datasheet peak of all devices together; `mfu` is against it, else against
+  calib_gflops (neither: mfu None).
   grad_accum_steps: the training step's microbatches (big_vit_lite.grad_accum).
+  trace_dir: if set, the timed training steps run under jax.profiler.trace (Perfetto JSON too).
   FLOPs and achieved FLOP/s are of the whole step, summed over the mesh's devices.
   """
   rng = jax.random.PRNGKey(0)
@@ -164,21 +175,30 @@ def bench_model(model, *, batch, res, num_classes, mode=("train", "infer"), mesh
   def finish(prefix, traced, compiled, compile_s, times, cpu_times):
     med, lo, hi = _median_min_max(times)
     out[f"{prefix}_cpu_s"] = statistics.median(cpu_times)
-    # One device's share of a partitioned program (XLA's view), loops counted in full.
-    flops = flops_lib.step_flops(traced, compiled, num_devices=n_dev)
-    flops = float("nan") if flops is None else flops * n_dev
+    model, hw = flops_lib.matmul_flops(traced.jaxpr)  # the whole step, all devices
+    # XLA: one device's share of a partitioned program, loops counted in full.
+    xla = flops_lib.step_flops(traced, compiled, num_devices=n_dev)
+    xla = float("nan") if xla is None else xla * n_dev
+    flops = float(model)
     out.update({
         f"{prefix}_compile_s": compile_s,
         f"{prefix}_step_s": med, f"{prefix}_step_s_min": lo, f"{prefix}_step_s_max": hi,
         f"{prefix}_img_per_s": batch / med,
         f"{prefix}_step_flops": flops,
+        f"{prefix}_hw_step_flops": float(hw),
+        f"{prefix}_xla_step_flops": xla,
         f"{prefix}_achieved_gflops": flops / med / 1e9,
         f"{prefix}_program_bytes": _program_bytes(compiled),
     })
+    peak = peak_flops or (calib_gflops * 1e9 if calib_gflops else None)
+    if peak:
+      out[f"{prefix}_mfu"] = flops / med / peak
+      out[f"{prefix}_mfu_hw"] = hw / med / peak
+      # XLA's figure only where it is sane (on GPU it misses the cuBLAS/cuDNN calls).
+      sane = flops_lib.sane_xla_flops(xla, model)
+      out[f"{prefix}_mfu_xla"] = sane / med / peak if sane else None
     if calib_gflops:
-      out[f"{prefix}_mfu"] = flops / med / 1e9 / calib_gflops
-    if peak_flops:
-      out[f"{prefix}_mfu_peak"] = flops / med / peak_flops
+      out[f"{prefix}_mfu_calib"] = flops / med / 1e9 / calib_gflops
 
   if "train" in mode:
     tx = optax.adamw(1e-3, weight_decay=1e-4)
@@ -209,7 +229,10 @@ def bench_model(model, *, batch, res, num_classes, mode=("train", "infer"), mesh
       loss.block_until_ready()
 
     cpu_times = []
-    times = time_calls(run, warmup, steps, cpu_times)
+    time_calls(run, warmup, 0)
+    with (jax.profiler.trace(trace_dir, create_perfetto_trace=True) if trace_dir
+          else contextlib.nullcontext()):
+      times = time_calls(run, 0, steps, cpu_times)
     finish("train", traced, compiled, compile_s, times, cpu_times)
     params = state[0]
     del state
@@ -226,9 +249,9 @@ def bench_model(model, *, batch, res, num_classes, mode=("train", "infer"), mesh
 
   # Contract keys: step_flops / mfu refer to the training step when timed.
   main = "train" if "train" in mode else "infer"
-  out["step_flops"] = out[f"{main}_step_flops"]
-  out["achieved_gflops"] = out[f"{main}_achieved_gflops"]
-  out["mfu"] = out.get(f"{main}_mfu")
+  for key in ("step_flops", "xla_step_flops", "achieved_gflops", "mfu", "mfu_xla"):
+    out[key] = out.get(f"{main}_{key}")
+  out["mfu_basis"] = "datasheet" if peak_flops else "calib" if calib_gflops else None
   return out
 
 
@@ -301,6 +324,7 @@ def check_model(model, res, variant):
 
 
 def build_model(variant, num_classes, dtype, remat, scan, model_kw):
+  """vit.Model for the flags: remat 'none' (no remat) or a policy name."""
   from big_vit_lite.models import vit  # imported late: bench flags parse without it
   kw = dict(num_classes=num_classes, variant=variant, dtype_mm=dtype,
             remat_policy=None if remat == "none" else remat, scan=scan)
@@ -326,51 +350,53 @@ def main(argv):
     mesh = parse_mesh(_MESH.value)
     check_mesh_args(mesh, batches, _GRAD_ACCUM.value, _MESH.value, _NUM_CPU_DEVICES.value)
     for variant in _VARIANT.value:  # A model the flags cannot build fails here, in one line.
-      check_model(build_model(variant, _NUM_CLASSES.value, _DTYPE.value, _REMAT.value,
-                              _SCAN.value, model_kw), _RES.value, variant)
+      for remat in _REMAT.value:
+        check_model(build_model(variant, _NUM_CLASSES.value, _DTYPE.value, remat,
+                                _SCAN.value, model_kw), _RES.value, variant)
   except ValueError as e:
     sys.exit(f"bench: {e}")
   dev = jax.devices()[0]
-  peak = _PEAK_TFLOPS.value * 1e12 if _PEAK_TFLOPS.value else devices.datasheet_peak(dev, _DTYPE.value)
+  peak = (_PEAK_TFLOPS.value * 1e12 if _PEAK_TFLOPS.value
+          else devices.datasheet_peak(dev, _DTYPE.value))
   n_dev = mesh.size if mesh is not None else 1
 
-  for variant in _VARIANT.value:
-    for batch in batches:
-      model = build_model(variant, _NUM_CLASSES.value, _DTYPE.value, _REMAT.value,
-                          _SCAN.value, model_kw)
-      # MFU against device 0's matmul rate times the device count on
-      # accelerators. CPU devices (num_cpu_devices / XLA's host device count)
-      # share the same cores, and one device's matmul already uses them all,
-      # so there the calibrated rate is the whole machine's.
-      calib_before = calibrate_matmul(_CALIB_N.value, _DTYPE.value)
-      calib_devices = 1 if dev.platform == "cpu" else n_dev
-      ctx = jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext()
-      try:
-        with ctx:
-          res = bench_model(model, batch=batch, res=_RES.value,
-                            num_classes=_NUM_CLASSES.value, mode=tuple(_MODE.value),
-                            mesh=mesh, steps=_STEPS.value, warmup=_WARMUP.value,
-                            calib_gflops=calib_before * calib_devices,
-                            peak_flops=peak * n_dev if peak else None,
-                            grad_accum_steps=_GRAD_ACCUM.value)
-      except jax.errors.JaxRuntimeError as e:
-        if not oom.is_oom(e):
-          raise
-        sys.exit(f"bench: {variant}: " + oom.message(
-            e, what="the benchmark", batch_size=batch, devices=sharding.batch_devices(mesh),
-            grad_accum_steps=_GRAD_ACCUM.value))
-      calib_after = calibrate_matmul(_CALIB_N.value, _DTYPE.value)
-      line = dict(variant=variant, dtype=_DTYPE.value, remat=_REMAT.value,
-                  scan=_SCAN.value, grad_accum_steps=_GRAD_ACCUM.value,
-                  mesh=_MESH.value or None, model_kw=model_kw,
-                  cpu_flags=_CPU_FLAGS.value, host_malloc=hostmem.status(),
-                  device_kind=dev.device_kind,
-                  num_devices=n_dev, jax_version=jax.__version__,
-                  calib_gflops=calib_before, calib_gflops_after=calib_after,
-                  datasheet_peak_tflops=peak / 1e12 if peak else None)
-      line.update(res)
-      line.update(peak_memory())
-      print(json.dumps(line), flush=True)
+  for variant, batch, remat in itertools.product(_VARIANT.value, batches, _REMAT.value):
+    model = build_model(variant, _NUM_CLASSES.value, _DTYPE.value, remat,
+                        _SCAN.value, model_kw)
+    # MFU against device 0's matmul rate times the device count on
+    # accelerators. CPU devices (num_cpu_devices / XLA's host device count)
+    # share the same cores, and one device's matmul already uses them all,
+    # so there the calibrated rate is the whole machine's.
+    calib_before = calibrate_matmul(_CALIB_N.value, _DTYPE.value)
+    calib_devices = 1 if dev.platform == "cpu" else n_dev
+    ctx = jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext()
+    try:
+      with ctx:
+        res = bench_model(model, batch=batch, res=_RES.value,
+                          num_classes=_NUM_CLASSES.value, mode=tuple(_MODE.value),
+                          mesh=mesh, steps=_STEPS.value, warmup=_WARMUP.value,
+                          calib_gflops=calib_before * calib_devices,
+                          peak_flops=peak * n_dev if peak else None,
+                          grad_accum_steps=_GRAD_ACCUM.value)
+    except jax.errors.JaxRuntimeError as e:
+      if not oom.is_oom(e):
+        raise
+      sys.exit(f"bench: {variant}: " + oom.message(
+          e, what="the benchmark", batch_size=batch, devices=sharding.batch_devices(mesh),
+          grad_accum_steps=_GRAD_ACCUM.value))
+    calib_after = calibrate_matmul(_CALIB_N.value, _DTYPE.value)
+    line = dict(variant=variant, dtype=_DTYPE.value, remat=remat,
+                attention=model.resolved_attention(),
+                scan=_SCAN.value, grad_accum_steps=_GRAD_ACCUM.value,
+                mesh=_MESH.value or None, model_kw=model_kw,
+                cpu_flags=_CPU_FLAGS.value, host_malloc=hostmem.status(),
+                device_kind=dev.device_kind,
+                num_devices=n_dev, jax_version=jax.__version__,
+                calib_gflops=calib_before, calib_gflops_after=calib_after,
+                datasheet_peak_tflops=peak / 1e12 if peak else None)
+    line.update(res)
+    line.update(peak_memory())
+    print(json.dumps(line), flush=True)
 
 
 def _apply_cpu_flags_from_argv():

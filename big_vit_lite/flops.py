@@ -1,4 +1,17 @@
-"""FLOPs of a compiled step, counting a loop body once per iteration.
+"""FLOPs of a step: model FLOPs from its jaxpr (for MFU), and XLA's hardware count.
+
+Model FLOPs (`matmul_flops`, `model_flops`): the matmuls and convolutions the
+step's jaxpr asks for, counted exactly (2 x multiply-adds), every `scan` body
+times its length, cuDNN attention calls by their shapes; elementwise work is
+not counted (the usual MFU convention: the peak is a matmul rate). Forward
+work that `jax.checkpoint` (remat) recomputes in the backward pass is counted
+apart as hardware FLOPs, not as model FLOPs, so MFU does not change with the
+remat policy. This count is the same on every backend; XLA's cost analysis is
+not: on GPU it leaves out the cuBLAS/cuDNN calls (ViT-B/16 on an H200 read
+0.018 MFU for a true 0.256).
+
+`step_flops` is XLA's own figure (cost analysis, elementwise included),
+corrected for loops as below: the secondary "xla" figure.
 
 XLA's cost analysis (`compiled.cost_analysis()["flops"]`) counts the body of a
 while loop once, whatever its trip count. Measured on jax 0.10.2: ViT-Ti/16
@@ -115,9 +128,141 @@ def jaxpr_flops(jaxpr, *, unroll_scans: bool = True) -> int:
   return total
 
 
+# cuDNN fused attention (jax.nn.dot_product_attention(implementation="cudnn")): one primitive
+# per direction, no dot_general inside. Forward: Q K^T and P V; backward: dP, dS, dQ, dK, dV,
+# 4 matmuls of model work plus Q K^T recomputed (flash attention keeps no probabilities).
+_CUDNN_ATTENTION = {"dot_product_attention_fwd_wrapper": (2, 0),
+                    "dot_product_attention_bwd_wrapper": (4, 1),
+                    "dot_product_attention_fwd": (2, 0), "dot_product_attention_bwd": (4, 1)}
+_REMAT = ("remat2", "checkpoint", "remat")
+
+
+def _attention_flops(eqn):
+  """(model, recomputed) FLOPs of a cuDNN attention call, from q's and k's shapes."""
+  matmuls, recomputed = _CUDNN_ATTENTION[eqn.primitive.name]
+  q, k = eqn.invars[0].aval.shape, eqn.invars[1].aval.shape
+  if eqn.params.get("layout", 0) == 1:  # BNTH
+    (b, n, t, h), s = q, k[2]
+  else:  # BTNH
+    (b, t, n, h), s = q, k[1]
+  one = 2 * b * n * t * s * h
+  return matmuls * one, recomputed * one
+
+
+def _recompute_mask(jaxpr):
+  """Per eqn of a differentiated remat body: True where it recomputes forward work.
+
+  The body jax builds to transpose a remat takes (consts, primal residuals, cotangents) in
+  that order and returns cotangents. Forward recomputation is what does not depend on the
+  cotangent inputs: the last K invars for the smallest K that every output depends on.
+  """
+  deps = {v: 1 << i for i, v in enumerate(jaxpr.invars)}
+  eqn_deps = []
+  for eqn in jaxpr.eqns:
+    d = 0
+    for v in eqn.invars:
+      d |= deps.get(v, 0) if not isinstance(v, jex_core.Literal) else 0
+    eqn_deps.append(d)
+    for v in eqn.outvars:
+      deps[v] = d
+  outs = [deps.get(v, 0) for v in jaxpr.outvars if not isinstance(v, jex_core.Literal)]
+  n = len(jaxpr.invars)
+  ct = 0
+  for k in range(1, n + 1):
+    ct = ((1 << k) - 1) << (n - k)
+    if all(d & ct for d in outs if d):
+      break
+  return [not d & ct for d in eqn_deps]
+
+
+def _eqn_matmuls(eqn):
+  """(all, recomputed) matmul FLOPs of one eqn, sub-jaxprs and loops included."""
+  name = eqn.primitive.name
+  if name == "dot_general":
+    return _dot_flops(eqn), 0
+  if name == "conv_general_dilated":
+    return _conv_flops(eqn), 0
+  if name in _CUDNN_ATTENTION:
+    model, recomputed = _attention_flops(eqn)
+    return model + recomputed, recomputed
+  if name == "cond":  # one branch runs: the costliest
+    return max((_matmuls(b) for b in eqn.params["branches"]), default=(0, 0))
+  total = recomputed = 0
+  for v in eqn.params.values():
+    for j in _sub_jaxprs(v):
+      if name in _REMAT and eqn.params.get("differentiated"):
+        for e, again in zip(j.eqns, _recompute_mask(j)):
+          t, r = _eqn_matmuls(e)
+          total, recomputed = total + t, recomputed + (t if again else r)
+      else:
+        t, r = _matmuls(j)
+        total, recomputed = total + t, recomputed + r
+  if name == "scan":
+    total, recomputed = total * int(eqn.params["length"]), recomputed * int(eqn.params["length"])
+  return total, recomputed
+
+
+def _matmuls(jaxpr):
+  if isinstance(jaxpr, jex_core.ClosedJaxpr):
+    jaxpr = jaxpr.jaxpr
+  total = recomputed = 0
+  for eqn in jaxpr.eqns:
+    t, r = _eqn_matmuls(eqn)
+    total, recomputed = total + t, recomputed + r
+  return total, recomputed
+
+
+def matmul_flops(jaxpr) -> tuple[int, int]:
+  """(model FLOPs, hardware matmul FLOPs) of a jaxpr: matmuls without / with remat's recompute.
+
+  Every scan body counts times its length, `cond` its costliest branch, a `while` body once
+  (its trip count is data). For a step traced under jit on a mesh: the global figure
+  (a shard_map body, with per-device shapes, would count once).
+  """
+  total, recomputed = _matmuls(jaxpr)
+  return total - recomputed, total
+
+
+def model_flops(traced: jax.stages.Traced) -> int:
+  """Model FLOPs of one call of a traced step (`jax.jit(f).trace(...)`), all devices together."""
+  return matmul_flops(traced.jaxpr)[0]
+
+
+def vit_forward_flops(arch: dict, *, tokens: int, patches: int, channels: int = 3,
+                      num_classes: int = 0) -> dict:
+  """Analytic matmul FLOPs of one image's forward pass through a ViT, by part.
+
+  Per block: q/k/v/out projections 4 T D^2 and MLP 2 T D M multiply-adds, attention scores and
+  weighted sum 2 T^2 D; patch embedding P^2 C D per patch; head D K. FLOPs = 2 x multiply-adds.
+  A training step is 3x the forward (backward = 2x) less `embed` once: the image needs no
+  gradient. (Class-token pooling; MAP heads and rep_size layers are not included.)
+  """
+  t, d, m, p = tokens, arch["width"], arch["mlp_dim"], arch["patch_size"]
+  blocks = arch["depth"] * 2 * (4 * t * d * d + 2 * t * d * m + 2 * t * t * d)
+  return dict(blocks=blocks, embed=2 * patches * p * p * channels * d, head=2 * d * num_classes)
+
+
+def vit_train_flops(arch: dict, *, batch: int, **kw) -> int:
+  """Analytic model FLOPs of a ViT training step on `batch` images (see vit_forward_flops)."""
+  f = vit_forward_flops(arch, **kw)
+  return batch * (3 * (f["blocks"] + f["embed"] + f["head"]) - f["embed"])
+
+
+def sane_xla_flops(xla, model):
+  """XLA's count where it is a plausible hardware figure (>= 90% of the model FLOPs), else None.
+
+  XLA counts matmuls and elementwise work, so it reads more than the model FLOPs, except where
+  the matmuls run in library calls it does not look into (cuBLAS, cuDNN on GPU).
+  """
+  return xla if xla and model and xla >= 0.9 * model else None
+
+
 def step_flops(traced: jax.stages.Traced, compiled: jax.stages.Compiled,
                num_devices: int = 1) -> float | None:
-  """FLOPs of one call of `compiled` on one device (XLA's SPMD view), loops counted in full.
+  """XLA's FLOPs of one call of `compiled` on one device (its SPMD view), loops counted in full.
+
+  The hardware figure XLA reports (elementwise work included, remat's recomputation too);
+  on GPU it misses the library calls (cuBLAS, cuDNN). MFU uses `model_flops` instead.
 
   traced: `jax.jit(f).trace(...)`, the trace `compiled` was lowered from.
   num_devices: devices the program is partitioned over; the jaxpr counts the

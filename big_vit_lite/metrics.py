@@ -4,12 +4,15 @@
 `{"step": step, ...}` to `workdir/metrics.jsonl` and the scalars to clu's
 TensorBoard writer. Only process 0 writes, so every process may call it.
 
-MFU = achieved FLOP/s (the compiled step's FLOPs, `flops.step_flops`: XLA's
-cost analysis with loop iterations counted in full, over the measured step
-time) / peak FLOP/s. Accelerator peaks are the vendor dense
-bf16 figures in devices.py; a CPU has no useful datasheet figure (it depends on
-cores, SIMD width and what else runs), so its peak is calibrated at start by
-timing a large f32 matmul in the same process.
+`mfu` = model FLOPs of the step (its matmuls counted from the jaxpr, remat's
+recomputation not included: `flops.matmul_flops`) / step time / peak FLOP/s.
+`mfu_xla` is the same with XLA's cost analysis for FLOPs (`flops.step_flops`:
+elementwise work and recomputation included), where that count is sane (on GPU
+it leaves out the cuBLAS/cuDNN calls: no `mfu_xla` there). Accelerator peaks
+are the vendor dense figures in devices.py (H100/H200: 989 TFLOP/s bf16) for
+the model's matmul dtype; a CPU has no useful
+datasheet figure (it depends on cores, SIMD width and what else runs), so its
+peak is calibrated at start by timing a large f32 matmul in the same process.
 """
 import json
 import math
@@ -38,8 +41,8 @@ def calibrate_cpu_flops(n=1024, reps=5):
   return 2 * n**3 / best
 
 
-def peak_flops_per_device(device=None):
-  """Peak FLOP/s of one device, or None when its kind is unknown.
+def peak_flops_per_device(device=None, dtype="bfloat16"):
+  """Peak FLOP/s of one device for matmuls in `dtype`, or None when its kind is unknown.
 
   For CPU devices the calibrated matmul rate of the whole process is divided
   among its (possibly simulated) devices, since they share the same cores.
@@ -47,8 +50,10 @@ def peak_flops_per_device(device=None):
   device = device or jax.local_devices()[0]
   if device.platform == "cpu":
     return calibrate_cpu_flops() / max(1, jax.local_device_count())
-  # Accelerators: the datasheet bf16 peak, the usual MFU denominator.
-  return devices.datasheet_peak(device, "bfloat16")
+  # Accelerators: the datasheet peak (bf16: the usual MFU denominator; f32 runs at
+  # JAX's default precision, TF32 on GPUs).
+  dtype = "float32" if str(jnp.dtype(dtype)) == "float32" else "bfloat16"
+  return devices.datasheet_peak(device, dtype)
 
 
 class MetricWriter:
@@ -210,16 +215,19 @@ class Chrono:
 
   Time spent in evaluation and checkpointing is paused out so that img/s
   measures training only. `core_hours_before`: what the earlier attempts of a
-  resumed run used, so that core_hours counts the whole run.
+  resumed run used, so that core_hours counts the whole run. `step_flops`: model FLOPs of
+  a step (the `mfu`), `xla_step_flops`: XLA's count (`mfu_xla`), both per device like
+  `peak_flops_total`.
   """
 
   def __init__(self, *, first_step, total_steps, global_batch, step_flops=None,
-               peak_flops_total=None, core_hours_before=0.0):
+               peak_flops_total=None, core_hours_before=0.0, xla_step_flops=None):
     self.first_step = first_step
     self.core_hours_before = float(core_hours_before or 0.0)
     self.total_steps = total_steps
     self.global_batch = global_batch
     self.step_flops = step_flops
+    self.xla_step_flops = xla_step_flops
     self.peak_flops_total = peak_flops_total
     self.start = time.perf_counter()
     self._last_time = None
@@ -264,8 +272,10 @@ class Chrono:
         "core_hours": self.core_hours_before + self.train_seconds * self.num_cores / 3600,
         "uptime_hours": (now - self.start) / 3600,
     }
-    if self.step_flops and self.peak_flops_total:
-      out["mfu"] = self.step_flops / step_time / self.peak_flops_total
+    if self.peak_flops_total:
+      for key, flops in (("mfu", self.step_flops), ("mfu_xla", self.xla_step_flops)):
+        if flops:
+          out[key] = flops / step_time / self.peak_flops_total
     return out
 
 

@@ -31,7 +31,7 @@ def requested_bytes(err: BaseException):
 
 TRAIN_ADVICE = (
     "Lower input.batch_size or raise grad_accum_steps (same batch in sequential "
-    "microbatches), keep model.remat_policy='nothing_saveable', or split params and optimizer "
+    "microbatches), set model.remat_policy='nothing_saveable', or split params and optimizer "
     "state with an fsdp mesh axis; `python -m big_vit_lite.plan --config=... --mesh=...` "
     "estimates the memory per device without running.")
 EVAL_ADVICE = ("Lower the evals' batch_size (--config.evals.NAME.batch_size=...) or evaluate on "

@@ -25,14 +25,16 @@ those of a run without remat (the analytic figure is what a TPU/GPU scheduler ac
 
 With --json the last line is one JSON object: params_bytes_per_device, opt_bytes_per_device,
 grad_bytes_per_device, act_bytes_per_device, total_bytes_per_device, hbm_bytes, fits,
-flops_per_step (model FLOPs, fwd+bwd, whole global batch), hw_flops_per_step (+ remat
-recomputation), step_time_s, mfu_bound, grad_accum_steps, micro_batch (per device),
+flops_per_step (model FLOPs: the matmuls of fwd+bwd, whole global batch, as bench and the
+trainer count them for MFU), hw_flops_per_step (+ remat recomputation), fits_with_remat (None
+where it fits or remat is on; else whether remat_policy='nothing_saveable' would fit, and
+total_bytes_with_remat), step_time_s, mfu_bound, grad_accum_steps, micro_batch (per device),
 grad_accum_bytes_per_device, arch (width, depth, mlp_dim, num_heads, patch_size), ignored_px
 (image rows/columns the patchify drops: res % patch), unsplit_params (param dims the mesh axes
 do not divide: kept whole, or FSDP moved to another dim, exactly as the trainer shards them;
 also a `note:` line of the report), and, with --compile, compiled_* fields
-(compiled_flops_per_device counts scanned loops, model scan=True or k > 1, once per iteration:
-big_vit_lite/flops.py).
+(compiled_flops_per_device: XLA's count, scanned loops counted once per iteration;
+compiled_model_flops: the jaxpr's matmul count, the one flops_per_step predicts: big_vit_lite/flops.py).
 """
 from __future__ import annotations
 
@@ -215,19 +217,16 @@ def train_flops(arch: dict, *, batch: int, res: int, num_classes: int, tokens: i
                 remat: bool, channels: int = 3) -> tuple[float, float]:
   """(model FLOPs, hardware FLOPs) of one train step on the global batch.
 
-  Forward per example: 2*MACs of the patch embedding, per block q/k/v/out (4 T D^2), scores and
-  weighted sum (2 T^2 D), MLP (2 T D M), and the head. Backward = 2x forward (model FLOPs =
-  3x forward, the usual MFU convention); remat recomputes the blocks' forward once more.
+  Model FLOPs: the matmuls of forward + backward (flops.vit_train_flops: 3x the forward less
+  the image's gradient), the figure bench and the trainer count from the step's jaxpr for
+  MFU. Hardware: plus remat's recomputation of the blocks' forward.
   """
-  t, d, m, p = tokens, arch["width"], arch["mlp_dim"], arch["patch_size"]
-  patches = (res // p) ** 2
-  block = 2 * (4 * t * d * d + 2 * t * t * d + 2 * t * d * m)
-  embed = 2 * patches * p * p * channels * d
-  head = 2 * d * num_classes
-  fwd = embed + arch["depth"] * block + head
-  model = 3 * fwd * batch
-  hw = model + (arch["depth"] * block * batch if remat else 0)
-  return float(model), float(hw)
+  from big_vit_lite import flops as flops_lib
+  kw = dict(tokens=tokens, patches=(res // arch["patch_size"]) ** 2, channels=channels,
+            num_classes=num_classes)
+  model = flops_lib.vit_train_flops(arch, batch=batch, **kw)
+  blocks = flops_lib.vit_forward_flops(arch, **kw)["blocks"]
+  return float(model), float(model + (blocks * batch if remat else 0))
 
 
 def resolve_device(device: str) -> str:
@@ -299,6 +298,14 @@ def plan(config, mesh: dict, device: str, res: int | None = None) -> dict:
   else:
     gathered_b = int(n_params * 4 / tp)
   total_b = params_b + opt_b + grads_b + accum_b + act_b + batch_b + gathered_b
+  usable = USABLE_FRACTION * spec.hbm_bytes
+  remat_total_b = None  # Without remat and too big: what remat (nothing_saveable) would need.
+  if not remat and total_b > usable:
+    remat_act = activation_bytes(arch, local_batch=micro_batch, tokens=tokens, remat=True,
+                                 mm_bytes=mm_bytes, tp=tp, num_classes=num_classes,
+                                 image_numel=res * res * channels, dropout=model.dropout > 0)
+    gathered_remat = int(2 * n_params / max(1, arch["depth"]) * 4 / tp) if fsdp > 1 else 0
+    remat_total_b = total_b - act_b + remat_act - gathered_b + gathered_remat
 
   # Accumulation does not change the FLOPs of a step: the same examples go forward and backward,
   # in k pieces (the k-1 extra gradient additions are elementwise, not counted here).
@@ -331,7 +338,10 @@ def plan(config, mesh: dict, device: str, res: int | None = None) -> dict:
       act_bytes_per_device=int(act_b),
       batch_bytes_per_device=int(batch_b), fsdp_gather_bytes_per_device=int(gathered_b),
       total_bytes_per_device=int(total_b), hbm_bytes=int(spec.hbm_bytes),
-      fits=bool(total_b <= USABLE_FRACTION * spec.hbm_bytes),
+      fits=bool(total_b <= usable),
+      # Only set where it does not fit without remat: would remat_policy='nothing_saveable'?
+      fits_with_remat=None if remat_total_b is None else bool(remat_total_b <= usable),
+      total_bytes_with_remat=remat_total_b,
       flops_per_step=model_flops, hw_flops_per_step=hw_flops,
       compute_time_s=compute_s, comm_time_s=comm_s, step_time_s=step_s,
       mfu_bound=model_flops / n_dev / peak / step_s,
@@ -401,6 +411,7 @@ def compiled_stats(config, mesh: dict, res: int) -> dict:
   # model's layer scan (scan=True) and of the microbatch scan (k > 1).
   step_flops = flops_lib.step_flops(traced, compiled, num_devices=n_dev)
   return dict(
+      compiled_model_flops=float(flops_lib.model_flops(traced)),
       compiled_argument_bytes=int(mem.argument_size_in_bytes),
       compiled_output_bytes=int(mem.output_size_in_bytes),
       compiled_alias_bytes=int(mem.alias_size_in_bytes),
@@ -464,7 +475,12 @@ def format_report(p: dict) -> str:
       f"  fsdp gathers    {_fmt_bytes(p['fsdp_gather_bytes_per_device'])}  (unsharded weights in use)",
       f"  total           {_fmt_bytes(p['total_bytes_per_device'])}  -> fits: "
       f"{'yes' if p['fits'] else 'NO'} (limit {USABLE_FRACTION:.0%} of HBM)",
-      f"FLOPs per step: {p['flops_per_step']:.3e} model, {p['hw_flops_per_step']:.3e} with remat",
+      *([f"  with remat      {_fmt_bytes(p['total_bytes_with_remat'])}  -> "
+         + ("fits with --config.model.remat_policy=nothing_saveable (each block's forward "
+            "recomputed: ~1/3 more block FLOPs)" if p["fits_with_remat"] else
+            "does not fit with remat either")] if p.get("fits_with_remat") is not None else []),
+      f"FLOPs per step: {p['flops_per_step']:.3e} model (matmuls, as MFU counts them), "
+      f"{p['hw_flops_per_step']:.3e} with remat's recomputation",
       f"step time >= {p['step_time_s'] * 1e3:.1f} ms (compute at peak {p['compute_time_s'] * 1e3:.1f} ms, "
       f"collectives {p['comm_time_s'] * 1e3:.1f} ms); MFU bound {p['mfu_bound']:.2f}",
   ]
@@ -479,7 +495,8 @@ def format_report(p: dict) -> str:
     lines.append(
         f"compiled on {p['devices']} simulated CPU devices: arguments "
         f"{_fmt_bytes(p['compiled_argument_bytes'])}, temporaries {_fmt_bytes(p['compiled_temp_bytes'])}, "
-        f"peak {_fmt_bytes(p['compiled_peak_bytes'])}; FLOPs/device {p['compiled_flops_per_device']:.3e}")
+        f"peak {_fmt_bytes(p['compiled_peak_bytes'])}; FLOPs/device {p['compiled_flops_per_device']:.3e} "
+        f"(XLA), model FLOPs/step {p['compiled_model_flops']:.3e} (jaxpr)")
   return "\n".join(lines)
 
 

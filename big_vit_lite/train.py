@@ -425,18 +425,20 @@ def _train(raw_config, workdir, cleanup):
                       for k, v in batch_spec.items()}
     if resume_step is not None and resume_step >= total_steps:
       # A finished run started again (e.g. by a scheduler): no step to compile.
-      update_compiled = step_flops = peak = None
+      update_compiled = step_flops = xla_flops = peak = None
     else:
       # One compile, reused for every step; donation lets XLA update in place.
       update_traced = jax.jit(update, in_shardings=(state_sh, batch_sh),
                               out_shardings=(state_sh, repl),
                               donate_argnums=(0,)).trace(state_abstract, batch_abstract)
       update_compiled = update_traced.lower().compile()
-      step_flops = flops_lib.step_flops(update_traced, update_compiled, num_devices=mesh.size)
-      peak = metrics_lib.peak_flops_per_device()
-      logging.info("Train step: %s GFLOP per device; device peak %s GFLOP/s",
-                   None if step_flops is None else f"{step_flops / 1e9:.4g}",
-                   None if peak is None else round(peak / 1e9, 1))
+      # Per device: model FLOPs (matmuls in the jaxpr, for `mfu`) and XLA's (`mfu_xla`).
+      step_flops = flops_lib.model_flops(update_traced) / mesh.size
+      xla_flops = flops_lib.step_flops(update_traced, update_compiled, num_devices=mesh.size)
+      peak = metrics_lib.peak_flops_per_device(dtype=model.dtype_mm)
+      logging.info("Train step: %.6g model GFLOP per device (XLA: %s); device peak %s GFLOP/s",
+                   step_flops / 1e9, None if xla_flops is None else f"{xla_flops / 1e9:.4g}",
+                   None if peak is None else f"{peak / 1e9:.6g}")
 
     # Drops what a killed earlier attempt logged after the resumed step (or
     # all of it, for a fresh start), in metrics.jsonl and in TensorBoard.
@@ -456,6 +458,7 @@ def _train(raw_config, workdir, cleanup):
     chrono = metrics_lib.Chrono(first_step=first_step, total_steps=total_steps,
                                 global_batch=batch_size, step_flops=step_flops,
                                 peak_flops_total=peak,
+                                xla_step_flops=flops_lib.sane_xla_flops(xla_flops, step_flops),
                                 core_hours_before=writer.last_value("core_hours"))
     preemption = ckpt_lib.PreemptionWatcher()
     cleanup.callback(preemption.close)

@@ -53,7 +53,9 @@ def get_config(arg=None):
 
   config.model_name = "vit"
   config.model = dict(variant="S/16", num_classes=1000, pool_type="gap", posemb="sincos2d",
-                      rep_size=False, head_zeroinit=True)
+                      rep_size=False, head_zeroinit=True,
+                      # No remat (None): S/16 fits without it (see `plan`); it costs ~20%.
+                      remat_policy=config_dict.placeholder(str))
   config.loss = "softmax_xent"
   # Start from another run / an .npz instead of random init: --config.model_init=SRC
   # (a training workdir, a checkpoint step dir or a vision_transformer .npz);

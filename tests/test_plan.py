@@ -85,6 +85,9 @@ def test_plan_matches_compiled_memory_analysis(tiny_config, mesh, dtype_mm, drop
   # replicated across it.
   ratio = p["hw_flops_per_step"] / p["devices"] / p["compiled_flops_per_device"]
   assert (0.85 if dropout == 0 else 0.7) <= ratio <= 1.0, ratio
+  # The model FLOPs counted in the compiled step's jaxpr (what bench and the trainer use for
+  # MFU) are the analytic figure exactly.
+  assert p["compiled_model_flops"] == p["flops_per_step"]
   # The human-readable report comes first.
   assert "fits: yes" in stdout and "optimizer state" in stdout
 
@@ -106,6 +109,7 @@ def test_grad_accum_compiles_to_less_memory_and_the_same_flops(tiny_config):
   assert two["compiled_flops_per_device"] == pytest.approx(one["compiled_flops_per_device"],
                                                            rel=0.04)
   assert two["flops_per_step"] == one["flops_per_step"]
+  assert two["compiled_model_flops"] == one["compiled_model_flops"] == one["flops_per_step"]
 
 
 @pytest.mark.timeout(120)
@@ -180,11 +184,37 @@ def test_plan_says_when_it_does_not_fit():
   assert p["fits"], p["total_bytes_per_device"]
 
 
+@pytest.mark.timeout(120)
+def test_plan_says_when_only_remat_makes_it_fit():
+  # L/16 at 256 images on one H100: activations without remat do not fit 80 GB, with remat
+  # (only each block's input kept) they do.
+  mesh = plan.parse_mesh("data:1")
+  p = plan.plan(_big_config("L/16", 256, remat=None), mesh, "h100")
+  assert not p["fits"] and p["fits_with_remat"] is True
+  assert p["total_bytes_with_remat"] < p["total_bytes_per_device"]
+  assert "fits with --config.model.remat_policy=nothing_saveable" in plan.format_report(p)
+  with_remat = plan.plan(_big_config("L/16", 256), mesh, "h100")
+  assert with_remat["fits"] and with_remat["fits_with_remat"] is None
+  assert with_remat["total_bytes_per_device"] == pytest.approx(p["total_bytes_with_remat"])
+  # Remat changes the hardware FLOPs, never the model FLOPs (what MFU counts).
+  assert with_remat["flops_per_step"] == p["flops_per_step"] < with_remat["hw_flops_per_step"]
+  # Far too big: remat does not help either, and the report says so.
+  p = plan.plan(_big_config("g/14", 2048, remat=None), mesh, "h100")
+  assert p["fits_with_remat"] is False and "not fit with remat either" in plan.format_report(p)
+
+
 def test_flops_match_the_literature():
   # ViT-B/16 at 224: 17.58 GMACs forward (timm's table); model FLOPs/step = 3 x 2 x MACs x batch.
   arch = dict(width=768, depth=12, mlp_dim=3072, num_heads=12, patch_size=16)
   model, hw = plan.train_flops(arch, batch=10, res=224, num_classes=1000, tokens=197, remat=True)
   assert model / (3 * 2 * 10) == pytest.approx(17.58e9, rel=0.01)
+  # What flops.py counts in the step's jaxpr (tests/test_flops.py): 3x the forward less the
+  # patch embedding's input gradient (the image needs none).
+  from big_vit_lite import flops
+  assert model == flops.vit_train_flops(arch, batch=10, tokens=197, patches=196, num_classes=1000)
+  fwd = flops.vit_forward_flops(arch, tokens=197, patches=196, num_classes=1000)
+  assert fwd["embed"] == 2 * 196 * 16 * 16 * 3 * 768
+  assert model == 10 * (3 * sum(fwd.values()) - fwd["embed"])
   assert hw > model  # Remat recomputes the forward of every block.
 
 
@@ -238,7 +268,8 @@ def test_plan_cli_on_the_vit_l16_config():
               "flops_per_step", "fits"):
     assert key in p
   assert p["devices"] == 256 and p["local_batch"] == 16 and p["fits"] is True
-  assert p["remat"] is True  # The model's default remat policy counts when the config omits it.
+  assert p["remat"] is False  # The config's choice: it fits without.
+  assert p["fits_with_remat"] is None
   # A config mesh with -1 needs --mesh (the planner has no devices to count).
   proc = _run_plan("--config=configs/vit_l16.py")
   assert proc.returncode != 0 and "--mesh" in proc.stderr.strip().splitlines()[-1]

@@ -98,7 +98,9 @@ def test_params_are_boxed_with_logical_names():
 
 def test_bad_options_are_one_line_errors():
   for kw in (dict(variant="X/16"), dict(variant="B16"), dict(pool_type="max"), dict(posemb="rope"),
-             dict(gelu="relu"), dict(remat_policy="no_such_policy")):
+             dict(gelu="relu"), dict(remat_policy="no_such_policy"), dict(attention="flash"),
+             dict(dtype_act="int8"), dict(attention="cudnn"),  # cudnn: no GPU here
+             dict(attention="cudnn", dtype_mm="float32")):
     with pytest.raises(ValueError) as e:
       _abstract_params(num_classes=10, **{"variant": "mu/16", **kw})
     assert "\n" not in str(e.value)
@@ -294,3 +296,47 @@ def test_gelu_exact_matches_jax_values_and_grads():
   ref = jax.jit(jax.value_and_grad(loss(lambda x: jax.nn.gelu(x, approximate=False))))(x)
   for a, b in zip(ours, ref):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("tq,tk", [(13, 13), (1, 13), (16, 16)])
+def test_padded_attention_is_the_unpadded_one(tq, tk):
+  """cuDNN's input layout (tokens padded, padded keys masked, padded rows dropped), on CPU
+  with jax's XLA implementation: the same values and gradients as no padding at all."""
+  kq, kk, kv, kg = jax.random.split(jax.random.key(5), 4)
+  q = jax.random.normal(kq, (2, tq, 3, 8))
+  k, v = (jax.random.normal(r, (2, tk, 3, 8)) for r in (kk, kv))
+  g = jax.random.normal(kg, (2, tq, 3, 8))
+
+  def loss(fn):
+    return lambda q, k, v: jnp.sum(fn(q, k, v) * g)
+
+  padded = lambda q, k, v: vit.padded_attention(q, k, v, implementation="xla", multiple=8)
+  got = jax.value_and_grad(loss(padded), argnums=(0, 1, 2))(q, k, v)
+  want = jax.value_and_grad(loss(vit.dot_product_attention), argnums=(0, 1, 2))(q, k, v)
+  assert padded(q, k, v).shape == q.shape
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_allclose(a, b, atol=2e-5, rtol=2e-5)
+
+
+def test_attention_kinds_give_one_model():
+  """attention=custom|xla|auto: the same params (checkpoints load either way) and logits."""
+  model, params = _init(attention="custom")
+  encoded = _apply(model, params)[1]["encoded"]  # (the logits of a zero-init head are 0)
+  assert model.resolved_attention() == "custom"
+  for kind in ("xla", "auto"):
+    other, other_params = _init(attention=kind)
+    assert jax.tree.structure(other_params) == jax.tree.structure(params)
+    np.testing.assert_allclose(_apply(other, params)[1]["encoded"], encoded, atol=2e-5,
+                               rtol=2e-5)
+  assert vit.Model(num_classes=1, variant="B/16").resolved_attention() == "custom"  # CPU
+  assert vit.Model(num_classes=1, variant="B/16").remat_policy is None  # no remat by default
+
+
+def test_bf16_residual_stream_is_close():
+  model, params = _init(dtype_mm="bfloat16")
+  out = _apply(model, params)[1]
+  act, _ = _init(dtype_mm="bfloat16", dtype_act="bfloat16")
+  out_bf16 = _apply(act, params)[1]
+  assert out["block00"].dtype == jnp.float32 and out_bf16["block00"].dtype == jnp.bfloat16
+  np.testing.assert_allclose(out_bf16["encoded"], out["encoded"], atol=6e-2, rtol=6e-2)
+  assert not np.array_equal(out_bf16["encoded"], out["encoded"])

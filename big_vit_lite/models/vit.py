@@ -27,6 +27,14 @@ partitioned (boxed) kernels and crashes under `jax.set_mesh` (Flax issue
 and activations carry `nn.with_logical_constraint`, so the trainer's rules
 pick data parallel, FSDP or tensor parallel without touching this file.
 
+Attention (`attention=`): "custom" is `dot_product_attention` below (hand-written
+backward, the fastest on CPU and +1.4% over "xla" on an H200); "xla" is
+`jax.nn.dot_product_attention(implementation="xla")`; "cudnn" is cuDNN flash
+attention (bf16/fp16 matmuls on an NVIDIA GPU), with the tokens padded to a
+multiple of CUDNN_SEQ_MULTIPLE and the padded keys masked; "auto" (default)
+takes cudnn on a CUDA GPU where the shapes allow it and custom elsewhere.
+All four give the same function (to rounding) and the same params.
+
 GELU defaults to the exact (erf) form, as timm and PyTorch use, so exported
 models give the same logits in timm. The original vision_transformer and
 big_vision code used the tanh approximation (`gelu="tanh"`); the two differ
@@ -37,6 +45,7 @@ from typing import Any, Optional, Sequence, Union
 
 import flax.linen as nn
 import jax
+from jax.extend import backend as jex_backend
 import jax.numpy as jnp
 import numpy as np
 
@@ -219,6 +228,60 @@ def _attention_core_bwd(res, dout):
 _attention_core.defvjp(_attention_core_fwd, _attention_core_bwd)
 
 
+ATTENTION_TYPES = ("auto", "custom", "xla", "cudnn")
+# Tokens are padded to a multiple of this for cuDNN. jax's check (jax/_src/cudnn/
+# fused_attention_stablehlo.py, check_is_flash_attention, 0.10-0.11) wants bf16/fp16, a head
+# dim that is a multiple of 8 and <= 256 on Hopper (128 before), and, in training with a bias
+# or boolean mask, even sequence lengths: ViT's 197 tokens were refused so. The padded keys
+# here are masked with key_value_seq_lengths (cuDNN's padding mask, no bias). 8 keeps the
+# padded work small (197 -> 200 tokens: +0.1% of a B/16 step, counted in its model FLOPs);
+# benchmarks/gpu_bench.py falls back to 64 (the kernel's tile) if a GPU refuses 8.
+CUDNN_SEQ_MULTIPLE = 8
+
+
+def _on_cuda() -> bool:
+  try:
+    return (jax.default_backend() == "gpu"
+            and "cuda" in jex_backend.get_backend().platform_version.lower())
+  except Exception:  # pylint: disable=broad-except  # no GPU backend at all
+    return False
+
+
+def cudnn_refusal(dtype, head_dim) -> Optional[str]:
+  """Why cuDNN flash attention cannot take these inputs (None: it can), as jax checks it."""
+  if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+    return f"cuDNN attention needs bfloat16/float16 matmuls, not dtype_mm={jnp.dtype(dtype).name}"
+  if head_dim % 8 or head_dim > 256:
+    return f"cuDNN attention needs a head dim that is a multiple of 8 and <= 256, not {head_dim}"
+  return None
+
+
+def padded_attention(q, k, v, implementation="cudnn", multiple=None):
+  """jax.nn.dot_product_attention on (batch, seq, heads, D/H) with the seq padded.
+
+  q and k/v are zero-padded to a multiple of `multiple` (default CUDNN_SEQ_MULTIPLE) tokens;
+  the padded keys are masked (key_value_seq_lengths) and the padded query rows dropped, so
+  the result is that of the unpadded attention.
+  """
+  multiple = multiple or CUDNN_SEQ_MULTIPLE
+  (b, t), s = q.shape[:2], k.shape[1]
+  pad_t, pad_s = -t % multiple, -s % multiple
+  pad = lambda a, n: jnp.pad(a, ((0, 0), (0, n), (0, 0), (0, 0))) if n else a
+  lengths = jnp.full((b,), s, jnp.int32) if pad_s else None
+  out = jax.nn.dot_product_attention(pad(q, pad_t), pad(k, pad_s), pad(v, pad_s),
+                                     key_value_seq_lengths=lengths, implementation=implementation)
+  return out[:, :t]
+
+
+def attention_fn(kind: str):
+  """The (batch, seq, heads, D/H) attention function of a resolved kind: custom | xla | cudnn."""
+  if kind == "custom":
+    return dot_product_attention
+  if kind == "xla":
+    return functools.partial(jax.nn.dot_product_attention, implementation="xla")
+  return functools.partial(padded_attention, implementation="cudnn")
+
+
 class _HeadsIn(nn.Module):
   """Projection (..., D) -> (..., H, D/H): the query/key/value params of one attention."""
   num_heads: int
@@ -257,6 +320,7 @@ class MultiHeadDotProductAttention(nn.Module):
   """Multi-head attention with vision_transformer's param names and shapes."""
   num_heads: int
   dtype_mm: Any = jnp.float32
+  attention: str = "custom"  # resolved: custom | xla | cudnn (see Model.attention)
 
   @nn.compact
   def __call__(self, x_q, x_kv):
@@ -267,7 +331,7 @@ class MultiHeadDotProductAttention(nn.Module):
     k = nn.with_logical_constraint(_HeadsIn(self.num_heads, self.dtype_mm, name="key")(x_kv), names)
     v = nn.with_logical_constraint(_HeadsIn(self.num_heads, self.dtype_mm, name="value")(x_kv), names)
     # Scale 1/sqrt(D/H), softmax in f32 even for bf16 inputs (as jax's XLA path).
-    y = dot_product_attention(q, k, v)
+    y = attention_fn(self.attention)(q, k, v)
     y = nn.with_logical_constraint(y, names)
     return _HeadsOut(self.dtype_mm, name="out")(y)
 
@@ -364,6 +428,7 @@ class Encoder1DBlock(nn.Module):
   deterministic: bool = True
   dtype_mm: Any = jnp.float32
   gelu: str = "exact"
+  attention: str = "custom"
 
   def _drop_path(self, y, rate):
     if self.deterministic or not self.drop_path:
@@ -376,14 +441,14 @@ class Encoder1DBlock(nn.Module):
   @nn.compact
   def __call__(self, x, drop_path_rate):
     y = _layer_norm("LayerNorm_0")(x)
-    y = MultiHeadDotProductAttention(self.num_heads, self.dtype_mm,
+    y = MultiHeadDotProductAttention(self.num_heads, self.dtype_mm, self.attention,
                                      name="MultiHeadDotProductAttention_0")(y, y)
     y = nn.Dropout(rate=self.dropout)(y, self.deterministic)
-    x = x + self._drop_path(y, drop_path_rate)
+    x = x + self._drop_path(y, drop_path_rate).astype(x.dtype)
     y = _layer_norm("LayerNorm_1")(x)
     y = MlpBlock(self.mlp_dim, self.dropout, self.dtype_mm, self.gelu,
                  name="MlpBlock_0")(y, self.deterministic)
-    x = x + self._drop_path(y, drop_path_rate)
+    x = x + self._drop_path(y, drop_path_rate).astype(x.dtype)
     x = nn.with_logical_constraint(x, ("batch", "seq", "embed"))
     return x, x
 
@@ -407,10 +472,12 @@ class Encoder(nn.Module):
   posemb: str = "learn"
   dropout: float = 0.0
   drop_path: float = 0.0
-  remat_policy: Optional[str] = "nothing_saveable"
+  remat_policy: Optional[str] = None
   scan: bool = False
   dtype_mm: Any = jnp.float32
   gelu: str = "exact"
+  attention: str = "custom"
+  dtype_act: Any = jnp.float32
 
   @nn.compact
   def __call__(self, x, grid_hw, num_prefix: int, train: bool):
@@ -421,7 +488,7 @@ class Encoder(nn.Module):
       pe = posemb_sincos_2d(*grid_hw, x.shape[-1])
       pe = np.concatenate([np.zeros((1, num_prefix, x.shape[-1]), pe.dtype), pe], axis=1)
       x = x + pe
-    x = nn.with_logical_constraint(x, ("batch", "seq", "embed"))
+    x = nn.with_logical_constraint(x.astype(self.dtype_act), ("batch", "seq", "embed"))
     out["with_posemb"] = x
     x = nn.Dropout(rate=self.dropout)(x, not train)
 
@@ -432,7 +499,7 @@ class Encoder(nn.Module):
       block_cls = nn.remat(block_cls, prevent_cse=not self.scan, policy=policy)
     block_kw = dict(mlp_dim=self.mlp_dim, num_heads=self.num_heads, dropout=self.dropout,
                     drop_path=self.drop_path > 0, deterministic=not train,
-                    dtype_mm=self.dtype_mm, gelu=self.gelu)
+                    dtype_mm=self.dtype_mm, gelu=self.gelu, attention=self.attention)
     rates = drop_path_rates(self.depth, self.drop_path)
     if self.scan:
       stack = nn.scan(block_cls, variable_axes={"params": 0},
@@ -454,6 +521,7 @@ class MAPHead(nn.Module):
   num_heads: int
   dtype_mm: Any = jnp.float32
   gelu: str = "exact"
+  attention: str = "custom"
 
   @nn.compact
   def __call__(self, x):
@@ -461,7 +529,7 @@ class MAPHead(nn.Module):
     probe = self.param("probe", _partitioned(nn.initializers.xavier_uniform(), (None, None, "embed")),
                        (1, 1, d), jnp.float32)
     probe = jnp.broadcast_to(probe, (n, 1, d))
-    x = MultiHeadDotProductAttention(self.num_heads, self.dtype_mm,
+    x = MultiHeadDotProductAttention(self.num_heads, self.dtype_mm, self.attention,
                                      name="MultiHeadDotProductAttention_0")(probe, x)
     y = _layer_norm("LayerNorm_0")(x)
     x = x + MlpBlock(self.mlp_dim, 0.0, self.dtype_mm, self.gelu, name="MlpBlock_0")(y)
@@ -476,7 +544,14 @@ class Model(nn.Module):
   five). `num_classes=0` builds no head and returns the pre-logits as logits.
   `rep_size`: False, True (= width) or an int: a Dense+tanh "pre_logits" layer.
   `drop_path`: stochastic-depth rate of the last block, linear from 0 in depth.
-  `remat_policy`: a `jax.checkpoint_policies` name, or None for no remat.
+  `remat_policy`: a `jax.checkpoint_policies` name (e.g. "nothing_saveable": each block's
+  forward is recomputed in the backward pass, activations ~1/depth), or None (default): no
+  remat, the fastest where memory allows (it cost 21% of a B/16 step on an H200, where 27 of
+  141 GB were in use); `python -m big_vit_lite.plan` says when a config needs it.
+  `attention`: "auto" | "custom" | "xla" | "cudnn" (module docstring); "auto" is cudnn on a
+  CUDA GPU with bf16/fp16 matmuls, custom otherwise.
+  `dtype_act`: dtype of the residual stream between blocks (default float32). "bfloat16"
+  halves its memory traffic; LayerNorm statistics stay float32. Changes numerics (~1e-2).
   `dtype_mm`: dtype of matmul inputs ("bfloat16" for fast matmuls); params and
   LayerNorm/softmax stay float32.
   `stem_channels`: () for the paper's plain patchify. Otherwise a convolutional
@@ -505,11 +580,24 @@ class Model(nn.Module):
   head_zeroinit: bool = True
   dropout: float = 0.0
   drop_path: float = 0.0
-  remat_policy: Optional[str] = "nothing_saveable"
+  remat_policy: Optional[str] = None
   scan: bool = False
   dtype_mm: str = "float32"
   gelu: str = "exact"
   stem_channels: Sequence[int] = ()
+  attention: str = "auto"
+  dtype_act: str = "float32"
+
+  def resolved_attention(self) -> str:
+    """The attention kind this model runs here: custom | xla | cudnn ("auto" decided)."""
+    head_dim = self.arch()["width"] // self.arch()["num_heads"]
+    refusal = cudnn_refusal(self.dtype_mm, head_dim)
+    if self.attention == "auto":
+      return "cudnn" if refusal is None and _on_cuda() else "custom"
+    if self.attention == "cudnn" and (refusal or not _on_cuda()):
+      refusal = refusal or f"it needs an NVIDIA GPU, this backend is {jax.default_backend()}"
+      raise ValueError(f"attention='cudnn': {refusal}; use attention='auto' or 'xla'.")
+    return self.attention
 
   def arch(self) -> dict:
     """The resolved width/depth/mlp_dim/num_heads/patch_size of this model."""
@@ -528,7 +616,8 @@ class Model(nn.Module):
   def _check(self):
     for name, value, allowed in (("posemb", self.posemb, POSEMB_TYPES),
                                  ("pool_type", self.pool_type, POOL_TYPES),
-                                 ("gelu", self.gelu, GELU_TYPES)):
+                                 ("gelu", self.gelu, GELU_TYPES),
+                                 ("attention", self.attention, ATTENTION_TYPES)):
       if value not in allowed:
         raise ValueError(f"Unknown ViT {name}={value!r}: use one of {', '.join(allowed)}.")
     if self.remat_policy not in (None, "none") and not hasattr(jax.checkpoint_policies,
@@ -542,6 +631,8 @@ class Model(nn.Module):
     if not floating:
       raise ValueError(f"Unknown dtype_mm={self.dtype_mm!r}: use 'float32' or 'bfloat16' "
                        "(or another float type).")
+    if self.dtype_act not in ("float32", "bfloat16"):
+      raise ValueError(f"Unknown dtype_act={self.dtype_act!r}: use 'float32' or 'bfloat16'.")
     counts = (("num_classes", self.num_classes, 0),
               ("rep_size", int(self.rep_size) if isinstance(self.rep_size, bool)
                else self.rep_size, 0),
@@ -573,6 +664,7 @@ class Model(nn.Module):
   def __call__(self, image, *, train: bool = False):
     self._check()
     a = self.arch()
+    attention = self.resolved_attention()
     dtype_mm = jnp.dtype(self.dtype_mm)
     out = {}
     b, h, w, c = image.shape
@@ -599,7 +691,8 @@ class Model(nn.Module):
     x, enc_out = Encoder(depth=a["depth"], mlp_dim=a["mlp_dim"], num_heads=a["num_heads"],
                          posemb=self.posemb, dropout=self.dropout, drop_path=self.drop_path,
                          remat_policy=self.remat_policy, scan=self.scan, dtype_mm=dtype_mm,
-                         gelu=self.gelu, name="Transformer")(x, (gh, gw), num_prefix, train)
+                         gelu=self.gelu, attention=attention, dtype_act=jnp.dtype(self.dtype_act),
+                         name="Transformer")(x, (gh, gw), num_prefix, train)
     out.update(enc_out)
     out["encoded"] = x
 
@@ -608,8 +701,10 @@ class Model(nn.Module):
     elif self.pool_type == "gap":
       x = jnp.mean(x, axis=1)
     else:
+      # One query: cuDNN's padding would be all waste, so the probe takes the custom path.
       x = MAPHead(mlp_dim=a["mlp_dim"], num_heads=a["num_heads"], dtype_mm=dtype_mm,
-                  gelu=self.gelu, name="MAPHead_0")(x)
+                  gelu=self.gelu, attention="custom" if attention == "cudnn" else attention,
+                  name="MAPHead_0")(x)
     out["head_input"] = x
 
     if self.rep_size:
