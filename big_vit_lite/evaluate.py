@@ -24,6 +24,8 @@ a one-line error that names the values to use. (A sincos2d model with no
 saved training pp has no fixed resolution: it runs at the pp's size.) A
 checkpoint without a head (num_classes=0) takes fewshot and linear_probe
 evals only.
+`--config.use_ema=True` (configs/classify.py, fewshot.py, linear_probe.py)
+evaluates a training checkpoint's EMA of the weights (config.ema_decay).
 Results go to OUT/metrics.jsonl (one line, keys "EVAL_NAME/KEY", step = the
 checkpoint's step) and TensorBoard, and a table is printed. Evaluating the
 same step again replaces its earlier numbers in metrics.jsonl (no duplicate

@@ -1,5 +1,4 @@
 """Fine-tuning: layer-wise lr decay (loop and scan), configs/transfer.py on a real checkpoint."""
-import json
 import os
 
 import jax
@@ -8,13 +7,11 @@ import ml_collections
 import numpy as np
 import pytest
 
-from big_vit_lite import checkpoint
 from big_vit_lite import config_loading
 from big_vit_lite import optim
 from big_vit_lite.models import vit
-from tests import trainer_runs
+from trainer_runs import ROOT
 
-ROOT = trainer_runs.ROOT
 TRANSFER = os.path.join(ROOT, "configs", "transfer.py")
 DEPTH = 3
 
@@ -83,3 +80,39 @@ def test_layer_decay_out_of_range_is_one_line():
   params = nn_unbox(_params(False))
   with pytest.raises(ValueError, match=r"layer_decay=1.5 must be in \(0, 1\]"):
     optim.layer_decay_mults(params, 1.5)
+
+
+def _load_transfer():
+  import importlib.util  # pylint: disable=import-outside-toplevel
+  spec = importlib.util.spec_from_file_location("config_transfer", TRANSFER)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def test_transfer_config_reads_the_model_off_an_npz(tmp_path, tfds_data_dir, monkeypatch):
+  monkeypatch.setenv("TFDS_DATA_DIR", tfds_data_dir)
+  model = vit.Model(num_classes=7, variant=None, width=24, depth=2, mlp_dim=48, num_heads=3,
+                    patch_size=4, pool_type="tok", rep_size=16)
+  params = nn_unbox(model.init(jax.random.PRNGKey(0), jnp.zeros((1, 20, 20, 3)))["params"])
+  npz = str(tmp_path / "pre.npz")
+  vit.save_npz(params, npz)
+  transfer = _load_transfer()
+  config = transfer.get_config(f"init={npz},data=animal_mnist")
+  m = config.model
+  assert (m.width, m.depth, m.mlp_dim, m.num_heads, m.patch_size, m.pool_type) == (
+      24, 2, 48, 3, 4, "tok")
+  assert m.num_classes == 10 and m.rep_size is False and m.head_zeroinit  # the dataset's classes
+  assert config.model_init == npz and list(config.model_load.dont_load) == ["head/.*"]
+  assert "decode(channels=3)|resize(20)" in config.input.pp  # its own resolution and channels
+  assert config.optax_name == "momentum" and config.grad_clip_norm == 1.0
+  config = transfer.get_config(f"init={npz},res=32,opt=adamw,scratch,classes=4,mixup")
+  assert "resize(32)" in config.input.pp and "onehot(4," in config.input.pp
+  assert config.optax_name == "adamw" and config.model_init is None and config.mixup.mixup_alpha
+  with pytest.raises(ValueError, match="opt=sgd or opt=adamw"):
+    transfer.get_config("opt=lamb")
+  with pytest.raises(ValueError, match="Unknown config arg"):
+    transfer.get_config("no_such_arg")
+  # No checkpoint there (yet): the demo's architecture; the trainer then stops on model_init.
+  config = transfer.get_config(f"init={tmp_path}/missing,runlocal")
+  assert config.model.width == transfer.DEMO_MODEL["width"] and config.total_steps == 6
