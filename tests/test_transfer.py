@@ -9,6 +9,7 @@ import pytest
 
 from big_vit_lite import config_loading
 from big_vit_lite import optim
+from big_vit_lite.models import interop
 from big_vit_lite.models import vit
 from trainer_runs import ROOT
 
@@ -106,6 +107,12 @@ def test_transfer_config_reads_the_model_off_an_npz(tmp_path, tfds_data_dir, mon
   assert config.model_init == npz and list(config.model_load.dont_load) == ["head/.*"]
   assert "decode(channels=3)|resize(20)" in config.input.pp  # its own resolution and channels
   assert config.optax_name == "momentum" and config.grad_clip_norm == 1.0
+  st = str(tmp_path / "pre.safetensors")  # timm's layout: the same model read off it
+  flat = {k: v for k, v in interop.to_numpy_flat(params).items() if "pre_logits" not in k}
+  interop.write_timm(flat, st, image_size=20)
+  m2 = transfer.get_config(f"init={st},data=animal_mnist").model
+  assert {k: m2[k] for k in ("width", "depth", "num_heads", "patch_size", "pool_type")} == {
+      k: m[k] for k in ("width", "depth", "num_heads", "patch_size", "pool_type")}
   config = transfer.get_config(f"init={npz},res=32,opt=adamw,scratch,classes=4,mixup")
   assert "resize(32)" in config.input.pp and "onehot(4," in config.input.pp
   assert config.optax_name == "adamw" and config.model_init is None and config.mixup.mixup_alpha
