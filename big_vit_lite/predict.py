@@ -41,7 +41,7 @@ from big_vit_lite.models import interop
 
 
 def _define_flags():
-  flags.DEFINE_string("model", None, "Checkpoint: training workdir, step dir, .npz or .safetensors.")
+  flags.DEFINE_string("model", None, "Checkpoint: workdir, step dir, .npz or .safetensors.")
   flags.DEFINE_list("images", None, "Image files and/or folders (read recursively).")
   flags.DEFINE_integer("top_k", 5, "How many classes per image.")
   flags.DEFINE_enum("format", "jsonl", ["jsonl", "csv"], "Output format.")
@@ -52,6 +52,10 @@ def _define_flags():
   flags.DEFINE_string("pp", None, "Preprocessing of one image (default: decode, resize, [-1, 1]).")
 
 
+_hidden = imagefolder._hidden  # pylint: disable=protected-access  (".x", "__MACOSX")
+_try_convert = imagefolder._try_convert  # pylint: disable=protected-access
+
+
 def image_files(items):
   """The image files named by `items` (files as given, folders walked in sorted order)."""
   files = []
@@ -59,9 +63,9 @@ def image_files(items):
     item = os.path.expanduser(item)
     if os.path.isdir(item):
       for root, dirs, names in os.walk(item):
-        dirs[:] = sorted(d for d in dirs if not imagefolder._hidden(d))  # pylint: disable=protected-access
-        files += [os.path.join(root, n) for n in sorted(names) if not imagefolder._hidden(n)  # pylint: disable=protected-access
-                  and n.lower().endswith(imagefolder.EXTENSIONS)]
+        dirs[:] = sorted(d for d in dirs if not _hidden(d))
+        files += [os.path.join(root, n) for n in sorted(names)
+                  if not _hidden(n) and n.lower().endswith(imagefolder.EXTENSIONS)]
     elif os.path.exists(item):
       files.append(item)
     else:
@@ -82,7 +86,8 @@ def class_names(labels_file, saved_config, num_classes):
   data = saved_config.get("input", {}).get("data", {}) if saved_config is not None else {}
   try:
     if data.get("name") == "imagefolder":
-      names = imagefolder.ImageFolderSource(data["data_dir"], data.get("split", "train")).class_names
+      split = data.get("split", "train")
+      names = imagefolder.ImageFolderSource(data["data_dir"], split).class_names
     elif data.get("name"):
       import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
       name = data["name"].split(":")[0]
@@ -101,7 +106,7 @@ def _read(path, preprocess, tmp_dir):
   if status == "bad":
     return None, reason
   if status == "convert":  # A format tf decodes wrong: through Pillow to PNG first.
-    path, reason = imagefolder._try_convert(path, tmp_dir, abs(hash(path)))  # pylint: disable=protected-access
+    path, reason = _try_convert(path, tmp_dir, abs(hash(path)))
     if path is None:
       return None, reason
   try:
