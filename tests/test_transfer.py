@@ -116,6 +116,12 @@ def test_transfer_config_reads_the_model_off_an_npz(tmp_path, tfds_data_dir, mon
   config = transfer.get_config(f"init={npz},res=32,opt=adamw,scratch,classes=4,mixup")
   assert "resize(32)" in config.input.pp and "onehot(4," in config.input.pp
   assert config.optax_name == "adamw" and config.model_init is None and config.mixup.mixup_alpha
+  for d in ("train/cat", "train/dog", "test/cat", "test/.hidden"):
+    os.makedirs(tmp_path / "pets" / d)
+  config = transfer.get_config(f"init={npz},folder={tmp_path}/pets")
+  assert config.model.num_classes == 2 and config.input.data.name == "imagefolder"
+  assert config.evals.val.data.to_dict() == dict(name="imagefolder", data_dir=str(tmp_path / "pets"),
+                                                 split="test")
   with pytest.raises(ValueError, match="opt=sgd or opt=adamw"):
     transfer.get_config("opt=lamb")
   with pytest.raises(ValueError, match="Unknown config arg"):
