@@ -203,12 +203,13 @@ def get_config(arg=None):
   if runlocal:
     config.num_cpu_devices = config_dict.placeholder(int)  # Tests choose their device count.
     config.input.batch_size = min(args["batch"], 16)
-    config.input.data.split = "train[:256]"
+    if not folder:  # (An image folder for a smoke run is small already.)
+      config.input.data.split = "train[:256]"
+      config.evals.val.data.split = "test[:200]"
     config.input.shuffle_buffer_size = 100
     config.total_steps = min(args["steps"], 6)
     config.schedule.warmup_steps = 2
     config.log_training_steps = 2
     config.ckpt_steps = 3
-    config.evals.val.data.split = "test[:200]"
     config.evals.val.batch_size = 100
   return config
