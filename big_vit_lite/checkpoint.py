@@ -1,8 +1,9 @@
 """Checkpoints: orbax CheckpointManager with atomic async saves, resume and preemption.
 
 Layout: `WORKDIR/checkpoints/<step>/` with four items:
-  state/   params, optimizer state, step and rng (a pytree of arrays, saved
-           sharded; restorable onto any device count or mesh),
+  state/   params, optimizer state, step and rng, and `ema` (the weights' EMA)
+           when config.ema_decay is set (a pytree of arrays, saved sharded;
+           restorable onto any device count or mesh),
   data/    the training iterator's position (`TrainIterator.get_state()`),
   config/  the run's config as JSON (so `load_params` can rebuild the model),
   checksums/  a checksum of each array of state/, computed on device before
