@@ -1,8 +1,9 @@
 """Checkpoints: orbax CheckpointManager with atomic async saves, resume and preemption.
 
 Layout: `WORKDIR/checkpoints/<step>/` with four items:
-  state/   params, optimizer state, step and rng (a pytree of arrays, saved
-           sharded; restorable onto any device count or mesh),
+  state/   params, optimizer state, step and rng, and `ema` (the weights' EMA)
+           when config.ema_decay is set (a pytree of arrays, saved sharded;
+           restorable onto any device count or mesh),
   data/    the training iterator's position (`TrainIterator.get_state()`),
   config/  the run's config as JSON (so `load_params` can rebuild the model),
   checksums/  a checksum of each array of state/, computed on device before
@@ -374,16 +375,20 @@ def resolve_step_dir(src):
       "checkpoint step directory (.../checkpoints/<step>) or an .npz file.")
 
 
-def load_params(src):
+def load_params(src, key="params"):
   """Returns (params as a nested dict of np.ndarray, config ConfigDict or None).
 
   src: a training workdir (its newest complete checkpoint), an orbax step
   directory, or an `.npz` file (flat "a/b/c" keys; config None).
+  key: "params", or "ema" for the EMA of the weights (config.ema_decay runs).
   """
   if not isinstance(src, (str, os.PathLike)):
     raise ValueError(f"load_params needs a path, got {type(src).__name__}.")
   src = paths.resolve(src)
   if src.name.endswith(".npz"):
+    if key != "params":
+      raise ValueError(f"{src} is an .npz, which holds one set of params (no '{key}'): pass a "
+                       "training workdir or step directory.")
     if not src.is_file():
       raise ValueError(f"No such .npz file: {src}")
     return load_npz(src), None
@@ -397,16 +402,17 @@ def load_params(src):
     tree = _state_tree(step_dir)
   except ValueError as e:
     raise ValueError(_cannot_read(step_dir, e)) from e
-  if "params" not in tree:
-    raise ValueError(f"Checkpoint {step_dir} holds no 'params'.")
+  if key not in tree:
+    hint = " (its run set no config.ema_decay)" if key == "ema" else ""
+    raise ValueError(f"Checkpoint {step_dir} holds no '{key}'{hint}.")
   # Restore only the params, as host numpy arrays (no device/mesh needed).
   restore_args = jax.tree.map(
-      lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree["params"])
+      lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree[key])
   try:
     out = ocp.PyTreeCheckpointer().restore(step_dir / "state", args=ocp.args.PyTreeRestore(
-        item={"params": tree["params"]}, restore_args={"params": restore_args},
+        item={key: tree[key]}, restore_args={key: restore_args},
         partial_restore=True))
-    _verify_checksums(step_dir, {"params": out["params"]})
+    _verify_checksums(step_dir, {key: out[key]})
   except Exception as e:  # pylint: disable=broad-except
     raise ValueError(_cannot_read(step_dir, e)) from e
   config = None
@@ -415,7 +421,7 @@ def load_params(src):
     cfg = json.loads(config_path.read_text())
     if cfg:
       config = ml_collections.ConfigDict(cfg)
-  return out["params"], config
+  return out[key], config
 
 
 def _cannot_read(step_dir, error):

@@ -24,6 +24,8 @@ a one-line error that names the values to use. (A sincos2d model with no
 saved training pp has no fixed resolution: it runs at the pp's size.) A
 checkpoint without a head (num_classes=0) takes fewshot and linear_probe
 evals only.
+`--config.use_ema=True` (configs/classify.py, fewshot.py, linear_probe.py)
+evaluates a training checkpoint's EMA of the weights (config.ema_decay).
 Results go to OUT/metrics.jsonl (one line, keys "EVAL_NAME/KEY", step = the
 checkpoint's step) and TensorBoard, and a table is printed. Evaluating the
 same step again replaces its earlier numbers in metrics.jsonl (no duplicate
@@ -94,8 +96,10 @@ def _define_flags():
 
 # ---------------------------------------------------------------- the model
 
-def read_source(src):
+def read_source(src, key="params"):
   """SRC -> (canonical flat "a/b/c" params, saved config or None, checkpoint step).
+
+  key: "ema" reads a training checkpoint's EMA of the weights instead of its params.
 
   Read once: a workdir's newest step is resolved here, and the same params
   go into the model (`interop.merge`). A training run that writes (or
@@ -107,6 +111,9 @@ def read_source(src):
     raise ValueError(f"model_init={src} does not exist; pass a training workdir, a "
                      "checkpoint step directory or an .npz.")
   is_dir = src.is_dir()
+  if key != "params" and not is_dir:
+    raise ValueError(f"use_ema=True reads a training checkpoint's EMA params, but {src} is a file "
+                     "(one set of params): pass a training workdir or step dir, or drop use_ema.")
   if src.name.endswith(".safetensors"):  # Our timm export (its metadata names the heads).
     return interop.read_params(src), None, 0
   if not (is_dir or src.name.endswith(".npz")):
@@ -116,7 +123,7 @@ def read_source(src):
   if is_dir:
     src = checkpoint.resolve_step_dir(src)
     step = int(src.name) if src.name.isdigit() else 0
-  params, config = checkpoint.load_params(src)
+  params, config = checkpoint.load_params(src, key)
   # One canonical layout (big_vision's "params/" prefix and top-level posemb, scan
   # stacks, pre-linen numbering all converted), so that the shapes below are read
   # the same way whatever wrote the file.
@@ -430,7 +437,8 @@ def evaluate(config, workdir):
     for key in [k for k in ecfg if k.startswith("log_")]:
       del ecfg[key]  # log_steps / _epochs / _percent ...: only the trainer schedules evals
     entries[name] = (evaluators.get_evaluator_cls(etype), etype, ecfg)
-  flat, saved_config, step = read_source(src)
+  # use_ema: a run's EMA of the weights (config.ema_decay) instead of its params.
+  flat, saved_config, step = read_source(src, "ema" if cfg.get("use_ema", False) else "params")
   model, model_cfg = build_model(cfg, flat, saved_config)
   trained_hw = interop.timm_image_size(src) if str(src).endswith(".safetensors") else None
   res, channels = native_input_shape(flat, saved_config, trained_hw)

@@ -1,6 +1,6 @@
 r"""Exports ViT params as a vision_transformer-layout .npz or a timm safetensors file.
 
-  python -m big_vit_lite.export --src=SRC --out=FILE.npz|FILE.safetensors [--res=224]
+  python -m big_vit_lite.export --src=SRC --out=FILE.npz|FILE.safetensors [--res=224] [--params=ema]
 
 SRC: an .npz (vision_transformer, big_vision or pre-linen layout), a training
 workdir (its latest checkpoint), an orbax step directory or a .safetensors
@@ -45,6 +45,9 @@ def _define_flags():
   flags.DEFINE_string("out", None, "Output file (.npz or .safetensors).")
   flags.DEFINE_enum("format", None, ["npz", "timm"],
                     "Output layout; default: from --out's suffix (.npz or .safetensors).")
+  flags.DEFINE_enum("params", "params", ["params", "ema"],
+                    "Which weights of a training checkpoint: its params or their EMA "
+                    "(runs with config.ema_decay).")
   flags.DEFINE_string("res", None, "Image size, N or HxW; for timm export of sincos2d models "
                       "and of non-square .npz models.")
 
@@ -52,10 +55,11 @@ def _define_flags():
 _SUFFIX = {"npz": ".npz", "timm": ".safetensors"}
 
 
-def export(src: str, out: str, fmt=None, res=None) -> dict:
+def export(src: str, out: str, fmt=None, res=None, key="params") -> dict:
   """Reads `src` and writes `out`; returns a summary dict (printed by the CLI).
 
-  fmt None takes the format from the suffix of `out`. The suffix must match
+  fmt None takes the format from the suffix of `out`. key "ema": a training checkpoint's
+  EMA of the weights (config.ema_decay) instead of its params. The suffix must match
   the format: `vit.load` and `evaluate` tell the two apart by it.
   """
   by_suffix = next((f for f, suffix in _SUFFIX.items() if str(out).endswith(suffix)), None)
@@ -69,10 +73,13 @@ def export(src: str, out: str, fmt=None, res=None) -> dict:
   res = _parse_res(res)
   if paths.resolve(src).is_dir():  # A training checkpoint: its config knows the image size.
     from big_vit_lite import checkpoint  # pylint: disable=g-import-not-at-top
-    params, config = checkpoint.load_params(src)
+    params, config = checkpoint.load_params(src, key)
     flat = interop.canonicalize(interop.to_numpy_flat(params))
     if res is None and fmt == "timm":
       res = interop.trained_hw(config, flat)
+  elif key != "params":
+    raise ValueError(f"--params={key} reads a training checkpoint's EMA, but {src} is a file "
+                     "(one set of params): pass a training workdir or step directory.")
   else:
     flat = interop.read_params(src)
     if res is None and fmt == "timm" and str(src).endswith(".safetensors"):
@@ -104,7 +111,7 @@ def main(argv):
   if not f.src or not f.out:
     sys.exit("export: pass --src=SRC and --out=FILE.")
   try:
-    summary = export(f.src, f.out, f.format, f.res)
+    summary = export(f.src, f.out, f.format, f.res, f.params)
   except (ValueError, OSError, KeyError) as e:
     sys.exit(f"export: {e}")
   print(json.dumps(summary))

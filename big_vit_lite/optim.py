@@ -23,6 +23,12 @@ Config keys (big_vision names):
   wd_mults: [(regex, mult)], first match wins, default [(".*/kernel$", 1.0)]
       (decay weight matrices, not biases / norms / embeddings of size 1).
   lr_mults: [(regex, mult)], first match wins, default all 1.
+  layer_decay: layer-wise lr decay (BEiT, DeiT-III, timm's `layer_decay`), e.g. 0.75; unset
+      or 1: none. With depth L, block i (0-based) gets lr_mult decay^(L - i), the patch
+      embedding, conv stem, cls token and posemb decay^(L + 1), everything else (the final
+      norm, the head, pre_logits, a MAP head) 1. With scan=True the stacked blocks get one
+      multiplier per slice of the layers axis. It multiplies lr_mults and scales the lr
+      only (wd is decoupled from lr, see above).
   schedule: dict(decay_type=..., warmup_steps=..., ...) for all params, or a
       list [(regex, dict | None)] for per-parameter schedules; None freezes
       the matching parameters (no optimizer state, params kept bit-identical).
@@ -38,6 +44,7 @@ import re
 from absl import logging
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from big_vit_lite import config_loading
@@ -412,6 +419,10 @@ def make(config, params, *, total_steps, steps_per_epoch=None, batch_size=None):
   group_tree = tree_by_regex(params, group_of, _REQUIRED, "config.schedule")
   frozen_mask = jax.tree.map(lambda g: g == FROZEN, group_tree)
   lr_mult_tree = tree_by_regex(params, lr_mults, 1.0, "config.lr_mults")
+  decay = config.get("layer_decay", None)
+  if decay is not None and float(decay) != 1.0:
+    lr_mult_tree = jax.tree.map(lambda a, b: a * b, lr_mult_tree,
+                                layer_decay_mults(params, float(decay)))
   wd_mult_tree = tree_by_regex(params, wd_mults, 0.0, "config.wd_mults", check_wd_mults)
   trainable = jax.tree.map(lambda f: not f, frozen_mask)
 
@@ -424,6 +435,36 @@ def make(config, params, *, total_steps, steps_per_epoch=None, batch_size=None):
   tx = optax.chain(*parts)
   lr_fn = lambda step: lr * sched_fns[0](step)
   return Optimizer(tx, lr_fn, frozen_mask, clipped=bool(clip))
+
+
+_BLOCK = re.compile(r"Transformer/encoderblock(?:_(\d+))?/.*")
+_EMBED = re.compile(r"(embedding|stem|cls|Transformer/posembed_input|pos_embedding)(/.*)?")
+
+
+def layer_decay_mults(params, decay):
+  """Tree of lr multipliers for layer-wise decay (see `layer_decay` above).
+
+  Floats, except for scan-stacked blocks: an array (L, 1, ...) that broadcasts
+  over each leaf's stacked axis.
+  """
+  if not 0 < decay <= 1:
+    raise ValueError(f"config.layer_decay={decay} must be in (0, 1] (e.g. 0.75; 1: no decay).")
+  names, leaves = jax.tree.leaves(param_names(params)), jax.tree.leaves(params)
+  blocks = [int(m.group(1)) for m in map(_BLOCK.fullmatch, names) if m and m.group(1)]
+  stacked = [x.shape[0] for n, x in zip(names, leaves) if n.startswith("Transformer/encoderblock/")]
+  depth = max(blocks) + 1 if blocks else (stacked[0] if stacked else 0)
+  if not depth:
+    raise ValueError("config.layer_decay needs a ViT with Transformer/encoderblock params.")
+
+  def mult(name, x):
+    m = _BLOCK.fullmatch(name)
+    if m and m.group(1):
+      return decay ** (depth - int(m.group(1)))
+    if m:  # scan: one multiplier per block along the leading axis.
+      per_block = decay ** (depth - np.arange(depth, dtype=np.float32))
+      return per_block.reshape((depth,) + (1,) * (len(x.shape) - 1))
+    return decay ** (depth + 1) if _EMBED.fullmatch(name) else 1.0
+  return jax.tree.map(mult, param_names(params), params)
 
 
 class _DictReader:

@@ -41,6 +41,7 @@ import optax
 from big_vit_lite import checkpoint as ckpt_lib
 from big_vit_lite import config_loading
 from big_vit_lite import distributed
+from big_vit_lite import ema as ema_lib
 from big_vit_lite import evaluators as evaluators_lib
 from big_vit_lite import flops as flops_lib
 from big_vit_lite import grad_accum
@@ -316,13 +317,18 @@ def _train(raw_config, workdir, cleanup):
     opt_abstract = jax.eval_shape(opt.tx.init, params_abstract)
     opt_sh = sharding.like_params_shardings(opt_abstract, params_abstract, params_sh, mesh)
     state_sh = dict(params=params_sh, opt_state=opt_sh, step=repl, rng=repl)
+    ema = ema_lib.from_config(config)  # An EMA of the weights in the state, if configured.
+    if ema:
+      state_sh[ema_lib.KEY] = params_sh
     metrics_lib.log_parameter_overview(params_abstract)
     logging.info("Per-device bytes: params %s, optimizer state %s",
                  f"{sharding.describe(params_sh, params_abstract):,}",
                  f"{sharding.describe(opt_sh, opt_abstract):,}")
 
     # ------------------------------------------ evaluators, remaining settings
-    evaluators = _make_evaluators(config, model, mesh, **dur)
+    ema_evals = set()  # The evals that score the EMA params (use_ema=True).
+    evaluators = _make_evaluators(config, model, mesh, ema_evals=ema_evals, **dur)
+    ema_lib.check_evals(ema, ema_evals)
     model_init = config.get("model_init", None)
     model_load = config.consume("model_load", {}) or {}
     dont_load = tuple(model_load.get("dont_load", ()) or ())
@@ -349,9 +355,12 @@ def _train(raw_config, workdir, cleanup):
 
     def make_state(params):
       opt_state = jax.jit(opt.tx.init, out_shardings=opt_sh)(params)
-      return dict(params=params, opt_state=opt_state,
-                  step=jax.device_put(jnp.zeros([], jnp.int32), repl),
-                  rng=jax.device_put(rng_train, repl))
+      state = dict(params=params, opt_state=opt_state,
+                   step=jax.device_put(jnp.zeros([], jnp.int32), repl),
+                   rng=jax.device_put(rng_train, repl))
+      if ema:
+        state[ema_lib.KEY] = ema.init(params, params_sh)
+      return state
 
     # ------------------------------------------------------------ update step
     def update(state, batch):
@@ -376,11 +385,15 @@ def _train(raw_config, workdir, cleanup):
       measurements = {"training_loss": loss, "grad_norm": optax.global_norm(grads),
                       "learning_rate": opt.lr_fn(step)}
       new_state = dict(params=params, opt_state=opt_state, step=step + 1, rng=state["rng"])
+      if ema:
+        new_state[ema_lib.KEY] = ema.update(state[ema_lib.KEY], params, step)
       return new_state, measurements
 
     state_abstract = dict(
         params=params_abstract, opt_state=opt_abstract,
         step=jax.ShapeDtypeStruct((), jnp.int32), rng=jax.ShapeDtypeStruct((2,), jnp.uint32))
+    if ema:
+      state_abstract[ema_lib.KEY] = params_abstract
     state_abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                                   state_abstract, state_sh)
 
@@ -496,7 +509,7 @@ def _train(raw_config, workdir, cleanup):
           continue
         if final or (every and step % every == 0):
           ran = True
-          results = evaluator.run(state["params"])
+          results = evaluator.run(state[ema_lib.KEY if name in ema_evals else "params"])
           writer.write(step, {f"{name}/{k}": v for k, v in results.items()})
           logging.info("[%d] %s: %s", step, name,
                        ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
@@ -705,8 +718,8 @@ def _make_mixup(mixup_cfg):
   return functools.partial(mixup_lib.mixup_or_cutmix, **kw)
 
 
-def _make_evaluators(config, model, mesh, **dur):
-  """{name: (Evaluator, every_n_steps)} from config.evals."""
+def _make_evaluators(config, model, mesh, ema_evals=None, **dur):
+  """{name: (Evaluator, every_n_steps)} from config.evals; adds use_ema=True ones to ema_evals."""
   evals_cfg = config.get("evals", None)
   if evals_cfg is None:
     return {}
@@ -730,6 +743,8 @@ def _make_evaluators(config, model, mesh, **dur):
     kwargs = {k: v for k, v in cfg.consume().items()
               if k not in ("type",) and not k.startswith("log_")}
     kwargs = {k: (v.to_dict() if hasattr(v, "to_dict") else v) for k, v in kwargs.items()}
+    if kwargs.pop("use_ema", False) and ema_evals is not None:
+      ema_evals.add(name)
     cls = evaluators_lib.get_evaluator_cls(type_name)
     try:
       out[name] = (cls(predict_fn, mesh=mesh, **kwargs), every)

@@ -44,6 +44,7 @@ def get_config(arg=None):
   config = ml_collections.ConfigDict()
   # SRC: a training workdir, a checkpoint step dir or an .npz.
   config.model_init = ml_collections.config_dict.placeholder(str)
+  config.use_ema = False  # True: a run's EMA of the weights (config.ema_decay).
   # Overrides of the checkpoint's model config (None: keep it), e.g. gelu="tanh"
   # for the original paper's .npz files.
   config.model = ml_collections.ConfigDict(dict(

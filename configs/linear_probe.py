@@ -37,6 +37,7 @@ def get_config(arg=None):
   config = ml_collections.ConfigDict()
   # SRC: a training workdir, a checkpoint step dir or an .npz.
   config.model_init = ml_collections.config_dict.placeholder(str)
+  config.use_ema = False  # True: a run's EMA of the weights (config.ema_decay).
   config.model = ml_collections.ConfigDict(dict(
       gelu=ml_collections.config_dict.placeholder(str),
       dtype_mm=ml_collections.config_dict.placeholder(str)))

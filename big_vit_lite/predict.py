@@ -1,0 +1,221 @@
+r"""Top-k labels and probabilities for image files (timm's inference.py).
+
+  python -m big_vit_lite.predict --model=CKPT --images=DIR_OR_FILES [--top_k=5] \
+      [--format=jsonl|csv] [--out=FILE] [--labels=FILE] [--params=ema]
+
+CKPT as for evaluate: a training workdir (its newest checkpoint), a step
+directory, an .npz or one of our timm .safetensors; the model runs at the
+resolution and channel count it was trained with (the images are decoded to
+those channels, resized and scaled to [-1, 1]; --pp replaces that). Images:
+folders (read recursively) and/or files, comma-separated or as further
+arguments. One output row per image: JSON lines
+{"file", "predictions": [{"class", "label", "prob"}, ...]} or CSV rows
+file,rank,class,label,prob; to --out or stdout. Class names come from
+--labels (one per line) or the dataset the run was trained on (tfds info or
+the image folder's class folders), else the class numbers. Batches are
+sharded over all devices. A file that is no readable image is skipped with
+a one-line reason on stderr and counted; exit status 1 if none was read.
+"""
+import csv
+import functools
+import json
+import os
+import sys
+
+from absl import app
+from absl import flags
+from absl import logging
+import jax
+import flax.linen as nn
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from big_vit_lite import checkpoint
+from big_vit_lite import config_loading
+from big_vit_lite import evaluate
+from big_vit_lite import sharding
+from big_vit_lite.data import imagefolder
+from big_vit_lite.evaluators import features
+from big_vit_lite.models import interop
+
+
+def _define_flags():
+  flags.DEFINE_string("model", None, "Checkpoint: workdir, step dir, .npz or .safetensors.")
+  flags.DEFINE_list("images", None, "Image files and/or folders (read recursively).")
+  flags.DEFINE_integer("top_k", 5, "How many classes per image.")
+  flags.DEFINE_enum("format", "jsonl", ["jsonl", "csv"], "Output format.")
+  flags.DEFINE_string("out", None, "Output file (default: stdout).")
+  flags.DEFINE_string("labels", None, "Class names, one per line (default: the run's dataset).")
+  flags.DEFINE_enum("params", "params", ["params", "ema"], "A training checkpoint's params or EMA.")
+  flags.DEFINE_integer("batch_size", 64, "Images per batch (split over the devices).")
+  flags.DEFINE_string("pp", None, "Preprocessing of one image (default: decode, resize, [-1, 1]).")
+
+
+_hidden = imagefolder._hidden  # pylint: disable=protected-access  (".x", "__MACOSX")
+_try_convert = imagefolder._try_convert  # pylint: disable=protected-access
+
+
+def image_files(items):
+  """The image files named by `items` (files as given, folders walked in sorted order)."""
+  files = []
+  for item in items:
+    item = os.path.expanduser(item)
+    if os.path.isdir(item):
+      for root, dirs, names in os.walk(item):
+        dirs[:] = sorted(d for d in dirs if not _hidden(d))
+        files += [os.path.join(root, n) for n in sorted(names)
+                  if not _hidden(n) and n.lower().endswith(imagefolder.EXTENSIONS)]
+    elif os.path.exists(item):
+      files.append(item)
+    else:
+      raise ValueError(f"--images: {item} does not exist.")
+  return files
+
+
+def class_names(labels_file, saved_config, num_classes):
+  """--labels, else the training dataset's names (tfds info / folder classes), else numbers."""
+  names = None
+  if labels_file:
+    with open(os.path.expanduser(labels_file)) as f:
+      names = [line.strip() for line in f if line.strip()]
+    if len(names) != num_classes:
+      raise ValueError(f"--labels={labels_file} has {len(names)} names, but the model has "
+                       f"{num_classes} classes: give one name per line, one per class.")
+    return names
+  data = saved_config.get("input", {}).get("data", {}) if saved_config is not None else {}
+  try:
+    if data.get("name") == "imagefolder":
+      split = data.get("split", "train")
+      names = imagefolder.ImageFolderSource(data["data_dir"], split).class_names
+    elif data.get("name"):
+      import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+      name = data["name"].split(":")[0]
+      names = tfds.builder(name, data_dir=data.get("data_dir")).info.features["label"].names
+  except Exception as e:  # pylint: disable=broad-except
+    logging.warning("No class names from the run's dataset %s (%s): printing class numbers.",
+                    data.get("name"), e)
+  if names is None or len(names) != num_classes:
+    return [str(i) for i in range(num_classes)]
+  return list(names)
+
+
+def _read(path, preprocess, tmp_dir):
+  """(image array, None) or (None, why the file is skipped)."""
+  status, reason = imagefolder.check_file(path)
+  if status == "bad":
+    return None, reason
+  if status == "convert":  # A format tf decodes wrong: through Pillow to PNG first.
+    path, reason = _try_convert(path, tmp_dir, abs(hash(path)))
+    if path is None:
+      return None, reason
+  try:
+    with open(path, "rb") as f:
+      data = f.read()
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    return np.asarray(preprocess({"image": tf.constant(data)})["image"], np.float32), None
+  except Exception as e:  # pylint: disable=broad-except
+    return None, checkpoint.error_reason(e)
+
+
+def predict(model_src, items, *, top_k=5, labels_file=None, key="params", batch_size=64,
+            pp=None, on_skip=None):
+  """Yields (file, [(class, label, prob), ...]) per readable image; on_skip(file, reason)."""
+  import tempfile  # pylint: disable=g-import-not-at-top
+  from big_vit_lite.data import pp as pp_lib  # pylint: disable=g-import-not-at-top
+  files = image_files(items)
+  if not files:
+    raise ValueError(f"--images={','.join(items)} holds no image files "
+                     f"({', '.join(imagefolder.EXTENSIONS[:5])}, ...).")
+  flat, saved_config, _ = evaluate.read_source(model_src, key)
+  empty = config_loading.TrackedConfig(ml_collections.ConfigDict())
+  model, model_cfg = evaluate.build_model(empty, flat, saved_config)
+  num_classes = model_cfg["num_classes"]
+  if not num_classes:
+    raise ValueError(f"{model_src} has no classification head (num_classes=0): nothing to "
+                     "predict; fine-tune it first (configs/transfer.py).")
+  trained_hw = (interop.timm_image_size(model_src) if str(model_src).endswith(".safetensors")
+                else None)
+  res, channels = evaluate.native_input_shape(flat, saved_config, trained_hw)
+  patch = int(flat["embedding/kernel"].shape[0])
+  res = res or 224
+  names = class_names(labels_file, saved_config, num_classes)
+  top_k = max(1, min(int(top_k), num_classes))
+  preprocess = pp_lib.get_preprocess_fn(
+      pp or f"decode(channels={channels})|resize({res})|value_range(-1, 1)")
+
+  mesh = sharding.make_mesh((("data", -1),))
+  abstract = jax.eval_shape(lambda: model.init(
+      jax.random.PRNGKey(0), jnp.zeros((1, res, res, channels)))["params"])
+  params = jax.device_put(nn.meta.unbox(interop.merge(abstract, flat)), sharding.replicated(mesh))
+  forward = evaluate.make_predict_fn(model, res, channels, patch)
+
+  @jax.jit
+  def top(params, batch):
+    logits, _ = forward(params, batch["image"])
+    return jax.lax.top_k(jax.nn.softmax(logits.astype(jnp.float32)), top_k)
+
+  def batches(tmp_dir):
+    good, images = [], []
+    for path in files:
+      image, reason = _read(path, preprocess, tmp_dir)
+      if image is None:
+        if on_skip:
+          on_skip(path, reason)
+        continue
+      good.append(path)
+      images.append(image)
+      if len(images) == batch_size:
+        yield good, images
+        good, images = [], []
+    if images:
+      yield good, images
+
+  with tempfile.TemporaryDirectory(prefix="bvl-predict-") as tmp_dir, jax.set_mesh(mesh):
+    pending = []
+    def local():
+      for good, images in batches(tmp_dir):
+        pending.append(good)
+        yield {"image": np.stack(images), "_mask": np.ones(len(images), bool)}
+    for probs, idx in features.map_batches(top, params, local(), mesh):
+      good = pending.pop(0)
+      for i, path in enumerate(good):
+        yield path, [(int(c), names[int(c)], float(p)) for c, p in zip(idx[i], probs[i])]
+
+
+def main(argv):
+  f = flags.FLAGS
+  items = list(f.images or []) + list(argv[1:])
+  if not f.model or not items:
+    raise app.UsageError("pass --model=CKPT and --images=DIR_OR_FILES.")
+  skipped = []
+  def on_skip(path, reason):
+    skipped.append(path)
+    print(f"predict: skipped {path}: {reason}", file=sys.stderr, flush=True)
+  out = open(f.out, "w", newline="") if f.out else sys.stdout
+  count = 0
+  try:
+    writer = csv.writer(out) if f.format == "csv" else None
+    if writer:
+      writer.writerow(["file", "rank", "class", "label", "prob"])
+    for path, preds in predict(f.model, items, top_k=f.top_k, labels_file=f.labels,
+                               key=f.params, batch_size=f.batch_size, pp=f.pp, on_skip=on_skip):
+      count += 1
+      if writer:
+        writer.writerows([path, r + 1, c, n, f"{p:.6f}"] for r, (c, n, p) in enumerate(preds))
+      else:
+        out.write(json.dumps({"file": path, "predictions": [
+            {"class": c, "label": n, "prob": round(p, 6)} for c, n, p in preds]}) + "\n")
+  except (ValueError, OSError) as e:
+    sys.exit(f"predict: error: {' '.join(str(e).split())}")
+  finally:
+    if f.out:
+      out.close()
+  print(f"predict: {count} images predicted, {len(skipped)} skipped", file=sys.stderr)
+  if not count:
+    sys.exit(1)
+
+
+if __name__ == "__main__":
+  _define_flags()
+  app.run(main)

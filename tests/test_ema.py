@@ -1,0 +1,130 @@
+"""EMA of the weights: the update, and a real fine-tune with EMA killed and resumed bit-exactly.
+
+The end-to-end test pretrains a tiny ViT in a real process, fine-tunes it with
+configs/transfer.py at another resolution (posemb resampled) with EMA and
+layer-wise lr decay, SIGKILLs that run and resumes it, and checks params and
+EMA against an uninterrupted run; then evaluate (use_ema) and export
+(--params=ema) read the EMA from the checkpoint.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from big_vit_lite import checkpoint
+from big_vit_lite import ema as ema_lib
+from trainer_runs import ROOT, env_for, flatten, read_losses, run_train, train_cmd, wait_for_step
+
+TRANSFER = os.path.join(ROOT, "configs", "transfer.py")
+
+
+def test_ema_update_follows_the_warmed_up_decay():
+  ema = ema_lib.Ema(0.9)
+  avg, params = {"w": jnp.zeros(3)}, {"w": jnp.ones(3)}
+  expected = np.zeros(3)
+  for step in range(40):
+    d = min(0.9, (1 + step) / (10 + step))
+    expected = d * expected + (1 - d) * 1.0
+    avg = ema.update(avg, params, step)
+  np.testing.assert_allclose(avg["w"], expected, rtol=1e-6)
+  assert avg["w"].dtype == jnp.float32
+  bf16 = ema.update({"w": jnp.zeros(3, jnp.bfloat16)}, {"w": jnp.ones(3, jnp.bfloat16)}, 5)
+  assert bf16["w"].dtype == jnp.bfloat16  # The state keeps its dtype (a jit output sharding).
+
+
+def test_ema_config_errors_are_one_line():
+  with pytest.raises(ValueError, match=r"ema_decay=1.0 must be in \[0, 1\)"):
+    ema_lib.Ema(1.0)
+  assert ema_lib.from_config(ml_collections.ConfigDict(dict(ema_decay=None))) is None
+  with pytest.raises(ValueError, match="evals.val.use_ema=True, but the run keeps no EMA"):
+    ema_lib.check_evals(None, {"val"})
+
+
+@pytest.fixture(scope="module")
+def pretrained(tfds_data_dir, tmp_path_factory):
+  """A tiny ViT pretrained on Fashion-MNIST for a few steps, in a real process."""
+  workdir = str(tmp_path_factory.mktemp("pretrained"))
+  r = run_train(tfds_data_dir, workdir, "--config.total_steps=4")
+  assert r.returncode == 0, r.stderr[-3000:]
+  return workdir
+
+
+STEPS = 120
+
+
+def _args(pretrained):
+  return (f"--config.total_steps={STEPS}", "--config.ckpt_steps=20",
+          "--config.log_training_steps=1", "--config.ema_decay=0.99",
+          "--config.layer_decay=0.8", "--config.evals.val.use_ema=True")
+
+
+def _config(pretrained):
+  # res=42: a 6x6 patch grid instead of the checkpoint's 4x4 (posemb resampled).
+  return f"{TRANSFER}:init={pretrained},data=mnist10k,res=42,runlocal"
+
+
+def _flat_state(workdir, key):
+  params, _ = checkpoint.load_params(workdir, key)
+  return dict(flatten(params))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_finetune_with_ema_killed_and_resumed_is_bit_identical(pretrained, tfds_data_dir,
+                                                               tmp_path):
+  ref = str(tmp_path / "ref")
+  r = run_train(tfds_data_dir, ref, *_args(pretrained), config=_config(pretrained))
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert "Initialising params from" in r.stderr
+  ref_losses = read_losses(ref)
+  assert sorted(ref_losses) == list(range(1, STEPS + 1))
+  ref_params, ref_ema = _flat_state(ref, "params"), _flat_state(ref, "ema")
+  assert ref_params["Transformer/posembed_input/pos_embedding"].shape[1] == 36  # 6x6, gap pool
+  assert not np.array_equal(ref_params["head/kernel"], ref_ema["head/kernel"])
+
+  killed = str(tmp_path / "killed")
+  proc = subprocess.Popen(train_cmd(killed, _config(pretrained), *_args(pretrained)),
+                          env=env_for(tfds_data_dir), cwd=ROOT, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True)
+  wait_for_step(proc, killed, 70)  # Past the checkpoints of steps 20..60 (saved async).
+  while not checkpoint.complete_steps(killed):
+    time.sleep(0.05)
+  proc.send_signal(signal.SIGKILL)
+  proc.wait(timeout=30)
+  assert proc.returncode == -signal.SIGKILL
+  r = run_train(tfds_data_dir, killed, *_args(pretrained), config=_config(pretrained))
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert "Resuming from" in r.stderr
+  assert read_losses(killed) == ref_losses
+  for key, want in (("params", ref_params), ("ema", ref_ema)):
+    got = _flat_state(killed, key)
+    assert got.keys() == want.keys()
+    for k in want:
+      np.testing.assert_array_equal(got[k], want[k], err_msg=f"{key}/{k}")
+
+  # The run's val eval scored the EMA; evaluate with use_ema=True reads the same weights.
+  val = [json.loads(l) for l in open(os.path.join(ref, "metrics.jsonl")) if "val/prec@1" in l]
+  out = str(tmp_path / "classify")
+  r = subprocess.run([sys.executable, "-m", "big_vit_lite.evaluate",
+                      "--config=configs/classify.py:data=mnist10k,res=42,runlocal",
+                      f"--workdir={out}", f"--config.model_init={ref}", "--config.use_ema=True"],
+                     env=env_for(tfds_data_dir), cwd=ROOT, capture_output=True, text=True,
+                     timeout=300)
+  assert r.returncode == 0, r.stderr[-3000:]
+  row = json.loads(open(os.path.join(out, "metrics.jsonl")).read().splitlines()[-1])
+  assert row["classify/prec@1"] == val[-1]["val/prec@1"]
+
+  npz = str(tmp_path / "ema.npz")
+  r = subprocess.run([sys.executable, "-m", "big_vit_lite.export", f"--src={ref}",
+                      f"--out={npz}", "--params=ema"], env=env_for(tfds_data_dir), cwd=ROOT,
+                     capture_output=True, text=True, timeout=300)
+  assert r.returncode == 0, r.stderr[-3000:]
+  exported = np.load(npz)
+  np.testing.assert_array_equal(exported["head/kernel"], ref_ema["head/kernel"])
