@@ -68,6 +68,7 @@ COMMANDS = [
     Cmd("python -m big_vit_lite.export", "help"),
     # Seeing a run: the report runs on a real trainer workdir in tests/test_report.py.
     Cmd("python -m big_vit_lite.report", "help"),
+    Cmd("python -m big_vit_lite.predict", "help"),  # runs on a real checkpoint in test_predict.py
     Cmd("tensorboard --logdir=", "help", help=("tensorboard", "--helpfull")),
     Cmd("python -m big_vit_lite.plan", "run"),
     Cmd("python -m big_vit_lite.bench", "run", extra=("--batch=2", "--res=32", "--steps=1", "--warmup=0"),
