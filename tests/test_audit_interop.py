@@ -110,8 +110,8 @@ def test_evaluate_reads_a_workdir_that_training_writes_meanwhile(tmp_path, monke
   ckpt.save(1, {"params": params}, {})
   load_params = checkpoint.load_params
 
-  def load_while_training(src):
-    out = load_params(src)
+  def load_while_training(src, *args, **kwargs):
+    out = load_params(src, *args, **kwargs)
     if 2 not in ckpt.all_steps():
       ckpt.save(2, {"params": jax.tree.map(lambda a: np.full_like(a, np.nan), params)}, {})
     return out
