@@ -3,7 +3,7 @@ r"""Checks that our timm export gives timm's logits (not part of the test suite)
   python benchmarks/timm_parity.py [--timm_python=/path/to/python] [--cases=a,b]
 
 Runs our ViTs (random init, non-zero heads) in JAX, exports each with
-`interop.write_timm`, then, in a second interpreter that has torch and timm,
+`timm.write_timm`, then, in a second interpreter that has torch and timm,
 builds the timm model, loads the file with `strict=True` and compares logits.
 Cases: timm.create_model("vit_base_patch16_224") against our B/16, and tiny
 custom configs for every pool type and posemb. Prints one JSON line per case
@@ -133,7 +133,7 @@ def main():
     sys.exit("timm_parity: torch/timm are not importable here; pass --timm_python=PY or set "
              "TIMM_PYTHON to an interpreter that has them (see shared/PERF.md).")
   import jax  # pylint: disable=g-import-not-at-top
-  from big_vit_lite.models import interop  # pylint: disable=g-import-not-at-top
+  from big_vit_lite.models import timm  # pylint: disable=g-import-not-at-top
   from big_vit_lite.models import vit  # pylint: disable=g-import-not-at-top
 
   with tempfile.TemporaryDirectory() as workdir:
@@ -144,7 +144,7 @@ def main():
       images = np.asarray(jax.random.uniform(jax.random.key(i), (2, res, res, 3), minval=-1, maxval=1))
       params = jax.jit(model.init)(jax.random.key(100 + i), images)["params"]
       ours[name] = np.asarray(jax.jit(lambda p, x: model.apply({"params": p}, x)[0])(params, images))
-      interop.write_timm(params, os.path.join(workdir, f"{name}.safetensors"), image_size=res)
+      timm.write_timm(params, os.path.join(workdir, f"{name}.safetensors"), image_size=res)
       np.save(os.path.join(workdir, f"{name}_images.npy"), images)
     run = subprocess.run([python, os.path.abspath(__file__),
                           f"--timm_side={workdir}", f"--cases={','.join(cases)}"],

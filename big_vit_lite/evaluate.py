@@ -79,7 +79,9 @@ from big_vit_lite import sharding
 from big_vit_lite import summary
 from big_vit_lite.data import pp as pp_lib
 from big_vit_lite import evaluators
-from big_vit_lite.models import interop
+from big_vit_lite.models import formats
+from big_vit_lite.models import layout
+from big_vit_lite.models import timm
 from big_vit_lite.models import vit
 
 _CONFIG = _WORKDIR = None  # flag holders, defined by _define_flags()
@@ -102,7 +104,7 @@ def read_source(src, key="params"):
   key: "ema" reads a training checkpoint's EMA of the weights instead of its params.
 
   Read once: a workdir's newest step is resolved here, and the same params
-  go into the model (`interop.merge`). A training run that writes (or
+  go into the model (`layout.merge`). A training run that writes (or
   deletes) a step meanwhile cannot mix one step's number or config with
   another's params.
   """
@@ -115,7 +117,7 @@ def read_source(src, key="params"):
     raise ValueError(f"use_ema=True reads a training checkpoint's EMA params, but {src} is a file "
                      "(one set of params): pass a training workdir or step dir, or drop use_ema.")
   if src.name.endswith(".safetensors"):  # Our timm export (its metadata names the heads).
-    return interop.read_params(src), None, 0
+    return formats.read_params(src), None, 0
   if not (is_dir or src.name.endswith(".npz")):
     raise ValueError(f"model_init={src} is neither a directory nor an .npz or .safetensors "
                      "file; pass a training workdir, a checkpoint step directory or an .npz.")
@@ -127,7 +129,7 @@ def read_source(src, key="params"):
   # One canonical layout (big_vision's "params/" prefix and top-level posemb, scan
   # stacks, pre-linen numbering all converted), so that the shapes below are read
   # the same way whatever wrote the file.
-  flat = interop.canonicalize({k: np.asarray(v) for k, v in interop.flatten(params).items()})
+  flat = layout.canonicalize({k: np.asarray(v) for k, v in layout.flatten(params).items()})
   return flat, config, step
 
 
@@ -142,10 +144,10 @@ def _find(flat, pattern, what):
 def infer_model_cfg(flat):
   """vit.Model kwargs read off the param shapes.
 
-  Works on every layout `interop.canonicalize` reads (loop and scan, the
+  Works on every layout `layout.canonicalize` reads (loop and scan, the
   pre-linen block numbering, big_vision's "params/" prefix) alike.
   """
-  flat = interop.canonicalize(flat)
+  flat = layout.canonicalize(flat)
   kernel = _find(flat, r"embedding/kernel", "patch embedding")
   q = _find(flat, r"Transformer/encoderblock(_0)?/MultiHeadDotProductAttention_\d+/query/kernel",
             "attention")
@@ -182,7 +184,7 @@ def native_input_shape(flat, saved_config, trained_hw=None):
   res is None for a sincos2d model with no known training size: it has no
   size-dependent params and runs at whatever size the eval pp gives.
   """
-  flat = interop.canonicalize(flat)
+  flat = layout.canonicalize(flat)
   kernel = _find(flat, r"embedding/kernel", "patch embedding")
   patch, channels = int(kernel.shape[0]), int(kernel.shape[2])
   stem = _stem_kernels(flat)
@@ -440,7 +442,7 @@ def evaluate(config, workdir):
   # use_ema: a run's EMA of the weights (config.ema_decay) instead of its params.
   flat, saved_config, step = read_source(src, "ema" if cfg.get("use_ema", False) else "params")
   model, model_cfg = build_model(cfg, flat, saved_config)
-  trained_hw = interop.timm_image_size(src) if str(src).endswith(".safetensors") else None
+  trained_hw = timm.timm_image_size(src) if str(src).endswith(".safetensors") else None
   res, channels = native_input_shape(flat, saved_config, trained_hw)
   logging.info("Model input: %sx%sx%d; checkpoint step %d.", res or "any", res or "any",
                channels, step)
@@ -453,7 +455,7 @@ def evaluate(config, workdir):
   abstract = jax.eval_shape(lambda: model.init(
       jax.random.PRNGKey(0), jnp.zeros((1, init_res, init_res, channels)))["params"])
   try:  # The params read above, not the source again (see read_source).
-    loaded = interop.merge(abstract, flat)
+    loaded = layout.merge(abstract, flat)
   except ValueError as e:
     raise ValueError(f"Cannot load {src}: {e}") from None
   shardings = sharding.logical_shardings(abstract, mesh, rules)

@@ -34,7 +34,10 @@ from absl import app
 from absl import flags
 
 from big_vit_lite import paths
-from big_vit_lite.models import interop
+from big_vit_lite.models import formats
+from big_vit_lite.models import layout
+from big_vit_lite.models import steps
+from big_vit_lite.models import timm
 
 
 def _define_flags():
@@ -72,25 +75,23 @@ def export(src: str, out: str, fmt=None, res=None, key="params") -> dict:
     raise ValueError(f"--out={out}: the directory {parent} does not exist.")
   res = _parse_res(res)
   if paths.resolve(src).is_dir():  # A training checkpoint: its config knows the image size.
-    from big_vit_lite import checkpoint  # pylint: disable=g-import-not-at-top
-    params, config = checkpoint.load_params(src, key)
-    flat = interop.canonicalize(interop.to_numpy_flat(params))
+    params, config = steps.load_params(src, key)
+    flat = layout.canonicalize(layout.to_numpy_flat(params))
     if res is None and fmt == "timm":
-      res = interop.trained_hw(config, flat)
+      res = steps.trained_hw(config, flat)
   elif key != "params":
     raise ValueError(f"--params={key} reads a training checkpoint's EMA, but {src} is a file "
                      "(one set of params): pass a training workdir or step directory.")
   else:
-    flat = interop.read_params(src)
+    flat = formats.read_params(src)
     if res is None and fmt == "timm" and str(src).endswith(".safetensors"):
-      res = interop.timm_image_size(src)  # Our timm file says its size (it may be non-square).
+      res = timm.timm_image_size(src)  # Our timm file says its size (it may be non-square).
+  kwargs = formats.save(flat, out, image_size=res)
   if fmt == "npz":
-    interop.save_npz(flat, out)
     return {"out": out, "format": "npz", "num_params": len(flat)}
-  kwargs = interop.write_timm(flat, out, image_size=res)
   return {"out": out, "format": "timm", "timm_kwargs": kwargs,
-          "timm_name": interop.timm_model_name(kwargs),
-          "timm_usage": interop.timm_usage(kwargs, out)}
+          "timm_name": timm.timm_model_name(kwargs),
+          "timm_usage": timm.timm_usage(kwargs, out)}
 
 
 def _parse_res(res):

@@ -37,7 +37,8 @@ from big_vit_lite import evaluate
 from big_vit_lite import sharding
 from big_vit_lite.data import imagefolder
 from big_vit_lite.evaluators import features
-from big_vit_lite.models import interop
+from big_vit_lite.models import layout
+from big_vit_lite.models import timm
 
 
 def _define_flags():
@@ -134,7 +135,7 @@ def predict(model_src, items, *, top_k=5, labels_file=None, key="params", batch_
   if not num_classes:
     raise ValueError(f"{model_src} has no classification head (num_classes=0): nothing to "
                      "predict; fine-tune it first (configs/transfer.py).")
-  trained_hw = (interop.timm_image_size(model_src) if str(model_src).endswith(".safetensors")
+  trained_hw = (timm.timm_image_size(model_src) if str(model_src).endswith(".safetensors")
                 else None)
   res, channels = evaluate.native_input_shape(flat, saved_config, trained_hw)
   patch = int(flat["embedding/kernel"].shape[0])
@@ -147,7 +148,7 @@ def predict(model_src, items, *, top_k=5, labels_file=None, key="params", batch_
   mesh = sharding.make_mesh((("data", -1),))
   abstract = jax.eval_shape(lambda: model.init(
       jax.random.PRNGKey(0), jnp.zeros((1, res, res, channels)))["params"])
-  params = jax.device_put(nn.meta.unbox(interop.merge(abstract, flat)), sharding.replicated(mesh))
+  params = jax.device_put(nn.meta.unbox(layout.merge(abstract, flat)), sharding.replicated(mesh))
   forward = evaluate.make_predict_fn(model, res, channels, patch)
 
   @jax.jit

@@ -30,7 +30,7 @@ from absl import logging
 
 from big_vit_lite import checkpoint as ckpt_lib
 from big_vit_lite import paths
-from big_vit_lite import summary as summary_lib
+from big_vit_lite import runlog
 
 INSTALL = "pip install 'big_vit_lite[report]'"
 _TRAINING = ("training_loss", "learning_rate")
@@ -65,19 +65,19 @@ def _flat(tree, prefix=""):
 def load(workdir):
   """One run's rows, hours, resumes, config and summary, as a dict."""
   wd = paths.resolve(workdir)
-  rows = summary_lib.read_rows(wd)
+  rows = runlog.read_rows(wd)
   if not rows:
     raise ValueError(f"{wd} has no metrics.jsonl lines: pass a training or evaluate workdir "
                      "(a run writes its first line at its first logged step).")
   config = wd / "config.json"
-  run = dict(workdir=wd, name=wd.name, rows=rows, summary=summary_lib.read(wd),
-             stats=summary_lib.stats(rows), checkpoints=ckpt_lib.complete_steps(wd),
+  run = dict(workdir=wd, name=wd.name, rows=rows, summary=runlog.read(wd),
+             stats=runlog.stats(rows), checkpoints=ckpt_lib.complete_steps(wd),
              config=dict(_flat(json.loads(config.read_text()))) if config.exists() else {})
-  run["train_keys"], run["eval_keys"] = summary_lib.split_keys(rows)
+  run["train_keys"], run["eval_keys"] = runlog.split_keys(rows)
   # Hours: each attempt's uptime after the attempts before it.
   run["train_rows"], run["hours"], run["resume_hours"] = [], [], []
   offset = 0.0
-  for i, seg in enumerate(summary_lib.segments(rows)):
+  for i, seg in enumerate(runlog.segments(rows)):
     if i:
       run["resume_hours"].append(offset)
     run["train_rows"] += seg
@@ -85,7 +85,7 @@ def load(workdir):
     offset += max([r.get("uptime_hours", 0.0) for r in seg])
   attempts = run["summary"].get("attempts", [])
   run["resume_steps"] = ([a["start_step"] for a in attempts[1:]] if attempts else
-                         [s[0]["step"] for s in summary_lib.segments(rows)[1:]])
+                         [s[0]["step"] for s in runlog.segments(rows)[1:]])
   return run
 
 
@@ -96,10 +96,10 @@ def _plot(ax, runs, key, x):
     color = f"C{i % 10}"
     if x != "step":
       pts = [(h * scale, r[key]) for r, h in zip(run["train_rows"], run["hours"])
-             if h is not None and summary_lib.numeric(r.get(key))]
+             if h is not None and runlog.numeric(r.get(key))]
     else:
       pts = [(r["step"], r[key]) for r in run["rows"]
-             if summary_lib.numeric(r.get(key))]
+             if runlog.numeric(r.get(key))]
     is_eval = key in run["eval_keys"]
     if pts:
       ax.plot(*zip(*pts), color=color, label=run["name"], marker="o" if is_eval else None, ms=3,
@@ -181,7 +181,7 @@ def _runs_table(runs):
     resumed = ", ".join(str(a) for a in run["resume_steps"])
     rows.append([
         run["name"], s.get("status", "?"), f"{st['step']}" + (f" / {total}" if total else ""),
-        _fmt(st["epochs"]), summary_lib.duration(st["hours"]), _fmt(st["core_hours"]),
+        _fmt(st["epochs"]), runlog.duration(st["hours"]), _fmt(st["core_hours"]),
         _fmt(st["img_per_sec"]),
         ", ".join(f"{k} {_fmt(v, pct=True)}" for k, v in st["mfu"].items()) or "-",
         f"{dev['devices']} x {dev['device_kind']}" if dev else "-",

@@ -115,8 +115,8 @@ def _from_checkpoint(src):
   if not os.path.isfile(src):
     return None, None, None
   from big_vit_lite import evaluate  # pylint: disable=g-import-not-at-top
-  from big_vit_lite.models import interop  # pylint: disable=g-import-not-at-top
-  flat = interop.read_params(src)
+  from big_vit_lite.models import formats  # pylint: disable=g-import-not-at-top
+  flat = formats.read_params(src)
   model = evaluate.infer_model_cfg(flat)
   kernel = flat.get("stem/conv_0/kernel", flat["embedding/kernel"])
   posemb = flat.get("Transformer/posembed_input/pos_embedding")

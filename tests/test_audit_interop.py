@@ -19,7 +19,9 @@ from big_vit_lite import checkpoint
 from big_vit_lite import evaluate
 from big_vit_lite import export
 from big_vit_lite.evaluators import presets
-from big_vit_lite.models import interop
+from big_vit_lite.models import layout
+from big_vit_lite.models import posemb
+from big_vit_lite.models import timm
 from big_vit_lite.models import vit
 
 import evaluator_fixtures
@@ -49,7 +51,7 @@ def _random(hw=(16, 16), seed=0, channels=3, **kw):
 
 
 def _assert_same(a, b):
-  fa, fb = interop.to_numpy_flat(a), interop.to_numpy_flat(b)
+  fa, fb = layout.to_numpy_flat(a), layout.to_numpy_flat(b)
   assert list(fa) == list(fb)
   for k in fa:
     np.testing.assert_array_equal(fa[k], fb[k], err_msg=k)
@@ -145,7 +147,7 @@ def test_evaluate_at_a_trained_size_the_patch_does_not_divide(tmp_path):
   with pytest.raises(ValueError, match="model takes 28x28x1: resize to 28"):
     evaluate.evaluate(config(35), str(tmp_path / "e35"))  # a 5x5 grid, not 4x4
   # A workdir's saved pp says the size it was trained at: the message names that.
-  flat = interop.to_numpy_flat(params)
+  flat = layout.to_numpy_flat(params)
   saved = ml_collections.ConfigDict(dict(input=dict(pp="decode(1)|resize(30)|keep('image')")))
   assert evaluate.native_input_shape(flat, saved) == (30, 1)
 
@@ -155,12 +157,12 @@ def test_timm_export_of_non_square_models(tmp_path):
   # back as a "no_embed_class" posemb: a zero row in front, every row shifted.
   params = _random(hw=(12, 20))
   with pytest.raises(ValueError, match=r"15 grid tokens, not a square grid.*--res=HxW"):
-    interop.write_timm(params, tmp_path / "x.safetensors")
-  kwargs = interop.write_timm(params, tmp_path / "m.safetensors", image_size=(12, 20))
+    timm.write_timm(params, tmp_path / "x.safetensors")
+  kwargs = timm.write_timm(params, tmp_path / "m.safetensors", image_size=(12, 20))
   assert kwargs["img_size"] == (12, 20)
   _assert_same(vit.load(_abstract(hw=(12, 20)), tmp_path / "m.safetensors"), params)
   with pytest.raises(ValueError, match=r"gives a 4x4 grid \(patch 4\) but the posemb has 15"):
-    interop.write_timm(params, tmp_path / "y.safetensors", image_size=16)
+    timm.write_timm(params, tmp_path / "y.safetensors", image_size=16)
   # 4x9 has the square count of 6x6: only the run's config knows. A workdir says
   # it (its training pp), so export writes img_size=(16, 36), not 24.
   params = _random(hw=(16, 36))
@@ -188,7 +190,7 @@ def test_timm_round_trip_at_sizes_the_patch_does_not_divide(tmp_path, pool_type)
   # /7 at 30 px (a 4x4 grid): timm's img_size was written as 28, so the timm
   # model refused the 30 px images the model was trained on.
   params = _random(hw=(30, 30), patch_size=7, pool_type=pool_type)
-  kwargs = interop.write_timm(params, tmp_path / "m.safetensors", image_size=30)
+  kwargs = timm.write_timm(params, tmp_path / "m.safetensors", image_size=30)
   assert kwargs["img_size"] == 30 and kwargs["patch_size"] == 7
   back = vit.load(_abstract(hw=(30, 30), patch_size=7, pool_type=pool_type),
                   tmp_path / "m.safetensors")
@@ -202,7 +204,7 @@ def test_big_vision_two_tower_image_tower_loads(tmp_path):
   # SigLIP / LiT .npz files keep the image ViT under "params/img/" next to the
   # text tower; they were "model_init holds no ViT params".
   params = _random(pool_type="map", scan=True)
-  flat = interop.flatten(params)
+  flat = layout.flatten(params)
   flat["pos_embedding"] = flat.pop(POSEMB)  # big_vision: top-level posemb
   np.savez(tmp_path / "siglip.npz", **{f"params/img/{k}": v for k, v in flat.items()},
            **{"params/txt/Embed_0/embedding": np.zeros((8, 4), np.float32),
@@ -220,9 +222,9 @@ def test_bfloat16_npz_loads(tmp_path):
   # sequence".
   params = _random()
   np.savez(tmp_path / "bf16.npz", **{k: v.astype(jnp.bfloat16)
-                                     for k, v in interop.to_numpy_flat(params).items()})
-  loaded = interop.to_numpy_flat(vit.load(_abstract(), tmp_path / "bf16.npz"))
-  for k, v in interop.to_numpy_flat(params).items():
+                                     for k, v in layout.to_numpy_flat(params).items()})
+  loaded = layout.to_numpy_flat(vit.load(_abstract(), tmp_path / "bf16.npz"))
+  for k, v in layout.to_numpy_flat(params).items():
     assert loaded[k].dtype == np.float32
     np.testing.assert_array_equal(loaded[k], v.astype(jnp.bfloat16).astype(np.float32), err_msg=k)
 
@@ -231,7 +233,7 @@ def test_evaluate_refuses_a_non_square_timm_export(tmp_path):
   # A 4x9 grid has the token count of 6x6: evaluate took the file for a 24 px
   # model and ran it with its posemb rows on the wrong grid. Its metadata says 16x36.
   params = _random(hw=(16, 36))
-  interop.write_timm(params, tmp_path / "ns.safetensors", image_size=(16, 36))
+  timm.write_timm(params, tmp_path / "ns.safetensors", image_size=(16, 36))
   config = ml_collections.ConfigDict(dict(model_init=str(tmp_path / "ns.safetensors"), evals=dict(
       val=dict(type="classification", data=dict(name="imagefolder", data_dir=str(tmp_path)),
                pp=presets.eval_pp(24), batch_size=8))))
@@ -239,15 +241,15 @@ def test_evaluate_refuses_a_non_square_timm_export(tmp_path):
                      "evaluate runs square images only"):
     evaluate.evaluate(config, str(tmp_path / "eval"))
   # A square export at a size its patch does not divide runs at that size.
-  interop.write_timm(_random(hw=(30, 30), patch_size=7), tmp_path / "p7.safetensors",
+  timm.write_timm(_random(hw=(30, 30), patch_size=7), tmp_path / "p7.safetensors",
                      image_size=30)
   flat, saved, _ = evaluate.read_source(str(tmp_path / "p7.safetensors"))
   assert evaluate.native_input_shape(
-      flat, saved, interop.timm_image_size(tmp_path / "p7.safetensors")) == (30, 3)
+      flat, saved, timm.timm_image_size(tmp_path / "p7.safetensors")) == (30, 3)
 
 
 def _posemb_grid(params):
-  return interop.to_numpy_flat(params)[POSEMB][:, 1:]
+  return layout.to_numpy_flat(params)[POSEMB][:, 1:]
 
 
 def test_posemb_of_a_workdir_is_resampled_from_the_grid_it_was_trained_on(tmp_path, caplog):
@@ -264,10 +266,10 @@ def test_posemb_of_a_workdir_is_resampled_from_the_grid_it_was_trained_on(tmp_pa
 
   square = _posemb_grid(workdir("square", (24, 24)))
   got = _posemb_grid(vit.load(_abstract(hw=(16, 36)), tmp_path / "square", grid_hw=(4, 9)))
-  np.testing.assert_array_equal(got, interop.resample_posemb(square, (4, 9)))
+  np.testing.assert_array_equal(got, posemb.resample(square, (4, 9)))
   wide = _posemb_grid(workdir("wide", (16, 36)))
   got = _posemb_grid(vit.load(_abstract(hw=(24, 24)), tmp_path / "wide", grid_hw=(6, 6)))
-  np.testing.assert_array_equal(got, interop.resample_posemb(wide, (6, 6), (4, 9)))
+  np.testing.assert_array_equal(got, posemb.resample(wide, (6, 6), (4, 9)))
   # Same grid: exact.
   got = _posemb_grid(vit.load(_abstract(hw=(16, 36)), tmp_path / "wide", grid_hw=(4, 9)))
   np.testing.assert_array_equal(got, wide)
@@ -283,10 +285,10 @@ def test_timm_export_as_model_init_on_a_bucket(fake_bucket):
   # README: model_init may be on a bucket, and may be an exported .safetensors;
   # read_timm went by os.path, so gs://.../m.safetensors "did not exist".
   params = _random()
-  interop.write_timm(params, fake_bucket / "m.safetensors")
+  timm.write_timm(params, fake_bucket / "m.safetensors")
   _assert_same(vit.load(_abstract(), "gs://m.safetensors"), params)
   flat, _, _ = evaluate.read_source("gs://m.safetensors")
-  assert evaluate.native_input_shape(flat, None, interop.timm_image_size("gs://m.safetensors")) == (
+  assert evaluate.native_input_shape(flat, None, timm.timm_image_size("gs://m.safetensors")) == (
       16, 3)
   export.export("gs://m.safetensors", str(fake_bucket.parent / "m.npz"))
   _assert_same(vit.load(_abstract(), fake_bucket.parent / "m.npz"), params)
@@ -310,7 +312,7 @@ def test_bad_model_options_are_one_line_errors():
 def test_timm_file_into_a_model_with_another_head_count_is_refused(tmp_path):
   # timm fuses q, k and v over all heads: the file split into 4 heads where it
   # had 2 and loaded, a different model without a word. Our files say their heads.
-  interop.write_timm(_random(), tmp_path / "h2.safetensors")
+  timm.write_timm(_random(), tmp_path / "h2.safetensors")
   with pytest.raises(ValueError, match="holds a ViT with 2 attention heads, the model has 4: "
                      "build the model with num_heads=2"):
     vit.load(_abstract(num_heads=4), tmp_path / "h2.safetensors")
@@ -325,14 +327,14 @@ def test_timm_hub_file_of_a_standard_size_reads_without_metadata(tmp_path):
   size = dict(variant="mu/16", **{k: None for k in ("width", "depth", "mlp_dim", "num_heads",
                                                     "patch_size")})
   params = _random(hw=(32, 32), **size)
-  sd, _ = interop.to_timm(params)
+  sd, _ = timm.to_timm(params)
   save_file(sd, str(tmp_path / "hub.safetensors"))  # no metadata
   export.export(str(tmp_path / "hub.safetensors"), str(tmp_path / "hub.npz"))
   _assert_same(vit.load(_abstract(hw=(32, 32), **size), tmp_path / "hub.npz"), params)
   assert evaluate.infer_model_cfg(evaluate.read_source(str(tmp_path / "hub.safetensors"))[0])[
       "num_heads"] == 2
   # Not a standard size: still refused, saying why.
-  sd, _ = interop.to_timm(_random())
+  sd, _ = timm.to_timm(_random())
   save_file(sd, str(tmp_path / "odd.safetensors"))
   with pytest.raises(ValueError, match="no timm_kwargs metadata.*not a standard ViT size"):
     export.export(str(tmp_path / "odd.safetensors"), str(tmp_path / "odd.npz"))

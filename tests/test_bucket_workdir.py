@@ -100,10 +100,10 @@ def test_load_params_sources_on_a_bucket(fake_bucket):
 
 
 def test_model_init_npz_on_a_bucket(fake_bucket):
-  # `config.model_init=gs://...npz` goes through models.interop.read_params.
-  from big_vit_lite.models import interop
+  # `config.model_init=gs://...npz` goes through models.formats.read_params.
+  from big_vit_lite.models import formats
   np.savez(fake_bucket / "init.npz", **{"head/kernel": np.full((2, 3), 2.0, np.float32)})
-  flat = interop.read_params("gs://init.npz")
+  flat = formats.read_params("gs://init.npz")
   np.testing.assert_array_equal(flat["head/kernel"], np.full((2, 3), 2.0))
   with pytest.raises(ValueError, match="does not exist"):
-    interop.read_params("gs://missing_init.npz")
+    formats.read_params("gs://missing_init.npz")

@@ -169,10 +169,10 @@ def test_evaluate_two_processes_match_one(tiny_npz, tfds_data_dir, tmp_path):
 
 def test_model_config_is_read_off_any_npz_layout():
   from big_vit_lite import evaluate  # pylint: disable=import-outside-toplevel
-  from big_vit_lite.models import interop  # pylint: disable=import-outside-toplevel
+  from big_vit_lite.models import layout  # pylint: disable=import-outside-toplevel
   model = vit.Model(num_classes=5, **dict(evaluator_fixtures.TINY_VIT, depth=2))
   params = model.init(jax.random.key(0), jnp.zeros((1, 28, 28, 3)))["params"]
-  flat = interop.to_numpy_flat(params)
+  flat = layout.to_numpy_flat(params)
   want = dict(variant=None, width=32, depth=2, mlp_dim=64, num_heads=2, patch_size=7,
               pool_type="gap", posemb="learn")
   assert evaluate.infer_model_cfg(flat) == want
@@ -193,12 +193,12 @@ def test_model_config_is_read_off_any_npz_layout():
 
 def test_model_input_read_off_stem_big_vision_and_sincos_checkpoints():
   from big_vit_lite import evaluate  # pylint: disable=import-outside-toplevel
-  from big_vit_lite.models import interop  # pylint: disable=import-outside-toplevel
+  from big_vit_lite.models import layout  # pylint: disable=import-outside-toplevel
   kw = dict(evaluator_fixtures.TINY_VIT, stem_channels=(8,))
   abstract = jax.eval_shape(vit.Model(num_classes=5, **kw).init, jax.random.key(0),
                             jnp.zeros((1, 28, 28, 1)))["params"]
   flat = {k: np.zeros(v.shape, v.dtype)
-          for k, v in interop.flatten(nn.meta.unbox(abstract)).items()}
+          for k, v in layout.flatten(nn.meta.unbox(abstract)).items()}
   # A conv-stem model takes grey images: the stem's input channels, not the embedding's (8).
   assert evaluate.native_input_shape(flat, None) == (28, 1)
   assert evaluate.infer_model_cfg(flat)["stem_channels"] == (8,)

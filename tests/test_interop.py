@@ -11,7 +11,9 @@ import pytest
 from safetensors.numpy import load_file
 
 from big_vit_lite import export
-from big_vit_lite.models import interop
+from big_vit_lite.models import layout
+from big_vit_lite.models import posemb
+from big_vit_lite.models import timm
 from big_vit_lite.models import vit
 
 TINY = dict(variant=None, width=32, depth=2, mlp_dim=64, num_heads=2, patch_size=4)
@@ -32,7 +34,7 @@ def _init(seed=0, **kw):
 
 
 def _flat(params):
-  return interop.to_numpy_flat(params)
+  return layout.to_numpy_flat(params)
 
 
 def _abstract(**kw):
@@ -147,9 +149,9 @@ def test_posemb_resample_to_non_square_grid_with_square_token_count(tmp_path):
   tgt = jax.eval_shape(vit.Model(**kw).init, jax.random.key(0), jnp.zeros((1, 16, 36, 3)))["params"]
   pe = vit.load(tgt, tmp_path / "g5.npz", grid_hw=(4, 9))["Transformer"]["posembed_input"]
   pe = pe["pos_embedding"].value
-  np.testing.assert_array_equal(pe[:, 1:], interop.resample_posemb(grid5, (4, 9)))
+  np.testing.assert_array_equal(pe[:, 1:], posemb.resample(grid5, (4, 9)))
   np.testing.assert_array_equal(pe[:, :1], 7.0)
-  assert not np.allclose(pe[:, 1:], interop.resample_posemb(grid5, (6, 6)))
+  assert not np.allclose(pe[:, 1:], posemb.resample(grid5, (6, 6)))
   with pytest.raises(ValueError, match="grid 5x9 does not match the model's 36 grid tokens"):
     vit.load(tgt, tmp_path / "g5.npz", grid_hw=(5, 9))
 
@@ -166,7 +168,7 @@ def test_big_vision_layout_loads(tmp_path):
   np.testing.assert_array_equal(loaded[POSEMB][:, 1:], pe[:, 1:])
   np.testing.assert_array_equal(loaded[POSEMB][:, 0], 0)
   # big_vision's scan layout (stacked encoderblock) into a loop model, and a gap model.
-  scan_flat = interop.flatten(_flat(_init(scan=True, pool_type="gap")))
+  scan_flat = layout.flatten(_flat(_init(scan=True, pool_type="gap")))
   scan_flat["pos_embedding"] = scan_flat.pop(POSEMB)
   np.savez(tmp_path / "bv_scan.npz", **scan_flat)
   loaded = _flat(vit.load(_init(seed=2, pool_type="gap"), tmp_path / "bv_scan.npz"))
@@ -260,7 +262,7 @@ def test_timm_export_matches_timm_forward_and_round_trips(tmp_path, pool_type, p
   model = _model(pool_type=pool_type, posemb=posemb)
   params = _init(pool_type=pool_type, posemb=posemb)
   path = tmp_path / "m.safetensors"
-  kw = interop.write_timm(params, path, image_size=16)
+  kw = timm.write_timm(params, path, image_size=16)
   assert kw["global_pool"] == {"tok": "token", "gap": "avg", "map": "map"}[pool_type]
   assert kw["fc_norm"] is False and kw["img_size"] == 16
   sd = load_file(path)
@@ -277,13 +279,13 @@ def test_timm_export_matches_timm_forward_and_round_trips(tmp_path, pool_type, p
 
 def test_timm_export_refusals():
   with pytest.raises(ValueError, match="rep_size"):
-    interop.to_timm(_init(rep_size=True))
+    timm.to_timm(_init(rep_size=True))
   with pytest.raises(ValueError, match="image_size"):
-    interop.to_timm(_init(posemb="sincos2d"))
-  sd, _ = interop.to_timm(_init(pool_type="gap"))
+    timm.to_timm(_init(posemb="sincos2d"))
+  sd, _ = timm.to_timm(_init(pool_type="gap"))
   sd["fc_norm.weight"] = sd["fc_norm.bias"] = np.ones(32, np.float32)
   with pytest.raises(ValueError, match="fc_norm"):
-    interop.from_timm(sd, num_heads=2)
+    timm.from_timm(sd, num_heads=2)
 
 
 @pytest.mark.timeout(180)
@@ -315,7 +317,7 @@ def test_load_and_export_from_training_checkpoint(tmp_path):
   ckpt.save(3, {"params": nn.meta.unbox(params)}, {"epoch": 0})
   ckpt.close()
   loop = vit.load(_init(seed=1), tmp_path / "work")  # workdir -> newest step
-  want = interop.unstack_layers(_flat(params))
+  want = layout.unstack_layers(_flat(params))
   assert set(_flat(loop)) == set(want)
   for k, v in _flat(loop).items():
     np.testing.assert_array_equal(v, want[k], err_msg=k)
@@ -369,7 +371,7 @@ def test_checkpoint_of_another_architecture_is_refused(tmp_path, caplog):
 def test_export_reads_our_timm_file_back(tmp_path):
   # timm -> npz (e.g. for big_vision) used to fail reading the .safetensors as an .npz.
   params = _random(pool_type="map")
-  interop.write_timm(params, tmp_path / "m.safetensors")
+  timm.write_timm(params, tmp_path / "m.safetensors")
   export.export(str(tmp_path / "m.safetensors"), str(tmp_path / "m.npz"), "npz")
   _assert_same(vit.load(_abstract(pool_type="map"), tmp_path / "m.npz"), params)
   from safetensors.numpy import save_file  # pylint: disable=import-outside-toplevel
@@ -389,17 +391,17 @@ def test_export_reads_our_timm_file_back(tmp_path):
 def test_timm_usage_names_registered_models_and_keeps_the_head():
   kw = dict(img_size=224, patch_size=16, in_chans=3, embed_dim=768, depth=12, num_heads=12,
             mlp_ratio=4.0, num_classes=10, global_pool="token", class_token=True, fc_norm=False)
-  assert interop.timm_model_name(kw) == "vit_base_patch16_224"
-  assert interop.timm_model_name(dict(kw, embed_dim=192, num_heads=3, patch_size=16,
+  assert timm.timm_model_name(kw) == "vit_base_patch16_224"
+  assert timm.timm_model_name(dict(kw, embed_dim=192, num_heads=3, patch_size=16,
                                       img_size=384)) == "vit_tiny_patch16_384"
   # timm's pretrained loading drops a head whose size differs from the registered
   # model's unless the overlay says num_classes: the line must say it.
   assert "pretrained_cfg_overlay=dict(file=\"/x/m.safetensors\", num_classes=10)" in (
-      interop.timm_usage(kw, "/x/m.safetensors"))
+      timm.timm_usage(kw, "/x/m.safetensors"))
   for other in (dict(in_chans=1), dict(global_pool="avg", class_token=False), dict(patch_size=14),
                 dict(depth=6), dict(img_size=256)):
-    assert interop.timm_model_name(dict(kw, **other)) is None, other
-  assert interop.timm_usage(dict(kw, depth=6), "m.safetensors").startswith(
+    assert timm.timm_model_name(dict(kw, **other)) is None, other
+  assert timm.timm_usage(dict(kw, depth=6), "m.safetensors").startswith(
       "m = timm.models.vision_transformer.VisionTransformer(img_size=224")
 
 
@@ -443,8 +445,8 @@ def _npz(tmp_path, params):
 def test_timm_no_embed_class_posemb_gets_a_zero_class_row():
   # timm's no_embed_class models (e.g. DeiT III) have pos_embed for the grid only;
   # its first grid row used to be taken as the class token's.
-  sd, _ = interop.to_timm(_random())
+  sd, _ = timm.to_timm(_random())
   sd["pos_embed"][:, :1] = 0.0
-  want = interop.from_timm(sd, num_heads=2)
-  got = interop.from_timm(dict(sd, pos_embed=sd["pos_embed"][:, 1:]), num_heads=2)
+  want = timm.from_timm(sd, num_heads=2)
+  got = timm.from_timm(dict(sd, pos_embed=sd["pos_embed"][:, 1:]), num_heads=2)
   np.testing.assert_array_equal(got[POSEMB], want[POSEMB])

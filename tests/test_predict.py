@@ -12,7 +12,7 @@ import pytest
 import tensorflow_datasets as tfds
 
 from big_vit_lite import evaluate
-from big_vit_lite.models import interop
+from big_vit_lite.models import layout
 from big_vit_lite.models import vit
 from trainer_runs import ROOT, env_for, run_train
 
@@ -63,7 +63,7 @@ def test_predict_jsonl_skips_the_corrupt_file_and_matches_the_model(trained, tfd
   # The same probabilities as the model applied here to the same image.
   flat, saved, _ = evaluate.read_source(workdir)
   model = vit.Model(**dict(saved.model.to_dict(), dropout=0.0))
-  params = interop.unflatten(flat)
+  params = layout.unflatten(flat)
   image = np.asarray(Image.open(os.path.join(folder, "0.png")), np.float32)[None, :, :, None]
   logits, _ = model.apply({"params": params}, image / 127.5 - 1.0)
   probs = np.asarray(jax.nn.softmax(logits[0]))

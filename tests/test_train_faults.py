@@ -227,7 +227,8 @@ def test_model_init_posemb_resampled_to_a_non_square_grid(tfds_data_dir, tmp_pat
   """A 4x4-grid checkpoint fine-tuned at 28x63 (a 4x9 grid: 36 tokens, as many as 6x6)."""
   import jax
   import numpy as np
-  from big_vit_lite.models import interop
+  from big_vit_lite.models import layout
+  from big_vit_lite.models import posemb
   from big_vit_lite.models import vit
 
   config = _config(tfds_data_dir, total_steps=1, ckpt_steps=0, lr=0.0, wd=0.0)
@@ -240,9 +241,9 @@ def test_model_init_posemb_resampled_to_a_non_square_grid(tfds_data_dir, tmp_pat
   config.device_aug = None
   train.train(config, str(tmp_path / "w"))
   got, _ = checkpoint.load_params(str(tmp_path / "w"))
-  grid4 = interop.to_numpy_flat(src)["Transformer/posembed_input/pos_embedding"]
+  grid4 = layout.to_numpy_flat(src)["Transformer/posembed_input/pos_embedding"]
   np.testing.assert_allclose(got["Transformer"]["posembed_input"]["pos_embedding"],
-                             interop.resample_posemb(grid4, (4, 9)), rtol=1e-6)
+                             posemb.resample(grid4, (4, 9)), rtol=1e-6)
 
 
 @pytest.mark.timeout(240)

@@ -9,7 +9,8 @@ import pytest
 
 from big_vit_lite import config_loading
 from big_vit_lite import optim
-from big_vit_lite.models import interop
+from big_vit_lite.models import layout
+from big_vit_lite.models import timm
 from big_vit_lite.models import vit
 from trainer_runs import ROOT
 
@@ -108,8 +109,8 @@ def test_transfer_config_reads_the_model_off_an_npz(tmp_path, tfds_data_dir, mon
   assert "decode(channels=3)|resize(20)" in config.input.pp  # its own resolution and channels
   assert config.optax_name == "momentum" and config.grad_clip_norm == 1.0
   st = str(tmp_path / "pre.safetensors")  # timm's layout: the same model read off it
-  flat = {k: v for k, v in interop.to_numpy_flat(params).items() if "pre_logits" not in k}
-  interop.write_timm(flat, st, image_size=20)
+  flat = {k: v for k, v in layout.to_numpy_flat(params).items() if "pre_logits" not in k}
+  timm.write_timm(flat, st, image_size=20)
   m2 = transfer.get_config(f"init={st},data=animal_mnist").model
   assert {k: m2[k] for k in ("width", "depth", "num_heads", "patch_size", "pool_type")} == {
       k: m[k] for k in ("width", "depth", "num_heads", "patch_size", "pool_type")}

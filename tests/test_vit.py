@@ -5,7 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from big_vit_lite.models import interop
+from big_vit_lite.models import layout
+from big_vit_lite.models import timm
 from big_vit_lite.models import vit
 
 TINY = dict(variant=None, width=32, depth=2, mlp_dim=64, num_heads=2, patch_size=4)
@@ -65,7 +66,7 @@ def test_family_param_counts(variant):
 
 def test_param_tree_is_vision_transformer_layout():
   params = _abstract_params(num_classes=1000, variant="B/16")
-  shapes = {k: v.shape for k, v in interop.flatten(nn.meta.unbox(params)).items()}
+  shapes = {k: v.shape for k, v in layout.flatten(nn.meta.unbox(params)).items()}
   att = "Transformer/encoderblock_11/MultiHeadDotProductAttention_0"
   expected = {
       "embedding/kernel": (16, 16, 3, 768), "embedding/bias": (768,), "cls": (1, 1, 768),
@@ -87,7 +88,7 @@ def test_param_tree_is_vision_transformer_layout():
 
 def test_params_are_boxed_with_logical_names():
   params = _abstract_params(num_classes=10, variant="mu/16", scan=True)
-  boxes = interop.flatten(params)
+  boxes = layout.flatten(params)
   assert all(isinstance(b, nn.Partitioned) for b in boxes.values())
   assert boxes["Transformer/encoderblock/MlpBlock_0/Dense_0/kernel"].names == ("layers", "embed", "mlp")
   att = "Transformer/encoderblock/MultiHeadDotProductAttention_0"
@@ -117,7 +118,7 @@ def test_output_shapes(pool_type, posemb):
   assert out["encoded"].shape == out["block00"].shape == out["block01"].shape == (2, n_tok, 32)
   assert out["stem"].shape == (2, 16, 32)
   assert np.isfinite(logits).all() and np.abs(logits).max() > 0
-  names = interop.flatten(nn.meta.unbox(params))
+  names = layout.flatten(nn.meta.unbox(params))
   assert ("cls" in names) == (pool_type == "tok")
   assert ("MAPHead_0/probe" in names) == (pool_type == "map")
   assert ("Transformer/posembed_input/pos_embedding" in names) == (posemb == "learn")
@@ -225,7 +226,7 @@ def test_conv_stem_sees_across_patch_borders(tmp_path):
     assert (delta[:, 1].max() > 0) == crosses
     assert delta[:, 2:].max() == 0
 
-  names = interop.flatten(nn.meta.unbox(params))
+  names = layout.flatten(nn.meta.unbox(params))
   assert names["stem/conv_0/kernel"].shape == (3, 3, 3, 8)
   assert names["stem/conv_1/kernel"].shape == (3, 3, 8, 4)
   assert names["embedding/kernel"].shape == (4, 4, 4, 32)
@@ -236,7 +237,7 @@ def test_conv_stem_sees_across_patch_borders(tmp_path):
   np.testing.assert_array_equal(nn.meta.unbox(loaded)["stem"]["conv_1"]["kernel"],
                                 names["stem/conv_1/kernel"])
   with pytest.raises(ValueError, match="convolutional stem"):
-    interop.to_timm(params)
+    timm.to_timm(params)
 
 
 @pytest.mark.parametrize("dtype,tol", [(jnp.float32, 1e-5), (jnp.bfloat16, 3e-2)])

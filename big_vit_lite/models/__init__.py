@@ -3,5 +3,6 @@
 A model module provides `Model` (a Flax linen module whose `apply(..., train=)`
 returns `(logits, out)`), `load(init_params, path, model_cfg, dont_load=())`
 and `save_npz(params, path)`. Add a model by adding a module here.
-`interop` holds the checkpoint conversions (npz layouts, timm) the ViT uses.
+Checkpoint formats: `formats` (the load/save entry) over `npz`, `timm` and
+`steps` (our orbax training checkpoints); `layout` and `posemb` are shared.
 """

@@ -49,50 +49,14 @@ from jax.extend import backend as jex_backend
 import jax.numpy as jnp
 import numpy as np
 
-# Widths, depths, MLP sizes and heads of the literature: ViT paper (Ti..H),
-# "Scaling Vision Transformers" (g, G), "How to train your ViT" (M, mu) and
-# "Getting ViT in shape" (So400m).
-VARIANTS = {
-    #          width depth  mlp  heads
-    "mu":     (32,    1,   128,   2),
-    "Ti":     (192,  12,   768,   3),
-    "S":      (384,  12,  1536,   6),
-    "M":      (512,  12,  2048,   8),
-    "B":      (768,  12,  3072,  12),
-    "L":      (1024, 24,  4096,  16),
-    "So400m": (1152, 27,  4304,  16),
-    "H":      (1280, 32,  5120,  16),
-    "g":      (1408, 40,  6144,  16),
-    "G":      (1664, 48,  8192,  16),
-}
+from big_vit_lite.models import formats
+from big_vit_lite.models import npz
+from big_vit_lite.models.posemb import sincos_2d as posemb_sincos_2d
+from big_vit_lite.models.variants import VARIANTS, decode_variant  # noqa: F401  (vit.VARIANTS)
 
 POSEMB_TYPES = ("learn", "sincos2d")
 POOL_TYPES = ("tok", "gap", "map")
 GELU_TYPES = ("exact", "tanh")
-
-
-def decode_variant(variant: str) -> dict:
-  """"B/16" -> dict(width=768, depth=12, mlp_dim=3072, num_heads=12, patch_size=16)."""
-  size, sep, patch = variant.partition("/")
-  if not sep or size not in VARIANTS or not patch.isdigit() or int(patch) < 1:
-    raise ValueError(f"Unknown ViT variant {variant!r}: use '{{size}}/{{patch}}' with size one of "
-                     f"{', '.join(VARIANTS)} and an integer patch size, e.g. 'B/16'.")
-  width, depth, mlp_dim, num_heads = VARIANTS[size]
-  return dict(width=width, depth=depth, mlp_dim=mlp_dim, num_heads=num_heads, patch_size=int(patch))
-
-
-def posemb_sincos_2d(h: int, w: int, width: int, temperature: float = 10_000.0,
-                     dtype=np.float32) -> np.ndarray:
-  """Fixed 2D sin-cos position embedding, shape (1, h*w, width), rows in raster order."""
-  if width % 4:
-    raise ValueError(f"posemb='sincos2d' needs a width divisible by 4, got {width}.")
-  y, x = np.mgrid[:h, :w]
-  omega = np.arange(width // 4) / (width // 4 - 1 if width > 4 else 1)
-  omega = 1.0 / (temperature ** omega)
-  y = np.einsum("m,d->md", y.flatten(), omega)
-  x = np.einsum("m,d->md", x.flatten(), omega)
-  pe = np.concatenate([np.sin(x), np.cos(x), np.sin(y), np.cos(y)], axis=1)
-  return np.asarray(pe, dtype)[None]
 
 
 def drop_path_rates(depth: int, drop_path: float) -> np.ndarray:
@@ -763,12 +727,13 @@ class _Embedding(nn.Module):
 
 
 def load(init_params, path, model_cfg=None, dont_load: Sequence[str] = (), grid_hw=None):
-  """Loads a checkpoint into the structure of `init_params` (see interop.load)."""
-  from big_vit_lite.models import interop  # pylint: disable=g-import-not-at-top
-  return interop.load(init_params, path, model_cfg, dont_load, grid_hw)
+  """Loads a checkpoint (.npz, timm .safetensors, training dir) into `init_params`' structure.
+
+  See `formats.load` for the arguments and errors.
+  """
+  return formats.load(init_params, path, model_cfg, dont_load, grid_hw)
 
 
 def save_npz(params, path):
-  """Saves params as a vision_transformer-layout .npz (see interop.save_npz)."""
-  from big_vit_lite.models import interop  # pylint: disable=g-import-not-at-top
-  return interop.save_npz(params, path)
+  """Saves params (boxed or plain, scan or loop) as a vision_transformer-layout .npz."""
+  return npz.save_npz(params, path)

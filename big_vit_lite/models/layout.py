@@ -1,0 +1,244 @@
+"""Flat param dicts, their layouts, and fitting them to a model's params.
+
+Every checkpoint format goes through one canonical flat form ({"a/b/c":
+np.ndarray}): vision_transformer's AugReg-era loop layout
+(`Transformer/encoderblock_{i}/...`, posemb under `Transformer/posembed_input`
+with the class token's row first when there is a class token). `canonicalize`
+reads the other layouts: big_vision's (top-level `pos_embedding` without a
+cls row; "params/" training files; the "img/" tower of SigLIP / LiT), the
+scan layout (`Transformer/encoderblock/...` stacked on a leading axis) and
+the pre-linen numbering of the original paper's files. `merge` fits
+canonical params to a model (scan or loop, grid size, dont_load).
+"""
+import logging
+import re
+from typing import Any, Mapping, Sequence
+
+import flax.linen as nn
+import jax
+import numpy as np
+
+from big_vit_lite.models import posemb
+from big_vit_lite.models.variants import VARIANTS
+
+POSEMB = posemb.PARAM
+BLOCK_RE = re.compile(r"^Transformer/encoderblock_(\d+)/(.*)$")
+SCAN_PREFIX = "Transformer/encoderblock/"
+_BV_POSEMB = "pos_embedding"  # big_vision's top-level posemb (no cls entry)
+_PRE_LINEN = {"MultiHeadDotProductAttention_1": "MultiHeadDotProductAttention_0",
+              "LayerNorm_2": "LayerNorm_1", "MlpBlock_3": "MlpBlock_0"}
+
+
+def _is_box(x):
+  return isinstance(x, nn.meta.AxisMetadata)
+
+
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict:
+  """Nested dict -> {"a/b/c": leaf}, in the tree's own order."""
+  flat = {}
+  for k, v in tree.items():
+    if isinstance(v, Mapping):
+      flat.update(flatten(v, f"{prefix}{k}/"))
+    else:
+      flat[f"{prefix}{k}"] = v
+  return flat
+
+
+def unflatten(flat: Mapping[str, Any]) -> dict:
+  tree = {}
+  for k, v in flat.items():
+    *parents, leaf = k.split("/")
+    node = tree
+    for p in parents:
+      node = node.setdefault(p, {})
+    node[leaf] = v
+  return tree
+
+
+def to_numpy_flat(params) -> dict:
+  """Boxed or plain params (device or host) -> flat dict of host np.ndarrays."""
+  params = nn.meta.unbox(params)
+  return {k: np.asarray(jax.device_get(v)) for k, v in flatten(params).items()}
+
+
+# ----------------------------------------------------------------------------
+# Layouts.
+
+def unstack_layers(flat: Mapping[str, np.ndarray]) -> dict:
+  """Scan layout (`Transformer/encoderblock/...`, leading depth axis) -> loop layout."""
+  result = {}
+  for k, v in flat.items():
+    if k.startswith(SCAN_PREFIX):
+      rest = k[len(SCAN_PREFIX):]
+      for i in range(v.shape[0]):
+        result[f"Transformer/encoderblock_{i}/{rest}"] = v[i]
+    else:
+      result[k] = v
+  return result
+
+
+def stack_layers(flat: Mapping[str, np.ndarray], depth: int) -> dict:
+  """Loop layout -> scan layout; `flat` must hold blocks 0..depth-1 and no others."""
+  result, blocks = {}, {}
+  for k, v in flat.items():
+    m = BLOCK_RE.match(k)
+    if m:
+      blocks.setdefault(m.group(2), {})[int(m.group(1))] = v
+    else:
+      result[k] = v
+  for rest, layers in blocks.items():
+    if sorted(layers) != list(range(depth)):
+      raise ValueError(f"Cannot stack {SCAN_PREFIX}{rest}: found layers {sorted(layers)}, "
+                       f"expected 0..{depth - 1}.")
+    result[SCAN_PREFIX + rest] = np.stack([layers[i] for i in range(depth)])
+  return result
+
+
+def canonicalize(flat: Mapping[str, np.ndarray]) -> dict:
+  """Any supported npz layout -> canonical flat dict (posemb has a cls row iff there is a cls)."""
+  flat = dict(flat)
+  # big_vision train checkpoints hold the params under "params/" (older ones under
+  # "opt/target/") next to the optimizer state: keep only the params. Its
+  # two-tower models (SigLIP, LiT) keep the image ViT under "img/": keep that.
+  for prefix in ("params/img/", "img/", "params/", "opt/target/"):
+    if f"{prefix}embedding/kernel" in flat:
+      flat = {k[len(prefix):]: v for k, v in flat.items() if k.startswith(prefix)}
+      break
+  flat = unstack_layers(flat)
+  if any(f"/{old}/" in k for k in flat for old in _PRE_LINEN if BLOCK_RE.match(k)):
+    renamed = {}
+    for k, v in flat.items():
+      m = BLOCK_RE.match(k)
+      if m:
+        head, _, tail = m.group(2).partition("/")
+        k = f"Transformer/encoderblock_{m.group(1)}/{_PRE_LINEN.get(head, head)}/{tail}"
+      renamed[k] = v
+    flat = renamed
+  if _BV_POSEMB in flat:
+    pe = flat.pop(_BV_POSEMB)
+    if "cls" in flat:  # big_vision adds no posemb to the cls token: a zero row is the same.
+      pe = np.concatenate([np.zeros_like(pe[:, :1]), pe], axis=1)
+    flat[POSEMB] = pe
+  return flat
+
+
+
+def merge(init_params, src_flat: Mapping[str, np.ndarray], dont_load: Sequence[str] = (),
+          grid_hw=None, src_grid_hw=None):
+  """Fits canonical flat params `src_flat` to `init_params` (see `load`).
+
+  src_grid_hw: the (h, w) patch grid `src_flat` was trained on, if known.
+  """
+  if isinstance(init_params, Mapping) and set(init_params) == {"params"}:  # whole variables
+    return {"params": merge(init_params["params"], src_flat, dont_load, grid_hw, src_grid_hw)}
+  boxed = any(_is_box(x) for x in jax.tree.leaves(init_params, is_leaf=_is_box))
+  tgt = flatten(nn.meta.unbox(init_params))
+  keep = set()
+  for pattern in dont_load:
+    hits = {k for k in tgt if re.fullmatch(pattern, k)}
+    # As in big_vision, a pattern may also name checkpoint params to leave out.
+    if not hits and not any(re.fullmatch(pattern, k) for k in src_flat):
+      raise ValueError(f"dont_load pattern {pattern!r} matches no model param "
+                       f"(names look like {next(iter(tgt))!r}).")
+    keep |= hits
+  scan_depth = next((v.shape[0] for k, v in tgt.items() if k.startswith(SCAN_PREFIX)), None)
+  # Work in the loop layout so that messages name single blocks.
+  tgt_loop = unstack_layers({k: _Abstract(v.shape, v.dtype) for k, v in tgt.items() if k not in keep})
+  tgt_prefix = 1 if "cls" in tgt else 0
+  src_prefix = 1 if "cls" in src_flat else 0
+
+  # Names the architectures when they differ: "add X to dont_load" alone would
+  # send a user loading a B/16 into a Ti/16 through every param in turn.
+  arch_note = _arch_difference(src_flat, unstack_layers(
+      {k: _Abstract(v.shape, v.dtype) for k, v in tgt.items()}))
+  advice = "add it to dont_load to re-initialise it"
+  if arch_note:
+    advice = f"build the model to match, or {advice}"
+
+  loaded = {}
+  for k, spec in tgt_loop.items():
+    if k not in src_flat:
+      raise ValueError(f"the checkpoint has no param {k!r}{arch_note}; {advice}.")
+    v = np.asarray(src_flat[k])
+    if k == POSEMB:
+      v = posemb.fit(v, src_prefix, spec.shape, tgt_prefix, grid_hw, src_grid_hw)
+    if v.shape != spec.shape:
+      raise ValueError(f"param {k!r} has shape {v.shape} in the checkpoint but {spec.shape} in "
+                       f"the model{arch_note}; {advice}.")
+    loaded[k] = v.astype(spec.dtype)
+  kept_loop = unstack_layers({k: _Abstract(tgt[k].shape, tgt[k].dtype) for k in keep})
+  unused = sorted(k for k in set(src_flat) - set(tgt_loop) - set(kept_loop)
+                  if not any(re.fullmatch(p, k) for p in dont_load))
+  # Dropping the classifier (a headless feature model), vision_transformer's
+  # pre-logits layer (fine-tuning without representation_size) or a posemb
+  # table for a sincos2d model (timm files always hold one) is routine.
+  # Anything else unused means another architecture (more blocks, a class
+  # token or MAP head the model lacks): loading it would give a different
+  # model without complaint, so it is an error unless dont_load names it.
+  dropped = [k for k in unused if k == POSEMB or k.split("/")[0] in ("head", "pre_logits")]
+  if dropped:
+    logging.warning("Checkpoint params not used by the model: %s", ", ".join(dropped))
+  other = [k for k in unused if k not in dropped]
+  if other:
+    raise ValueError(f"the checkpoint has {len(other)} params the model lacks, e.g. "
+                     f"{other[0]!r}{arch_note or ': it is another architecture (stem, ...)'}; "
+                     "build the model to match, or name them in dont_load.")
+
+  if scan_depth is not None:
+    loaded = stack_layers(loaded, scan_depth)
+  for k in keep:
+    if isinstance(tgt[k], jax.ShapeDtypeStruct):
+      raise ValueError(f"dont_load keeps {k!r} at its init value, but init_params are abstract; "
+                       "pass initialised params.")
+    loaded[k] = np.asarray(jax.device_get(tgt[k]))
+  loaded = unflatten({k: loaded[k] for k in tgt})  # the model's own key order
+  if boxed:
+    loaded = jax.tree.map(lambda box, v: box.replace_boxed(v) if _is_box(box) else v,
+                          init_params, loaded, is_leaf=_is_box)
+  return loaded
+
+
+def _arch(flat) -> dict:
+  """Width, depth, heads, MLP size, patch, channels and pooling of loop-layout params.
+
+  `flat` maps names to anything with a .shape; facts whose params are absent
+  are left out.
+  """
+  def shape(k):
+    return tuple(flat[k].shape) if k in flat else None
+  block = "Transformer/encoderblock_0"
+  facts = {}
+  if shape("embedding/kernel"):
+    facts["patch"], _, facts["channels"], facts["width"] = shape("embedding/kernel")
+  blocks = {m.group(1) for m in map(BLOCK_RE.match, flat) if m}
+  if blocks:
+    facts["depth"] = len(blocks)
+  if shape(f"{block}/MultiHeadDotProductAttention_0/query/kernel"):
+    facts["heads"] = shape(f"{block}/MultiHeadDotProductAttention_0/query/kernel")[1]
+  if shape(f"{block}/MlpBlock_0/Dense_0/kernel"):
+    facts["mlp_dim"] = shape(f"{block}/MlpBlock_0/Dense_0/kernel")[1]
+  facts["pool_type"] = "tok" if "cls" in flat else "map" if "MAPHead_0/probe" in flat else "gap"
+  return facts
+
+
+def _arch_difference(src_flat, tgt_loop) -> str:
+  """" (another architecture...; checkpoint vs model: width 768 vs 192, ...)" or "" if alike."""
+  src, tgt = _arch(src_flat), _arch(tgt_loop)
+  diff = [f"{k} {src[k]} vs {tgt[k]}" for k in tgt if k in src and src[k] != tgt[k]]
+  if not diff:
+    return ""
+  size = next((n for n, v in VARIANTS.items()
+               if v == tuple(src.get(k) for k in ("width", "depth", "mlp_dim", "heads"))), None)
+  hint = f", a ViT-{size}/{src['patch']}" if size and "patch" in src else ""
+  return f" (another architecture{hint}; checkpoint vs model: {', '.join(diff)})"
+
+
+class _Abstract:
+  """Shape/dtype stand-in, sliceable like an array (for unstack_layers)."""
+
+  def __init__(self, shape, dtype):
+    self.shape, self.dtype = tuple(shape), dtype
+
+  def __getitem__(self, i):
+    return _Abstract(self.shape[1:], self.dtype)
+

@@ -1,0 +1,87 @@
+"""Position embeddings: the fixed 2D sin-cos table, and resampling learned ones to a grid."""
+import logging
+import math
+
+import jax
+import numpy as np
+
+PARAM = "Transformer/posembed_input/pos_embedding"  # the learned table's name
+
+
+def sincos_2d(h: int, w: int, width: int, temperature: float = 10_000.0,
+              dtype=np.float32) -> np.ndarray:
+  """Fixed 2D sin-cos position embedding, shape (1, h*w, width), rows in raster order."""
+  if width % 4:
+    raise ValueError(f"posemb='sincos2d' needs a width divisible by 4, got {width}.")
+  y, x = np.mgrid[:h, :w]
+  omega = np.arange(width // 4) / (width // 4 - 1 if width > 4 else 1)
+  omega = 1.0 / (temperature ** omega)
+  y = np.einsum("m,d->md", y.flatten(), omega)
+  x = np.einsum("m,d->md", x.flatten(), omega)
+  pe = np.concatenate([np.sin(x), np.cos(x), np.sin(y), np.cos(y)], axis=1)
+  return np.asarray(pe, dtype)[None]
+
+
+def resample(posemb: np.ndarray, new_hw: tuple[int, int], old_hw=None) -> np.ndarray:
+  """Bilinear resize of a grid posemb (1, N, D) to (1, h*w, D); no prefix rows.
+
+  old_hw: the source's (h, w) grid; None for a square one.
+  """
+  _, n, d = posemb.shape
+  if old_hw is None:
+    gs = int(round(np.sqrt(n)))
+    if gs * gs != n:
+      raise ValueError(f"Cannot resample a position embedding of {n} tokens: not a square grid.")
+    old_hw = (gs, gs)
+  if tuple(old_hw) == tuple(new_hw):
+    return posemb
+  grid = np.asarray(posemb[0], np.float32).reshape(*old_hw, d)
+  # antialias matters only when shrinking; it avoids aliasing of the learned field.
+  new = jax.image.resize(grid, (*new_hw, d), method="bilinear", antialias=True)
+  return np.asarray(new, posemb.dtype).reshape(1, -1, d)
+
+
+def fit(src: np.ndarray, src_prefix: int, tgt_shape: tuple, tgt_prefix: int,
+        grid_hw=None, src_grid_hw=None) -> np.ndarray:
+  """Source posemb -> target shape: resample the grid part, keep/add/drop the cls row.
+
+  grid_hw: the model's (h, w) patch grid. Without it the target grid is taken
+  to be square, which is wrong for a non-square input whose token count
+  happens to be square (4x9 = 36 tokens is not 6x6).
+  src_grid_hw: the checkpoint's grid when known (a training checkpoint's pp
+  says it); else it is taken to be square. Equal token counts keep their
+  rows unless both grids are known to differ (a warning says when the rows
+  of a square count go to a non-square grid: 36 rows may be 6x6 or 4x9).
+  """
+  prefix, grid = src[:, :src_prefix], src[:, src_prefix:]
+  n_src, n_tgt = grid.shape[1], tgt_shape[1] - tgt_prefix
+  if grid_hw is not None and grid_hw[0] * grid_hw[1] != n_tgt:
+    raise ValueError(f"param {PARAM!r}: grid {grid_hw[0]}x{grid_hw[1]} does not match the "
+                     f"model's {n_tgt} grid tokens.")
+  if src_grid_hw is not None and src_grid_hw[0] * src_grid_hw[1] != n_src:
+    src_grid_hw = None  # The saved config does not describe these params.
+  if grid.shape[2] != tgt_shape[2]:
+    return src  # Another width: merge's shape check says so, naming both architectures.
+  side, src_side = math.isqrt(n_tgt), math.isqrt(n_src)
+  tgt_hw = (tuple(grid_hw) if grid_hw is not None
+            else (side, side) if side * side == n_tgt else None)
+  src_hw = (tuple(src_grid_hw) if src_grid_hw is not None
+            else (src_side, src_side) if src_side * src_side == n_src else None)
+  if n_src == n_tgt and (src_grid_hw is None or tgt_hw is None):
+    # Nothing says the two grids differ: keep the rows.
+    if src_hw is not None and tgt_hw is not None and src_hw != tgt_hw:
+      logging.warning("Took the checkpoint's %d posemb rows for the model's %dx%d grid as they "
+                      "are; if it was trained on another grid (e.g. %dx%d), load it from its "
+                      "training workdir, whose config says so.", n_src, *tgt_hw, *src_hw)
+  elif src_hw != tgt_hw:
+    if tgt_hw is None:
+      raise ValueError(f"param {PARAM!r}: cannot fit checkpoint shape {src.shape} to model "
+                       f"shape {tgt_shape}; add it to dont_load to re-initialise it.")
+    grid = resample(grid, tgt_hw, src_hw)
+    logging.info("Resampled posemb from %d grid tokens to a %dx%d grid.", n_src, *tgt_hw)
+  if tgt_prefix and not src_prefix:  # big_vision/gap: the cls token had no posemb.
+    prefix = np.zeros((1, tgt_prefix, src.shape[2]), src.dtype)
+  elif not tgt_prefix:
+    prefix = src[:, :0]
+  return np.concatenate([prefix, grid], axis=1)
+

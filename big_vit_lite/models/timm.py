@@ -1,0 +1,359 @@
+"""timm VisionTransformer checkpoints (safetensors): export, import, and timm's names for them."""
+import json
+import logging
+import os
+from typing import Any, Mapping, Optional
+
+import numpy as np
+
+from big_vit_lite import paths
+from big_vit_lite.models import layout
+from big_vit_lite.models import posemb
+from big_vit_lite.models.variants import VARIANTS
+
+
+def _infer_arch(flat: Mapping[str, np.ndarray]) -> dict:
+  """Architecture facts of canonical flat params (for timm naming and kwargs)."""
+  depth = 1 + max(int(m.group(1)) for m in map(layout.BLOCK_RE.match, flat) if m)
+  q = flat["Transformer/encoderblock_0/MultiHeadDotProductAttention_0/query/kernel"]
+  kernel = flat["embedding/kernel"]
+  pool = "token" if "cls" in flat else "map" if "MAPHead_0/probe" in flat else "avg"
+  return dict(patch_size=kernel.shape[0], in_chans=kernel.shape[2], embed_dim=kernel.shape[3],
+              depth=depth, num_heads=q.shape[1],
+              mlp_dim=flat["Transformer/encoderblock_0/MlpBlock_0/Dense_0/kernel"].shape[1],
+              global_pool=pool, class_token=pool == "token",
+              num_classes=flat["head/kernel"].shape[1] if "head/kernel" in flat else 0)
+
+
+def _attn_to_timm(flat, src, dst, sd, fused_qkv=True):
+  d = flat[f"{src}/query/kernel"].shape[0]
+  w = {n: flat[f"{src}/{n}/kernel"].reshape(d, -1).T for n in ("query", "key", "value")}
+  b = {n: flat[f"{src}/{n}/bias"].reshape(-1) for n in ("query", "key", "value")}
+  if fused_qkv:
+    sd[f"{dst}.qkv.weight"] = np.concatenate([w["query"], w["key"], w["value"]])
+    sd[f"{dst}.qkv.bias"] = np.concatenate([b["query"], b["key"], b["value"]])
+  else:  # timm's AttentionPoolLatent: separate q and fused kv.
+    sd[f"{dst}.q.weight"], sd[f"{dst}.q.bias"] = w["query"], b["query"]
+    sd[f"{dst}.kv.weight"] = np.concatenate([w["key"], w["value"]])
+    sd[f"{dst}.kv.bias"] = np.concatenate([b["key"], b["value"]])
+  sd[f"{dst}.proj.weight"] = flat[f"{src}/out/kernel"].reshape(-1, d).T
+  sd[f"{dst}.proj.bias"] = flat[f"{src}/out/bias"]
+
+
+def _ln_to_timm(flat, src, dst, sd):
+  sd[f"{dst}.weight"], sd[f"{dst}.bias"] = flat[f"{src}/scale"], flat[f"{src}/bias"]
+
+
+def _mlp_to_timm(flat, src, dst, sd):
+  for i in (0, 1):
+    sd[f"{dst}.fc{i + 1}.weight"] = flat[f"{src}/Dense_{i}/kernel"].T
+    sd[f"{dst}.fc{i + 1}.bias"] = flat[f"{src}/Dense_{i}/bias"]
+
+
+def to_timm(params, image_size=None) -> tuple[dict, dict]:
+  """Params (any supported layout) -> (timm state dict of np arrays, timm create_model kwargs).
+
+  Load it with `timm.create_model("vit_base_patch16_224", num_classes=..., **kwargs)`
+  (or timm's VisionTransformer(**kwargs)) and `load_state_dict(sd, strict=True)`.
+  Global average pooling maps to timm's `global_pool="avg", fc_norm=False`:
+  ours normalises the tokens and then averages them, which timm does only
+  without fc_norm. image_size: an int (square) or (height, width). A sincos2d
+  model has no posemb param: pass it so that the fixed embedding is written
+  as timm's `pos_embed`. A model trained on non-square images needs it too:
+  its posemb's token count does not say the grid (4x9 and 6x6 are both 36),
+  and timm would lay the rows out on the wrong one.
+  """
+  try:
+    return _to_timm(layout.canonicalize(layout.to_numpy_flat(params)), image_size)  # nested or flat, any layout
+  except KeyError as e:
+    raise ValueError(f"These params lack {e}: not a ViT in a supported layout.") from None
+
+
+def image_hw(image_size):
+  """int or (h, w) -> (h, w) ints; None stays None."""
+  if image_size is None:
+    return None
+  hw = (image_size, image_size) if np.ndim(image_size) == 0 else tuple(image_size)
+  if len(hw) != 2 or min(int(x) for x in hw) < 1:
+    raise ValueError(f"image_size={image_size!r}: use an int or (height, width).")
+  return tuple(int(x) for x in hw)
+
+
+def _to_timm(flat, image_size):
+  if "pre_logits/kernel" in flat:
+    raise ValueError("timm's VisionTransformer has no pre-logits (rep_size) layer; export a model "
+                     "with rep_size=False.")
+  if any(k.startswith("stem/") for k in flat):
+    raise ValueError("timm's VisionTransformer has no convolutional stem (stem_channels); "
+                     "only plain-patchify models export to timm.")
+  a = _infer_arch(flat)
+  p, d = a["patch_size"], a["embed_dim"]
+  sd = {"patch_embed.proj.weight": flat["embedding/kernel"].transpose(3, 2, 0, 1),
+        "patch_embed.proj.bias": flat["embedding/bias"]}
+  tgt_prefix = 1 if a["class_token"] else 0
+  if a["class_token"]:
+    sd["cls_token"] = flat["cls"]
+  hw = image_hw(image_size)
+  grid = None if hw is None else (hw[0] // p, hw[1] // p)
+  if posemb.PARAM in flat:
+    pe = flat[posemb.PARAM]
+    tokens = pe.shape[1] - tgt_prefix
+    side = int(round(np.sqrt(tokens)))
+    if grid is None and side * side != tokens:
+      raise ValueError(f"The position embedding has {tokens} grid tokens, not a square grid: "
+                       "pass the (height, width) the model was trained at (--res=HxW).")
+    if grid is None:
+      grid = (side, side)
+    elif grid[0] * grid[1] != tokens:
+      raise ValueError(f"image_size={image_size} gives a {grid[0]}x{grid[1]} grid (patch {p}) but "
+                       f"the posemb has {tokens} grid tokens; pass the size the model was "
+                       "trained at, or resample by loading into a model first.")
+  else:
+    if grid is None:
+      raise ValueError("These params have no learned posemb (sincos2d): pass image_size "
+                       "(--res) so the fixed embedding can be written for timm.")
+    pe = posemb.sincos_2d(*grid, d)
+    pe = np.concatenate([np.zeros((1, tgt_prefix, d), pe.dtype), pe], axis=1)
+  sd["pos_embed"] = pe
+  for i in range(a["depth"]):
+    src, dst = f"Transformer/encoderblock_{i}", f"blocks.{i}"
+    _ln_to_timm(flat, f"{src}/LayerNorm_0", f"{dst}.norm1", sd)
+    _attn_to_timm(flat, f"{src}/MultiHeadDotProductAttention_0", f"{dst}.attn", sd)
+    _ln_to_timm(flat, f"{src}/LayerNorm_1", f"{dst}.norm2", sd)
+    _mlp_to_timm(flat, f"{src}/MlpBlock_0", f"{dst}.mlp", sd)
+  _ln_to_timm(flat, "Transformer/encoder_norm", "norm", sd)
+  if a["global_pool"] == "map":
+    sd["attn_pool.latent"] = flat["MAPHead_0/probe"]
+    _attn_to_timm(flat, "MAPHead_0/MultiHeadDotProductAttention_0", "attn_pool", sd,
+                  fused_qkv=False)
+    _ln_to_timm(flat, "MAPHead_0/LayerNorm_0", "attn_pool.norm", sd)
+    _mlp_to_timm(flat, "MAPHead_0/MlpBlock_0", "attn_pool.mlp", sd)
+  if a["num_classes"]:
+    sd["head.weight"], sd["head.bias"] = flat["head/kernel"].T, flat["head/bias"]
+  sd = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in sd.items()}
+  # The size given (timm, like us, drops the pixels past the last whole patch:
+  # So400m/14 runs at 384), else the grid's.
+  img_size = hw or (grid[0] * p, grid[1] * p)
+  img_size = img_size[0] if img_size[0] == img_size[1] else img_size
+  kwargs = dict(img_size=img_size, patch_size=p, in_chans=a["in_chans"], embed_dim=d,
+                depth=a["depth"], num_heads=a["num_heads"], mlp_ratio=a["mlp_dim"] / d,
+                num_classes=a["num_classes"], global_pool=a["global_pool"],
+                class_token=a["class_token"], fc_norm=False)
+  return sd, kwargs
+
+
+# timm's registered plain ViTs: size name by (embed_dim, depth, num_heads, mlp_dim),
+# and the (patch, image size) pairs timm defines a model name for.
+_TIMM_SIZES = {(192, 12, 3, 768): "tiny", (384, 12, 6, 1536): "small",
+               (768, 12, 12, 3072): "base", (1024, 24, 16, 4096): "large",
+               (1280, 32, 16, 5120): "huge", (1408, 40, 16, 6144): "giant",
+               (1664, 48, 16, 8192): "gigantic"}
+_TIMM_NAMED = {"tiny": {(16, 224), (16, 384)},
+               "small": {(8, 224), (16, 224), (16, 384), (32, 224), (32, 384)},
+               "base": {(8, 224), (16, 224), (16, 384), (32, 224), (32, 384)},
+               "large": {(14, 224), (16, 224), (16, 384), (32, 224), (32, 384)},
+               "huge": {(14, 224)}, "giant": {(14, 224)}, "gigantic": {(14, 224)}}
+
+
+def timm_model_name(kwargs: Mapping[str, Any]) -> Optional[str]:
+  """timm's registered name for the architecture of `to_timm`'s kwargs, or None.
+
+  Only plain RGB class-token ViTs have one (e.g. "vit_base_patch16_224");
+  the others load with `VisionTransformer(**kwargs)`.
+  """
+  d = kwargs["embed_dim"]
+  size = _TIMM_SIZES.get((d, kwargs["depth"], kwargs["num_heads"], round(kwargs["mlp_ratio"] * d)))
+  if (size is None or kwargs["in_chans"] != 3 or kwargs["global_pool"] != "token"
+      or not kwargs["class_token"]
+      or (kwargs["patch_size"], kwargs["img_size"]) not in _TIMM_NAMED[size]):
+    return None
+  return f"vit_{size}_patch{kwargs['patch_size']}_{kwargs['img_size']}"
+
+
+def timm_usage(kwargs: Mapping[str, Any], path) -> str:
+  """The Python line that builds the timm model for a file written by `write_timm`."""
+  name, n = timm_model_name(kwargs), kwargs["num_classes"]
+  if name:
+    # num_classes goes into the overlay too: when it differs from the
+    # registered model's (1000), timm's pretrained loading drops the head and
+    # leaves a random one without a word.
+    return (f'timm.create_model("{name}", pretrained=True, num_classes={n}, '
+            f'pretrained_cfg_overlay=dict(file="{os.fspath(path)}", num_classes={n}))')
+  args = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
+  return ("m = timm.models.vision_transformer.VisionTransformer(" + args + "); "
+          f'm.load_state_dict(safetensors.torch.load_file("{os.fspath(path)}"), strict=True)')
+
+
+def write_timm(params, path, image_size=None) -> dict:
+  """Writes params as a timm safetensors file; returns the timm create_model kwargs.
+
+  The kwargs are also stored as JSON in the file's metadata under "timm_kwargs".
+  """
+  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
+  sd, kwargs = to_timm(params, image_size)
+  save_file(sd, os.fspath(path), metadata={"format": "pt", "timm_kwargs": json.dumps(kwargs)})
+  return kwargs
+
+
+def _read_safetensors(path, tensors=True):
+  """(metadata dict, {name: np.ndarray} or None) of a local or bucket (gs://) file."""
+  from safetensors import numpy as st_numpy  # pylint: disable=g-import-not-at-top
+  from safetensors import safe_open  # pylint: disable=g-import-not-at-top
+  if paths.is_uri(path):  # safe_open maps local files only: read the bytes through epath.
+    data = paths.resolve(path).read_bytes()
+    header = json.loads(data[8:8 + int.from_bytes(data[:8], "little")])
+    return header.get("__metadata__") or {}, st_numpy.load(data) if tensors else None
+  with safe_open(os.fspath(path), "np") as f:
+    return f.metadata() or {}, {k: f.get_tensor(k) for k in f.keys()} if tensors else None
+
+
+def _standard_heads(sd) -> Optional[int]:
+  """The head count of a timm state dict of a standard size (VARIANTS), else None.
+
+  timm's own files (the hub's model.safetensors) do not store it. Width,
+  depth and MLP size together pick one of the literature's sizes, whose head
+  count timm's registered ViTs (and DeiT) share.
+  """
+  try:
+    width = sd["patch_embed.proj.weight"].shape[0]
+    mlp_dim = sd["blocks.0.mlp.fc1.weight"].shape[0]
+  except KeyError:
+    return None
+  depth = len({k.split(".")[1] for k in sd if k.startswith("blocks.")})
+  return next((h for w, d, m, h in VARIANTS.values() if (w, d, m) == (width, depth, mlp_dim)),
+              None)
+
+
+def timm_image_size(path) -> Optional[tuple[int, int]]:
+  """(h, w) from the timm_kwargs metadata `write_timm` stores, or None."""
+  try:
+    return image_hw(json.loads(_read_safetensors(path, tensors=False)[0]["timm_kwargs"])
+                     ["img_size"])
+  except Exception:  # pylint: disable=broad-except
+    return None  # No metadata (another tool's file): read_timm says what is wrong, if anything.
+
+
+def from_timm(sd: Mapping[str, np.ndarray], num_heads: int,
+              grid_tokens: Optional[int] = None) -> dict:
+  """timm VisionTransformer state dict -> canonical flat params.
+
+  grid_tokens: the model's patch count (from img_size and patch_size), when
+  known, tells whether pos_embed has a row for the class token; else a
+  square row count is taken for a grid without one.
+  """
+  sd = {k: np.asarray(v) for k, v in sd.items()}
+  if "fc_norm.weight" in sd:
+    raise ValueError("This timm model normalises after pooling (fc_norm); ours normalises "
+                     "before, so it cannot be converted exactly.")
+  used = set()
+
+  def take(k):
+    if k not in sd:
+      raise ValueError(f"timm state dict has no {k!r}.")
+    used.add(k)
+    return sd[k]
+
+  d = take("patch_embed.proj.weight").shape[0]
+  if d % num_heads:
+    raise ValueError(f"Width {d} is not divisible by num_heads={num_heads}.")
+  hd = d // num_heads
+  flat = {"embedding/kernel": take("patch_embed.proj.weight").transpose(2, 3, 1, 0),
+          "embedding/bias": take("patch_embed.proj.bias")}
+  if "cls_token" in sd:
+    flat["cls"] = take("cls_token")
+  if "pos_embed" in sd:
+    pe = take("pos_embed")
+    n = pe.shape[1]
+    grid_only = n == grid_tokens if grid_tokens else round(np.sqrt(n)) ** 2 == n
+    if "cls_token" in sd and grid_only:
+      # timm's no_embed_class models (DeiT III, ...): the grid rows only, the class
+      # token gets no posemb, i.e. a zero row (a square grid's count plus one is
+      # never square; a non-square grid's can be, hence grid_tokens).
+      pe = np.concatenate([np.zeros_like(pe[:, :1]), pe], axis=1)
+    flat[posemb.PARAM] = pe
+
+  def attn(src, dst, fused_qkv=True):
+    if fused_qkv:
+      w = np.split(take(f"{src}.qkv.weight"), 3)
+      b = np.split(take(f"{src}.qkv.bias"), 3)
+    else:
+      w = [take(f"{src}.q.weight")] + np.split(take(f"{src}.kv.weight"), 2)
+      b = [take(f"{src}.q.bias")] + np.split(take(f"{src}.kv.bias"), 2)
+    for n, wn, bn in zip(("query", "key", "value"), w, b):
+      flat[f"{dst}/{n}/kernel"] = wn.T.reshape(d, num_heads, hd)
+      flat[f"{dst}/{n}/bias"] = bn.reshape(num_heads, hd)
+    flat[f"{dst}/out/kernel"] = take(f"{src}.proj.weight").T.reshape(num_heads, hd, d)
+    flat[f"{dst}/out/bias"] = take(f"{src}.proj.bias")
+
+  def ln(src, dst):
+    flat[f"{dst}/scale"], flat[f"{dst}/bias"] = take(f"{src}.weight"), take(f"{src}.bias")
+
+  def mlp(src, dst):
+    for i in (0, 1):
+      flat[f"{dst}/Dense_{i}/kernel"] = take(f"{src}.fc{i + 1}.weight").T
+      flat[f"{dst}/Dense_{i}/bias"] = take(f"{src}.fc{i + 1}.bias")
+
+  i = 0
+  while f"blocks.{i}.norm1.weight" in sd:
+    src, dst = f"blocks.{i}", f"Transformer/encoderblock_{i}"
+    ln(f"{src}.norm1", f"{dst}/LayerNorm_0")
+    attn(f"{src}.attn", f"{dst}/MultiHeadDotProductAttention_0")
+    ln(f"{src}.norm2", f"{dst}/LayerNorm_1")
+    mlp(f"{src}.mlp", f"{dst}/MlpBlock_0")
+    i += 1
+  ln("norm", "Transformer/encoder_norm")
+  if "attn_pool.latent" in sd:
+    flat["MAPHead_0/probe"] = take("attn_pool.latent")
+    attn("attn_pool", "MAPHead_0/MultiHeadDotProductAttention_0", fused_qkv=False)
+    ln("attn_pool.norm", "MAPHead_0/LayerNorm_0")
+    mlp("attn_pool.mlp", "MAPHead_0/MlpBlock_0")
+  if "head.weight" in sd:
+    flat["head/kernel"], flat["head/bias"] = take("head.weight").T, take("head.bias")
+  extra = sorted(set(sd) - used)
+  if extra:
+    raise ValueError(f"timm state dict has params this ViT does not support, e.g. {extra[0]!r}.")
+  return flat
+
+
+def read_timm(path, num_heads: Optional[int]) -> dict:
+  """Canonical flat params of a timm ViT .safetensors file.
+
+  num_heads=None takes it from the "timm_kwargs" metadata that `write_timm`
+  stores (timm's state dict itself does not say how qkv splits into heads).
+  """
+  if not paths.resolve(path).exists():
+    raise ValueError(f"Checkpoint {path} does not exist.")
+  try:
+    meta, sd = _read_safetensors(path)
+  except Exception as e:  # pylint: disable=broad-except
+    # SafetensorError (a bad header) or a dtype numpy lacks: not ours to show as a traceback.
+    raise ValueError(f"Cannot read {path}: not a readable safetensors file "
+                     f"({' '.join(str(e).split())}); copy or export it again.") from None
+  try:
+    kwargs = json.loads(meta["timm_kwargs"])
+  except (KeyError, ValueError):
+    kwargs = {}
+  try:
+    saved_heads = int(kwargs["num_heads"])
+  except (KeyError, ValueError, TypeError):
+    saved_heads = None
+  if num_heads is None and saved_heads is None:
+    saved_heads = _standard_heads(sd)
+    if saved_heads is None:
+      raise ValueError(f"{path} does not say its number of attention heads (no timm_kwargs "
+                       "metadata) and is not a standard ViT size (Ti, S, B, L, ...): load it "
+                       "with vit.load into a model of that architecture instead.")
+    logging.info("%s has no timm_kwargs metadata: %d heads, as every ViT of its width, depth "
+                 "and MLP size.", path, saved_heads)
+  if num_heads is not None and saved_heads not in (None, num_heads):
+    # qkv splits into any head count that divides the width: it would load, as another model.
+    raise ValueError(f"{path} holds a ViT with {saved_heads} attention heads, the model has "
+                     f"{num_heads}: build the model with num_heads={saved_heads}.")
+  num_heads = num_heads or saved_heads
+  grid_tokens = None
+  try:
+    h, w = image_hw(kwargs["img_size"])
+    grid_tokens = (h // kwargs["patch_size"]) * (w // kwargs["patch_size"])
+  except (KeyError, ValueError, TypeError):
+    pass
+  return from_timm(sd, num_heads, grid_tokens)
