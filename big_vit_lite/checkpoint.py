@@ -99,7 +99,7 @@ class Checkpointer:
     """
     saved = {p: tuple(m.shape)
              for p, m in steps.flatten_metadata(steps.state_tree(self.step_dir(step)))}
-    wanted = {"/".join(_key_name(k) for k in path): tuple(x.shape)
+    wanted = {"/".join(steps.key_name(k) for k in path): tuple(x.shape)
               for path, x in jax.tree_util.tree_flatten_with_path(abstract_state)[0]}
     # Params first: a changed model shows as a param, not as its optimizer moments.
     for path in sorted(set(saved) | set(wanted), key=lambda p: (not p.startswith("params/"), p)):

@@ -1,5 +1,8 @@
 """Helpers shared by the test files (not tests themselves)."""
+import numpy as np
 import pytest
+
+from big_vit_lite.models import layout
 
 
 def one_line_error(fn, *words, error=ValueError):
@@ -22,3 +25,11 @@ def set_dotted(config, overrides):
       node = node[p]
     node[leaf] = value
   return config
+
+
+def assert_same_params(a, b):
+  """Two param trees (boxed or plain, any device) hold the same names, in order, and bits."""
+  fa, fb = layout.to_numpy_flat(a), layout.to_numpy_flat(b)
+  assert list(fa) == list(fb)
+  for k in fa:
+    np.testing.assert_array_equal(fa[k], fb[k], err_msg=k)

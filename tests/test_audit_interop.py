@@ -24,6 +24,7 @@ from big_vit_lite.models import posemb
 from big_vit_lite.models import timm
 from big_vit_lite.models import vit
 
+import checks
 import evaluator_fixtures
 import test_bucket_workdir
 
@@ -48,13 +49,6 @@ def _random(hw=(16, 16), seed=0, channels=3, **kw):
   rng = np.random.default_rng(seed)
   return jax.tree.map(lambda a: rng.normal(0, 0.1, a.shape).astype(a.dtype),
                       nn.meta.unbox(_abstract(hw, channels, **kw)))
-
-
-def _assert_same(a, b):
-  fa, fb = layout.to_numpy_flat(a), layout.to_numpy_flat(b)
-  assert list(fa) == list(fb)
-  for k in fa:
-    np.testing.assert_array_equal(fa[k], fb[k], err_msg=k)
 
 
 def test_damaged_checkpoint_files_are_one_line_errors(tmp_path):
@@ -160,7 +154,7 @@ def test_timm_export_of_non_square_models(tmp_path):
     timm.write_timm(params, tmp_path / "x.safetensors")
   kwargs = timm.write_timm(params, tmp_path / "m.safetensors", image_size=(12, 20))
   assert kwargs["img_size"] == (12, 20)
-  _assert_same(vit.load(_abstract(hw=(12, 20)), tmp_path / "m.safetensors"), params)
+  checks.assert_same_params(vit.load(_abstract(hw=(12, 20)), tmp_path / "m.safetensors"), params)
   with pytest.raises(ValueError, match=r"gives a 4x4 grid \(patch 4\) but the posemb has 15"):
     timm.write_timm(params, tmp_path / "y.safetensors", image_size=16)
   # 4x9 has the square count of 6x6: only the run's config knows. A workdir says
@@ -173,7 +167,7 @@ def test_timm_export_of_non_square_models(tmp_path):
   summary = export.export(str(tmp_path / "work"), str(tmp_path / "w.safetensors"))
   assert summary["timm_kwargs"]["img_size"] == (16, 36)
   assert "img_size=(16, 36)" in summary["timm_usage"]
-  _assert_same(vit.load(_abstract(hw=(16, 36)), tmp_path / "w.safetensors"), params)
+  checks.assert_same_params(vit.load(_abstract(hw=(16, 36)), tmp_path / "w.safetensors"), params)
   # timm -> timm keeps the size the file's metadata gives (was 24, from the 36 rows).
   summary = export.export(str(tmp_path / "w.safetensors"), str(tmp_path / "w2.safetensors"))
   assert summary["timm_kwargs"]["img_size"] == (16, 36)
@@ -209,7 +203,7 @@ def test_big_vision_two_tower_image_tower_loads(tmp_path):
   np.savez(tmp_path / "siglip.npz", **{f"params/img/{k}": v for k, v in flat.items()},
            **{"params/txt/Embed_0/embedding": np.zeros((8, 4), np.float32),
               "params/t": np.zeros((1,), np.float32), "params/b": np.zeros((1,), np.float32)})
-  _assert_same(vit.load(_abstract(pool_type="map", scan=True), tmp_path / "siglip.npz"), params)
+  checks.assert_same_params(vit.load(_abstract(pool_type="map", scan=True), tmp_path / "siglip.npz"), params)
   src, _, _ = evaluate.read_source(str(tmp_path / "siglip.npz"))
   cfg = evaluate.infer_model_cfg(src)
   assert (cfg["pool_type"], cfg["depth"], cfg["patch_size"]) == ("map", 2, 4)
@@ -286,12 +280,12 @@ def test_timm_export_as_model_init_on_a_bucket(fake_bucket):
   # read_timm went by os.path, so gs://.../m.safetensors "did not exist".
   params = _random()
   timm.write_timm(params, fake_bucket / "m.safetensors")
-  _assert_same(vit.load(_abstract(), "gs://m.safetensors"), params)
+  checks.assert_same_params(vit.load(_abstract(), "gs://m.safetensors"), params)
   flat, _, _ = evaluate.read_source("gs://m.safetensors")
   assert evaluate.native_input_shape(flat, None, timm.timm_image_size("gs://m.safetensors")) == (
       16, 3)
   export.export("gs://m.safetensors", str(fake_bucket.parent / "m.npz"))
-  _assert_same(vit.load(_abstract(), fake_bucket.parent / "m.npz"), params)
+  checks.assert_same_params(vit.load(_abstract(), fake_bucket.parent / "m.npz"), params)
 
 
 def test_bad_model_options_are_one_line_errors():
@@ -330,7 +324,7 @@ def test_timm_hub_file_of_a_standard_size_reads_without_metadata(tmp_path):
   sd, _ = timm.to_timm(params)
   save_file(sd, str(tmp_path / "hub.safetensors"))  # no metadata
   export.export(str(tmp_path / "hub.safetensors"), str(tmp_path / "hub.npz"))
-  _assert_same(vit.load(_abstract(hw=(32, 32), **size), tmp_path / "hub.npz"), params)
+  checks.assert_same_params(vit.load(_abstract(hw=(32, 32), **size), tmp_path / "hub.npz"), params)
   assert evaluate.infer_model_cfg(evaluate.read_source(str(tmp_path / "hub.safetensors"))[0])[
       "num_heads"] == 2
   # Not a standard size: still refused, saying why.

@@ -39,6 +39,10 @@ def test_round_trip_holds_state_data_position_and_config(tmp_path):
   for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves(state)):
     np.testing.assert_array_equal(a, b)
   assert isinstance(restored["opt_state"][0], optax.ScaleByAdamState)  # Structure rebuilt.
+  assert ckpt.state_mismatch(5, _abstract(_state())) is None
+  other = _state()
+  other["params"]["head"]["kernel"] = jnp.zeros((3, 4))
+  assert "'params/head/kernel' has shape (3, 2)" in ckpt.state_mismatch(5, _abstract(other))
 
   for src in (str(tmp_path), os.path.join(tmp_path, "checkpoints", "5")):
     params, config = checkpoint.load_params(src)

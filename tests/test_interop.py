@@ -16,6 +16,8 @@ from big_vit_lite.models import posemb
 from big_vit_lite.models import timm
 from big_vit_lite.models import vit
 
+import checks
+
 TINY = dict(variant=None, width=32, depth=2, mlp_dim=64, num_heads=2, patch_size=4)
 IMAGES = jax.random.uniform(jax.random.key(7), (2, 16, 16, 3), minval=-1, maxval=1)
 POSEMB = "Transformer/posembed_input/pos_embedding"
@@ -46,13 +48,6 @@ def _random(seed=0, **kw):
   return nn.meta.unbox(_init(seed, **kw))
 
 
-def _assert_same(a, b):
-  fa, fb = _flat(a), _flat(b)
-  assert list(fa) == list(fb)
-  for k in fa:
-    np.testing.assert_array_equal(fa[k], fb[k], err_msg=k)
-
-
 def test_npz_round_trip_keeps_boxing_and_layout(tmp_path):
   params = _init()
   vit.save_npz(params, tmp_path / "p.npz")
@@ -63,13 +58,13 @@ def test_npz_round_trip_keeps_boxing_and_layout(tmp_path):
   loaded = vit.load(other, tmp_path / "p.npz", {})
   assert isinstance(loaded["head"]["kernel"], nn.Partitioned)  # boxed in, boxed out
   assert loaded["head"]["kernel"].names == ("embed", "classes")
-  _assert_same(loaded, params)
+  checks.assert_same_params(loaded, params)
   plain = vit.load(nn.meta.unbox(other), tmp_path / "p.npz")  # plain in, plain out
   assert isinstance(plain["head"]["kernel"], np.ndarray)
-  _assert_same(plain, params)
+  checks.assert_same_params(plain, params)
   # Abstract init params (jax.eval_shape) are enough when nothing is kept from init.
   abstract = jax.eval_shape(_model().init, jax.random.key(0), IMAGES)["params"]
-  _assert_same(vit.load(abstract, tmp_path / "p.npz"), params)
+  checks.assert_same_params(vit.load(abstract, tmp_path / "p.npz"), params)
 
 
 def test_pickled_npz_is_refused(tmp_path):
@@ -188,7 +183,7 @@ def test_pre_linen_layout_loads(tmp_path):
     old[k] = v
   assert "Transformer/encoderblock_0/LayerNorm_2/scale" in old
   np.savez(tmp_path / "old.npz", **old)
-  _assert_same(vit.load(_init(seed=1), tmp_path / "old.npz"), params)
+  checks.assert_same_params(vit.load(_init(seed=1), tmp_path / "old.npz"), params)
 
 
 # ---------------------------------------------------------------------------- timm
@@ -274,7 +269,7 @@ def test_timm_export_matches_timm_forward_and_round_trips(tmp_path, pool_type, p
   theirs = _timm_forward(sd, kw, IMAGES)
   np.testing.assert_allclose(ours, theirs, atol=1e-5, rtol=1e-5)
   # ours -> timm -> ours is exact.
-  _assert_same(vit.load(_init(seed=5, pool_type=pool_type, posemb=posemb), path), params)
+  checks.assert_same_params(vit.load(_init(seed=5, pool_type=pool_type, posemb=posemb), path), params)
 
 
 def test_timm_export_refusals():
@@ -298,10 +293,10 @@ def test_export_cli(tmp_path):
                        capture_output=True, text=True, env=env, timeout=170)
   assert run.returncode == 0, run.stderr
   assert '"global_pool": "token"' in run.stdout
-  _assert_same(vit.load(_init(seed=1), tmp_path / "m.safetensors"), params)
+  checks.assert_same_params(vit.load(_init(seed=1), tmp_path / "m.safetensors"), params)
   # In process for the npz format and the error path (saves a second interpreter start).
   export.export(str(tmp_path / "src.npz"), str(tmp_path / "copy.npz"), "npz")
-  _assert_same(vit.load(_init(seed=1), tmp_path / "copy.npz"), params)
+  checks.assert_same_params(vit.load(_init(seed=1), tmp_path / "copy.npz"), params)
   bad = subprocess.run([sys.executable, "-m", "big_vit_lite.export", "--src=/nonexistent.npz",
                         f"--out={tmp_path / 'x.npz'}"], capture_output=True, text=True, env=env,
                        timeout=170)
@@ -323,7 +318,7 @@ def test_load_and_export_from_training_checkpoint(tmp_path):
     np.testing.assert_array_equal(v, want[k], err_msg=k)
   summary = export.export(str(tmp_path / "work" / "checkpoints" / "3"), str(tmp_path / "m.npz"), "npz")
   assert summary["format"] == "npz"
-  _assert_same(vit.load(_init(seed=2), tmp_path / "m.npz"), loop)
+  checks.assert_same_params(vit.load(_init(seed=2), tmp_path / "m.npz"), loop)
 
 
 @pytest.mark.slow
@@ -373,7 +368,7 @@ def test_export_reads_our_timm_file_back(tmp_path):
   params = _random(pool_type="map")
   timm.write_timm(params, tmp_path / "m.safetensors")
   export.export(str(tmp_path / "m.safetensors"), str(tmp_path / "m.npz"), "npz")
-  _assert_same(vit.load(_abstract(pool_type="map"), tmp_path / "m.npz"), params)
+  checks.assert_same_params(vit.load(_abstract(pool_type="map"), tmp_path / "m.npz"), params)
   from safetensors.numpy import save_file  # pylint: disable=import-outside-toplevel
   save_file(load_file(tmp_path / "m.safetensors"), str(tmp_path / "bare.safetensors"))
   with pytest.raises(ValueError, match="number of attention heads"):

@@ -125,7 +125,7 @@ def canonicalize(flat: Mapping[str, np.ndarray]) -> dict:
 
 def merge(init_params, src_flat: Mapping[str, np.ndarray], dont_load: Sequence[str] = (),
           grid_hw=None, src_grid_hw=None):
-  """Fits canonical flat params `src_flat` to `init_params` (see `load`).
+  """Fits canonical flat params `src_flat` to `init_params` (see `formats.load`).
 
   src_grid_hw: the (h, w) patch grid `src_flat` was trained on, if known.
   """

@@ -53,7 +53,7 @@ def checksums(state):
   """
   leaves = [(path, jnp.asarray(x)) for path, x in jax.tree_util.tree_flatten_with_path(state)[0]]
   values = _checksums([x for _, x in leaves])
-  return {"/".join(_key_name(k) for k in path): [str(x.dtype), int(v.addressable_data(0))]
+  return {"/".join(key_name(k) for k in path): [str(x.dtype), int(v.addressable_data(0))]
           for (path, x), v in zip(leaves, values)}
 
 
@@ -175,7 +175,7 @@ def flatten_metadata(tree, prefix=""):
     yield from flatten_metadata(v, f"{prefix}{k}/")
 
 
-def _key_name(key):
+def key_name(key):
   """A jax tree path entry as orbax names it (dict key, list index, namedtuple field)."""
   for attr in ("key", "idx", "name"):
     if hasattr(key, attr):
