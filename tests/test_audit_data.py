@@ -305,9 +305,9 @@ def test_big_vision_input_keys_say_what_to_use(odd_labels):
 
 
 def test_big_vision_and_timm_mixup_configs():
-  from big_vit_lite import train  # pylint: disable=import-outside-toplevel
+  from big_vit_lite import train_setup  # pylint: disable=import-outside-toplevel
   # big_vision's vit_i1k config: was "unexpected keyword argument 'fold_in'".
-  mix = train._make_mixup(dict(p=0.2, fold_in=None))  # pylint: disable=protected-access
+  mix = train_setup.make_mixup(dict(p=0.2, fold_in=None))  # pylint: disable=protected-access
   _, labels = mix(jax.random.PRNGKey(1), np.zeros((4, 2, 2, 1), np.float32),
                   np.eye(4, dtype=np.float32))
   assert np.allclose(labels.sum(-1), 1) and not np.allclose(labels, np.eye(4))
@@ -315,7 +315,7 @@ def test_big_vision_and_timm_mixup_configs():
                      (dict(mixup_alpha=0.8, label_smoothing=0.1), ["label_smoothing", "onehot"]),
                      (dict(mixup_alpha=-0.2), ["mixup_alpha", ">= 0"]),        # was: off, silently
                      (dict(mixup_alpha=0.2, switch_prob=2.0), ["switch_prob"])):  # was: cutmix only
-    _one_line_error(lambda cfg=cfg: train._make_mixup(cfg), *words)  # pylint: disable=W0212
+    _one_line_error(lambda cfg=cfg: train_setup.make_mixup(cfg), *words)  # pylint: disable=W0212
 
 
 def test_every_process_refuses_a_split_too_small_for_its_shards(odd_labels):

@@ -19,7 +19,9 @@ import pytest
 from big_vit_lite import checkpoint
 from big_vit_lite import config_loading
 from big_vit_lite import metrics
+from big_vit_lite import resume
 from big_vit_lite import train
+from big_vit_lite import train_setup
 from trainer_runs import TINY
 
 import train_config_tiny
@@ -138,13 +140,13 @@ def test_checkpoints_path_that_is_a_file_is_one_line(tfds_data_dir, tmp_path):
 
 def test_ctrl_c_before_the_first_step_is_one_line(tfds_data_dir, tmp_path, monkeypatch):
   """Ctrl-C while the run starts (reading the data, restoring, compiling): no traceback."""
-  make_iterator = train.input_pipeline.make_train_iterator
+  make_iterator = train_setup.input_pipeline.make_train_iterator
 
   def interrupted(*args, **kwargs):
     os.kill(os.getpid(), signal.SIGINT)  # Python's own handler: KeyboardInterrupt.
     return make_iterator(*args, **kwargs)
 
-  monkeypatch.setattr(train.input_pipeline, "make_train_iterator", interrupted)
+  monkeypatch.setattr(train_setup.input_pipeline, "make_train_iterator", interrupted)
   previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # (xdist workers ignore it.)
   try:
     with pytest.raises(train.TrainingInterrupted) as e:
@@ -170,7 +172,7 @@ def test_checkpoint_file_cut_short_names_the_array_not_a_tensorstore_repr(tmp_pa
   abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
                           state)
   with pytest.raises(train.TrainingError) as e:
-    train._restore(checkpoint.Checkpointer(str(tmp_path)), 2, abstract)
+    resume.restore(checkpoint.Checkpointer(str(tmp_path)), 2, abstract)
   msg = str(e.value)
   # Was "(Encountered error while reading array index: ... See full TensorStore details:
   # <bound method pybind11_detail_function_record_v1_...spec of TensorStore({...".
@@ -265,11 +267,11 @@ def test_flipped_bytes_in_a_checkpoint_do_not_resume_silently(tmp_path):
   abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
                           state)
   with pytest.raises(train.TrainingError) as e:  # Was restored as it was, params/a changed.
-    train._restore(checkpoint.Checkpointer(str(tmp_path)), 2, abstract)
+    resume.restore(checkpoint.Checkpointer(str(tmp_path)), 2, abstract)
   assert str(e.value).startswith(f"Cannot read checkpoint {tmp_path}/checkpoints/2 ('params/a' "
                                  "does not match the checksum saved with it); if it is damaged, "
                                  f"move it out of {tmp_path}/checkpoints"), e.value
-  restored, _ = train._restore(checkpoint.Checkpointer(str(tmp_path)), 1, abstract)
+  restored, _ = resume.restore(checkpoint.Checkpointer(str(tmp_path)), 1, abstract)
   assert jnp.array_equal(restored["params"]["a"], state["params"]["a"])
   # model_init, evaluate and export read it too.
   with pytest.raises(ValueError) as e:

@@ -25,6 +25,7 @@ from big_vit_lite import config_loading
 from big_vit_lite import metrics
 from big_vit_lite import optim
 from big_vit_lite import train
+from big_vit_lite import train_setup
 from big_vit_lite.models import vit
 
 import checks
@@ -335,7 +336,7 @@ def test_big_vision_top_level_keys_get_our_names(key, hint):
 def test_an_eval_entry_that_is_not_a_dict_is_one_line():
   config = _cfg(evals=ml_collections.ConfigDict({"fewshot": "x"}))
   with pytest.raises(ValueError, match=r"config.evals.fewshot must be a dict .* got 'x'"):
-    train._make_evaluators(config, model=None, mesh=None)
+    train_setup.make_evaluators(config, model=None, mesh=None)
 
 
 def test_an_eval_entry_named_after_its_type_needs_no_type(monkeypatch):
@@ -343,13 +344,13 @@ def test_an_eval_entry_named_after_its_type_needs_no_type(monkeypatch):
 
   def fake_cls(type_name):
     return lambda predict_fn, mesh, **kw: built.append((type_name, kw)) or type_name
-  monkeypatch.setattr(train.evaluators_lib, "get_evaluator_cls", fake_cls)
+  monkeypatch.setattr(train_setup.evaluators_lib, "get_evaluator_cls", fake_cls)
   config = _cfg(evals=ml_collections.ConfigDict({"classification": {"batch_size": 8},
                                                  "val": {"type": "fewshot"}}))
-  out = train._make_evaluators(config, model=None, mesh=None)
+  out = train_setup.make_evaluators(config, model=None, mesh=None)
   assert built == [("classification", {"batch_size": 8}), ("fewshot", {})], built
   with pytest.raises(ValueError, match="config.evals.mine needs a `type`"):
-    train._make_evaluators(_cfg(evals=ml_collections.ConfigDict({"mine": {}})), None, None)
+    train_setup.make_evaluators(_cfg(evals=ml_collections.ConfigDict({"mine": {}})), None, None)
   assert set(out) == {"classification", "val"}
 
 

@@ -20,6 +20,7 @@ from big_vit_lite import config_loading
 from big_vit_lite import metrics
 from big_vit_lite import paths
 from big_vit_lite import train
+from big_vit_lite import train_loop
 from trainer_runs import TINY
 
 import checks
@@ -216,8 +217,8 @@ def test_only_the_final_evals_not_logged_run_again(tmp_path):
   with open(tmp_path / "metrics.jsonl", "a") as f:
     f.write('{"step": 12, "fewsh')  # Torn by a kill.
   evaluators = {"val": None, "fewshot": None}
-  assert train._evals_not_logged(writer, evaluators, 12) == ["fewshot"]
-  assert train._evals_not_logged(writer, evaluators, 13) == ["val", "fewshot"]
+  assert train_loop.evals_not_logged(writer, evaluators, 12) == ["fewshot"]
+  assert train_loop.evals_not_logged(writer, evaluators, 13) == ["val", "fewshot"]
 
 
 # ------------------------------------------------------------- model_init

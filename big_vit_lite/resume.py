@@ -1,0 +1,141 @@
+"""Resuming a run: whether a checkpoint fits this config, reading it, and why not in one line.
+
+Also the workdir (created and locked) and the line naming the last complete checkpoint.
+"""
+import errno
+import json
+
+from absl import logging
+
+from big_vit_lite import checkpoint as ckpt_lib
+from big_vit_lite import optim
+from big_vit_lite import paths
+
+
+class TrainingError(RuntimeError):
+  """A failure with a one-line explanation for the user (exit status 1)."""
+
+
+def with_opt_layout(state_abstract, opt, clipped):
+  """`state_abstract` with the optimizer state laid out for a chain with(out) the clip."""
+  return dict(state_abstract, opt_state=optim.clip_relayout(state_abstract["opt_state"],
+                                                            opt.clipped, clipped))
+
+
+def check_resumable(checkpointer, step, state_abstract, raw_config, total_steps, opt):
+  """Whether the checkpoint at `step` was saved with the gradient clip in its optimizer chain.
+
+  Raises a one-line TrainingError when it cannot continue this config. A
+  changed grad_clip_norm (on <-> off) is fine: the clip keeps no state.
+  """
+  step_dir = checkpointer.step_dir(step)
+  try:
+    mismatch = checkpointer.state_mismatch(step, state_abstract)
+    saved_clipped = opt.clipped
+    if mismatch and not checkpointer.state_mismatch(
+        step, with_opt_layout(state_abstract, opt, not opt.clipped)):
+      mismatch, saved_clipped = None, not opt.clipped
+      logging.info("The checkpoint at step %d was saved %s gradient clipping; this run %s "
+                   "(config.grad_clip_norm): its optimizer state carries over as it is.", step,
+                   "with" if saved_clipped else "without",
+                   "clips" if opt.clipped else "does not clip")
+  except Exception as e:  # pylint: disable=broad-except
+    raise TrainingError(damaged(checkpointer, step, e)) from e
+  if mismatch:
+    changed = config_changes(checkpointer.saved_config(step),
+                              json.loads(raw_config.to_json_best_effort()))
+    changed = f"; config changes since it was saved: {changed}" if changed else ""
+    raise TrainingError(
+        f"Cannot resume from {step_dir}: it was written for another model or optimizer "
+        f"({mismatch}){changed}. Use a new --workdir (with config.model_init={step_dir} to "
+        "start from its params), or undo the change.")
+  if step >= total_steps:
+    logging.warning("The checkpoint at step %d is already at or past total_steps=%d: "
+                    "nothing to train (raise config.total_steps to train on).", step, total_steps)
+  return saved_clipped
+
+
+def finish_saves(checkpointer):
+  """close() on the way out of a failing run; its own error must not hide the run's."""
+  try:
+    checkpointer.close()
+  except Exception as e:  # pylint: disable=broad-except
+    logging.error("The checkpoint save in flight did not complete: %s", e)
+
+
+def restore(checkpointer, step, state_abstract):
+  """(state, data iterator state) at `step`; a one-line TrainingError if it cannot be read."""
+  try:
+    return checkpointer.restore(step, state_abstract)
+  except Exception as e:  # pylint: disable=broad-except
+    raise TrainingError(damaged(checkpointer, step, e)) from e
+
+
+def damaged(checkpointer, step, error):
+  """One line for a checkpoint that cannot be read (files deleted or truncated after the save)."""
+  first_line = ckpt_lib.error_reason(error)
+  if len(first_line) > 300:
+    first_line = first_line[:300] + "..."
+  older = sorted(s for s in checkpointer.all_steps() if s < step)
+  where = (f"move it out of {checkpointer.directory} (e.g. to {checkpointer.step_dir(step)}.damaged) "
+           f"to resume from step {older[-1]}" if older else
+           f"move it out of {checkpointer.directory} to start afresh")
+  return f"Cannot read checkpoint {checkpointer.step_dir(step)} ({first_line}); if it is damaged, {where}."
+
+
+def config_changes(saved, current, limit=5):
+  """'a.b: 16 -> 32, ...' for the leaves that differ between two config dicts."""
+  if not saved:
+    return ""
+  flat_saved, flat_current = dict(_flat_items(saved)), dict(_flat_items(current))
+  keys = sorted(k for k in set(flat_saved) | set(flat_current)
+                if flat_saved.get(k, "<unset>") != flat_current.get(k, "<unset>"))
+  out = [f"{k}: {flat_saved.get(k, '<unset>')} -> {flat_current.get(k, '<unset>')}"
+         for k in keys[:limit]]
+  return ", ".join(out) + (f" (and {len(keys) - limit} more)" if len(keys) > limit else "")
+
+
+def _flat_items(tree, prefix=""):
+  for k, v in tree.items():
+    if isinstance(v, dict) and v:
+      yield from _flat_items(v, f"{prefix}{k}.")
+    else:
+      yield prefix + k, json.dumps(v)
+
+
+def disk_full(error):
+  """Whether `error` (Python's, orbax's, TensorFlow's writing TensorBoard events) is ENOSPC."""
+  if isinstance(error, ckpt_lib.SaveError):
+    return error.disk_full
+  if isinstance(error, OSError):
+    return error.errno in (errno.ENOSPC, errno.EDQUOT)
+  return "No space left on device" in str(error) or "Disk quota exceeded" in str(error)
+
+
+def last_checkpoint(workdir, todo=None):
+  """'the last complete checkpoint is step N in DIR: [TODO and ]run the same command to resume'."""
+  todo = f"{todo} and run" if todo else "run"
+  try:
+    steps = ckpt_lib.complete_steps(workdir)
+    where = paths.resolve(workdir) / ckpt_lib.CKPT_SUBDIR
+  except ValueError:
+    steps, where = [], None
+  if steps:
+    return (f"the last complete checkpoint is step {steps[-1]} in {where}: {todo} the same "
+            "command to resume")
+  return (f"no checkpoint was saved{f' in {where}' if where else ''}: {todo} the same command "
+          "to start again")
+
+
+def prepare_workdir(workdir, cleanup):
+  """Creates `workdir` and locks it against a second trainer (process 0 only)."""
+  if workdir.exists() and not workdir.is_dir():
+    raise ValueError(f"--workdir {workdir} exists and is not a directory: pass a directory.")
+  reason = ckpt_lib.unusable_path_reason(workdir)
+  if reason:
+    raise ValueError(f"--workdir {workdir} has {reason}: use a directory name without it.")
+  try:
+    workdir.mkdir(parents=True, exist_ok=True)
+  except OSError as e:
+    raise ValueError(f"Cannot create --workdir {workdir}: {e.strerror or e}.") from None
+  cleanup.enter_context(paths.lock_workdir(workdir))

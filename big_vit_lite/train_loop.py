@@ -1,0 +1,192 @@
+"""The training loop: steps, logging, checkpoints, evals and preemption, until total_steps."""
+import math
+
+from absl import logging
+import jax
+from jax.experimental import multihost_utils
+import jax.numpy as jnp
+import numpy as np
+
+from big_vit_lite import checkpoint as ckpt_lib
+from big_vit_lite import distributed
+from big_vit_lite import ema as ema_lib
+from big_vit_lite import flops as flops_lib
+from big_vit_lite import metrics as metrics_lib
+from big_vit_lite import summary as summary_lib
+from big_vit_lite.data import device as device_lib
+from big_vit_lite.resume import TrainingError
+
+
+class TrainingInterrupted(TrainingError):
+  """Ctrl-C: the state was saved; exit status 130 (the shell's code for SIGINT)."""
+
+
+# Whether every leaf of a tree is finite (one device->host bool).
+_all_finite = jax.jit(lambda t: jnp.all(jnp.stack([jnp.all(jnp.isfinite(x))
+                                                   for x in jax.tree.leaves(t)])))
+
+
+class Loop:
+  """The training loop with what it carries: state, data position, last saved step, evals."""
+
+  def __init__(self, raw_config, run, parts, settings, step, state, resume_step, checkpointer,
+               cleanup):
+    self.raw_config, self.run_, self.settings, self.step_fn = raw_config, run, settings, step
+    self.state, self.resume_step, self.checkpointer = state, resume_step, checkpointer
+    # Drops what a killed earlier attempt logged after the resumed step (or
+    # all of it, for a fresh start), in metrics.jsonl and in TensorBoard.
+    run.writer.start_run(resume_step)
+    # Device prefetch; its get_state() is the position after the last batch *returned*.
+    self.batches = device_lib.prefetch(run.train_iter, run.prefetch_size, run.mesh)
+    cleanup.callback(self.batches.close)  # (Idempotent; on an error its thread must stop too.)
+    self.first_step = int(jax.device_get(state["step"]))
+    # summary.json now ("running") and however the run ends, with the log's summary block.
+    self.summary = summary_lib.TrainRun(
+        run.workdir, total_steps=run.total_steps, start_step=resume_step,
+        checkpoint_dir=checkpointer.directory, image_shape=parts.image_shape,
+        report=settings.report)
+    cleanup.push(self.summary.exit)
+    # core_hours counts the earlier attempts too (their lines up to the checkpoint are kept).
+    self.chrono = metrics_lib.Chrono(
+        first_step=self.first_step, total_steps=run.total_steps, global_batch=run.batch_size,
+        step_flops=step.model_flops, peak_flops_total=step.peak,
+        xla_step_flops=flops_lib.sane_xla_flops(step.xla_flops, step.model_flops),
+        core_hours_before=run.writer.last_value("core_hours"))
+    self.preemption = ckpt_lib.PreemptionWatcher()
+    cleanup.callback(self.preemption.close)
+    self.guard = distributed.HangGuard.from_env(timeout_s=settings.hang_timeout)
+    cleanup.callback(self.guard.stop)
+    self.last_saved = resume_step
+    self.data_state = None
+
+  def run(self):
+    """Trains to total_steps (or a preemption); returns the final params."""
+    run, settings, batches, chrono = self.run_, self.settings, self.batches, self.chrono
+    profile, step, pending_loss, tracing = settings.profile, self.first_step, None, False
+    self._catch_up_evals()
+    chrono.tick(step)
+    self.data_state = batches.get_state()
+    while step < run.total_steps:
+      if profile and step == profile[0]:
+        jax.profiler.start_trace(str(run.workdir / "profile"))
+        tracing = True
+      # Implicit host<->device copies in the hot loop are bugs (hidden syncs,
+      # per-step transfers): fail loudly instead. Explicit ones are fine.
+      with jax.transfer_guard("disallow"):
+        batch = next(batches)
+        self.state, measured = self.step_fn.compiled(self.state, batch)
+      self.data_state = batches.get_state()
+      step += 1
+      self.guard.tick(step)
+      if tracing and (step == profile[0] + profile[1] or step == run.total_steps):
+        jax.profiler.stop_trace()
+        tracing = False
+        logging.info("Wrote a profile of steps %d..%d to %s/profile", profile[0] + 1, step,
+                     run.workdir)
+      if pending_loss is not None:  # Checked one step late to keep the pipeline full.
+        self._check_finite(*pending_loss)
+      pending_loss = (step, measured["training_loss"])
+      final = step == run.total_steps
+      if step % run.log_steps == 0 or final:
+        self._log(step, measured)
+      chrono.pause()
+      preempted = self.preemption.reached(step)
+      if preempted or final or (run.ckpt_steps and step % run.ckpt_steps == 0):
+        self._check_finite(step, measured["training_loss"])
+        self._save(step)
+      if preempted:
+        return self._stop_preempted(step)
+      self._run_evals(step, final)
+      self.guard.tick(step)
+      chrono.resume()
+    self.checkpointer.close()
+    run.writer.close()
+    logging.info("Done: %d steps; checkpoints in %s", step, self.checkpointer.directory)
+    return self.state["params"]
+
+  def _log(self, step, measured):
+    m = jax.device_get(measured)
+    self._check_finite(step, m["training_loss"])
+    m = {k: float(v) for k, v in m.items()}
+    m.update(self.chrono.tick(step))
+    m["epoch"] = step / self.run_.steps_per_epoch
+    self.run_.writer.write(step, m)
+    if jax.process_index() == 0:
+      logging.info("%s", metrics_lib.progress_line(step, self.run_.total_steps, m))
+
+  def _where_good(self):
+    self.checkpointer.wait()
+    return self.last_saved, self.checkpointer.directory
+
+  def _check_finite(self, step, loss):
+    value = float(jax.device_get(loss))
+    if not math.isfinite(value):
+      last_saved, directory = self._where_good()
+      where = (f"the last good checkpoint is step {last_saved} in {directory}"
+               if last_saved is not None else "no checkpoint was saved before it")
+      raise TrainingError(f"Non-finite training loss ({value}) at step {step}; {where}. "
+                          "Lower config.lr, add warmup or set config.grad_clip_norm.")
+
+  def _save(self, step):
+    # Never replace a good checkpoint with a poisoned one.
+    if not bool(jax.device_get(_all_finite(self.state["params"]))):
+      last_saved, directory = self._where_good()
+      raise TrainingError(f"Non-finite parameters after step {step}; the last good checkpoint "
+                          f"is step {last_saved} in {directory}. Lower config.lr "
+                          "or set config.grad_clip_norm.")
+    self.checkpointer.save(step, self.state, self.data_state, self.raw_config)
+    self.last_saved = step
+
+  def _stop_preempted(self, step):
+    # (The prefetch thread and the hang guard stop on the way out: cleanup.)
+    self.checkpointer.close()
+    self.run_.writer.close()
+    if self.preemption.interrupted:
+      raise TrainingInterrupted(f"interrupted (Ctrl-C): saved step {step} to "
+                                f"{self.checkpointer.directory}; run the same command to resume.")
+    logging.warning("Preempted: saved step %d to %s; exiting.", step, self.checkpointer.directory)
+    self.summary.status = "preempted"
+    return self.state["params"]
+
+  def _run_evals(self, step, final, only=None):
+    ran = False
+    for name, (evaluator, every) in self.settings.evaluators.items():
+      if only is not None and name not in only:
+        continue
+      if final or (every and step % every == 0):
+        ran = True
+        results = evaluator.run(
+            self.state[ema_lib.KEY if name in self.settings.ema_evals else "params"])
+        self.run_.writer.write(step, {f"{name}/{k}": v for k, v in results.items()})
+        logging.info("[%d] %s: %s", step, name,
+                     ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                               for k, v in results.items()))
+    if ran and not final:  # (The run's end writes the last one.)
+      self.summary.evaluated()  # The report (config.report), with this step's evals.
+
+  def _catch_up_evals(self):
+    """The evals at step 0 (config.eval_at_start) or those a stopped attempt did not log."""
+    evaluators, first, total = self.settings.evaluators, self.first_step, self.run_.total_steps
+    if first == 0 and evaluators and self.settings.eval_at_start:
+      self._run_evals(0, final=False)
+    due = [name for name, (_, every) in evaluators.items()
+           if first == total or (every and first and first % every == 0)]
+    if self.resume_step is not None and due:
+      # The run that saved this checkpoint was stopped (killed, preempted,
+      # Ctrl-C) before the evals due at its step had all logged.
+      missing = [n for n in evals_not_logged(self.run_.writer, evaluators, first)
+                 if n in due]
+      if missing:
+        logging.info("Running the evals due at step %d that the previous attempt did not log: %s",
+                     first, missing)
+        self._run_evals(first, final=first == total, only=missing)
+
+
+def evals_not_logged(writer, evaluators, step):
+  """Names of `evaluators` with no line at `step` in metrics.jsonl (process 0 decides for all)."""
+  logged = writer.logged_keys(step)
+  mask = np.array([not any(k.startswith(f"{name}/") for k in logged) for name in evaluators],
+                  np.int32)
+  if jax.process_count() > 1:  # Every process must run the same evals (collectives).
+    mask = np.asarray(multihost_utils.broadcast_one_to_all(mask))
+  return [name for name, m in zip(evaluators, mask) if m]

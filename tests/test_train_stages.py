@@ -1,0 +1,58 @@
+"""The trainer's stages one by one, in process (train.py's _train calls them in this order)."""
+import contextlib
+import types
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from big_vit_lite import config_loading
+from big_vit_lite import train
+from big_vit_lite import train_setup
+import train_config_tiny
+
+
+def _tiny(tfds_data_dir, **overrides):
+  raw = train_config_tiny.get_config()
+  raw.input.data.data_dir = tfds_data_dir
+  raw.update(overrides)
+  return raw
+
+
+def test_build_stages_give_a_state_that_matches_its_layout_and_a_deterministic_step(
+    tfds_data_dir, tmp_path):
+  config = config_loading.TrackedConfig(_tiny(tfds_data_dir))
+  with contextlib.ExitStack() as cleanup:
+    run = train._setup(config, str(tmp_path / "w"), cleanup)  # pylint: disable=protected-access
+    train_setup.read_input_and_schedule(config, run)
+    assert (run.total_steps, run.log_steps, run.ckpt_steps, run.batch_size) == (12, 1, 4, 16)
+    parts = train._make_model(config, run)  # pylint: disable=protected-access
+    with jax.set_mesh(run.mesh):
+      train._lay_out_state(config, run, parts)  # pylint: disable=protected-access
+      settings = train_setup.read_settings(config, run, parts)  # Reads the rest: no key left.
+      state = train._init_state(run, parts, settings)  # pylint: disable=protected-access
+      same = jax.tree.map(lambda x, a: (x.shape, x.dtype, x.sharding) ==
+                          (a.shape, a.dtype, a.sharding), state, parts.state_abstract)
+      assert all(jax.tree.leaves(same))
+      update = jax.jit(train._make_update(run, parts))  # pylint: disable=protected-access
+      batch = {k: jnp.asarray(np.random.RandomState(0).uniform(-1, 1, (16,) + v.shape[1:]), v.dtype)
+               for k, v in parts.batch_spec.items()}
+      (s1, m1), (s2, m2) = update(state, batch), update(state, batch)
+    assert int(s1["step"]) == 1 and np.isfinite(float(m1["training_loss"]))
+    assert float(m1["training_loss"]) == float(m2["training_loss"])  # Random numbers: (seed, step).
+    assert all(jax.tree.leaves(jax.tree.map(np.array_equal, s1["params"], s2["params"])))
+
+
+def test_read_settings_parses_the_knobs_and_rejects_a_key_nothing_reads():
+  run = types.SimpleNamespace(mesh=None, dur=dict(steps_per_epoch=10, batch_size=4, total_steps=20))
+  parts = types.SimpleNamespace(model=None, ema=None)
+  config = config_loading.TrackedConfig(ml_collections.ConfigDict(dict(
+      model_load=dict(dont_load=["head/.*"]), profile_steps=(2, 3), ckpt_async=False)))
+  s = train_setup.read_settings(config, run, parts)
+  assert (s.evaluators, s.dont_load, s.profile) == ({}, ("head/.*",), (2, 3))
+  assert (s.ckpt_async, s.report, s.eval_at_start) == (False, False, False)
+  config = config_loading.TrackedConfig(ml_collections.ConfigDict(dict(eval_at_sart=True)))
+  with pytest.raises(config_loading.UnreadConfigKeyError, match="eval_at_sart"):
+    train_setup.read_settings(config, run, parts)
