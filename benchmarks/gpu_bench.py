@@ -323,13 +323,16 @@ def main():
   p.add_argument("--calib_n", type=int, default=8192)
   p.add_argument("--flags", default="cublas_gemms", help=f"XLA flag preset: {list(FLAG_PRESETS)}")
   p.add_argument("--timm_python", default=sys.executable, help="python with torch + timm")
-  p.add_argument("--results_md", default=os.path.join(HERE, "RESULTS.md"),
-                 help="markdown file the summary is appended to ('none': no file)")
+  p.add_argument("--results_md", default=None,
+                 help="markdown file the summary is appended to ('none': no file; default "
+                      "benchmarks/RESULTS.md, none with --smoke)")
   p.add_argument("--render", help="append the run saved in this JSONL file to --results_md")
   p.add_argument("--smoke", action="store_true", help="tiny variants on a CPU: checks the script")
   args = p.parse_args()
   if args.worker:
     return worker_ours(args)
+  if args.results_md is None:  # A --smoke run checks the script: its CPU figures stay out.
+    args.results_md = "none" if args.smoke else os.path.join(HERE, "RESULTS.md")
   if args.render:
     rows = [json.loads(l) for l in open(args.render) if l.strip()]
     append_results(args.results_md, rows, summarize(rows))
