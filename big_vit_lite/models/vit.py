@@ -49,8 +49,6 @@ from jax.extend import backend as jex_backend
 import jax.numpy as jnp
 import numpy as np
 
-from big_vit_lite.models import formats
-from big_vit_lite.models import npz
 from big_vit_lite.models.posemb import sincos_2d as posemb_sincos_2d
 from big_vit_lite.models.variants import VARIANTS, decode_variant  # noqa: F401  (vit.VARIANTS)
 
@@ -731,9 +729,13 @@ def load(init_params, path, model_cfg=None, dont_load: Sequence[str] = (), grid_
 
   See `formats.load` for the arguments and errors.
   """
+  # Imported here: the model itself needs none of the file readers (orbax, ml_collections,
+  # etils), so a bare jax/flax box (benchmarks/gpu_bench.py) can build and run it.
+  from big_vit_lite.models import formats  # pylint: disable=g-import-not-at-top
   return formats.load(init_params, path, model_cfg, dont_load, grid_hw)
 
 
 def save_npz(params, path):
   """Saves params (boxed or plain, scan or loop) as a vision_transformer-layout .npz."""
+  from big_vit_lite.models import npz  # pylint: disable=g-import-not-at-top
   return npz.save_npz(params, path)
