@@ -54,14 +54,6 @@ def require_matplotlib():
   return plt
 
 
-def _flat(tree, prefix=""):
-  for k, v in tree.items():
-    if isinstance(v, dict) and v:
-      yield from _flat(v, f"{prefix}{k}.")
-    else:
-      yield prefix + k, json.dumps(v)
-
-
 def load(workdir):
   """One run's rows, hours, resumes, config and summary, as a dict."""
   wd = paths.resolve(workdir)
@@ -72,7 +64,7 @@ def load(workdir):
   config = wd / "config.json"
   run = dict(workdir=wd, name=wd.name, rows=rows, summary=runlog.read(wd),
              stats=runlog.stats(rows), checkpoints=ckpt_lib.complete_steps(wd),
-             config=dict(_flat(json.loads(config.read_text()))) if config.exists() else {})
+             config=dict(runlog.flat_config(json.loads(config.read_text()))) if config.exists() else {})
   run["train_keys"], run["eval_keys"] = runlog.split_keys(rows)
   # Hours: each attempt's uptime after the attempts before it.
   run["train_rows"], run["hours"], run["resume_hours"] = [], [], []

@@ -10,6 +10,7 @@ from absl import logging
 from big_vit_lite import checkpoint as ckpt_lib
 from big_vit_lite import optim
 from big_vit_lite import paths
+from big_vit_lite import runlog
 
 
 class TrainingError(RuntimeError):
@@ -87,20 +88,12 @@ def config_changes(saved, current, limit=5):
   """'a.b: 16 -> 32, ...' for the leaves that differ between two config dicts."""
   if not saved:
     return ""
-  flat_saved, flat_current = dict(_flat_items(saved)), dict(_flat_items(current))
+  flat_saved, flat_current = dict(runlog.flat_config(saved)), dict(runlog.flat_config(current))
   keys = sorted(k for k in set(flat_saved) | set(flat_current)
                 if flat_saved.get(k, "<unset>") != flat_current.get(k, "<unset>"))
   out = [f"{k}: {flat_saved.get(k, '<unset>')} -> {flat_current.get(k, '<unset>')}"
          for k in keys[:limit]]
   return ", ".join(out) + (f" (and {len(keys) - limit} more)" if len(keys) > limit else "")
-
-
-def _flat_items(tree, prefix=""):
-  for k, v in tree.items():
-    if isinstance(v, dict) and v:
-      yield from _flat_items(v, f"{prefix}{k}.")
-    else:
-      yield prefix + k, json.dumps(v)
 
 
 def disk_full(error):

@@ -98,3 +98,10 @@ def duration(hours):
       f"{seconds / 60:.1f} min" if seconds < 7200 else f"{hours:.2f} h")
 
 
+def flat_config(tree, prefix=""):
+  """(dotted key, JSON of the value) for every leaf of a nested config dict."""
+  for k, v in tree.items():
+    if isinstance(v, dict) and v:
+      yield from flat_config(v, f"{prefix}{k}.")
+    else:
+      yield prefix + k, json.dumps(v)

@@ -56,3 +56,14 @@ def test_read_settings_parses_the_knobs_and_rejects_a_key_nothing_reads():
   config = config_loading.TrackedConfig(ml_collections.ConfigDict(dict(eval_at_sart=True)))
   with pytest.raises(config_loading.UnreadConfigKeyError, match="eval_at_sart"):
     train_setup.read_settings(config, run, parts)
+
+
+def test_config_changes_name_the_differing_leaves():
+  from big_vit_lite import resume  # pylint: disable=import-outside-toplevel
+  saved = {"model": {"variant": "Ti/16", "dropout": 0.0}, "lr": 1e-3, "input": {"batch_size": 32}}
+  current = {"model": {"variant": "S/16", "dropout": 0.0}, "lr": 1e-3, "input": {"batch_size": 64},
+             "ema_decay": 0.999}
+  assert resume.config_changes(saved, current) == (
+      "ema_decay: <unset> -> 0.999, input.batch_size: 32 -> 64, model.variant: \"Ti/16\" -> \"S/16\"")
+  assert resume.config_changes(saved, current, limit=1).endswith("(and 2 more)")
+  assert resume.config_changes({}, current) == ""
