@@ -9,6 +9,18 @@ TINY_VIT = dict(variant=None, width=32, depth=1, mlp_dim=64, num_heads=2, patch_
                 pool_type="gap", remat_policy=None)
 
 
+def save_tiny_npz(directory):
+  """A random-init RGB TINY_VIT (5 classes) saved by vit.save_npz (no config alongside): its path."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  from big_vit_lite.models import vit  # pylint: disable=import-outside-toplevel
+  model = vit.Model(num_classes=5, **TINY_VIT)
+  params = model.init(jax.random.key(0), jnp.zeros((1, 28, 28, 3)))["params"]
+  path = os.path.join(str(directory), "tiny.npz")
+  vit.save_npz(params, path)
+  return path
+
+
 def _pattern(cls, rng, size=28):
   """A grey uint8 image of class `cls` with random shift and noise."""
   y, x = np.mgrid[:size, :size]

@@ -61,11 +61,7 @@ def test_evaluate_training_workdir(demo_workdir, tfds_data_dir, tmp_path):
 @pytest.fixture(scope="module")
 def tiny_npz(tmp_path_factory):
   """A random-init RGB ViT saved by vit.save_npz (no config alongside)."""
-  model = vit.Model(num_classes=5, **evaluator_fixtures.TINY_VIT)
-  params = model.init(jax.random.key(0), jnp.zeros((1, 28, 28, 3)))["params"]
-  path = str(tmp_path_factory.mktemp("npz") / "tiny.npz")
-  vit.save_npz(params, path)
-  return path
+  return evaluator_fixtures.save_tiny_npz(tmp_path_factory.mktemp("npz"))
 
 
 @pytest.mark.slow

@@ -58,11 +58,7 @@ def test_default_shots_drop_what_the_folder_cannot_supply(folder15, caplog):
 
 @pytest.fixture(scope="module")
 def tiny_npz(tmp_path_factory):
-  model = vit.Model(num_classes=5, **evaluator_fixtures.TINY_VIT)
-  params = model.init(jax.random.key(0), jnp.zeros((1, 28, 28, 3)))["params"]
-  path = str(tmp_path_factory.mktemp("npz") / "tiny.npz")
-  vit.save_npz(params, path)
-  return path
+  return evaluator_fixtures.save_tiny_npz(tmp_path_factory.mktemp("npz"))
 
 
 def _evaluate(folder, npz, out, *overrides):
