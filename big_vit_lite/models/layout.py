@@ -14,6 +14,7 @@ import logging
 import re
 from typing import Any, Mapping, Sequence
 
+from flax import traverse_util
 import flax.linen as nn
 import jax
 import numpy as np
@@ -29,30 +30,13 @@ _PRE_LINEN = {"MultiHeadDotProductAttention_1": "MultiHeadDotProductAttention_0"
               "LayerNorm_2": "LayerNorm_1", "MlpBlock_3": "MlpBlock_0"}
 
 
-def _is_box(x):
-  return isinstance(x, nn.meta.AxisMetadata)
-
-
-def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict:
+def flatten(tree: Mapping[str, Any]) -> dict:
   """Nested dict -> {"a/b/c": leaf}, in the tree's own order."""
-  flat = {}
-  for k, v in tree.items():
-    if isinstance(v, Mapping):
-      flat.update(flatten(v, f"{prefix}{k}/"))
-    else:
-      flat[f"{prefix}{k}"] = v
-  return flat
+  return traverse_util.flatten_dict(tree, sep="/")
 
 
 def unflatten(flat: Mapping[str, Any]) -> dict:
-  tree = {}
-  for k, v in flat.items():
-    *parents, leaf = k.split("/")
-    node = tree
-    for p in parents:
-      node = node.setdefault(p, {})
-    node[leaf] = v
-  return tree
+  return traverse_util.unflatten_dict(flat, sep="/")
 
 
 def to_numpy_flat(params) -> dict:
@@ -122,7 +106,6 @@ def canonicalize(flat: Mapping[str, np.ndarray]) -> dict:
   return flat
 
 
-
 def merge(init_params, src_flat: Mapping[str, np.ndarray], dont_load: Sequence[str] = (),
           grid_hw=None, src_grid_hw=None):
   """Fits canonical flat params `src_flat` to `init_params` (see `formats.load`).
@@ -131,7 +114,6 @@ def merge(init_params, src_flat: Mapping[str, np.ndarray], dont_load: Sequence[s
   """
   if isinstance(init_params, Mapping) and set(init_params) == {"params"}:  # whole variables
     return {"params": merge(init_params["params"], src_flat, dont_load, grid_hw, src_grid_hw)}
-  boxed = any(_is_box(x) for x in jax.tree.leaves(init_params, is_leaf=_is_box))
   tgt = flatten(nn.meta.unbox(init_params))
   keep = set()
   for pattern in dont_load:
@@ -142,15 +124,15 @@ def merge(init_params, src_flat: Mapping[str, np.ndarray], dont_load: Sequence[s
                        f"(names look like {next(iter(tgt))!r}).")
     keep |= hits
   scan_depth = next((v.shape[0] for k, v in tgt.items() if k.startswith(SCAN_PREFIX)), None)
-  # Work in the loop layout so that messages name single blocks.
-  tgt_loop = unstack_layers({k: _Abstract(v.shape, v.dtype) for k, v in tgt.items() if k not in keep})
-  tgt_prefix = 1 if "cls" in tgt else 0
-  src_prefix = 1 if "cls" in src_flat else 0
-
+  # Work in the loop layout so that messages name single blocks, on zero-memory stand-ins.
+  shapes = {k: np.broadcast_to(np.zeros((), v.dtype), v.shape) for k, v in tgt.items()}
+  kept_loop = unstack_layers({k: shapes[k] for k in keep})
+  loop = unstack_layers(shapes)
+  tgt_loop = {k: v for k, v in loop.items() if k not in kept_loop}
+  tgt_prefix, src_prefix = int("cls" in tgt), int("cls" in src_flat)
   # Names the architectures when they differ: "add X to dont_load" alone would
   # send a user loading a B/16 into a Ti/16 through every param in turn.
-  arch_note = _arch_difference(src_flat, unstack_layers(
-      {k: _Abstract(v.shape, v.dtype) for k, v in tgt.items()}))
+  arch_note = _arch_difference(src_flat, loop)
   advice = "add it to dont_load to re-initialise it"
   if arch_note:
     advice = f"build the model to match, or {advice}"
@@ -166,8 +148,7 @@ def merge(init_params, src_flat: Mapping[str, np.ndarray], dont_load: Sequence[s
       raise ValueError(f"param {k!r} has shape {v.shape} in the checkpoint but {spec.shape} in "
                        f"the model{arch_note}; {advice}.")
     loaded[k] = v.astype(spec.dtype)
-  kept_loop = unstack_layers({k: _Abstract(tgt[k].shape, tgt[k].dtype) for k in keep})
-  unused = sorted(k for k in set(src_flat) - set(tgt_loop) - set(kept_loop)
+  unused = sorted(k for k in set(src_flat) - set(loop)
                   if not any(re.fullmatch(p, k) for p in dont_load))
   # Dropping the classifier (a headless feature model), vision_transformer's
   # pre-logits layer (fine-tuning without representation_size) or a posemb
@@ -192,13 +173,12 @@ def merge(init_params, src_flat: Mapping[str, np.ndarray], dont_load: Sequence[s
                        "pass initialised params.")
     loaded[k] = np.asarray(jax.device_get(tgt[k]))
   loaded = unflatten({k: loaded[k] for k in tgt})  # the model's own key order
-  if boxed:
-    loaded = jax.tree.map(lambda box, v: box.replace_boxed(v) if _is_box(box) else v,
-                          init_params, loaded, is_leaf=_is_box)
-  return loaded
+  is_box = nn.meta.is_axis_metadata
+  boxed = any(map(is_box, jax.tree.leaves(init_params, is_leaf=is_box)))
+  return nn.meta.replace_boxed(init_params, loaded) if boxed else loaded  # boxed in, boxed out
 
 
-def _arch(flat) -> dict:
+def arch(flat) -> dict:
   """Width, depth, heads, MLP size, patch, channels and pooling of loop-layout params.
 
   `flat` maps names to anything with a .shape; facts whose params are absent
@@ -223,7 +203,7 @@ def _arch(flat) -> dict:
 
 def _arch_difference(src_flat, tgt_loop) -> str:
   """" (another architecture...; checkpoint vs model: width 768 vs 192, ...)" or "" if alike."""
-  src, tgt = _arch(src_flat), _arch(tgt_loop)
+  src, tgt = arch(src_flat), arch(tgt_loop)
   diff = [f"{k} {src[k]} vs {tgt[k]}" for k in tgt if k in src and src[k] != tgt[k]]
   if not diff:
     return ""
@@ -231,14 +211,3 @@ def _arch_difference(src_flat, tgt_loop) -> str:
                if v == tuple(src.get(k) for k in ("width", "depth", "mlp_dim", "heads"))), None)
   hint = f", a ViT-{size}/{src['patch']}" if size and "patch" in src else ""
   return f" (another architecture{hint}; checkpoint vs model: {', '.join(diff)})"
-
-
-class _Abstract:
-  """Shape/dtype stand-in, sliceable like an array (for unstack_layers)."""
-
-  def __init__(self, shape, dtype):
-    self.shape, self.dtype = tuple(shape), dtype
-
-  def __getitem__(self, i):
-    return _Abstract(self.shape[1:], self.dtype)
-

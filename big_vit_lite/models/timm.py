@@ -1,4 +1,5 @@
 """timm VisionTransformer checkpoints (safetensors): export, import, and timm's names for them."""
+import itertools
 import json
 import logging
 import os
@@ -12,42 +13,55 @@ from big_vit_lite.models import posemb
 from big_vit_lite.models.variants import VARIANTS
 
 
-def _infer_arch(flat: Mapping[str, np.ndarray]) -> dict:
-  """Architecture facts of canonical flat params (for timm naming and kwargs)."""
-  depth = 1 + max(int(m.group(1)) for m in map(layout.BLOCK_RE.match, flat) if m)
-  q = flat["Transformer/encoderblock_0/MultiHeadDotProductAttention_0/query/kernel"]
-  kernel = flat["embedding/kernel"]
-  pool = "token" if "cls" in flat else "map" if "MAPHead_0/probe" in flat else "avg"
-  return dict(patch_size=kernel.shape[0], in_chans=kernel.shape[2], embed_dim=kernel.shape[3],
-              depth=depth, num_heads=q.shape[1],
-              mlp_dim=flat["Transformer/encoderblock_0/MlpBlock_0/Dense_0/kernel"].shape[1],
-              global_pool=pool, class_token=pool == "token",
-              num_classes=flat["head/kernel"].shape[1] if "head/kernel" in flat else 0)
+# How each of our arrays becomes its part of a timm tensor, and back (d: width, n: heads).
+_TO_TIMM = {"copy": lambda x: x, "T": lambda x: x.T, "conv": lambda x: x.transpose(3, 2, 0, 1),
+            "heads_in": lambda x: x.reshape(x.shape[0], -1).T,
+            "heads_bias": lambda x: x.reshape(-1),
+            "heads_out": lambda x: x.reshape(-1, x.shape[-1]).T}
+_FROM_TIMM = {"copy": lambda y, d, n: y, "T": lambda y, d, n: y.T,
+              "conv": lambda y, d, n: y.transpose(2, 3, 1, 0),
+              "heads_in": lambda y, d, n: y.T.reshape(d, n, d // n),
+              "heads_bias": lambda y, d, n: y.reshape(n, d // n),
+              "heads_out": lambda y, d, n: y.T.reshape(n, d // n, d)}
+_POOLS = {"tok": "token", "gap": "avg", "map": "map"}  # our pool_type -> timm's global_pool
 
 
-def _attn_to_timm(flat, src, dst, sd, fused_qkv=True):
-  d = flat[f"{src}/query/kernel"].shape[0]
-  w = {n: flat[f"{src}/{n}/kernel"].reshape(d, -1).T for n in ("query", "key", "value")}
-  b = {n: flat[f"{src}/{n}/bias"].reshape(-1) for n in ("query", "key", "value")}
-  if fused_qkv:
-    sd[f"{dst}.qkv.weight"] = np.concatenate([w["query"], w["key"], w["value"]])
-    sd[f"{dst}.qkv.bias"] = np.concatenate([b["query"], b["key"], b["value"]])
-  else:  # timm's AttentionPoolLatent: separate q and fused kv.
-    sd[f"{dst}.q.weight"], sd[f"{dst}.q.bias"] = w["query"], b["query"]
-    sd[f"{dst}.kv.weight"] = np.concatenate([w["key"], w["value"]])
-    sd[f"{dst}.kv.bias"] = np.concatenate([b["key"], b["value"]])
-  sd[f"{dst}.proj.weight"] = flat[f"{src}/out/kernel"].reshape(-1, d).T
-  sd[f"{dst}.proj.bias"] = flat[f"{src}/out/bias"]
+def _names(depth, cls, map_head, head):
+  """[(timm name, our names, kind)] of every param but the posemb, for both directions.
 
+  A timm tensor is the concatenation (axis 0) of our arrays, each in timm's form by its kind.
+  """
+  def ln(t, o):
+    return [(f"{t}.weight", [f"{o}/scale"], "copy"), (f"{t}.bias", [f"{o}/bias"], "copy")]
 
-def _ln_to_timm(flat, src, dst, sd):
-  sd[f"{dst}.weight"], sd[f"{dst}.bias"] = flat[f"{src}/scale"], flat[f"{src}/bias"]
+  def mlp(t, o):
+    return [(f"{t}.fc{i + 1}.{w}", [f"{o}/Dense_{i}/{k}"], kind) for i in (0, 1)
+            for w, k, kind in (("weight", "kernel", "T"), ("bias", "bias", "copy"))]
 
+  def attn(t, o, fused=True):  # timm's AttentionPoolLatent: separate q and fused kv.
+    groups = {"qkv": ("query", "key", "value")} if fused else {"q": ("query",),
+                                                               "kv": ("key", "value")}
+    names = [(f"{t}.{g}.{w}", [f"{o}/{n}/{k}" for n in ours], kind) for g, ours in groups.items()
+             for w, k, kind in (("weight", "kernel", "heads_in"), ("bias", "bias", "heads_bias"))]
+    return names + [(f"{t}.proj.weight", [f"{o}/out/kernel"], "heads_out"),
+                    (f"{t}.proj.bias", [f"{o}/out/bias"], "copy")]
 
-def _mlp_to_timm(flat, src, dst, sd):
-  for i in (0, 1):
-    sd[f"{dst}.fc{i + 1}.weight"] = flat[f"{src}/Dense_{i}/kernel"].T
-    sd[f"{dst}.fc{i + 1}.bias"] = flat[f"{src}/Dense_{i}/bias"]
+  names = [("patch_embed.proj.weight", ["embedding/kernel"], "conv"),
+           ("patch_embed.proj.bias", ["embedding/bias"], "copy")]
+  names += [("cls_token", ["cls"], "copy")] if cls else []
+  for i in range(depth):
+    t, o = f"blocks.{i}", f"Transformer/encoderblock_{i}"
+    names += (ln(f"{t}.norm1", f"{o}/LayerNorm_0")
+              + attn(f"{t}.attn", f"{o}/MultiHeadDotProductAttention_0")
+              + ln(f"{t}.norm2", f"{o}/LayerNorm_1") + mlp(f"{t}.mlp", f"{o}/MlpBlock_0"))
+  names += ln("norm", "Transformer/encoder_norm")
+  if map_head:
+    names += ([("attn_pool.latent", ["MAPHead_0/probe"], "copy")]
+              + attn("attn_pool", "MAPHead_0/MultiHeadDotProductAttention_0", fused=False)
+              + ln("attn_pool.norm", "MAPHead_0/LayerNorm_0")
+              + mlp("attn_pool.mlp", "MAPHead_0/MlpBlock_0"))
+  return names + ([("head.weight", ["head/kernel"], "T"), ("head.bias", ["head/bias"], "copy")]
+                  if head else [])
 
 
 def to_timm(params, image_size=None) -> tuple[dict, dict]:
@@ -86,18 +100,15 @@ def _to_timm(flat, image_size):
   if any(k.startswith("stem/") for k in flat):
     raise ValueError("timm's VisionTransformer has no convolutional stem (stem_channels); "
                      "only plain-patchify models export to timm.")
-  a = _infer_arch(flat)
-  p, d = a["patch_size"], a["embed_dim"]
-  sd = {"patch_embed.proj.weight": flat["embedding/kernel"].transpose(3, 2, 0, 1),
-        "patch_embed.proj.bias": flat["embedding/bias"]}
-  tgt_prefix = 1 if a["class_token"] else 0
-  if a["class_token"]:
-    sd["cls_token"] = flat["cls"]
+  a = layout.arch(flat)
+  p, d, cls = a["patch"], a["width"], "cls" in flat
+  names = _names(a["depth"], cls, a["pool_type"] == "map", "head/kernel" in flat)
+  sd = {t: np.concatenate([_TO_TIMM[kind](flat[o]) for o in ours]) for t, ours, kind in names}
   hw = image_hw(image_size)
   grid = None if hw is None else (hw[0] // p, hw[1] // p)
   if posemb.PARAM in flat:
     pe = flat[posemb.PARAM]
-    tokens = pe.shape[1] - tgt_prefix
+    tokens = pe.shape[1] - cls
     side = int(round(np.sqrt(tokens)))
     if grid is None and side * side != tokens:
       raise ValueError(f"The position embedding has {tokens} grid tokens, not a square grid: "
@@ -108,37 +119,23 @@ def _to_timm(flat, image_size):
       raise ValueError(f"image_size={image_size} gives a {grid[0]}x{grid[1]} grid (patch {p}) but "
                        f"the posemb has {tokens} grid tokens; pass the size the model was "
                        "trained at, or resample by loading into a model first.")
+  elif grid is None:
+    raise ValueError("These params have no learned posemb (sincos2d): pass image_size "
+                     "(--res) so the fixed embedding can be written for timm.")
   else:
-    if grid is None:
-      raise ValueError("These params have no learned posemb (sincos2d): pass image_size "
-                       "(--res) so the fixed embedding can be written for timm.")
     pe = posemb.sincos_2d(*grid, d)
-    pe = np.concatenate([np.zeros((1, tgt_prefix, d), pe.dtype), pe], axis=1)
+    pe = np.concatenate([np.zeros((1, int(cls), d), pe.dtype), pe], axis=1)
   sd["pos_embed"] = pe
-  for i in range(a["depth"]):
-    src, dst = f"Transformer/encoderblock_{i}", f"blocks.{i}"
-    _ln_to_timm(flat, f"{src}/LayerNorm_0", f"{dst}.norm1", sd)
-    _attn_to_timm(flat, f"{src}/MultiHeadDotProductAttention_0", f"{dst}.attn", sd)
-    _ln_to_timm(flat, f"{src}/LayerNorm_1", f"{dst}.norm2", sd)
-    _mlp_to_timm(flat, f"{src}/MlpBlock_0", f"{dst}.mlp", sd)
-  _ln_to_timm(flat, "Transformer/encoder_norm", "norm", sd)
-  if a["global_pool"] == "map":
-    sd["attn_pool.latent"] = flat["MAPHead_0/probe"]
-    _attn_to_timm(flat, "MAPHead_0/MultiHeadDotProductAttention_0", "attn_pool", sd,
-                  fused_qkv=False)
-    _ln_to_timm(flat, "MAPHead_0/LayerNorm_0", "attn_pool.norm", sd)
-    _mlp_to_timm(flat, "MAPHead_0/MlpBlock_0", "attn_pool.mlp", sd)
-  if a["num_classes"]:
-    sd["head.weight"], sd["head.bias"] = flat["head/kernel"].T, flat["head/bias"]
   sd = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in sd.items()}
   # The size given (timm, like us, drops the pixels past the last whole patch:
   # So400m/14 runs at 384), else the grid's.
   img_size = hw or (grid[0] * p, grid[1] * p)
   img_size = img_size[0] if img_size[0] == img_size[1] else img_size
-  kwargs = dict(img_size=img_size, patch_size=p, in_chans=a["in_chans"], embed_dim=d,
-                depth=a["depth"], num_heads=a["num_heads"], mlp_ratio=a["mlp_dim"] / d,
-                num_classes=a["num_classes"], global_pool=a["global_pool"],
-                class_token=a["class_token"], fc_norm=False)
+  num_classes = flat["head/kernel"].shape[1] if "head/kernel" in flat else 0
+  kwargs = dict(img_size=img_size, patch_size=p, in_chans=a["channels"], embed_dim=d,
+                depth=a["depth"], num_heads=a["heads"], mlp_ratio=a["mlp_dim"] / d,
+                num_classes=num_classes, global_pool=_POOLS[a["pool_type"]], class_token=cls,
+                fc_norm=False)
   return sd, kwargs
 
 
@@ -245,24 +242,23 @@ def from_timm(sd: Mapping[str, np.ndarray], num_heads: int,
   if "fc_norm.weight" in sd:
     raise ValueError("This timm model normalises after pooling (fc_norm); ours normalises "
                      "before, so it cannot be converted exactly.")
-  used = set()
 
   def take(k):
     if k not in sd:
       raise ValueError(f"timm state dict has no {k!r}.")
-    used.add(k)
     return sd[k]
 
   d = take("patch_embed.proj.weight").shape[0]
   if d % num_heads:
     raise ValueError(f"Width {d} is not divisible by num_heads={num_heads}.")
-  hd = d // num_heads
-  flat = {"embedding/kernel": take("patch_embed.proj.weight").transpose(2, 3, 1, 0),
-          "embedding/bias": take("patch_embed.proj.bias")}
-  if "cls_token" in sd:
-    flat["cls"] = take("cls_token")
+  depth = next(i for i in itertools.count() if f"blocks.{i}.norm1.weight" not in sd)
+  names = _names(depth, "cls_token" in sd, "attn_pool.latent" in sd, "head.weight" in sd)
+  flat = {}
+  for t, ours, kind in names:
+    flat.update((o, _FROM_TIMM[kind](y, d, num_heads))
+                for o, y in zip(ours, np.split(take(t), len(ours))))
   if "pos_embed" in sd:
-    pe = take("pos_embed")
+    pe = sd["pos_embed"]
     n = pe.shape[1]
     grid_only = n == grid_tokens if grid_tokens else round(np.sqrt(n)) ** 2 == n
     if "cls_token" in sd and grid_only:
@@ -271,45 +267,7 @@ def from_timm(sd: Mapping[str, np.ndarray], num_heads: int,
       # never square; a non-square grid's can be, hence grid_tokens).
       pe = np.concatenate([np.zeros_like(pe[:, :1]), pe], axis=1)
     flat[posemb.PARAM] = pe
-
-  def attn(src, dst, fused_qkv=True):
-    if fused_qkv:
-      w = np.split(take(f"{src}.qkv.weight"), 3)
-      b = np.split(take(f"{src}.qkv.bias"), 3)
-    else:
-      w = [take(f"{src}.q.weight")] + np.split(take(f"{src}.kv.weight"), 2)
-      b = [take(f"{src}.q.bias")] + np.split(take(f"{src}.kv.bias"), 2)
-    for n, wn, bn in zip(("query", "key", "value"), w, b):
-      flat[f"{dst}/{n}/kernel"] = wn.T.reshape(d, num_heads, hd)
-      flat[f"{dst}/{n}/bias"] = bn.reshape(num_heads, hd)
-    flat[f"{dst}/out/kernel"] = take(f"{src}.proj.weight").T.reshape(num_heads, hd, d)
-    flat[f"{dst}/out/bias"] = take(f"{src}.proj.bias")
-
-  def ln(src, dst):
-    flat[f"{dst}/scale"], flat[f"{dst}/bias"] = take(f"{src}.weight"), take(f"{src}.bias")
-
-  def mlp(src, dst):
-    for i in (0, 1):
-      flat[f"{dst}/Dense_{i}/kernel"] = take(f"{src}.fc{i + 1}.weight").T
-      flat[f"{dst}/Dense_{i}/bias"] = take(f"{src}.fc{i + 1}.bias")
-
-  i = 0
-  while f"blocks.{i}.norm1.weight" in sd:
-    src, dst = f"blocks.{i}", f"Transformer/encoderblock_{i}"
-    ln(f"{src}.norm1", f"{dst}/LayerNorm_0")
-    attn(f"{src}.attn", f"{dst}/MultiHeadDotProductAttention_0")
-    ln(f"{src}.norm2", f"{dst}/LayerNorm_1")
-    mlp(f"{src}.mlp", f"{dst}/MlpBlock_0")
-    i += 1
-  ln("norm", "Transformer/encoder_norm")
-  if "attn_pool.latent" in sd:
-    flat["MAPHead_0/probe"] = take("attn_pool.latent")
-    attn("attn_pool", "MAPHead_0/MultiHeadDotProductAttention_0", fused_qkv=False)
-    ln("attn_pool.norm", "MAPHead_0/LayerNorm_0")
-    mlp("attn_pool.mlp", "MAPHead_0/MlpBlock_0")
-  if "head.weight" in sd:
-    flat["head/kernel"], flat["head/bias"] = take("head.weight").T, take("head.bias")
-  extra = sorted(set(sd) - used)
+  extra = sorted(set(sd) - {t for t, _, _ in names} - {"pos_embed"})
   if extra:
     raise ValueError(f"timm state dict has params this ViT does not support, e.g. {extra[0]!r}.")
   return flat
