@@ -33,3 +33,34 @@ def assert_same_params(a, b):
   assert list(fa) == list(fb)
   for k in fa:
     np.testing.assert_array_equal(fa[k], fb[k], err_msg=k)
+
+
+# A tiny ViT for the model and checkpoint-format tests (test_vit, test_npz, test_timm, ...).
+TINY_VIT = dict(variant=None, width=32, depth=2, mlp_dim=64, num_heads=2, patch_size=4,
+                head_zeroinit=False, remat_policy=None)
+POSEMB = "Transformer/posembed_input/pos_embedding"
+
+
+def tiny_vit(**kw):
+  """vit.Model of TINY_VIT with 10 classes; kw override."""
+  from big_vit_lite.models import vit  # pylint: disable=import-outside-toplevel
+  return vit.Model(**{"num_classes": 10, **TINY_VIT, **kw})
+
+
+def vit_shapes(hw=(16, 16), channels=3, **kw):
+  """tiny_vit(**kw)'s abstract params (jax.ShapeDtypeStruct leaves, boxed) for hw images."""
+  import jax  # pylint: disable=import-outside-toplevel
+  return jax.eval_shape(tiny_vit(**kw).init, jax.random.key(0),
+                        jax.numpy.zeros((1, *hw, channels)))["params"]
+
+
+def vit_params(hw=(16, 16), seed=0, channels=3, boxed=False, **kw):
+  """tiny_vit(**kw)'s params with random values (an eager init takes seconds): plain, or boxed
+  as init returns them."""
+  import flax.linen as nn  # pylint: disable=import-outside-toplevel
+  import jax  # pylint: disable=import-outside-toplevel
+  rng = np.random.default_rng(seed)
+  params = jax.tree.map(
+      lambda box: box.replace_boxed(rng.normal(0, 0.1, box.value.shape).astype(box.value.dtype)),
+      vit_shapes(hw, channels, **kw), is_leaf=lambda x: isinstance(x, nn.Partitioned))
+  return params if boxed else nn.meta.unbox(params)

@@ -9,6 +9,8 @@ from big_vit_lite.models import layout
 from big_vit_lite.models import timm
 from big_vit_lite.models import vit
 
+import checks
+
 TINY = dict(variant=None, width=32, depth=2, mlp_dim=64, num_heads=2, patch_size=4)
 IMAGES = jax.random.uniform(jax.random.key(7), (2, 16, 16, 3), minval=-1, maxval=1)
 
@@ -341,3 +343,30 @@ def test_bf16_residual_stream_is_close():
   assert out["block00"].dtype == jnp.float32 and out_bf16["block00"].dtype == jnp.bfloat16
   np.testing.assert_allclose(out_bf16["encoded"], out["encoded"], atol=6e-2, rtol=6e-2)
   assert not np.array_equal(out_bf16["encoded"], out["encoded"])
+
+
+def test_bad_model_options_are_one_line_errors():
+  # Each was a raw TypeError or ZeroDivisionError from jnp/flax inside init
+  # (evaluate's --config.model.dtype_mm=bf16 printed a traceback), or, for the
+  # rates, a model that trained on nonsense.
+  cases = {"dtype_mm": ("bf16", "Unknown dtype_mm='bf16'"), "patch_size": (0, "patch_size=0"),
+           "num_classes": (-1, "num_classes=-1"), "rep_size": (-1, "rep_size=-1"),
+           "stem_channels": ((0,), r"stem_channels\[0\]=0"), "depth": (2.0, "depth=2.0"),
+           "drop_path": (1.5, r"drop_path=1.5: use a rate in \[0, 1\)")}
+  for key, (value, message) in cases.items():
+    with pytest.raises(ValueError, match=message) as e:
+      checks.vit_shapes(**{key: value})
+    assert "\n" not in str(e.value)
+  checks.vit_shapes(dtype_mm="bfloat16", rep_size=True, num_classes=0, stem_channels=(4,))
+
+
+def test_params_applied_to_images_they_do_not_fit_are_one_line_errors():
+  # model.apply at another resolution or channel count raised flax's
+  # ScopeParamShapeError, which does not say what to do.
+  params = checks.vit_params()
+  apply = checks.tiny_vit().apply
+  with pytest.raises(ValueError, match=r"24x24 images give 37 tokens but the params' position "
+                     r"embedding has 17: .*vit.load them into a model initialised at this size"):
+    apply({"params": params}, jnp.zeros((1, 24, 24, 3)))
+  with pytest.raises(ValueError, match="The params take 3-channel images, these have 1"):
+    apply({"params": params}, jnp.zeros((1, 16, 16, 1)))
