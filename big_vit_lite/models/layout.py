@@ -20,7 +20,7 @@ import jax
 import numpy as np
 
 from big_vit_lite.models import posemb
-from big_vit_lite.models.variants import VARIANTS
+from big_vit_lite.models.variants import size_name
 
 POSEMB = posemb.PARAM
 BLOCK_RE = re.compile(r"^Transformer/encoderblock_(\d+)/(.*)$")
@@ -28,6 +28,7 @@ SCAN_PREFIX = "Transformer/encoderblock/"
 _BV_POSEMB = "pos_embedding"  # big_vision's top-level posemb (no cls entry)
 _PRE_LINEN = {"MultiHeadDotProductAttention_1": "MultiHeadDotProductAttention_0",
               "LayerNorm_2": "LayerNorm_1", "MlpBlock_3": "MlpBlock_0"}
+_PRE_LINEN_RE = re.compile(rf"^(Transformer/encoderblock_\d+/)({'|'.join(_PRE_LINEN)})/")
 
 
 def flatten(tree: Mapping[str, Any]) -> dict:
@@ -89,15 +90,8 @@ def canonicalize(flat: Mapping[str, np.ndarray]) -> dict:
       flat = {k[len(prefix):]: v for k, v in flat.items() if k.startswith(prefix)}
       break
   flat = unstack_layers(flat)
-  if any(f"/{old}/" in k for k in flat for old in _PRE_LINEN if BLOCK_RE.match(k)):
-    renamed = {}
-    for k, v in flat.items():
-      m = BLOCK_RE.match(k)
-      if m:
-        head, _, tail = m.group(2).partition("/")
-        k = f"Transformer/encoderblock_{m.group(1)}/{_PRE_LINEN.get(head, head)}/{tail}"
-      renamed[k] = v
-    flat = renamed
+  flat = {_PRE_LINEN_RE.sub(lambda m: f"{m.group(1)}{_PRE_LINEN[m.group(2)]}/", k): v
+          for k, v in flat.items()}
   if _BV_POSEMB in flat:
     pe = flat.pop(_BV_POSEMB)
     if "cls" in flat:  # big_vision adds no posemb to the cls token: a zero row is the same.
@@ -207,7 +201,6 @@ def _arch_difference(src_flat, tgt_loop) -> str:
   diff = [f"{k} {src[k]} vs {tgt[k]}" for k in tgt if k in src and src[k] != tgt[k]]
   if not diff:
     return ""
-  size = next((n for n, v in VARIANTS.items()
-               if v == tuple(src.get(k) for k in ("width", "depth", "mlp_dim", "heads"))), None)
+  size = size_name(*(src.get(k) for k in ("width", "depth", "mlp_dim", "heads")))
   hint = f", a ViT-{size}/{src['patch']}" if size and "patch" in src else ""
   return f" (another architecture{hint}; checkpoint vs model: {', '.join(diff)})"

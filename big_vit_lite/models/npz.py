@@ -18,20 +18,18 @@ def read_npz(path) -> dict:
   try:
     # Through epath, so that a gs:// model_init reads like a local file.
     with paths.resolve(path).open("rb") as fh:
-      if fh.read(4) not in (b"PK\x03\x04", b"PK\x05\x06"):  # zip: local header / empty archive
-        raise ValueError(f"Cannot read {path}: not an .npz (zip) file; pass an .npz written by "
-                         "np.savez or vit.save_npz.")
-      fh.seek(0)
-      with np.load(fh, allow_pickle=False) as f:
-        return {k: _recover_bfloat16(f[k]) for k in f.files}
+      if fh.read(4) in (b"PK\x03\x04", b"PK\x05\x06"):  # zip: local header / empty archive
+        fh.seek(0)
+        with np.load(fh, allow_pickle=False) as f:
+          return {k: _recover_bfloat16(f[k]) for k in f.files}
   except (zipfile.BadZipFile, EOFError, OSError) as e:
     raise ValueError(f"Cannot read {path}: a damaged or truncated .npz ({e}); copy or "
                      "download it again.") from None
   except ValueError as e:
-    if str(e).startswith(f"Cannot read {path}:"):
-      raise
     raise ValueError(f"Cannot read {path}: {e} (pickled npz files are refused; "
                      "re-save the arrays with np.savez).") from None
+  raise ValueError(f"Cannot read {path}: not an .npz (zip) file; pass an .npz written by "
+                   "np.savez or vit.save_npz.")
 
 
 def _recover_bfloat16(a):

@@ -22,17 +22,21 @@ def sincos_2d(h: int, w: int, width: int, temperature: float = 10_000.0,
   return np.asarray(pe, dtype)[None]
 
 
+def square_grid(n: int):
+  """(s, s) when n tokens make an s x s grid, else None."""
+  s = math.isqrt(n)
+  return (s, s) if s * s == n else None
+
+
 def resample(posemb: np.ndarray, new_hw: tuple[int, int], old_hw=None) -> np.ndarray:
   """Bilinear resize of a grid posemb (1, N, D) to (1, h*w, D); no prefix rows.
 
   old_hw: the source's (h, w) grid; None for a square one.
   """
   _, n, d = posemb.shape
+  old_hw = old_hw or square_grid(n)
   if old_hw is None:
-    gs = int(round(np.sqrt(n)))
-    if gs * gs != n:
-      raise ValueError(f"Cannot resample a position embedding of {n} tokens: not a square grid.")
-    old_hw = (gs, gs)
+    raise ValueError(f"Cannot resample a position embedding of {n} tokens: not a square grid.")
   if tuple(old_hw) == tuple(new_hw):
     return posemb
   grid = np.asarray(posemb[0], np.float32).reshape(*old_hw, d)
@@ -62,11 +66,8 @@ def fit(src: np.ndarray, src_prefix: int, tgt_shape: tuple, tgt_prefix: int,
     src_grid_hw = None  # The saved config does not describe these params.
   if grid.shape[2] != tgt_shape[2]:
     return src  # Another width: merge's shape check says so, naming both architectures.
-  side, src_side = math.isqrt(n_tgt), math.isqrt(n_src)
-  tgt_hw = (tuple(grid_hw) if grid_hw is not None
-            else (side, side) if side * side == n_tgt else None)
-  src_hw = (tuple(src_grid_hw) if src_grid_hw is not None
-            else (src_side, src_side) if src_side * src_side == n_src else None)
+  tgt_hw = tuple(grid_hw) if grid_hw is not None else square_grid(n_tgt)
+  src_hw = tuple(src_grid_hw) if src_grid_hw is not None else square_grid(n_src)
   if n_src == n_tgt and (src_grid_hw is None or tgt_hw is None):
     # Nothing says the two grids differ: keep the rows.
     if src_hw is not None and tgt_hw is not None and src_hw != tgt_hw:

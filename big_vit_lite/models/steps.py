@@ -247,13 +247,9 @@ def load_params(src, key="params"):
     verify_checksums(step_dir, {key: out[key]})
   except Exception as e:  # pylint: disable=broad-except
     raise ValueError(_cannot_read(step_dir, e)) from e
-  config = None
   config_path = step_dir / "config" / "metadata"
-  if config_path.is_file():
-    cfg = json.loads(config_path.read_text())
-    if cfg:
-      config = ml_collections.ConfigDict(cfg)
-  return out[key], config
+  config = json.loads(config_path.read_text()) if config_path.is_file() else None
+  return out[key], ml_collections.ConfigDict(config) if config else None
 
 
 def _cannot_read(step_dir, error):

@@ -10,7 +10,7 @@ import numpy as np
 from big_vit_lite import paths
 from big_vit_lite.models import layout
 from big_vit_lite.models import posemb
-from big_vit_lite.models.variants import VARIANTS
+from big_vit_lite.models.variants import VARIANTS, size_name
 
 
 # How each of our arrays becomes its part of a timm tensor, and back (d: width, n: heads).
@@ -64,6 +64,16 @@ def _names(depth, cls, map_head, head):
                   if head else [])
 
 
+def image_hw(image_size):
+  """int or (h, w) -> (h, w) ints; None stays None."""
+  if image_size is None:
+    return None
+  hw = (image_size, image_size) if np.ndim(image_size) == 0 else tuple(image_size)
+  if len(hw) != 2 or min(int(x) for x in hw) < 1:
+    raise ValueError(f"image_size={image_size!r}: use an int or (height, width).")
+  return tuple(int(x) for x in hw)
+
+
 def to_timm(params, image_size=None) -> tuple[dict, dict]:
   """Params (any supported layout) -> (timm state dict of np arrays, timm create_model kwargs).
 
@@ -77,23 +87,7 @@ def to_timm(params, image_size=None) -> tuple[dict, dict]:
   its posemb's token count does not say the grid (4x9 and 6x6 are both 36),
   and timm would lay the rows out on the wrong one.
   """
-  try:
-    return _to_timm(layout.canonicalize(layout.to_numpy_flat(params)), image_size)  # nested or flat, any layout
-  except KeyError as e:
-    raise ValueError(f"These params lack {e}: not a ViT in a supported layout.") from None
-
-
-def image_hw(image_size):
-  """int or (h, w) -> (h, w) ints; None stays None."""
-  if image_size is None:
-    return None
-  hw = (image_size, image_size) if np.ndim(image_size) == 0 else tuple(image_size)
-  if len(hw) != 2 or min(int(x) for x in hw) < 1:
-    raise ValueError(f"image_size={image_size!r}: use an int or (height, width).")
-  return tuple(int(x) for x in hw)
-
-
-def _to_timm(flat, image_size):
+  flat = layout.canonicalize(layout.to_numpy_flat(params))  # nested or flat, any layout
   if "pre_logits/kernel" in flat:
     raise ValueError("timm's VisionTransformer has no pre-logits (rep_size) layer; export a model "
                      "with rep_size=False.")
@@ -101,21 +95,22 @@ def _to_timm(flat, image_size):
     raise ValueError("timm's VisionTransformer has no convolutional stem (stem_channels); "
                      "only plain-patchify models export to timm.")
   a = layout.arch(flat)
-  p, d, cls = a["patch"], a["width"], "cls" in flat
-  names = _names(a["depth"], cls, a["pool_type"] == "map", "head/kernel" in flat)
-  sd = {t: np.concatenate([_TO_TIMM[kind](flat[o]) for o in ours]) for t, ours, kind in names}
+  try:
+    p, d, cls = a["patch"], a["width"], "cls" in flat
+    names = _names(a["depth"], cls, a["pool_type"] == "map", "head/kernel" in flat)
+    sd = {t: np.concatenate([_TO_TIMM[kind](flat[o]) for o in ours]) for t, ours, kind in names}
+  except KeyError as e:
+    raise ValueError(f"These params lack {e}: not a ViT in a supported layout.") from None
   hw = image_hw(image_size)
   grid = None if hw is None else (hw[0] // p, hw[1] // p)
   if posemb.PARAM in flat:
     pe = flat[posemb.PARAM]
     tokens = pe.shape[1] - cls
-    side = int(round(np.sqrt(tokens)))
-    if grid is None and side * side != tokens:
+    grid = grid or posemb.square_grid(tokens)
+    if grid is None:
       raise ValueError(f"The position embedding has {tokens} grid tokens, not a square grid: "
                        "pass the (height, width) the model was trained at (--res=HxW).")
-    if grid is None:
-      grid = (side, side)
-    elif grid[0] * grid[1] != tokens:
+    if grid[0] * grid[1] != tokens:
       raise ValueError(f"image_size={image_size} gives a {grid[0]}x{grid[1]} grid (patch {p}) but "
                        f"the posemb has {tokens} grid tokens; pass the size the model was "
                        "trained at, or resample by loading into a model first.")
@@ -216,9 +211,8 @@ def _standard_heads(sd) -> Optional[int]:
     mlp_dim = sd["blocks.0.mlp.fc1.weight"].shape[0]
   except KeyError:
     return None
-  depth = len({k.split(".")[1] for k in sd if k.startswith("blocks.")})
-  return next((h for w, d, m, h in VARIANTS.values() if (w, d, m) == (width, depth, mlp_dim)),
-              None)
+  size = size_name(width, len({k.split(".")[1] for k in sd if k.startswith("blocks.")}), mlp_dim)
+  return VARIANTS[size][3] if size else None
 
 
 def timm_image_size(path) -> Optional[tuple[int, int]]:
@@ -260,7 +254,7 @@ def from_timm(sd: Mapping[str, np.ndarray], num_heads: int,
   if "pos_embed" in sd:
     pe = sd["pos_embed"]
     n = pe.shape[1]
-    grid_only = n == grid_tokens if grid_tokens else round(np.sqrt(n)) ** 2 == n
+    grid_only = n == grid_tokens if grid_tokens else posemb.square_grid(n) is not None
     if "cls_token" in sd and grid_only:
       # timm's no_embed_class models (DeiT III, ...): the grid rows only, the class
       # token gets no posemb, i.e. a zero row (a square grid's count plus one is

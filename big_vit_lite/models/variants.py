@@ -17,6 +17,13 @@ VARIANTS = {
     "G":      (1664, 48,  8192,  16),
 }
 
+
+def size_name(width, depth, mlp_dim, heads=None):
+  """The literature's size ("B", ...) of this width, depth, MLP size (and heads), or None."""
+  return next((n for n, (w, d, m, h) in VARIANTS.items()
+               if (w, d, m) == (width, depth, mlp_dim) and heads in (None, h)), None)
+
+
 def decode_variant(variant: str) -> dict:
   """"B/16" -> dict(width=768, depth=12, mlp_dim=3072, num_heads=12, patch_size=16)."""
   size, sep, patch = variant.partition("/")
