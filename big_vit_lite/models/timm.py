@@ -134,12 +134,10 @@ def to_timm(params, image_size=None) -> tuple[dict, dict]:
   return sd, kwargs
 
 
-# timm's registered plain ViTs: size name by (embed_dim, depth, num_heads, mlp_dim),
-# and the (patch, image size) pairs timm defines a model name for.
-_TIMM_SIZES = {(192, 12, 3, 768): "tiny", (384, 12, 6, 1536): "small",
-               (768, 12, 12, 3072): "base", (1024, 24, 16, 4096): "large",
-               (1280, 32, 16, 5120): "huge", (1408, 40, 16, 6144): "giant",
-               (1664, 48, 16, 8192): "gigantic"}
+# timm's registered plain ViTs: their size names (by ours), and the (patch, image size)
+# pairs timm defines a model name for.
+_TIMM_SIZES = {"Ti": "tiny", "S": "small", "B": "base", "L": "large", "H": "huge", "g": "giant",
+               "G": "gigantic"}
 _TIMM_NAMED = {"tiny": {(16, 224), (16, 384)},
                "small": {(8, 224), (16, 224), (16, 384), (32, 224), (32, 384)},
                "base": {(8, 224), (16, 224), (16, 384), (32, 224), (32, 384)},
@@ -154,7 +152,8 @@ def timm_model_name(kwargs: Mapping[str, Any]) -> Optional[str]:
   the others load with `VisionTransformer(**kwargs)`.
   """
   d = kwargs["embed_dim"]
-  size = _TIMM_SIZES.get((d, kwargs["depth"], kwargs["num_heads"], round(kwargs["mlp_ratio"] * d)))
+  size = _TIMM_SIZES.get(size_name(d, kwargs["depth"], round(kwargs["mlp_ratio"] * d),
+                                   kwargs["num_heads"]))
   if (size is None or kwargs["in_chans"] != 3 or kwargs["global_pool"] != "token"
       or not kwargs["class_token"]
       or (kwargs["patch_size"], kwargs["img_size"]) not in _TIMM_NAMED[size]):

@@ -65,13 +65,6 @@ def _gelu(kind: str):
   return gelu_exact if kind == "exact" else lambda x: nn.gelu(x, approximate=True)
 
 
-def _reshaped_init(init, flat_shape):
-  """Initialises as the 2D matrix the kernel really is, so fan-in/out are right."""
-  def fn(key, shape, dtype=jnp.float32):
-    return init(key, flat_shape, dtype).reshape(shape)
-  return fn
-
-
 def _on_cuda() -> bool:
   try:
     return (jax.default_backend() == "gpu"
@@ -101,8 +94,9 @@ class _Heads(nn.Module):
     d = x.shape[-1] * n if self.out else x.shape[-1]
     shape, names = ((n, d // n, d), ("heads", "kv", "embed")) if self.out else (
         (d, n, d // n), ("embed", "heads", "kv"))
-    kernel = self.param("kernel", _partitioned(_reshaped_init(
-        nn.initializers.xavier_uniform(), (d, d)), names), shape, jnp.float32)
+    def init(key, shape, dtype):  # as the (d, d) matrix the kernel really is: right fan-in/out
+      return nn.initializers.xavier_uniform()(key, (d, d), dtype).reshape(shape)
+    kernel = self.param("kernel", _partitioned(init, names), shape, jnp.float32)
     cut = 2 if self.out else 1  # The bias has the output's axes.
     bias = self.param("bias", _partitioned(nn.initializers.zeros, names[cut:]), shape[cut:],
                       jnp.float32)
