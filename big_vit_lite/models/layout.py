@@ -81,7 +81,6 @@ def stack_layers(flat: Mapping[str, np.ndarray], depth: int) -> dict:
 
 def canonicalize(flat: Mapping[str, np.ndarray]) -> dict:
   """Any supported npz layout -> canonical flat dict (posemb has a cls row iff there is a cls)."""
-  flat = dict(flat)
   # big_vision train checkpoints hold the params under "params/" (older ones under
   # "opt/target/") next to the optimizer state: keep only the params. Its
   # two-tower models (SigLIP, LiT) keep the image ViT under "img/": keep that.
