@@ -1,7 +1,6 @@
 """Interleaved A/B timing of the current vit.py against another version of it, in one process.
 
-  git show HEAD~1:big_vit_lite/models/vit.py > /tmp/vit_old.py
-  python benchmarks/ab_vit.py --old=/tmp/vit_old.py --variant=Ti/16 --mode=train --rounds=8
+  python benchmarks/ab_vit.py --old=HEAD~1 --variant=Ti/16 --mode=train --rounds=8
   python benchmarks/ab_vit.py --old=current --old_kw='{"gelu": "tanh"}'   # a model option
   python benchmarks/ab_vit.py --old=current --grad_accum=2   # 2 microbatches vs 1 batch
   python benchmarks/ab_vit.py --old=current \
@@ -28,7 +27,11 @@ if __name__ == "__main__":  # First, before jax loads: once more with huge pages
 import argparse
 import importlib.util
 import json
+import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 
 import jax
@@ -46,6 +49,29 @@ def load_module(path):
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module
+
+
+def load_revision(rev):
+  """vit.py of git revision `rev`, with that revision's models/ops.py where it has one (vit.py
+  imports its attention/LayerNorm/GELU from there: loading the old vit.py alone would time the
+  current ops)."""
+  def show(path):
+    out = subprocess.run(["git", "show", f"{rev}:{path}"], capture_output=True, text=True,
+                         cwd=os.path.dirname(os.path.abspath(__file__)))
+    return out.stdout if out.returncode == 0 else None
+  vit_src = show("big_vit_lite/models/vit.py")
+  if vit_src is None:
+    raise SystemExit(f"--old={rev}: no big_vit_lite/models/vit.py at that git revision")
+  tmp = tempfile.mkdtemp(prefix="ab_vit_old_")
+  ops_src = show("big_vit_lite/models/ops.py")
+  if ops_src is not None:
+    with open(os.path.join(tmp, "ops_old.py"), "w") as f:
+      f.write(ops_src)
+    vit_src = vit_src.replace("from big_vit_lite.models.ops import", "from ops_old import")
+    sys.path.insert(0, tmp)
+  with open(os.path.join(tmp, "vit_old.py"), "w") as f:
+    f.write(vit_src)
+  return load_module(os.path.join(tmp, "vit_old.py"))
 
 
 def make_step(vit_module, variant, mode, batch, res, num_classes, model_kw, compiler_options=None,
@@ -81,7 +107,8 @@ def make_step(vit_module, variant, mode, batch, res, num_classes, model_kw, comp
 def main():
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--old", required=True,
-                 help="path of the other vit.py, or 'current' to compare model kwargs only")
+                 help="a git revision (its vit.py and models/ops.py), the path of a vit.py, "
+                      "or 'current' to compare model kwargs only")
   p.add_argument("--variant", default="Ti/16")
   p.add_argument("--mode", default="train", choices=["train", "infer"])
   p.add_argument("--batch", type=int, default=32)
@@ -102,7 +129,12 @@ def main():
   args = p.parse_args()
   kw = json.loads(args.model_kw)
   options = [json.loads(args.old_compiler_options), json.loads(args.compiler_options)]
-  old = vit_current if args.old == "current" else load_module(args.old)
+  if args.old == "current":
+    old = vit_current
+  elif os.path.isfile(args.old):
+    old = load_module(args.old)  # A vit.py that needs nothing of models/ops.py's past.
+  else:
+    old = load_revision(args.old)
   versions = [("old", old), ("current", vit_current)]
   kws = [{**kw, **json.loads(args.old_kw)}, kw]
   runs = []
