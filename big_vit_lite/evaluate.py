@@ -51,6 +51,7 @@ if __name__ == "__main__":
   hostmem.use_huge_pages(__file__)
 
 import contextlib
+import dataclasses
 import functools
 import gc
 import json
@@ -68,19 +69,17 @@ from absl import logging
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from big_vit_lite import checkpoint
 from big_vit_lite import config_loading
 from big_vit_lite import metrics
 from big_vit_lite import oom
 from big_vit_lite import paths
 from big_vit_lite import sharding
 from big_vit_lite import summary
-from big_vit_lite.data import pp as pp_lib
 from big_vit_lite import evaluators
 from big_vit_lite.models import formats
 from big_vit_lite.models import layout
+from big_vit_lite.models import steps
 from big_vit_lite.models import timm
 from big_vit_lite.models import vit
 
@@ -102,70 +101,34 @@ def read_source(src, key="params"):
   """SRC -> (canonical flat "a/b/c" params, saved config or None, checkpoint step).
 
   key: "ema" reads a training checkpoint's EMA of the weights instead of its params.
-
-  Read once: a workdir's newest step is resolved here, and the same params
-  go into the model (`layout.merge`). A training run that writes (or
-  deletes) a step meanwhile cannot mix one step's number or config with
-  another's params.
+  Read once: a workdir's newest step is resolved here, and these params go into
+  the model (`layout.merge`), so a run writing (or deleting) a step meanwhile
+  cannot mix one step's number or config with another's params.
   """
   src = paths.resolve(src)  # Local or on a bucket (gs://...).
   if not src.exists():
     raise ValueError(f"model_init={src} does not exist; pass a training workdir, a "
                      "checkpoint step directory or an .npz.")
-  is_dir = src.is_dir()
-  if key != "params" and not is_dir:
+  if key != "params" and not src.is_dir():
     raise ValueError(f"use_ema=True reads a training checkpoint's EMA params, but {src} is a file "
                      "(one set of params): pass a training workdir or step dir, or drop use_ema.")
-  if src.name.endswith(".safetensors"):  # Our timm export (its metadata names the heads).
-    return formats.read_params(src), None, 0
-  if not (is_dir or src.name.endswith(".npz")):
-    raise ValueError(f"model_init={src} is neither a directory nor an .npz or .safetensors "
-                     "file; pass a training workdir, a checkpoint step directory or an .npz.")
-  step = 0
-  if is_dir:
-    src = checkpoint.resolve_step_dir(src)
-    step = int(src.name) if src.name.isdigit() else 0
-  params, config = checkpoint.load_params(src, key)
-  # One canonical layout (big_vision's "params/" prefix and top-level posemb, scan
-  # stacks, pre-linen numbering all converted), so that the shapes below are read
-  # the same way whatever wrote the file.
-  flat = layout.canonicalize({k: np.asarray(v) for k, v in layout.flatten(params).items()})
-  return flat, config, step
+  if not src.is_dir():
+    if not src.name.endswith((".npz", ".safetensors")):
+      raise ValueError(f"model_init={src} is neither a directory nor an .npz or .safetensors "
+                       "file; pass a training workdir, a checkpoint step directory or an .npz.")
+    return formats.read_params(src), None, 0  # (canonical, whatever wrote the file)
+  src = steps.resolve_step_dir(src)
+  params, config = steps.load_params(src, key)
+  flat = layout.canonicalize(layout.to_numpy_flat(params))
+  return flat, config, int(src.name) if src.name.isdigit() else 0
 
 
 def _find(flat, pattern, what):
-  """The first param whose name fully matches `pattern` (any supported layout)."""
+  """The first param whose name fully matches `pattern`."""
   for k, v in flat.items():
     if re.fullmatch(pattern, k):
       return v
   raise ValueError(f"model_init holds no ViT params: no {what} ({pattern}).")
-
-
-def infer_model_cfg(flat):
-  """vit.Model kwargs read off the param shapes.
-
-  Works on every layout `layout.canonicalize` reads (loop and scan, the
-  pre-linen block numbering, big_vision's "params/" prefix) alike.
-  """
-  flat = layout.canonicalize(flat)
-  kernel = _find(flat, r"embedding/kernel", "patch embedding")
-  q = _find(flat, r"Transformer/encoderblock(_0)?/MultiHeadDotProductAttention_\d+/query/kernel",
-            "attention")
-  mlp = _find(flat, r"Transformer/encoderblock(_0)?/MlpBlock_\d+/Dense_0/kernel", "MLP")
-  blocks = {m.group(1) for m in map(re.compile(r"Transformer/encoderblock_(\d+)/").match, flat)
-            if m}
-  depth = len(blocks) or int(q.shape[0])  # scan layout: a leading layers axis
-  has_posemb = any(k.endswith("pos_embedding") for k in flat)
-  cfg = dict(variant=None, width=int(kernel.shape[3]), depth=depth, mlp_dim=int(mlp.shape[-1]),
-             num_heads=int(q.shape[-2]), patch_size=int(kernel.shape[0]),
-             pool_type="tok" if "cls" in flat else "map" if "MAPHead_0/probe" in flat else "gap",
-             posemb="learn" if has_posemb else "sincos2d")
-  if "pre_logits/kernel" in flat:
-    cfg["rep_size"] = int(flat["pre_logits/kernel"].shape[1])
-  stem = _stem_kernels(flat)
-  if stem:
-    cfg["stem_channels"] = tuple(int(k.shape[3]) for k in stem)
-  return cfg
 
 
 def _stem_kernels(flat):
@@ -174,6 +137,28 @@ def _stem_kernels(flat):
   while f"stem/conv_{len(kernels)}/kernel" in flat:
     kernels.append(flat[f"stem/conv_{len(kernels)}/kernel"])
   return kernels
+
+
+def infer_model_cfg(flat):
+  """vit.Model kwargs read off the param shapes (any layout `layout.canonicalize` reads)."""
+  flat = layout.canonicalize(flat)
+  kernel = _find(flat, r"embedding/kernel", "patch embedding")
+  q = _find(flat, r"Transformer/encoderblock(_0)?/MultiHeadDotProductAttention_\d+/query/kernel",
+            "attention")
+  mlp = _find(flat, r"Transformer/encoderblock(_0)?/MlpBlock_\d+/Dense_0/kernel", "MLP")
+  blocks = {m.group(1) for m in map(re.compile(r"Transformer/encoderblock_(\d+)/").match, flat)
+            if m}
+  cfg = dict(variant=None, width=int(kernel.shape[3]),
+             depth=len(blocks) or int(q.shape[0]),  # scan layout: a leading layers axis
+             mlp_dim=int(mlp.shape[-1]), num_heads=int(q.shape[-2]),
+             patch_size=int(kernel.shape[0]),
+             pool_type="tok" if "cls" in flat else "map" if "MAPHead_0/probe" in flat else "gap",
+             posemb="learn" if any(k.endswith("pos_embedding") for k in flat) else "sincos2d")
+  if "pre_logits/kernel" in flat:
+    cfg["rep_size"] = int(flat["pre_logits/kernel"].shape[1])
+  if stem := _stem_kernels(flat):
+    cfg["stem_channels"] = tuple(int(k.shape[3]) for k in stem)
+  return cfg
 
 
 def native_input_shape(flat, saved_config, trained_hw=None):
@@ -186,61 +171,47 @@ def native_input_shape(flat, saved_config, trained_hw=None):
   """
   flat = layout.canonicalize(flat)
   kernel = _find(flat, r"embedding/kernel", "patch embedding")
-  patch, channels = int(kernel.shape[0]), int(kernel.shape[2])
-  stem = _stem_kernels(flat)
-  if stem:  # The patch embedding sees the stem's output; the image goes into the stem.
-    channels = int(stem[0].shape[2])
-  # The size the training pp gives images, if the checkpoint has its config.
-  pp = ""
-  if saved_config is not None and "input" in saved_config:
-    pp = str(saved_config.input.get("pp", ""))
-  if trained_hw is None and pp.strip():
-    try:
-      trained_hw = pp_lib.output_hw(pp, channels=channels)
-    except ValueError:  # a pp this version cannot build: go by the param shapes alone
-      pass
+  patch, stem = int(kernel.shape[0]), _stem_kernels(flat)
+  channels = int((stem[0] if stem else kernel).shape[2])  # The image goes into the stem, if any.
+  from_pp = trained_hw is None
+  if from_pp:
+    trained_hw = steps.trained_hw(saved_config, flat)
   if trained_hw and trained_hw[0] != trained_hw[1]:
     # A 4x9 grid has as many tokens as a 6x6 one: run square, its posemb would be scrambled.
-    said = f"its pp: {pp!r}" if pp.strip() else "its timm metadata"
+    said = f"its pp: {str(saved_config.input.pp)!r}" if from_pp else "its timm metadata"
     raise ValueError(f"The checkpoint was trained on {trained_hw[0]}x{trained_hw[1]} images "
                      f"({said}): evaluate runs square images only.")
-  tokens = None
-  if "Transformer/posembed_input/pos_embedding" in flat:  # canonical: a cls row iff a cls
-    tokens = flat["Transformer/posembed_input/pos_embedding"].shape[1] - ("cls" in flat)
-  if tokens is not None:
-    side = math.isqrt(tokens)
-    if side * side != tokens:
-      raise ValueError(f"The checkpoint's position embedding has {tokens} patch tokens, not a "
-                       "square grid: evaluate runs square images only.")
-    if trained_hw and trained_hw[0] // patch == side:
-      # The size it was trained at, also when the patch does not divide it
-      # (So400m/14 at 384: a 27x27 grid; the last 6 pixels fall off).
-      return trained_hw[0], channels
-    return side * patch, channels
-  # sincos posemb has no params: the training pp's size, if known.
-  return (trained_hw[0] if trained_hw else None), channels
+  posemb = flat.get("Transformer/posembed_input/pos_embedding")
+  if posemb is None:  # sincos posemb has no params: the training pp's size, if known.
+    return (trained_hw[0] if trained_hw else None), channels
+  tokens = posemb.shape[1] - ("cls" in flat)  # canonical: a cls row iff a cls
+  side = math.isqrt(tokens)
+  if side * side != tokens:
+    raise ValueError(f"The checkpoint's position embedding has {tokens} patch tokens, not a "
+                     "square grid: evaluate runs square images only.")
+  if trained_hw and trained_hw[0] // patch == side:
+    # The size it was trained at, also when the patch does not divide it
+    # (So400m/14 at 384: a 27x27 grid; the last 6 pixels fall off).
+    return trained_hw[0], channels
+  return side * patch, channels
 
 
 def build_model(config, flat, saved_config):
   """(vit.Model, kwargs) from the saved run config or the param shapes + overrides."""
-  model_name = "vit"
   if saved_config is not None and "model" in saved_config:
-    model_cfg = saved_config.model.to_dict()
+    model_cfg, source = saved_config.model.to_dict(), "the checkpoint's saved config"
     model_name = saved_config.get("model_name", "vit")
-    source = "the checkpoint's saved config"
   else:
-    model_cfg = infer_model_cfg(flat)
-    source = "the param shapes"
+    model_cfg, source, model_name = infer_model_cfg(flat), "the param shapes", "vit"
   # big_vision's eval configs say model_name="vit" too: read, not an unread-key error.
   model_name = config.get("model_name") or model_name
   overrides = {}
   if "model" in config:
     overrides = {k: v for k, v in config.consume("model").items() if v is not None}
-  model_cfg.update(overrides)
   if model_name != "vit":
     raise ValueError(f"model_name={model_name!r}: only 'vit' is supported.")
-  model_cfg["num_classes"] = (int(flat["head/kernel"].shape[1]) if "head/kernel" in flat
-                              else 0)
+  model_cfg.update(overrides)
+  model_cfg["num_classes"] = int(flat["head/kernel"].shape[1]) if "head/kernel" in flat else 0
   # Evaluation never uses dropout or remat.
   model_cfg.update(dropout=0.0, drop_path=0.0, remat_policy=None)
   logging.info("Model from %s%s: %s", source,
@@ -261,19 +232,57 @@ def make_predict_fn(model, res, channels, patch=1):
 
   def predict_fn(params, images):
     _, h, w, c = images.shape
-    grid = (h // patch, w // patch)
-    if c != channels or (res is not None and grid != (res // patch, res // patch)):
-      if res is None:
-        raise ValueError(f"The eval pp gives {h}x{w}x{c} images but the model takes {channels} "
-                         f"channels: decode with channels={channels} in the pp (e.g. "
-                         f"configs/fewshot.py:channels={channels}).")
-      raise ValueError(
-          f"The eval pp gives {h}x{w}x{c} images but the model takes {res}x{res}x{channels}: "
-          f"resize to {res} and decode with channels={channels} in the pp (e.g. "
-          f"configs/fewshot.py:res={res},channels={channels}).")
+    if c != channels or (res is not None and (h // patch, w // patch) != (res // patch,) * 2):
+      want, example = f"{channels} channels: decode", f"channels={channels}"
+      if res is not None:
+        want = f"{res}x{res}x{channels}: resize to {res} and decode"
+        example = f"res={res},{example}"
+      raise ValueError(f"The eval pp gives {h}x{w}x{c} images but the model takes {want} with "
+                       f"channels={channels} in the pp (e.g. configs/fewshot.py:{example}).")
     return model.apply({"params": params}, images.astype(jnp.float32), train=False)
 
   return predict_fn
+
+
+@dataclasses.dataclass
+class Loaded:
+  """A checkpoint read and placed on a mesh (`load_model`)."""
+  params: dict  # on the mesh
+  predict_fn: object  # see make_predict_fn
+  model_cfg: dict
+  res: int | None  # None: any size with the patch grid of the eval pp (sincos2d)
+  channels: int
+  step: int  # the checkpoint's step (0 for a file)
+  saved_config: object  # the training run's config, or None
+
+
+def load_model(src, key, config, mesh, rules, default_res=None):
+  """Reads SRC once (see read_source) and places its params on `mesh`, sharded by `rules`.
+
+  config: the eval config, whose `model` entries override the checkpoint's; default_res:
+  the size to run at when the model does not say one (a sincos2d model's).
+  """
+  flat, saved_config, step = read_source(src, key)
+  model, model_cfg = build_model(config, flat, saved_config)
+  trained_hw = timm.timm_image_size(src) if str(src).endswith(".safetensors") else None
+  res, channels = native_input_shape(flat, saved_config, trained_hw)
+  res = res or default_res
+  logging.info("Model input: %sx%sx%d; checkpoint step %d.", res or "any", res or "any",
+               channels, step)
+  patch = int(flat["embedding/kernel"].shape[0])
+  # A sincos2d model with no known resolution has no size-dependent params:
+  # initialise it at one patch and run it at the eval pp's size.
+  init_res = res or patch
+  abstract = jax.eval_shape(lambda: model.init(
+      jax.random.PRNGKey(0), jnp.zeros((1, init_res, init_res, channels)))["params"])
+  try:  # The params read above, not the source again (see read_source).
+    loaded = layout.merge(abstract, flat)
+  except ValueError as e:
+    raise ValueError(f"Cannot load {src}: {e}") from None
+  params = jax.device_put(nn.meta.unbox(loaded),
+                          sharding.logical_shardings(abstract, mesh, rules))
+  return Loaded(params, make_predict_fn(model, res, channels, patch), model_cfg, res, channels,
+                step, saved_config)
 
 
 # ---------------------------------------------------------------- the table
@@ -283,11 +292,9 @@ def format_table(results):
   lines = []
   for name, res in results.items():
     lines.append(f"== {name}")
-    shots = {}
-    rest = {}
+    shots, rest = {}, {}
     for k, v in res.items():
-      m = re.fullmatch(r"(.+)_(\d+)shot", k)
-      if m:
+      if m := re.fullmatch(r"(.+)_(\d+)shot", k):
         shots.setdefault(m.group(1), {})[int(m.group(2))] = v
       else:
         rest[k] = v
@@ -333,11 +340,6 @@ class _CtrlC:
 
 
 _CTRL_C = _CtrlC()
-
-
-def _check_ctrl_c():
-  if _CTRL_C.pressed:
-    raise KeyboardInterrupt
 
 
 def _drop_earlier_results(path, step, keys):
@@ -408,7 +410,96 @@ def write_results(workdir, step, results):
   return writer.path
 
 
+def _write_summary(workdir, **kwargs):
+  """summary.json of this run, unless the workdir's is another run's (a training run's)."""
+  kind = summary.read(workdir).get("kind", "evaluate")
+  if kind != "evaluate":
+    logging.warning("Not writing %s: it is the %s run's (evaluate into another --workdir to "
+                    "keep a summary of the evaluation).",
+                    paths.resolve(workdir) / summary.FILE, kind)
+    return
+  summary.write_evaluate(workdir, **kwargs)
+
+
 # ---------------------------------------------------------------- main
+
+def _eval_entries(cfg):
+  """{name: (Evaluator class, type, kwargs)} of config.evals, checked before any data is read."""
+  entries = {}
+  for name in cfg.raw.evals:
+    entry = cfg.evals[name]
+    if not isinstance(entry, config_loading.TrackedConfig):
+      raise ValueError(f"evals.{name} must be a dict of the eval's settings, e.g. "
+                       f"dict(type='fewshot', ...), got {entry!r}.")
+    ecfg = entry.to_dict()  # marks the whole entry read
+    # Like big_vision, an entry named after a type needs no `type`.
+    etype = ecfg.pop("type", name if name in evaluators.available() else None)
+    if etype is None:
+      raise ValueError(f"evals.{name} needs a `type` (one of "
+                       f"{', '.join(evaluators.available())}).")
+    # log_steps / _epochs / _percent ...: only the trainer schedules evals.
+    ecfg = {k: v for k, v in ecfg.items() if not k.startswith("log_")}
+    entries[name] = (evaluators.get_evaluator_cls(etype), etype, ecfg)
+  return entries
+
+
+def _make_evaluators(entries, model, mesh, cfg):
+  """{name: Evaluator} on the model's predict_fn; a config mistake names its entry."""
+  for name, (_, etype, _) in entries.items():
+    if etype == "classification" and not model.model_cfg["num_classes"]:
+      # Without a head the "logits" are the pre-logits features: scoring them as
+      # class scores would print a meaningless accuracy.
+      raise ValueError(f"evals.{name}: the checkpoint has no classification head "
+                       "(num_classes=0), so a classification eval has nothing to score; "
+                       "use fewshot or linear_probe on its features.")
+  cfg.check_all_read()  # Before the evaluators read any data (fewshot reads its labels).
+  out = {}
+  for name, (cls, etype, ecfg) in entries.items():
+    try:
+      out[name] = cls(model.predict_fn, mesh=mesh, **ecfg)
+    except (TypeError, ValueError) as e:
+      raise ValueError(f"evals.{name} (type {etype}): {e}") from None
+  return out
+
+
+def _check_ctrl_c():
+  if _CTRL_C.pressed:
+    raise KeyboardInterrupt
+
+
+def _run_evals(evaluators_by_name, model, mesh, rules, workdir, src):
+  """Runs the evals and writes their results; on an error or Ctrl-C, those that finished."""
+  results, running, t0, step = {}, None, time.time(), model.step
+  try:
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+      for name, evaluator in evaluators_by_name.items():
+        _check_ctrl_c()
+        running = name
+        logging.info("Running eval %s ...", name)
+        results[name] = {k: float(v) for k, v in evaluator.run(model.params).items()}
+        running = None
+      _check_ctrl_c()
+  except BaseException as e:  # Keep what finished; say so in the one line.
+    path = paths.resolve(workdir) / "metrics.jsonl"
+    if results:
+      path = write_results(workdir, step, results)
+      done = f"the results of {', '.join(results)} were written to {path}"
+    else:
+      done = f"nothing was written to {path}"
+    error = f"evals.{running}: {e}" if running else str(e) or type(e).__name__
+    _write_summary(workdir, source=src, step=step, results=results, error=error,
+                   seconds=time.time() - t0, interrupted=isinstance(e, KeyboardInterrupt))
+    if isinstance(e, KeyboardInterrupt):
+      where = f" during evals.{running}" if running else ""
+      raise Interrupted(f"interrupted (Ctrl-C){where}; {done}.") from None
+    if isinstance(e, ValueError) and running:
+      raise ValueError(f"evals.{running}: {str(e).rstrip('.')}; {done}.") from None
+    logging.error("evals.%s failed; %s.", running, done)
+    raise
+  write_results(workdir, step, results)
+  _write_summary(workdir, source=src, step=step, results=results, seconds=time.time() - t0)
+  return results
+
 
 def evaluate(config, workdir):
   """Runs every evaluator of `config.evals` on `config.model_init`; returns {name: results}."""
@@ -424,91 +515,12 @@ def evaluate(config, workdir):
   if jax.process_index() == 0:  # The process that writes (see metrics.MetricWriter).
     check_workdir(workdir)
   # The entries first: a mistake there stops before a large checkpoint is read.
-  entries = {}
-  for name in cfg.raw.evals:
-    entry = cfg.evals[name]
-    if not isinstance(entry, config_loading.TrackedConfig):
-      raise ValueError(f"evals.{name} must be a dict of the eval's settings, e.g. "
-                       f"dict(type='fewshot', ...), got {entry!r}.")
-    ecfg = entry.to_dict()  # marks the whole entry read
-    # Like big_vision, an entry named after a type needs no `type`.
-    etype = ecfg.pop("type", name if name in evaluators.available() else None)
-    if etype is None:
-      raise ValueError(f"evals.{name} needs a `type` (one of "
-                       f"{', '.join(evaluators.available())}).")
-    for key in [k for k in ecfg if k.startswith("log_")]:
-      del ecfg[key]  # log_steps / _epochs / _percent ...: only the trainer schedules evals
-    entries[name] = (evaluators.get_evaluator_cls(etype), etype, ecfg)
-  # use_ema: a run's EMA of the weights (config.ema_decay) instead of its params.
-  flat, saved_config, step = read_source(src, "ema" if cfg.get("use_ema", False) else "params")
-  model, model_cfg = build_model(cfg, flat, saved_config)
-  trained_hw = timm.timm_image_size(src) if str(src).endswith(".safetensors") else None
-  res, channels = native_input_shape(flat, saved_config, trained_hw)
-  logging.info("Model input: %sx%sx%d; checkpoint step %d.", res or "any", res or "any",
-               channels, step)
-  # A sincos2d model with no known resolution has no size-dependent params:
-  # initialise it at one patch and run it at the eval pp's size.
-  init_res = res or int(flat["embedding/kernel"].shape[0])
-
+  entries = _eval_entries(cfg)
   mesh = sharding.make_mesh(cfg.get("mesh"))
   rules = sharding.make_rules(cfg.get("sharding_rules"), mesh)
-  abstract = jax.eval_shape(lambda: model.init(
-      jax.random.PRNGKey(0), jnp.zeros((1, init_res, init_res, channels)))["params"])
-  try:  # The params read above, not the source again (see read_source).
-    loaded = layout.merge(abstract, flat)
-  except ValueError as e:
-    raise ValueError(f"Cannot load {src}: {e}") from None
-  shardings = sharding.logical_shardings(abstract, mesh, rules)
-  params = jax.device_put(nn.meta.unbox(loaded), shardings)
-
-  predict_fn = make_predict_fn(model, res, channels, int(flat["embedding/kernel"].shape[0]))
-  for name, (_, etype, _) in entries.items():
-    if etype == "classification" and not model_cfg["num_classes"]:
-      # Without a head the "logits" are the pre-logits features: scoring them as
-      # class scores would print a meaningless accuracy.
-      raise ValueError(f"evals.{name}: the checkpoint has no classification head "
-                       "(num_classes=0), so a classification eval has nothing to score; "
-                       "use fewshot or linear_probe on its features.")
-  cfg.check_all_read()  # Before the evaluators read any data (fewshot reads its labels).
-
-  evaluators_by_name = {}
-  for name, (cls, etype, ecfg) in entries.items():
-    try:
-      evaluators_by_name[name] = cls(predict_fn, mesh=mesh, **ecfg)
-    except (TypeError, ValueError) as e:
-      raise ValueError(f"evals.{name} (type {etype}): {e}") from None
-
-  results, running, t0 = {}, None, time.time()
-  try:
-    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-      for name, evaluator in evaluators_by_name.items():
-        _check_ctrl_c()
-        running = name
-        logging.info("Running eval %s ...", name)
-        results[name] = {k: float(v) for k, v in evaluator.run(params).items()}
-        running = None
-      _check_ctrl_c()
-  except BaseException as e:  # Keep what finished; say so in the one line.
-    path = paths.resolve(workdir) / "metrics.jsonl"
-    if results:
-      path = write_results(workdir, step, results)
-      done = f"the results of {', '.join(results)} were written to {path}"
-    else:
-      done = f"nothing was written to {path}"
-    error = f"evals.{running}: {e}" if running else str(e) or type(e).__name__
-    summary.write_evaluate(workdir, source=src, step=step, results=results, error=error,
-                           seconds=time.time() - t0, interrupted=isinstance(e, KeyboardInterrupt))
-    if isinstance(e, KeyboardInterrupt):
-      where = f" during evals.{running}" if running else ""
-      raise Interrupted(f"interrupted (Ctrl-C){where}; {done}.") from None
-    if isinstance(e, ValueError) and running:
-      raise ValueError(f"evals.{running}: {str(e).rstrip('.')}; {done}.") from None
-    logging.error("evals.%s failed; %s.", running, done)
-    raise
-  write_results(workdir, step, results)
-  summary.write_evaluate(workdir, source=src, step=step, results=results,
-                         seconds=time.time() - t0)
-  return results
+  # use_ema: a run's EMA of the weights (config.ema_decay) instead of its params.
+  model = load_model(src, "ema" if cfg.get("use_ema", False) else "params", cfg, mesh, rules)
+  return _run_evals(_make_evaluators(entries, model, mesh, cfg), model, mesh, rules, workdir, src)
 
 
 def main(argv):
