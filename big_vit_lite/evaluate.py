@@ -3,55 +3,19 @@ r"""Evaluate a checkpoint: few-shot, linear probe or classification, no training
   python -m big_vit_lite.evaluate --config=configs/fewshot.py --workdir=OUT \
       --config.model_init=SRC
 
-SRC is a training workdir (its newest complete checkpoint), an orbax step
-directory (WORKDIR/checkpoints/<step>), an .npz in the vision_transformer
-layout (also big_vision's, with or without its "params/" prefix, the image
-tower of its SigLIP / LiT files, and the paper's pre-linen layout) or a timm
-.safetensors (written by big_vit_lite.export, or timm's own of a standard
-size). SRC is read once: a run writing new steps meanwhile does not mix in.
+SRC: a training workdir (its newest checkpoint), a step directory, an .npz (vision_transformer,
+big_vision, SigLIP / LiT image tower, pre-linen) or a timm .safetensors; read once. The model:
+the run's saved config, else the architecture read off the param shapes; non-None entries of
+the eval config's `model` override both (e.g. --config.model.gelu=tanh). It runs at the
+resolution (or patch grid) and channels it was trained with: an eval pp giving other images is
+a one-line error naming the values (configs/fewshot.py:res=R,channels=C). A checkpoint without
+a head takes fewshot and linear_probe only. --config.use_ema=True evaluates a run's EMA weights.
 
-The model: for a training workdir or step directory, the run's own model
-config (saved with the checkpoint); for an .npz, the architecture read off
-the param shapes (width, depth, heads, MLP size, patch, pooling, head size).
-Entries of the eval config's `model` dict that are not None override both
-(e.g. `--config.model.gelu=tanh` for the original paper's checkpoints).
-
-The model runs at the resolution and channel count it was trained with; the
-eval pp must resize to that (or any size with the same patch grid: a /14
-model trained at 384 takes 378 to 391) and decode to that many channels
-(grey -> RGB for RGB models): configs/fewshot.py:res=R,channels=C. A mismatch stops with
-a one-line error that names the values to use. (A sincos2d model with no
-saved training pp has no fixed resolution: it runs at the pp's size.) A
-checkpoint without a head (num_classes=0) takes fewshot and linear_probe
-evals only.
-`--config.use_ema=True` (configs/classify.py, fewshot.py, linear_probe.py)
-evaluates a training checkpoint's EMA of the weights (config.ema_decay).
-Results go to OUT/metrics.jsonl (one line, keys "EVAL_NAME/KEY", step = the
-checkpoint's step) and TensorBoard, and a table is printed. Evaluating the
-same step again replaces its earlier numbers in metrics.jsonl (no duplicate
-keys at one step). An eval that fails, or Ctrl-C (exit status 130), keeps
-the results of the evals that finished before it, and the one-line message
-says which were written. OUT/summary.json (and a block in the log) says how it
-ended, with the results, the source and the time.
+Results: OUT/metrics.jsonl (one line at the checkpoint's step, keys "EVAL_NAME/KEY"; evaluating
+a step again replaces its numbers), TensorBoard and a printed table. A failed eval or Ctrl-C (exit
+status 130) keeps the results of those that finished and says which. OUT/summary.json says how
+it ended (unless OUT holds a training run's, which stays).
 """
-if __name__ == "__main__":
-  import os as _os  # pylint: disable=g-import-not-at-top
-  import signal as _signal  # pylint: disable=g-import-not-at-top
-  import sys as _sys  # pylint: disable=g-import-not-at-top
-
-  def _interrupted_while_starting(*_):
-    # Ctrl-C during the imports (seconds of them) or the config parsing: no traceback.
-    print("big_vit_lite.evaluate: interrupted (Ctrl-C) while starting; nothing was written.",
-          file=_sys.stderr, flush=True)
-    _os._exit(130)  # pylint: disable=protected-access
-
-  _signal.signal(_signal.SIGINT, _interrupted_while_starting)  # main() installs its own.
-  # First, before jax and TF load: once more with huge pages.
-  from big_vit_lite import hostmem  # pylint: disable=g-import-not-at-top
-  hostmem.use_huge_pages(__file__)
-
-import contextlib
-import dataclasses
 import functools
 import gc
 import json
@@ -62,6 +26,24 @@ import signal
 import sys
 import threading
 import time
+import types
+
+
+def _exit_interrupted(reason):
+  # Not sys.exit: tearing down the interpreter after an interrupted XLA dispatch or
+  # tf.data pipeline can crash (a segfault, exit status -11) instead of exiting 130.
+  print(f"big_vit_lite.evaluate: {reason}", file=sys.stderr, flush=True)
+  sys.stdout.flush()
+  os._exit(130)  # pylint: disable=protected-access
+
+
+if __name__ == "__main__":
+  # Ctrl-C during the imports (seconds of them) or the config parsing: no traceback.
+  signal.signal(signal.SIGINT, lambda *_: _exit_interrupted(
+      "interrupted (Ctrl-C) while starting; nothing was written."))  # main() sets its own.
+  # First, before jax and TF load: once more with huge pages.
+  from big_vit_lite import hostmem  # pylint: disable=g-import-not-at-top
+  hostmem.use_huge_pages(__file__)
 
 from absl import app
 from absl import flags
@@ -86,24 +68,18 @@ from big_vit_lite.models import vit
 _CONFIG = _WORKDIR = None  # flag holders, defined by _define_flags()
 
 
-def _define_flags():
-  # Only when run as a command: importing this module (tests, other CLIs)
-  # must not clash with other CLIs' --config/--workdir in one process.
+def _define_flags():  # Only when run as a command: no clash with other CLIs' flags.
   global _CONFIG, _WORKDIR
   _CONFIG = config_loading.define_config_flag(
       help_string="Evaluation config file (FILE.py[:arg]), e.g. configs/fewshot.py.")
   _WORKDIR = flags.DEFINE_string("workdir", None, "Where metrics.jsonl and TensorBoard go.")
 
 
-# ---------------------------------------------------------------- the model
-
 def read_source(src, key="params"):
   """SRC -> (canonical flat "a/b/c" params, saved config or None, checkpoint step).
 
-  key: "ema" reads a training checkpoint's EMA of the weights instead of its params.
-  Read once: a workdir's newest step is resolved here, and these params go into
-  the model (`layout.merge`), so a run writing (or deleting) a step meanwhile
-  cannot mix one step's number or config with another's params.
+  key "ema": a training checkpoint's EMA of the weights. Read once (the params that go
+  into the model): a run writing steps meanwhile cannot mix one step's config in another's.
   """
   src = paths.resolve(src)  # Local or on a bucket (gs://...).
   if not src.exists():
@@ -164,10 +140,9 @@ def infer_model_cfg(flat):
 def native_input_shape(flat, saved_config, trained_hw=None):
   """(res, channels) the model was trained at, from the param shapes.
 
-  trained_hw: the (h, w) it was trained at when known otherwise (a timm
-  export's metadata); else the saved config's training pp tells, if any.
-  res is None for a sincos2d model with no known training size: it has no
-  size-dependent params and runs at whatever size the eval pp gives.
+  trained_hw: the (h, w) it was trained at when known otherwise (a timm export's metadata);
+  else the saved config's training pp tells, if any. res is None for a sincos2d model of
+  unknown training size: it runs at whatever size the eval pp gives.
   """
   flat = layout.canonicalize(flat)
   kernel = _find(flat, r"embedding/kernel", "patch embedding")
@@ -190,9 +165,7 @@ def native_input_shape(flat, saved_config, trained_hw=None):
     raise ValueError(f"The checkpoint's position embedding has {tokens} patch tokens, not a "
                      "square grid: evaluate runs square images only.")
   if trained_hw and trained_hw[0] // patch == side:
-    # The size it was trained at, also when the patch does not divide it
-    # (So400m/14 at 384: a 27x27 grid; the last 6 pixels fall off).
-    return trained_hw[0], channels
+    return trained_hw[0], channels  # Also when the patch does not divide it (So400m/14, 384).
   return side * patch, channels
 
 
@@ -225,11 +198,9 @@ def build_model(config, flat, saved_config):
 def make_predict_fn(model, res, channels, patch=1):
   """predict_fn(params, images) -> (logits, out), checking the image shape first.
 
-  Images must have `channels` and, unless res is None, the patch grid of
-  res x res images: a /14 model made for 384 px (a 27x27 grid) takes 378 to
-  391 px, as the patchify drops what is past the last whole patch.
+  Images must have `channels` and, unless res is None, the patch grid of res x res
+  images (a /14 model made for 384 px takes 378 to 391 px).
   """
-
   def predict_fn(params, images):
     _, h, w, c = images.shape
     if c != channels or (res is not None and (h // patch, w // patch) != (res // patch,) * 2):
@@ -240,27 +211,16 @@ def make_predict_fn(model, res, channels, patch=1):
       raise ValueError(f"The eval pp gives {h}x{w}x{c} images but the model takes {want} with "
                        f"channels={channels} in the pp (e.g. configs/fewshot.py:{example}).")
     return model.apply({"params": params}, images.astype(jnp.float32), train=False)
-
   return predict_fn
-
-
-@dataclasses.dataclass
-class Loaded:
-  """A checkpoint read and placed on a mesh (`load_model`)."""
-  params: dict  # on the mesh
-  predict_fn: object  # see make_predict_fn
-  model_cfg: dict
-  res: int | None  # None: any size with the patch grid of the eval pp (sincos2d)
-  channels: int
-  step: int  # the checkpoint's step (0 for a file)
-  saved_config: object  # the training run's config, or None
 
 
 def load_model(src, key, config, mesh, rules, default_res=None):
   """Reads SRC once (see read_source) and places its params on `mesh`, sharded by `rules`.
 
   config: the eval config, whose `model` entries override the checkpoint's; default_res:
-  the size to run at when the model does not say one (a sincos2d model's).
+  the size to run at when the model does not say one (a sincos2d model's). Returns a
+  namespace: params (on the mesh), predict_fn (make_predict_fn's), model_cfg, res (None:
+  any size), channels, step (the checkpoint's; 0 for a file) and saved_config (or None).
   """
   flat, saved_config, step = read_source(src, key)
   model, model_cfg = build_model(config, flat, saved_config)
@@ -270,9 +230,7 @@ def load_model(src, key, config, mesh, rules, default_res=None):
   logging.info("Model input: %sx%sx%d; checkpoint step %d.", res or "any", res or "any",
                channels, step)
   patch = int(flat["embedding/kernel"].shape[0])
-  # A sincos2d model with no known resolution has no size-dependent params:
-  # initialise it at one patch and run it at the eval pp's size.
-  init_res = res or patch
+  init_res = res or patch  # (sincos2d of unknown size: no size-dependent params)
   abstract = jax.eval_shape(lambda: model.init(
       jax.random.PRNGKey(0), jnp.zeros((1, init_res, init_res, channels)))["params"])
   try:  # The params read above, not the source again (see read_source).
@@ -281,11 +239,10 @@ def load_model(src, key, config, mesh, rules, default_res=None):
     raise ValueError(f"Cannot load {src}: {e}") from None
   params = jax.device_put(nn.meta.unbox(loaded),
                           sharding.logical_shardings(abstract, mesh, rules))
-  return Loaded(params, make_predict_fn(model, res, channels, patch), model_cfg, res, channels,
-                step, saved_config)
+  return types.SimpleNamespace(
+      params=params, predict_fn=make_predict_fn(model, res, channels, patch), model_cfg=model_cfg,
+      res=res, channels=channels, step=step, saved_config=saved_config)
 
-
-# ---------------------------------------------------------------- the table
 
 def format_table(results):
   """Readable text for {eval_name: {key: value}}; few-shot keys as datasets x shots."""
@@ -313,8 +270,6 @@ def format_table(results):
   return "\n".join(lines)
 
 
-# ---------------------------------------------------------------- results
-
 class Interrupted(Exception):
   """Ctrl-C during the evals; the message says which results were written (exit 130)."""
 
@@ -322,14 +277,12 @@ class Interrupted(Exception):
 class _CtrlC:
   """The SIGINT handler of main(): raises KeyboardInterrupt, and remembers it.
 
-  Python would swallow an exception raised inside a garbage-collection
-  callback (jax has one) or a __del__, printing "Exception ignored in ...":
-  there it only sets `pressed`, which the evals check between evals.
+  Inside a garbage-collection callback (jax has one) or a __del__, Python would swallow
+  the exception: there it only sets `pressed`, which the evals check between evals.
   """
   pressed = False
 
-  def __call__(self, signum, frame):
-    del signum
+  def __call__(self, _, frame):
     self.pressed = True
     callbacks = {getattr(cb, "__code__", None) for cb in gc.callbacks}
     while frame is not None:
@@ -338,6 +291,10 @@ class _CtrlC:
       frame = frame.f_back
     raise KeyboardInterrupt
 
+  def check(self):
+    if self.pressed:
+      raise KeyboardInterrupt
+
 
 _CTRL_C = _CtrlC()
 
@@ -345,9 +302,8 @@ _CTRL_C = _CtrlC()
 def _drop_earlier_results(path, step, keys):
   """Removes `keys` from metrics.jsonl's lines at `step`: evaluating a step again replaces them.
 
-  Lines left with only "step" go; other lines stay as they are (a training
-  run's own lines, other steps). Rewritten through a temporary file and a
-  rename, and only when something changes, so a kill cannot lose the file.
+  Lines left with only "step" go; others stay. Rewritten (through a rename, so a kill
+  cannot lose the file) only when something changes.
   """
   if not path.exists():
     return
@@ -371,18 +327,6 @@ def _drop_earlier_results(path, step, keys):
     tmp.replace(path)
 
 
-@contextlib.contextmanager
-def _ctrl_c_ignored():
-  """A Ctrl-C now would leave the results written or not: no one could tell."""
-  main = threading.current_thread() is threading.main_thread()
-  previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
-  try:
-    yield
-  finally:
-    if main:  # (None: a handler not set from Python.)
-      signal.signal(signal.SIGINT, signal.default_int_handler if previous is None else previous)
-
-
 def check_workdir(workdir):
   """A one-line error now, not a traceback after the evals, for an OUT that cannot be written."""
   out = paths.resolve(workdir)
@@ -401,27 +345,29 @@ def check_workdir(workdir):
 def write_results(workdir, step, results):
   """One metrics.jsonl line (and TensorBoard scalars) for {eval_name: {key: value}}."""
   row = {f"{n}/{k}": v for n, r in results.items() for k, v in r.items()}
-  with _ctrl_c_ignored():
+  # A Ctrl-C now would leave the results written or not: no one could tell.
+  main = threading.current_thread() is threading.main_thread()
+  previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+  try:
     writer = metrics.MetricWriter(workdir)
     if jax.process_index() == 0:
       _drop_earlier_results(writer.path, step, set(row))
     writer.write(step, row)
     writer.close()
+  finally:
+    if main:  # (None: a handler not set from Python.)
+      signal.signal(signal.SIGINT, signal.default_int_handler if previous is None else previous)
   return writer.path
 
 
 def _write_summary(workdir, **kwargs):
   """summary.json of this run, unless the workdir's is another run's (a training run's)."""
-  kind = summary.read(workdir).get("kind", "evaluate")
-  if kind != "evaluate":
-    logging.warning("Not writing %s: it is the %s run's (evaluate into another --workdir to "
-                    "keep a summary of the evaluation).",
-                    paths.resolve(workdir) / summary.FILE, kind)
-    return
-  summary.write_evaluate(workdir, **kwargs)
+  if summary.read(workdir).get("kind", "evaluate") == "evaluate":
+    summary.write_evaluate(workdir, **kwargs)
+  else:
+    logging.warning("Not writing %s: it is a training run's (evaluate into another --workdir "
+                    "for a summary of the evaluation).", paths.resolve(workdir) / summary.FILE)
 
-
-# ---------------------------------------------------------------- main
 
 def _eval_entries(cfg):
   """{name: (Evaluator class, type, kwargs)} of config.evals, checked before any data is read."""
@@ -447,8 +393,7 @@ def _make_evaluators(entries, model, mesh, cfg):
   """{name: Evaluator} on the model's predict_fn; a config mistake names its entry."""
   for name, (_, etype, _) in entries.items():
     if etype == "classification" and not model.model_cfg["num_classes"]:
-      # Without a head the "logits" are the pre-logits features: scoring them as
-      # class scores would print a meaningless accuracy.
+      # Without a head the "logits" are the features: their accuracy would mean nothing.
       raise ValueError(f"evals.{name}: the checkpoint has no classification head "
                        "(num_classes=0), so a classification eval has nothing to score; "
                        "use fewshot or linear_probe on its features.")
@@ -462,23 +407,18 @@ def _make_evaluators(entries, model, mesh, cfg):
   return out
 
 
-def _check_ctrl_c():
-  if _CTRL_C.pressed:
-    raise KeyboardInterrupt
-
-
 def _run_evals(evaluators_by_name, model, mesh, rules, workdir, src):
   """Runs the evals and writes their results; on an error or Ctrl-C, those that finished."""
   results, running, t0, step = {}, None, time.time(), model.step
   try:
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
       for name, evaluator in evaluators_by_name.items():
-        _check_ctrl_c()
+        _CTRL_C.check()
         running = name
         logging.info("Running eval %s ...", name)
         results[name] = {k: float(v) for k, v in evaluator.run(model.params).items()}
         running = None
-      _check_ctrl_c()
+      _CTRL_C.check()
   except BaseException as e:  # Keep what finished; say so in the one line.
     path = paths.resolve(workdir) / "metrics.jsonl"
     if results:
@@ -518,7 +458,6 @@ def evaluate(config, workdir):
   entries = _eval_entries(cfg)
   mesh = sharding.make_mesh(cfg.get("mesh"))
   rules = sharding.make_rules(cfg.get("sharding_rules"), mesh)
-  # use_ema: a run's EMA of the weights (config.ema_decay) instead of its params.
   model = load_model(src, "ema" if cfg.get("use_ema", False) else "params", cfg, mesh, rules)
   return _run_evals(_make_evaluators(entries, model, mesh, cfg), model, mesh, rules, workdir, src)
 
@@ -535,12 +474,8 @@ def main(argv):
   try:
     results = evaluate(config_loading.loaded(_CONFIG.value), _WORKDIR.value)
   except (Interrupted, KeyboardInterrupt) as e:
-    reason = str(e) if isinstance(e, Interrupted) else "interrupted (Ctrl-C); nothing was written."
-    print(f"big_vit_lite.evaluate: {reason}", file=sys.stderr, flush=True)
-    sys.stdout.flush()
-    # Not sys.exit: tearing down the interpreter after an interrupted XLA dispatch or
-    # tf.data pipeline can crash (a segfault, exit status -11) instead of exiting 130.
-    os._exit(130)  # pylint: disable=protected-access
+    _exit_interrupted(str(e) if isinstance(e, Interrupted) else
+                      "interrupted (Ctrl-C); nothing was written.")
   except (ValueError, OSError, config_loading.UnreadConfigKeyError,
           jax.errors.JaxRuntimeError) as e:
     if isinstance(e, jax.errors.JaxRuntimeError) and not oom.is_oom(e):
@@ -551,13 +486,9 @@ def main(argv):
       e = oom.message(e, what="evaluation", advice=oom.EVAL_ADVICE)
     print(f"big_vit_lite.evaluate: error: {' '.join(str(e).split())}", file=sys.stderr)
     sys.exit(1)
-
-  def interrupted_after(*_):  # The results are written; no traceback from the exit either.
-    print("big_vit_lite.evaluate: interrupted (Ctrl-C) after the results were written.",
-          file=sys.stderr, flush=True)
-    os._exit(130)  # pylint: disable=protected-access
-
-  signal.signal(signal.SIGINT, interrupted_after)
+  # The results are written; no traceback from the exit either.
+  signal.signal(signal.SIGINT, lambda *_: _exit_interrupted(
+      "interrupted (Ctrl-C) after the results were written."))
   if jax.process_index() == 0:
     print(format_table(results))
     print(f"(written to {paths.resolve(_WORKDIR.value) / 'metrics.jsonl'})")
