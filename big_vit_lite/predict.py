@@ -83,18 +83,17 @@ def class_names(labels_file, saved_config, num_classes):
   data = saved_config.get("input", {}).get("data", {}) if saved_config is not None else {}
   try:
     if data.get("name") == "imagefolder":
-      split = data.get("split", "train")
-      names = imagefolder.ImageFolderSource(data["data_dir"], split).class_names
+      source = imagefolder.ImageFolderSource(data["data_dir"], data.get("split", "train"))
+      names = source.class_names
     elif data.get("name"):
       import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-      name = data["name"].split(":")[0]
-      names = tfds.builder(name, data_dir=data.get("data_dir")).info.features["label"].names
+      builder = tfds.builder(data["name"].split(":")[0], data_dir=data.get("data_dir"))
+      names = builder.info.features["label"].names
   except Exception as e:  # pylint: disable=broad-except
     logging.warning("No class names from the run's dataset %s (%s): printing class numbers.",
                     data.get("name"), e)
-  if names is None or len(names) != num_classes:
-    return [str(i) for i in range(num_classes)]
-  return list(names)
+  ok = names is not None and len(names) == num_classes
+  return list(names) if ok else [str(i) for i in range(num_classes)]
 
 
 def _read(path, preprocess, tmp_dir):

@@ -257,43 +257,38 @@ def select_batches(local_batches, wanted, local_batch_size, num_batches, keys):
   Yields `num_batches` batches of exactly `local_batch_size` rows, with an
   extra int64 "_id"; unfilled rows are zeros with `_mask` False.
   """
-  rows, ids = [], []
-  emitted, position, template = 0, 0, None
+  rows, emitted, position, template = [], 0, 0, None
 
-  def make(chunk_rows, chunk_ids):
-    batch = {k: np.zeros((local_batch_size, *template[k].shape), template[k].dtype)
-             for k in keys}
-    for j, row in enumerate(chunk_rows):
-      for k in keys:
-        batch[k][j] = row[k]
-    n = len(chunk_ids)
-    batch["_mask"] = np.arange(local_batch_size) < n
-    batch["_id"] = np.zeros((local_batch_size,), np.int64)
-    batch["_id"][:n] = chunk_ids
+  def make(chunk):
+    batch = {k: np.zeros((local_batch_size, *v.shape), v.dtype) for k, v in template.items()}
+    for j, row in enumerate(chunk):
+      for k, v in row.items():
+        batch[k][j] = v
+    batch["_mask"] = np.arange(local_batch_size) < len(chunk)
     return batch
 
   for local in local_batches:
     if template is None:  # Shapes and dtypes of one row, for the zero rows.
       template = {k: np.asarray(v[0]) for k, v in require_keys(local, keys).items()}
+      template["_id"] = np.zeros((), np.int64)
     mask = np.asarray(local["_mask"]).astype(bool)
     for i in np.flatnonzero(mask):
       gid = wanted.get(position + int(i))
       if gid is not None:
-        rows.append({k: local[k][i] for k in keys})
-        ids.append(gid)
+        rows.append({**{k: local[k][i] for k in keys}, "_id": gid})
     position += mask.shape[0]
-    while len(ids) >= local_batch_size:
-      yield make(rows[:local_batch_size], ids[:local_batch_size])
-      del rows[:local_batch_size], ids[:local_batch_size]
+    while len(rows) >= local_batch_size:
+      yield make(rows[:local_batch_size])
+      del rows[:local_batch_size]
       emitted += 1
   if template is None:
     raise ValueError(_NO_BATCHES)
-  if emitted + (1 if ids else 0) > num_batches:
-    raise RuntimeError(f"select_batches: {emitted} full batches + {len(ids)} rows exceed the "
+  if emitted + (1 if rows else 0) > num_batches:
+    raise RuntimeError(f"select_batches: {emitted} full batches + {len(rows)} rows exceed the "
                        f"{num_batches} planned batches.")
   for _ in range(emitted, num_batches):
-    yield make(rows, ids)
-    rows, ids = [], []
+    yield make(rows)
+    rows = []
 
 
 def dataset_cfgs(datasets, pp, train_split, test_split):
