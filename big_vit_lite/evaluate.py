@@ -14,7 +14,8 @@ a head takes fewshot and linear_probe only. --config.use_ema=True evaluates a ru
 Results: OUT/metrics.jsonl (one line at the checkpoint's step, keys "EVAL_NAME/KEY"; evaluating
 a step again replaces its numbers), TensorBoard and a printed table. A failed eval or Ctrl-C (exit
 status 130) keeps the results of those that finished and says which. OUT/summary.json says how
-it ended (unless OUT holds a training run's, which stays).
+it ended (unless OUT holds a training run's, which stays). Why some things are done the way they
+are: benchmarks/NOTES.md, section "Evaluators, evaluate, predict, export".
 """
 import functools
 import gc
@@ -420,12 +421,9 @@ def _run_evals(evaluators_by_name, model, mesh, rules, workdir, src):
         running = None
       _CTRL_C.check()
   except BaseException as e:  # Keep what finished; say so in the one line.
-    path = paths.resolve(workdir) / "metrics.jsonl"
-    if results:
-      path = write_results(workdir, step, results)
-      done = f"the results of {', '.join(results)} were written to {path}"
-    else:
-      done = f"nothing was written to {path}"
+    done = (f"the results of {', '.join(results)} were written to "
+            f"{write_results(workdir, step, results)}" if results else
+            f"nothing was written to {paths.resolve(workdir) / 'metrics.jsonl'}")
     error = f"evals.{running}: {e}" if running else str(e) or type(e).__name__
     _write_summary(workdir, source=src, step=step, results=results, error=error,
                    seconds=time.time() - t0, interrupted=isinstance(e, KeyboardInterrupt))
