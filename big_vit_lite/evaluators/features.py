@@ -24,11 +24,9 @@ from big_vit_lite.data import device as data_device
 from big_vit_lite.data import input_pipeline
 from big_vit_lite.data import pp as pp_lib
 from big_vit_lite.data import sources
+from big_vit_lite.evaluators import presets
 
-DEFAULT_DATASETS = {
-    "mnist10k": dict(name="mnist10k"),
-    "animal_mnist": dict(name="animal_mnist"),
-}
+DEFAULT_DATASETS = {name: dict(name=name) for name in presets.OFFLINE_DATASETS}
 DEFAULT_PP = "decode|value_range(-1, 1)|keep('image', 'label')"
 _NO_BATCHES = "The eval data yielded no batches; check its split name and size."
 

@@ -48,26 +48,20 @@ from big_vit_lite.evaluators import ridge
 DEFAULT_SHOTS = (1, 5, 10, 25)
 
 
-def _is_int(v):
-  return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+def positive_int(value, what):
+  """An int >= 1 (not 1.5, not True, not a list)."""
+  if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+    raise ValueError(f"{what} must be a positive integer; got {value!r}.")
+  return int(value)
 
 
 def positive_ints(values, what):
   """A tuple of ints >= 1 from an int or a sequence of them (no strings, no 2.5)."""
-  items = (values,) if _is_int(values) else values
-  if isinstance(items, (str, bytes)) or not hasattr(items, "__iter__"):
-    items = ()
-  items = tuple(items)
-  if not items or not all(_is_int(v) and v >= 1 for v in items):
+  items = (() if isinstance(values, (str, bytes)) else
+           tuple(values) if hasattr(values, "__iter__") else (values,))
+  if not items:
     raise ValueError(f"{what} must be positive integers, e.g. (1, 5, 10, 25); got {values!r}.")
-  return tuple(dict.fromkeys(int(v) for v in items))
-
-
-def positive_int(value, what):
-  """An int >= 1 (not 1.5, not True, not a list)."""
-  if not _is_int(value) or value < 1:
-    raise ValueError(f"{what} must be a positive integer; got {value!r}.")
-  return int(value)
+  return tuple(dict.fromkeys(positive_int(v, f"each of {what}") for v in items))
 
 
 def class_ids(train_labels, test_labels, what):
