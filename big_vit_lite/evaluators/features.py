@@ -9,7 +9,7 @@ every process as numpy via `process_allgather`. Padding rows carry
 Also here: reading a representation (a named intermediate of the model) out
 of `predict_fn`'s output, re-batching a chosen subset of a split (few-shot
 forwards only the examples it samples), and `DatasetsEvaluator`, what fewshot
-and linear_probe share (their datasets config, checks and features per params).
+and linear_probe share (their datasets config, checks and features cached per params).
 """
 import math
 import weakref
@@ -313,34 +313,13 @@ def dataset_cfgs(datasets, pp, train_split, test_split):
   return out
 
 
-class ParamsCache:
-  """Remembers values computed for one params pytree while it stays the same.
-
-  jax arrays are immutable, so the same leaf objects mean the same values;
-  weak references avoid keeping old params alive. Numpy leaves (mutable)
-  disable caching.
-  """
-
-  def __init__(self):
-    self._refs = None
-    self.values = {}
-
-  def check(self, params):
-    leaves = jax.tree.leaves(params)
-    same = (self._refs is not None and len(leaves) == len(self._refs)
-            and all(r() is leaf for r, leaf in zip(self._refs, leaves)))
-    if not same:
-      self.values = {}
-      cacheable = all(isinstance(leaf, jax.Array) for leaf in leaves)
-      self._refs = [weakref.ref(leaf) for leaf in leaves] if cacheable else None
-    return self.values
-
-
 class DatasetsEvaluator:
   """Base of fewshot and linear_probe: train/test splits per dataset, features per params.
 
   Subclasses define `_features(params, name)`; `features_per_dataset` computes it
-  once per dataset and reuses it while the params are the very same arrays.
+  once per dataset and reuses it while the params are the very same arrays (jax arrays
+  are immutable; weak references keep no old params alive; numpy leaves, mutable, disable
+  the cache).
   """
 
   def __init__(self, predict_fn, mesh, datasets, pp, train_split, test_split,
@@ -351,7 +330,7 @@ class DatasetsEvaluator:
     self.batch_size = check_batch_size(batch_size)
     self.label_key = label_key
     self.extractor = FeatureExtractor(predict_fn, mesh, representation_layer, token_pool)
-    self._cache = ParamsCache()
+    self._refs, self._cache = None, {}
     for train_cfg, test_cfg, dataset_pp in self.datasets.values():
       check_data(train_cfg, dataset_pp)
       check_data(test_cfg, dataset_pp)
@@ -364,8 +343,13 @@ class DatasetsEvaluator:
 
   def features_per_dataset(self, params):
     """Yields (name, self._features(params, name)) for each dataset, cached per params."""
-    cache = self._cache.check(params)
+    leaves = jax.tree.leaves(params)
+    if self._refs is None or len(leaves) != len(self._refs) or any(
+        r() is not leaf for r, leaf in zip(self._refs, leaves)):
+      self._cache = {}
+      cacheable = all(isinstance(leaf, jax.Array) for leaf in leaves)
+      self._refs = [weakref.ref(leaf) for leaf in leaves] if cacheable else None
     for name in self.datasets:
-      if name not in cache:
-        cache[name] = self._features(params, name)
-      yield name, cache[name]
+      if name not in self._cache:
+        self._cache[name] = self._features(params, name)
+      yield name, self._cache[name]
