@@ -3,54 +3,20 @@ r"""Evaluate a checkpoint: few-shot, linear probe or classification, no training
   python -m big_vit_lite.evaluate --config=configs/fewshot.py --workdir=OUT \
       --config.model_init=SRC
 
-SRC is a training workdir (its newest complete checkpoint), an orbax step
-directory (WORKDIR/checkpoints/<step>), an .npz in the vision_transformer
-layout (also big_vision's, with or without its "params/" prefix, the image
-tower of its SigLIP / LiT files, and the paper's pre-linen layout) or a timm
-.safetensors (written by big_vit_lite.export, or timm's own of a standard
-size). SRC is read once: a run writing new steps meanwhile does not mix in.
+SRC: a training workdir (its newest checkpoint), a step directory, an .npz (vision_transformer,
+big_vision, SigLIP / LiT image tower, pre-linen) or a timm .safetensors; read once. The model:
+the run's saved config, else the architecture read off the param shapes; non-None entries of
+the eval config's `model` override both (e.g. --config.model.gelu=tanh). It runs at the
+resolution (or patch grid) and channels it was trained with: an eval pp giving other images is
+a one-line error naming the values (configs/fewshot.py:res=R,channels=C). A checkpoint without
+a head takes fewshot and linear_probe only. --config.use_ema=True evaluates a run's EMA weights.
 
-The model: for a training workdir or step directory, the run's own model
-config (saved with the checkpoint); for an .npz, the architecture read off
-the param shapes (width, depth, heads, MLP size, patch, pooling, head size).
-Entries of the eval config's `model` dict that are not None override both
-(e.g. `--config.model.gelu=tanh` for the original paper's checkpoints).
-
-The model runs at the resolution and channel count it was trained with; the
-eval pp must resize to that (or any size with the same patch grid: a /14
-model trained at 384 takes 378 to 391) and decode to that many channels
-(grey -> RGB for RGB models): configs/fewshot.py:res=R,channels=C. A mismatch stops with
-a one-line error that names the values to use. (A sincos2d model with no
-saved training pp has no fixed resolution: it runs at the pp's size.) A
-checkpoint without a head (num_classes=0) takes fewshot and linear_probe
-evals only.
-`--config.use_ema=True` (configs/classify.py, fewshot.py, linear_probe.py)
-evaluates a training checkpoint's EMA of the weights (config.ema_decay).
-Results go to OUT/metrics.jsonl (one line, keys "EVAL_NAME/KEY", step = the
-checkpoint's step) and TensorBoard, and a table is printed. Evaluating the
-same step again replaces its earlier numbers in metrics.jsonl (no duplicate
-keys at one step). An eval that fails, or Ctrl-C (exit status 130), keeps
-the results of the evals that finished before it, and the one-line message
-says which were written. OUT/summary.json (and a block in the log) says how it
-ended, with the results, the source and the time.
+Results: OUT/metrics.jsonl (one line at the checkpoint's step, keys "EVAL_NAME/KEY"; evaluating
+a step again replaces its numbers), TensorBoard and a printed table. A failed eval or Ctrl-C (exit
+status 130) keeps the results of those that finished and says which. OUT/summary.json says how
+it ended (unless OUT holds a training run's, which stays). Why some things are done the way they
+are: benchmarks/NOTES.md, section "Evaluators, evaluate, predict, export".
 """
-if __name__ == "__main__":
-  import os as _os  # pylint: disable=g-import-not-at-top
-  import signal as _signal  # pylint: disable=g-import-not-at-top
-  import sys as _sys  # pylint: disable=g-import-not-at-top
-
-  def _interrupted_while_starting(*_):
-    # Ctrl-C during the imports (seconds of them) or the config parsing: no traceback.
-    print("big_vit_lite.evaluate: interrupted (Ctrl-C) while starting; nothing was written.",
-          file=_sys.stderr, flush=True)
-    _os._exit(130)  # pylint: disable=protected-access
-
-  _signal.signal(_signal.SIGINT, _interrupted_while_starting)  # main() installs its own.
-  # First, before jax and TF load: once more with huge pages.
-  from big_vit_lite import hostmem  # pylint: disable=g-import-not-at-top
-  hostmem.use_huge_pages(__file__)
-
-import contextlib
 import functools
 import gc
 import json
@@ -61,6 +27,24 @@ import signal
 import sys
 import threading
 import time
+import types
+
+
+def _exit_interrupted(reason):
+  # Not sys.exit: tearing down the interpreter after an interrupted XLA dispatch or
+  # tf.data pipeline can crash (a segfault, exit status -11) instead of exiting 130.
+  print(f"big_vit_lite.evaluate: {reason}", file=sys.stderr, flush=True)
+  sys.stdout.flush()
+  os._exit(130)  # pylint: disable=protected-access
+
+
+if __name__ == "__main__":
+  # Ctrl-C during the imports (seconds of them) or the config parsing: no traceback.
+  signal.signal(signal.SIGINT, lambda *_: _exit_interrupted(
+      "interrupted (Ctrl-C) while starting; nothing was written."))  # main() sets its own.
+  # First, before jax and TF load: once more with huge pages.
+  from big_vit_lite import hostmem  # pylint: disable=g-import-not-at-top
+  hostmem.use_huge_pages(__file__)
 
 from absl import app
 from absl import flags
@@ -68,104 +52,60 @@ from absl import logging
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from big_vit_lite import checkpoint
 from big_vit_lite import config_loading
 from big_vit_lite import metrics
 from big_vit_lite import oom
 from big_vit_lite import paths
 from big_vit_lite import sharding
 from big_vit_lite import summary
-from big_vit_lite.data import pp as pp_lib
 from big_vit_lite import evaluators
 from big_vit_lite.models import formats
 from big_vit_lite.models import layout
+from big_vit_lite.models import steps
 from big_vit_lite.models import timm
 from big_vit_lite.models import vit
 
 _CONFIG = _WORKDIR = None  # flag holders, defined by _define_flags()
 
 
-def _define_flags():
-  # Only when run as a command: importing this module (tests, other CLIs)
-  # must not clash with other CLIs' --config/--workdir in one process.
+def _define_flags():  # Only when run as a command: no clash with other CLIs' flags.
   global _CONFIG, _WORKDIR
   _CONFIG = config_loading.define_config_flag(
       help_string="Evaluation config file (FILE.py[:arg]), e.g. configs/fewshot.py.")
   _WORKDIR = flags.DEFINE_string("workdir", None, "Where metrics.jsonl and TensorBoard go.")
 
 
-# ---------------------------------------------------------------- the model
-
 def read_source(src, key="params"):
   """SRC -> (canonical flat "a/b/c" params, saved config or None, checkpoint step).
 
-  key: "ema" reads a training checkpoint's EMA of the weights instead of its params.
-
-  Read once: a workdir's newest step is resolved here, and the same params
-  go into the model (`layout.merge`). A training run that writes (or
-  deletes) a step meanwhile cannot mix one step's number or config with
-  another's params.
+  key "ema": a training checkpoint's EMA of the weights. Read once (the params that go
+  into the model): a run writing steps meanwhile cannot mix one step's config in another's.
   """
   src = paths.resolve(src)  # Local or on a bucket (gs://...).
   if not src.exists():
     raise ValueError(f"model_init={src} does not exist; pass a training workdir, a "
                      "checkpoint step directory or an .npz.")
-  is_dir = src.is_dir()
-  if key != "params" and not is_dir:
+  if key != "params" and not src.is_dir():
     raise ValueError(f"use_ema=True reads a training checkpoint's EMA params, but {src} is a file "
                      "(one set of params): pass a training workdir or step dir, or drop use_ema.")
-  if src.name.endswith(".safetensors"):  # Our timm export (its metadata names the heads).
-    return formats.read_params(src), None, 0
-  if not (is_dir or src.name.endswith(".npz")):
-    raise ValueError(f"model_init={src} is neither a directory nor an .npz or .safetensors "
-                     "file; pass a training workdir, a checkpoint step directory or an .npz.")
-  step = 0
-  if is_dir:
-    src = checkpoint.resolve_step_dir(src)
-    step = int(src.name) if src.name.isdigit() else 0
-  params, config = checkpoint.load_params(src, key)
-  # One canonical layout (big_vision's "params/" prefix and top-level posemb, scan
-  # stacks, pre-linen numbering all converted), so that the shapes below are read
-  # the same way whatever wrote the file.
-  flat = layout.canonicalize({k: np.asarray(v) for k, v in layout.flatten(params).items()})
-  return flat, config, step
+  if not src.is_dir():
+    if not src.name.endswith((".npz", ".safetensors")):
+      raise ValueError(f"model_init={src} is neither a directory nor an .npz or .safetensors "
+                       "file; pass a training workdir, a checkpoint step directory or an .npz.")
+    return formats.read_params(src), None, 0  # (canonical, whatever wrote the file)
+  src = steps.resolve_step_dir(src)
+  params, config = steps.load_params(src, key)
+  flat = layout.canonicalize(layout.to_numpy_flat(params))
+  return flat, config, int(src.name) if src.name.isdigit() else 0
 
 
 def _find(flat, pattern, what):
-  """The first param whose name fully matches `pattern` (any supported layout)."""
+  """The first param whose name fully matches `pattern`."""
   for k, v in flat.items():
     if re.fullmatch(pattern, k):
       return v
   raise ValueError(f"model_init holds no ViT params: no {what} ({pattern}).")
-
-
-def infer_model_cfg(flat):
-  """vit.Model kwargs read off the param shapes.
-
-  Works on every layout `layout.canonicalize` reads (loop and scan, the
-  pre-linen block numbering, big_vision's "params/" prefix) alike.
-  """
-  flat = layout.canonicalize(flat)
-  kernel = _find(flat, r"embedding/kernel", "patch embedding")
-  q = _find(flat, r"Transformer/encoderblock(_0)?/MultiHeadDotProductAttention_\d+/query/kernel",
-            "attention")
-  mlp = _find(flat, r"Transformer/encoderblock(_0)?/MlpBlock_\d+/Dense_0/kernel", "MLP")
-  blocks = {m.group(1) for m in map(re.compile(r"Transformer/encoderblock_(\d+)/").match, flat)
-            if m}
-  depth = len(blocks) or int(q.shape[0])  # scan layout: a leading layers axis
-  has_posemb = any(k.endswith("pos_embedding") for k in flat)
-  cfg = dict(variant=None, width=int(kernel.shape[3]), depth=depth, mlp_dim=int(mlp.shape[-1]),
-             num_heads=int(q.shape[-2]), patch_size=int(kernel.shape[0]),
-             pool_type="tok" if "cls" in flat else "map" if "MAPHead_0/probe" in flat else "gap",
-             posemb="learn" if has_posemb else "sincos2d")
-  if "pre_logits/kernel" in flat:
-    cfg["rep_size"] = int(flat["pre_logits/kernel"].shape[1])
-  stem = _stem_kernels(flat)
-  if stem:
-    cfg["stem_channels"] = tuple(int(k.shape[3]) for k in stem)
-  return cfg
 
 
 def _stem_kernels(flat):
@@ -176,71 +116,76 @@ def _stem_kernels(flat):
   return kernels
 
 
+def infer_model_cfg(flat):
+  """vit.Model kwargs read off the param shapes (any layout `layout.canonicalize` reads)."""
+  flat = layout.canonicalize(flat)
+  kernel = _find(flat, r"embedding/kernel", "patch embedding")
+  q = _find(flat, r"Transformer/encoderblock(_0)?/MultiHeadDotProductAttention_\d+/query/kernel",
+            "attention")
+  mlp = _find(flat, r"Transformer/encoderblock(_0)?/MlpBlock_\d+/Dense_0/kernel", "MLP")
+  blocks = {m.group(1) for m in map(re.compile(r"Transformer/encoderblock_(\d+)/").match, flat)
+            if m}
+  cfg = dict(variant=None, width=int(kernel.shape[3]),
+             depth=len(blocks) or int(q.shape[0]),  # scan layout: a leading layers axis
+             mlp_dim=int(mlp.shape[-1]), num_heads=int(q.shape[-2]),
+             patch_size=int(kernel.shape[0]),
+             pool_type="tok" if "cls" in flat else "map" if "MAPHead_0/probe" in flat else "gap",
+             posemb="learn" if any(k.endswith("pos_embedding") for k in flat) else "sincos2d")
+  if "pre_logits/kernel" in flat:
+    cfg["rep_size"] = int(flat["pre_logits/kernel"].shape[1])
+  if stem := _stem_kernels(flat):
+    cfg["stem_channels"] = tuple(int(k.shape[3]) for k in stem)
+  return cfg
+
+
 def native_input_shape(flat, saved_config, trained_hw=None):
   """(res, channels) the model was trained at, from the param shapes.
 
-  trained_hw: the (h, w) it was trained at when known otherwise (a timm
-  export's metadata); else the saved config's training pp tells, if any.
-  res is None for a sincos2d model with no known training size: it has no
-  size-dependent params and runs at whatever size the eval pp gives.
+  trained_hw: the (h, w) it was trained at when known otherwise (a timm export's metadata);
+  else the saved config's training pp tells, if any. res is None for a sincos2d model of
+  unknown training size: it runs at whatever size the eval pp gives.
   """
   flat = layout.canonicalize(flat)
   kernel = _find(flat, r"embedding/kernel", "patch embedding")
-  patch, channels = int(kernel.shape[0]), int(kernel.shape[2])
-  stem = _stem_kernels(flat)
-  if stem:  # The patch embedding sees the stem's output; the image goes into the stem.
-    channels = int(stem[0].shape[2])
-  # The size the training pp gives images, if the checkpoint has its config.
-  pp = ""
-  if saved_config is not None and "input" in saved_config:
-    pp = str(saved_config.input.get("pp", ""))
-  if trained_hw is None and pp.strip():
-    try:
-      trained_hw = pp_lib.output_hw(pp, channels=channels)
-    except ValueError:  # a pp this version cannot build: go by the param shapes alone
-      pass
+  patch, stem = int(kernel.shape[0]), _stem_kernels(flat)
+  channels = int((stem[0] if stem else kernel).shape[2])  # The image goes into the stem, if any.
+  from_pp = trained_hw is None
+  if from_pp:
+    trained_hw = steps.trained_hw(saved_config, flat)
   if trained_hw and trained_hw[0] != trained_hw[1]:
     # A 4x9 grid has as many tokens as a 6x6 one: run square, its posemb would be scrambled.
-    said = f"its pp: {pp!r}" if pp.strip() else "its timm metadata"
+    said = f"its pp: {str(saved_config.input.pp)!r}" if from_pp else "its timm metadata"
     raise ValueError(f"The checkpoint was trained on {trained_hw[0]}x{trained_hw[1]} images "
                      f"({said}): evaluate runs square images only.")
-  tokens = None
-  if "Transformer/posembed_input/pos_embedding" in flat:  # canonical: a cls row iff a cls
-    tokens = flat["Transformer/posembed_input/pos_embedding"].shape[1] - ("cls" in flat)
-  if tokens is not None:
-    side = math.isqrt(tokens)
-    if side * side != tokens:
-      raise ValueError(f"The checkpoint's position embedding has {tokens} patch tokens, not a "
-                       "square grid: evaluate runs square images only.")
-    if trained_hw and trained_hw[0] // patch == side:
-      # The size it was trained at, also when the patch does not divide it
-      # (So400m/14 at 384: a 27x27 grid; the last 6 pixels fall off).
-      return trained_hw[0], channels
-    return side * patch, channels
-  # sincos posemb has no params: the training pp's size, if known.
-  return (trained_hw[0] if trained_hw else None), channels
+  posemb = flat.get("Transformer/posembed_input/pos_embedding")
+  if posemb is None:  # sincos posemb has no params: the training pp's size, if known.
+    return (trained_hw[0] if trained_hw else None), channels
+  tokens = posemb.shape[1] - ("cls" in flat)  # canonical: a cls row iff a cls
+  side = math.isqrt(tokens)
+  if side * side != tokens:
+    raise ValueError(f"The checkpoint's position embedding has {tokens} patch tokens, not a "
+                     "square grid: evaluate runs square images only.")
+  if trained_hw and trained_hw[0] // patch == side:
+    return trained_hw[0], channels  # Also when the patch does not divide it (So400m/14, 384).
+  return side * patch, channels
 
 
 def build_model(config, flat, saved_config):
   """(vit.Model, kwargs) from the saved run config or the param shapes + overrides."""
-  model_name = "vit"
   if saved_config is not None and "model" in saved_config:
-    model_cfg = saved_config.model.to_dict()
+    model_cfg, source = saved_config.model.to_dict(), "the checkpoint's saved config"
     model_name = saved_config.get("model_name", "vit")
-    source = "the checkpoint's saved config"
   else:
-    model_cfg = infer_model_cfg(flat)
-    source = "the param shapes"
+    model_cfg, source, model_name = infer_model_cfg(flat), "the param shapes", "vit"
   # big_vision's eval configs say model_name="vit" too: read, not an unread-key error.
   model_name = config.get("model_name") or model_name
   overrides = {}
   if "model" in config:
     overrides = {k: v for k, v in config.consume("model").items() if v is not None}
-  model_cfg.update(overrides)
   if model_name != "vit":
     raise ValueError(f"model_name={model_name!r}: only 'vit' is supported.")
-  model_cfg["num_classes"] = (int(flat["head/kernel"].shape[1]) if "head/kernel" in flat
-                              else 0)
+  model_cfg.update(overrides)
+  model_cfg["num_classes"] = int(flat["head/kernel"].shape[1]) if "head/kernel" in flat else 0
   # Evaluation never uses dropout or remat.
   model_cfg.update(dropout=0.0, drop_path=0.0, remat_policy=None)
   logging.info("Model from %s%s: %s", source,
@@ -254,40 +199,60 @@ def build_model(config, flat, saved_config):
 def make_predict_fn(model, res, channels, patch=1):
   """predict_fn(params, images) -> (logits, out), checking the image shape first.
 
-  Images must have `channels` and, unless res is None, the patch grid of
-  res x res images: a /14 model made for 384 px (a 27x27 grid) takes 378 to
-  391 px, as the patchify drops what is past the last whole patch.
+  Images must have `channels` and, unless res is None, the patch grid of res x res
+  images (a /14 model made for 384 px takes 378 to 391 px).
   """
-
   def predict_fn(params, images):
     _, h, w, c = images.shape
-    grid = (h // patch, w // patch)
-    if c != channels or (res is not None and grid != (res // patch, res // patch)):
-      if res is None:
-        raise ValueError(f"The eval pp gives {h}x{w}x{c} images but the model takes {channels} "
-                         f"channels: decode with channels={channels} in the pp (e.g. "
-                         f"configs/fewshot.py:channels={channels}).")
-      raise ValueError(
-          f"The eval pp gives {h}x{w}x{c} images but the model takes {res}x{res}x{channels}: "
-          f"resize to {res} and decode with channels={channels} in the pp (e.g. "
-          f"configs/fewshot.py:res={res},channels={channels}).")
+    if c != channels or (res is not None and (h // patch, w // patch) != (res // patch,) * 2):
+      want, example = f"{channels} channels: decode", f"channels={channels}"
+      if res is not None:
+        want = f"{res}x{res}x{channels}: resize to {res} and decode"
+        example = f"res={res},{example}"
+      raise ValueError(f"The eval pp gives {h}x{w}x{c} images but the model takes {want} with "
+                       f"channels={channels} in the pp (e.g. configs/fewshot.py:{example}).")
     return model.apply({"params": params}, images.astype(jnp.float32), train=False)
-
   return predict_fn
 
 
-# ---------------------------------------------------------------- the table
+def load_model(src, key, config, mesh, rules, default_res=None):
+  """Reads SRC once (see read_source) and places its params on `mesh`, sharded by `rules`.
+
+  config: the eval config, whose `model` entries override the checkpoint's; default_res:
+  the size to run at when the model does not say one (a sincos2d model's). Returns a
+  namespace: params (on the mesh), predict_fn (make_predict_fn's), model_cfg, res (None:
+  any size), channels, step (the checkpoint's; 0 for a file) and saved_config (or None).
+  """
+  flat, saved_config, step = read_source(src, key)
+  model, model_cfg = build_model(config, flat, saved_config)
+  trained_hw = timm.timm_image_size(src) if str(src).endswith(".safetensors") else None
+  res, channels = native_input_shape(flat, saved_config, trained_hw)
+  res = res or default_res
+  logging.info("Model input: %sx%sx%d; checkpoint step %d.", res or "any", res or "any",
+               channels, step)
+  patch = int(flat["embedding/kernel"].shape[0])
+  init_res = res or patch  # (sincos2d of unknown size: no size-dependent params)
+  abstract = jax.eval_shape(lambda: model.init(
+      jax.random.PRNGKey(0), jnp.zeros((1, init_res, init_res, channels)))["params"])
+  try:  # The params read above, not the source again (see read_source).
+    loaded = layout.merge(abstract, flat)
+  except ValueError as e:
+    raise ValueError(f"Cannot load {src}: {e}") from None
+  params = jax.device_put(nn.meta.unbox(loaded),
+                          sharding.logical_shardings(abstract, mesh, rules))
+  return types.SimpleNamespace(
+      params=params, predict_fn=make_predict_fn(model, res, channels, patch), model_cfg=model_cfg,
+      res=res, channels=channels, step=step, saved_config=saved_config)
+
 
 def format_table(results):
   """Readable text for {eval_name: {key: value}}; few-shot keys as datasets x shots."""
   lines = []
   for name, res in results.items():
     lines.append(f"== {name}")
-    shots = {}
-    rest = {}
+    shots, rest = {}, {}
     for k, v in res.items():
-      m = re.fullmatch(r"(.+)_(\d+)shot", k)
-      if m:
+      if m := re.fullmatch(r"(.+)_(\d+)shot", k):
         shots.setdefault(m.group(1), {})[int(m.group(2))] = v
       else:
         rest[k] = v
@@ -306,8 +271,6 @@ def format_table(results):
   return "\n".join(lines)
 
 
-# ---------------------------------------------------------------- results
-
 class Interrupted(Exception):
   """Ctrl-C during the evals; the message says which results were written (exit 130)."""
 
@@ -315,14 +278,12 @@ class Interrupted(Exception):
 class _CtrlC:
   """The SIGINT handler of main(): raises KeyboardInterrupt, and remembers it.
 
-  Python would swallow an exception raised inside a garbage-collection
-  callback (jax has one) or a __del__, printing "Exception ignored in ...":
-  there it only sets `pressed`, which the evals check between evals.
+  Inside a garbage-collection callback (jax has one) or a __del__, Python would swallow
+  the exception: there it only sets `pressed`, which the evals check between evals.
   """
   pressed = False
 
-  def __call__(self, signum, frame):
-    del signum
+  def __call__(self, _, frame):
     self.pressed = True
     callbacks = {getattr(cb, "__code__", None) for cb in gc.callbacks}
     while frame is not None:
@@ -331,21 +292,19 @@ class _CtrlC:
       frame = frame.f_back
     raise KeyboardInterrupt
 
+  def check(self):
+    if self.pressed:
+      raise KeyboardInterrupt
+
 
 _CTRL_C = _CtrlC()
-
-
-def _check_ctrl_c():
-  if _CTRL_C.pressed:
-    raise KeyboardInterrupt
 
 
 def _drop_earlier_results(path, step, keys):
   """Removes `keys` from metrics.jsonl's lines at `step`: evaluating a step again replaces them.
 
-  Lines left with only "step" go; other lines stay as they are (a training
-  run's own lines, other steps). Rewritten through a temporary file and a
-  rename, and only when something changes, so a kill cannot lose the file.
+  Lines left with only "step" go; others stay. Rewritten (through a rename, so a kill
+  cannot lose the file) only when something changes.
   """
   if not path.exists():
     return
@@ -369,18 +328,6 @@ def _drop_earlier_results(path, step, keys):
     tmp.replace(path)
 
 
-@contextlib.contextmanager
-def _ctrl_c_ignored():
-  """A Ctrl-C now would leave the results written or not: no one could tell."""
-  main = threading.current_thread() is threading.main_thread()
-  previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
-  try:
-    yield
-  finally:
-    if main:  # (None: a handler not set from Python.)
-      signal.signal(signal.SIGINT, signal.default_int_handler if previous is None else previous)
-
-
 def check_workdir(workdir):
   """A one-line error now, not a traceback after the evals, for an OUT that cannot be written."""
   out = paths.resolve(workdir)
@@ -399,16 +346,98 @@ def check_workdir(workdir):
 def write_results(workdir, step, results):
   """One metrics.jsonl line (and TensorBoard scalars) for {eval_name: {key: value}}."""
   row = {f"{n}/{k}": v for n, r in results.items() for k, v in r.items()}
-  with _ctrl_c_ignored():
+  # A Ctrl-C now would leave the results written or not: no one could tell.
+  main = threading.current_thread() is threading.main_thread()
+  previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+  try:
     writer = metrics.MetricWriter(workdir)
     if jax.process_index() == 0:
       _drop_earlier_results(writer.path, step, set(row))
     writer.write(step, row)
     writer.close()
+  finally:
+    if main:  # (None: a handler not set from Python.)
+      signal.signal(signal.SIGINT, signal.default_int_handler if previous is None else previous)
   return writer.path
 
 
-# ---------------------------------------------------------------- main
+def _write_summary(workdir, **kwargs):
+  """summary.json of this run, unless the workdir's is another run's (a training run's)."""
+  if summary.read(workdir).get("kind", "evaluate") == "evaluate":
+    summary.write_evaluate(workdir, **kwargs)
+  else:
+    logging.warning("Not writing %s: it is a training run's (evaluate into another --workdir "
+                    "for a summary of the evaluation).", paths.resolve(workdir) / summary.FILE)
+
+
+def _eval_entries(cfg):
+  """{name: (Evaluator class, type, kwargs)} of config.evals, checked before any data is read."""
+  entries = {}
+  for name in cfg.raw.evals:
+    entry = cfg.evals[name]
+    if not isinstance(entry, config_loading.TrackedConfig):
+      raise ValueError(f"evals.{name} must be a dict of the eval's settings, e.g. "
+                       f"dict(type='fewshot', ...), got {entry!r}.")
+    ecfg = entry.to_dict()  # marks the whole entry read
+    # Like big_vision, an entry named after a type needs no `type`.
+    etype = ecfg.pop("type", name if name in evaluators.available() else None)
+    if etype is None:
+      raise ValueError(f"evals.{name} needs a `type` (one of "
+                       f"{', '.join(evaluators.available())}).")
+    # log_steps / _epochs / _percent ...: only the trainer schedules evals.
+    ecfg = {k: v for k, v in ecfg.items() if not k.startswith("log_")}
+    entries[name] = (evaluators.get_evaluator_cls(etype), etype, ecfg)
+  return entries
+
+
+def _make_evaluators(entries, model, mesh, cfg):
+  """{name: Evaluator} on the model's predict_fn; a config mistake names its entry."""
+  for name, (_, etype, _) in entries.items():
+    if etype == "classification" and not model.model_cfg["num_classes"]:
+      # Without a head the "logits" are the features: their accuracy would mean nothing.
+      raise ValueError(f"evals.{name}: the checkpoint has no classification head "
+                       "(num_classes=0), so a classification eval has nothing to score; "
+                       "use fewshot or linear_probe on its features.")
+  cfg.check_all_read()  # Before the evaluators read any data (fewshot reads its labels).
+  out = {}
+  for name, (cls, etype, ecfg) in entries.items():
+    try:
+      out[name] = cls(model.predict_fn, mesh=mesh, **ecfg)
+    except (TypeError, ValueError) as e:
+      raise ValueError(f"evals.{name} (type {etype}): {e}") from None
+  return out
+
+
+def _run_evals(evaluators_by_name, model, mesh, rules, workdir, src):
+  """Runs the evals and writes their results; on an error or Ctrl-C, those that finished."""
+  results, running, t0, step = {}, None, time.time(), model.step
+  try:
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+      for name, evaluator in evaluators_by_name.items():
+        _CTRL_C.check()
+        running = name
+        logging.info("Running eval %s ...", name)
+        results[name] = {k: float(v) for k, v in evaluator.run(model.params).items()}
+        running = None
+      _CTRL_C.check()
+  except BaseException as e:  # Keep what finished; say so in the one line.
+    done = (f"the results of {', '.join(results)} were written to "
+            f"{write_results(workdir, step, results)}" if results else
+            f"nothing was written to {paths.resolve(workdir) / 'metrics.jsonl'}")
+    error = f"evals.{running}: {e}" if running else str(e) or type(e).__name__
+    _write_summary(workdir, source=src, step=step, results=results, error=error,
+                   seconds=time.time() - t0, interrupted=isinstance(e, KeyboardInterrupt))
+    if isinstance(e, KeyboardInterrupt):
+      where = f" during evals.{running}" if running else ""
+      raise Interrupted(f"interrupted (Ctrl-C){where}; {done}.") from None
+    if isinstance(e, ValueError) and running:
+      raise ValueError(f"evals.{running}: {str(e).rstrip('.')}; {done}.") from None
+    logging.error("evals.%s failed; %s.", running, done)
+    raise
+  write_results(workdir, step, results)
+  _write_summary(workdir, source=src, step=step, results=results, seconds=time.time() - t0)
+  return results
+
 
 def evaluate(config, workdir):
   """Runs every evaluator of `config.evals` on `config.model_init`; returns {name: results}."""
@@ -424,91 +453,11 @@ def evaluate(config, workdir):
   if jax.process_index() == 0:  # The process that writes (see metrics.MetricWriter).
     check_workdir(workdir)
   # The entries first: a mistake there stops before a large checkpoint is read.
-  entries = {}
-  for name in cfg.raw.evals:
-    entry = cfg.evals[name]
-    if not isinstance(entry, config_loading.TrackedConfig):
-      raise ValueError(f"evals.{name} must be a dict of the eval's settings, e.g. "
-                       f"dict(type='fewshot', ...), got {entry!r}.")
-    ecfg = entry.to_dict()  # marks the whole entry read
-    # Like big_vision, an entry named after a type needs no `type`.
-    etype = ecfg.pop("type", name if name in evaluators.available() else None)
-    if etype is None:
-      raise ValueError(f"evals.{name} needs a `type` (one of "
-                       f"{', '.join(evaluators.available())}).")
-    for key in [k for k in ecfg if k.startswith("log_")]:
-      del ecfg[key]  # log_steps / _epochs / _percent ...: only the trainer schedules evals
-    entries[name] = (evaluators.get_evaluator_cls(etype), etype, ecfg)
-  # use_ema: a run's EMA of the weights (config.ema_decay) instead of its params.
-  flat, saved_config, step = read_source(src, "ema" if cfg.get("use_ema", False) else "params")
-  model, model_cfg = build_model(cfg, flat, saved_config)
-  trained_hw = timm.timm_image_size(src) if str(src).endswith(".safetensors") else None
-  res, channels = native_input_shape(flat, saved_config, trained_hw)
-  logging.info("Model input: %sx%sx%d; checkpoint step %d.", res or "any", res or "any",
-               channels, step)
-  # A sincos2d model with no known resolution has no size-dependent params:
-  # initialise it at one patch and run it at the eval pp's size.
-  init_res = res or int(flat["embedding/kernel"].shape[0])
-
+  entries = _eval_entries(cfg)
   mesh = sharding.make_mesh(cfg.get("mesh"))
   rules = sharding.make_rules(cfg.get("sharding_rules"), mesh)
-  abstract = jax.eval_shape(lambda: model.init(
-      jax.random.PRNGKey(0), jnp.zeros((1, init_res, init_res, channels)))["params"])
-  try:  # The params read above, not the source again (see read_source).
-    loaded = layout.merge(abstract, flat)
-  except ValueError as e:
-    raise ValueError(f"Cannot load {src}: {e}") from None
-  shardings = sharding.logical_shardings(abstract, mesh, rules)
-  params = jax.device_put(nn.meta.unbox(loaded), shardings)
-
-  predict_fn = make_predict_fn(model, res, channels, int(flat["embedding/kernel"].shape[0]))
-  for name, (_, etype, _) in entries.items():
-    if etype == "classification" and not model_cfg["num_classes"]:
-      # Without a head the "logits" are the pre-logits features: scoring them as
-      # class scores would print a meaningless accuracy.
-      raise ValueError(f"evals.{name}: the checkpoint has no classification head "
-                       "(num_classes=0), so a classification eval has nothing to score; "
-                       "use fewshot or linear_probe on its features.")
-  cfg.check_all_read()  # Before the evaluators read any data (fewshot reads its labels).
-
-  evaluators_by_name = {}
-  for name, (cls, etype, ecfg) in entries.items():
-    try:
-      evaluators_by_name[name] = cls(predict_fn, mesh=mesh, **ecfg)
-    except (TypeError, ValueError) as e:
-      raise ValueError(f"evals.{name} (type {etype}): {e}") from None
-
-  results, running, t0 = {}, None, time.time()
-  try:
-    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-      for name, evaluator in evaluators_by_name.items():
-        _check_ctrl_c()
-        running = name
-        logging.info("Running eval %s ...", name)
-        results[name] = {k: float(v) for k, v in evaluator.run(params).items()}
-        running = None
-      _check_ctrl_c()
-  except BaseException as e:  # Keep what finished; say so in the one line.
-    path = paths.resolve(workdir) / "metrics.jsonl"
-    if results:
-      path = write_results(workdir, step, results)
-      done = f"the results of {', '.join(results)} were written to {path}"
-    else:
-      done = f"nothing was written to {path}"
-    error = f"evals.{running}: {e}" if running else str(e) or type(e).__name__
-    summary.write_evaluate(workdir, source=src, step=step, results=results, error=error,
-                           seconds=time.time() - t0, interrupted=isinstance(e, KeyboardInterrupt))
-    if isinstance(e, KeyboardInterrupt):
-      where = f" during evals.{running}" if running else ""
-      raise Interrupted(f"interrupted (Ctrl-C){where}; {done}.") from None
-    if isinstance(e, ValueError) and running:
-      raise ValueError(f"evals.{running}: {str(e).rstrip('.')}; {done}.") from None
-    logging.error("evals.%s failed; %s.", running, done)
-    raise
-  write_results(workdir, step, results)
-  summary.write_evaluate(workdir, source=src, step=step, results=results,
-                         seconds=time.time() - t0)
-  return results
+  model = load_model(src, "ema" if cfg.get("use_ema", False) else "params", cfg, mesh, rules)
+  return _run_evals(_make_evaluators(entries, model, mesh, cfg), model, mesh, rules, workdir, src)
 
 
 def main(argv):
@@ -523,12 +472,8 @@ def main(argv):
   try:
     results = evaluate(config_loading.loaded(_CONFIG.value), _WORKDIR.value)
   except (Interrupted, KeyboardInterrupt) as e:
-    reason = str(e) if isinstance(e, Interrupted) else "interrupted (Ctrl-C); nothing was written."
-    print(f"big_vit_lite.evaluate: {reason}", file=sys.stderr, flush=True)
-    sys.stdout.flush()
-    # Not sys.exit: tearing down the interpreter after an interrupted XLA dispatch or
-    # tf.data pipeline can crash (a segfault, exit status -11) instead of exiting 130.
-    os._exit(130)  # pylint: disable=protected-access
+    _exit_interrupted(str(e) if isinstance(e, Interrupted) else
+                      "interrupted (Ctrl-C); nothing was written.")
   except (ValueError, OSError, config_loading.UnreadConfigKeyError,
           jax.errors.JaxRuntimeError) as e:
     if isinstance(e, jax.errors.JaxRuntimeError) and not oom.is_oom(e):
@@ -539,13 +484,9 @@ def main(argv):
       e = oom.message(e, what="evaluation", advice=oom.EVAL_ADVICE)
     print(f"big_vit_lite.evaluate: error: {' '.join(str(e).split())}", file=sys.stderr)
     sys.exit(1)
-
-  def interrupted_after(*_):  # The results are written; no traceback from the exit either.
-    print("big_vit_lite.evaluate: interrupted (Ctrl-C) after the results were written.",
-          file=sys.stderr, flush=True)
-    os._exit(130)  # pylint: disable=protected-access
-
-  signal.signal(signal.SIGINT, interrupted_after)
+  # The results are written; no traceback from the exit either.
+  signal.signal(signal.SIGINT, lambda *_: _exit_interrupted(
+      "interrupted (Ctrl-C) after the results were written."))
   if jax.process_index() == 0:
     print(format_table(results))
     print(f"(written to {paths.resolve(_WORKDIR.value) / 'metrics.jsonl'})")

@@ -101,8 +101,7 @@ def _parse_res(res):
   parts = res.lower().split("x")
   if len(parts) not in (1, 2) or not all(p.strip().isdigit() for p in parts):
     raise ValueError(f"--res={res}: use an image size N or HxW, e.g. 224 or 160x320.")
-  sizes = tuple(int(p) for p in parts)
-  return sizes[0] if len(sizes) == 1 else sizes
+  return int(parts[0]) if len(parts) == 1 else (int(parts[0]), int(parts[1]))
 
 
 def main(argv):

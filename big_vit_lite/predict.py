@@ -17,7 +17,6 @@ sharded over all devices. A file that is no readable image is skipped with
 a one-line reason on stderr and counted; exit status 1 if none was read.
 """
 import csv
-import functools
 import json
 import os
 import sys
@@ -26,7 +25,6 @@ from absl import app
 from absl import flags
 from absl import logging
 import jax
-import flax.linen as nn
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
@@ -37,8 +35,6 @@ from big_vit_lite import evaluate
 from big_vit_lite import sharding
 from big_vit_lite.data import imagefolder
 from big_vit_lite.evaluators import features
-from big_vit_lite.models import layout
-from big_vit_lite.models import timm
 
 
 def _define_flags():
@@ -87,18 +83,17 @@ def class_names(labels_file, saved_config, num_classes):
   data = saved_config.get("input", {}).get("data", {}) if saved_config is not None else {}
   try:
     if data.get("name") == "imagefolder":
-      split = data.get("split", "train")
-      names = imagefolder.ImageFolderSource(data["data_dir"], split).class_names
+      source = imagefolder.ImageFolderSource(data["data_dir"], data.get("split", "train"))
+      names = source.class_names
     elif data.get("name"):
       import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-      name = data["name"].split(":")[0]
-      names = tfds.builder(name, data_dir=data.get("data_dir")).info.features["label"].names
+      builder = tfds.builder(data["name"].split(":")[0], data_dir=data.get("data_dir"))
+      names = builder.info.features["label"].names
   except Exception as e:  # pylint: disable=broad-except
     logging.warning("No class names from the run's dataset %s (%s): printing class numbers.",
                     data.get("name"), e)
-  if names is None or len(names) != num_classes:
-    return [str(i) for i in range(num_classes)]
-  return list(names)
+  ok = names is not None and len(names) == num_classes
+  return list(names) if ok else [str(i) for i in range(num_classes)]
 
 
 def _read(path, preprocess, tmp_dir):
@@ -128,59 +123,42 @@ def predict(model_src, items, *, top_k=5, labels_file=None, key="params", batch_
   if not files:
     raise ValueError(f"--images={','.join(items)} holds no image files "
                      f"({', '.join(imagefolder.EXTENSIONS[:5])}, ...).")
-  flat, saved_config, _ = evaluate.read_source(model_src, key)
-  empty = config_loading.TrackedConfig(ml_collections.ConfigDict())
-  model, model_cfg = evaluate.build_model(empty, flat, saved_config)
-  num_classes = model_cfg["num_classes"]
+  mesh = sharding.make_mesh(None)
+  model = evaluate.load_model(model_src, key, config_loading.TrackedConfig(
+      ml_collections.ConfigDict()), mesh, sharding.make_rules(None, mesh), default_res=224)
+  num_classes = model.model_cfg["num_classes"]
   if not num_classes:
     raise ValueError(f"{model_src} has no classification head (num_classes=0): nothing to "
                      "predict; fine-tune it first (configs/transfer.py).")
-  trained_hw = (timm.timm_image_size(model_src) if str(model_src).endswith(".safetensors")
-                else None)
-  res, channels = evaluate.native_input_shape(flat, saved_config, trained_hw)
-  patch = int(flat["embedding/kernel"].shape[0])
-  res = res or 224
-  names = class_names(labels_file, saved_config, num_classes)
+  names = class_names(labels_file, model.saved_config, num_classes)
   top_k = max(1, min(int(top_k), num_classes))
   preprocess = pp_lib.get_preprocess_fn(
-      pp or f"decode(channels={channels})|resize({res})|value_range(-1, 1)")
-
-  mesh = sharding.make_mesh((("data", -1),))
-  abstract = jax.eval_shape(lambda: model.init(
-      jax.random.PRNGKey(0), jnp.zeros((1, res, res, channels)))["params"])
-  params = jax.device_put(nn.meta.unbox(layout.merge(abstract, flat)), sharding.replicated(mesh))
-  forward = evaluate.make_predict_fn(model, res, channels, patch)
+      pp or f"decode(channels={model.channels})|resize({model.res})|value_range(-1, 1)")
 
   @jax.jit
   def top(params, batch):
-    logits, _ = forward(params, batch["image"])
+    logits, _ = model.predict_fn(params, batch["image"])
     return jax.lax.top_k(jax.nn.softmax(logits.astype(jnp.float32)), top_k)
+
+  pending = []  # The files of the batches on their way through map_batches.
 
   def batches(tmp_dir):
     good, images = [], []
-    for path in files:
+    for i, path in enumerate(files):
       image, reason = _read(path, preprocess, tmp_dir)
-      if image is None:
-        if on_skip:
-          on_skip(path, reason)
-        continue
-      good.append(path)
-      images.append(image)
-      if len(images) == batch_size:
-        yield good, images
-        good, images = [], []
-    if images:
-      yield good, images
-
-  with tempfile.TemporaryDirectory(prefix="bvl-predict-") as tmp_dir, jax.set_mesh(mesh):
-    pending = []
-    def local():
-      for good, images in batches(tmp_dir):
+      if image is not None:
+        good.append(path)
+        images.append(image)
+      elif on_skip:
+        on_skip(path, reason)
+      if images and (len(images) == batch_size or i == len(files) - 1):
         pending.append(good)
         yield {"image": np.stack(images), "_mask": np.ones(len(images), bool)}
-    for probs, idx in features.map_batches(top, params, local(), mesh):
-      good = pending.pop(0)
-      for i, path in enumerate(good):
+        good, images = [], []
+
+  with tempfile.TemporaryDirectory(prefix="bvl-predict-") as tmp_dir, jax.set_mesh(mesh):
+    for probs, idx in features.map_batches(top, model.params, batches(tmp_dir), mesh):
+      for i, path in enumerate(pending.pop(0)):
         yield path, [(int(c), names[int(c)], float(p)) for c, p in zip(idx[i], probs[i])]
 
 

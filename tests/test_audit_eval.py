@@ -25,6 +25,7 @@ from big_vit_lite import evaluate
 from big_vit_lite import sharding
 from big_vit_lite.data import input_pipeline
 from big_vit_lite.evaluators import classification
+from big_vit_lite.evaluators import features
 from big_vit_lite.evaluators import fewshot
 from big_vit_lite.evaluators import get_evaluator_cls
 from big_vit_lite.evaluators import linear_probe
@@ -197,8 +198,8 @@ def test_big_vision_evaluator_keys_and_types_name_ours(mesh):
   with pytest.raises(ValueError, match="proj.* evaluators have no counterpart"):
     get_evaluator_cls("proj.image_text.discriminative_classifier")
   # big_vision's dataset tuples (tfds name, train split, test split) are taken as they are.
-  ((train, test, pp),) = fewshot.dataset_cfgs({"pets": ("oxford_iiit_pet", "train", "test")},
-                                              "PP", "x", "y").values()
+  ((train, test, pp),) = features.dataset_cfgs({"pets": ("oxford_iiit_pet", "train", "test")},
+                                               "PP", "x", "y").values()
   assert (train, test, pp) == (dict(name="oxford_iiit_pet", split="train"),
                                dict(name="oxford_iiit_pet", split="test"), "PP")
 
@@ -383,7 +384,6 @@ def test_classification_counts_hits_under_label_smoothing_and_skips_unlabelled_r
 
 
 def test_features_too_big_for_host_memory_stop_at_the_first_batch(shapes, mesh, monkeypatch):
-  from big_vit_lite.evaluators import features  # pylint: disable=import-outside-toplevel
   monkeypatch.setattr(features, "available_host_bytes", lambda: 10_000)
   ev = linear_probe.Evaluator(pixels, mesh=mesh, pp=PP, batch_size=4,
                               datasets={"s": dict(name="imagefolder", data_dir=shapes)})

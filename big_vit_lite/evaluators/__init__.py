@@ -14,12 +14,8 @@ PEER_TYPES = {"fewshot_lsr": "fewshot"}
 
 def available():
   """Names of the modules here that define an `Evaluator` (the valid types)."""
-  names = []
-  for info in pkgutil.iter_modules(__path__):
-    if not info.ispkg and hasattr(importlib.import_module(f"{__name__}.{info.name}"),
-                                  "Evaluator"):
-      names.append(info.name)
-  return sorted(names)
+  return sorted(info.name for info in pkgutil.iter_modules(__path__) if not info.ispkg and
+                hasattr(importlib.import_module(f"{__name__}.{info.name}"), "Evaluator"))
 
 
 def get_evaluator_cls(type_name):

@@ -100,9 +100,10 @@ class Evaluator:
 
   def run(self, params):
     it = input_pipeline.make_eval_iterator(self.data, self.pp, self.batch_size)
-    totals = {}
-    max_label = 0
-    for out in feats.map_batches(self._sums, params, self._select(it), self.mesh):
+    # Only what the forward needs (not e.g. string keys).
+    batches = ({k: b[k] for k in ("image", "labels", "label", "_mask") if k in b} for b in it)
+    totals, max_label = {}, 0
+    for out in feats.map_batches(self._sums, params, batches, self.mesh):
       max_label = max(max_label, int(out.pop("max_label", 0)))
       for k, v in out.items():
         totals[k] = totals.get(k, 0.0) + float(v)
@@ -121,13 +122,5 @@ class Evaluator:
           f"{int(totals['non_finite'])} of {int(totals['count'])} examples (non-finite params "
           "or an overflow); prec@1 would be meaningless. Evaluate a finite checkpoint.")
     n = totals["count"]
-    result = {"prec@1": totals["correct@1"] / n, "loss": totals["loss"] / n}
-    if "correct@5" in totals:
-      result["prec@5"] = totals["correct@5"] / n
-    return result
-
-  @staticmethod
-  def _select(batches):
-    """Keeps only what the forward needs (drops e.g. string keys)."""
-    for b in batches:
-      yield {k: b[k] for k in ("image", "labels", "label", "_mask") if k in b}
+    return {name: totals[k] / n for name, k in
+            (("prec@1", "correct@1"), ("loss", "loss"), ("prec@5", "correct@5")) if k in totals}

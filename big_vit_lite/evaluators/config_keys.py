@@ -11,24 +11,17 @@ import difflib
 import functools
 import inspect
 
-# big_vision's evaluator keys -> what to do here. Keys that this framework has
-# under another name say "this framework calls it '...'".
-_RENAMED = {
-    "pp_fn": "pp",
-    "pp_train": "pp",
-    "pp_eval": "pp",
-    "l2_reg": "l2_regs",
-}
+# big_vision's evaluator keys -> ours, and what to do here.
+_RENAMED = {"pp_fn": "pp", "pp_train": "pp", "pp_eval": "pp", "l2_reg": "l2_regs"}
 _ADVICE = {
-    "pp_train": "one pp for both splits; per dataset: datasets.NAME.pp",
-    "pp_eval": "one pp for both splits; per dataset: datasets.NAME.pp",
+    **dict.fromkeys(("pp_train", "pp_eval"),
+                    "one pp for both splits; per dataset: datasets.NAME.pp"),
     "l2_reg": "a list of values; the best is picked on the train split",
     "data_dir": "it goes in the data config: datasets.NAME.data_dir, or data.data_dir for "
                 "classification",
     "display_first": "the printed table shows every dataset and shot count; remove it",
-    "cache_final": "big_vision's input caching; not needed here, remove it",
-    "cache_raw": "big_vision's input caching; not needed here, remove it",
-    "cache": "big_vision's input caching; not needed here, remove it",
+    **dict.fromkeys(("cache_final", "cache_raw", "cache"),
+                    "big_vision's input caching; not needed here, remove it"),
     "prefetch": "big_vision's input prefetch; not needed here, remove it",
     "pred": "evals run the model's forward pass; remove it (representation_layer picks "
             "the features of fewshot and linear_probe)",
@@ -45,12 +38,11 @@ _ADVICE = {
 
 
 def _hint(key, known):
-  renamed = _RENAMED.get(key)
+  renamed, advice = _RENAMED.get(key), _ADVICE.get(key)
   if renamed in known:
-    return f" (this framework calls it '{renamed}'" + (
-        f": {_ADVICE[key]})" if key in _ADVICE else ")")
-  if key in _ADVICE:
-    return f" ({_ADVICE[key]})"
+    return f" (this framework calls it '{renamed}'" + (f": {advice})" if advice else ")")
+  if advice:
+    return f" ({advice})"
   close = difflib.get_close_matches(key, known, n=1, cutoff=0.7)
   return f" (did you mean '{close[0]}'?)" if close else ""
 
@@ -61,9 +53,9 @@ def unknown_keys_message(keys, known):
   All of them at once: a config brought from big_vision has several.
   """
   named = ", ".join(f"'{k}'{_hint(k, known)}" for k in keys)
-  what = "key" if len(keys) == 1 else "keys"
-  return (f"evaluator {what} {named} {'is' if len(keys) == 1 else 'are'} unknown; it takes "
-          f"{', '.join(sorted(known))}.")
+  one = len(keys) == 1
+  return (f"evaluator {'key' if one else 'keys'} {named} {'is' if one else 'are'} unknown; it "
+          f"takes {', '.join(sorted(known))}.")
 
 
 def checked_keys(cls):

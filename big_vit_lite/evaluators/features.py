@@ -7,10 +7,12 @@ every process as numpy via `process_allgather`. Padding rows carry
 `_mask == False` and are dropped by the callers.
 
 Also here: reading a representation (a named intermediate of the model) out
-of `predict_fn`'s output, and re-batching a chosen subset of a split so that
-few-shot evaluation forwards only the examples it samples.
+of `predict_fn`'s output, re-batching a chosen subset of a split (few-shot
+forwards only the examples it samples), and `DatasetsEvaluator`, what fewshot
+and linear_probe share (their datasets config, checks and features cached per params).
 """
 import math
+import weakref
 
 import numpy as np
 import jax
@@ -19,13 +21,14 @@ from jax.experimental import multihost_utils
 
 from big_vit_lite import sharding
 from big_vit_lite.data import device as data_device
+from big_vit_lite.data import input_pipeline
 from big_vit_lite.data import pp as pp_lib
 from big_vit_lite.data import sources
+from big_vit_lite.evaluators import presets
 
-
-def to_host(tree):
-  """Global (possibly multi-process) jax arrays -> full numpy arrays on every process."""
-  return multihost_utils.process_allgather(tree, tiled=True)
+DEFAULT_DATASETS = {name: dict(name=name) for name in presets.OFFLINE_DATASETS}
+DEFAULT_PP = "decode|value_range(-1, 1)|keep('image', 'label')"
+_NO_BATCHES = "The eval data yielded no batches; check its split name and size."
 
 
 def check_batch_size(batch_size):
@@ -69,13 +72,14 @@ def check_data(data_cfg, pp):
 
 
 def require_keys(batch, keys):
-  """A one-line error when the eval pp dropped a key the evaluator needs (e.g. "label")."""
+  """{k: batch[k] for k in keys}; a one-line error if the eval pp dropped one (e.g. "label")."""
   missing = [k for k in keys if k not in batch]
   if missing:
     raise ValueError(
         f"The eval batches lack {', '.join(map(repr, missing))}: the pp gives "
         f"{sorted(k for k in batch if not k.startswith('_'))}. Keep the integer label "
         "(end the pp with keep('image', 'label'); no onehot) for this evaluator.")
+  return {k: batch[k] for k in keys}
 
 
 def _pad_for_mesh(local, mesh):
@@ -84,34 +88,28 @@ def _pad_for_mesh(local, mesh):
   Any eval batch_size then works on any device count (e.g. 256 on 6 GPUs);
   the callers drop rows with `_mask == False`.
   """
-  n = len(local["_mask"])
-  devices, procs = sharding.batch_devices(mesh), jax.process_count()
-  multiple = devices // math.gcd(devices, procs)  # local rows x procs must split evenly
-  pad = (-n) % multiple
-  if not pad:
+  devices = sharding.batch_devices(mesh)
+  pad = (-len(local["_mask"])) % (devices // math.gcd(devices, jax.process_count()))
+  if not pad:  # (local rows x processes must split evenly over the devices)
     return local
   return {k: np.concatenate([np.asarray(v), np.zeros((pad, *np.shape(v)[1:]), np.asarray(v).dtype)])
           for k, v in local.items()}
 
 
-def map_batches(fn, params, local_batches, mesh, keys=None):
-  """Yields to_host(fn(params, global_batch)) for each host-local batch.
+def map_batches(fn, params, local_batches, mesh):
+  """Yields fn(params, global_batch) as host numpy (all processes' rows) per host-local batch.
 
   The next batch is dispatched before the previous result is fetched, so the
   host copy overlaps the device work.
   """
   pending = None
   for local in local_batches:
-    if keys is not None:
-      require_keys(local, keys)
-      local = {k: local[k] for k in keys}
-    batch = data_device.put_batch(_pad_for_mesh(local, mesh), mesh)
-    out = fn(params, batch)
+    out = fn(params, data_device.put_batch(_pad_for_mesh(local, mesh), mesh))
     if pending is not None:
-      yield to_host(pending)
+      yield multihost_utils.process_allgather(pending, tiled=True)
     pending = out
   if pending is not None:
-    yield to_host(pending)
+    yield multihost_utils.process_allgather(pending, tiled=True)
 
 
 _HIGH, _LOW = "/int64_high", "/int64_low"
@@ -136,18 +134,21 @@ def _split_int64(batch):
 
 def _join_int64(arrays):
   """The inverse of `_split_int64` on host arrays."""
-  out = {}
-  for k, v in arrays.items():
+  out = {k: v for k, v in arrays.items() if not k.endswith((_HIGH, _LOW))}
+  for k in arrays:
     if k.endswith(_HIGH):
       key = k[:-len(_HIGH)]
-      out[key] = (np.asarray(v).astype(np.int64) << 32) | np.asarray(
+      out[key] = (np.asarray(arrays[k]).astype(np.int64) << 32) | np.asarray(
           arrays[key + _LOW]).astype(np.int64)
-    elif not k.endswith(_LOW):
-      out[k] = v
   return out
 
 
 TOKEN_POOLS = ("mean", "flatten")
+
+
+def _check_token_pool(token_pool):
+  if token_pool not in TOKEN_POOLS:
+    raise ValueError(f"token_pool={token_pool!r} is not one of {TOKEN_POOLS}.")
 
 
 def representation(logits, out, layer, token_pool="mean"):
@@ -159,20 +160,14 @@ def representation(logits, out, layer, token_pool="mean"):
   image each feature is, what small images like digits need (averaging the
   16 tokens of a 28x28 image throws the layout away).
   """
-  if token_pool not in TOKEN_POOLS:
-    raise ValueError(f"token_pool={token_pool!r} is not one of {TOKEN_POOLS}.")
-  if layer == "logits":
-    rep = logits
-  elif layer in out:
-    rep = out[layer]
-  else:
+  _check_token_pool(token_pool)
+  if layer != "logits" and layer not in out:
     raise ValueError(f"representation_layer={layer!r} is not an output of the model; "
                      f"choose one of {sorted(['logits', *out])}.")
+  rep = logits if layer == "logits" else out[layer]
   if rep.ndim > 2:
-    if token_pool == "mean":
-      rep = rep.mean(axis=tuple(range(1, rep.ndim - 1)))
-    else:
-      rep = rep.reshape(rep.shape[0], -1)
+    rep = (rep.mean(axis=tuple(range(1, rep.ndim - 1))) if token_pool == "mean"
+           else rep.reshape(rep.shape[0], -1))
   return rep.astype(jnp.float32)
 
 
@@ -184,10 +179,8 @@ class FeatureExtractor:
   """
 
   def __init__(self, predict_fn, mesh, layer="pre_logits", token_pool="mean"):
-    if token_pool not in TOKEN_POOLS:
-      raise ValueError(f"token_pool={token_pool!r} is not one of {TOKEN_POOLS}.")
-    self.mesh = mesh
-    self.layer = layer
+    _check_token_pool(token_pool)
+    self.mesh, self.layer, self._token_pool = mesh, layer, token_pool
 
     def features(params, batch):
       logits, out = predict_fn(params, batch["image"])
@@ -195,7 +188,6 @@ class FeatureExtractor:
       return {"feature": representation(logits, out, layer, token_pool), **rest}
 
     self._fn = jax.jit(features)
-    self._token_pool = token_pool
 
   def _check_memory(self, features, local_batches):
     """Stops at the first batch if a whole split's features cannot fit in host memory.
@@ -219,19 +211,14 @@ class FeatureExtractor:
   def __call__(self, params, local_batches, keys):
     """Returns a dict of numpy arrays ("feature" + keys) over the valid rows."""
     keys = tuple(dict.fromkeys(("image", "_mask", *keys)))
-
-    def selected():
-      for local in local_batches:
-        require_keys(local, keys)
-        yield _split_int64({k: local[k] for k in keys})
-
+    selected = (_split_int64(require_keys(local, keys)) for local in local_batches)
     chunks = []
-    for chunk in map_batches(self._fn, params, selected(), self.mesh):
+    for chunk in map_batches(self._fn, params, selected, self.mesh):
       if not chunks:
         self._check_memory(chunk["feature"], local_batches)
       chunks.append(chunk)
     if not chunks:
-      raise ValueError("The eval data yielded no batches; check its split name and size.")
+      raise ValueError(_NO_BATCHES)
     cat = _join_int64({k: np.concatenate([c[k] for c in chunks]) for k in chunks[0]})
     valid = cat.pop("_mask").astype(bool)
     out = {k: v[valid] for k, v in cat.items()}
@@ -268,42 +255,101 @@ def select_batches(local_batches, wanted, local_batch_size, num_batches, keys):
   Yields `num_batches` batches of exactly `local_batch_size` rows, with an
   extra int64 "_id"; unfilled rows are zeros with `_mask` False.
   """
-  rows, ids = [], []
-  emitted, position, template = 0, 0, None
+  rows, emitted, position, template = [], 0, 0, None
 
-  def make(chunk_rows, chunk_ids):
-    batch = {k: np.zeros((local_batch_size, *template[k].shape), template[k].dtype)
-             for k in keys}
-    for j, row in enumerate(chunk_rows):
-      for k in keys:
-        batch[k][j] = row[k]
-    n = len(chunk_ids)
-    batch["_mask"] = np.arange(local_batch_size) < n
-    batch["_id"] = np.zeros((local_batch_size,), np.int64)
-    batch["_id"][:n] = chunk_ids
+  def make(chunk):
+    batch = {k: np.zeros((local_batch_size, *v.shape), v.dtype) for k, v in template.items()}
+    for j, row in enumerate(chunk):
+      for k, v in row.items():
+        batch[k][j] = v
+    batch["_mask"] = np.arange(local_batch_size) < len(chunk)
     return batch
 
   for local in local_batches:
     if template is None:  # Shapes and dtypes of one row, for the zero rows.
-      require_keys(local, keys)
-      template = {k: np.asarray(local[k][0]) for k in keys}
+      template = {k: np.asarray(v[0]) for k, v in require_keys(local, keys).items()}
+      template["_id"] = np.zeros((), np.int64)
     mask = np.asarray(local["_mask"]).astype(bool)
     for i in np.flatnonzero(mask):
       gid = wanted.get(position + int(i))
       if gid is not None:
-        rows.append({k: local[k][i] for k in keys})
-        ids.append(gid)
+        rows.append({**{k: local[k][i] for k in keys}, "_id": gid})
     position += mask.shape[0]
-    while len(ids) >= local_batch_size:
-      yield make(rows[:local_batch_size], ids[:local_batch_size])
-      del rows[:local_batch_size], ids[:local_batch_size]
+    while len(rows) >= local_batch_size:
+      yield make(rows[:local_batch_size])
+      del rows[:local_batch_size]
       emitted += 1
   if template is None:
-    raise ValueError("The eval data yielded no batches; check its split name and size.")
-  if emitted + (1 if ids else 0) > num_batches:
-    raise RuntimeError(f"select_batches: {emitted} full batches + {len(ids)} rows exceed the "
+    raise ValueError(_NO_BATCHES)
+  if emitted + (1 if rows else 0) > num_batches:
+    raise RuntimeError(f"select_batches: {emitted} full batches + {len(rows)} rows exceed the "
                        f"{num_batches} planned batches.")
-  while emitted < num_batches:
-    yield make(rows, ids)
-    rows, ids = [], []
-    emitted += 1
+  for _ in range(emitted, num_batches):
+    yield make(rows)
+    rows = []
+
+
+def dataset_cfgs(datasets, pp, train_split, test_split):
+  """NAME -> (train data cfg, test data cfg, pp) from the `datasets` config."""
+  if hasattr(datasets, "to_dict"):
+    datasets = datasets.to_dict()
+  if not isinstance(datasets, dict) or not datasets:
+    raise ValueError("`datasets` must be a non-empty dict NAME -> dict(name=..., ...), "
+                     f"got {datasets!r}.")
+  out = {}
+  for name, spec in datasets.items():
+    if hasattr(spec, "to_dict"):
+      spec = spec.to_dict()
+    if (isinstance(spec, (tuple, list)) and len(spec) == 3
+        and all(isinstance(v, str) for v in spec)):  # big_vision's (name, train, test)
+      spec = dict(name=spec[0], train_split=spec[1], test_split=spec[2])
+    if not isinstance(spec, dict) or "name" not in spec:
+      raise ValueError(f"datasets[{name!r}] must be a dict with at least `name` (a tfds "
+                       f"name or 'imagefolder'), got {spec!r}.")
+    base = {k: v for k, v in spec.items() if k not in ("train_split", "test_split", "pp")}
+    out[name] = (dict(base, split=spec.get("train_split", train_split)),
+                 dict(base, split=spec.get("test_split", test_split)),
+                 spec.get("pp", pp))
+  return out
+
+
+class DatasetsEvaluator:
+  """Base of fewshot and linear_probe: train/test splits per dataset, features per params.
+
+  Subclasses define `_features(params, name)`; `features_per_dataset` computes it
+  once per dataset and reuses it while the params are the very same arrays (jax arrays
+  are immutable; weak references keep no old params alive; numpy leaves, mutable, disable
+  the cache).
+  """
+
+  def __init__(self, predict_fn, mesh, datasets, pp, train_split, test_split,
+               representation_layer, token_pool, batch_size, label_key):
+    self.mesh = mesh
+    self.datasets = dataset_cfgs(DEFAULT_DATASETS if datasets is None else datasets,
+                                 pp, train_split, test_split)
+    self.batch_size = check_batch_size(batch_size)
+    self.label_key = label_key
+    self.extractor = FeatureExtractor(predict_fn, mesh, representation_layer, token_pool)
+    self._refs, self._cache = None, {}
+    for train_cfg, test_cfg, dataset_pp in self.datasets.values():
+      check_data(train_cfg, dataset_pp)
+      check_data(test_cfg, dataset_pp)
+
+  def split_features(self, params, data_cfg, pp):
+    """(features, int64 labels) of every example of one split."""
+    f = self.extractor(params, input_pipeline.make_eval_iterator(data_cfg, pp, self.batch_size),
+                       keys=(self.label_key,))
+    return f["feature"], f[self.label_key].astype(np.int64)
+
+  def features_per_dataset(self, params):
+    """Yields (name, self._features(params, name)) for each dataset, cached per params."""
+    leaves = jax.tree.leaves(params)
+    if self._refs is None or len(leaves) != len(self._refs) or any(
+        r() is not leaf for r, leaf in zip(self._refs, leaves)):
+      self._cache = {}
+      cacheable = all(isinstance(leaf, jax.Array) for leaf in leaves)
+      self._refs = [weakref.ref(leaf) for leaf in leaves] if cacheable else None
+    for name in self.datasets:
+      if name not in self._cache:
+        self._cache[name] = self._features(params, name)
+      yield name, self._cache[name]

@@ -35,7 +35,6 @@ Config (evals.NAME minus type/log_steps):
     "flatten" for token-shaped layers (see features.representation).
 """
 import math
-import weakref
 
 from absl import logging
 import jax
@@ -46,73 +45,7 @@ from big_vit_lite.evaluators import config_keys
 from big_vit_lite.evaluators import features as feats
 from big_vit_lite.evaluators import ridge
 
-DEFAULT_DATASETS = {
-    "mnist10k": dict(name="mnist10k"),
-    "animal_mnist": dict(name="animal_mnist"),
-}
 DEFAULT_SHOTS = (1, 5, 10, 25)
-DEFAULT_PP = "decode|value_range(-1, 1)|keep('image', 'label')"
-_DATASET_KEYS_OWN = ("train_split", "test_split", "pp")
-
-
-def dataset_cfgs(datasets, pp, train_split, test_split):
-  """NAME -> (train data cfg, test data cfg, pp) from the `datasets` config."""
-  if hasattr(datasets, "to_dict"):
-    datasets = datasets.to_dict()
-  if not isinstance(datasets, dict) or not datasets:
-    raise ValueError("`datasets` must be a non-empty dict NAME -> dict(name=..., ...), "
-                     f"got {datasets!r}.")
-  out = {}
-  for name, spec in datasets.items():
-    if hasattr(spec, "to_dict"):
-      spec = spec.to_dict()
-    if (isinstance(spec, (tuple, list)) and len(spec) == 3
-        and all(isinstance(v, str) for v in spec)):  # big_vision's (name, train, test)
-      spec = dict(name=spec[0], train_split=spec[1], test_split=spec[2])
-    if not isinstance(spec, dict) or "name" not in spec:
-      raise ValueError(f"datasets[{name!r}] must be a dict with at least `name` (a tfds "
-                       f"name or 'imagefolder'), got {spec!r}.")
-    base = {k: v for k, v in spec.items() if k not in _DATASET_KEYS_OWN}
-    out[name] = (dict(base, split=spec.get("train_split", train_split)),
-                 dict(base, split=spec.get("test_split", test_split)),
-                 spec.get("pp", pp))
-  return out
-
-
-class ParamsCache:
-  """Remembers values computed for one params pytree while it stays the same.
-
-  jax arrays are immutable, so the same leaf objects mean the same values;
-  weak references avoid keeping old params alive. Numpy leaves (mutable)
-  disable caching.
-  """
-
-  def __init__(self):
-    self._refs = None
-    self.values = {}
-
-  def check(self, params):
-    leaves = jax.tree.leaves(params)
-    same = (self._refs is not None and len(leaves) == len(self._refs)
-            and all(r() is leaf for r, leaf in zip(self._refs, leaves)))
-    if not same:
-      self.values = {}
-      cacheable = all(isinstance(leaf, jax.Array) for leaf in leaves)
-      self._refs = [weakref.ref(leaf) for leaf in leaves] if cacheable else None
-    return self.values
-
-
-def positive_ints(values, what):
-  """A tuple of ints >= 1 from an int or a sequence of them (no strings, no 2.5)."""
-  items = (values,) if isinstance(values, (int, np.integer)) else values
-  if isinstance(items, (str, bytes)) or not hasattr(items, "__iter__"):
-    items = None
-  else:
-    items = tuple(items)
-  if not items or not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool)
-                          and v >= 1 for v in items):
-    raise ValueError(f"{what} must be positive integers, e.g. (1, 5, 10, 25); got {values!r}.")
-  return tuple(dict.fromkeys(int(v) for v in items))
 
 
 def positive_int(value, what):
@@ -120,6 +53,15 @@ def positive_int(value, what):
   if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
     raise ValueError(f"{what} must be a positive integer; got {value!r}.")
   return int(value)
+
+
+def positive_ints(values, what):
+  """A tuple of ints >= 1 from an int or a sequence of them (no strings, no 2.5)."""
+  items = (() if isinstance(values, (str, bytes)) else
+           tuple(values) if hasattr(values, "__iter__") else (values,))
+  if not items:
+    raise ValueError(f"{what} must be positive integers, e.g. (1, 5, 10, 25); got {values!r}.")
+  return tuple(dict.fromkeys(positive_int(v, f"each of {what}") for v in items))
 
 
 def class_ids(train_labels, test_labels, what):
@@ -148,15 +90,6 @@ def class_ids(train_labels, test_labels, what):
   return np.searchsorted(classes, train_labels), pos, int(classes.size)
 
 
-def sample_per_class(labels, shot, rng):
-  """Indices of `shot` random examples per class (all of them if fewer)."""
-  out = []
-  for c in np.unique(labels):
-    idx = np.flatnonzero(labels == c)
-    out.append(rng.permutation(idx)[:shot])
-  return np.concatenate(out)
-
-
 def check_classes(train_labels, what):
   """Integer class ids, at least two classes: else the accuracy would be meaningless."""
   labels = np.asarray(train_labels)
@@ -171,41 +104,28 @@ def check_classes(train_labels, what):
 
 
 @config_keys.checked_keys
-class Evaluator:
+class Evaluator(feats.DatasetsEvaluator):
   """Few-shot ridge evaluation on one or more datasets."""
 
-  def __init__(self, predict_fn, *, mesh, datasets=None, pp=DEFAULT_PP,
+  def __init__(self, predict_fn, *, mesh, datasets=None, pp=feats.DEFAULT_PP,
                shots=None, num_seeds=5, representation_layer="pre_logits",
                token_pool="mean", batch_size=256, l2_regs=ridge.DEFAULT_L2_REGS,
                label_key="label", train_split="train", test_split="test"):
-    self.mesh = mesh
-    self.datasets = dataset_cfgs(DEFAULT_DATASETS if datasets is None else datasets,
-                                 pp, train_split, test_split)
     self.default_shots = shots is None  # Adapted per dataset in _samples.
     self.shots = positive_ints(DEFAULT_SHOTS if shots is None else shots, "shots")
     self.seeds = tuple(range(positive_int(num_seeds, "num_seeds")))
-    self.batch_size = feats.check_batch_size(batch_size)
-    # Checked now, not after the forward passes.
     self.l2_regs = tuple(float(r) for r in ridge.check_l2_regs(l2_regs))
-    self.label_key = label_key
-    self.extractor = feats.FeatureExtractor(predict_fn, mesh, representation_layer,
-                                            token_pool)
-    self._cache = ParamsCache()
+    super().__init__(predict_fn, mesh, datasets, pp, train_split, test_split,
+                     representation_layer, token_pool, batch_size, label_key)
     # Now, not at the first run: a dataset with too few examples for `shots`
-    # (or a wrong split or pp op) stops the trainer before it trains.
-    for train_cfg, test_cfg, dataset_pp in self.datasets.values():
-      feats.check_data(train_cfg, dataset_pp)
-      feats.check_data(test_cfg, dataset_pp)
+    # stops the trainer before it trains.
     self._plans = {name: self._plan(name) for name in self.datasets}
-
-  # ------------------------------------------------------------------ data
 
   def _train_labels(self, data_cfg):
     """All processes' labels of the train split: (labels (P, n), valid (P, n))."""
     labels, masks = [], []
-    it = input_pipeline.make_eval_iterator(
-        data_cfg, f"keep('{self.label_key}')", self.batch_size)
-    for batch in it:
+    for batch in input_pipeline.make_eval_iterator(data_cfg, f"keep('{self.label_key}')",
+                                                   self.batch_size):
       labels.append(np.asarray(batch[self.label_key]))
       masks.append(np.asarray(batch["_mask"]).astype(bool))
     if not labels:
@@ -214,8 +134,7 @@ class Evaluator:
             feats.gather_local(np.concatenate(masks)))
 
   def _samples(self, labels, what):
-    """({(seed, shot): ids} nested per seed, over valid global example ids; the shots used)."""
-    ids = np.arange(labels.shape[0])
+    """({(seed, shot): positions in labels} nested per seed; the shots used)."""
     check_classes(labels, "Few-shot")
     classes, counts = np.unique(labels, return_counts=True)  # (not bincount: ids may be huge)
     fewest = np.argmin(counts)
@@ -232,79 +151,68 @@ class Evaluator:
           "use a bigger train split.")
     out = {}
     for seed in self.seeds:
-      order = sample_per_class(labels, max(shots), np.random.default_rng(seed))
-      # Re-split the per-class prefix: the first `shot` of each class.
+      rng = np.random.default_rng(seed)
+      # The first `shot` of each class's sample of max(shots): nested samples.
+      per_class = [rng.permutation(np.flatnonzero(labels == c))[:max(shots)] for c in classes]
       for shot in shots:
-        chosen = []
-        for c in np.unique(labels):
-          in_c = order[labels[order] == c]
-          chosen.append(in_c[:shot])
-        out[seed, shot] = ids[np.concatenate(chosen)]
+        out[seed, shot] = np.concatenate([p[:shot] for p in per_class])
     return out, shots
 
   def _plan(self, name):
     """The train labels of dataset `name` and its samples (as global example ids)."""
     train_cfg = self.datasets[name][0]
     labels_pn, valid_pn = self._train_labels(train_cfg)
-    gid = np.arange(labels_pn.size).reshape(labels_pn.shape)
-    valid_ids = gid[valid_pn]
-    valid_labels = labels_pn[valid_pn]
-    samples, shots = self._samples(valid_labels, f"dataset {name!r} ({train_cfg['name']}, split "
-                                          f"{train_cfg['split']!r})")
-    # Sample positions index valid_ids; map them to global ids (process, row).
-    return dict(labels_pn=labels_pn, train_labels=valid_labels, shots=shots,
+    # Global example id: process * rows per process + row.
+    valid_ids = np.arange(labels_pn.size).reshape(labels_pn.shape)[valid_pn]
+    samples, shots = self._samples(labels_pn[valid_pn], f"dataset {name!r} ({train_cfg['name']}, "
+                                   f"split {train_cfg['split']!r})")
+    return dict(labels_pn=labels_pn, train_labels=labels_pn[valid_pn], shots=shots,
                 samples={k: valid_ids[v] for k, v in samples.items()})
 
-  def _features(self, params, name):
-    train_cfg, test_cfg, pp = self.datasets[name]
+  def _sampled_batches(self, name):
+    """This process's batches of the sampled train examples (tagged "_id": their global id)."""
+    train_cfg, _, pp = self.datasets[name]
     plan = self._plans[name]
-    labels_pn, samples = plan["labels_pn"], plan["samples"]
-    nproc, n_local = labels_pn.shape
-    wanted_global = np.unique(np.concatenate(list(samples.values())))
-    counts = np.bincount(wanted_global // n_local, minlength=nproc)
+    wanted = np.unique(np.concatenate(list(plan["samples"].values())))
+    nproc, n_local = plan["labels_pn"].shape
     local_bs = self.batch_size // nproc
-    num_batches = max(1, math.ceil(counts.max() / local_bs))
-    me = jax.process_index()
-    mine = wanted_global[wanted_global // n_local == me]
-    wanted = {int(g - me * n_local): int(g) for g in mine}
-    batches = feats.select_batches(
+    most = np.bincount(wanted // n_local, minlength=nproc).max()
+    first = jax.process_index() * n_local
+    mine = wanted[wanted // n_local == jax.process_index()]
+    return feats.select_batches(
         input_pipeline.make_eval_iterator(train_cfg, pp, self.batch_size),
-        wanted, local_bs, num_batches, keys=("image", self.label_key))
+        {int(g - first): int(g) for g in mine}, local_bs, max(1, math.ceil(most / local_bs)),
+        keys=("image", self.label_key)), wanted.size
+
+  def _features(self, params, name):
+    _, test_cfg, pp = self.datasets[name]
+    plan = self._plans[name]
+    batches, num_wanted = self._sampled_batches(name)
     train = self.extractor(params, batches, keys=(self.label_key, "_id"))
     row_of = {int(g): i for i, g in enumerate(train["_id"])}
-    flat_labels = labels_pn.reshape(-1)
-    if len(row_of) != wanted_global.size or np.any(
-        train[self.label_key] != flat_labels[train["_id"]]):
+    if len(row_of) != num_wanted or np.any(
+        train[self.label_key] != plan["labels_pn"].reshape(-1)[train["_id"]]):
       raise RuntimeError(f"{name}: the train split was not read in the same order twice; "
                          "few-shot needs a deterministic eval iterator.")
-    test = self.extractor(params, input_pipeline.make_eval_iterator(
-        test_cfg, pp, self.batch_size), keys=(self.label_key,))
+    test_x, test_labels = self.split_features(params, test_cfg, pp)
     classes = np.unique(plan["train_labels"])
     _, test_y, num_classes = class_ids(
-        classes, test[self.label_key],
+        classes, test_labels,
         f"Few-shot dataset {name!r} ({test_cfg['name']}, split {test_cfg['split']!r})")
     return dict(train_x=train["feature"], train_y=np.searchsorted(classes, train[self.label_key]),
-                rows={k: np.array([row_of[int(g)] for g in v]) for k, v in samples.items()},
-                test_x=test["feature"], test_y=test_y, num_classes=num_classes)
-
-  # ------------------------------------------------------------------ eval
+                rows={k: np.array([row_of[int(g)] for g in v]) for k, v in plan["samples"].items()},
+                test_x=test_x, test_y=test_y, num_classes=num_classes)
 
   def run(self, params):
-    cache = self._cache.check(params)
     results = {}
-    for name in self.datasets:
-      if name not in cache:
-        cache[name] = self._features(params, name)
-      f = cache[name]
+    for name, f in self.features_per_dataset(params):
       for shot in self._plans[name]["shots"]:
         accs = []
         for seed in self.seeds:
           rows = f["rows"][seed, shot]
-          acc, fit = ridge.fit_and_score(
-              f["train_x"][rows], f["train_y"][rows], f["test_x"], f["test_y"],
-              f["num_classes"], self.l2_regs)
+          acc, fit = ridge.fit_and_score(f["train_x"][rows], f["train_y"][rows], f["test_x"],
+                                         f["test_y"], f["num_classes"], self.l2_regs)
           accs.append(acc)
-          logging.info("fewshot %s %d-shot seed %d: %.4f (l2=%g)", name, shot, seed,
-                       acc, fit.l2)
+          logging.info("fewshot %s %d-shot seed %d: %.4f (l2=%g)", name, shot, seed, acc, fit.l2)
         results[f"{name}_{shot}shot"] = float(np.mean(accs))
     return results

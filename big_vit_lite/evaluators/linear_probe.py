@@ -16,7 +16,6 @@ import jax
 import numpy as np
 
 from big_vit_lite import oom
-from big_vit_lite.data import input_pipeline
 from big_vit_lite.evaluators import config_keys
 from big_vit_lite.evaluators import features as feats
 from big_vit_lite.evaluators import fewshot
@@ -28,103 +27,77 @@ DEFAULT_L2_REGS = presets.LINEAR_PROBE_L2_REGS
 
 
 @config_keys.checked_keys
-class Evaluator:
+class Evaluator(feats.DatasetsEvaluator):
   """Logistic-regression probe on one or more datasets."""
 
-  def __init__(self, predict_fn, *, mesh, datasets=None, pp=fewshot.DEFAULT_PP,
+  def __init__(self, predict_fn, *, mesh, datasets=None, pp=feats.DEFAULT_PP,
                representation_layer="pre_logits", token_pool="mean", batch_size=256,
                l2_regs=DEFAULT_L2_REGS, holdout_fraction=0.1, seed=0,
                max_iter=1000, tol=1e-4, label_key="label", train_split="train",
                test_split="test"):
-    self.mesh = mesh
-    self.datasets = fewshot.dataset_cfgs(
-        fewshot.DEFAULT_DATASETS if datasets is None else datasets, pp,
-        train_split, test_split)
     if not 0.0 < float(holdout_fraction) < 1.0:
       raise ValueError(f"holdout_fraction must be in (0, 1), got {holdout_fraction!r}.")
     self.holdout_fraction = float(holdout_fraction)
-    try:  # One number or a list of them.
-      regs = np.asarray(l2_regs, np.float64).reshape(-1)
-    except (TypeError, ValueError):
-      regs = np.array([np.nan])
-    if not regs.size or not np.all(np.isfinite(regs)) or np.any(regs < 0):
-      # (NaN or inf would fit nothing and report chance accuracy.)
-      raise ValueError(f"l2_regs must be finite numbers >= 0, e.g. (1e-6, 1e-4, 1e-2); got "
-                       f"{l2_regs!r}.")
-    self.l2_regs = tuple(float(r) for r in regs)
-    self.batch_size = feats.check_batch_size(batch_size)
+    self.l2_regs = tuple(float(r) for r in ridge.check_l2_regs(l2_regs, allow_zero=True))
     self.seed = int(seed)
     self.max_iter = fewshot.positive_int(max_iter, "max_iter")
     # Gradient-norm tolerance of the mean loss (scikit-learn's lbfgs default is
     # 1e-4 too); weakly penalised fits would otherwise run to max_iter.
     self.tol = float(tol)
-    self.label_key = label_key
-    self.extractor = feats.FeatureExtractor(predict_fn, mesh, representation_layer,
-                                            token_pool)
-    self._cache = fewshot.ParamsCache()
-    for train_cfg, test_cfg, dataset_pp in self.datasets.values():
-      feats.check_data(train_cfg, dataset_pp)
-      feats.check_data(test_cfg, dataset_pp)
+    super().__init__(predict_fn, mesh, datasets, pp, train_split, test_split,
+                     representation_layer, token_pool, batch_size, label_key)
 
   def _features(self, params, name):
     train_cfg, test_cfg, pp = self.datasets[name]
-    out = {}
-    for split, cfg in (("train", train_cfg), ("test", test_cfg)):
-      f = self.extractor(params, input_pipeline.make_eval_iterator(
-          cfg, pp, self.batch_size), keys=(self.label_key,))
-      out[split] = (f["feature"], f[self.label_key].astype(np.int64))
-    return out
+    return [self.split_features(params, cfg, pp) for cfg in (train_cfg, test_cfg)]
+
+  def _fit(self, x, y, num_classes, weights):
+    """logistic.fit for every l2 value at once; running out of device memory is one line."""
+    try:
+      return logistic.fit(x, y, num_classes, self.l2_regs, weights=weights, mesh=self.mesh,
+                          max_iter=self.max_iter, tol=self.tol)
+    except jax.errors.JaxRuntimeError as e:
+      if not oom.is_oom(e):
+        raise
+      # Not the eval batch size: L-BFGS keeps ~20 copies of the (d x classes) weights
+      # per l2 value, besides the features themselves.
+      raise ValueError(
+          f"The linear probe ran out of device memory fitting {x.shape[0]} examples x "
+          f"{x.shape[1]} features, {num_classes} classes, {len(self.l2_regs)} l2 values "
+          "at once; use fewer l2_regs, token_pool='mean' or another representation_layer "
+          "(fewer features), or a smaller train split.") from None
 
   def probe(self, x_train, y_train, x_test, y_test, num_classes):
-    """Returns (test accuracy, chosen l2) for host features."""
+    """The test accuracy of the probe fitted on host features (l2 picked on a held-out part)."""
     standardize = ridge.Standardizer.fit(x_train)
     x_train, x_test = standardize(x_train), standardize(x_test)
     n = len(y_train)
-    # Both fits use all rows with 0/1 weights (same shapes: one compilation),
-    # every l2 value at once.
-    def fit(weights):
-      try:
-        return logistic.fit(x_train, y_train, num_classes, self.l2_regs, weights=weights,
-                            mesh=self.mesh, max_iter=self.max_iter, tol=self.tol)
-      except jax.errors.JaxRuntimeError as e:
-        if not oom.is_oom(e):
-          raise
-        # Not the eval batch size: L-BFGS keeps ~20 copies of the (d x classes) weights
-        # per l2 value, besides the features themselves.
-        raise ValueError(
-            f"The linear probe ran out of device memory fitting {x_train.shape[0]} examples x "
-            f"{x_train.shape[1]} features, {num_classes} classes, {len(self.l2_regs)} l2 values "
-            "at once; use fewer l2_regs, token_pool='mean' or another representation_layer "
-            "(fewer features), or a smaller train split.") from None
     best = 0
     if len(self.l2_regs) > 1:
+      # Both fits use all rows with 0/1 weights (same shapes: one compilation).
       hold = np.random.default_rng(self.seed).permutation(n)[
           :max(1, int(round(self.holdout_fraction * n)))]
       weights = np.ones((n,), np.float32)
       weights[hold] = 0.0
-      kernels, biases, _ = fit(weights)
+      kernels, biases, _ = self._fit(x_train, y_train, num_classes, weights)
       accs = [logistic.accuracy(k, b, x_train[hold], y_train[hold])
               for k, b in zip(kernels, biases)]
       # Ties go to the larger penalty (the smoother model).
       best = max(range(len(accs)), key=lambda i: (accs[i], self.l2_regs[i]))
-      logging.info("linear probe holdout accuracy per l2: %s",
-                   dict(zip(self.l2_regs, accs)))
-    kernels, biases, iters = fit(None)
+      logging.info("linear probe holdout accuracy per l2: %s", dict(zip(self.l2_regs, accs)))
+    kernels, biases, iters = self._fit(x_train, y_train, num_classes, None)
     acc = logistic.accuracy(kernels[best], biases[best], x_test, y_test)
     logging.info("linear probe: l2=%g, %d L-BFGS iterations, test accuracy %.4f",
                  self.l2_regs[best], int(iters[best]), acc)
-    return acc, self.l2_regs[best]
+    return acc
 
   def run(self, params):
-    cache = self._cache.check(params)
     results = {}
-    for name in self.datasets:
-      if name not in cache:
-        cache[name] = self._features(params, name)
-      (x_tr, y_tr), (x_te, y_te) = cache[name]["train"], cache[name]["test"]
+    for name, ((x_tr, y_tr), (x_te, y_te)) in self.features_per_dataset(params):
       fewshot.check_classes(y_tr, "Linear-probe")
+      test_cfg = self.datasets[name][1]
       y_tr, y_te, num_classes = fewshot.class_ids(
-          y_tr, y_te, f"Linear-probe dataset {name!r} ({self.datasets[name][1]['name']}, "
-          f"split {self.datasets[name][1]['split']!r})")
-      results[name], _ = self.probe(x_tr, y_tr, x_te, y_te, num_classes)
+          y_tr, y_te, f"Linear-probe dataset {name!r} ({test_cfg['name']}, "
+          f"split {test_cfg['split']!r})")
+      results[name] = self.probe(x_tr, y_tr, x_te, y_te, num_classes)
     return results

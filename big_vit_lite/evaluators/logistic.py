@@ -95,12 +95,9 @@ def fit(x, labels, num_classes, l2s, *, weights=None, mesh=None, max_iter=1000, 
     raise ValueError("Logistic regression needs at least one training example.")
   weights = (np.ones((n,), np.float32) if weights is None
              else np.asarray(weights, np.float32).reshape(n))
-  pad = (-n) % sharding.batch_devices(mesh)
-  if pad:
-    x = np.concatenate([x, np.zeros((pad, x.shape[1]), x.dtype)])
-    labels = np.concatenate([labels, np.zeros((pad,), labels.dtype)])
-    weights = np.concatenate([weights, np.zeros((pad,), weights.dtype)])
-  xd, yd, wd = _to_device([x, labels, weights], mesh)
+  pad = (-n) % sharding.batch_devices(mesh)  # Zero rows of weight 0.
+  xd, yd, wd = _to_device([np.pad(a, [(0, pad)] + [(0, 0)] * (a.ndim - 1))
+                           for a in (x, labels, weights)], mesh)
   params, iters = _fit_many(xd, yd, wd, jnp.asarray(l2s, jnp.float32),
                             num_classes=num_classes, max_iter=max_iter, tol=tol)
   # process_allgather also handles arrays spread over several processes.

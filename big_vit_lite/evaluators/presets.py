@@ -48,6 +48,17 @@ def _datasets(datasets, folder, data_dir):
           for n in names}
 
 
+def _entry(cfg, runlocal, folder, log_steps, **local):
+  """cfg with the runlocal settings (`local`, and small tfds splits) and log_steps, if set."""
+  if runlocal:
+    cfg.update(local)
+    if not folder:  # tfds split slicing; image folders are small anyway.
+      cfg.update(train_split="train[:1000]", test_split="test[:500]")
+  if log_steps is not None:
+    cfg["log_steps"] = log_steps
+  return cfg
+
+
 def fewshot(res, *, channels=3, datasets=None, folder=None, data_dir=None,
             shots=None, num_seeds=5, representation_layer="pre_logits",
             token_pool="mean", batch_size=256, log_steps=None, runlocal=False):
@@ -63,13 +74,7 @@ def fewshot(res, *, channels=3, datasets=None, folder=None, data_dir=None,
              representation_layer=representation_layer, token_pool=token_pool,
              batch_size=batch_size, train_split="train", test_split="test",
              l2_regs=tuple(ridge.DEFAULT_L2_REGS))
-  if runlocal:
-    cfg.update(shots=(1, 5), num_seeds=2, batch_size=64)
-    if not folder:  # tfds split slicing; image folders are small anyway.
-      cfg.update(train_split="train[:1000]", test_split="test[:500]")
-  if log_steps is not None:
-    cfg["log_steps"] = log_steps
-  return cfg
+  return _entry(cfg, runlocal, folder, log_steps, shots=(1, 5), num_seeds=2, batch_size=64)
 
 
 def linear_probe(res, *, channels=3, datasets=None, folder=None, data_dir=None,
@@ -81,13 +86,7 @@ def linear_probe(res, *, channels=3, datasets=None, folder=None, data_dir=None,
              token_pool=token_pool, batch_size=batch_size, train_split="train",
              test_split="test", l2_regs=LINEAR_PROBE_L2_REGS, holdout_fraction=0.1,
              max_iter=1000)
-  if runlocal:
-    cfg.update(batch_size=64, max_iter=200)
-    if not folder:
-      cfg.update(train_split="train[:1000]", test_split="test[:500]")
-  if log_steps is not None:
-    cfg["log_steps"] = log_steps
-  return cfg
+  return _entry(cfg, runlocal, folder, log_steps, batch_size=64, max_iter=200)
 
 
 def parse_arg(arg, **defaults):

@@ -20,10 +20,17 @@ import numpy as np
 DEFAULT_L2_REGS = tuple(2.0**k for k in range(-4, 17, 2))
 
 
-def check_l2_regs(l2_regs):
-  regs = np.asarray(l2_regs, np.float64).reshape(-1)
-  if regs.size == 0 or np.any(~np.isfinite(regs)) or np.any(regs <= 0):
-    raise ValueError(f"l2_regs must be a non-empty list of positive numbers, got {l2_regs!r}.")
+def check_l2_regs(l2_regs, allow_zero=False):
+  """l2_regs (one number or several) as a float64 vector: finite, > 0 (>= 0 with allow_zero)."""
+  try:
+    regs = np.asarray(l2_regs, np.float64).reshape(-1)
+  except (TypeError, ValueError):
+    regs = np.array([np.nan])
+  # (NaN or inf would fit nothing and report chance accuracy.)
+  bad = ~np.isfinite(regs) | ((regs < 0) if allow_zero else (regs <= 0))
+  if not regs.size or bad.any():
+    raise ValueError(f"l2_regs must be finite numbers {'>=' if allow_zero else '>'} 0, e.g. "
+                     f"(1e-6, 1e-4, 1e-2); got {l2_regs!r}.")
   return regs
 
 
@@ -61,7 +68,6 @@ class RidgeFit:
   b: np.ndarray          # (c,)
   l2: float              # the chosen l2 value
   loo_accuracy: float    # leave-one-out accuracy of the chosen value
-  loo_accuracies: dict   # l2 -> leave-one-out accuracy, for every candidate
 
   def predict(self, x):
     return np.asarray(x, np.float64) @ self.w + self.b
@@ -116,9 +122,7 @@ def fit(x, labels, num_classes, l2_regs=DEFAULT_L2_REGS):
   loo_acc = (loo.argmax(-1) == labels[None]).mean(axis=1)
   loo_mse = ((loo - y[None])**2).mean(axis=(1, 2))
   best = min(range(regs.size), key=lambda k: (-loo_acc[k], loo_mse[k], -regs[k]))
-  return RidgeFit(w=ws[best], b=bs[best], l2=float(regs[best]),
-                  loo_accuracy=float(loo_acc[best]),
-                  loo_accuracies={float(r): float(a) for r, a in zip(regs, loo_acc)})
+  return RidgeFit(w=ws[best], b=bs[best], l2=float(regs[best]), loo_accuracy=float(loo_acc[best]))
 
 
 def fit_and_score(x_train, y_train, x_test, y_test, num_classes,
