@@ -57,9 +57,8 @@ def shipped_configs_dir():
 
 def shipped_config_names():
   d = shipped_configs_dir()
-  if not d:
-    return []
-  return sorted(f[:-3] for f in os.listdir(d) if f.endswith(".py") and not f.startswith("_"))
+  files = os.listdir(d) if d else []
+  return sorted(f[:-3] for f in files if f.endswith(".py") and not f.startswith("_"))
 
 
 def resolve_config_path(value):
@@ -209,8 +208,7 @@ def _get_config_failed(error, flag_value=""):
   """
   if isinstance(error, flags.Error):
     text = str(error)
-    lines = [l.strip() for l in text.splitlines() if l.strip()]
-    what = lines[-1]
+    what = [l.strip() for l in text.splitlines() if l.strip()][-1]
     frames = re.findall(r'File "([^"]+)", line (\d+)', text)
     flag_value = re.match(r"flag --\w+=(\S+?):? Error whilst", text)
     flag_value = flag_value.group(1) if flag_value else ""
@@ -316,13 +314,11 @@ class TrackedConfig:
   def __getattr__(self, name):
     if name.startswith("__"):
       raise AttributeError(name)
-    self._asked.add(self._prefix + name)
     try:
-      value = self._cfg[name]
+      return self[name]
     except KeyError:
       raise AttributeError(
           f"Config key '{self._prefix}{name}' is missing: add it to the config file.") from None
-    return self._wrap(name, value)
 
   def __getitem__(self, name):
     self._asked.add(self._prefix + name)
@@ -332,10 +328,7 @@ class TrackedConfig:
     raise TypeError("TrackedConfig is read-only; change the config file or pass --config.KEY=VALUE.")
 
   def get(self, name, default=None):
-    self._asked.add(self._prefix + name)
-    if name not in self._cfg:
-      return default
-    value = self._wrap(name, self._cfg[name])
+    value = self[name] if name in self else None
     return default if value is None else value
 
   def __contains__(self, name):
@@ -403,10 +396,8 @@ class TrackedConfig:
 
 def _leaf_paths(cfg, prefix=""):
   for k, v in cfg.items():
-    if isinstance(v, config_dict.ConfigDict) and len(v):
+    if isinstance(v, config_dict.ConfigDict):  # (An empty dict says nothing.)
       yield from _leaf_paths(v, f"{prefix}{k}.")
-    elif isinstance(v, config_dict.ConfigDict):
-      continue  # An empty dict says nothing.
     else:
       yield prefix + k
 
