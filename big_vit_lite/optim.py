@@ -35,6 +35,8 @@ Config keys (big_vision names):
 Parameter names are "/"-joined paths, e.g. "Transformer/encoderblock_0/MlpBlock_0/Dense_0/kernel".
 A regex must match the whole name, and every regex given must be the first match
 of at least one parameter (else it is a typo, or shadowed by an earlier one): an error.
+Why the schedules are not optax's: benchmarks/NOTES.md, section "Config, optimizer, sharding,
+distributed".
 """
 import dataclasses
 import inspect
