@@ -296,11 +296,10 @@ class TrackedConfig:
   """
 
   def __init__(self, cfg, _prefix="", _log=None, _asked=None):
-    object.__setattr__(self, "_cfg", cfg)
-    object.__setattr__(self, "_prefix", _prefix)
-    object.__setattr__(self, "_log", _log if _log is not None else set())
-    # Every key the code asked for, present or not: the candidates for "did you mean".
-    object.__setattr__(self, "_asked", _asked if _asked is not None else set())
+    # (__setattr__ refuses.) _asked: every key the code asked for, present or not: the
+    # candidates for "did you mean".
+    self.__dict__.update(_cfg=cfg, _prefix=_prefix, _log=set() if _log is None else _log,
+                         _asked=set() if _asked is None else _asked)
 
   # -- reading
   def _wrap(self, name, value):
@@ -346,8 +345,7 @@ class TrackedConfig:
     if name is None:
       self._log.add(self._prefix + "*")
       return self._cfg
-    self._asked.add(self._prefix + name)
-    if name not in self._cfg:
+    if name not in self:
       return default
     self._log.add(self._prefix + name + ".*")
     self._log.add(self._prefix + name)
@@ -427,14 +425,11 @@ def get_steps(name, cfg, *, steps_per_epoch=None, batch_size=None, total_steps=N
   (unit, value), = given.items()
   if unit == "steps":
     return int(value)
+  per, what = dict(epochs=(steps_per_epoch, "the dataset size"),
+                   examples=(batch_size, "the batch size"),
+                   percent=(total_steps, "the total step count"))[unit]
+  if not per:
+    raise ValueError(f"{name}_{unit} needs {what}; give {name}_steps instead.")
   if unit == "epochs":
-    if not steps_per_epoch:
-      raise ValueError(f"{name}_epochs needs the dataset size; give {name}_steps instead.")
-    return int(math.ceil(value * steps_per_epoch))
-  if unit == "examples":
-    if not batch_size:
-      raise ValueError(f"{name}_examples needs the batch size; give {name}_steps instead.")
-    return int(math.ceil(value / batch_size))
-  if total_steps is None:
-    raise ValueError(f"{name}_percent needs the total step count.")
-  return int(round(value / 100 * total_steps))
+    return int(math.ceil(value * per))
+  return int(math.ceil(value / per)) if unit == "examples" else int(round(value / 100 * per))

@@ -393,12 +393,8 @@ def make(config, params, *, total_steps, steps_per_epoch=None, batch_size=None):
   lr_mults = _mults(config.get("lr_mults", None) or [], "lr_mults")
 
   sched_cfg = config.schedule if "schedule" in config else None
-  if sched_cfg is None:
-    groups = [(".*", {"decay_type": "constant"})]
-  elif isinstance(sched_cfg, (list, tuple)):
-    groups = _pairs(sched_cfg, "config.schedule")
-  else:
-    groups = [(".*", sched_cfg)]
+  groups = (_pairs(sched_cfg, "config.schedule") if isinstance(sched_cfg, (list, tuple))
+            else [(".*", {"decay_type": "constant"} if sched_cfg is None else sched_cfg)])
   dur = dict(total_steps=total_steps, steps_per_epoch=steps_per_epoch, batch_size=batch_size)
   sched_fns, group_of = [], []
   for regex, s in groups:
@@ -429,8 +425,7 @@ def make(config, params, *, total_steps, steps_per_epoch=None, batch_size=None):
   parts += [optax.masked(_base_optimizer(name, optax_kw), trainable),
             _scale_by_lr_and_decay(lr, sched_fns, group_tree, lr_mult_tree, wd, wd_mult_tree)]
   tx = optax.chain(*parts)
-  lr_fn = lambda step: lr * sched_fns[0](step)
-  return Optimizer(tx, lr_fn, frozen_mask, clipped=bool(clip))
+  return Optimizer(tx, lambda step: lr * sched_fns[0](step), frozen_mask, clipped=bool(clip))
 
 
 _BLOCK = re.compile(r"Transformer/encoderblock(?:_(\d+))?/.*")
