@@ -69,12 +69,10 @@ def resolve_config_path(value):
   ValueError listing the shipped configs; other paths go on unchanged (and fail as a missing file).
   """
   path, colon, arg = value.partition(":")
-  if not path or os.path.exists(path):
-    return value
   head, base = os.path.split(path)
-  if head not in ("", "configs"):
+  if not path or os.path.exists(path) or head not in ("", "configs"):
     return value
-  name = base[:-3] if base.endswith(".py") else base
+  name = base.removesuffix(".py")
   if name in shipped_config_names():
     return os.path.join(shipped_configs_dir(), name + ".py") + colon + arg
   if head:

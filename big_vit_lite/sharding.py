@@ -77,8 +77,7 @@ def make_mesh(mesh_cfg=(("data", -1),), devices=None):
   default Explicit) axis types: Flax linen's logical constraints only work with Auto.
   """
   devices = jax.devices() if devices is None else devices
-  if isinstance(mesh_cfg, str):
-    mesh_cfg = parse_mesh(mesh_cfg)
+  mesh_cfg = parse_mesh(mesh_cfg) if isinstance(mesh_cfg, str) else mesh_cfg
   mesh_cfg = list(mesh_cfg or (("data", -1),))
   for entry in mesh_cfg:
     if isinstance(entry, str) or not hasattr(entry, "__len__") or len(entry) != 2:
@@ -141,8 +140,7 @@ _LOGICAL_ALIASES = {"act_batch": "batch", "activation_batch": "batch", "length":
 
 def _rule_pairs(rules_cfg):
   """config.sharding_rules (pairs, or a dict) -> [(logical, axes)], checked one by one."""
-  if hasattr(rules_cfg, "items"):
-    rules_cfg = list(rules_cfg.items())
+  rules_cfg = list(rules_cfg.items()) if hasattr(rules_cfg, "items") else rules_cfg
   if isinstance(rules_cfg, str) or not isinstance(rules_cfg, (list, tuple)):
     raise ValueError(f"sharding_rules={rules_cfg!r}: use (logical axis, mesh axes) pairs, e.g. "
                      "(('embed', 'fsdp'), ('mlp', 'model')).")
@@ -164,8 +162,8 @@ def _rule_pairs(rules_cfg):
                 "sharding_strategy does; for FSDP give the mesh an 'fsdp' axis)")
       raise ValueError(f"sharding_rules: unknown logical axis {logical!r}{hint}; the model's "
                        f"logical axes are {', '.join(_LOGICAL_NAMES)}.")
+    axes = (axes,) if isinstance(axes, str) else axes
     if axes is not None:
-      axes = (axes,) if isinstance(axes, str) else axes
       if not isinstance(axes, (list, tuple)) or not all(isinstance(a, str) for a in axes):
         raise ValueError(f"sharding_rules: {logical!r} maps to {rule[1]!r}; use a mesh axis "
                          f"name ({', '.join(MESH_AXES)}), a tuple of them, or None.")
@@ -179,8 +177,7 @@ def _rule_pairs(rules_cfg):
       if len(set(axes)) != len(axes):
         raise ValueError(f"sharding_rules: {logical!r} maps to {tuple(axes)}, which repeats an "
                          "axis; name each mesh axis once.")
-      axes = tuple(axes)
-    pairs.append((logical, axes))
+    pairs.append((logical, None if axes is None else tuple(axes)))
   return pairs
 
 
