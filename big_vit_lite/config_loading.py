@@ -281,7 +281,8 @@ PEER_KEYS = {
 # big_vision keys with nothing to set here.
 UNNEEDED_KEYS = {
     "pp_modules": "every preprocessing op is always registered",
-    "sharding_strategy": "a mesh with an 'fsdp' axis (config.mesh) and sharding_rules for logical axes",
+    "sharding_strategy": ("a mesh with an 'fsdp' axis (config.mesh) and sharding_rules for "
+                          "logical axes"),
 }
 
 
@@ -322,7 +323,8 @@ class TrackedConfig:
     return self._wrap(name, self._cfg[name])
 
   def __setattr__(self, name, value):
-    raise TypeError("TrackedConfig is read-only; change the config file or pass --config.KEY=VALUE.")
+    raise TypeError("TrackedConfig is read-only; change the config file or pass "
+                    "--config.KEY=VALUE.")
 
   def get(self, name, default=None):
     value = self[name] if name in self else None

@@ -46,7 +46,8 @@ ENV_INIT_TIMEOUT = "BVL_INIT_TIMEOUT_S"
 # How long initialize() waits for every process to join (jax's own default).
 DEFAULT_INIT_TIMEOUT_S = 300.0
 
-_SLURM_VARS = ("SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID")
+_SLURM_VARS = ("SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS", "SLURM_PROCID",
+               "SLURM_LOCALID")
 
 
 def _env_number(name: str, env, kind=float):
@@ -77,8 +78,9 @@ def describe_environment(env=None) -> dict | None:
     coord = env.get(ENV_COORDINATOR)
     if num is None or pid is None or not coord:
       raise ValueError(
-          f"multi-process run needs all of {ENV_COORDINATOR}, {ENV_NUM_PROCESSES} and {ENV_PROCESS_ID}; "
-          f"got {ENV_COORDINATOR}={coord!r}, {ENV_NUM_PROCESSES}={num}, {ENV_PROCESS_ID}={pid}")
+          f"multi-process run needs all of {ENV_COORDINATOR}, {ENV_NUM_PROCESSES} and "
+          f"{ENV_PROCESS_ID}; got {ENV_COORDINATOR}={coord!r}, {ENV_NUM_PROCESSES}={num}, "
+          f"{ENV_PROCESS_ID}={pid}")
     if num < 1 or not 0 <= pid < num:
       raise ValueError(f"need 0 <= {ENV_PROCESS_ID} < {ENV_NUM_PROCESSES}; got {pid} and {num}")
     _check_address(coord)
@@ -124,7 +126,8 @@ def initialize(*, heartbeat_timeout_s: float | None = None) -> bool:
 
   Call it before anything that touches a JAX backend (jax.devices(), jit, device_put).
   Order of precedence:
-    1. JAX_COORDINATOR_ADDRESS + JAX_NUM_PROCESSES + JAX_PROCESS_ID (launch/local.sh, plain multi-GPU);
+    1. JAX_COORDINATOR_ADDRESS + JAX_NUM_PROCESSES + JAX_PROCESS_ID (launch/local.sh,
+       plain multi-GPU);
     2. SLURM (srun with more than one task): jax reads SLURM_* itself;
     3. BVL_DISTRIBUTED=auto (TPU VM pods via launch/tpu_vm.sh): jax asks the TPU metadata server;
     otherwise a single process, nothing to do.
@@ -168,7 +171,8 @@ def initialize(*, heartbeat_timeout_s: float | None = None) -> bool:
   finally:
     joined.set()
   logging.info("jax.distributed: process %d of %d, %d local / %d global devices",
-               jax.process_index(), jax.process_count(), jax.local_device_count(), jax.device_count())
+               jax.process_index(), jax.process_count(), jax.local_device_count(),
+               jax.device_count())
   return True
 
 

@@ -96,7 +96,8 @@ def tree_by_regex(tree, rules, default, what, check_used=True):
         used.add(i)
         return v
     if default is _REQUIRED:
-      raise ValueError(f"Parameter '{name}' matches no regex of {what}: add a catch-all ('.*', ...).")
+      raise ValueError(f"Parameter '{name}' matches no regex of {what}: add a catch-all "
+                       "('.*', ...).")
     return default
   names = param_names(tree)
   out = jax.tree.map(lookup, names)
