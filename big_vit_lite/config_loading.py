@@ -303,8 +303,7 @@ class TrackedConfig:
   # -- reading
   def _wrap(self, name, value):
     path = self._prefix + name
-    if isinstance(value, config_dict.ConfigDict):
-      self._log.add(path + ".")  # Touched, not consumed: its leaves still count.
+    if isinstance(value, config_dict.ConfigDict):  # Not read as a whole: its leaves count.
       return TrackedConfig(value, path + ".", self._log, self._asked)
     self._log.add(path)
     return value

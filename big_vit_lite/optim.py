@@ -312,7 +312,7 @@ def _scale_by_lr_and_decay(lr, sched_fns, group_tree, lr_mult_tree, wd, wd_mult_
   return optax.GradientTransformation(init_fn, update_fn)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)
 class Optimizer:
   """What `make` returns: the optax transform plus what the trainer needs around it."""
   tx: optax.GradientTransformation

@@ -193,14 +193,12 @@ def make_rules(rules_cfg, mesh):
   named = {}
   for logical, axes in ([] if rules_cfg is None else _rule_pairs(rules_cfg)):
     named.setdefault(logical, []).append(axes)
-  rules = []
-  for logical, axes in DEFAULT_RULES:
-    rules += [(logical, a) for a in named.get(logical, [axes])]
   out = []
-  for logical, axes in rules:
-    axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
-    axes = tuple(a for a in axes if a in mesh.axis_names and mesh.shape[a] > 1)
-    out.append((logical, axes if len(axes) > 1 else (axes[0] if axes else None)))
+  for logical, default in DEFAULT_RULES:
+    for axes in named.get(logical, [default]):
+      axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+      axes = tuple(a for a in axes if a in mesh.axis_names and mesh.shape[a] > 1)
+      out.append((logical, axes if len(axes) > 1 else (axes[0] if axes else None)))
   return tuple(out)
 
 
