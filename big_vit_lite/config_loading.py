@@ -57,9 +57,8 @@ def shipped_configs_dir():
 
 def shipped_config_names():
   d = shipped_configs_dir()
-  if not d:
-    return []
-  return sorted(f[:-3] for f in os.listdir(d) if f.endswith(".py") and not f.startswith("_"))
+  files = os.listdir(d) if d else []
+  return sorted(f[:-3] for f in files if f.endswith(".py") and not f.startswith("_"))
 
 
 def resolve_config_path(value):
@@ -70,12 +69,10 @@ def resolve_config_path(value):
   ValueError listing the shipped configs; other paths go on unchanged (and fail as a missing file).
   """
   path, colon, arg = value.partition(":")
-  if not path or os.path.exists(path):
-    return value
   head, base = os.path.split(path)
-  if head not in ("", "configs"):
+  if not path or os.path.exists(path) or head not in ("", "configs"):
     return value
-  name = base[:-3] if base.endswith(".py") else base
+  name = base.removesuffix(".py")
   if name in shipped_config_names():
     return os.path.join(shipped_configs_dir(), name + ".py") + colon + arg
   if head:
@@ -123,42 +120,11 @@ def parse_flags(argv, prog="big_vit_lite", flag_values=flags.FLAGS):
   """
   try:
     parsed = flag_values(argv)
-  except flags.UnrecognizedFlagError as e:
-    if "." not in e.flagname:
-      sys.exit(f"{prog}: error: {e} (--helpfull lists the flags)")
-    sys.exit(f"{prog}: error: {_no_such_key(e.flagname, flag_values)}")
-  except flags.Error as e:  # What absl's default parser says: a bad value.
-    if "Error whilst parsing config file" in str(e):  # get_config raised ValueError/TypeError.
-      sys.exit(f"{prog}: error: {_get_config_failed(e)}")
-    unsupported = re.match(r"Type <class '([\w.]+)'> of field (\S+) is not supported", str(e))
-    if unsupported:  # ml_collections lists its types; a user needs what to change.
-      sys.exit(f"{prog}: error: {_cannot_override(*unsupported.groups())}")
-    if _NOT_SHIPPED in str(e):  # resolve_config_path's line already says what to give.
-      sys.exit(f"{prog}: error: {e}")
-    sys.exit(f"{prog}: error: {e} (--helpfull lists the flags)")
-  except SyntaxError as e:  # Raised while the config file is imported.
-    sys.exit(f"{prog}: error: the config file {e.filename} does not parse: {e.msg} at line "
-             f"{e.lineno}: {(e.text or '').strip()}")
-  except OSError as e:  # --config.KEY=V on a config file that cannot be loaded.
-    sys.exit(f"{prog}: error: {_load_error('--config', e)}")
   except Exception as e:  # pylint: disable=broad-except
-    if _raised_loading_config_file(e):  # The file's own code failed (NameError, ImportError, ...).
-      sys.exit(f"{prog}: error: {_get_config_failed(e, _config_file_arg(argv, flag_values))}")
-    if not isinstance(e, (AttributeError, KeyError)):
+    message = _flag_error(e, argv, flag_values)
+    if message is None:
       raise
-    # ml_collections registers each --config.KEY of sys.argv as a flag; a KEY
-    # the file lacks fails when it is applied, with the key in the message.
-    message = _innermost_message(e)
-    found = re.findall(r"'(\w+)'", message)
-    names = [a[2:].split("=", 1)[0] for a in argv[1:] if a.startswith("--") and "." in a]
-    # The missing key may be a parent of the one set (--config.optax.b1 without `optax`).
-    name = next((n for n in names if found and found[0] in n.split(".")[1:]), None)
-    if name is None:
-      raise
-    close = re.search(r"[Dd]id you mean \"(\w+)\"", message)  # ml_collections' own guess.
-    parts = name.split(".")
-    missing = ".".join(parts[1:parts.index(found[0], 1) + 1])
-    sys.exit(f"{prog}: error: {_no_such_key(name, flag_values, close and close.group(1), missing)}")
+    sys.exit(f"{prog}: error: {message}")
   for name in flag_values:  # A config file whose get_config() returned None.
     flag = flag_values[name]
     if (isinstance(flag.parser, config_flags_impl.ConfigFileFlagParser) and flag.present
@@ -166,6 +132,44 @@ def parse_flags(argv, prog="big_vit_lite", flag_values=flags.FLAGS):
       sys.exit(f"{prog}: error: --{name}: get_config() in {config_flags.get_config_filename(flag)} "
                "returned None (a missing return statement?).")
   return parsed
+
+
+def _flag_error(e, argv, flag_values):
+  """The one line for `e`, raised while parsing `argv`; None for an error to raise as it is."""
+  if isinstance(e, flags.UnrecognizedFlagError):
+    if "." not in e.flagname:
+      return f"{e} (--helpfull lists the flags)"
+    return _no_such_key(e.flagname, flag_values)
+  if isinstance(e, flags.Error):  # What absl's default parser says: a bad value.
+    if "Error whilst parsing config file" in str(e):  # get_config raised ValueError/TypeError.
+      return _get_config_failed(e)
+    unsupported = re.match(r"Type <class '([\w.]+)'> of field (\S+) is not supported", str(e))
+    if unsupported:  # ml_collections lists its types; a user needs what to change.
+      return _cannot_override(*unsupported.groups())
+    # resolve_config_path's line already says what to give.
+    return str(e) if _NOT_SHIPPED in str(e) else f"{e} (--helpfull lists the flags)"
+  if isinstance(e, SyntaxError):  # Raised while the config file is imported.
+    return (f"the config file {e.filename} does not parse: {e.msg} at line {e.lineno}: "
+            f"{(e.text or '').strip()}")
+  if isinstance(e, OSError):  # --config.KEY=V on a config file that cannot be loaded.
+    return _load_error("--config", e)
+  if _parse_frame(e) is not None:  # The file's own code failed (NameError, ImportError, ...).
+    return _get_config_failed(e, _config_file_arg(argv, flag_values))
+  if not isinstance(e, (AttributeError, KeyError)):
+    return None
+  # ml_collections registers each --config.KEY of sys.argv as a flag; a KEY
+  # the file lacks fails when it is applied, with the key in the message.
+  message = _innermost_message(e)
+  found = re.findall(r"'(\w+)'", message)
+  names = [a[2:].split("=", 1)[0] for a in argv[1:] if a.startswith("--") and "." in a]
+  # The missing key may be a parent of the one set (--config.optax.b1 without `optax`).
+  name = next((n for n in names if found and found[0] in n.split(".")[1:]), None)
+  if name is None:
+    return None
+  close = re.search(r"[Dd]id you mean \"(\w+)\"", message)  # ml_collections' own guess.
+  parts = name.split(".")
+  missing = ".".join(parts[1:parts.index(found[0], 1) + 1])
+  return _no_such_key(name, flag_values, close and close.group(1), missing)
 
 
 def _cannot_override(type_name, field):
@@ -182,11 +186,6 @@ def _parse_frame(error):
   """The frame of ml_collections' ConfigFileFlagParser.parse in `error`'s traceback, or None."""
   return next((f for f in traceback.extract_tb(error.__traceback__)
                if f.name == "parse" and f.filename == config_flags_impl.__file__), None)
-
-
-def _raised_loading_config_file(error):
-  """Whether `error` came out of running a config file (ml_collections' ConfigFileFlagParser)."""
-  return _parse_frame(error) is not None
 
 
 def _config_file_arg(argv, flag_values):
@@ -207,8 +206,7 @@ def _get_config_failed(error, flag_value=""):
   """
   if isinstance(error, flags.Error):
     text = str(error)
-    lines = [l.strip() for l in text.splitlines() if l.strip()]
-    what = lines[-1]
+    what = [l.strip() for l in text.splitlines() if l.strip()][-1]
     frames = re.findall(r'File "([^"]+)", line (\d+)', text)
     flag_value = re.match(r"flag --\w+=(\S+?):? Error whilst", text)
     flag_value = flag_value.group(1) if flag_value else ""
@@ -266,38 +264,25 @@ class UnreadConfigKeyError(ValueError):
 # (vision_transformer: accum_steps, grad_norm_clip, base_lr, batch; timm flags: clip_grad,
 # weight_decay, epochs, warmup_epochs; Hugging Face / MaxText: gradient_accumulation_steps).
 PEER_KEYS = {
-    "accum_steps": "grad_accum_steps",
-    "gradient_accumulation_steps": "grad_accum_steps",
-    "grad_accum": "grad_accum_steps",
-    "grad_norm_clip": "grad_clip_norm",
-    "clip_grad": "grad_clip_norm",
-    "clip_grad_norm": "grad_clip_norm",
-    "base_lr": "lr",
-    "learning_rate": "lr",
-    "weight_decay": "wd",
-    "batch": "input.batch_size",
-    "batch_size": "input.batch_size",
-    "epochs": "total_epochs",
-    "num_epochs": "total_epochs",
-    "warmup_steps": "schedule.warmup_steps",
-    "warmup_epochs": "schedule.warmup_epochs",
+    "accum_steps": "grad_accum_steps", "gradient_accumulation_steps": "grad_accum_steps",
+    "grad_accum": "grad_accum_steps", "grad_norm_clip": "grad_clip_norm",
+    "clip_grad": "grad_clip_norm", "clip_grad_norm": "grad_clip_norm", "base_lr": "lr",
+    "learning_rate": "lr", "weight_decay": "wd", "batch": "input.batch_size",
+    "batch_size": "input.batch_size", "epochs": "total_epochs", "num_epochs": "total_epochs",
+    "warmup_steps": "schedule.warmup_steps", "warmup_epochs": "schedule.warmup_epochs",
     "decay_type": "schedule.decay_type",
     # big_vision's older top-level names.
-    "checkpoint_steps": "ckpt_steps",
-    "keep_checkpoint_steps": "keep_ckpt_steps",
-    "dataset": "input.data.name",
-    "train_split": "input.data.split",
-    "pp_train": "input.pp",
-    "shuffle_buffer_size": "input.shuffle_buffer_size",
-    "prefetch_to_device": "input.prefetch",
-    "num_classes": "model.num_classes",
-    "batch_size_eval": "evals.NAME.batch_size",
+    "checkpoint_steps": "ckpt_steps", "keep_checkpoint_steps": "keep_ckpt_steps",
+    "dataset": "input.data.name", "train_split": "input.data.split", "pp_train": "input.pp",
+    "shuffle_buffer_size": "input.shuffle_buffer_size", "prefetch_to_device": "input.prefetch",
+    "num_classes": "model.num_classes", "batch_size_eval": "evals.NAME.batch_size",
 }
 
 # big_vision keys with nothing to set here.
 UNNEEDED_KEYS = {
     "pp_modules": "every preprocessing op is always registered",
-    "sharding_strategy": "a mesh with an 'fsdp' axis (config.mesh) and sharding_rules for logical axes",
+    "sharding_strategy": ("a mesh with an 'fsdp' axis (config.mesh) and sharding_rules for "
+                          "logical axes"),
 }
 
 
@@ -310,17 +295,15 @@ class TrackedConfig:
   """
 
   def __init__(self, cfg, _prefix="", _log=None, _asked=None):
-    object.__setattr__(self, "_cfg", cfg)
-    object.__setattr__(self, "_prefix", _prefix)
-    object.__setattr__(self, "_log", _log if _log is not None else set())
-    # Every key the code asked for, present or not: the candidates for "did you mean".
-    object.__setattr__(self, "_asked", _asked if _asked is not None else set())
+    # (__setattr__ refuses.) _asked: every key the code asked for, present or not: the
+    # candidates for "did you mean".
+    self.__dict__.update(_cfg=cfg, _prefix=_prefix, _log=set() if _log is None else _log,
+                         _asked=set() if _asked is None else _asked)
 
   # -- reading
   def _wrap(self, name, value):
     path = self._prefix + name
-    if isinstance(value, config_dict.ConfigDict):
-      self._log.add(path + ".")  # Touched, not consumed: its leaves still count.
+    if isinstance(value, config_dict.ConfigDict):  # Not read as a whole: its leaves count.
       return TrackedConfig(value, path + ".", self._log, self._asked)
     self._log.add(path)
     return value
@@ -328,26 +311,22 @@ class TrackedConfig:
   def __getattr__(self, name):
     if name.startswith("__"):
       raise AttributeError(name)
-    self._asked.add(self._prefix + name)
     try:
-      value = self._cfg[name]
+      return self[name]
     except KeyError:
       raise AttributeError(
           f"Config key '{self._prefix}{name}' is missing: add it to the config file.") from None
-    return self._wrap(name, value)
 
   def __getitem__(self, name):
     self._asked.add(self._prefix + name)
     return self._wrap(name, self._cfg[name])
 
   def __setattr__(self, name, value):
-    raise TypeError("TrackedConfig is read-only; change the config file or pass --config.KEY=VALUE.")
+    raise TypeError("TrackedConfig is read-only; change the config file or pass "
+                    "--config.KEY=VALUE.")
 
   def get(self, name, default=None):
-    self._asked.add(self._prefix + name)
-    if name not in self._cfg:
-      return default
-    value = self._wrap(name, self._cfg[name])
+    value = self[name] if name in self else None
     return default if value is None else value
 
   def __contains__(self, name):
@@ -365,8 +344,7 @@ class TrackedConfig:
     if name is None:
       self._log.add(self._prefix + "*")
       return self._cfg
-    self._asked.add(self._prefix + name)
-    if name not in self._cfg:
+    if name not in self:
       return default
     self._log.add(self._prefix + name + ".*")
     self._log.add(self._prefix + name)
@@ -397,10 +375,10 @@ class TrackedConfig:
     if unread:
       more = f" (and {len(unread) - 1} more: {', '.join(unread[1:4])})" if len(unread) > 1 else ""
       raise UnreadConfigKeyError(
-          f"Config key '{unread[0]}' is set but nothing reads it{self._hint(unread[0])}{more}: "
+          f"Config key '{unread[0]}' is set but nothing reads it{self.hint(unread[0])}{more}: "
           "remove it or fix its spelling.")
 
-  def _hint(self, path):
+  def hint(self, path):
     """" (this framework calls it 'X')" for a peer's name, " (did you mean 'X'?)" for a near miss.
 
     (Or " (not needed here: WHY)" for a big_vision key with nothing to set.)
@@ -415,10 +393,8 @@ class TrackedConfig:
 
 def _leaf_paths(cfg, prefix=""):
   for k, v in cfg.items():
-    if isinstance(v, config_dict.ConfigDict) and len(v):
+    if isinstance(v, config_dict.ConfigDict):  # (An empty dict says nothing.)
       yield from _leaf_paths(v, f"{prefix}{k}.")
-    elif isinstance(v, config_dict.ConfigDict):
-      continue  # An empty dict says nothing.
     else:
       yield prefix + k
 
@@ -448,14 +424,11 @@ def get_steps(name, cfg, *, steps_per_epoch=None, batch_size=None, total_steps=N
   (unit, value), = given.items()
   if unit == "steps":
     return int(value)
+  per, what = dict(epochs=(steps_per_epoch, "the dataset size"),
+                   examples=(batch_size, "the batch size"),
+                   percent=(total_steps, "the total step count"))[unit]
+  if not per:
+    raise ValueError(f"{name}_{unit} needs {what}; give {name}_steps instead.")
   if unit == "epochs":
-    if not steps_per_epoch:
-      raise ValueError(f"{name}_epochs needs the dataset size; give {name}_steps instead.")
-    return int(math.ceil(value * steps_per_epoch))
-  if unit == "examples":
-    if not batch_size:
-      raise ValueError(f"{name}_examples needs the batch size; give {name}_steps instead.")
-    return int(math.ceil(value / batch_size))
-  if total_steps is None:
-    raise ValueError(f"{name}_percent needs the total step count.")
-  return int(round(value / 100 * total_steps))
+    return int(math.ceil(value * per))
+  return int(math.ceil(value / per)) if unit == "examples" else int(round(value / 100 * per))

@@ -9,16 +9,14 @@ Two calls for the trainer (and any other multi-process CLI):
         guard.tick(step)                  # "this process made progress"
     guard.stop()
 
-Why both: a peer that is SIGKILLed closes its gloo/NCCL/ICI connections and the others fail at once
-in their next collective. A peer that is *stopped* (SIGSTOP, a wedged host, a stuck NFS read) keeps
-its sockets open, and the others block inside a collective with no timeout of their own. Two
-independent detectors turn that into a bounded, non-zero exit with a message:
-  * jax's coordination service: every process heart-beats to process 0; when one misses
-    `heartbeat_timeout_s` the service tells all others, which abort. `initialize()` sets it.
-  * HangGuard: a watchdog thread in each process; if the training loop does not `tick()` for
-    `timeout_s` seconds (it is blocked in a collective waiting for a hung peer, or is hung itself
-    while its heartbeat thread still runs) it prints which step it was stuck after plus every
-    thread's Python stack, and exits the process with HANG_EXIT_CODE.
+A SIGKILLed peer closes its connections and the others fail in their next collective; a
+*stopped* one (SIGSTOP, a wedged host, a stuck NFS read) keeps them open and the others block
+in a collective with no timeout. Two detectors turn that into a bounded, non-zero exit:
+  * jax's coordination service: a process that misses `heartbeat_timeout_s` of heartbeats is
+    declared dead and all others abort. `initialize()` sets it.
+  * HangGuard: a watchdog thread per process; if the loop does not `tick()` for `timeout_s`
+    seconds it prints the step it was stuck after and every thread's stack, and exits the
+    process with HANG_EXIT_CODE.
 """
 from __future__ import annotations
 
@@ -48,27 +46,20 @@ ENV_INIT_TIMEOUT = "BVL_INIT_TIMEOUT_S"
 # How long initialize() waits for every process to join (jax's own default).
 DEFAULT_INIT_TIMEOUT_S = 300.0
 
-_SLURM_VARS = ("SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID")
+_SLURM_VARS = ("SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS", "SLURM_PROCID",
+               "SLURM_LOCALID")
 
 
-def _int_env(name: str, env) -> int | None:
+def _env_number(name: str, env, kind=float):
+  """$name as `kind` (int or float); None when unset or empty; else a one-line ValueError."""
   value = env.get(name)
-  if value is None or value == "":
+  if value in (None, ""):
     return None
   try:
-    return int(value)
+    return kind(value)
   except ValueError:
-    raise ValueError(f"{name}={value!r} is not an integer; set it to a whole number or unset it") from None
-
-
-def _float_env(name: str, env) -> float | None:
-  value = env.get(name)
-  if value is None or value == "":
-    return None
-  try:
-    return float(value)
-  except ValueError:
-    raise ValueError(f"{name}={value!r} is not a number of seconds; fix or unset it") from None
+    what = "an integer" if kind is int else "a number of seconds"
+    raise ValueError(f"{name}={value!r} is not {what}; fix it or unset it") from None
 
 
 def describe_environment(env=None) -> dict | None:
@@ -82,27 +73,23 @@ def describe_environment(env=None) -> dict | None:
     return None
   if mode not in ("", "auto"):
     raise ValueError(f"{ENV_MODE}={env[ENV_MODE]!r}: expected 'auto', 'off' or unset")
-
-  num = _int_env(ENV_NUM_PROCESSES, env)
-  pid = _int_env(ENV_PROCESS_ID, env)
+  num, pid = _env_number(ENV_NUM_PROCESSES, env, int), _env_number(ENV_PROCESS_ID, env, int)
   if num is not None or pid is not None:
     coord = env.get(ENV_COORDINATOR)
     if num is None or pid is None or not coord:
       raise ValueError(
-          f"multi-process run needs all of {ENV_COORDINATOR}, {ENV_NUM_PROCESSES} and {ENV_PROCESS_ID}; "
-          f"got {ENV_COORDINATOR}={coord!r}, {ENV_NUM_PROCESSES}={num}, {ENV_PROCESS_ID}={pid}")
+          f"multi-process run needs all of {ENV_COORDINATOR}, {ENV_NUM_PROCESSES} and "
+          f"{ENV_PROCESS_ID}; got {ENV_COORDINATOR}={coord!r}, {ENV_NUM_PROCESSES}={num}, "
+          f"{ENV_PROCESS_ID}={pid}")
     if num < 1 or not 0 <= pid < num:
       raise ValueError(f"need 0 <= {ENV_PROCESS_ID} < {ENV_NUM_PROCESSES}; got {pid} and {num}")
     _check_address(coord)
-    if num == 1:
-      return None
-    return dict(coordinator_address=coord, num_processes=num, process_id=pid)
-
-  if all(v in env for v in _SLURM_VARS) and (_int_env("SLURM_NTASKS", env) or 1) > 1:
-    return {}  # jax's SLURM cluster detection reads the rest (coordinator = first node of the step).
-  if mode == "auto":
-    return {}  # Cloud TPU pod / Open MPI / k8s: jax detects; on a single host it is a 1-process job.
-  return None
+    return None if num == 1 else dict(coordinator_address=coord, num_processes=num, process_id=pid)
+  # {}: jax detects the rest: SLURM (coordinator = first node of the step), or with
+  # BVL_DISTRIBUTED=auto a Cloud TPU pod / Open MPI / k8s (one host: a 1-process job).
+  if all(v in env for v in _SLURM_VARS) and (_env_number("SLURM_NTASKS", env, int) or 1) > 1:
+    return {}
+  return {} if mode == "auto" else None
 
 
 def _check_address(coord: str) -> None:
@@ -118,14 +105,9 @@ def _check_address(coord: str) -> None:
 def set_cpu_devices(n) -> None:
   """Splits the CPU backend into `n` JAX devices (config.num_cpu_devices); None: leave as is.
 
-  On CPU, data parallel over a few devices is faster than one device: each
-  device runs its own shard of the batch on its own thread, instead of every
-  small op being split across all cores and joined again. Measured on 2 cores
-  (demo ViT, 28x28, 16 tokens, width 128): 1,424 img/s on 1 device at batch
-  128; 2,755 img/s on 2 devices at batch 64 (32 per device). Large models gain
-  nothing (ViT-Ti/16 at 224: 23.8 vs 24.3 img/s on 4 devices). Only the CPU
-  backend changes; a GPU or TPU stays the default backend. Must run before
-  the first JAX computation.
+  On CPU, data parallel over a few devices beats one device for small models (see
+  benchmarks/NOTES.md, section "Config, optimizer, sharding, distributed"). Only the CPU
+  backend changes; a GPU or TPU stays the default. Must run before the first JAX computation.
   """
   if n is None:
     return
@@ -144,21 +126,22 @@ def initialize(*, heartbeat_timeout_s: float | None = None) -> bool:
 
   Call it before anything that touches a JAX backend (jax.devices(), jit, device_put).
   Order of precedence:
-    1. JAX_COORDINATOR_ADDRESS + JAX_NUM_PROCESSES + JAX_PROCESS_ID (launch/local.sh, plain multi-GPU);
+    1. JAX_COORDINATOR_ADDRESS + JAX_NUM_PROCESSES + JAX_PROCESS_ID (launch/local.sh,
+       plain multi-GPU);
     2. SLURM (srun with more than one task): jax reads SLURM_* itself;
     3. BVL_DISTRIBUTED=auto (TPU VM pods via launch/tpu_vm.sh): jax asks the TPU metadata server;
     otherwise a single process, nothing to do.
   heartbeat_timeout_s (or $BVL_HEARTBEAT_TIMEOUT_S; jax's default 100): after this many seconds
   without a heartbeat from a process the coordination service declares it dead and the others exit.
   """
-  # CPU collectives (psum etc. across processes on CPU): gloo. Already jax 0.10's default; set it
-  # explicitly so that an older/newer default ("none") never turns into "no CPU collectives".
+  # gloo for CPU collectives: jax 0.10's default already; explicit so that another default
+  # ("none") never means no CPU collectives across processes.
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
   kwargs = describe_environment()
   if kwargs is None:
     return False
-  env_hb = _float_env(ENV_HEARTBEAT, os.environ)
-  heartbeat = env_hb if env_hb is not None else heartbeat_timeout_s
+  heartbeat = _env_number(ENV_HEARTBEAT, os.environ)
+  heartbeat = heartbeat_timeout_s if heartbeat is None else heartbeat
   if heartbeat is not None:
     if heartbeat <= 0:
       raise ValueError(f"heartbeat timeout must be > 0 seconds, got {heartbeat}")
@@ -167,7 +150,7 @@ def initialize(*, heartbeat_timeout_s: float | None = None) -> bool:
     return True
   if kwargs.get("process_id") == 0:
     _check_port_free(kwargs["coordinator_address"])
-  timeout = _float_env(ENV_INIT_TIMEOUT, os.environ)
+  timeout = _env_number(ENV_INIT_TIMEOUT, os.environ)
   timeout = DEFAULT_INIT_TIMEOUT_S if timeout is None else timeout
   if timeout <= 0:
     raise ValueError(f"{ENV_INIT_TIMEOUT}={timeout:g}: use a positive number of seconds")
@@ -175,9 +158,8 @@ def initialize(*, heartbeat_timeout_s: float | None = None) -> bool:
   # process with a C++ stack trace; ours says in one line what to check.
   kwargs["initialization_timeout"] = int(timeout) + 30
   joined = threading.Event()
-  watchdog = threading.Thread(target=_join_watchdog, args=(joined, timeout, kwargs),
-                              name="JoinWatchdog", daemon=True)
-  watchdog.start()
+  threading.Thread(target=_join_watchdog, args=(joined, timeout, kwargs), name="JoinWatchdog",
+                   daemon=True).start()
   try:
     jax.distributed.initialize(**kwargs)
   except jax.errors.JaxRuntimeError as e:
@@ -189,7 +171,8 @@ def initialize(*, heartbeat_timeout_s: float | None = None) -> bool:
   finally:
     joined.set()
   logging.info("jax.distributed: process %d of %d, %d local / %d global devices",
-               jax.process_index(), jax.process_count(), jax.local_device_count(), jax.device_count())
+               jax.process_index(), jax.process_count(), jax.local_device_count(),
+               jax.device_count())
   return True
 
 
@@ -265,10 +248,9 @@ class HangGuard:
     """$BVL_HANG_TIMEOUT_S (0 disables) overrides `timeout_s`; $BVL_HANG_STARTUP_TIMEOUT_S the
     startup limit. With multi_process_only, a single-process run gets a disabled guard: it has no
     peer to wait for."""
-    env_timeout = _float_env(ENV_HANG_TIMEOUT, os.environ)
-    if env_timeout is not None:
-      timeout_s = env_timeout
-    env_startup = _float_env(ENV_HANG_STARTUP, os.environ)
+    env_timeout = _env_number(ENV_HANG_TIMEOUT, os.environ)
+    timeout_s = timeout_s if env_timeout is None else env_timeout
+    env_startup = _env_number(ENV_HANG_STARTUP, os.environ)
     if env_startup is not None:
       kwargs["startup_timeout_s"] = env_startup
     if multi_process_only and jax.process_count() == 1:
@@ -296,14 +278,11 @@ class HangGuard:
   def __exit__(self, *exc):
     self.stop()
 
-  def _limit(self) -> float:
-    return self.timeout_s if self._started else self.startup_timeout_s
-
   def _watch(self) -> None:
     poll = min(5.0, max(0.1, self.timeout_s / 10))
     while not self._stop.wait(poll):
       idle = time.monotonic() - self._last
-      limit = self._limit()
+      limit = self.timeout_s if self._started else self.startup_timeout_s
       if idle <= limit:
         continue
       where = f"after step {self._step}" if self._step is not None else "before the first step"

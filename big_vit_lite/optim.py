@@ -35,15 +35,19 @@ Config keys (big_vision names):
 Parameter names are "/"-joined paths, e.g. "Transformer/encoderblock_0/MlpBlock_0/Dense_0/kernel".
 A regex must match the whole name, and every regex given must be the first match
 of at least one parameter (else it is a typo, or shadowed by an earlier one): an error.
+Why the schedules are not optax's: benchmarks/NOTES.md, section "Config, optimizer, sharding,
+distributed".
 """
-import difflib
+import dataclasses
 import inspect
 import math
 import re
+from typing import Any, Callable
 
 from absl import logging
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import optax
 
@@ -59,19 +63,18 @@ def _dtype(value, key):
     return None
   try:
     dtype = jnp.dtype(_DTYPE_ALIASES.get(value, value) if isinstance(value, str) else value)
+    if jnp.issubdtype(dtype, jnp.floating):
+      return dtype
   except TypeError:
-    dtype = None
-  if dtype is None or not jnp.issubdtype(dtype, jnp.floating):
-    raise ValueError(f"config.optax.{key}={value!r} is not a float dtype: use 'bfloat16', "
-                     "'float32' or None.")
-  return dtype
+    pass
+  raise ValueError(f"config.optax.{key}={value!r} is not a float dtype: use 'bfloat16', "
+                   "'float32' or None.")
 
 
 def param_names(tree):
   """Tree of '/'-joined path strings, same structure as `tree`."""
-  def name(path, _):
-    return "/".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
-  return jax.tree_util.tree_map_with_path(name, tree)
+  return jax.tree_util.tree_map_with_path(
+      lambda path, _: jax.tree_util.keystr(path, simple=True, separator="/"), tree)
 
 
 def tree_by_regex(tree, rules, default, what, check_used=True):
@@ -80,7 +83,12 @@ def tree_by_regex(tree, rules, default, what, check_used=True):
   check_used: a ValueError when a regex is the first match of no leaf (a typo, a
   leading '/', a regex matching only part of the names: else silently ignored).
   """
-  compiled = [(_compile(r, what), v) for r, v in _pairs(rules, what)]
+  compiled = []
+  for r, v in _pairs(rules, what):
+    try:
+      compiled.append((re.compile(r), v))
+    except re.error as e:
+      raise ValueError(f"{what}: '{r}' is not a valid regex ({e}).") from None
   used = set()
   def lookup(name):
     for i, (r, v) in enumerate(compiled):
@@ -88,7 +96,8 @@ def tree_by_regex(tree, rules, default, what, check_used=True):
         used.add(i)
         return v
     if default is _REQUIRED:
-      raise ValueError(f"Parameter '{name}' matches no regex of {what}: add a catch-all ('.*', ...).")
+      raise ValueError(f"Parameter '{name}' matches no regex of {what}: add a catch-all "
+                       "('.*', ...).")
     return default
   names = param_names(tree)
   out = jax.tree.map(lookup, names)
@@ -106,13 +115,6 @@ def _pairs(rules, what):
       raise ValueError(f"{what} must be a list of (regex, value) pairs, e.g. "
                        f"[('head/.*', ...), ('.*', ...)]; got the item {rule!r}.")
   return rules
-
-
-def _compile(regex, what):
-  try:
-    return re.compile(regex)
-  except re.error as e:
-    raise ValueError(f"{what}: '{regex}' is not a valid regex ({e}).") from None
 
 
 def _unused_reason(regex, earlier, names):
@@ -160,10 +162,8 @@ def make_schedule(sched, *, total_steps, steps_per_epoch=None, batch_size=None):
     logging.warning("The schedule sets no decay_type: cosine decay (big_vision's default is a "
                     "constant: decay_type='constant').")
     decay_type = "cosine"
-  end = sched.get("min_lr", None)
-  end = sched.get("linear_end", end)
-  end = sched.get("end", end)  # (big_vision's name.)
-  end = 0.0 if end is None else float(end)
+  # The multiplier at the end: big_vision's `end`, or `linear_end`, or `min_lr`.
+  end = float(sched.get("end", sched.get("linear_end", sched.get("min_lr", 0.0))))
   timescale = float(sched.get("timescale", 10_000))
   shift = float(sched.get("shift", 0))
   power = float(sched.get("power", 1.0))
@@ -235,18 +235,11 @@ def _base_optimizer(name, kw):
     kw["mu_dtype"] = _dtype(kw.get("mu_dtype"), "mu_dtype")
     return _call(optax.scale_by_adam, kw, name)
   if name in ("sgd", "momentum", "big_vision.momentum_hp"):
-    if name == "big_vision.momentum_hp":  # big_vision's names and defaults.
+    if name != "sgd":
       kw.setdefault("momentum", 0.9)
+    if name == "big_vision.momentum_hp":  # big_vision's name and default for the dtype.
       kw.setdefault("accumulator_dtype", kw.pop("dtype", "bfloat16"))
-    momentum = kw.pop("momentum", 0.9 if name == "momentum" else None)
-    nesterov = kw.pop("nesterov", False)
-    dtype = _dtype(kw.pop("accumulator_dtype", None), "accumulator_dtype")
-    if kw:
-      raise ValueError(f"config.optax.{sorted(kw)[0]} is not an option of optax_name='{name}': "
-                       "its options are momentum, nesterov, accumulator_dtype.")
-    if not momentum:
-      return optax.identity()
-    return optax.trace(decay=momentum, nesterov=nesterov, accumulator_dtype=dtype)
+    return _call(_momentum, kw, name)
   if name == "big_vision.sgd":
     return _call(optax.identity, kw, name)
   if name in ("adafactor", "big_vision.scale_by_adafactor"):
@@ -264,6 +257,14 @@ def _call(factory, kw, name):
                      f"{f' (set config.{ours} instead)' if ours else ''}: its options are "
                      f"{', '.join(options) or 'none (leave config.optax empty)'}.")
   return factory(**kw)
+
+
+def _momentum(momentum=None, nesterov=False, accumulator_dtype=None):
+  """SGD's direction: the gradient (no momentum), or optax.trace of it."""
+  if not momentum:
+    return optax.identity()
+  return optax.trace(decay=momentum, nesterov=nesterov,
+                     accumulator_dtype=_dtype(accumulator_dtype, "accumulator_dtype"))
 
 
 def scale_by_adafactor(min_dim_size_to_factor=32, decay_rate=0.8, decay_offset=0,
@@ -295,10 +296,6 @@ def scale_by_adafactor(min_dim_size_to_factor=32, decay_rate=0.8, decay_offset=0
 
 def _scale_by_lr_and_decay(lr, sched_fns, group_tree, lr_mult_tree, wd, wd_mult_tree):
   """u -> -(lr * lr_mult * s_g(t)) * u - wd * wd_mult * s_g(t) * p, group g per param."""
-  def init_fn(params):
-    del params
-    return optax.ScaleByScheduleState(count=jnp.zeros([], jnp.int32))
-
   def update_fn(updates, state, params):
     s = [f(state.count) for f in sched_fns]
     def one(u, p, g, lm, wm):
@@ -311,17 +308,17 @@ def _scale_by_lr_and_decay(lr, sched_fns, group_tree, lr_mult_tree, wd, wd_mult_
     updates = jax.tree.map(one, updates, params, group_tree, lr_mult_tree, wd_mult_tree)
     return updates, optax.ScaleByScheduleState(count=optax.safe_int32_increment(state.count))
 
+  init_fn = lambda _: optax.ScaleByScheduleState(count=jnp.zeros([], jnp.int32))  # noqa: E731
   return optax.GradientTransformation(init_fn, update_fn)
 
 
+@dataclasses.dataclass(eq=False)
 class Optimizer:
   """What `make` returns: the optax transform plus what the trainer needs around it."""
-
-  def __init__(self, tx, lr_fn, frozen_mask, clipped=False):
-    self.tx = tx
-    self.lr_fn = lr_fn            # step -> learning rate of the first schedule group (for logging).
-    self.frozen_mask = frozen_mask  # Tree of bools: True = keep bit-identical.
-    self.clipped = clipped        # Whether the chain starts with the gradient clip.
+  tx: optax.GradientTransformation
+  lr_fn: Callable  # step -> learning rate of the first schedule group (for logging).
+  frozen_mask: Any  # Tree of bools: True = keep bit-identical.
+  clipped: bool = False  # Whether the chain starts with the gradient clip.
 
   def apply(self, params, grads, opt_state):
     updates, opt_state = self.tx.update(grads, opt_state, params)
@@ -397,23 +394,21 @@ def make(config, params, *, total_steps, steps_per_epoch=None, batch_size=None):
   lr_mults = _mults(config.get("lr_mults", None) or [], "lr_mults")
 
   sched_cfg = config.schedule if "schedule" in config else None
-  if sched_cfg is None:
-    groups = [(".*", {"decay_type": "constant"})]
-  elif isinstance(sched_cfg, (list, tuple)):
-    groups = _pairs(sched_cfg, "config.schedule")
-  else:
-    groups = [(".*", sched_cfg)]
+  groups = (_pairs(sched_cfg, "config.schedule") if isinstance(sched_cfg, (list, tuple))
+            else [(".*", {"decay_type": "constant"} if sched_cfg is None else sched_cfg)])
   dur = dict(total_steps=total_steps, steps_per_epoch=steps_per_epoch, batch_size=batch_size)
   sched_fns, group_of = [], []
   for regex, s in groups:
-    if s is None:
-      group_of.append((regex, FROZEN))
-    else:
-      group_of.append((regex, len(sched_fns)))
-      reader = s if hasattr(s, "consume") else _DictReader(s)
+    group_of.append((regex, FROZEN if s is None else len(sched_fns)))
+    if s is not None:
+      # The trainer checks the keys of config.schedule; those of a dict in a list, this.
+      tracked = hasattr(s, "consume")
+      reader = s if tracked else config_loading.TrackedConfig(ml_collections.ConfigDict(s))
       sched_fns.append(make_schedule(reader, **dur))
-      if isinstance(reader, _DictReader):
-        reader.check_all_read(regex)
+      unread = [] if tracked else reader.unread_keys()
+      if unread:
+        raise ValueError(f"Config key '{unread[0]}' in the schedule for '{regex}' is not a "
+                         f"schedule key{reader.hint(unread[0])}: remove it or fix its spelling.")
   if not sched_fns:
     raise ValueError("Every schedule group is frozen (None): nothing would train.")
   group_tree = tree_by_regex(params, group_of, _REQUIRED, "config.schedule")
@@ -426,15 +421,12 @@ def make(config, params, *, total_steps, steps_per_epoch=None, batch_size=None):
   wd_mult_tree = tree_by_regex(params, wd_mults, 0.0, "config.wd_mults", check_wd_mults)
   trainable = jax.tree.map(lambda f: not f, frozen_mask)
 
-  parts = []
-  if clip:
-    parts.append(_clip_by_global_norm(float(clip), trainable))
+  parts = [_clip_by_global_norm(float(clip), trainable)] if clip else []
   # masked: frozen params get no optimizer state (e.g. fine-tuning only a head).
-  parts.append(optax.masked(_base_optimizer(name, optax_kw), trainable))
-  parts.append(_scale_by_lr_and_decay(lr, sched_fns, group_tree, lr_mult_tree, wd, wd_mult_tree))
+  parts += [optax.masked(_base_optimizer(name, optax_kw), trainable),
+            _scale_by_lr_and_decay(lr, sched_fns, group_tree, lr_mult_tree, wd, wd_mult_tree)]
   tx = optax.chain(*parts)
-  lr_fn = lambda step: lr * sched_fns[0](step)
-  return Optimizer(tx, lr_fn, frozen_mask, clipped=bool(clip))
+  return Optimizer(tx, lambda step: lr * sched_fns[0](step), frozen_mask, clipped=bool(clip))
 
 
 _BLOCK = re.compile(r"Transformer/encoderblock(?:_(\d+))?/.*")
@@ -466,23 +458,3 @@ def layer_decay_mults(params, decay):
     return decay ** (depth + 1) if _EMBED.fullmatch(name) else 1.0
   return jax.tree.map(mult, param_names(params), params)
 
-
-class _DictReader:
-  """.get() over a plain dict (schedule dicts inside a list), recording reads."""
-
-  def __init__(self, d):
-    self._d = dict(d)
-    self._read = set()
-
-  def get(self, k, default=None):
-    self._read.add(k)
-    v = self._d.get(k, default)
-    return default if v is None else v
-
-  def check_all_read(self, regex):
-    unread = sorted(set(self._d) - self._read)
-    if unread:
-      close = difflib.get_close_matches(unread[0], sorted(self._read), n=1, cutoff=0.8)
-      hint = f" (did you mean '{close[0]}'?)" if close else ""
-      raise ValueError(f"Config key '{unread[0]}' in the schedule for '{regex}' is not a schedule "
-                       f"key{hint}: remove it or fix its spelling.")

@@ -20,7 +20,6 @@ param they divide, the others leave it whole, and a warning says which (fit_spec
 """
 import difflib
 import math
-import operator
 
 from absl import logging
 import flax.linen as nn
@@ -56,30 +55,18 @@ def _axis_hint(name):
   return f" (did you mean '{near}'?)" if near else ""
 
 
-def _int_or_none(size):
-  """An integer size (numpy's too) as int; None for anything else (bools, floats, strings)."""
-  if isinstance(size, bool):
-    return None
-  try:
-    return operator.index(size)
-  except TypeError:
-    return None
-
-
 def parse_mesh(spec):
   """'data:2,fsdp:-1' -> [("data", 2), ("fsdp", -1)]; '' or None -> None."""
   if not spec:
     return None
   cfg = []
   for part in str(spec).split(","):
-    name, sep, size = part.strip().partition(":")
+    name, _, size = part.strip().partition(":")
     try:
       cfg.append((name.strip(), int(size)))
     except ValueError:
-      sep = ""
-    if not sep:
       raise ValueError(f"mesh {spec!r}: expected axis:size pairs, e.g. 'data:-1' or "
-                       "'data:2,fsdp:-1'")
+                       "'data:2,fsdp:-1'") from None
   return cfg
 
 
@@ -90,8 +77,7 @@ def make_mesh(mesh_cfg=(("data", -1),), devices=None):
   default Explicit) axis types: Flax linen's logical constraints only work with Auto.
   """
   devices = jax.devices() if devices is None else devices
-  if isinstance(mesh_cfg, str):
-    mesh_cfg = parse_mesh(mesh_cfg)
+  mesh_cfg = parse_mesh(mesh_cfg) if isinstance(mesh_cfg, str) else mesh_cfg
   mesh_cfg = list(mesh_cfg or (("data", -1),))
   for entry in mesh_cfg:
     if isinstance(entry, str) or not hasattr(entry, "__len__") or len(entry) != 2:
@@ -100,23 +86,21 @@ def make_mesh(mesh_cfg=(("data", -1),), devices=None):
                        "mesh=(('data', -1),) or (('data', 2), ('fsdp', -1)).")
   mesh_cfg = [tuple(a) for a in mesh_cfg]
   for name, size in mesh_cfg:
-    n = _int_or_none(size)
-    if n is None or (n < 1 and n != -1):
+    if (isinstance(size, bool) or not isinstance(size, (int, np.integer))
+        or (size < 1 and size != -1)):
       raise ValueError(f"mesh {mesh_cfg}: axis {name!r} has size {size!r}; use a positive "
                        "integer, or -1 for the devices left over.")
-  mesh_cfg = [(name, _int_or_none(size)) for name, size in mesh_cfg]
-  names = [a for a, _ in mesh_cfg]
+  mesh_cfg = [(name, int(size)) for name, size in mesh_cfg]
+  names, sizes = [a for a, _ in mesh_cfg], [s for _, s in mesh_cfg]
   for name in names:
     if name not in MESH_AXES:
       raise ValueError(f"Unknown mesh axis {name!r}{_axis_hint(name)} in mesh {mesh_cfg}: use "
                        f"{', '.join(MESH_AXES)}.")
   if len(set(names)) != len(names):
     raise ValueError(f"Mesh axes repeat in {mesh_cfg}.")
-  sizes = [s for _, s in mesh_cfg]
-  n = len(devices)
   if sizes.count(-1) > 1:
     raise ValueError(f"At most one mesh axis may have size -1, got {mesh_cfg}.")
-  known = math.prod(s for s in sizes if s != -1)
+  n, known = len(devices), math.prod(s for s in sizes if s != -1)
   if -1 in sizes:
     if n % known:
       raise ValueError(f"Mesh {mesh_cfg}: {n} devices are not divisible by {known}.")
@@ -137,9 +121,7 @@ def batch_axes(mesh):
 
 def batch_devices(mesh):
   """How many ways the batch is split: the product of the batch axes (1 without a mesh)."""
-  if mesh is None:
-    return 1
-  return math.prod(mesh.shape[a] for a in batch_axes(mesh))
+  return 1 if mesh is None else math.prod(mesh.shape[a] for a in batch_axes(mesh))
 
 
 def batch_sharding(mesh):
@@ -158,8 +140,7 @@ _LOGICAL_ALIASES = {"act_batch": "batch", "activation_batch": "batch", "length":
 
 def _rule_pairs(rules_cfg):
   """config.sharding_rules (pairs, or a dict) -> [(logical, axes)], checked one by one."""
-  if hasattr(rules_cfg, "items"):
-    rules_cfg = list(rules_cfg.items())
+  rules_cfg = list(rules_cfg.items()) if hasattr(rules_cfg, "items") else rules_cfg
   if isinstance(rules_cfg, str) or not isinstance(rules_cfg, (list, tuple)):
     raise ValueError(f"sharding_rules={rules_cfg!r}: use (logical axis, mesh axes) pairs, e.g. "
                      "(('embed', 'fsdp'), ('mlp', 'model')).")
@@ -181,23 +162,22 @@ def _rule_pairs(rules_cfg):
                 "sharding_strategy does; for FSDP give the mesh an 'fsdp' axis)")
       raise ValueError(f"sharding_rules: unknown logical axis {logical!r}{hint}; the model's "
                        f"logical axes are {', '.join(_LOGICAL_NAMES)}.")
+    axes = (axes,) if isinstance(axes, str) else axes
     if axes is not None:
-      axes = (axes,) if isinstance(axes, str) else axes
       if not isinstance(axes, (list, tuple)) or not all(isinstance(a, str) for a in axes):
         raise ValueError(f"sharding_rules: {logical!r} maps to {rule[1]!r}; use a mesh axis "
                          f"name ({', '.join(MESH_AXES)}), a tuple of them, or None.")
-      for a in axes:
-        if a not in MESH_AXES:
-          hint = (" big_vision's sharding_strategy (fsdp(axis=...), replicate) is not a rule "
-                  "here: give the mesh an 'fsdp' axis instead." if "(" in a or a == "replicate"
-                  else "")
-          raise ValueError(f"sharding_rules: {logical!r} maps to unknown mesh axis {a!r}"
-                           f"{_axis_hint(a)}; use {', '.join(MESH_AXES)} or None.{hint}")
+      a = next((a for a in axes if a not in MESH_AXES), None)
+      if a is not None:
+        hint = (" big_vision's sharding_strategy (fsdp(axis=...), replicate) is not a rule "
+                "here: give the mesh an 'fsdp' axis instead." if "(" in a or a == "replicate"
+                else "")
+        raise ValueError(f"sharding_rules: {logical!r} maps to unknown mesh axis {a!r}"
+                         f"{_axis_hint(a)}; use {', '.join(MESH_AXES)} or None.{hint}")
       if len(set(axes)) != len(axes):
         raise ValueError(f"sharding_rules: {logical!r} maps to {tuple(axes)}, which repeats an "
                          "axis; name each mesh axis once.")
-      axes = tuple(axes)
-    pairs.append((logical, axes))
+    pairs.append((logical, None if axes is None else tuple(axes)))
   return pairs
 
 
@@ -213,17 +193,12 @@ def make_rules(rules_cfg, mesh):
   named = {}
   for logical, axes in ([] if rules_cfg is None else _rule_pairs(rules_cfg)):
     named.setdefault(logical, []).append(axes)
-  rules = []
-  for logical, axes in DEFAULT_RULES:
-    rules += [(logical, a) for a in named.get(logical, [axes])]
   out = []
-  for logical, axes in rules:
-    if axes is None:
-      out.append((logical, None))
-      continue
-    axes = (axes,) if isinstance(axes, str) else tuple(axes)
-    axes = tuple(a for a in axes if a in mesh.axis_names and mesh.shape[a] > 1)
-    out.append((logical, axes if len(axes) > 1 else (axes[0] if axes else None)))
+  for logical, default in DEFAULT_RULES:
+    for axes in named.get(logical, [default]):
+      axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+      axes = tuple(a for a in axes if a in mesh.axis_names and mesh.shape[a] > 1)
+      out.append((logical, axes if len(axes) > 1 else (axes[0] if axes else None)))
   return tuple(out)
 
 
@@ -246,16 +221,14 @@ def logical_shardings(boxed_abstract, mesh, rules, *, unsplit=None):
   move to another dim they divide, if any). Such dims are summarised, one line per
   case, into the list `unsplit` where one is given, and otherwise logged as one warning.
   """
-  specs = nn.get_partition_spec(boxed_abstract)
-  mesh_specs = nn.logical_to_mesh(specs, rules)
-  shapes = unbox(boxed_abstract)
+  mesh_specs = nn.logical_to_mesh(nn.get_partition_spec(boxed_abstract), rules)
   found = []
 
   def fit(path, spec, x):
     spec = fit_spec(spec, x.shape, mesh.shape, found, "/".join(_dict_keys(path)))
     return NamedSharding(mesh, spec)
   out = jax.tree_util.tree_map_with_path(
-      fit, mesh_specs, shapes, is_leaf=lambda s: isinstance(s, P) or s is None)
+      fit, mesh_specs, unbox(boxed_abstract), is_leaf=lambda s: isinstance(s, P) or s is None)
   found = _summarize(found)
   if unsplit is not None:
     unsplit.extend(found)
@@ -284,8 +257,7 @@ def fit_spec(spec, shape, axis_sizes, unsplit=None, name="array"):
   MLP's 6144 does); what finds no such dim stays whole. Each case is noted in the list
   `unsplit` as (name, dim size, axes, their size, dim moved to or None), if given.
   """
-  if not isinstance(spec, P):
-    spec = P()
+  spec = spec if isinstance(spec, P) else P()
   dims = list(spec) + [None] * (len(shape) - len(spec))
   dropped = []
   for i, axes in enumerate(dims):
@@ -314,9 +286,8 @@ def like_params_shardings(tree_abstract, params_abstract, params_shardings, mesh
   shape (Adam's mu/nu, momentum) gets that param's sharding; everything else
   (step counters, Adafactor's factored row/column statistics) is replicated.
   """
-  param_leaves = jax.tree_util.tree_leaves_with_path(params_abstract)
-  shard_leaves = jax.tree.leaves(params_shardings)
-  by_path = {_dict_keys(p): (tuple(x.shape), s) for (p, x), s in zip(param_leaves, shard_leaves)}
+  by_path = {_dict_keys(p): (tuple(x.shape), s) for (p, x), s in zip(
+      jax.tree_util.tree_leaves_with_path(params_abstract), jax.tree.leaves(params_shardings))}
 
   def pick(path, leaf):
     keys = _dict_keys(path)
@@ -334,8 +305,5 @@ def _dict_keys(path):
 
 def describe(shardings, abstract):
   """Per-device bytes of a tree under its shardings (for the log / tests)."""
-  total = 0
-  for s, x in zip(jax.tree.leaves(shardings), jax.tree.leaves(abstract)):
-    shard = s.shard_shape(tuple(x.shape))
-    total += int(np.prod(shard)) * np.dtype(x.dtype).itemsize
-  return total
+  return sum(int(np.prod(s.shard_shape(tuple(x.shape)))) * np.dtype(x.dtype).itemsize
+             for s, x in zip(jax.tree.leaves(shardings), jax.tree.leaves(abstract)))

@@ -7,29 +7,9 @@ Runs anywhere, no internet needed once the datasets are prepared:
 
 Expected result: Fashion-MNIST test prec@1 ("val/prec@1" in
 workdirs/demo/metrics.jsonl) 0.91 after 30,000 steps (32 epochs at batch 64),
-few-shot 10-shot ~0.64 (MNIST) / ~0.56-0.60 (Animal-MNIST). Measured 2026-12-03
-with `bash scripts/demo.sh` (2 CPU cores, AMD EPYC, AVX-512, jax 0.10.2):
-val/prec@1 0.8745 / 0.8937 / 0.9078 / 0.9140 / 0.9144 at steps 12k / 20k /
-24k / 28k / 30k; few-shot 0.6465 / 0.5642; the job took 988 s at a median
-31.6 ms/step. The result is deterministic on a given machine; the time is not.
-It also moves with float rounding: the previous model code (same math,
-flax's LayerNorm backward) gave 0.9115 / 0.6417 / 0.5968, and a patch
-embedding with a different contraction order 0.9088, so the recipe sits at
-0.91 +- 0.003, not comfortably above it. This VM ran the same step at
-26-27 ms in quiet periods and 37-49 ms in slow ones (cores partly idle, so
-not our CPU use); 15 minutes needs the quiet ~27 ms/step (30,000 x 27 ms =
-810 s plus ~40 s start-up and evals).
-The previous recipe did the shifts and flips per example in tf.data
-(pad(2)|random_crop(28)|flip_lr): 0.9101 in 860 s on a quiet machine
-(28 ms/step); moving them into the jitted step (config.device_aug) took
-2-3 ms off each step.
-What made it: 2 CPU devices with 32 images each (1.9x the img/s of one device
-at batch 128 in big_vit_lite.bench), hence 32 epochs instead of 12; with that
-many epochs the translation augmentation pays off. What limits it: compute on
-2 cores. With 12-19 epochs every variant tried stayed at 0.89-0.90: this model
-at batch 128 (0.8996 after 9,000 steps), a 3x3 conv stem before patchify
-(model.stem_channels, 0.9013 / 0.9007 for the same time), 4x4 patches
-(0.8936), width 192 / depth 6 (0.8898).
+few-shot 10-shot ~0.64 (MNIST) / ~0.56-0.60 (Animal-MNIST), in about 15 minutes on
+2 quiet CPU cores. Deterministic on a given machine; the measured runs and the
+variants tried: benchmarks/NOTES.md, section "Config, optimizer, sharding, distributed".
 
 Args (comma-separated after the file name, e.g. `configs/demo.py:runlocal`):
   runlocal   a few steps on a small batch, for tests and smoke runs.
@@ -69,15 +49,14 @@ def get_config(arg=None):
   )
   # 28x28 images, 7x7 patches -> 16 tokens: on CPU attention over many short
   # heads is slow, so few tokens and a moderately wide model train fastest.
-  # Shifts of up to 2 px and left-right flips; with 32 epochs the model
-  # overfits without them. The same as the pp ops "pad(2)|random_crop(28)|flip_lr"
-  # (-1.0 is black after value_range(-1, 1)), but inside the jitted step:
-  # per example in tf.data they took ~10% of the step from the 2 cores.
+  # Shifts of up to 2 px and left-right flips (with 32 epochs the model overfits
+  # without them): the pp ops "pad(2)|random_crop(28)|flip_lr" (-1.0 is black after
+  # value_range(-1, 1)), inside the jitted step, cheaper than per example in tf.data.
   config.device_aug = dict(translate=2, fill=-1.0, flip_lr=True)
   config.model_name = "vit"
-  # Data parallel over 2 CPU devices (each runs its half of the batch on its
-  # own thread): 1.9x the img/s of one device for a model this small (see
-  # distributed.set_cpu_devices). On a GPU/TPU machine this changes nothing.
+  # Data parallel over 2 CPU devices (each runs its half of the batch on its own
+  # thread): faster than one device for a model this small (distributed.set_cpu_devices).
+  # On a GPU/TPU machine this changes nothing.
   config.num_cpu_devices = 2
   config.mesh = (("data", -1),)
   config.model = dict(variant=config_dict.placeholder(str), width=128, depth=4, mlp_dim=512,
