@@ -58,6 +58,9 @@ def _conv_flops(eqn):
   return 2 * per_tap * taps
 
 
+_MATMULS = {"dot_general": _dot_flops, "conv_general_dilated": _conv_flops}
+
+
 def _sub_jaxprs(value):
   if isinstance(value, jex_core.ClosedJaxpr):
     yield value.jaxpr
@@ -92,15 +95,11 @@ def jaxpr_flops(jaxpr, *, unroll_scans: bool = True) -> int:
   scan, or `unroll` bodies (plus the remainder) for a partly unrolled scan. `while`
   bodies count once (their trip count is data); `cond` its costliest branch.
   """
-  if isinstance(jaxpr, jex_core.ClosedJaxpr):
-    jaxpr = jaxpr.jaxpr
   total = 0
-  for eqn in jaxpr.eqns:
+  for eqn in getattr(jaxpr, "jaxpr", jaxpr).eqns:  # (A ClosedJaxpr's jaxpr.)
     name = eqn.primitive.name
-    if name == "dot_general":
-      total += _dot_flops(eqn)
-    elif name == "conv_general_dilated":
-      total += _conv_flops(eqn)
+    if name in _MATMULS:
+      total += _MATMULS[name](eqn)
     elif name in _ELEMENTWISE:
       total += math.prod(eqn.outvars[0].aval.shape)
     elif name in _REDUCTIONS:
@@ -167,10 +166,8 @@ def _recompute_mask(jaxpr):
 def _eqn_matmuls(eqn):
   """(all, recomputed) matmul FLOPs of one eqn, sub-jaxprs and loops included."""
   name = eqn.primitive.name
-  if name == "dot_general":
-    return _dot_flops(eqn), 0
-  if name == "conv_general_dilated":
-    return _conv_flops(eqn), 0
+  if name in _MATMULS:
+    return _MATMULS[name](eqn), 0
   if name in _CUDNN_ATTENTION:
     model, recomputed = _attention_flops(eqn)
     return model + recomputed, recomputed
@@ -192,13 +189,8 @@ def _eqn_matmuls(eqn):
 
 
 def _matmuls(jaxpr):
-  if isinstance(jaxpr, jex_core.ClosedJaxpr):
-    jaxpr = jaxpr.jaxpr
-  total = recomputed = 0
-  for eqn in jaxpr.eqns:
-    t, r = _eqn_matmuls(eqn)
-    total, recomputed = total + t, recomputed + r
-  return total, recomputed
+  counts = [_eqn_matmuls(eqn) for eqn in getattr(jaxpr, "jaxpr", jaxpr).eqns]
+  return sum(t for t, _ in counts), sum(r for _, r in counts)
 
 
 def matmul_flops(jaxpr) -> tuple[int, int]:
