@@ -17,6 +17,7 @@ tunable already (to either value), and unless BIG_VIT_LITE_HUGE_PAGES=0.
 """
 import os
 import platform
+import re
 import sys
 
 TUNABLE = "glibc.malloc.hugetlb"
@@ -28,11 +29,10 @@ def thp_mode():
   """The kernel's transparent-huge-page mode ('always', 'madvise', 'never'), or None."""
   try:
     with open(_THP) as f:
-      text = f.read()
+      m = re.search(r"\[(\w+)\]", f.read())
   except OSError:
     return None
-  start, end = text.find("["), text.find("]")
-  return text[start + 1:end] if 0 <= start < end else None
+  return m and m.group(1)
 
 
 def _setting():
