@@ -7,18 +7,13 @@ Prints one JSON line per case (the cartesian product of --variant, --batch
 and --remat). Times are medians (with min/max) over --steps repeated steps
 after --warmup steps.
 
-FLOPs and MFU (big_vit_lite/flops.py): `step_flops` are the step's model
-FLOPs, its matmuls counted from the jaxpr (remat's recomputation not
-included: `hw_step_flops` has it); `xla_step_flops` is XLA's cost analysis
-(which on GPU misses the cuBLAS/cuDNN calls). `mfu` = model FLOPs / step time
-/ the datasheet peak of the devices (devices.py, or --peak_tflops), or, where
-no peak is known (CPU), / a square matmul of the same dtype timed in this
-process right before the case (`calib_gflops`); `mfu_basis` says which.
-`mfu_calib` is always against the timed matmul (on a shared machine far more
-stable than any absolute figure), `mfu_xla` uses XLA's FLOPs.
-
-The training step is the real thing minus the input pipeline: forward,
-softmax cross-entropy, backward, AdamW, with the train state donated.
+`step_flops` are the step's model FLOPs (its matmuls, from the jaxpr: flops.py),
+`hw_step_flops` add remat's recomputation, `xla_step_flops` are XLA's count. `mfu` is
+against the devices' datasheet peak (devices.py, or --peak_tflops), or where none is known
+(CPU) against a square matmul of the same dtype timed right before the case
+(`calib_gflops`); `mfu_basis` says which. `mfu_calib` is always against the timed matmul,
+`mfu_xla` uses XLA's FLOPs. The training step is the real thing minus the input pipeline:
+forward, softmax cross-entropy, backward, AdamW, with the train state donated.
 """
 if __name__ == "__main__":  # First, before jax and TF load: once more with huge pages.
   from big_vit_lite import hostmem  # pylint: disable=g-import-not-at-top
@@ -44,6 +39,7 @@ from big_vit_lite import flops as flops_lib
 from big_vit_lite import grad_accum
 from big_vit_lite import hostmem
 from big_vit_lite import losses
+from big_vit_lite import metrics
 from big_vit_lite import oom
 from big_vit_lite import sharding
 from big_vit_lite import xla_cpu_flags
@@ -79,38 +75,26 @@ _NUM_CPU_DEVICES = flags.DEFINE_integer(
     "num_cpu_devices", None, "Split the CPU into this many JAX devices (as the trainer's "
     "config.num_cpu_devices); use with --mesh=data:-1.")
 
-def _median_min_max(times):
-  return statistics.median(times), min(times), max(times)
+def time_calls(fn, warmup, steps):
+  """Runs fn() warmup+steps times (fn must block); returns the timed calls' (wall, CPU) seconds.
 
-
-def time_calls(fn, warmup, steps, cpu_times=None):
-  """Runs fn() warmup+steps times (fn must block); returns the timed wall durations.
-
-  cpu_times: optional list that receives each step's process CPU time. On a
-  shared, oversubscribed CPU the wall time mostly measures the neighbours;
+  On a shared, oversubscribed CPU the wall time mostly measures the neighbours; the process's
   CPU seconds per step track the program's own cost far more stably.
   """
   for _ in range(warmup):
     fn()
-  out = []
+  wall, cpu = [], []
   for _ in range(steps):
     c0, t0 = time.process_time(), time.perf_counter()
     fn()
-    out.append(time.perf_counter() - t0)
-    if cpu_times is not None:
-      cpu_times.append(time.process_time() - c0)
-  return out
+    wall.append(time.perf_counter() - t0)
+    cpu.append(time.process_time() - c0)
+  return wall, cpu
 
 
 def calibrate_matmul(n=2048, dtype="float32", reps=5):
-  """GFLOP/s of an n x n x n matmul in `dtype` (f32 accumulation), median of reps."""
-  ka, kb = jax.random.split(jax.random.PRNGKey(0))
-  a = jax.random.normal(ka, (n, n), dtype)
-  b = jax.random.normal(kb, (n, n), dtype)
-  mm = jax.jit(lambda a, b: jnp.dot(a, b, preferred_element_type=jnp.float32))
-  mm(a, b).block_until_ready()
-  times = time_calls(lambda: mm(a, b).block_until_ready(), 1, reps)
-  return 2 * n**3 / statistics.median(times) / 1e9
+  """GFLOP/s of an n x n x n matmul in `dtype` (f32 accumulation) on device 0, median of reps."""
+  return statistics.median(metrics.matmul_rates(n, dtype, reps, jax.devices()[:1])) / 1e9
 
 
 def parse_mesh(spec):
@@ -131,7 +115,7 @@ def _program_bytes(compiled):
     m = compiled.memory_analysis()
     return int(m.argument_size_in_bytes + m.output_size_in_bytes
                + m.temp_size_in_bytes - m.alias_size_in_bytes)
-  except Exception:  # not every backend implements it
+  except Exception:  # pylint: disable=broad-except  # not every backend implements it
     return None
 
 
@@ -142,6 +126,70 @@ def _shardings(model, mesh, x):
   abstract = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), x))["params"]
   rules = sharding.make_rules(None, mesh)
   return sharding.logical_shardings(abstract, mesh, rules), sharding.batch_sharding(mesh)
+
+
+def _compile(fn, *args):
+  t0 = time.perf_counter()
+  traced = fn.trace(*args)
+  compiled = traced.lower().compile()
+  return traced, compiled, time.perf_counter() - t0
+
+
+def _results(prefix, timing, *, batch, n_dev, peak, calib_gflops):
+  """The JSON keys of one timed step: times, FLOPs (the whole step, all devices) and MFUs."""
+  traced, compiled, compile_s, times, cpu_times = timing
+  med = statistics.median(times)
+  model, hw = flops_lib.matmul_flops(traced.jaxpr)
+  # XLA: one device's share of a partitioned program, loops counted in full.
+  xla = flops_lib.step_flops(traced, compiled, num_devices=n_dev)
+  xla = float("nan") if xla is None else xla * n_dev
+  out = {
+      "cpu_s": statistics.median(cpu_times), "compile_s": compile_s, "step_s": med,
+      "step_s_min": min(times), "step_s_max": max(times), "img_per_s": batch / med,
+      "step_flops": float(model), "hw_step_flops": float(hw), "xla_step_flops": xla,
+      "achieved_gflops": model / med / 1e9, "program_bytes": _program_bytes(compiled)}
+  if peak:
+    # XLA's figure only where it is sane (on GPU it misses the cuBLAS/cuDNN calls).
+    sane = flops_lib.sane_xla_flops(xla, model)
+    out.update(mfu=model / med / peak, mfu_hw=hw / med / peak,
+               mfu_xla=sane / med / peak if sane else None)
+  if calib_gflops:
+    out["mfu_calib"] = model / med / 1e9 / calib_gflops
+  return {f"{prefix}_{k}": v for k, v in out.items()}
+
+
+def _time_train(model, params, x, labels, *, accum, batch_sh, params_sh, warmup, steps,
+                trace_dir):
+  """Times the training step (AdamW); returns (timing for _results, the params it trained)."""
+  tx = optax.adamw(1e-3, weight_decay=1e-4)
+  rng = jax.random.PRNGKey(0)
+
+  def train_step(state, x, labels):
+    params, opt_state = state
+
+    def loss_fn(p, b, rng):
+      logits, _ = model.apply({"params": p}, b["x"], train=True, rngs={"dropout": rng})
+      return losses.softmax_xent(logits, b["labels"])
+
+    loss, grads = grad_accum.value_and_grad(
+        loss_fn, params, {"x": x, "labels": labels}, rng, accum,
+        batch_sharding=batch_sh, param_shardings=params_sh)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return (optax.apply_updates(params, updates), opt_state), loss
+
+  state = (params, jax.jit(tx.init)(params))
+  traced, compiled, compile_s = _compile(jax.jit(train_step, donate_argnums=0), state, x, labels)
+
+  def run():
+    nonlocal state
+    state, loss = compiled(state, x, labels)
+    loss.block_until_ready()
+
+  time_calls(run, warmup, 0)
+  with (jax.profiler.trace(trace_dir, create_perfetto_trace=True) if trace_dir
+        else contextlib.nullcontext()):
+    times = time_calls(run, 0, steps)
+  return (traced, compiled, compile_s, *times), state[0]
 
 
 def bench_model(model, *, batch, res, num_classes, mode=("train", "infer"), mesh=None,
@@ -157,96 +205,28 @@ def bench_model(model, *, batch, res, num_classes, mode=("train", "infer"), mesh
   trace_dir: if set, the timed training steps run under jax.profiler.trace (Perfetto JSON too).
   FLOPs and achieved FLOP/s are of the whole step, summed over the mesh's devices.
   """
+  grad_accum.check(grad_accum_steps, batch, sharding.batch_devices(mesh))
   rng = jax.random.PRNGKey(0)
   x = jax.random.normal(rng, (batch, res, res, 3), jnp.float32)
   labels = jax.nn.one_hot(jnp.arange(batch) % num_classes, num_classes)
   params_sh, batch_sh = _shardings(model, mesh, x)
   if batch_sh is not None:
     x, labels = jax.device_put((x, labels), batch_sh)
-
-  init = jax.jit(lambda r, x: sharding.unbox(model.init(r, x)["params"]),
-                 out_shardings=params_sh)
-  params = init(rng, x)
-  n_params = sum(p.size for p in jax.tree.leaves(params))
-  out = dict(batch=batch, res=res, params=int(n_params))
-  n_dev = mesh.size if mesh is not None else 1
-  grad_accum.check(grad_accum_steps, batch, sharding.batch_devices(mesh))
-
-  def finish(prefix, traced, compiled, compile_s, times, cpu_times):
-    med, lo, hi = _median_min_max(times)
-    out[f"{prefix}_cpu_s"] = statistics.median(cpu_times)
-    model, hw = flops_lib.matmul_flops(traced.jaxpr)  # the whole step, all devices
-    # XLA: one device's share of a partitioned program, loops counted in full.
-    xla = flops_lib.step_flops(traced, compiled, num_devices=n_dev)
-    xla = float("nan") if xla is None else xla * n_dev
-    flops = float(model)
-    out.update({
-        f"{prefix}_compile_s": compile_s,
-        f"{prefix}_step_s": med, f"{prefix}_step_s_min": lo, f"{prefix}_step_s_max": hi,
-        f"{prefix}_img_per_s": batch / med,
-        f"{prefix}_step_flops": flops,
-        f"{prefix}_hw_step_flops": float(hw),
-        f"{prefix}_xla_step_flops": xla,
-        f"{prefix}_achieved_gflops": flops / med / 1e9,
-        f"{prefix}_program_bytes": _program_bytes(compiled),
-    })
-    peak = peak_flops or (calib_gflops * 1e9 if calib_gflops else None)
-    if peak:
-      out[f"{prefix}_mfu"] = flops / med / peak
-      out[f"{prefix}_mfu_hw"] = hw / med / peak
-      # XLA's figure only where it is sane (on GPU it misses the cuBLAS/cuDNN calls).
-      sane = flops_lib.sane_xla_flops(xla, model)
-      out[f"{prefix}_mfu_xla"] = sane / med / peak if sane else None
-    if calib_gflops:
-      out[f"{prefix}_mfu_calib"] = flops / med / 1e9 / calib_gflops
-
+  params = jax.jit(lambda r, x: sharding.unbox(model.init(r, x)["params"]),
+                   out_shardings=params_sh)(rng, x)
+  out = dict(batch=batch, res=res, params=int(sum(p.size for p in jax.tree.leaves(params))))
+  kw = dict(batch=batch, n_dev=mesh.size if mesh is not None else 1, calib_gflops=calib_gflops,
+            peak=peak_flops or (calib_gflops * 1e9 if calib_gflops else None))
   if "train" in mode:
-    tx = optax.adamw(1e-3, weight_decay=1e-4)
-
-    def train_step(state, x, labels):
-      params, opt_state = state
-
-      def loss_fn(p, b, rng):
-        logits, _ = model.apply({"params": p}, b["x"], train=True, rngs={"dropout": rng})
-        return losses.softmax_xent(logits, b["labels"])
-
-      loss, grads = grad_accum.value_and_grad(
-          loss_fn, params, {"x": x, "labels": labels}, rng, grad_accum_steps,
-          batch_sharding=batch_sh, param_shardings=params_sh)
-      updates, opt_state = tx.update(grads, opt_state, params)
-      return (optax.apply_updates(params, updates), opt_state), loss
-
-    opt_state = jax.jit(tx.init)(params)
-    state = (params, opt_state)
-    t0 = time.perf_counter()
-    traced = jax.jit(train_step, donate_argnums=0).trace(state, x, labels)
-    compiled = traced.lower().compile()
-    compile_s = time.perf_counter() - t0
-
-    def run():
-      nonlocal state
-      state, loss = compiled(state, x, labels)
-      loss.block_until_ready()
-
-    cpu_times = []
-    time_calls(run, warmup, 0)
-    with (jax.profiler.trace(trace_dir, create_perfetto_trace=True) if trace_dir
-          else contextlib.nullcontext()):
-      times = time_calls(run, 0, steps, cpu_times)
-    finish("train", traced, compiled, compile_s, times, cpu_times)
-    params = state[0]
-    del state
-
+    timing, params = _time_train(model, params, x, labels, accum=grad_accum_steps,
+                                 batch_sh=batch_sh, params_sh=params_sh, warmup=warmup,
+                                 steps=steps, trace_dir=trace_dir)
+    out.update(_results("train", timing, **kw))
   if "infer" in mode:
     predict = jax.jit(lambda p, x: model.apply({"params": p}, x, train=False)[0])
-    t0 = time.perf_counter()
-    traced = predict.trace(params, x)
-    compiled = traced.lower().compile()
-    compile_s = time.perf_counter() - t0
-    cpu_times = []
-    times = time_calls(lambda: compiled(params, x).block_until_ready(), warmup, steps, cpu_times)
-    finish("infer", traced, compiled, compile_s, times, cpu_times)
-
+    traced, compiled, compile_s = _compile(predict, params, x)
+    times = time_calls(lambda: compiled(params, x).block_until_ready(), warmup, steps)
+    out.update(_results("infer", (traced, compiled, compile_s, *times), **kw))
   # Contract keys: step_flops / mfu refer to the training step when timed.
   main = "train" if "train" in mode else "infer"
   for key in ("step_flops", "xla_step_flops", "achieved_gflops", "mfu", "mfu_xla"):
@@ -270,16 +250,14 @@ def check_args(variants, batches, model_kw, *, res, steps, warmup, mode=("train"
   if not variants or not batches:
     raise ValueError("--variant and --batch need at least one value each")
   for variant in variants:
-    patch = vit.decode_variant(variant)["patch_size"]
-    if res < patch:
+    if res < vit.decode_variant(variant)["patch_size"]:
       raise ValueError(f"--res={res} is smaller than the patch size of {variant!r}")
   for name, value, low in (("batch", min(batches), 1), ("res", res, 1), ("steps", steps, 1),
                            ("warmup", warmup, 0), ("calib_n", calib_n, 1),
                            ("num_classes", num_classes, 1)):
     if value < low:
       raise ValueError(f"--{name}={value}: must be at least {low}")
-  bad = sorted(set(mode) - {"train", "infer"})
-  if bad or not mode:
+  if not mode or set(mode) - {"train", "infer"}:
     raise ValueError(f"--mode={','.join(mode)}: use train and/or infer, e.g. --mode=train,infer")
   if peak_tflops is not None and not peak_tflops > 0:
     raise ValueError(f"--peak_tflops={peak_tflops}: use the device's positive datasheet peak, "
@@ -326,24 +304,20 @@ def check_model(model, res, variant):
 def build_model(variant, num_classes, dtype, remat, scan, model_kw):
   """vit.Model for the flags: remat 'none' (no remat) or a policy name."""
   from big_vit_lite.models import vit  # imported late: bench flags parse without it
-  kw = dict(num_classes=num_classes, variant=variant, dtype_mm=dtype,
-            remat_policy=None if remat == "none" else remat, scan=scan)
-  kw.update(model_kw)
-  return vit.Model(**kw)
+  return vit.Model(**{"num_classes": num_classes, "variant": variant, "dtype_mm": dtype,
+                      "remat_policy": None if remat == "none" else remat, "scan": scan,
+                      **model_kw})
 
 
 def main(argv):
   del argv
   try:
     distributed.set_cpu_devices(_NUM_CPU_DEVICES.value)
-  except ValueError as e:
-    sys.exit(f"bench: {e}")
-  try:
-    model_kw = json.loads(_MODEL_KW.value)
-    batches = [int(b) for b in _BATCH.value]
-  except ValueError as e:
-    sys.exit(f"bench: --model_kw must be a JSON dict and --batch integers ({e})")
-  try:
+    try:
+      model_kw = json.loads(_MODEL_KW.value)
+      batches = [int(b) for b in _BATCH.value]
+    except ValueError as e:
+      raise ValueError(f"--model_kw must be a JSON dict and --batch integers ({e})") from None
     check_args(_VARIANT.value, batches, model_kw, res=_RES.value, steps=_STEPS.value,
                warmup=_WARMUP.value, mode=_MODE.value, calib_n=_CALIB_N.value,
                num_classes=_NUM_CLASSES.value, peak_tflops=_PEAK_TFLOPS.value)
@@ -363,15 +337,12 @@ def main(argv):
   for variant, batch, remat in itertools.product(_VARIANT.value, batches, _REMAT.value):
     model = build_model(variant, _NUM_CLASSES.value, _DTYPE.value, remat,
                         _SCAN.value, model_kw)
-    # MFU against device 0's matmul rate times the device count on
-    # accelerators. CPU devices (num_cpu_devices / XLA's host device count)
-    # share the same cores, and one device's matmul already uses them all,
-    # so there the calibrated rate is the whole machine's.
+    # Device 0's matmul rate times the device count; CPU devices share the cores, and one
+    # device's matmul already uses them all: there it is the whole machine's.
     calib_before = calibrate_matmul(_CALIB_N.value, _DTYPE.value)
     calib_devices = 1 if dev.platform == "cpu" else n_dev
-    ctx = jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext()
     try:
-      with ctx:
+      with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
         res = bench_model(model, batch=batch, res=_RES.value,
                           num_classes=_NUM_CLASSES.value, mode=tuple(_MODE.value),
                           mesh=mesh, steps=_STEPS.value, warmup=_WARMUP.value,
@@ -386,16 +357,12 @@ def main(argv):
           grad_accum_steps=_GRAD_ACCUM.value))
     calib_after = calibrate_matmul(_CALIB_N.value, _DTYPE.value)
     line = dict(variant=variant, dtype=_DTYPE.value, remat=remat,
-                attention=model.resolved_attention(),
-                scan=_SCAN.value, grad_accum_steps=_GRAD_ACCUM.value,
-                mesh=_MESH.value or None, model_kw=model_kw,
+                attention=model.resolved_attention(), scan=_SCAN.value,
+                grad_accum_steps=_GRAD_ACCUM.value, mesh=_MESH.value or None, model_kw=model_kw,
                 cpu_flags=_CPU_FLAGS.value, host_malloc=hostmem.status(),
-                device_kind=dev.device_kind,
-                num_devices=n_dev, jax_version=jax.__version__,
+                device_kind=dev.device_kind, num_devices=n_dev, jax_version=jax.__version__,
                 calib_gflops=calib_before, calib_gflops_after=calib_after,
-                datasheet_peak_tflops=peak / 1e12 if peak else None)
-    line.update(res)
-    line.update(peak_memory())
+                datasheet_peak_tflops=peak / 1e12 if peak else None, **res, **peak_memory())
     print(json.dumps(line), flush=True)
 
 

@@ -62,19 +62,14 @@ DEVICES = {
 
 def lookup(device_kind):
   """The DeviceSpec whose kinds match `device_kind` (e.g. 'NVIDIA H200'), or None."""
-  kind = device_kind.lower()
-  for spec in DEVICES.values():
-    # A name must not run on into more letters/digits: "nvidia l4" is not an L40S.
-    if any(re.search(re.escape(k) + r"(?![0-9a-z])", kind) for k in spec.kinds):
-      return spec
-  return None
+  # A name must not run on into more letters/digits: "nvidia l4" is not an L40S.
+  return next((spec for spec in DEVICES.values() if any(
+      re.search(re.escape(k) + r"(?![0-9a-z])", device_kind.lower()) for k in spec.kinds)), None)
 
 
 def datasheet_peak(device, dtype="bfloat16"):
   """Peak matmul FLOP/s of one jax device for `dtype` ('bfloat16' | 'float32'), or None."""
-  if device.platform == "cpu":
-    return None
-  spec = lookup(device.device_kind)
+  spec = None if device.platform == "cpu" else lookup(device.device_kind)
   if spec is None:
     return None
   if dtype not in ("bfloat16", "float32"):

@@ -4,29 +4,18 @@ Model FLOPs (`matmul_flops`, `model_flops`): the matmuls and convolutions the
 step's jaxpr asks for, counted exactly (2 x multiply-adds), every `scan` body
 times its length, cuDNN attention calls by their shapes; elementwise work is
 not counted (the usual MFU convention: the peak is a matmul rate). Forward
-work that `jax.checkpoint` (remat) recomputes in the backward pass is counted
-apart as hardware FLOPs, not as model FLOPs, so MFU does not change with the
-remat policy. This count is the same on every backend; XLA's cost analysis is
-not: on GPU it leaves out the cuBLAS/cuDNN calls (ViT-B/16 on an H200 read
-0.018 MFU for a true 0.256).
+work that `jax.checkpoint` (remat) recomputes in the backward pass counts as
+hardware FLOPs, not model FLOPs, so MFU does not change with the remat policy.
+The count is the same on every backend.
 
-`step_flops` is XLA's own figure (cost analysis, elementwise included),
-corrected for loops as below: the secondary "xla" figure.
-
-XLA's cost analysis (`compiled.cost_analysis()["flops"]`) counts the body of a
-while loop once, whatever its trip count. Measured on jax 0.10.2: ViT-Ti/16
-with its 12 blocks under `nn.scan` reported 0.54 GFLOP for a training step
-that is 4.6 GFLOP unrolled (batch 8, 64 px), so its MFU read 8.5x too low;
-gradient accumulation over k microbatches (a scan) reads k times too low.
-
-`step_flops` keeps XLA's figure (which also counts elementwise work) and adds
-what it misses: it walks the step's jaxpr and counts its FLOPs the way XLA
-does (matmuls and convolutions exactly, one per element for elementwise
-arithmetic) twice, once with every `scan` body multiplied by its length and
-once as XLA's loop program holds it (one body, or `unroll` bodies plus the
-remainder), and adds the difference. A program
-without scans gets exactly XLA's figure. `while` loops with a data-dependent
-trip count cannot be counted and stay at one iteration, as in XLA.
+`step_flops` is XLA's cost analysis (elementwise work included), which counts
+a while loop's body once (a scanned ViT read 8.5x too low) and on GPU misses
+the cuBLAS/cuDNN calls: it adds what the scans miss, found by counting the
+jaxpr the way XLA does (matmuls exactly, one FLOP per element of elementwise
+arithmetic) with every scan body once per iteration and as XLA's loop program
+holds it. A program without scans gets exactly XLA's figure; `while` loops
+with a data-dependent trip count stay at one iteration, as in XLA.
+Measurements: benchmarks/NOTES.md, section "Plan, bench, FLOPs, metrics".
 """
 from __future__ import annotations
 
@@ -69,6 +58,9 @@ def _conv_flops(eqn):
   return 2 * per_tap * taps
 
 
+_MATMULS = {"dot_general": _dot_flops, "conv_general_dilated": _conv_flops}
+
+
 def _sub_jaxprs(value):
   if isinstance(value, jex_core.ClosedJaxpr):
     yield value.jaxpr
@@ -103,15 +95,11 @@ def jaxpr_flops(jaxpr, *, unroll_scans: bool = True) -> int:
   scan, or `unroll` bodies (plus the remainder) for a partly unrolled scan. `while`
   bodies count once (their trip count is data); `cond` its costliest branch.
   """
-  if isinstance(jaxpr, jex_core.ClosedJaxpr):
-    jaxpr = jaxpr.jaxpr
   total = 0
-  for eqn in jaxpr.eqns:
+  for eqn in getattr(jaxpr, "jaxpr", jaxpr).eqns:  # (A ClosedJaxpr's jaxpr.)
     name = eqn.primitive.name
-    if name == "dot_general":
-      total += _dot_flops(eqn)
-    elif name == "conv_general_dilated":
-      total += _conv_flops(eqn)
+    if name in _MATMULS:
+      total += _MATMULS[name](eqn)
     elif name in _ELEMENTWISE:
       total += math.prod(eqn.outvars[0].aval.shape)
     elif name in _REDUCTIONS:
@@ -178,10 +166,8 @@ def _recompute_mask(jaxpr):
 def _eqn_matmuls(eqn):
   """(all, recomputed) matmul FLOPs of one eqn, sub-jaxprs and loops included."""
   name = eqn.primitive.name
-  if name == "dot_general":
-    return _dot_flops(eqn), 0
-  if name == "conv_general_dilated":
-    return _conv_flops(eqn), 0
+  if name in _MATMULS:
+    return _MATMULS[name](eqn), 0
   if name in _CUDNN_ATTENTION:
     model, recomputed = _attention_flops(eqn)
     return model + recomputed, recomputed
@@ -203,13 +189,8 @@ def _eqn_matmuls(eqn):
 
 
 def _matmuls(jaxpr):
-  if isinstance(jaxpr, jex_core.ClosedJaxpr):
-    jaxpr = jaxpr.jaxpr
-  total = recomputed = 0
-  for eqn in jaxpr.eqns:
-    t, r = _eqn_matmuls(eqn)
-    total, recomputed = total + t, recomputed + r
-  return total, recomputed
+  counts = [_eqn_matmuls(eqn) for eqn in getattr(jaxpr, "jaxpr", jaxpr).eqns]
+  return sum(t for t, _ in counts), sum(r for _, r in counts)
 
 
 def matmul_flops(jaxpr) -> tuple[int, int]:

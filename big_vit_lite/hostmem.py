@@ -1,16 +1,11 @@
 """Host memory for XLA's buffers: transparent huge pages through glibc malloc.
 
-XLA CPU allocates a jitted step's temporaries as one block per call (ViT-Ti/16,
-batch 32, train step: 1.57 GB) and frees it when the call returns. glibc
-serves blocks over 32 MB with a fresh mmap and gives them back with munmap, so
-every step faults the whole block in again, 4 KiB at a time. Measured on the
-2-core dev VM: ~420k page faults and 0.8-0.9 s of kernel time per 1.6 s step.
-
-`glibc.malloc.hugetlb=1` (glibc >= 2.35) makes malloc madvise such blocks for
-transparent huge pages: 2 MiB faults, ~1.1k per step, and the same step in
-1.07-1.21 s (1.4-1.5x). timm's step on the same machine does not change with
-it (1.63 vs 1.68 s): PyTorch allocates tensor by tensor, below the threshold.
-Numerics are untouched; only where the bytes live changes.
+XLA CPU allocates a jitted step's temporaries as one block per call and frees it
+when the call returns; glibc serves such blocks (over 32 MB) with a fresh mmap, so
+every step faults the whole block in again, 4 KiB at a time. `glibc.malloc.hugetlb=1`
+(glibc >= 2.35) makes malloc madvise them for transparent huge pages: 1.4-1.5x on
+ViT-Ti/16's CPU step; numerics are untouched (benchmarks/NOTES.md, section "Plan,
+bench, FLOPs, metrics").
 
 glibc reads GLIBC_TUNABLES when the process starts, so the job entry points
 (train, bench, evaluate) call `use_huge_pages()` first thing: it re-executes
@@ -22,6 +17,7 @@ tunable already (to either value), and unless BIG_VIT_LITE_HUGE_PAGES=0.
 """
 import os
 import platform
+import re
 import sys
 
 TUNABLE = "glibc.malloc.hugetlb"
@@ -33,11 +29,10 @@ def thp_mode():
   """The kernel's transparent-huge-page mode ('always', 'madvise', 'never'), or None."""
   try:
     with open(_THP) as f:
-      text = f.read()
+      m = re.search(r"\[(\w+)\]", f.read())
   except OSError:
     return None
-  start, end = text.find("["), text.find("]")
-  return text[start + 1:end] if 0 <= start < end else None
+  return m and m.group(1)
 
 
 def _setting():

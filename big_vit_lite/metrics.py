@@ -5,17 +5,13 @@
 TensorBoard writer. Only process 0 writes, so every process may call it.
 
 `mfu` = model FLOPs of the step (its matmuls counted from the jaxpr, remat's
-recomputation not included: `flops.matmul_flops`) / step time / peak FLOP/s.
-`mfu_xla` is the same with XLA's cost analysis for FLOPs (`flops.step_flops`:
-elementwise work and recomputation included), where that count is sane (on GPU
-it leaves out the cuBLAS/cuDNN calls: no `mfu_xla` there). Accelerator peaks
-are the vendor dense figures in devices.py (H100/H200: 989 TFLOP/s bf16) for
-the model's matmul dtype; a CPU has no useful
-datasheet figure (it depends on cores, SIMD width and what else runs), so its
-peak is calibrated at start by timing a large f32 matmul in the same process.
+recomputation not included: `flops.matmul_flops`) / step time / peak FLOP/s;
+`mfu_xla` uses XLA's FLOPs (`flops.step_flops`) where they are sane. The peak
+is the datasheet figure of devices.py for accelerators, and for CPUs a matmul
+timed at start on all local devices at once (see benchmarks/NOTES.md, section
+"Plan, bench, FLOPs, metrics").
 """
 import json
-import math
 import os
 import time
 
@@ -28,31 +24,44 @@ from big_vit_lite import devices
 from big_vit_lite import paths
 
 
-def calibrate_cpu_flops(n=1024, reps=5):
-  """Measured f32 matmul FLOP/s of this process (the CPU 'peak' for MFU)."""
-  x = jnp.ones((n, n), jnp.float32)
-  f = jax.jit(lambda a: a @ a)
-  f(x).block_until_ready()  # compile + warm up
-  best = math.inf
+def matmul_rates(n, dtype="float32", reps=5, devs=None):
+  """FLOP/s of each of `reps` timed calls of an n x n x n matmul in `dtype`, one per device of
+  `devs` (default: all local devices) at the same time, after one untimed call."""
+  devs = devs or jax.local_devices()
+  sh = jax.sharding.NamedSharding(jax.sharding.Mesh(np.array(devs), ("d",)),
+                                  jax.sharding.PartitionSpec("d"))
+  x = jax.device_put(jax.random.normal(jax.random.PRNGKey(0), (len(devs), n, n), dtype), sh)
+  mm = jax.jit(lambda a: jnp.matmul(a, a, preferred_element_type=jnp.float32))
+  mm(x).block_until_ready()
+  rates = []
   for _ in range(reps):
     t0 = time.perf_counter()
-    f(x).block_until_ready()
-    best = min(best, time.perf_counter() - t0)
-  return 2 * n**3 / best
+    mm(x).block_until_ready()
+    rates.append(2 * n**3 * len(devs) / (time.perf_counter() - t0))
+  return rates
+
+
+def calibrate_cpu_flops(dtype="float32", sizes=(256, 512, 1024), reps=5):
+  """The best matmul FLOP/s of all local devices together (the CPU 'peak' for MFU).
+
+  The simulated CPU devices share the cores and XLA's thread pool: only a matmul on all of
+  them at once measures what they can do together. The best over sizes and reps, because a
+  shared machine only ever makes a call slower.
+  """
+  return max(max(matmul_rates(n, dtype, reps)) for n in sizes)
 
 
 def peak_flops_per_device(device=None, dtype="bfloat16"):
   """Peak FLOP/s of one device for matmuls in `dtype`, or None when its kind is unknown.
 
-  For CPU devices the calibrated matmul rate of the whole process is divided
-  among its (possibly simulated) devices, since they share the same cores.
+  CPU: the calibrated rate of all local devices together (in `dtype` and float32, the
+  faster), divided among them.
   """
   device = device or jax.local_devices()[0]
-  if device.platform == "cpu":
-    return calibrate_cpu_flops() / max(1, jax.local_device_count())
-  # Accelerators: the datasheet peak (bf16: the usual MFU denominator; f32 runs at
-  # JAX's default precision, TF32 on GPUs).
   dtype = "float32" if str(jnp.dtype(dtype)) == "float32" else "bfloat16"
+  if device.platform == "cpu":  # f32 too: a bf16 model's f32 matmuls may run faster.
+    return max(calibrate_cpu_flops(d) for d in {"float32", dtype}) / jax.local_device_count()
+  # bf16: the usual MFU denominator; f32 runs at JAX's default precision (TF32 on GPUs).
   return devices.datasheet_peak(device, dtype)
 
 
@@ -83,57 +92,42 @@ class MetricWriter:
   def write(self, step, metrics):
     if not self._active:
       return
-    row = {"step": int(step)}
-    for k, v in metrics.items():
-      row[k] = _to_python(v)
+    row = {"step": int(step), **{k: _to_python(v) for k, v in metrics.items()}}
     with self.path.open("a") as f:
       f.write(json.dumps(row) + "\n")
     scalars = {k: v for k, v in row.items() if k != "step" and isinstance(v, (int, float))}
     if scalars and self._tb_writer() is not None:
       self._tb.write_scalars(int(step), scalars)
 
+  def _rows(self):
+    """The rows of metrics.jsonl (none on processes other than 0), torn lines skipped."""
+    if not self._active or not self.path.exists():
+      return []
+    rows = []
+    for line in self.path.read_text().splitlines():
+      try:
+        rows.append(json.loads(line))
+      except ValueError:
+        continue  # A torn last line.
+    return [r for r in rows if isinstance(r, dict)]
+
   def logged_keys(self, step):
     """The keys metrics.jsonl holds for `step` (empty on processes other than 0)."""
-    if not self._active or not self.path.exists():
-      return set()
-    keys = set()
-    for line in self.path.read_text().splitlines():
-      try:
-        row = json.loads(line)
-      except ValueError:
-        continue  # A torn last line.
-      if isinstance(row, dict) and row.get("step") == step:
-        keys.update(k for k in row if k != "step")
-    return keys
+    return {k for r in self._rows() if r.get("step") == step for k in r if k != "step"}
 
   def last_value(self, key):
-    """`key`'s value in the last line of metrics.jsonl that has it, or None (and on processes > 0)."""
-    if not self._active or not self.path.exists():
-      return None
-    value = None
-    for line in self.path.read_text().splitlines():
-      try:
-        row = json.loads(line)
-      except ValueError:
-        continue  # A torn last line.
-      if isinstance(row, dict) and key in row:
-        value = row[key]
-    return value
+    """`key`'s value in the last line of metrics.jsonl that has it (None: none, or process > 0)."""
+    return next((r[key] for r in reversed(self._rows()) if key in r), None)
 
   def start_run(self, resumed_step=None):
     """Marks where this run starts: fresh (None) or from the checkpoint at `resumed_step`.
 
-    A killed run's work after its last checkpoint is done again by the
-    restarted one; without this those steps would show twice. metrics.jsonl
-    is rewritten without the lines after `resumed_step` (all lines for a
-    fresh start), via a temporary file and a rename so that a kill now cannot
-    lose it. TensorBoard event files are append-only: instead a new event
-    file gets TensorBoard's restart marker, a `SessionLog(START)` event at
-    the first step this run logs; TensorBoard drops the earlier files' events
-    from that step on (its `purge_orphaned_data`, on by default). Every run
-    writes one, because TensorBoard treats the first START it sees in a
-    directory as a plain start and only later ones as restarts. Call it
-    before the first `write`.
+    Call it before the first `write`. So that steps a killed run did after its last checkpoint
+    do not show twice, metrics.jsonl loses the lines after `resumed_step` (all for a fresh
+    start; rewritten via a rename, kill-safe), and a new TensorBoard event file gets a
+    `SessionLog(START)` at the first step this run logs: TensorBoard then drops the earlier
+    files' events from that step on. Every run writes one: TensorBoard takes only a second
+    START in a directory as a restart.
     """
     if not self._active:
       return
@@ -213,34 +207,25 @@ def _to_python(v):
 class Chrono:
   """Step timing, throughput, ETA, core-hours and MFU for the progress line.
 
-  Time spent in evaluation and checkpointing is paused out so that img/s
-  measures training only. `core_hours_before`: what the earlier attempts of a
-  resumed run used, so that core_hours counts the whole run. `step_flops`: model FLOPs of
-  a step (the `mfu`), `xla_step_flops`: XLA's count (`mfu_xla`), both per device like
+  Evaluation and checkpointing are paused out, so that img/s measures training only.
+  `core_hours_before`: what the earlier attempts of a resumed run used. `step_flops`: model
+  FLOPs of a step (`mfu`), `xla_step_flops`: XLA's count (`mfu_xla`), both per device like
   `peak_flops_total`.
   """
 
   def __init__(self, *, first_step, total_steps, global_batch, step_flops=None,
                peak_flops_total=None, core_hours_before=0.0, xla_step_flops=None):
-    self.first_step = first_step
+    self.first_step, self.total_steps, self.global_batch = first_step, total_steps, global_batch
     self.core_hours_before = float(core_hours_before or 0.0)
-    self.total_steps = total_steps
-    self.global_batch = global_batch
-    self.step_flops = step_flops
-    self.xla_step_flops = xla_step_flops
+    self.step_flops, self.xla_step_flops = step_flops, xla_step_flops
     self.peak_flops_total = peak_flops_total
     self.start = time.perf_counter()
-    self._last_time = None
-    self._last_step = first_step
-    self._paused = 0.0
-    self._pause_start = None
+    self._last_time, self._last_step, self._paused, self._pause_start = None, first_step, 0.0, None
     self.train_seconds = 0.0
     self.num_devices = jax.device_count()
     # Cores a run occupies, for core-hours: devices, or CPU cores on CPU.
-    if jax.devices()[0].platform == "cpu":
-      self.num_cores = (os.cpu_count() or 1) * jax.process_count()
-    else:
-      self.num_cores = self.num_devices
+    self.num_cores = ((os.cpu_count() or 1) * jax.process_count()
+                      if jax.devices()[0].platform == "cpu" else self.num_devices)
 
   def pause(self):
     self._pause_start = time.perf_counter()
@@ -282,14 +267,10 @@ class Chrono:
 def progress_line(step, total_steps, m):
   """One human-readable line from the training metrics of a step."""
   parts = [f"[{step}/{total_steps}]"]
-  if "training_loss" in m:
-    parts.append(f"loss={m['training_loss']:.4f}")
-  if "learning_rate" in m:
-    parts.append(f"lr={m['learning_rate']:.3g}")
-  if "grad_norm" in m:
-    parts.append(f"gnorm={m['grad_norm']:.3g}")
-  if "img/sec" in m:
-    parts.append(f"{m['img/sec']:.1f} img/s")
+  for key, fmt in (("training_loss", "loss={:.4f}"), ("learning_rate", "lr={:.3g}"),
+                   ("grad_norm", "gnorm={:.3g}"), ("img/sec", "{:.1f} img/s")):
+    if key in m:
+      parts.append(fmt.format(m[key]))
   if "step_time" in m:
     parts.append(f"{m['step_time'] * 1000:.0f} ms/step")
   if "mfu" in m:

@@ -24,9 +24,7 @@ def is_oom(err: BaseException) -> bool:
 def requested_bytes(err: BaseException):
   """The size of the allocation that failed, in bytes, where XLA's message says it."""
   m = _BYTES.search(str(err))
-  if not m:
-    return None
-  return float(m.group(1)) * _UNITS[(m.group(2) or "").lower()]
+  return float(m.group(1)) * _UNITS[(m.group(2) or "").lower()] if m else None
 
 
 TRAIN_ADVICE = (

@@ -11,6 +11,7 @@ import pytest
 from big_vit_lite import flops
 from big_vit_lite import grad_accum
 from big_vit_lite import losses
+from big_vit_lite import metrics
 from big_vit_lite import sharding
 from big_vit_lite.models import vit
 
@@ -135,6 +136,21 @@ def test_trainer_logs_mfu_of_model_flops(tfds_data_dir, tmp_path):
   for row in rows:
     assert row["mfu"] == pytest.approx(model_gflop / row["step_time"] / peak_gflops, rel=1e-4)
     assert row["mfu_xla"] == pytest.approx(xla_gflop / row["step_time"] / peak_gflops, rel=1e-3)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_cpu_mfu_of_a_real_run_is_a_fraction(tfds_data_dir, tmp_path):
+  """The CPU peak (a matmul timed on all local devices at once) bounds what the step reaches:
+  the demo's model and per-device batch on 2 simulated devices logs 0 < mfu <= 1."""
+  r = trainer_runs.run_train(
+      tfds_data_dir, str(tmp_path), "--config.total_steps=30", "--config.ckpt_steps=100",
+      "--config.log_training_steps=10", "--config.input.batch_size=64", "--config.model.width=128",
+      "--config.model.depth=4", "--config.model.mlp_dim=512", "--config.model.dropout=0.0",
+      devices=2)
+  assert r.returncode == 0, r.stderr[-3000:]
+  mfus = [row["mfu"] for row in metrics.read_metrics(tmp_path) if "mfu" in row]
+  assert mfus and all(0 < m <= 1 for m in mfus), mfus
 
 
 def test_xla_figure_is_kept_only_where_it_is_sane():

@@ -140,6 +140,23 @@ def test_grad_accum_halves_activations_and_adds_an_accumulator(tiny_config):
   assert two["comm_time_s"] > one["comm_time_s"]
 
 
+@pytest.mark.timeout(120)
+def test_plan_counts_the_ema_copy_of_the_params(tiny_config):
+  spec = importlib.util.spec_from_file_location("tiny_plan_config", tiny_config)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  config = module.get_config()
+  mesh = plan.parse_mesh("data:2,fsdp:2")
+  without = plan.plan(config, mesh, "tpu_v4")
+  config.ema_decay = 0.999
+  with_ema = plan.plan(config, mesh, "tpu_v4")
+  assert without["ema_bytes_per_device"] == 0
+  assert with_ema["ema_bytes_per_device"] == with_ema["params_bytes_per_device"] > 0
+  assert (with_ema["total_bytes_per_device"]
+          == without["total_bytes_per_device"] + with_ema["ema_bytes_per_device"])
+  assert "EMA of params" in plan.format_report(with_ema)
+
+
 def _big_config(variant, batch, *, remat="nothing_saveable", dtype_mm="bfloat16"):
   c = ml_collections.ConfigDict()
   c.total_steps = 1000
