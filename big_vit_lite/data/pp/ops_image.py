@@ -59,13 +59,11 @@ _CONVEX = ("bilinear", "nearest", "area")
 
 def _resize(image, hw, method, antialias=False):
   """Resizes keeping the input dtype: uint8 stays uint8, truncated as big_vision does."""
-  dtype = image.dtype
   out = tf.image.resize(image, hw, method=method, antialias=antialias)
-  if dtype.is_integer:
-    if method in _CONVEX and not antialias:
-      return tf.cast(out, dtype)  # values already in range (to float error, which truncates)
-    return tf.saturate_cast(out, dtype)  # = big_vision's clip, then cast
-  return tf.cast(out, dtype)
+  if image.dtype.is_integer and (method not in _CONVEX or antialias):
+    return tf.saturate_cast(out, image.dtype)  # = big_vision's clip, then cast
+  # (a convex resize's values are in range already, to float error, which truncates)
+  return tf.cast(out, image.dtype)
 
 
 def _resize_to(image, hw, method, antialias):
@@ -90,8 +88,8 @@ def _image(data, key, op_name, spatial=True):
 
 def _fits(img, hw, op_name):
   """Checks an image is at least hw: when traced if the size is known, else per example."""
-  h, w = (img.shape[0], img.shape[1]) if img.shape.rank == 3 else (None, None)
-  if h is not None and w is not None:
+  if img.shape.rank == 3 and img.shape[:2].is_fully_defined():
+    h, w = img.shape[:2]
     if h < hw[0] or w < hw[1]:
       raise ValueError(f"{op_name}: the {h}x{w} images are smaller than the crop {hw[0]}x{hw[1]}; "
                        f"resize (e.g. resize_small({max(hw)})) before it")

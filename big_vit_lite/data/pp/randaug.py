@@ -41,8 +41,7 @@ def _transform(image, transform):
 
 
 def _rotate(image, degrees):
-  h = tf.cast(tf.shape(image)[0], tf.float32)
-  w = tf.cast(tf.shape(image)[1], tf.float32)
+  h, w = tf.unstack(tf.cast(tf.shape(image)[:2], tf.float32))
   a = degrees * math.pi / 180.0
   cos, sin = tf.cos(a), tf.sin(a)
   x_off = ((w - 1) - (cos * (w - 1) - sin * (h - 1))) / 2.0
@@ -103,8 +102,7 @@ def _cutout(image, frac, seed):
 
 def _ops(image, level, sign, seed):
   """The 16 ops, each a thunk (for tf.switch_case). `level` in [0, 3]."""
-  h = tf.cast(tf.shape(image)[0], tf.float32)
-  w = tf.cast(tf.shape(image)[1], tf.float32)
+  h, w = tf.unstack(tf.cast(tf.shape(image)[:2], tf.float32))
   enhance = level * 1.8 + 0.1
   shear = sign * level * 0.3
   tx, ty = sign * level * (100 / 224) * w, sign * level * (100 / 224) * h
@@ -149,7 +147,6 @@ def get_randaug(num_layers=2, magnitude=10, key="image"):
       raise ValueError(f"randaug needs uint8 RGB images [H, W, 3] (decode(channels=3) "
                        f"or to_rgb before it), got {image.dtype} {image.shape}")
     data, seed = take_seed(data, "randaug")
-    level_t = tf.constant(level, tf.float32)
 
     def layer(i, img):
       # A while_loop, not a Python loop: the 16-branch graph is built once
@@ -159,13 +156,10 @@ def get_randaug(num_layers=2, magnitude=10, key="image"):
       index = tf.minimum(tf.cast(u[0] * NUM_OPS, tf.int32), NUM_OPS - 1)
       sign = tf.where(u[1] < 0.5, -1.0, 1.0)
       op_seed = tf.random.experimental.stateless_fold_in(layer_seed, 1)
-      out = tf.switch_case(index, _ops(img, level_t, sign, op_seed))
+      out = tf.switch_case(index, _ops(img, tf.constant(level, tf.float32), sign, op_seed))
       return i + 1, tf.ensure_shape(out, [None, None, 3])
 
     _, image = tf.while_loop(lambda i, _: i < num_layers, layer, [tf.constant(0), image],
                              shape_invariants=[tf.TensorShape([]), tf.TensorShape([None, None, 3])])
-    image = tf.ensure_shape(image, data[key].shape)
-    out = dict(data)
-    out[key] = image
-    return out
+    return {**data, key: tf.ensure_shape(image, data[key].shape)}
   return op
