@@ -11,4 +11,5 @@ Modules:
   prepare         `python -m big_vit_lite.data.prepare NAME` (offline datasets)
   offline_sources where prepare finds the offline datasets' source files
   builders/       tfds builders for the offline datasets and ImageNet-21k
+Measurements behind the choices: benchmarks/NOTES.md, section "Input pipeline (data/)".
 """

@@ -4,10 +4,8 @@
 
 The same augmentations as the pp ops "pad(2)|random_crop(28)|flip_lr", applied
 to the whole (global, sharded) batch by a few XLA ops instead of per example
-in tf.data. Use it when the host's CPU is what the step waits for: on a 2-core
-machine the tf.data map that augments every example competes with the
-training step for the same cores (the demo ViT on Fashion-MNIST: 29-30 ms per
-step with the pp ops, 27 ms without them).
+in tf.data. Use it when the host's CPU is what the step waits for (see
+benchmarks/NOTES.md, section "Input pipeline (data/)").
 
 Keys (all optional; unknown keys are errors):
   translate  shift each image by a uniform random whole number of pixels in
@@ -33,13 +31,13 @@ def translate(rng, images, max_shift, fill=0.0):
   if max_shift == 0:
     return images
   b, h, w, c = images.shape
-  s = max_shift
   if not jnp.issubdtype(images.dtype, jnp.floating):
     info = jnp.iinfo(images.dtype)
     if fill != int(fill) or not info.min <= fill <= info.max:
       # (-1.0 cast to uint8 would silently shift in white, 255)
       raise ValueError(f"device_aug fill={fill} does not fit the {images.dtype} images: "
                        f"add value_range(-1, 1) to the pp, or a fill in [{info.min}, {info.max}]")
+  s = max_shift
   padded = jnp.pad(images, ((0, 0), (s, s), (s, s), (0, 0)),
                    constant_values=jnp.asarray(fill, images.dtype))
   offsets = jax.random.randint(rng, (b, 2), 0, 2 * s + 1)

@@ -89,7 +89,7 @@ def _pp_map(source, pp_fn):
   """(epoch key, index, raw record) -> preprocessed example; runs in the parallel map.
 
   Not autograph-converted: the pp ops are plain tf ops with no Python control
-  flow on tensors, and converting them cost seconds at every pipeline build.
+  flow on tensors (see benchmarks/NOTES.md, section "Input pipeline (data/)").
   """
   @tf.autograph.experimental.do_not_convert
   def fn(key, index, record):
@@ -230,6 +230,7 @@ class TrainIterator:
     if self._cache == "raw" and not peek:
       # Filled here, in one pass over the raw records (no decoding): filled by the first epoch,
       # a run ending within it made tf warn at exit that it discarded the partial cache.
+      # (see benchmarks/NOTES.md, section "Input pipeline (data/)")
       cached = source.raw(start, end).cache()
       cached.reduce(0, lambda n, _: n)
 

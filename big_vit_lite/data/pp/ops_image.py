@@ -52,8 +52,7 @@ def _method(method):
 
 
 # Resizes that interpolate convexly stay inside the input's value range, so
-# their integer results need no clipping (each elementwise op is a full pass
-# over the image, a visible cost at ~1 ms per image).
+# their integer results need no clipping (an elementwise op is a full pass over the image).
 _CONVEX = ("bilinear", "nearest", "area")
 
 
