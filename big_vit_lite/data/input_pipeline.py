@@ -66,11 +66,9 @@ def _processes(process_index, process_count):
   return process_index, process_count
 
 
-def _fold(seed, *values):
-  """Stateless [2] seed from a [2] seed and ints/int tensors."""
-  for v in values:
-    seed = tf.random.experimental.stateless_fold_in(seed, tf.cast(v, tf.int64))
-  return seed
+def _fold(seed, value):
+  """Stateless [2] seed from a [2] seed and an int (tensor)."""
+  return tf.random.experimental.stateless_fold_in(seed, tf.cast(value, tf.int64))
 
 
 def _int64s(shape, seed2):
@@ -147,10 +145,8 @@ def _tf_error_text(msg):
   return " ".join(msg.split())[:300]
 
 
-def _options():
-  opts = tf.data.Options()
-  opts.deterministic = True  # (the default, but exact resume depends on it)
-  return opts
+_OPTIONS = tf.data.Options()
+_OPTIONS.deterministic = True  # (the default, but exact resume depends on it)
 
 
 class TrainIterator:
@@ -257,7 +253,7 @@ class TrainIterator:
     else:
       ds = tf.data.Dataset.zip(tuple(per_shard)).map(
           lambda *bs: tf.nest.map_structure(lambda *xs: tf.concat(xs, 0), *bs))
-    return ds.prefetch(tf.data.AUTOTUNE).with_options(_options())
+    return ds.prefetch(tf.data.AUTOTUNE).with_options(_OPTIONS)
 
 
 def make_train_iterator(input_cfg, *, seed, process_index=None, process_count=None):
@@ -352,7 +348,7 @@ class EvalIterable:
       zero = self._examples(0, 1).map(
           lambda d: tf.nest.map_structure(tf.zeros_like, d))
       ds = ds.concatenate(zero.cache().repeat(pad))
-    ds = ds.batch(self._local_batch).prefetch(tf.data.AUTOTUNE).with_options(_options())
+    ds = ds.batch(self._local_batch).prefetch(tf.data.AUTOTUNE).with_options(_OPTIONS)
     with _data_errors(f"eval data {self._source.name}"):
       for batch in ds:
         yield {k: v.numpy() for k, v in batch.items()}
