@@ -67,9 +67,8 @@ def check_download_hosts(builder, data_dir, timeout=10.0):
   behind a proxy (only the proxy can tell) and for datasets whose files
   the user downloads by hand (tfds explains those itself).
   """
-  if getattr(builder, "MANUAL_DOWNLOAD_INSTRUCTIONS", None):
-    return
-  if any(os.environ.get(v) or os.environ.get(v.upper()) for v in _PROXY_VARS):
+  if getattr(builder, "MANUAL_DOWNLOAD_INSTRUCTIONS", None) or any(
+      os.environ.get(v) or os.environ.get(v.upper()) for v in _PROXY_VARS):
     return
   try:
     urls = list(builder.url_infos or {})
