@@ -228,7 +228,8 @@ class ImageFolderSource:
              len(self.class_names))
     if self.skipped:
       log.warning("imagefolder %s: skipped %d unreadable or unsupported file(s), e.g. %s",
-                  split_dir, self.num_skipped, "; ".join(f"{f} ({why})" for f, why in self.skipped[:3]))
+                  split_dir, self.num_skipped,
+                  "; ".join(f"{f} ({why})" for f, why in self.skipped[:3]))
     self._root = root
 
   def _root_hint(self, root):

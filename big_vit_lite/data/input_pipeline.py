@@ -294,8 +294,7 @@ def make_train_iterator(input_cfg, *, seed, process_index=None, process_count=No
                         if skipped else ""))
   # Every process checks every shard (not only its own), so all fail alike: one
   # process failing alone would leave the others waiting in collectives.
-  bounds = _bounds(source.num_examples, num_shards)
-  smallest = min(b - a for a, b in zip(bounds[:-1], bounds[1:]))
+  smallest = source.num_examples // num_shards  # (the shards differ by 1 example at most)
   if smallest < batch_size // num_shards:
     raise ValueError(f"train data {source.name} has {source.num_examples} examples: cut into "
                      f"{num_shards} shard(s), the smallest has {smallest}, fewer than its batch "
@@ -324,7 +323,7 @@ class EvalIterable:
     self._source, self._pp_fn, self._local_batch = source, pp_fn, local_batch
     bounds = _bounds(source.num_examples, process_count)
     self._start, self._end = bounds[process_index], bounds[process_index + 1]
-    longest = max(b - a for a, b in zip(bounds[:-1], bounds[1:]))
+    longest = math.ceil(source.num_examples / process_count)  # (the parts differ by 1 at most)
     self.num_batches = math.ceil(longest / local_batch)
     self.num_examples = self._end - self._start
 
@@ -339,14 +338,11 @@ class EvalIterable:
     return ds.map(lambda d: dict(d, _mask=tf.constant(True)))
 
   def __iter__(self):
-    total = self.num_batches * self._local_batch
     ds = self._examples(self._start, self._end)
-    pad = total - self.num_examples
-    if pad:
+    if pad := self.num_batches * self._local_batch - self.num_examples:
       # Padding: example 0 of the split, zeroed and masked out (any real
       # example has the right shapes and dtypes, even dynamic ones).
-      zero = self._examples(0, 1).map(
-          lambda d: tf.nest.map_structure(tf.zeros_like, d))
+      zero = self._examples(0, 1).map(lambda d: tf.nest.map_structure(tf.zeros_like, d))
       ds = ds.concatenate(zero.cache().repeat(pad))
     ds = ds.batch(self._local_batch).prefetch(tf.data.AUTOTUNE).with_options(_OPTIONS)
     with _data_errors(f"eval data {self._source.name}"):
