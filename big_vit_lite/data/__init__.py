@@ -13,3 +13,12 @@ Modules:
   builders/       tfds builders for the offline datasets and ImageNet-21k
 Measurements behind the choices: benchmarks/NOTES.md, section "Input pipeline (data/)".
 """
+import numbers
+
+
+def count(value, what, minimum):
+  """An int config value >= minimum (64.0 is fine, 64.5 / "64" / True are not)."""
+  if (isinstance(value, bool) or not isinstance(value, numbers.Real)
+      or not float(value).is_integer() or value < minimum):
+    raise ValueError(f"{what} must be an int >= {minimum}, got {value!r}")
+  return int(value)

@@ -15,6 +15,7 @@ import jax
 import numpy as np
 
 from big_vit_lite import sharding
+from big_vit_lite.data import count
 
 
 def put_batch(local_batch, mesh):
@@ -119,7 +120,5 @@ def prefetch(iterator, size, mesh):
   checkpoint `prefetcher.get_state()`, which is the position after the
   last batch returned, whatever was prefetched.
   """
-  size = 0 if size is None else size
-  if isinstance(size, bool) or not float(size).is_integer() or size < 0:
-    raise ValueError(f"device prefetch size must be an int >= 0, got {size!r}")
-  return _Prefetcher(iterator, int(size), mesh)
+  size = count(0 if size is None else size, "device prefetch size", 0)
+  return _Prefetcher(iterator, size, mesh)

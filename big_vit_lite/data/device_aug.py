@@ -23,6 +23,8 @@ import math
 import jax
 import jax.numpy as jnp
 
+from big_vit_lite.data import count
+
 KEYS = ("translate", "fill", "flip_lr")
 
 
@@ -60,9 +62,7 @@ def make(cfg):
   if unknown:
     raise ValueError(f"config.device_aug has unknown key(s) {unknown}; allowed: "
                      f"{', '.join(KEYS)}")
-  shift = kw.get("translate", 0) or 0
-  if isinstance(shift, bool) or not isinstance(shift, int) or shift < 0:
-    raise ValueError(f"config.device_aug.translate must be an int >= 0 (pixels), got {shift!r}")
+  shift = count(kw.get("translate", 0) or 0, "config.device_aug.translate", 0)
   fill = kw.get("fill", 0.0)
   if isinstance(fill, bool) or not isinstance(fill, (int, float)) or not math.isfinite(fill):
     # (a NaN fill would reach the loss, and stop the run as a non-finite loss)

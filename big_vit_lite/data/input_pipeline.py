@@ -22,13 +22,13 @@ for free: their raw records are indices).
 import contextlib
 import logging
 import math
-import numbers
 import re
 
 import jax
 import numpy as np
 import tensorflow as tf
 
+from big_vit_lite.data import count
 from big_vit_lite.data import pp as pp_lib
 from big_vit_lite.data import sources
 
@@ -47,15 +47,6 @@ _INSTEAD = {
 }
 _MAX_EPOCHS = 2**62
 _EVAL_KEY = 0x5EED  # eval augmentation (if any) is a fixed function of the example index
-
-
-def _count(value, what, minimum):
-  """An int config value >= minimum (64.0 is fine, 64.5 / "64" / True are not)."""
-  ok = (not isinstance(value, (bool, np.bool_)) and isinstance(value, numbers.Real)
-        and float(value).is_integer() and value >= minimum)
-  if not ok:
-    raise ValueError(f"{what} must be an int >= {minimum}, got {value!r}")
-  return int(value)
 
 
 def _processes(process_index, process_count):
@@ -269,8 +260,8 @@ def make_train_iterator(input_cfg, *, seed, process_index=None, process_count=No
     if cfg.get(key) is None:
       raise ValueError(f"input config needs '{key}'")
   process_index, process_count = _processes(process_index, process_count)
-  num_shards = _count(cfg.get("num_shards") or process_count, "input.num_shards", 1)
-  batch_size = _count(cfg["batch_size"], "input.batch_size", 1)
+  num_shards = count(cfg.get("num_shards") or process_count, "input.num_shards", 1)
+  batch_size = count(cfg["batch_size"], "input.batch_size", 1)
   if num_shards % process_count:
     raise ValueError(f"input.num_shards={num_shards} must be a multiple of the process count "
                      f"{process_count}")
@@ -282,10 +273,10 @@ def make_train_iterator(input_cfg, *, seed, process_index=None, process_count=No
     raise ValueError(f"input.cache must be None or 'raw' (cache the raw records in memory), "
                      f"got {cache!r}")
   buf = cfg.get("shuffle_buffer_size", 10_000)
-  buf = 0 if buf is None else _count(buf, "input.shuffle_buffer_size (0 or None: no shuffle)", 0)
+  buf = 0 if buf is None else count(buf, "input.shuffle_buffer_size (0 or None: no shuffle)", 0)
   prefetch = cfg.get("prefetch", 2)
   if prefetch is not None:
-    _count(prefetch, "input.prefetch", 0)
+    count(prefetch, "input.prefetch", 0)
   source = sources.get_source(cfg["data"])
   if source.num_examples == 0:
     skipped = getattr(source, "num_skipped", 0)
@@ -353,7 +344,7 @@ class EvalIterable:
 def make_eval_iterator(data_cfg, pp, batch_size, *, process_index=None, process_count=None):
   """Host-local eval batches with a bool `_mask`; see EvalIterable."""
   process_index, process_count = _processes(process_index, process_count)
-  batch_size = _count(batch_size, "eval batch_size", 1)
+  batch_size = count(batch_size, "eval batch_size", 1)
   if batch_size % process_count:
     raise ValueError(f"eval batch_size={batch_size} must be divisible by the process count "
                      f"{process_count}")
