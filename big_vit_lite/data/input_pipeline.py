@@ -82,9 +82,8 @@ def _pp_map(source, pp_fn):
   """
   @tf.autograph.experimental.do_not_convert
   def fn(key, index, record):
-    data = dict(source.decode(record))
-    data[pp_lib.RNG_KEY] = _int64s([2], tf.stack([key, tf.cast(index, tf.int64)]))
-    data = pp_fn(data)
+    rng = {pp_lib.RNG_KEY: _int64s([2], tf.stack([key, tf.cast(index, tf.int64)]))}
+    data = pp_fn({**source.decode(record), **rng})
     return {k: v for k, v in data.items() if k != pp_lib.RNG_KEY}
   return fn
 

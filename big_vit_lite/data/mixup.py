@@ -91,7 +91,6 @@ def mixup_or_cutmix(rng, images, labels, *, mixup_alpha=0.0, cutmix_alpha=0.0, s
   _check_config(mixup_alpha, cutmix_alpha, switch_prob, fold_in, n, others)
   if mixup_alpha <= 0 and cutmix_alpha <= 0:
     return images, labels
-  _check_labels(labels)
   if cutmix_alpha <= 0:
     return mixup(rng, images, labels, alpha=mixup_alpha)
   if mixup_alpha <= 0:

@@ -72,10 +72,6 @@ def _equalize_channel(ch):
   return tf.cast(tf.cond(step > 0, equalised, lambda: ch), tf.uint8)
 
 
-def _equalize(image):
-  return tf.stack([_equalize_channel(image[..., c]) for c in range(3)], -1)
-
-
 def _sharpness(image, factor):
   def sharpened():
     x = tf.cast(image, tf.float32)[None]
@@ -110,7 +106,7 @@ def _ops(image, level, sign, seed):
   bits = tf.cast(tf.clip_by_value(tf.floor(level * 4.0), 1.0, 8.0), tf.uint8)  # bits kept
   return [
       lambda: _autocontrast(image),
-      lambda: _equalize(image),
+      lambda: tf.stack([_equalize_channel(image[..., c]) for c in range(3)], -1),  # equalize
       lambda: 255 - image,
       lambda: _rotate(image, sign * level * 30.0),
       lambda: tf.bitwise.left_shift(tf.bitwise.right_shift(image, 8 - bits), 8 - bits),
