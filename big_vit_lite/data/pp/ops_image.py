@@ -132,10 +132,8 @@ def _decode_any(raw, channels, precise=False):
   else:
     direct |= tf.cond(tf.io.is_jpeg(raw), lambda: tf.image.extract_jpeg_shape(raw)[2] != 4,
                       lambda: tf.constant(False))
-  if channels == 1:
-    convert = lambda: _rgb_to_grey(decode(3))  # noqa: E731
-  else:
-    convert = lambda: tf.pad(decode(3), [[0, 0], [0, 0], [0, 1]], constant_values=255)  # noqa: E731
+  convert = ((lambda: _rgb_to_grey(decode(3))) if channels == 1 else
+             (lambda: tf.pad(decode(3), [[0, 0], [0, 0], [0, 1]], constant_values=255)))
   return tf.cond(direct, lambda: decode(channels), convert)
 
 
