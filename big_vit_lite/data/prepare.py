@@ -44,15 +44,9 @@ def get_builder(name, data_dir, source="auto"):
     local = offline_sources.fashion_mnist_dir(required=(source == "offline"))
     if source != "download" and local:
       return fashion_mnist_offline.OfflineFashionMnist(data_dir=data_dir)
-  try:
-    return tfds.builder(name, data_dir=data_dir)
-  except tfds.core.registered.DatasetNotFoundError:
-    hint = sources.name_hint(name)
-    raise ValueError(f"unknown dataset {name!r}: not a tfds dataset nor one of "
-                     f"{sources.OFFLINE_DATASETS + ('imagenet21k',)}"
-                     + (f"; {hint}" if hint else "")) from None
-  except ValueError as e:
-    raise sources.builder_error(name, e) from None
+  return sources.tfds_builder(name, data_dir, lambda near: (
+      f"unknown dataset {name!r}: not a tfds dataset nor one of "
+      f"{sources.OFFLINE_DATASETS + ('imagenet21k',)}" + (f"; {near}" if near else "")))
 
 
 _PROXY_VARS = ("https_proxy", "http_proxy", "all_proxy")

@@ -49,12 +49,19 @@ def name_hint(name):
   return f"did you mean {' or '.join(repr(n) for n in near)}?" if near else ""
 
 
-def builder_error(name, error):
-  """tfds.builder's ValueError (a name it cannot parse, like "fashion-mnist", or a config
-  it lacks; several lines) -> one line with the near name."""
-  hint = name_hint(name)
-  return ValueError(f"dataset {name!r}: {str(error).splitlines()[0].rstrip('.: ')}"
-                    + (f"; {hint}" if hint else ""))
+def tfds_builder(name, data_dir, unknown):
+  """tfds.builder with one-line errors; unknown(name_hint(name)) is the one for a name tfds
+  does not know."""
+  try:
+    return tfds.builder(name, data_dir=data_dir)
+  except tfds.core.registered.DatasetNotFoundError:
+    raise ValueError(unknown(name_hint(name))) from None
+  except AssertionError as e:  # e.g. a version that tfds does not have
+    raise ValueError(f"dataset {name!r}: {' '.join(str(e).split())}") from None
+  except ValueError as e:  # a name it cannot parse ("fashion-mnist"), a config it lacks
+    hint = name_hint(name)
+    raise ValueError(f"dataset {name!r}: {str(e).splitlines()[0].rstrip('.: ')}"
+                     + (f"; {hint}" if hint else "")) from None
 
 
 def check_data_cfg(data_cfg):
@@ -107,15 +114,8 @@ class TfdsSource:
   def __init__(self, name, split, data_dir=None):
     data_dir = resolve_data_dir(data_dir)
     hint = _prepare_hint(name.split(":")[0].split("/")[0], data_dir)
-    try:
-      builder = tfds.builder(name, data_dir=data_dir)
-    except tfds.core.registered.DatasetNotFoundError:
-      raise ValueError(f"dataset {name!r} is unknown to tfds and not found in {data_dir}; "
-                       f"{name_hint(name) or hint}") from None
-    except AssertionError as e:  # e.g. a version that tfds does not have
-      raise ValueError(f"dataset {name!r}: {' '.join(str(e).split())}") from None
-    except ValueError as e:
-      raise builder_error(name, e) from None
+    builder = tfds_builder(name, data_dir, lambda near: (
+        f"dataset {name!r} is unknown to tfds and not found in {data_dir}; {near or hint}"))
     if not builder.is_prepared():
       raise ValueError(f"dataset {name!r} is not prepared in {data_dir}; {hint}")
     self.name, self.info = name, builder.info
