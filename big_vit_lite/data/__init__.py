@@ -16,6 +16,14 @@ Measurements behind the choices: benchmarks/NOTES.md, section "Input pipeline (d
 import numbers
 
 
+def config_dict(cfg, allowed, what):
+  """A config (dict or ConfigDict) as a plain dict; keys outside `allowed` are an error."""
+  cfg = dict(cfg.to_dict() if hasattr(cfg, "to_dict") else cfg)
+  if unknown := sorted(set(cfg) - set(allowed)):
+    raise ValueError(f"{what} has unknown key(s) {unknown}; allowed: {', '.join(allowed)}")
+  return cfg
+
+
 def count(value, what, minimum):
   """An int config value >= minimum (64.0 is fine, 64.5 / "64" / True are not)."""
   if (isinstance(value, bool) or not isinstance(value, numbers.Real)

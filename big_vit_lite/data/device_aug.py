@@ -23,7 +23,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from big_vit_lite.data import count
+from big_vit_lite.data import config_dict, count
 
 KEYS = ("translate", "fill", "flip_lr")
 
@@ -57,11 +57,7 @@ def make(cfg):
   """config.device_aug -> fn(rng, images) -> images, or None when not configured."""
   if not cfg:
     return None
-  kw = cfg.to_dict() if hasattr(cfg, "to_dict") else dict(cfg)
-  unknown = sorted(set(kw) - set(KEYS))
-  if unknown:
-    raise ValueError(f"config.device_aug has unknown key(s) {unknown}; allowed: "
-                     f"{', '.join(KEYS)}")
+  kw = config_dict(cfg, KEYS, "config.device_aug")
   shift = count(kw.get("translate", 0) or 0, "config.device_aug.translate", 0)
   fill = kw.get("fill", 0.0)
   if isinstance(fill, bool) or not isinstance(fill, (int, float)) or not math.isfinite(fill):

@@ -28,7 +28,7 @@ import jax
 import numpy as np
 import tensorflow as tf
 
-from big_vit_lite.data import count
+from big_vit_lite.data import config_dict, count
 from big_vit_lite.data import pp as pp_lib
 from big_vit_lite.data import sources
 
@@ -248,13 +248,9 @@ class TrainIterator:
 
 def make_train_iterator(input_cfg, *, seed, process_index=None, process_count=None):
   """TrainIterator over this process's shards; see the module docstring."""
-  cfg = dict(input_cfg.to_dict() if hasattr(input_cfg, "to_dict") else input_cfg)
-  unknown = sorted(set(cfg) - set(TRAIN_KEYS))
-  for key in unknown:
-    if key in _INSTEAD:
-      raise ValueError(f"input.{key} (big_vision's) is not a key here: {_INSTEAD[key]}")
-  if unknown:
-    raise ValueError(f"input config has unknown key(s) {unknown}; allowed: {', '.join(TRAIN_KEYS)}")
+  for key in sorted(set(input_cfg) & set(_INSTEAD)):
+    raise ValueError(f"input.{key} (big_vision's) is not a key here: {_INSTEAD[key]}")
+  cfg = config_dict(input_cfg, TRAIN_KEYS, "input config")
   for key in ("data", "batch_size", "pp"):
     if cfg.get(key) is None:
       raise ValueError(f"input config needs '{key}'")

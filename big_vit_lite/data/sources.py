@@ -13,6 +13,8 @@ import os
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
+from big_vit_lite.data import config_dict
+
 # Registers mnist10k, animal_mnist and imagenet21k with tfds.
 from big_vit_lite.data import builders  # noqa: F401
 
@@ -66,10 +68,7 @@ def tfds_builder(name, data_dir, unknown):
 
 def check_data_cfg(data_cfg):
   """data_cfg (dict or ConfigDict) -> plain dict; unknown keys are an error."""
-  data_cfg = dict(data_cfg.to_dict() if hasattr(data_cfg, "to_dict") else data_cfg)
-  unknown = sorted(set(data_cfg) - {"name", "split", "data_dir"})
-  if unknown:
-    raise ValueError(f"data config has unknown key(s) {unknown}; allowed: name, split, data_dir")
+  data_cfg = config_dict(data_cfg, ("name", "split", "data_dir"), "data config")
   if not data_cfg.get("name") or not data_cfg.get("split"):
     raise ValueError(f"data config needs name and split, got {data_cfg}")
   return data_cfg
