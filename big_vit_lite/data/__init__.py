@@ -24,6 +24,12 @@ def config_dict(cfg, allowed, what):
   return cfg
 
 
+def is_number(v, lists=False):
+  """A number (not a bool), or with `lists` also a non-empty list of numbers."""
+  vs = v if lists and isinstance(v, (tuple, list)) else [v]
+  return bool(vs) and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in vs)
+
+
 def count(value, what, minimum):
   """An int config value >= minimum (64.0 is fine, 64.5 / "64" / True are not)."""
   if (isinstance(value, bool) or not isinstance(value, numbers.Real)

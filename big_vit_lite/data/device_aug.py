@@ -23,7 +23,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from big_vit_lite.data import config_dict, count
+from big_vit_lite.data import config_dict, count, is_number
 
 KEYS = ("translate", "fill", "flip_lr")
 
@@ -60,7 +60,7 @@ def make(cfg):
   kw = config_dict(cfg, KEYS, "config.device_aug")
   shift = count(kw.get("translate", 0) or 0, "config.device_aug.translate", 0)
   fill = kw.get("fill", 0.0)
-  if isinstance(fill, bool) or not isinstance(fill, (int, float)) or not math.isfinite(fill):
+  if not is_number(fill) or not math.isfinite(fill):
     # (a NaN fill would reach the loss, and stop the run as a non-finite loss)
     raise ValueError(f"config.device_aug.fill must be a number (finite), got {fill!r}")
   flip = kw.get("flip_lr", False)

@@ -10,6 +10,8 @@ jax.random.fold_in(rng, step)) so resumes stay exact.
 import jax
 import jax.numpy as jnp
 
+from big_vit_lite.data import is_number
+
 
 def _check_labels(labels):
   # Mixing integer class ids would average them into other, wrong, class ids.
@@ -65,10 +67,9 @@ def _check_config(mixup_alpha, cutmix_alpha, switch_prob, fold_in, n, others):
                                 "(big_vision's p is mixup_alpha)")
     raise ValueError(f"config.mixup: unknown key {key!r}: {instead}")
   for key, value in (("mixup_alpha", mixup_alpha), ("cutmix_alpha", cutmix_alpha)):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+    if not is_number(value) or value < 0:
       raise ValueError(f"config.mixup.{key} must be a number >= 0 (0: off), got {value!r}")
-  if isinstance(switch_prob, bool) or not isinstance(switch_prob, (int, float)) \
-      or not 0 <= switch_prob <= 1:
+  if not is_number(switch_prob) or not 0 <= switch_prob <= 1:
     raise ValueError(f"config.mixup.switch_prob must be a probability in [0, 1], "
                      f"got {switch_prob!r}")
   if fold_in is not None:

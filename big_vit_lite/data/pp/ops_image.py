@@ -17,6 +17,7 @@ multiply-add (within 1 ulp of big_vision's two steps).
 import numpy as np
 import tensorflow as tf
 
+from big_vit_lite.data import is_number
 from big_vit_lite.data.pp.registry import register
 from big_vit_lite.data.pp.rng import take_seed
 
@@ -26,12 +27,6 @@ _METHODS = ("bilinear", "nearest", "bicubic", "area", "lanczos3", "lanczos5",
 
 def _is_int(x):
   return isinstance(x, int) and not isinstance(x, bool)  # resize(True) is no 1x1 resize
-
-
-def _numbers(v, lists=False):
-  """A number, or with `lists` also a non-empty list of numbers."""
-  vs = v if lists and isinstance(v, (tuple, list)) else [v]
-  return bool(vs) and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in vs)
 
 
 def _hw(size, what, minimum=1):
@@ -205,11 +200,11 @@ def get_to_rgb(key="image"):
 def _inception(size, area_min, area_max, ratio_min, ratio_max, method, antialias):
   """Checks an inception crop's arguments -> (box, crop, finish): box(image shape, seed) ->
   (begin, size) of a random crop, crop(image, seed) that crop, finish(crop) resized to `size`."""
-  if not (_numbers(area_min) and _numbers(area_max) and 0 < area_min <= area_max <= 100):
+  if not (is_number(area_min) and is_number(area_max) and 0 < area_min <= area_max <= 100):
     raise ValueError(f"need 0 < area_min <= area_max <= 100 (percent), got {area_min!r}, "
                      f"{area_max!r}")
   # (tf samples a reversed range without a word, and fails on 0 only mid-run)
-  if not (_numbers(ratio_min) and _numbers(ratio_max) and 0 < ratio_min <= ratio_max):
+  if not (is_number(ratio_min) and is_number(ratio_max) and 0 < ratio_min <= ratio_max):
     raise ValueError(f"need 0 < ratio_min <= ratio_max (width / height), got {ratio_min!r}, "
                      f"{ratio_max!r}")
   hw, method = (_hw(size, "size") if size is not None else None), _method(method)
@@ -347,7 +342,7 @@ def get_pad(pad, value=0, key="image"):
   augmentation for small images: "decode|pad(2)|random_crop(28)".
   """
   ph, pw = _hw(pad, "pad", minimum=0)
-  if not _numbers(value):
+  if not is_number(value):
     raise ValueError(f"value must be a number, got {value!r}")
 
   def op(data):
@@ -381,8 +376,8 @@ def get_value_range(vmin=-1, vmax=1, in_min=0, in_max=255.0, clip_values=False, 
 
   in_min/in_max may be per-channel lists (as in big_vision).
   """
-  if not (_numbers(vmin) and _numbers(vmax) and _numbers(in_min, True)
-          and _numbers(in_max, True)):
+  if not (is_number(vmin) and is_number(vmax) and is_number(in_min, True)
+          and is_number(in_max, True)):
     raise ValueError(f"vmin, vmax must be numbers, in_min, in_max numbers or per-channel lists, "
                      f"got {vmin!r}, {vmax!r}, {in_min!r}, {in_max!r}")
   if vmin == vmax:
@@ -414,7 +409,7 @@ def get_value_range(vmin=-1, vmax=1, in_min=0, in_max=255.0, clip_values=False, 
 @register("vgg_value_range")  # big_vision's name, with the same defaults
 def get_standardize(mean=(123.675, 116.28, 103.53), std=(58.395, 57.12, 57.375), key="image"):
   """(x - mean) / std per channel as float32; defaults: ImageNet stats on 0..255."""
-  if not (_numbers(mean, True) and _numbers(std, True)):
+  if not (is_number(mean, True) and is_number(std, True)):
     raise ValueError(f"mean and std must be numbers or per-channel lists, got {mean!r}, {std!r}")
   mean, std = np.atleast_1d(mean), np.atleast_1d(std)
   if len(mean) != len(std) or (std == 0).any():

@@ -15,7 +15,7 @@ import math
 
 import tensorflow as tf
 
-from big_vit_lite.data import count
+from big_vit_lite.data import count, is_number
 from big_vit_lite.data.pp.registry import register
 from big_vit_lite.data.pp.rng import take_seed
 
@@ -132,8 +132,7 @@ NUM_OPS = 16
 @register("randaug")
 def get_randaug(num_layers=2, magnitude=10, key="image"):
   num_layers = count(num_layers, "num_layers", 0)
-  if isinstance(magnitude, bool) or not isinstance(magnitude, (int, float)) \
-      or not 0 <= magnitude <= 30:
+  if not is_number(magnitude) or not 0 <= magnitude <= 30:
     raise ValueError(f"magnitude must be in [0, 30] (10 = full strength), got {magnitude!r}")
   level = magnitude / _MAX_LEVEL
 
