@@ -11,6 +11,7 @@ Modules:
   prepare         `python -m big_vit_lite.data.prepare NAME` (offline datasets)
   offline_sources where prepare finds the offline datasets' source files
   builders/       tfds builders for the offline datasets and ImageNet-21k
+Here: the config checks these modules share (config_dict, count, is_number).
 Measurements behind the choices: benchmarks/NOTES.md, section "Input pipeline (data/)".
 """
 import numbers

@@ -8,6 +8,7 @@ rename is ours.
 """
 import tensorflow as tf
 
+from big_vit_lite.data import count
 from big_vit_lite.data.pp.registry import register
 
 
@@ -23,8 +24,7 @@ def get_onehot(depth, key="label", key_result=None, multi=True, on=1.0, off=0.0)
 
   `on`/`off` give label smoothing, e.g. on=0.9+0.1/K, off=0.1/K.
   """
-  if not isinstance(depth, int) or isinstance(depth, bool) or depth < 1:
-    raise ValueError(f"depth must be a positive int, got {depth!r}")
+  depth = count(depth, "depth", 1)
   key_result = key_result or key
 
   def op(data):
