@@ -11,4 +11,29 @@ Modules:
   prepare         `python -m big_vit_lite.data.prepare NAME` (offline datasets)
   offline_sources where prepare finds the offline datasets' source files
   builders/       tfds builders for the offline datasets and ImageNet-21k
+Here: the config checks these modules share (config_dict, count, is_number).
+Measurements behind the choices: benchmarks/NOTES.md, section "Input pipeline (data/)".
 """
+import numbers
+
+
+def config_dict(cfg, allowed, what):
+  """A config (dict or ConfigDict) as a plain dict; keys outside `allowed` are an error."""
+  cfg = dict(cfg.to_dict() if hasattr(cfg, "to_dict") else cfg)
+  if unknown := sorted(set(cfg) - set(allowed)):
+    raise ValueError(f"{what} has unknown key(s) {unknown}; allowed: {', '.join(allowed)}")
+  return cfg
+
+
+def is_number(v, lists=False):
+  """A number (not a bool), or with `lists` also a non-empty list of numbers."""
+  vs = v if lists and isinstance(v, (tuple, list)) else [v]
+  return bool(vs) and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in vs)
+
+
+def count(value, what, minimum):
+  """An int config value >= minimum (64.0 is fine, 64.5 / "64" / True are not)."""
+  if (isinstance(value, bool) or not isinstance(value, numbers.Real)
+      or not float(value).is_integer() or value < minimum):
+    raise ValueError(f"{what} must be an int >= {minimum}, got {value!r}")
+  return int(value)

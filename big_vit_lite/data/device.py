@@ -13,31 +13,26 @@ import weakref
 
 import jax
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec
 
-BATCH_AXES = ("data", "fsdp")
-
-
-def batch_sharding(mesh):
-  axes = tuple(a for a in BATCH_AXES if a in mesh.axis_names)
-  return NamedSharding(mesh, PartitionSpec(axes if axes else None))
+from big_vit_lite import sharding
+from big_vit_lite.data import count
 
 
 def put_batch(local_batch, mesh):
   """dict of host-local np arrays -> dict of global jax.Arrays sharded on the batch axes."""
-  sharding = batch_sharding(mesh)
   out = {}
   for key, value in local_batch.items():
     value = np.asarray(value)
     if value.dtype.kind in "OSU":
       raise ValueError(f"batch key {key!r} holds {value.dtype} data, which cannot go to a "
                        f"device; drop it in the pp string (keep('image', 'labels'))")
-    out[key] = jax.make_array_from_process_local_data(sharding, value)
+    out[key] = jax.make_array_from_process_local_data(sharding.batch_sharding(mesh), value)
   return out
 
 
 class _Prefetcher:
-  """Iterator of device batches, filled `size` ahead by a background thread.
+  """Iterator of device batches, filled `size` ahead by a background thread (size 0: each
+  batch is put on device when asked for, no thread).
 
   `get_state()` gives the source iterator's state as of the last batch
   *returned* (not the ones prefetched ahead), so checkpointing it resumes
@@ -47,14 +42,15 @@ class _Prefetcher:
   _END = object()
 
   def __init__(self, iterator, size, mesh):
-    self._it, self._mesh = iterator, mesh
+    self._it, self._mesh, self._size = iterator, mesh, size
     self._has_state = hasattr(iterator, "get_state")
     self._state = iterator.get_state() if self._has_state else None
-    self._queue = queue.Queue(maxsize=size)
-    self._stop = threading.Event()
-    self._thread = threading.Thread(target=self._fill, daemon=True, name="device_prefetch")
-    self._thread.start()
-    _LIVE.add(self)
+    if size:
+      self._queue = queue.Queue(maxsize=size)
+      self._stop = threading.Event()
+      self._thread = threading.Thread(target=self._fill, daemon=True, name="device_prefetch")
+      self._thread.start()
+      _LIVE.add(self)
 
   def _fill(self):
     try:
@@ -77,12 +73,15 @@ class _Prefetcher:
     return self
 
   def __next__(self):
+    if not self._size:
+      item = put_batch(next(self._it), self._mesh)
+      self._state = self._it.get_state() if self._has_state else None
+      return item
     item, state = self._queue.get()
-    if item is self._END:
-      self._queue.put((self._END, None))
-      raise StopIteration
-    if isinstance(item, BaseException):
+    if item is self._END or isinstance(item, BaseException):
       self._queue.put((item, None))  # the thread is gone: a later next() must not block
+      if item is self._END:
+        raise StopIteration
       raise item
     self._state = state
     return item
@@ -94,6 +93,8 @@ class _Prefetcher:
 
   def close(self):
     """Stops the thread (also done at exit: a thread killed inside TF aborts Python)."""
+    if not self._size:
+      return
     self._stop.set()
     while self._thread.is_alive():
       try:
@@ -112,25 +113,6 @@ def _close_all():
     p.close()
 
 
-class _Synchronous:
-  """size=0: no thread, each batch is put on device when asked for."""
-
-  def __init__(self, iterator, mesh):
-    self._it, self._mesh = iterator, mesh
-
-  def __iter__(self):
-    return self
-
-  def __next__(self):
-    return put_batch(next(self._it), self._mesh)
-
-  def get_state(self):
-    return self._it.get_state()
-
-  def close(self):
-    pass
-
-
 def prefetch(iterator, size, mesh):
   """Iterator of global device batches, `size` batches ahead (0: none).
 
@@ -138,12 +120,5 @@ def prefetch(iterator, size, mesh):
   checkpoint `prefetcher.get_state()`, which is the position after the
   last batch returned, whatever was prefetched.
   """
-  if size is None:
-    size = 0
-  if isinstance(size, bool) or not float(size).is_integer() or size < 0:
-    raise ValueError(f"device prefetch size must be an int >= 0, got {size!r}")
-  size = int(size)
-  if size == 0:
-    return _Synchronous(iterator, mesh)
+  size = count(0 if size is None else size, "device prefetch size", 0)
   return _Prefetcher(iterator, size, mesh)
-

@@ -4,10 +4,8 @@
 
 The same augmentations as the pp ops "pad(2)|random_crop(28)|flip_lr", applied
 to the whole (global, sharded) batch by a few XLA ops instead of per example
-in tf.data. Use it when the host's CPU is what the step waits for: on a 2-core
-machine the tf.data map that augments every example competes with the
-training step for the same cores (the demo ViT on Fashion-MNIST: 29-30 ms per
-step with the pp ops, 27 ms without them).
+in tf.data. Use it when the host's CPU is what the step waits for (see
+benchmarks/NOTES.md, section "Input pipeline (data/)").
 
 Keys (all optional; unknown keys are errors):
   translate  shift each image by a uniform random whole number of pixels in
@@ -25,6 +23,8 @@ import math
 import jax
 import jax.numpy as jnp
 
+from big_vit_lite.data import config_dict, count, is_number
+
 KEYS = ("translate", "fill", "flip_lr")
 
 
@@ -33,13 +33,13 @@ def translate(rng, images, max_shift, fill=0.0):
   if max_shift == 0:
     return images
   b, h, w, c = images.shape
-  s = max_shift
   if not jnp.issubdtype(images.dtype, jnp.floating):
     info = jnp.iinfo(images.dtype)
     if fill != int(fill) or not info.min <= fill <= info.max:
       # (-1.0 cast to uint8 would silently shift in white, 255)
       raise ValueError(f"device_aug fill={fill} does not fit the {images.dtype} images: "
                        f"add value_range(-1, 1) to the pp, or a fill in [{info.min}, {info.max}]")
+  s = max_shift
   padded = jnp.pad(images, ((0, 0), (s, s), (s, s), (0, 0)),
                    constant_values=jnp.asarray(fill, images.dtype))
   offsets = jax.random.randint(rng, (b, 2), 0, 2 * s + 1)
@@ -57,16 +57,10 @@ def make(cfg):
   """config.device_aug -> fn(rng, images) -> images, or None when not configured."""
   if not cfg:
     return None
-  kw = cfg.to_dict() if hasattr(cfg, "to_dict") else dict(cfg)
-  unknown = sorted(set(kw) - set(KEYS))
-  if unknown:
-    raise ValueError(f"config.device_aug has unknown key(s) {unknown}; allowed: "
-                     f"{', '.join(KEYS)}")
-  shift = kw.get("translate", 0) or 0
-  if isinstance(shift, bool) or not isinstance(shift, int) or shift < 0:
-    raise ValueError(f"config.device_aug.translate must be an int >= 0 (pixels), got {shift!r}")
+  kw = config_dict(cfg, KEYS, "config.device_aug")
+  shift = count(kw.get("translate", 0) or 0, "config.device_aug.translate", 0)
   fill = kw.get("fill", 0.0)
-  if isinstance(fill, bool) or not isinstance(fill, (int, float)) or not math.isfinite(fill):
+  if not is_number(fill) or not math.isfinite(fill):
     # (a NaN fill would reach the loss, and stop the run as a non-finite loss)
     raise ValueError(f"config.device_aug.fill must be a number (finite), got {fill!r}")
   flip = kw.get("flip_lr", False)

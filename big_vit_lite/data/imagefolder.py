@@ -126,23 +126,27 @@ def slice_indices(split, name, lo, hi, n):
   return np.sort(order[start:end])
 
 
-def _convert_to_png(path, out_dir, index):
+def _try_convert(path, out_dir, index):
+  """Converts an image to out_dir/index.png -> (PNG path, None), or (None, why it cannot)."""
   out = os.path.join(out_dir, f"{index}.png")
-  with Image.open(path) as im:
-    # Pillow reads 16-bit PGM/PPM into 32-bit mode "I", from 16-bit rows ("I;16B").
-    rows = im.tile[0].args if im.tile else ""
-    rows = str(rows if isinstance(rows, str) else (rows or [""])[0])
-    sixteen = im.mode.startswith("I;16") or (im.mode == "I" and rows.startswith("I;16"))
-    if im.mode in ("I", "F") and not sixteen:
-      kind = "float" if im.mode == "F" else "integer"
-      raise ValueError(f"32-bit {kind} image (Pillow mode {im.mode}) has no one 8-bit reading: "
-                       f"save it as an 8- or 16-bit PNG/TIFF")
-    if sixteen:
-      # Pillow's convert("RGB") clips 16-bit values at 255 (a white image):
-      # scale to 8 bits as tf does for 16-bit PNGs.
-      im = Image.fromarray((np.asarray(im).astype(np.uint16) >> 8).astype(np.uint8))
-    im.convert("RGB").save(out, "PNG")
-  return out
+  try:
+    with Image.open(path) as im:
+      # Pillow reads 16-bit PGM/PPM into 32-bit mode "I", from 16-bit rows ("I;16B").
+      rows = im.tile[0].args if im.tile else ""
+      rows = str(rows if isinstance(rows, str) else (rows or [""])[0])
+      sixteen = im.mode.startswith("I;16") or (im.mode == "I" and rows.startswith("I;16"))
+      if im.mode in ("I", "F") and not sixteen:
+        kind = "float" if im.mode == "F" else "integer"
+        raise ValueError(f"32-bit {kind} image (Pillow mode {im.mode}) has no one 8-bit "
+                         f"reading: save it as an 8- or 16-bit PNG/TIFF")
+      if sixteen:
+        # Pillow's convert("RGB") clips 16-bit values at 255 (a white image):
+        # scale to 8 bits as tf does for 16-bit PNGs.
+        im = Image.fromarray((np.asarray(im).astype(np.uint16) >> 8).astype(np.uint8))
+      im.convert("RGB").save(out, "PNG")
+    return out, None
+  except Exception as e:  # pylint: disable=broad-except
+    return None, f"{type(e).__name__}: {e}"
 
 
 def _nfc(name):
@@ -153,14 +157,6 @@ def _hidden(name):
   """Hidden files and folders, and what macOS leaves in copies and zips ("._x.jpg" resource
   forks, "__MACOSX/"): not images of the dataset, and not a class."""
   return name.startswith(".") or name == "__MACOSX"
-
-
-def _try_convert(path, out_dir, index):
-  """(PNG path, None), or (None, why it cannot be converted)."""
-  try:
-    return _convert_to_png(path, out_dir, index), None
-  except Exception as e:  # pylint: disable=broad-except
-    return None, f"{type(e).__name__}: {e}"
 
 
 _CONVERTED_DIRS = []
@@ -196,45 +192,44 @@ class ImageFolderSource:
     self.class_names = sorted(min(v) for v in spellings.values())
     self._labels = {_nfc(c): i for i, c in enumerate(self.class_names)}
     names = self.class_names
-    if all(c.isdecimal() for c in names) and names != sorted(names, key=int):
-      odd = next(c for i, c in enumerate(names) if c != sorted(names, key=int)[i])
+    by_number = sorted(names, key=int) if all(c.isdecimal() for c in names) else names
+    if names != by_number:
+      odd = next(a for a, b in zip(names, by_number) if a != b)
       log.warning("imagefolder %s: the class folders are numbers, but labels are their places "
                   "in name order (as in torchvision): folder %r is label %d; name them with "
                   "leading zeros (%s for 1) to make each label its number", root, odd,
                   names.index(odd), "1".zfill(max(len(c) for c in names)))
-    files, labels = [], []
+    files = []  # (file, label)
     for name, lo, hi in parts:
-      part_files, part_labels = self._split_files(os.path.join(root, name))
-      for i in slice_indices(split, name, lo, hi, len(part_files)):
-        files.append(part_files[i])
-        labels.append(part_labels[i])
+      part = self._split_files(os.path.join(root, name))
+      files += [part[i] for i in slice_indices(split, name, lo, hi, len(part))]
     with concurrent.futures.ThreadPoolExecutor(num_threads) as pool:
-      checks = list(pool.map(check_file, files))
+      checks = list(pool.map(check_file, [f for f, _ in files]))
       # The files tf cannot decode right (e.g. TIFF) are converted once to PNGs
       # in a temporary folder (in the pool too: a folder may hold thousands),
       # so the pipeline reads every image the same way.
-      paths = list(files)
+      paths = [f for f, _ in files]
       todo = [i for i, (status, _) in enumerate(checks) if status == "convert"]
       if todo:
         out_dir = tempfile.mkdtemp(prefix="bvl_imagefolder_")
         _CONVERTED_DIRS.append(out_dir)
-        converted = pool.map(lambda i: _try_convert(files[i], out_dir, i), todo)
-        for i, (path, error) in zip(todo, converted):
+        for i, (path, error) in zip(todo, pool.map(
+            lambda i: _try_convert(paths[i], out_dir, i), todo)):
           paths[i] = path
           if error:
             checks[i] = ("bad", error)
-    self.skipped = [(f, why) for f, (status, why) in zip(files, checks) if status == "bad"]
+    self.skipped = [(f, why) for (f, _), (status, why) in zip(files, checks) if status == "bad"]
     keep = [i for i, (status, _) in enumerate(checks) if status != "bad"]
-    self.files = [files[i] for i in keep]
+    self.files = [files[i][0] for i in keep]
     self._paths = [paths[i] for i in keep]
-    self.labels = np.asarray([labels[i] for i in keep], np.int64)
-    self.num_examples = len(self.files)
-    self.num_skipped = len(self.skipped)
+    self.labels = np.asarray([files[i][1] for i in keep], np.int64)
+    self.num_examples, self.num_skipped = len(self.files), len(self.skipped)
     log.info("imagefolder %s: %d images, %d classes", split_dir, self.num_examples,
              len(self.class_names))
     if self.skipped:
       log.warning("imagefolder %s: skipped %d unreadable or unsupported file(s), e.g. %s",
-                  split_dir, self.num_skipped, "; ".join(f"{f} ({why})" for f, why in self.skipped[:3]))
+                  split_dir, self.num_skipped,
+                  "; ".join(f"{f} ({why})" for f, why in self.skipped[:3]))
     self._root = root
 
   def _root_hint(self, root):
@@ -255,12 +250,11 @@ class ImageFolderSource:
     return f"splits in {root}: {found[:8]}{more}"
 
   def _split_files(self, split_dir):
-    """(files, labels) of a split folder, sorted by class, then path."""
-    files, labels, others = [], [], []
+    """[(file, label)] of a split folder, sorted by class, then path."""
+    files, others = [], []
     for d in sorted(self._subdirs(split_dir), key=lambda d: (self._labels[_nfc(d)], d)):
-      names = self._images_under(os.path.join(split_dir, d), others)
-      files += names
-      labels += [self._labels[_nfc(d)]] * len(names)
+      files += [(f, self._labels[_nfc(d)])
+                for f in self._images_under(os.path.join(split_dir, d), others)]
     if others:
       log.warning("imagefolder %s: ignored %d file(s) in image formats not read here (e.g. "
                   "%s): convert them to PNG or JPEG", split_dir, len(others), others[0])
@@ -269,7 +263,7 @@ class ImageFolderSource:
     if loose:
       log.warning("imagefolder %s: ignored %d image(s) outside class folders (e.g. %s): "
                   "put them in %s/CLASS/", split_dir, len(loose), loose[0], split_dir)
-    return files, labels
+    return files
 
   @staticmethod
   def _images_under(cdir, others):

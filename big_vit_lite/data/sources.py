@@ -13,6 +13,8 @@ import os
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
+from big_vit_lite.data import config_dict
+
 # Registers mnist10k, animal_mnist and imagenet21k with tfds.
 from big_vit_lite.data import builders  # noqa: F401
 
@@ -46,27 +48,27 @@ def name_hint(name):
   if base in _ALIASES:
     return f"did you mean {_ALIASES[base]!r}?"
   near = difflib.get_close_matches(base, known, n=3, cutoff=0.75)
-  if not near:
-    return ""
-  return f"did you mean {' or '.join(repr(n) for n in near)}?"
+  return f"did you mean {' or '.join(repr(n) for n in near)}?" if near else ""
 
 
-def builder_error(name, error):
-  """tfds.builder's ValueError (a name it cannot parse, like "fashion-mnist", or a config
-  it lacks; several lines) -> one line with the near name."""
-  hint = name_hint(name)
-  return ValueError(f"dataset {name!r}: {str(error).splitlines()[0].rstrip('.: ')}"
-                    + (f"; {hint}" if hint else ""))
+def tfds_builder(name, data_dir, unknown):
+  """tfds.builder with one-line errors; unknown(name_hint(name)) is the one for a name tfds
+  does not know."""
+  try:
+    return tfds.builder(name, data_dir=data_dir)
+  except tfds.core.registered.DatasetNotFoundError:
+    raise ValueError(unknown(name_hint(name))) from None
+  except AssertionError as e:  # e.g. a version that tfds does not have
+    raise ValueError(f"dataset {name!r}: {' '.join(str(e).split())}") from None
+  except ValueError as e:  # a name it cannot parse ("fashion-mnist"), a config it lacks
+    hint = name_hint(name)
+    raise ValueError(f"dataset {name!r}: {str(e).splitlines()[0].rstrip('.: ')}"
+                     + (f"; {hint}" if hint else "")) from None
 
 
 def check_data_cfg(data_cfg):
   """data_cfg (dict or ConfigDict) -> plain dict; unknown keys are an error."""
-  if hasattr(data_cfg, "to_dict"):
-    data_cfg = data_cfg.to_dict()
-  data_cfg = dict(data_cfg)
-  unknown = sorted(set(data_cfg) - {"name", "split", "data_dir"})
-  if unknown:
-    raise ValueError(f"data config has unknown key(s) {unknown}; allowed: name, split, data_dir")
+  data_cfg = config_dict(data_cfg, ("name", "split", "data_dir"), "data config")
   if not data_cfg.get("name") or not data_cfg.get("split"):
     raise ValueError(f"data config needs name and split, got {data_cfg}")
   return data_cfg
@@ -86,19 +88,17 @@ _SOURCES = {}
 def get_source(data_cfg):
   """The source for a data config; cached per process (evals rebuild iterators often)."""
   data_cfg = check_data_cfg(data_cfg)
+  name, split, data_dir = data_cfg["name"], data_cfg["split"], data_cfg.get("data_dir")
   if _tfds_is_mocked():  # never cached: each mock context has its own fake data
-    return MockedTfdsSource(data_cfg["name"], data_cfg["split"], data_cfg.get("data_dir"))
-  key = (data_cfg["name"], data_cfg["split"], resolve_data_dir(data_cfg.get("data_dir")))
+    return MockedTfdsSource(name, split, data_dir)
+  key = (name, split, resolve_data_dir(data_dir))
   if key not in _SOURCES:
-    _SOURCES[key] = _make_source(data_cfg)
+    if name == "imagefolder":
+      from big_vit_lite.data import imagefolder  # pylint: disable=import-outside-toplevel
+      _SOURCES[key] = imagefolder.ImageFolderSource(data_dir, split)
+    else:
+      _SOURCES[key] = TfdsSource(name, split, data_dir)
   return _SOURCES[key]
-
-
-def _make_source(data_cfg):
-  if data_cfg["name"] == "imagefolder":
-    from big_vit_lite.data import imagefolder  # pylint: disable=import-outside-toplevel
-    return imagefolder.ImageFolderSource(data_cfg.get("data_dir"), data_cfg["split"])
-  return TfdsSource(data_cfg["name"], data_cfg["split"], data_cfg.get("data_dir"))
 
 
 def _tfds_is_mocked():
@@ -113,19 +113,11 @@ class TfdsSource:
   def __init__(self, name, split, data_dir=None):
     data_dir = resolve_data_dir(data_dir)
     hint = _prepare_hint(name.split(":")[0].split("/")[0], data_dir)
-    try:
-      builder = tfds.builder(name, data_dir=data_dir)
-    except tfds.core.registered.DatasetNotFoundError:
-      raise ValueError(f"dataset {name!r} is unknown to tfds and not found in {data_dir}; "
-                       f"{name_hint(name) or hint}") from None
-    except AssertionError as e:  # e.g. a version that tfds does not have
-      raise ValueError(f"dataset {name!r}: {' '.join(str(e).split())}") from None
-    except ValueError as e:
-      raise builder_error(name, e) from None
+    builder = tfds_builder(name, data_dir, lambda near: (
+        f"dataset {name!r} is unknown to tfds and not found in {data_dir}; {near or hint}"))
     if not builder.is_prepared():
       raise ValueError(f"dataset {name!r} is not prepared in {data_dir}; {hint}")
-    self.name = name
-    self.info = builder.info
+    self.name, self.info = name, builder.info
     fmt = str(getattr(builder.info, "file_format", "tfrecord") or "tfrecord")
     if "tfrecord" not in fmt.lower():
       raise ValueError(f"dataset {name!r} is stored as {fmt}; only tfrecord is supported: "
@@ -142,9 +134,8 @@ class TfdsSource:
     # (filename, skip, take) of every file piece, in tfds' canonical order.
     self._pieces = [(fi.filename, fi.skip, fi.take) for fi in split_info.file_instructions
                     if fi.take > 0]
-    features = builder.info.features
-    self._decoders = encoded_images(features)
-    self._features = features
+    self._features = builder.info.features
+    self._decoders = encoded_images(self._features)
 
   def _pieces_in(self, start, end):
     """File pieces covering examples [start, end) of the split."""
@@ -165,13 +156,14 @@ class TfdsSource:
     pieces = self._pieces_in(start, end)
     if not pieces:
       return tf.data.Dataset.from_tensor_slices(tf.constant([], tf.string))
-    files, skips, takes = (list(x) for x in zip(*pieces))
+    if len(pieces) == 1:
+      fname, skip, take = pieces[0]
+      return tf.data.TFRecordDataset(fname).skip(skip).take(take)
+    files, skips, takes = zip(*pieces)
     ds = tf.data.Dataset.from_tensor_slices(
         (tf.constant(files), tf.constant(skips, tf.int64), tf.constant(takes, tf.int64)))
-    if order_seed is not None and len(pieces) > 1:
+    if order_seed is not None:
       ds = ds.shuffle(len(pieces), seed=order_seed)
-    if len(pieces) == 1:
-      return tf.data.TFRecordDataset(files[0]).skip(skips[0]).take(takes[0])
     return ds.interleave(
         lambda f, s, t: tf.data.TFRecordDataset(f).skip(s).take(t),
         cycle_length=min(len(pieces), 16), block_length=1,

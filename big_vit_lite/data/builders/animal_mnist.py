@@ -13,7 +13,6 @@ import gzip
 import pickle
 
 import numpy as np
-import tensorflow_datasets as tfds
 
 from big_vit_lite.data import offline_sources
 from big_vit_lite.data.builders import fixed_split
@@ -64,10 +63,8 @@ def load_animals(data_path, label_path):
 class AnimalMnist(fixed_split.Grey28Builder):
   """Animal-MNIST, 10,000 silhouettes from PyPI animal-mnist==0.4; seeded 8k/2k split."""
 
-  VERSION = tfds.core.Version("1.0.0")
   RELEASE_NOTES = {"1.0.0": "From animal-mnist==0.4 (version_3 files); split seed 0."}
   HOMEPAGE = "https://pypi.org/project/animal-mnist/"
-  NUM_TEST = 2_000
 
   def _load_arrays(self):
     return load_animals(*offline_sources.animal_mnist_files())

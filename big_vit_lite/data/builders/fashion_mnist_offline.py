@@ -38,13 +38,10 @@ class OfflineFashionMnist(tfds_mnist.FashionMNIST, skip_registration=True):
   def _split_generators(self, dl_manager):
     del dl_manager
     d = offline_sources.fashion_mnist_dir()
-    f = lambda n: os.path.join(d, n)  # noqa: E731
-    return {
-        "train": self._generate_examples(read_idx(f("train-images-idx3-ubyte.gz"), 2051, 60_000),
-                                         read_idx(f("train-labels-idx1-ubyte.gz"), 2049, 60_000)),
-        "test": self._generate_examples(read_idx(f("t10k-images-idx3-ubyte.gz"), 2051, 10_000),
-                                        read_idx(f("t10k-labels-idx1-ubyte.gz"), 2049, 10_000)),
-    }
+    read = lambda part, n: self._generate_examples(  # noqa: E731
+        read_idx(os.path.join(d, f"{part}-images-idx3-ubyte.gz"), 2051, n),
+        read_idx(os.path.join(d, f"{part}-labels-idx1-ubyte.gz"), 2049, n))
+    return {"train": read("train", 60_000), "test": read("t10k", 10_000)}
 
   def _generate_examples(self, images, labels):  # pylint: disable=arguments-differ
     # Same keys and records as tfds' builder: the index in the IDX file.

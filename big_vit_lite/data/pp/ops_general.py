@@ -8,6 +8,7 @@ rename is ours.
 """
 import tensorflow as tf
 
+from big_vit_lite.data import count
 from big_vit_lite.data.pp.registry import register
 
 
@@ -23,8 +24,7 @@ def get_onehot(depth, key="label", key_result=None, multi=True, on=1.0, off=0.0)
 
   `on`/`off` give label smoothing, e.g. on=0.9+0.1/K, off=0.1/K.
   """
-  if not isinstance(depth, int) or isinstance(depth, bool) or depth < 1:
-    raise ValueError(f"depth must be a positive int, got {depth!r}")
+  depth = count(depth, "depth", 1)
   key_result = key_result or key
 
   def op(data):
@@ -50,9 +50,7 @@ def get_onehot(depth, key="label", key_result=None, multi=True, on=1.0, off=0.0)
     if multi and len(hot.shape) == 2:
       # k-hot: several labels per example collapse onto one vector.
       hot = tf.clip_by_value(tf.reduce_sum(hot - off, axis=0) + off, off, on)
-    out = dict(data)
-    out[key_result] = hot
-    return out
+    return {**data, key_result: hot}
   return op
 
 
@@ -72,18 +70,12 @@ def get_keep(*keys):
 
 @register("drop")
 def get_drop(*keys):
-  def op(data):
-    return {k: v for k, v in data.items() if k not in keys}
-  return op
+  return lambda data: {k: v for k, v in data.items() if k not in keys}
 
 
 @register("copy")
 def get_copy(inkey, outkey):
-  def op(data):
-    out = dict(data)
-    out[outkey] = data[inkey]
-    return out
-  return op
+  return lambda data: {**data, outkey: data[inkey]}
 
 
 @register("rename")

@@ -17,6 +17,7 @@ multiply-add (within 1 ulp of big_vision's two steps).
 import numpy as np
 import tensorflow as tf
 
+from big_vit_lite.data import is_number
 from big_vit_lite.data.pp.registry import register
 from big_vit_lite.data.pp.rng import take_seed
 
@@ -28,13 +29,14 @@ def _is_int(x):
   return isinstance(x, int) and not isinstance(x, bool)  # resize(True) is no 1x1 resize
 
 
-def _hw(size, what):
-  """int or (h, w) -> (h, w) of positive ints."""
+def _hw(size, what, minimum=1):
+  """int or (h, w) -> (h, w) of ints >= minimum."""
   if isinstance(size, int):
     size = (size, size)
   if (not isinstance(size, (tuple, list)) or len(size) != 2
-      or not all(_is_int(s) and s > 0 for s in size)):
-    raise ValueError(f"{what} must be a positive int or (height, width), got {size!r}")
+      or not all(_is_int(s) and s >= minimum for s in size)):
+    kind = "a positive" if minimum else "a non-negative"
+    raise ValueError(f"{what} must be {kind} int or (height, width), got {size!r}")
   return tuple(size)
 
 
@@ -45,20 +47,21 @@ def _method(method):
 
 
 # Resizes that interpolate convexly stay inside the input's value range, so
-# their integer results need no clipping (each elementwise op is a full pass
-# over the image, a visible cost at ~1 ms per image).
+# their integer results need no clipping (an elementwise op is a full pass over the image).
 _CONVEX = ("bilinear", "nearest", "area")
 
 
 def _resize(image, hw, method, antialias=False):
   """Resizes keeping the input dtype: uint8 stays uint8, truncated as big_vision does."""
-  dtype = image.dtype
   out = tf.image.resize(image, hw, method=method, antialias=antialias)
-  if dtype.is_integer:
-    if method in _CONVEX and not antialias:
-      return tf.cast(out, dtype)  # values already in range (to float error, which truncates)
-    return tf.saturate_cast(out, dtype)  # = big_vision's clip, then cast
-  return tf.cast(out, dtype)
+  if image.dtype.is_integer and (method not in _CONVEX or antialias):
+    return tf.saturate_cast(out, image.dtype)  # = big_vision's clip, then cast
+  # (a convex resize's values are in range already, to float error, which truncates)
+  return tf.cast(out, image.dtype)
+
+
+def _resize_to(image, hw, method, antialias):
+  return tf.ensure_shape(_resize(image, hw, method, antialias), [*hw, image.shape[-1]])
 
 
 def _image(data, key, op_name, spatial=True):
@@ -79,8 +82,8 @@ def _image(data, key, op_name, spatial=True):
 
 def _fits(img, hw, op_name):
   """Checks an image is at least hw: when traced if the size is known, else per example."""
-  h, w = (img.shape[0], img.shape[1]) if img.shape.rank == 3 else (None, None)
-  if h is not None and w is not None:
+  if img.shape.rank == 3 and img.shape[:2].is_fully_defined():
+    h, w = img.shape[:2]
     if h < hw[0] or w < hw[1]:
       raise ValueError(f"{op_name}: the {h}x{w} images are smaller than the crop {hw[0]}x{hw[1]}; "
                        f"resize (e.g. resize_small({max(hw)})) before it")
@@ -99,12 +102,6 @@ def _per_channel(img, values, op_name):
   if n > 1 and c is not None and n != c:
     raise ValueError(f"{op_name} has {n} per-channel values for a {c}-channel image (it would "
                      f"become {n}-channel): give one value, or decode({n}) before it")
-
-
-def _with(data, key, value):
-  out = dict(data)
-  out[key] = value
-  return out
 
 
 def _decode_any(raw, channels, precise=False):
@@ -130,10 +127,8 @@ def _decode_any(raw, channels, precise=False):
   else:
     direct |= tf.cond(tf.io.is_jpeg(raw), lambda: tf.image.extract_jpeg_shape(raw)[2] != 4,
                       lambda: tf.constant(False))
-  if channels == 1:
-    convert = lambda: _rgb_to_grey(decode(3))  # noqa: E731
-  else:
-    convert = lambda: tf.pad(decode(3), [[0, 0], [0, 0], [0, 1]], constant_values=255)  # noqa: E731
+  convert = ((lambda: _rgb_to_grey(decode(3))) if channels == 1 else
+             (lambda: tf.pad(decode(3), [[0, 0], [0, 0], [0, 1]], constant_values=255)))
   return tf.cond(direct, lambda: decode(channels), convert)
 
 
@@ -189,7 +184,7 @@ def get_decode(channels=3, precise=False, key="image"):
       img = _decode_any(x, channels, bool(precise))
     else:
       img = _fix_channels(x, channels)
-    return _with(data, key, img)
+    return {**data, key: img}
   return op
 
 
@@ -198,28 +193,32 @@ def get_to_rgb(key="image"):
   """Grey ([H, W] or 1 channel) -> RGB by repeating it; RGBA -> RGB by dropping alpha."""
   def op(data):
     img = _image(data, key, "to_rgb", spatial=False)
-    out = _fix_channels(img, 3)
-    return _with(data, key, tf.ensure_shape(out, img.shape[:2].concatenate([3])))
+    return {**data, key: tf.ensure_shape(_fix_channels(img, 3), img.shape[:2] + [3])}
   return op
 
 
-def _check_area(area_min, area_max, ratio_min, ratio_max):
-  if not (_numbers(area_min) and _numbers(area_max) and 0 < area_min <= area_max <= 100):
+def _inception(size, area_min, area_max, ratio_min, ratio_max, method, antialias):
+  """Checks an inception crop's arguments -> (box, crop, finish): box(image shape, seed) ->
+  (begin, size) of a random crop, crop(image, seed) that crop, finish(crop) resized to `size`."""
+  if not (is_number(area_min) and is_number(area_max) and 0 < area_min <= area_max <= 100):
     raise ValueError(f"need 0 < area_min <= area_max <= 100 (percent), got {area_min!r}, "
                      f"{area_max!r}")
   # (tf samples a reversed range without a word, and fails on 0 only mid-run)
-  if not (_numbers(ratio_min) and _numbers(ratio_max) and 0 < ratio_min <= ratio_max):
+  if not (is_number(ratio_min) and is_number(ratio_max) and 0 < ratio_min <= ratio_max):
     raise ValueError(f"need 0 < ratio_min <= ratio_max (width / height), got {ratio_min!r}, "
                      f"{ratio_max!r}")
+  hw, method = (_hw(size, "size") if size is not None else None), _method(method)
 
+  def box(shape, seed):
+    begin, csize, _ = tf.image.stateless_sample_distorted_bounding_box(
+        shape, tf.zeros([0, 0, 4], tf.float32), seed=seed,
+        area_range=(area_min / 100, area_max / 100), aspect_ratio_range=(ratio_min, ratio_max),
+        min_object_covered=0.0, max_attempts=10, use_image_if_no_bounding_boxes=True)
+    return begin, csize
 
-def _sample_crop(shape, seed, area_min, area_max, ratio):
-  """Inception-style box: a random area fraction and aspect ratio."""
-  begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
-      shape, tf.zeros([0, 0, 4], tf.float32), seed=seed,
-      area_range=(area_min / 100, area_max / 100), aspect_ratio_range=ratio,
-      min_object_covered=0.0, max_attempts=10, use_image_if_no_bounding_boxes=True)
-  return begin, size
+  def crop(img, seed):
+    return tf.slice(img, *box(tf.shape(img), seed))
+  return box, crop, lambda c: c if hw is None else _resize_to(c, hw, method, antialias)
 
 
 @register("inception_crop")
@@ -229,18 +228,12 @@ def get_inception_crop(size=None, area_min=5, area_max=100, method="bilinear", a
 
   The positional order is big_vision's (its op has no ratio arguments).
   """
-  _check_area(area_min, area_max, ratio_min, ratio_max)
-  hw = _hw(size, "size") if size is not None else None
-  method = _method(method)
+  _, crop, finish = _inception(size, area_min, area_max, ratio_min, ratio_max, method, antialias)
 
   def op(data):
     img = _image(data, key, "inception_crop")
     data, seed = take_seed(data, "inception_crop")
-    begin, csize, = _sample_crop(tf.shape(img), seed, area_min, area_max, (ratio_min, ratio_max))
-    crop = tf.slice(img, begin, csize)
-    if hw is not None:
-      crop = tf.ensure_shape(_resize(crop, hw, method, antialias), [*hw, img.shape[-1]])
-    return _with(data, key, crop)
+    return {**data, key: finish(crop(img, seed))}
   return op
 
 
@@ -252,9 +245,8 @@ def get_decode_jpeg_and_inception_crop(size=None, area_min=5, area_max=100, rati
 
   Non-JPEG bytes (PNG, ...) take the plain decode-then-crop path.
   """
-  _check_area(area_min, area_max, ratio_min, ratio_max)
-  hw = _hw(size, "size") if size is not None else None
-  method = _method(method)
+  box, crop, finish = _inception(size, area_min, area_max, ratio_min, ratio_max, method,
+                                 antialias)
 
   def op(data):
     raw = data[key]
@@ -264,34 +256,20 @@ def get_decode_jpeg_and_inception_crop(size=None, area_min=5, area_max=100, rati
     data, seed = take_seed(data, "decode_jpeg_and_inception_crop")
 
     def jpeg():
-      shape = tf.image.extract_jpeg_shape(raw)
-      begin, csize = _sample_crop(shape, seed, area_min, area_max, (ratio_min, ratio_max))
+      begin, csize = box(tf.image.extract_jpeg_shape(raw), seed)
       window = tf.stack([begin[0], begin[1], csize[0], csize[1]])
       return tf.image.decode_and_crop_jpeg(raw, window, channels=3)
 
-    def other():
-      img = _decode_any(raw, 3)
-      begin, csize = _sample_crop(tf.shape(img), seed, area_min, area_max, (ratio_min, ratio_max))
-      return tf.slice(img, begin, csize)
-
-    crop = tf.cond(tf.io.is_jpeg(raw), jpeg, other)
-    crop.set_shape([None, None, 3])
-    if hw is not None:
-      crop = tf.ensure_shape(_resize(crop, hw, method, antialias), [*hw, 3])
-    return _with(data, key, crop)
+    out = tf.cond(tf.io.is_jpeg(raw), jpeg, lambda: crop(_decode_any(raw, 3), seed))
+    out.set_shape([None, None, 3])
+    return {**data, key: finish(out)}
   return op
 
 
 @register("resize")
 def get_resize(size, method="bilinear", antialias=False, key="image"):
-  hw = _hw(size, "size")
-  method = _method(method)
-
-  def op(data):
-    img = _image(data, key, "resize")
-    out = _resize(img, hw, method, antialias)
-    return _with(data, key, tf.ensure_shape(out, [*hw, img.shape[-1]]))
-  return op
+  hw, method = _hw(size, "size"), _method(method)
+  return lambda data: {**data, key: _resize_to(_image(data, key, "resize"), hw, method, antialias)}
 
 
 def _get_resize_side(side, method, antialias, key, name, shorter):
@@ -303,13 +281,11 @@ def _get_resize_side(side, method, antialias, key, name, shorter):
 
   def op(data):
     img = _image(data, key, name)
-    h, w = tf.shape(img)[0], tf.shape(img)[1]
-    ref = tf.minimum(h, w) if shorter else tf.maximum(h, w)
-    ratio = tf.cast(side, tf.float32) / tf.cast(ref, tf.float32)
+    hw = tf.shape(img)[:2]
+    ratio = side / tf.cast(tf.reduce_min(hw) if shorter else tf.reduce_max(hw), tf.float32)
     # At least 1: a 1x50 banner's short side rounds to 0 in resize_long(4) (a tf error).
-    nh = tf.maximum(tf.cast(tf.round(tf.cast(h, tf.float32) * ratio), tf.int32), 1)
-    nw = tf.maximum(tf.cast(tf.round(tf.cast(w, tf.float32) * ratio), tf.int32), 1)
-    return _with(data, key, _resize(img, tf.stack([nh, nw]), method, antialias))
+    hw = tf.maximum(tf.cast(tf.round(tf.cast(hw, tf.float32) * ratio), tf.int32), 1)
+    return {**data, key: _resize(img, hw, method, antialias)}
   return op
 
 
@@ -336,15 +312,13 @@ def get_central_crop(crop_size=None, key="image"):
   def op(data):
     img = _image(data, key, "central_crop")
     if hw is None:
-      side = tf.minimum(tf.shape(img)[0], tf.shape(img)[1])
-      ch, cw = side, side
+      ch = cw = tf.reduce_min(tf.shape(img)[:2])
     else:
       img = _fits(img, hw, "central_crop")
       ch, cw = hw
-    top = (tf.shape(img)[0] - ch) // 2
-    left = (tf.shape(img)[1] - cw) // 2
+    top, left = (tf.shape(img)[0] - ch) // 2, (tf.shape(img)[1] - cw) // 2
     crop = img[top:top + ch, left:left + cw]
-    return _with(data, key, tf.ensure_shape(crop, [*(hw or (None, None)), img.shape[-1]]))
+    return {**data, key: tf.ensure_shape(crop, [*(hw or (None, None)), img.shape[-1]])}
   return op
 
 
@@ -355,9 +329,8 @@ def get_random_crop(crop_size, key="image"):
   def op(data):
     img = _fits(_image(data, key, "random_crop"), hw, "random_crop")
     data, seed = take_seed(data, "random_crop")
-    c = tf.shape(img)[-1]
-    crop = tf.image.stateless_random_crop(img, tf.stack([hw[0], hw[1], c]), seed=seed)
-    return _with(data, key, tf.ensure_shape(crop, [*hw, img.shape[-1]]))
+    crop = tf.image.stateless_random_crop(img, tf.stack([*hw, tf.shape(img)[-1]]), seed=seed)
+    return {**data, key: tf.ensure_shape(crop, [*hw, img.shape[-1]])}
   return op
 
 
@@ -368,13 +341,8 @@ def get_pad(pad, value=0, key="image"):
   With random_crop back to the original size this is the usual translation
   augmentation for small images: "decode|pad(2)|random_crop(28)".
   """
-  if isinstance(pad, int):
-    pad = (pad, pad)
-  if (not isinstance(pad, (tuple, list)) or len(pad) != 2
-      or not all(_is_int(p) and p >= 0 for p in pad)):
-    raise ValueError(f"pad must be a non-negative int or (rows, cols), got {pad!r}")
-  ph, pw = pad
-  if not _numbers(value):
+  ph, pw = _hw(pad, "pad", minimum=0)
+  if not is_number(value):
     raise ValueError(f"value must be a number, got {value!r}")
 
   def op(data):
@@ -387,7 +355,7 @@ def get_pad(pad, value=0, key="image"):
     out = tf.pad(img, [[ph, ph], [pw, pw], [0, 0]], constant_values=tf.cast(value, img.dtype))
     h, w, c = img.shape
     shape = [None if h is None else h + 2 * ph, None if w is None else w + 2 * pw, c]
-    return _with(data, key, tf.ensure_shape(out, shape))
+    return {**data, key: tf.ensure_shape(out, shape)}
   return op
 
 
@@ -398,14 +366,8 @@ def get_flip_lr(key="image"):
     data, seed = take_seed(data, "flip_lr")
     # tf.cond, not tf.image's where(): only flipped images pay for the copy.
     flip = tf.random.stateless_uniform([], seed) < 0.5
-    return _with(data, key, tf.cond(flip, lambda: tf.reverse(img, [-2]), lambda: img))
+    return {**data, key: tf.cond(flip, lambda: tf.reverse(img, [-2]), lambda: img)}
   return op
-
-
-def _numbers(v, lists=False):
-  """A number, or with `lists` also a non-empty list of numbers."""
-  vs = v if lists and isinstance(v, (tuple, list)) else [v]
-  return bool(vs) and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in vs)
 
 
 @register("value_range")
@@ -414,8 +376,8 @@ def get_value_range(vmin=-1, vmax=1, in_min=0, in_max=255.0, clip_values=False, 
 
   in_min/in_max may be per-channel lists (as in big_vision).
   """
-  if not (_numbers(vmin) and _numbers(vmax) and _numbers(in_min, True)
-          and _numbers(in_max, True)):
+  if not (is_number(vmin) and is_number(vmax) and is_number(in_min, True)
+          and is_number(in_max, True)):
     raise ValueError(f"vmin, vmax must be numbers, in_min, in_max numbers or per-channel lists, "
                      f"got {vmin!r}, {vmax!r}, {in_min!r}, {in_max!r}")
   if vmin == vmax:
@@ -431,11 +393,7 @@ def get_value_range(vmin=-1, vmax=1, in_min=0, in_max=255.0, clip_values=False, 
 
   # One multiply-add: each elementwise op is a full pass over the image.
   scale = (vmax - vmin) / (hi - lo)
-  offset = vmin - lo * scale
-  if scale.ndim:
-    scale, offset = tf.constant(scale, tf.float32), tf.constant(offset, tf.float32)
-  else:
-    scale, offset = float(scale), float(offset)
+  scale, offset = tf.constant(scale, tf.float32), tf.constant(vmin - lo * scale, tf.float32)
 
   def op(data):
     img = _image(data, key, "value_range", spatial=False)
@@ -443,7 +401,7 @@ def get_value_range(vmin=-1, vmax=1, in_min=0, in_max=255.0, clip_values=False, 
     x = tf.cast(img, tf.float32) * scale + offset
     if clip_values:
       x = tf.clip_by_value(x, min(vmin, vmax), max(vmin, vmax))
-    return _with(data, key, x)
+    return {**data, key: x}
   return op
 
 
@@ -451,7 +409,7 @@ def get_value_range(vmin=-1, vmax=1, in_min=0, in_max=255.0, clip_values=False, 
 @register("vgg_value_range")  # big_vision's name, with the same defaults
 def get_standardize(mean=(123.675, 116.28, 103.53), std=(58.395, 57.12, 57.375), key="image"):
   """(x - mean) / std per channel as float32; defaults: ImageNet stats on 0..255."""
-  if not (_numbers(mean, True) and _numbers(std, True)):
+  if not (is_number(mean, True) and is_number(std, True)):
     raise ValueError(f"mean and std must be numbers or per-channel lists, got {mean!r}, {std!r}")
   mean, std = np.atleast_1d(mean), np.atleast_1d(std)
   if len(mean) != len(std) or (std == 0).any():
@@ -460,6 +418,6 @@ def get_standardize(mean=(123.675, 116.28, 103.53), std=(58.395, 57.12, 57.375),
   def op(data):
     img = _image(data, key, "standardize", spatial=False)
     _per_channel(img, mean, "standardize")
-    x = tf.cast(img, tf.float32)
-    return _with(data, key, (x - tf.constant(mean, tf.float32)) / tf.constant(std, tf.float32))
+    x = tf.cast(img, tf.float32) - tf.constant(mean, tf.float32)
+    return {**data, key: x / tf.constant(std, tf.float32)}
   return op

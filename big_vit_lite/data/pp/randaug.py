@@ -15,6 +15,7 @@ import math
 
 import tensorflow as tf
 
+from big_vit_lite.data import count, is_number
 from big_vit_lite.data.pp.registry import register
 from big_vit_lite.data.pp.rng import take_seed
 
@@ -41,8 +42,7 @@ def _transform(image, transform):
 
 
 def _rotate(image, degrees):
-  h = tf.cast(tf.shape(image)[0], tf.float32)
-  w = tf.cast(tf.shape(image)[1], tf.float32)
+  h, w = tf.unstack(tf.cast(tf.shape(image)[:2], tf.float32))
   a = degrees * math.pi / 180.0
   cos, sin = tf.cos(a), tf.sin(a)
   x_off = ((w - 1) - (cos * (w - 1) - sin * (h - 1))) / 2.0
@@ -72,10 +72,6 @@ def _equalize_channel(ch):
   return tf.cast(tf.cond(step > 0, equalised, lambda: ch), tf.uint8)
 
 
-def _equalize(image):
-  return tf.stack([_equalize_channel(image[..., c]) for c in range(3)], -1)
-
-
 def _sharpness(image, factor):
   def sharpened():
     x = tf.cast(image, tf.float32)[None]
@@ -103,15 +99,14 @@ def _cutout(image, frac, seed):
 
 def _ops(image, level, sign, seed):
   """The 16 ops, each a thunk (for tf.switch_case). `level` in [0, 3]."""
-  h = tf.cast(tf.shape(image)[0], tf.float32)
-  w = tf.cast(tf.shape(image)[1], tf.float32)
+  h, w = tf.unstack(tf.cast(tf.shape(image)[:2], tf.float32))
   enhance = level * 1.8 + 0.1
   shear = sign * level * 0.3
   tx, ty = sign * level * (100 / 224) * w, sign * level * (100 / 224) * h
   bits = tf.cast(tf.clip_by_value(tf.floor(level * 4.0), 1.0, 8.0), tf.uint8)  # bits kept
   return [
       lambda: _autocontrast(image),
-      lambda: _equalize(image),
+      lambda: tf.stack([_equalize_channel(image[..., c]) for c in range(3)], -1),  # equalize
       lambda: 255 - image,
       lambda: _rotate(image, sign * level * 30.0),
       lambda: tf.bitwise.left_shift(tf.bitwise.right_shift(image, 8 - bits), 8 - bits),
@@ -136,10 +131,8 @@ NUM_OPS = 16
 
 @register("randaug")
 def get_randaug(num_layers=2, magnitude=10, key="image"):
-  if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 0:
-    raise ValueError(f"num_layers must be an int >= 0, got {num_layers!r}")
-  if isinstance(magnitude, bool) or not isinstance(magnitude, (int, float)) \
-      or not 0 <= magnitude <= 30:
+  num_layers = count(num_layers, "num_layers", 0)
+  if not is_number(magnitude) or not 0 <= magnitude <= 30:
     raise ValueError(f"magnitude must be in [0, 30] (10 = full strength), got {magnitude!r}")
   level = magnitude / _MAX_LEVEL
 
@@ -149,7 +142,6 @@ def get_randaug(num_layers=2, magnitude=10, key="image"):
       raise ValueError(f"randaug needs uint8 RGB images [H, W, 3] (decode(channels=3) "
                        f"or to_rgb before it), got {image.dtype} {image.shape}")
     data, seed = take_seed(data, "randaug")
-    level_t = tf.constant(level, tf.float32)
 
     def layer(i, img):
       # A while_loop, not a Python loop: the 16-branch graph is built once
@@ -159,13 +151,10 @@ def get_randaug(num_layers=2, magnitude=10, key="image"):
       index = tf.minimum(tf.cast(u[0] * NUM_OPS, tf.int32), NUM_OPS - 1)
       sign = tf.where(u[1] < 0.5, -1.0, 1.0)
       op_seed = tf.random.experimental.stateless_fold_in(layer_seed, 1)
-      out = tf.switch_case(index, _ops(img, level_t, sign, op_seed))
+      out = tf.switch_case(index, _ops(img, tf.constant(level, tf.float32), sign, op_seed))
       return i + 1, tf.ensure_shape(out, [None, None, 3])
 
     _, image = tf.while_loop(lambda i, _: i < num_layers, layer, [tf.constant(0), image],
                              shape_invariants=[tf.TensorShape([]), tf.TensorShape([None, None, 3])])
-    image = tf.ensure_shape(image, data[key].shape)
-    out = dict(data)
-    out[key] = image
-    return out
+    return {**data, key: tf.ensure_shape(image, data[key].shape)}
   return op

@@ -89,38 +89,31 @@ def build_op(op_text):
                      f"{', '.join(known_ops())}")
   factory = _OPS[name]
   sig = inspect.signature(factory)
-  inkey = outkey = None
+  io = {}
   if "key" in sig.parameters and sig.parameters["key"].default == "image":
-    inkey, outkey = kwargs.pop("inkey", None), kwargs.pop("outkey", None)
+    io = {k: kwargs.pop(k, None) for k in ("inkey", "outkey")}
   try:
     bound = sig.bind(*args, **kwargs)
   except TypeError as e:
     raise ValueError(f"pp op {op_text!r}: bad arguments ({e}); signature is "
                      f"{name}{sig}") from None
-  keys = dict(bound.arguments)
-  keys.update({k: v for k, v in (("inkey", inkey), ("outkey", outkey)) if v is not None})
-  for arg in _KEY_ARGS:
-    if keys.get(arg) is not None and not isinstance(keys[arg], str):
+  for arg, value in {**bound.arguments, **io}.items():
+    if arg in _KEY_ARGS and value is not None and not isinstance(value, str):
       # flip_lr(0.5) would read the key 0.5 (flip_lr takes no probability).
       raise ValueError(f"pp op {op_text!r}: {arg} must be a key name (a string), got "
-                       f"{keys[arg]!r}; signature is {name}{sig}")
-  if (inkey or outkey) and "key" not in bound.arguments:
-    inkey, outkey = inkey or "image", outkey or "image"
-    kwargs["key"] = inkey
-  else:
-    inkey = outkey = None
+                       f"{value!r}; signature is {name}{sig}")
+  inkey, outkey = io.get("inkey"), io.get("outkey")
+  if (inkey or outkey) and "key" not in bound.arguments:  # (a `key` given overrides both)
+    kwargs["key"] = inkey = inkey or "image"
+    outkey = outkey or "image"
   try:
     op = factory(*args, **kwargs)
   except (TypeError, ValueError) as e:
     raise ValueError(f"pp op {op_text!r}: {e}") from None
-  return _in_out(op, inkey, outkey) if inkey != outkey else op
+  if "key" in bound.arguments or inkey == outkey:
+    return op
 
-
-def _in_out(op, inkey, outkey):
-  """`op` reads and writes `inkey`; this puts its result under `outkey` instead."""
-  def wrapped(data):
-    out = dict(op(data))
-    out[outkey] = out[inkey]
-    out[inkey] = data[inkey]
-    return out
-  return wrapped
+  def in_out(data):  # `op` reads and writes `inkey`: its result goes under `outkey` instead
+    out = op(data)
+    return {**out, outkey: out[inkey], inkey: data[inkey]}
+  return in_out

@@ -17,9 +17,7 @@ def take_seed(data, op_name):
                      f"'{RNG_KEY}' (the input pipeline adds it; for ad-hoc use call "
                      f"big_vit_lite.data.pp.ensure_rng(example))")
   seed = data[RNG_KEY]
-  data = dict(data)
   # Advance by a counter, not stateless_split: tf scrambles stateless seeds
   # (Philox) before use, so seeds (a, b) and (a, b + 1) give independent
   # streams, and one add is far cheaper per example than a split kernel.
-  data[RNG_KEY] = seed + tf.constant([0, 1], seed.dtype)
-  return data, seed
+  return {**data, RNG_KEY: seed + tf.constant([0, 1], seed.dtype)}, seed
