@@ -140,7 +140,7 @@ def train(raw_config, workdir):
   except KeyboardInterrupt:  # Before the loop's handler is in place, or a second Ctrl-C.
     raise TrainingInterrupted(f"interrupted (Ctrl-C); {resume.last_checkpoint(workdir)}.") from None
   except Exception as e:  # pylint: disable=broad-except
-    disk_full = resume.disk_full(e)
+    disk_full = ckpt_lib.disk_full(e)
     io_error = isinstance(e, (OSError, ckpt_lib.SaveError)) or disk_full
     if isinstance(e, TrainingError) or not io_error:
       raise
