@@ -75,7 +75,8 @@ def _model_module(name):
   except ModuleNotFoundError as e:
     if e.name != f"big_vit_lite.models.{name}":
       raise
-    raise ValueError(f"Unknown model_name '{name}': it must be a module in big_vit_lite/models/.") from None
+    raise ValueError(f"Unknown model_name '{name}': it must be a module in "
+                     "big_vit_lite/models/.") from None
 
 
 def _global_from_host(tree, shardings):
@@ -91,17 +92,11 @@ def _host_copy(tree):
   return multihost_utils.process_allgather(tree, tiled=True)
 
 
-def _quiet_library_logs():
-  """Orbax logs every file it writes at INFO level: keep its warnings only."""
-  class _Filter(py_logging.Filter):
-    def filter(self, record):
-      return record.levelno >= py_logging.WARNING or "/orbax/" not in record.pathname
-  logging.get_absl_handler().addFilter(_Filter())
-
-
 def main(argv):
   del argv
-  _quiet_library_logs()
+  # Orbax logs every file it writes at INFO level: keep its warnings only.
+  logging.get_absl_handler().addFilter(
+      lambda r: r.levelno >= py_logging.WARNING or "/orbax/" not in r.pathname)
   if _WORKDIR.value is None:
     raise app.UsageError("--workdir is required.")
   if _CONFIG.value is None:
@@ -118,13 +113,15 @@ def main(argv):
     cfg = _CONFIG.value
     msg = oom.message(e, what="training", batch_size=cfg.get("input", {}).get("batch_size"),
                       grad_accum_steps=cfg.get("grad_accum_steps"))
-    print(f"big_vit_lite.train: error: {msg} Checkpoints already written are intact.",
-          file=sys.stderr, flush=True)
-    sys.exit(1)
+    _fail(f"{msg} Checkpoints already written are intact.")
   except (ValueError, TypeError, TrainingError, config_loading.UnreadConfigKeyError) as e:
     logging.error("%s", e, exc_info=isinstance(e, TypeError))
-    print(f"big_vit_lite.train: error: {e}", file=sys.stderr, flush=True)
-    sys.exit(1)
+    _fail(e)
+
+
+def _fail(message):
+  print(f"big_vit_lite.train: error: {message}", file=sys.stderr, flush=True)
+  sys.exit(1)
 
 
 def train(raw_config, workdir):
@@ -141,12 +138,13 @@ def train(raw_config, workdir):
     raise TrainingInterrupted(f"interrupted (Ctrl-C); {resume.last_checkpoint(workdir)}.") from None
   except Exception as e:  # pylint: disable=broad-except
     disk_full = ckpt_lib.disk_full(e)
-    io_error = isinstance(e, (OSError, ckpt_lib.SaveError)) or disk_full
+    io_error = disk_full or isinstance(e, (OSError, ckpt_lib.SaveError))
     if isinstance(e, TrainingError) or not io_error:
       raise
     todo = ("free space on the disk of --workdir (config.keep_ckpts sets how many checkpoints "
             "are kept)" if disk_full else "fix the cause")
-    raise TrainingError(f"{ckpt_lib.error_reason(e)}; {resume.last_checkpoint(workdir, todo)}.") from e
+    raise TrainingError(
+        f"{ckpt_lib.error_reason(e)}; {resume.last_checkpoint(workdir, todo)}.") from e
 
 
 def _train(raw_config, workdir, cleanup):
@@ -180,8 +178,7 @@ def _setup(config, workdir, cleanup):
                jax.process_index(), jax.process_count(), jax.device_count(),
                jax.devices()[0].device_kind, workdir)
   logging.info("Host memory for XLA buffers: %s", hostmem.status())
-  seed = int(config.get("seed", 0))
-  writer = metrics_lib.MetricWriter(workdir)
+  seed, writer = int(config.get("seed", 0)), metrics_lib.MetricWriter(workdir)
   mesh = sharding.make_mesh(config.get("mesh", None))
   rules = sharding.make_rules(config.get("sharding_rules", None), mesh)
   logging.info("Mesh %s; rules %s", dict(mesh.shape), rules)
