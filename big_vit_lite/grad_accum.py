@@ -2,23 +2,12 @@
 
 config.grad_accum_steps = k (default 1) splits every global batch into k
 microbatches of batch_size / k, runs forward and backward on each inside one
-jitted step (a `lax.scan`, so only one microbatch's activations are alive at a
-time) and averages their gradients before the optimizer update. Use it to
-train a batch that does not fit: the update is that of the full batch, for
-about 1/k of the activation memory, at the price of k smaller (less
-efficient) matmuls on an accelerator.
-
-What is exactly the same as k = 1: the examples, their order across steps,
-mixup / device augmentation (applied to the whole batch before the split),
-the loss and gradient as averages over the global batch (every microbatch has
-the same size, so the mean of the k means is the batch mean). What differs:
-floating-point summation order, batch-statistics of anything computed over
-the batch inside the model (a ViT has none), and dropout masks (each
-microbatch folds its index into the step's dropout key).
-
-Microbatch i holds examples i, i+k, i+2k, ... of the global batch: with the
-batch split over devices in contiguous blocks, every device keeps its own
-rows (batch_size / devices must be divisible by k), so the split moves no data.
+jitted step (a `lax.scan`: one microbatch's activations alive at a time) and
+averages their gradients: the update of the full batch for about 1/k of the
+activation memory. Microbatch i holds examples i, i+k, i+2k, ... so that each
+device keeps its own rows (batch_size / devices must be divisible by k). What
+is exactly the same as k = 1 and what differs (summation order, dropout
+masks): benchmarks/NOTES.md, section "Trainer, checkpoints, summary, report".
 """
 import jax
 import jax.numpy as jnp
