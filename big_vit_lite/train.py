@@ -79,19 +79,6 @@ def _model_module(name):
                      "big_vit_lite/models/.") from None
 
 
-def _global_from_host(tree, shardings):
-  """Host numpy tree (identical on every process) -> global arrays with `shardings`."""
-  return jax.tree.map(
-      lambda x, s: jax.make_array_from_callback(x.shape, s, lambda idx: x[idx]), tree, shardings)
-
-
-def _host_copy(tree):
-  """Global arrays -> host numpy (all processes get the full values)."""
-  if all(x.is_fully_addressable for x in jax.tree.leaves(tree)):
-    return jax.device_get(tree)
-  return multihost_utils.process_allgather(tree, tiled=True)
-
-
 def main(argv):
   del argv
   # Orbax logs every file it writes at INFO level: keep its warnings only.
@@ -341,14 +328,18 @@ def _init_state(run, parts, settings):
   if settings.model_init:
     dont_load = settings.dont_load
     logging.info("Initialising params from %s (dont_load=%s)", settings.model_init, dont_load)
-    init_values = _host_copy(params) if dont_load else parts.params_abstract
+    # The values of the params not loaded, in full on every process.
+    init_values = (multihost_utils.process_allgather(params, tiled=True) if dont_load
+                   else parts.params_abstract)
     # The patch grid, so that a learned posemb is resampled to this run's
     # (possibly non-square) input, not to the square of its token count.
     patch = parts.model.arch()["patch_size"]
     grid_hw = (parts.image_shape[0] // patch, parts.image_shape[1] // patch)
     loaded = parts.model_mod.load(init_values, settings.model_init, parts.model_kw,
                                   dont_load=dont_load, grid_hw=grid_hw)
-    params = _global_from_host(loaded, parts.params_sh)
+    # Host numpy (the same on every process) -> global arrays with the params' shardings.
+    params = jax.tree.map(lambda x, s: jax.make_array_from_callback(x.shape, s, lambda i: x[i]),
+                          loaded, parts.params_sh)
   opt_state = jax.jit(parts.opt.tx.init, out_shardings=parts.opt_sh)(params)
   state = dict(params=params, opt_state=opt_state,
                step=jax.device_put(jnp.zeros([], jnp.int32), run.repl),
