@@ -192,11 +192,12 @@ class TrainRun:
 
   Register `exit` on the run's ExitStack; set `status = "preempted"` before
   a preempted run returns. `evaluated()` after each eval rewrites the report
-  when `report` is set. Process 0 only; the others do nothing.
+  with `report` (report.write, when config.report is set; passed in: report.py
+  reads this module). Process 0 only; the others do nothing.
   """
 
   def __init__(self, workdir, *, total_steps, start_step, checkpoint_dir, image_shape,
-               report=False):
+               report=None):
     self.active = jax.process_index() == 0
     self.workdir, self.report = paths.resolve(workdir), report
     self.status = "finished"
@@ -235,9 +236,8 @@ class TrainRun:
     """After an eval: the report again, when config.report is set (a failure is a warning)."""
     if not (self.active and self.report):
       return
-    from big_vit_lite import report  # pylint: disable=g-import-not-at-top
     try:
-      report.write([self.workdir])
+      self.report([self.workdir])
     except Exception as e:  # pylint: disable=broad-except
       logging.warning("Could not write the report: %s", e)
 

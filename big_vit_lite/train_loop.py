@@ -12,6 +12,7 @@ from big_vit_lite import distributed
 from big_vit_lite import ema as ema_lib
 from big_vit_lite import flops as flops_lib
 from big_vit_lite import metrics as metrics_lib
+from big_vit_lite import report as report_lib
 from big_vit_lite import summary as summary_lib
 from big_vit_lite.data import device as device_lib
 from big_vit_lite.resume import TrainingError
@@ -45,7 +46,7 @@ class Loop:
     self.summary = summary_lib.TrainRun(
         run.workdir, total_steps=run.total_steps, start_step=resume_step,
         checkpoint_dir=checkpointer.directory, image_shape=parts.image_shape,
-        report=settings.report)
+        report=report_lib.write if settings.report else None)
     cleanup.push(self.summary.exit)
     # core_hours counts the earlier attempts too (their lines up to the checkpoint are kept).
     self.chrono = metrics_lib.Chrono(
