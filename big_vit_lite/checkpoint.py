@@ -17,6 +17,7 @@ Reading params back (`load_params`, `resolve_step_dir`, checksums) is in
 `big_vit_lite.models.steps`, re-exported here. Workdirs may be local or on a
 bucket (gs://...): paths are etils.epath paths, which orbax takes as they are.
 """
+import contextlib
 import errno
 import json
 import signal
@@ -24,6 +25,7 @@ import threading
 
 from absl import logging
 import jax
+from jax.experimental import multihost_utils
 import ml_collections
 import orbax.checkpoint as ocp
 
@@ -60,12 +62,9 @@ class Checkpointer:
       raise ValueError(f"{self.directory} is not a directory: move that file away, checkpoints "
                        "are saved there.")
     options = ocp.CheckpointManagerOptions(
-        max_to_keep=keep,           # The last `keep` checkpoints ...
-        keep_period=keep_every,     # ... plus every step divisible by keep_every.
-        enable_async_checkpointing=async_save,
-        create=True,
-        cleanup_tmp_directories=True,  # Leftovers of a save interrupted by a kill.
-    )
+        max_to_keep=keep,  # The last `keep` checkpoints, plus every step divisible by keep_every.
+        keep_period=keep_every, enable_async_checkpointing=async_save, create=True,
+        cleanup_tmp_directories=True)  # (Leftovers of a save interrupted by a kill.)
     self.manager = ocp.CheckpointManager(
         self.directory, options=options, item_names=("state", "data", "config", "checksums"))
     self._closed = False
@@ -83,9 +82,8 @@ class Checkpointer:
 
   def saved_config(self, step):
     """The config (a plain dict) the checkpoint at `step` was written with, or None."""
-    path = self.step_dir(step) / "config" / "metadata"
     try:
-      return json.loads(path.read_text()) or None
+      return json.loads((self.step_dir(step) / "config" / "metadata").read_text()) or None
     except (OSError, ValueError):
       return None
 
@@ -113,18 +111,19 @@ class Checkpointer:
 
   def save(self, step, state, data_state, config=None):
     """Starts an (async) save of `state` (pytree) and `data_state` (JSON dict)."""
-    items = dict(
+    if isinstance(config, ml_collections.ConfigDict):
+      config = json.loads(config.to_json_best_effort())
+    items = ocp.args.Composite(
         state=ocp.args.StandardSave(state),
         data=ocp.args.JsonSave(data_state if data_state is not None else {}),
-        config=ocp.args.JsonSave(_config_to_json(config)),
-        checksums=ocp.args.JsonSave(checksums(state)),
-    )
+        config=ocp.args.JsonSave(json.loads(json.dumps(config or {}, default=str))),
+        checksums=ocp.args.JsonSave(checksums(state)))
     # A failed earlier (async) save is reported as that step, before this one starts.
     self.wait()
     self._in_flight = int(step)
     try:
       # force=True: the caller decides when to save (ckpt_steps, end, preemption).
-      self.manager.save(int(step), args=ocp.args.Composite(**items), force=True)
+      self.manager.save(int(step), args=items, force=True)
     except Exception as e:  # pylint: disable=broad-except
       raise self._save_error(e) from e
 
@@ -137,9 +136,7 @@ class Checkpointer:
     """
     steps.drop_abandoned_read_reports()
     out = self.manager.restore(int(step), args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(abstract_state),
-        data=ocp.args.JsonRestore(),
-    ))
+        state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
     steps.verify_checksums(self.step_dir(step), out["state"])
     return out["state"], out["data"]
 
@@ -152,13 +149,10 @@ class Checkpointer:
 
   def _save_error(self, error):
     steps.mark_save_failed()  # What orbax's other writes report from now on is this failure again.
-    reason = error_reason(error)
-    disk_full = (getattr(error, "errno", None) in (errno.ENOSPC, errno.EDQUOT)
-                 or "No space left on device" in reason or "Disk quota exceeded" in reason)
-    if disk_full:  # (tensorstore's reason names orbax's temporary files, twice.)
-      reason = "no space left on device"
+    full = disk_full(error)  # (tensorstore's reason then names orbax's temporary files, twice.)
+    reason = "no space left on device" if full else error_reason(error)
     return SaveError(f"Saving checkpoint step {self._in_flight} to {self.directory} failed "
-                     f"({reason})", self._in_flight, disk_full)
+                     f"({reason})", self._in_flight, full)
 
   def close(self):
     """Waits for a save in flight (it commits), then releases orbax's threads. Idempotent.
@@ -168,26 +162,22 @@ class Checkpointer:
     if self._closed:
       return
     self._closed = True
-    failed = None
     try:
       self.wait()
-    except SaveError as e:
-      failed = e
-    try:
-      self.manager.close()
-    except Exception:  # pylint: disable=broad-except
-      if failed is None:  # (Else it is that failure again: orbax's close waits too.)
-        raise
-    if failed is not None:
-      raise failed
+    except SaveError:
+      with contextlib.suppress(Exception):  # That failure again: orbax's close waits too.
+        self.manager.close()
+      raise
+    self.manager.close()
 
 
-def _config_to_json(config):
-  if config is None:
-    return {}
-  if isinstance(config, ml_collections.ConfigDict):
-    return json.loads(config.to_json_best_effort())
-  return json.loads(json.dumps(config, default=str))
+def disk_full(error):
+  """Whether `error` (Python's, orbax's, TensorFlow's writing TensorBoard events) is ENOSPC."""
+  if isinstance(error, SaveError):
+    return error.disk_full
+  text = f"{error} {error_reason(error)}"
+  return (getattr(error, "errno", None) in (errno.ENOSPC, errno.EDQUOT)
+          or "No space left on device" in text or "Disk quota exceeded" in text)
 
 
 # --------------------------------------------------------------------------
@@ -229,13 +219,12 @@ class PreemptionWatcher:
     self._flag.set()
 
   def reached(self, step):
-    if self._multi:
-      from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-      try:
-        return multihost_utils.reached_preemption_sync_point(int(step))
-      except RuntimeError:  # Preemption service not running (e.g. no coordinator).
-        return False
-    return self._flag.is_set()
+    if not self._multi:
+      return self._flag.is_set()
+    try:
+      return multihost_utils.reached_preemption_sync_point(int(step))
+    except RuntimeError:  # Preemption service not running (e.g. no coordinator).
+      return False
 
   def close(self):
     for sig, handler in self._previous.items():

@@ -2,35 +2,20 @@
 
 config.grad_accum_steps = k (default 1) splits every global batch into k
 microbatches of batch_size / k, runs forward and backward on each inside one
-jitted step (a `lax.scan`, so only one microbatch's activations are alive at a
-time) and averages their gradients before the optimizer update. Use it to
-train a batch that does not fit: the update is that of the full batch, for
-about 1/k of the activation memory, at the price of k smaller (less
-efficient) matmuls on an accelerator.
-
-What is exactly the same as k = 1: the examples, their order across steps,
-mixup / device augmentation (applied to the whole batch before the split),
-the loss and gradient as averages over the global batch (every microbatch has
-the same size, so the mean of the k means is the batch mean). What differs:
-floating-point summation order, batch-statistics of anything computed over
-the batch inside the model (a ViT has none), and dropout masks (each
-microbatch folds its index into the step's dropout key).
-
-Microbatch i holds examples i, i+k, i+2k, ... of the global batch: with the
-batch split over devices in contiguous blocks, every device keeps its own
-rows (batch_size / devices must be divisible by k), so the split moves no data.
+jitted step (a `lax.scan`: one microbatch's activations alive at a time) and
+averages their gradients: the update of the full batch for about 1/k of the
+activation memory. Microbatch i holds examples i, i+k, i+2k, ... so that each
+device keeps its own rows (batch_size / devices must be divisible by k). What
+is exactly the same as k = 1 and what differs (summation order, dropout
+masks): benchmarks/NOTES.md, section "Trainer, checkpoints, summary, report".
 """
-from __future__ import annotations
-
-from typing import Any, Callable
-
 import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 
-def check(steps, batch_size: int, batch_devices: int) -> int:
+def check(steps, batch_size, batch_devices):
   """Validates config.grad_accum_steps against the batch; returns it as an int."""
   if batch_size < 1:  # the one check every entry point (train, plan, bench) passes through
     raise ValueError(f"input.batch_size={batch_size}: use a positive integer.")
@@ -50,21 +35,19 @@ def check(steps, batch_size: int, batch_devices: int) -> int:
   return steps
 
 
-def split(batch, steps: int, batch_sharding: NamedSharding | None = None):
+def split(batch, steps, batch_sharding=None):
   """(B, ...) leaves -> (steps, B / steps, ...); microbatch i = rows i, i+steps, ..."""
   def one(x):
-    x = x.reshape((x.shape[0] // steps, steps) + x.shape[1:])
-    x = jnp.swapaxes(x, 0, 1)
+    x = jnp.swapaxes(x.reshape((x.shape[0] // steps, steps) + x.shape[1:]), 0, 1)
     if batch_sharding is not None:  # the microbatch axis replicated, rows stay where they were
-      spec = P(None, *batch_sharding.spec)
-      x = jax.lax.with_sharding_constraint(x, NamedSharding(batch_sharding.mesh, spec))
+      x = jax.lax.with_sharding_constraint(
+          x, NamedSharding(batch_sharding.mesh, P(None, *batch_sharding.spec)))
     return x
   return jax.tree.map(one, batch)
 
 
-def value_and_grad(loss_fn: Callable[[Any, Any, jax.Array], jax.Array], params, batch,
-                   rng: jax.Array, steps: int, *,
-                   batch_sharding: NamedSharding | None = None, param_shardings=None):
+def value_and_grad(loss_fn, params, batch, rng, steps, *, batch_sharding=None,
+                   param_shardings=None):
   """(mean loss, mean gradient) of loss_fn(params, batch, rng) over `steps` microbatches.
 
   loss_fn must return the mean loss over the examples it is given. With steps == 1

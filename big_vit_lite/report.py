@@ -30,7 +30,7 @@ from absl import logging
 
 from big_vit_lite import checkpoint as ckpt_lib
 from big_vit_lite import paths
-from big_vit_lite import runlog
+from big_vit_lite import summary
 
 INSTALL = "pip install 'big_vit_lite[report]'"
 _TRAINING = ("training_loss", "learning_rate")
@@ -57,27 +57,25 @@ def require_matplotlib():
 def load(workdir):
   """One run's rows, hours, resumes, config and summary, as a dict."""
   wd = paths.resolve(workdir)
-  rows = runlog.read_rows(wd)
+  rows = summary.read_rows(wd)
   if not rows:
     raise ValueError(f"{wd} has no metrics.jsonl lines: pass a training or evaluate workdir "
                      "(a run writes its first line at its first logged step).")
   config = wd / "config.json"
-  run = dict(workdir=wd, name=wd.name, rows=rows, summary=runlog.read(wd),
-             stats=runlog.stats(rows), checkpoints=ckpt_lib.complete_steps(wd),
-             config=dict(runlog.flat_config(json.loads(config.read_text()))) if config.exists() else {})
-  run["train_keys"], run["eval_keys"] = runlog.split_keys(rows)
-  # Hours: each attempt's uptime after the attempts before it.
-  run["train_rows"], run["hours"], run["resume_hours"] = [], [], []
-  offset = 0.0
-  for i, seg in enumerate(runlog.segments(rows)):
-    if i:
-      run["resume_hours"].append(offset)
+  run = dict(workdir=wd, name=wd.name, rows=rows, summary=summary.read(wd),
+             stats=summary.stats(rows), checkpoints=ckpt_lib.complete_steps(wd),
+             config=dict(summary.flat_config(json.loads(config.read_text())))
+             if config.exists() else {}, train_rows=[], hours=[], resume_hours=[])
+  run["train_keys"], run["eval_keys"] = summary.split_keys(rows)
+  segments, offset = summary.segments(rows), 0.0
+  for i, seg in enumerate(segments):  # Hours: each attempt's uptime after those before it.
+    run["resume_hours"] += [offset] if i else []
     run["train_rows"] += seg
     run["hours"] += [offset + r["uptime_hours"] if "uptime_hours" in r else None for r in seg]
     offset += max([r.get("uptime_hours", 0.0) for r in seg])
   attempts = run["summary"].get("attempts", [])
   run["resume_steps"] = ([a["start_step"] for a in attempts[1:]] if attempts else
-                         [s[0]["step"] for s in runlog.segments(rows)[1:]])
+                         [s[0]["step"] for s in segments[1:]])
   return run
 
 
@@ -86,16 +84,12 @@ def _plot(ax, runs, key, x):
   scale = 60 if x == "minutes" else 1
   for i, run in enumerate(runs):
     color = f"C{i % 10}"
-    if x != "step":
-      pts = [(h * scale, r[key]) for r, h in zip(run["train_rows"], run["hours"])
-             if h is not None and runlog.numeric(r.get(key))]
-    else:
-      pts = [(r["step"], r[key]) for r in run["rows"]
-             if runlog.numeric(r.get(key))]
-    is_eval = key in run["eval_keys"]
+    pts = ([(r["step"], r[key]) for r in run["rows"] if summary.numeric(r.get(key))]
+           if x == "step" else [(h * scale, r[key]) for r, h in zip(run["train_rows"], run["hours"])
+                                if h is not None and summary.numeric(r.get(key))])
     if pts:
-      ax.plot(*zip(*pts), color=color, label=run["name"], marker="o" if is_eval else None, ms=3,
-              lw=1.2)
+      ax.plot(*zip(*pts), color=color, label=run["name"], ms=3, lw=1.2,
+              marker="o" if key in run["eval_keys"] else None)
     for j, at in enumerate(run["resume_steps"] if x == "step" else
                            [h * scale for h in run["resume_hours"]]):
       ax.axvline(at, color=color, ls="--", lw=0.8, alpha=0.8,
@@ -109,14 +103,14 @@ def _plot(ax, runs, key, x):
     ax.legend(fontsize=7)
 
 
-def _figure(plt, panels, cols):
+def _figure(plt, runs, panels, cols):
   """PNG bytes of a grid of (key, x) panels."""
   rows = math.ceil(len(panels) / cols)
   fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.1 * rows), squeeze=False)
   for ax in axes.flat[len(panels):]:
     ax.set_visible(False)
-  for ax, (draw, key, x) in zip(axes.flat, panels):
-    draw(ax, key, x)
+  for ax, (key, x) in zip(axes.flat, panels):
+    _plot(ax, runs, key, x)
   fig.tight_layout()
   buf = io.BytesIO()
   fig.savefig(buf, format="png", dpi=80)
@@ -139,21 +133,15 @@ def figures(plt, runs):
       "other": ([(k, "step") for k in train_keys if k not in _TRAINING and k not in throughput],
                 3),
   }
-  draw = lambda ax, key, x: _plot(ax, runs, key, x)
-  out = {}
-  for name, (panels, cols) in groups.items():
-    if panels:
-      out[name] = (_figure(plt, [(draw, k, x) for k, x in panels], min(cols, len(panels))),
-                   list(dict.fromkeys(k for k, _ in panels)))
-  return out
+  return {name: (_figure(plt, runs, panels, min(cols, len(panels))),
+                 list(dict.fromkeys(k for k, _ in panels)))
+          for name, (panels, cols) in groups.items() if panels}
 
 
 def _fmt(v, pct=False):
   if v is None:
     return "-"
-  if pct:
-    return f"{100 * v:.1f}%"
-  return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.4g}"
+  return f"{100 * v:.1f}%" if pct else f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.4g}"
 
 
 def _table(head, rows):
@@ -166,18 +154,15 @@ def _table(head, rows):
 def _runs_table(runs):
   rows = []
   for run in runs:
-    s, st = run["summary"], run["stats"]
-    dev = s.get("device") or {}
-    total = s.get("total_steps")
-    attempts = s.get("attempts", [])
-    resumed = ", ".join(str(a) for a in run["resume_steps"])
+    s, st, dev = run["summary"], run["stats"], run["summary"].get("device")
+    total, resumed = s.get("total_steps"), ", ".join(map(str, run["resume_steps"]))
     rows.append([
         run["name"], s.get("status", "?"), f"{st['step']}" + (f" / {total}" if total else ""),
-        _fmt(st["epochs"]), runlog.duration(st["hours"]), _fmt(st["core_hours"]),
+        _fmt(st["epochs"]), summary.duration(st["hours"]), _fmt(st["core_hours"]),
         _fmt(st["img_per_sec"]),
         ", ".join(f"{k} {_fmt(v, pct=True)}" for k, v in st["mfu"].items()) or "-",
         f"{dev['devices']} x {dev['device_kind']}" if dev else "-",
-        f"{max(len(attempts), 1)}" + (f" (resumed at {resumed})" if resumed else ""),
+        f"{max(len(s.get('attempts', [])), 1)}" + (f" (resumed at {resumed})" if resumed else ""),
         ", ".join(map(str, run["checkpoints"][-3:])) or "-"])
   return _table(["run", "status", "step", "epochs", "training time", "core-hours", "img/s (median)",
                  "MFU (median)", "device", "attempts", "checkpoints"], rows)
@@ -197,8 +182,8 @@ def _metrics_table(runs):
 
 def _config_table(runs):
   if len(runs) < 2:
-    return f"<p>{len(runs[0]['config'])} config keys: {html.escape(str(runs[0]['workdir']))}" \
-           "/config.json</p>"
+    run = runs[0]
+    return f"<p>{len(run['config'])} config keys: {html.escape(run['name'])}/config.json</p>"
   keys = sorted({k for run in runs for k in run["config"]})
   differ = [k for k in keys if len({run["config"].get(k) for run in runs}) > 1]
   if not differ:
@@ -222,8 +207,8 @@ def write(workdirs, out=None):
   out.mkdir(parents=True, exist_ok=True)
   title = "Run report: " + ", ".join(run["name"] for run in runs)
   now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-  parts = [f"<h1>{html.escape(title)}</h1>",
-           f"<p>{now}, from {html.escape(', '.join(str(r['workdir']) for r in runs))}</p>",
+  # (The runs by name: an absolute workdir path says nothing to a reader of the page.)
+  parts = [f"<h1>{html.escape(title)}</h1>", f"<p>{now}</p>",
            "<h2>Runs</h2>", _runs_table(runs), "<h2>Metrics</h2>", _metrics_table(runs),
            "<h2>Config</h2>", _config_table(runs)]
   for name, (png, keys) in figures(plt, runs).items():
@@ -236,9 +221,8 @@ def write(workdirs, out=None):
           f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>\n"
           + "\n".join(parts) + "\n</body></html>\n")
   path = out / "report.html"
-  tmp = out / "report.html.tmp"
-  tmp.write_text(page)
-  tmp.replace(path)
+  (out / "report.html.tmp").write_text(page)
+  (out / "report.html.tmp").replace(path)
   logging.info("Wrote the report %s", path)
   return path
 

@@ -2,7 +2,6 @@
 
 Also the workdir (created and locked) and the line naming the last complete checkpoint.
 """
-import errno
 import json
 
 from absl import logging
@@ -10,7 +9,7 @@ from absl import logging
 from big_vit_lite import checkpoint as ckpt_lib
 from big_vit_lite import optim
 from big_vit_lite import paths
-from big_vit_lite import runlog
+from big_vit_lite import summary
 
 
 class TrainingError(RuntimeError):
@@ -29,7 +28,6 @@ def check_resumable(checkpointer, step, state_abstract, raw_config, total_steps,
   Raises a one-line TrainingError when it cannot continue this config. A
   changed grad_clip_norm (on <-> off) is fine: the clip keeps no state.
   """
-  step_dir = checkpointer.step_dir(step)
   try:
     mismatch = checkpointer.state_mismatch(step, state_abstract)
     saved_clipped = opt.clipped
@@ -44,12 +42,13 @@ def check_resumable(checkpointer, step, state_abstract, raw_config, total_steps,
     raise TrainingError(damaged(checkpointer, step, e)) from e
   if mismatch:
     changed = config_changes(checkpointer.saved_config(step),
-                              json.loads(raw_config.to_json_best_effort()))
-    changed = f"; config changes since it was saved: {changed}" if changed else ""
+                             json.loads(raw_config.to_json_best_effort()))
+    step_dir = checkpointer.step_dir(step)
     raise TrainingError(
         f"Cannot resume from {step_dir}: it was written for another model or optimizer "
-        f"({mismatch}){changed}. Use a new --workdir (with config.model_init={step_dir} to "
-        "start from its params), or undo the change.")
+        f"({mismatch}){'; config changes since it was saved: ' + changed if changed else ''}. "
+        f"Use a new --workdir (with config.model_init={step_dir} to start from its params), or "
+        "undo the change.")
   if step >= total_steps:
     logging.warning("The checkpoint at step %d is already at or past total_steps=%d: "
                     "nothing to train (raise config.total_steps to train on).", step, total_steps)
@@ -74,35 +73,24 @@ def restore(checkpointer, step, state_abstract):
 
 def damaged(checkpointer, step, error):
   """One line for a checkpoint that cannot be read (files deleted or truncated after the save)."""
-  first_line = ckpt_lib.error_reason(error)
-  if len(first_line) > 300:
-    first_line = first_line[:300] + "..."
+  reason = ckpt_lib.error_reason(error)
+  reason = reason[:300] + "..." if len(reason) > 300 else reason
   older = sorted(s for s in checkpointer.all_steps() if s < step)
-  where = (f"move it out of {checkpointer.directory} (e.g. to {checkpointer.step_dir(step)}.damaged) "
-           f"to resume from step {older[-1]}" if older else
-           f"move it out of {checkpointer.directory} to start afresh")
-  return f"Cannot read checkpoint {checkpointer.step_dir(step)} ({first_line}); if it is damaged, {where}."
+  step_dir = checkpointer.step_dir(step)
+  where = (f"(e.g. to {step_dir}.damaged) to resume from step {older[-1]}" if older else
+           "to start afresh")
+  return (f"Cannot read checkpoint {step_dir} ({reason}); if it is damaged, move it out of "
+          f"{checkpointer.directory} {where}.")
 
 
 def config_changes(saved, current, limit=5):
   """'a.b: 16 -> 32, ...' for the leaves that differ between two config dicts."""
   if not saved:
     return ""
-  flat_saved, flat_current = dict(runlog.flat_config(saved)), dict(runlog.flat_config(current))
-  keys = sorted(k for k in set(flat_saved) | set(flat_current)
-                if flat_saved.get(k, "<unset>") != flat_current.get(k, "<unset>"))
-  out = [f"{k}: {flat_saved.get(k, '<unset>')} -> {flat_current.get(k, '<unset>')}"
-         for k in keys[:limit]]
+  old, new = dict(summary.flat_config(saved)), dict(summary.flat_config(current))
+  keys = sorted(k for k in set(old) | set(new) if old.get(k, "<unset>") != new.get(k, "<unset>"))
+  out = [f"{k}: {old.get(k, '<unset>')} -> {new.get(k, '<unset>')}" for k in keys[:limit]]
   return ", ".join(out) + (f" (and {len(keys) - limit} more)" if len(keys) > limit else "")
-
-
-def disk_full(error):
-  """Whether `error` (Python's, orbax's, TensorFlow's writing TensorBoard events) is ENOSPC."""
-  if isinstance(error, ckpt_lib.SaveError):
-    return error.disk_full
-  if isinstance(error, OSError):
-    return error.errno in (errno.ENOSPC, errno.EDQUOT)
-  return "No space left on device" in str(error) or "Disk quota exceeded" in str(error)
 
 
 def last_checkpoint(workdir, todo=None):
@@ -110,14 +98,13 @@ def last_checkpoint(workdir, todo=None):
   todo = f"{todo} and run" if todo else "run"
   try:
     steps = ckpt_lib.complete_steps(workdir)
-    where = paths.resolve(workdir) / ckpt_lib.CKPT_SUBDIR
+    where = f" in {paths.resolve(workdir) / ckpt_lib.CKPT_SUBDIR}"
   except ValueError:
-    steps, where = [], None
+    steps, where = [], ""
   if steps:
-    return (f"the last complete checkpoint is step {steps[-1]} in {where}: {todo} the same "
-            "command to resume")
-  return (f"no checkpoint was saved{f' in {where}' if where else ''}: {todo} the same command "
-          "to start again")
+    return (f"the last complete checkpoint is step {steps[-1]}{where}: {todo} the same command "
+            "to resume")
+  return f"no checkpoint was saved{where}: {todo} the same command to start again"
 
 
 def prepare_workdir(workdir, cleanup):

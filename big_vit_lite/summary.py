@@ -1,4 +1,6 @@
-"""The end of a run: `WORKDIR/summary.json` and the same facts as a block in the log.
+"""The end of a run: `WORKDIR/summary.json`, the same facts as a block in the log, and the
+reading of a run's workdir (metrics.jsonl rows, summary.json, their statistics) that report.py
+plots.
 
 Read off what the run wrote (metrics.jsonl, the checkpoint listing) plus
 what only the trainer knows (status, device, attempts): the final value of
@@ -8,12 +10,15 @@ that resume and evaluate it. The trainer writes it at the start of each
 attempt (status "running": a run in progress, or a killed one) and when it
 ends: "finished", "preempted" (SIGTERM: saved, exit 0), "interrupted"
 (Ctrl-C) or "failed" (with the error). `attempts` lists every start of the
-run with its first step, so resumes can be shown (report.py).
+run with its first step, so resumes can be shown (report.py). An evaluate
+run writes its own (kind "evaluate"); in a training workdir under the name
+EVAL_FILE, so that the trainer's stays.
 """
 import datetime
 import json
 import os
 import shlex
+import statistics
 import sys
 
 from absl import logging
@@ -21,14 +26,108 @@ import jax
 
 from big_vit_lite import checkpoint as ckpt_lib
 from big_vit_lite import paths
-from big_vit_lite.runlog import (  # noqa: F401  (summary.read_rows etc. for callers)
-    FILE, REPORT, duration, lower_is_better, numeric, read, read_rows, segments, split_keys,
-    stats)
+
+FILE = "summary.json"
+EVAL_FILE = "summary_evaluate.json"
+REPORT = "report/report.html"
+
+
+def read_rows(workdir):
+  """metrics.jsonl's rows ([] without one); a torn last line (a run in progress) is skipped."""
+  path = paths.resolve(workdir) / "metrics.jsonl"
+  rows = []
+  for line in (path.read_text().splitlines() if path.exists() else []):
+    try:
+      row = json.loads(line)
+    except ValueError:
+      continue
+    if isinstance(row, dict) and isinstance(row.get("step"), int):
+      rows.append(row)
+  return rows
+
+
+def read(workdir):
+  """The summary.json of `workdir`, or {}."""
+  path = paths.resolve(workdir) / FILE
+  try:
+    return json.loads(path.read_text()) if path.exists() else {}
+  except ValueError:
+    return {}
+
+
+def numeric(v):
+  return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def split_keys(rows):
+  """(training keys, eval keys): keys of lines with `training_loss` and of the others."""
+  train, evals = {}, {}
+  for row in rows:
+    into = train if "training_loss" in row else evals
+    into.update((k, None) for k, v in row.items() if k != "step" and numeric(v))
+  return list(train), [k for k in evals if k not in train]
+
+
+def segments(rows):
+  """Training rows split into attempts, where `uptime_hours` starts again from 0."""
+  out, last = [], None
+  for row in rows:
+    if "training_loss" not in row:
+      continue
+    up = row.get("uptime_hours")
+    if not out or (up is not None and last is not None and up < last):
+      out.append([])
+    out[-1].append(row)
+    last = up if up is not None else last
+  return out
+
+
+def stats(rows):
+  """Final and best values of the metrics, throughput and time, from metrics.jsonl's rows."""
+  train_keys, eval_keys = split_keys(rows)
+  final, best = {}, {}
+  for row in rows:
+    for k, v in row.items():
+      if k == "step" or not numeric(v):
+        continue
+      final[k] = v
+      b = best.get(k)
+      lower_is_better = "loss" in k or "err" in k
+      if (k in eval_keys or k == "training_loss") and (
+          b is None or (v < b["value"] if lower_is_better else v > b["value"])):
+        best[k] = dict(value=v, step=row["step"])
+  train_rows = [r for r in rows if "training_loss" in r]
+  median = lambda k: (statistics.median(vals) if (vals := [r[k] for r in train_rows
+                                                            if numeric(r.get(k))]) else None)
+  return dict(
+      step=train_rows[-1]["step"] if train_rows else max((r["step"] for r in rows), default=0),
+      epochs=final.get("epoch"), final=final, best=best,
+      hours=sum(s[-1].get("uptime_hours", 0.0) for s in segments(rows)) or None,
+      core_hours=final.get("core_hours"), img_per_sec=median("img/sec"),
+      mfu={k: median(k) for k in train_keys if k.startswith("mfu")})
+
+
+def duration(hours):
+  """'42 s', '3.5 min' or '2.25 h'; '-' for None."""
+  if hours is None:
+    return "-"
+  seconds = hours * 3600
+  return f"{seconds:.0f} s" if seconds < 120 else (
+      f"{seconds / 60:.1f} min" if seconds < 7200 else f"{hours:.2f} h")
+
+
+def flat_config(tree, prefix=""):
+  """(dotted key, JSON of the value) for every leaf of a nested config dict."""
+  for k, v in tree.items():
+    if isinstance(v, dict) and v:
+      yield from flat_config(v, f"{prefix}{k}.")
+    else:
+      yield prefix + k, json.dumps(v)
+
 
 def command(module):
   """The command line that started this process when it runs `python -m MODULE`, else None."""
-  script = os.path.join(*module.split(".")) + ".py"
-  if not sys.argv or not sys.argv[0].endswith(script):
+  if not sys.argv or not sys.argv[0].endswith(os.path.join(*module.split(".")) + ".py"):
     return None
   return shlex.join(["python", "-m", module, *sys.argv[1:]])
 
@@ -43,14 +142,14 @@ def _device():
               processes=jax.process_count())
 
 
-def write(workdir, summary):
+def write(workdir, summary, name=FILE):
   """Writes summary.json (through a rename: a run in progress may read it) and logs the block."""
-  workdir = paths.resolve(workdir)
-  tmp = workdir / (FILE + ".tmp")
+  path = paths.resolve(workdir) / name
+  tmp = path.parent / (name + ".tmp")
   tmp.write_text(json.dumps(summary, indent=1) + "\n")
-  tmp.replace(workdir / FILE)
+  tmp.replace(path)
   if summary["status"] != "running":
-    logging.info("%s", block(summary, workdir / FILE))
+    logging.info("%s", block(summary, path))
 
 
 def block(s, path):
@@ -64,33 +163,28 @@ def block(s, path):
     head += f" ({s['epochs']:.3g} epochs)"
   if len(s.get("attempts", ())) > 1:
     head += f", {len(s['attempts'])} attempts"
-  lines = [f"==== Summary: {head} ===="]
-  if s.get("error"):
-    lines.append(f"  error: {s['error']}")
+  lines = [f"==== Summary: {head} ===="] + ([f"  error: {s['error']}"] if s.get("error") else [])
   for k, v in s.get("final", {}).items():
-    if k in s.get("best", {}) or s["kind"] == "evaluate":
-      b = s.get("best", {}).get(k)
+    b = s.get("best", {}).get(k)
+    if b or s["kind"] == "evaluate":
       best = f"   best {b['value']:.4g} at step {b['step']}" if b and s["kind"] == "train" else ""
       lines.append(f"  {k:<32} {v:.4g}{best}")
   speed = [f"{duration(s['hours'])} of training and evals" if s.get("hours") else None,
            f"{s['core_hours']:.3g} core-hours" if s.get("core_hours") else None,
            f"{s['img_per_sec']:,.0f} img/s (median)" if s.get("img_per_sec") else None,
            f"{s['seconds']:.1f} s" if s.get("seconds") else None]
-  speed += [f"{k} {100 * v:.1f}%" for k, v in (s.get("mfu") or {}).items() if v is not None]
-  if any(speed):
-    lines.append("  " + ", ".join(x for x in speed if x))
-  dev = s.get("device") or {}
-  if dev:
+  speed = [x for x in speed if x] + [f"{k} {100 * v:.1f}%" for k, v in (s.get("mfu") or {}).items()
+                                     if v is not None]
+  if speed:
+    lines.append("  " + ", ".join(speed))
+  if dev := s.get("device"):
     lines.append(f"  device: {dev['devices']} x {dev['device_kind']} ({dev['processes']} "
                  f"process{'es' if dev['processes'] > 1 else ''})")
-  for key in ("checkpoint", "source"):
-    if s.get(key):
-      lines.append(f"  {key}: {s[key]}")
+  lines += [f"  {key}: {s[key]}" for key in ("checkpoint", "source") if s.get(key)]
   lines += [f"  {name}: {cmd}" for name, cmd in s.get("commands", {}).items() if cmd]
   if s.get("report"):
     lines.append(f"  report: {s['report']}")
-  lines.append(f"  summary: {path}")
-  return "\n".join(lines)
+  return "\n".join(lines + [f"  summary: {path}"])
 
 
 class TrainRun:
@@ -98,17 +192,17 @@ class TrainRun:
 
   Register `exit` on the run's ExitStack; set `status = "preempted"` before
   a preempted run returns. `evaluated()` after each eval rewrites the report
-  when `report` is set. Process 0 only; the others do nothing.
+  with `report` (report.write, when config.report is set; passed in: report.py
+  reads this module). Process 0 only; the others do nothing.
   """
 
   def __init__(self, workdir, *, total_steps, start_step, checkpoint_dir, image_shape,
-               report=False):
+               report=None):
     self.active = jax.process_index() == 0
     self.workdir, self.report = paths.resolve(workdir), report
     self.status = "finished"
     if not self.active:
       return
-    res, channels = image_shape[0], image_shape[-1]
     previous = read(workdir).get("attempts", []) if start_step else []
     for a in previous:  # An attempt that never wrote its end was killed.
       a["status"] = "killed" if a.get("status") == "running" else a.get("status")
@@ -120,7 +214,7 @@ class TrainRun:
         commands={})
     self._evaluate = shlex.join([
         "python", "-m", "big_vit_lite.evaluate",
-        f"--config=configs/fewshot.py:res={res},channels={channels}",
+        f"--config=configs/fewshot.py:res={image_shape[0]},channels={image_shape[-1]}",
         f"--workdir={self.workdir / 'eval'}", f"--config.model_init={self.workdir}"])
     self._write("running")
 
@@ -142,9 +236,8 @@ class TrainRun:
     """After an eval: the report again, when config.report is set (a failure is a warning)."""
     if not (self.active and self.report):
       return
-    from big_vit_lite import report  # pylint: disable=g-import-not-at-top
     try:
-      report.write([self.workdir])
+      self.report([self.workdir])
     except Exception as e:  # pylint: disable=broad-except
       logging.warning("Could not write the report: %s", e)
 
@@ -167,17 +260,22 @@ class TrainRun:
 
 
 def write_evaluate(workdir, *, source, step, results, seconds, error=None, interrupted=False):
-  """summary.json of an evaluate run (process 0): its results, source checkpoint and time."""
+  """summary.json of an evaluate run (process 0): its results, source checkpoint and time.
+
+  In a training workdir (its summary.json is a training run's) it is EVAL_FILE instead.
+  """
   if jax.process_index() != 0:
     return
-  final = {f"{n}/{k}": v for n, r in results.items() for k, v in r.items()}
+  workdir = paths.resolve(workdir)
   status = "interrupted" if interrupted else "failed" if error else "finished"
-  s = dict(kind="evaluate", status=status, workdir=str(paths.resolve(workdir)), step=step,
-           source=str(source), final=final, seconds=seconds, device=_device(),
+  s = dict(kind="evaluate", status=status, workdir=str(workdir), step=step, source=str(source),
+           final={f"{n}/{k}": v for n, r in results.items() for k, v in r.items()},
+           seconds=seconds, device=_device(),
            error=None if error is None else str(error).splitlines()[0][:300],
            commands=dict(again=command("big_vit_lite.evaluate")), updated=_now())
+  name = EVAL_FILE if read(workdir).get("kind") == "train" else FILE
   try:
-    paths.resolve(workdir).mkdir(parents=True, exist_ok=True)
-    write(workdir, s)
+    workdir.mkdir(parents=True, exist_ok=True)
+    write(workdir, s, name)
   except OSError as e:
-    logging.warning("Could not write %s: %s", paths.resolve(workdir) / FILE, e)
+    logging.warning("Could not write %s: %s", workdir / name, e)

@@ -75,33 +75,15 @@ def _model_module(name):
   except ModuleNotFoundError as e:
     if e.name != f"big_vit_lite.models.{name}":
       raise
-    raise ValueError(f"Unknown model_name '{name}': it must be a module in big_vit_lite/models/.") from None
-
-
-def _global_from_host(tree, shardings):
-  """Host numpy tree (identical on every process) -> global arrays with `shardings`."""
-  return jax.tree.map(
-      lambda x, s: jax.make_array_from_callback(x.shape, s, lambda idx: x[idx]), tree, shardings)
-
-
-def _host_copy(tree):
-  """Global arrays -> host numpy (all processes get the full values)."""
-  if all(x.is_fully_addressable for x in jax.tree.leaves(tree)):
-    return jax.device_get(tree)
-  return multihost_utils.process_allgather(tree, tiled=True)
-
-
-def _quiet_library_logs():
-  """Orbax logs every file it writes at INFO level: keep its warnings only."""
-  class _Filter(py_logging.Filter):
-    def filter(self, record):
-      return record.levelno >= py_logging.WARNING or "/orbax/" not in record.pathname
-  logging.get_absl_handler().addFilter(_Filter())
+    raise ValueError(f"Unknown model_name '{name}': it must be a module in "
+                     "big_vit_lite/models/.") from None
 
 
 def main(argv):
   del argv
-  _quiet_library_logs()
+  # Orbax logs every file it writes at INFO level: keep its warnings only.
+  logging.get_absl_handler().addFilter(
+      lambda r: r.levelno >= py_logging.WARNING or "/orbax/" not in r.pathname)
   if _WORKDIR.value is None:
     raise app.UsageError("--workdir is required.")
   if _CONFIG.value is None:
@@ -118,13 +100,15 @@ def main(argv):
     cfg = _CONFIG.value
     msg = oom.message(e, what="training", batch_size=cfg.get("input", {}).get("batch_size"),
                       grad_accum_steps=cfg.get("grad_accum_steps"))
-    print(f"big_vit_lite.train: error: {msg} Checkpoints already written are intact.",
-          file=sys.stderr, flush=True)
-    sys.exit(1)
+    _fail(f"{msg} Checkpoints already written are intact.")
   except (ValueError, TypeError, TrainingError, config_loading.UnreadConfigKeyError) as e:
     logging.error("%s", e, exc_info=isinstance(e, TypeError))
-    print(f"big_vit_lite.train: error: {e}", file=sys.stderr, flush=True)
-    sys.exit(1)
+    _fail(e)
+
+
+def _fail(message):
+  print(f"big_vit_lite.train: error: {message}", file=sys.stderr, flush=True)
+  sys.exit(1)
 
 
 def train(raw_config, workdir):
@@ -140,13 +124,14 @@ def train(raw_config, workdir):
   except KeyboardInterrupt:  # Before the loop's handler is in place, or a second Ctrl-C.
     raise TrainingInterrupted(f"interrupted (Ctrl-C); {resume.last_checkpoint(workdir)}.") from None
   except Exception as e:  # pylint: disable=broad-except
-    disk_full = resume.disk_full(e)
-    io_error = isinstance(e, (OSError, ckpt_lib.SaveError)) or disk_full
+    disk_full = ckpt_lib.disk_full(e)
+    io_error = disk_full or isinstance(e, (OSError, ckpt_lib.SaveError))
     if isinstance(e, TrainingError) or not io_error:
       raise
     todo = ("free space on the disk of --workdir (config.keep_ckpts sets how many checkpoints "
             "are kept)" if disk_full else "fix the cause")
-    raise TrainingError(f"{ckpt_lib.error_reason(e)}; {resume.last_checkpoint(workdir, todo)}.") from e
+    raise TrainingError(
+        f"{ckpt_lib.error_reason(e)}; {resume.last_checkpoint(workdir, todo)}.") from e
 
 
 def _train(raw_config, workdir, cleanup):
@@ -180,8 +165,7 @@ def _setup(config, workdir, cleanup):
                jax.process_index(), jax.process_count(), jax.device_count(),
                jax.devices()[0].device_kind, workdir)
   logging.info("Host memory for XLA buffers: %s", hostmem.status())
-  seed = int(config.get("seed", 0))
-  writer = metrics_lib.MetricWriter(workdir)
+  seed, writer = int(config.get("seed", 0)), metrics_lib.MetricWriter(workdir)
   mesh = sharding.make_mesh(config.get("mesh", None))
   rules = sharding.make_rules(config.get("sharding_rules", None), mesh)
   logging.info("Mesh %s; rules %s", dict(mesh.shape), rules)
@@ -344,14 +328,18 @@ def _init_state(run, parts, settings):
   if settings.model_init:
     dont_load = settings.dont_load
     logging.info("Initialising params from %s (dont_load=%s)", settings.model_init, dont_load)
-    init_values = _host_copy(params) if dont_load else parts.params_abstract
+    # The values of the params not loaded, in full on every process.
+    init_values = (multihost_utils.process_allgather(params, tiled=True) if dont_load
+                   else parts.params_abstract)
     # The patch grid, so that a learned posemb is resampled to this run's
     # (possibly non-square) input, not to the square of its token count.
     patch = parts.model.arch()["patch_size"]
     grid_hw = (parts.image_shape[0] // patch, parts.image_shape[1] // patch)
     loaded = parts.model_mod.load(init_values, settings.model_init, parts.model_kw,
                                   dont_load=dont_load, grid_hw=grid_hw)
-    params = _global_from_host(loaded, parts.params_sh)
+    # Host numpy (the same on every process) -> global arrays with the params' shardings.
+    params = jax.tree.map(lambda x, s: jax.make_array_from_callback(x.shape, s, lambda i: x[i]),
+                          loaded, parts.params_sh)
   opt_state = jax.jit(parts.opt.tx.init, out_shardings=parts.opt_sh)(params)
   state = dict(params=params, opt_state=opt_state,
                step=jax.device_put(jnp.zeros([], jnp.int32), run.repl),

@@ -12,6 +12,7 @@ from big_vit_lite import distributed
 from big_vit_lite import ema as ema_lib
 from big_vit_lite import flops as flops_lib
 from big_vit_lite import metrics as metrics_lib
+from big_vit_lite import report as report_lib
 from big_vit_lite import summary as summary_lib
 from big_vit_lite.data import device as device_lib
 from big_vit_lite.resume import TrainingError
@@ -33,6 +34,7 @@ class Loop:
                cleanup):
     self.raw_config, self.run_, self.settings, self.step_fn = raw_config, run, settings, step
     self.state, self.resume_step, self.checkpointer = state, resume_step, checkpointer
+    self.last_saved, self.data_state = resume_step, None
     # Drops what a killed earlier attempt logged after the resumed step (or
     # all of it, for a fresh start), in metrics.jsonl and in TensorBoard.
     run.writer.start_run(resume_step)
@@ -44,7 +46,7 @@ class Loop:
     self.summary = summary_lib.TrainRun(
         run.workdir, total_steps=run.total_steps, start_step=resume_step,
         checkpoint_dir=checkpointer.directory, image_shape=parts.image_shape,
-        report=settings.report)
+        report=report_lib.write if settings.report else None)
     cleanup.push(self.summary.exit)
     # core_hours counts the earlier attempts too (their lines up to the checkpoint are kept).
     self.chrono = metrics_lib.Chrono(
@@ -56,13 +58,12 @@ class Loop:
     cleanup.callback(self.preemption.close)
     self.guard = distributed.HangGuard.from_env(timeout_s=settings.hang_timeout)
     cleanup.callback(self.guard.stop)
-    self.last_saved = resume_step
-    self.data_state = None
 
   def run(self):
     """Trains to total_steps (or a preemption); returns the final params."""
     run, settings, batches, chrono = self.run_, self.settings, self.batches, self.chrono
     profile, step, pending_loss, tracing = settings.profile, self.first_step, None, False
+    preempted = False
     self._catch_up_evals()
     chrono.tick(step)
     self.data_state = batches.get_state()
@@ -95,65 +96,58 @@ class Loop:
         self._check_finite(step, measured["training_loss"])
         self._save(step)
       if preempted:
-        return self._stop_preempted(step)
+        break
       self._run_evals(step, final)
       self.guard.tick(step)
       chrono.resume()
+    # (The prefetch thread and the hang guard stop on the way out: cleanup.)
     self.checkpointer.close()
     run.writer.close()
-    logging.info("Done: %d steps; checkpoints in %s", step, self.checkpointer.directory)
+    where = self.checkpointer.directory
+    if preempted and self.preemption.interrupted:
+      raise TrainingInterrupted(f"interrupted (Ctrl-C): saved step {step} to {where}; run the "
+                                "same command to resume.")
+    if preempted:
+      logging.warning("Preempted: saved step %d to %s; exiting.", step, where)
+      self.summary.status = "preempted"
+    else:
+      logging.info("Done: %d steps; checkpoints in %s", step, where)
     return self.state["params"]
 
   def _log(self, step, measured):
     m = jax.device_get(measured)
     self._check_finite(step, m["training_loss"])
-    m = {k: float(v) for k, v in m.items()}
-    m.update(self.chrono.tick(step))
+    m = {k: float(v) for k, v in m.items()} | self.chrono.tick(step)
     m["epoch"] = step / self.run_.steps_per_epoch
     self.run_.writer.write(step, m)
     if jax.process_index() == 0:
       logging.info("%s", metrics_lib.progress_line(step, self.run_.total_steps, m))
 
-  def _where_good(self):
+  def _non_finite(self, what, todo):
+    """A TrainingError naming the last good checkpoint (once the save in flight is done)."""
     self.checkpointer.wait()
-    return self.last_saved, self.checkpointer.directory
+    where = (f"the last good checkpoint is step {self.last_saved} in {self.checkpointer.directory}"
+             if self.last_saved is not None else "no checkpoint was saved before it")
+    return TrainingError(f"Non-finite {what}; {where}. {todo}")
 
   def _check_finite(self, step, loss):
     value = float(jax.device_get(loss))
     if not math.isfinite(value):
-      last_saved, directory = self._where_good()
-      where = (f"the last good checkpoint is step {last_saved} in {directory}"
-               if last_saved is not None else "no checkpoint was saved before it")
-      raise TrainingError(f"Non-finite training loss ({value}) at step {step}; {where}. "
-                          "Lower config.lr, add warmup or set config.grad_clip_norm.")
+      raise self._non_finite(f"training loss ({value}) at step {step}",
+                             "Lower config.lr, add warmup or set config.grad_clip_norm.")
 
   def _save(self, step):
     # Never replace a good checkpoint with a poisoned one.
     if not bool(jax.device_get(_all_finite(self.state["params"]))):
-      last_saved, directory = self._where_good()
-      raise TrainingError(f"Non-finite parameters after step {step}; the last good checkpoint "
-                          f"is step {last_saved} in {directory}. Lower config.lr "
-                          "or set config.grad_clip_norm.")
+      raise self._non_finite(f"parameters after step {step}",
+                             "Lower config.lr or set config.grad_clip_norm.")
     self.checkpointer.save(step, self.state, self.data_state, self.raw_config)
     self.last_saved = step
-
-  def _stop_preempted(self, step):
-    # (The prefetch thread and the hang guard stop on the way out: cleanup.)
-    self.checkpointer.close()
-    self.run_.writer.close()
-    if self.preemption.interrupted:
-      raise TrainingInterrupted(f"interrupted (Ctrl-C): saved step {step} to "
-                                f"{self.checkpointer.directory}; run the same command to resume.")
-    logging.warning("Preempted: saved step %d to %s; exiting.", step, self.checkpointer.directory)
-    self.summary.status = "preempted"
-    return self.state["params"]
 
   def _run_evals(self, step, final, only=None):
     ran = False
     for name, (evaluator, every) in self.settings.evaluators.items():
-      if only is not None and name not in only:
-        continue
-      if final or (every and step % every == 0):
+      if (only is None or name in only) and (final or (every and step % every == 0)):
         ran = True
         results = evaluator.run(
             self.state[ema_lib.KEY if name in self.settings.ema_evals else "params"])
@@ -174,8 +168,7 @@ class Loop:
     if self.resume_step is not None and due:
       # The run that saved this checkpoint was stopped (killed, preempted,
       # Ctrl-C) before the evals due at its step had all logged.
-      missing = [n for n in evals_not_logged(self.run_.writer, evaluators, first)
-                 if n in due]
+      missing = [n for n in evals_not_logged(self.run_.writer, evaluators, first) if n in due]
       if missing:
         logging.info("Running the evals due at step %d that the previous attempt did not log: %s",
                      first, missing)

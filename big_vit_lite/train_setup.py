@@ -59,11 +59,11 @@ def read_input_and_schedule(config, run):
   run.steps_per_epoch = run.train_iter.num_examples / batch_size
   run.total_steps = positive("total_steps", config_loading.get_steps(
       "total", config, steps_per_epoch=run.steps_per_epoch, batch_size=batch_size, required=True),
-                                         config=config)
-  overridden = [f"total_{u}={config.get(f'total_{u}')}" for u in ("epochs", "examples", "percent")
-                if config.get(f"total_{u}") is not None and config.get("total_steps") is not None]
-  if overridden:
-    logging.info("config.total_steps=%d wins over config.%s.", run.total_steps, overridden[0])
+                             config=config)
+  other = next((f"total_{u}" for u in _OTHER_UNITS if config.get(f"total_{u}") is not None), None)
+  if other and config.get("total_steps") is not None:
+    logging.info("config.total_steps=%d wins over config.%s=%s.", run.total_steps, other,
+                 config.get(other))
   run.log_steps = positive("log_training_steps", config_loading.get_steps(
       "log_training", config, default=50, **run.dur), config=config)
   run.ckpt_steps = ckpt_steps = config_loading.get_steps("ckpt", config, default=None, **run.dur)
@@ -88,24 +88,23 @@ def read_input_and_schedule(config, run):
                if run.accum_steps > 1 else "")
 
 
+_OTHER_UNITS = ("epochs", "examples", "percent")
+
+
 def positive(name, value, allow_none=False, config=None):
   """`value` (the steps of config key `name`) if >= 1; else a one-line ValueError.
 
   With `config`, a duration given in another unit (`total_epochs=0`) is named as given.
   """
-  if value is None and allow_none:
-    return None
-  if value is None or value < 1:
-    if config is not None and name.endswith("_steps") and config.get(name) is None:
-      base = name[:-len("steps")]
-      given = next((k for k in (base + u for u in ("epochs", "examples", "percent"))
-                    if config.get(k) is not None), None)
-      if given:
+  if (value is None and allow_none) or (value is not None and value >= 1):
+    return value
+  if config is not None and config.get(name) is None:
+    for given in (name.removesuffix("steps") + u for u in _OTHER_UNITS):
+      if config.get(given) is not None:
         raise ValueError(f"config.{given}={config.get(given)} gives {value} steps: it must give "
                          "at least 1.")
-    raise ValueError(f"config.{name} must be a positive number of steps, got {value}"
-                     f"{' (leave it unset for none)' if allow_none else ''}.")
-  return value
+  raise ValueError(f"config.{name} must be a positive number of steps, got {value}"
+                   f"{' (leave it unset for none)' if allow_none else ''}.")
 
 
 def profile_steps(value):
@@ -114,13 +113,12 @@ def profile_steps(value):
     return None
   try:
     first, count = (int(v) for v in value)
-    ok = first >= 0 and count >= 1
+    if first >= 0 and count >= 1:
+      return first, count
   except (TypeError, ValueError):
-    ok = False
-  if not ok:
-    raise ValueError(f"config.profile_steps={value!r} must be (first step, number of steps), "
-                     "e.g. (10, 5).")
-  return first, count
+    pass
+  raise ValueError(f"config.profile_steps={value!r} must be (first step, number of steps), "
+                   "e.g. (10, 5).")
 
 
 def make_mixup(mixup_cfg):
@@ -131,28 +129,26 @@ def make_mixup(mixup_cfg):
   """
   if not mixup_cfg:
     return None
-  kw = mixup_cfg.to_dict() if hasattr(mixup_cfg, "to_dict") else dict(mixup_cfg)
+  kw = dict(mixup_cfg.to_dict() if hasattr(mixup_cfg, "to_dict") else mixup_cfg)
   if "p" in kw:
     kw["mixup_alpha"] = kw.pop("p")
-  try:
-    functools.partial(mixup_lib.mixup_or_cutmix, **kw)(  # Checks the keys now, not in the step.
-        jax.random.PRNGKey(0), jnp.zeros((2, 1, 1, 1)), jnp.zeros((2, 2)))
+  mix = functools.partial(mixup_lib.mixup_or_cutmix, **kw)
+  try:  # Checks the keys now, not in the step.
+    mix(jax.random.PRNGKey(0), jnp.zeros((2, 1, 1, 1)), jnp.zeros((2, 2)))
   except TypeError as e:
     raise ValueError(f"config.mixup: {e}") from None
-  return functools.partial(mixup_lib.mixup_or_cutmix, **kw)
+  return mix
 
 
 def make_evaluators(config, model, mesh, ema_evals=None, **dur):
   """{name: (Evaluator, every_n_steps)} from config.evals; adds use_ema=True ones to ema_evals."""
   evals_cfg = config.get("evals", None)
-  if evals_cfg is None:
-    return {}
 
   def predict_fn(params, images):
     return model.apply({"params": params}, images, train=False)
 
   out = {}
-  for name in evals_cfg.keys():
+  for name in (evals_cfg.keys() if evals_cfg is not None else ()):
     cfg = evals_cfg[name]
     if not isinstance(cfg, config_loading.TrackedConfig):
       raise ValueError(f"config.evals.{name} must be a dict of the eval's settings, got {cfg!r}.")
@@ -164,14 +160,13 @@ def make_evaluators(config, model, mesh, ema_evals=None, **dur):
     if every is not None and every < 0:
       raise ValueError(f"config.evals.{name}.log_steps must be >= 0 (0 or unset: only at the "
                        f"end), got {every}.")
-    kwargs = {k: v for k, v in cfg.consume().items()
-              if k not in ("type",) and not k.startswith("log_")}
-    kwargs = {k: (v.to_dict() if hasattr(v, "to_dict") else v) for k, v in kwargs.items()}
+    kwargs = {k: (v.to_dict() if hasattr(v, "to_dict") else v) for k, v in cfg.consume().items()
+              if k != "type" and not k.startswith("log_")}
     if kwargs.pop("use_ema", False) and ema_evals is not None:
       ema_evals.add(name)
-    cls = evaluators_lib.get_evaluator_cls(type_name)
     try:
-      out[name] = (cls(predict_fn, mesh=mesh, **kwargs), every)
+      out[name] = (evaluators_lib.get_evaluator_cls(type_name)(predict_fn, mesh=mesh, **kwargs),
+                   every)
     except TypeError as e:
       raise ValueError(f"config.evals.{name} (type {type_name}): {e}") from None
   return out
@@ -194,13 +189,11 @@ class Settings:
 def read_settings(config, run, parts):
   """Builds the evaluators, reads the rest of the config and fails on keys nothing read."""
   ema_evals = set()
-  evaluators = make_evaluators(config, parts.model, run.mesh, ema_evals=ema_evals,
-                                           **run.dur)
+  evaluators = make_evaluators(config, parts.model, run.mesh, ema_evals=ema_evals, **run.dur)
   ema_lib.check_evals(parts.ema, ema_evals)
-  model_init = config.get("model_init", None)
   model_load = config.consume("model_load", {}) or {}
   settings = Settings(
-      evaluators, ema_evals, model_init=model_init,
+      evaluators, ema_evals, model_init=config.get("model_init", None),
       dont_load=tuple(model_load.get("dont_load", ()) or ()),
       ckpt_async=bool(config.get("ckpt_async", True)),
       profile=profile_steps(config.get("profile_steps", None)),

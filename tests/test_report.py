@@ -182,6 +182,7 @@ def test_report_on_a_bucket_workdir(fake_bucket):  # pylint: disable=redefined-o
   assert _plotted(page) == logged  # mfu_xla too: every numeric key, whatever its name.
   assert "<td>running</td>" in page and "<td>2 (resumed at 4)</td>" in page
   assert "mfu_xla 30.0%" in page
+  assert "gs://" not in page and str(run) not in page  # The run by its name, not its path.
   assert (run / "report" / "training.png").stat().st_size > 1000
 
 

@@ -41,6 +41,19 @@ def test_stats_are_the_final_and_best_values_of_what_was_logged(tmp_path):
   assert summary.split_keys(read)[1] == ["val/prec@1", "val/loss"]
 
 
+def test_an_evaluate_run_keeps_the_training_summary(tmp_path):
+  """--workdir of evaluate = a training workdir: its results go beside the trainer's summary."""
+  (tmp_path / "summary.json").write_text(json.dumps(dict(kind="train", status="finished")))
+  kw = dict(source=tmp_path / "checkpoints" / "4", step=4, results={"val": {"prec@1": 0.5}},
+            seconds=1.0)
+  summary.write_evaluate(tmp_path, **kw)
+  assert _summary(tmp_path) == dict(kind="train", status="finished")
+  with open(tmp_path / summary.EVAL_FILE) as f:
+    assert json.load(f)["final"] == {"val/prec@1": 0.5}
+  summary.write_evaluate(tmp_path / "eval", **kw)  # Its own workdir: summary.json, as before.
+  assert _summary(tmp_path / "eval")["kind"] == "evaluate"
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_preempted_then_resumed_run(tfds_data_dir, tmp_path):

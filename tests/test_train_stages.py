@@ -2,12 +2,14 @@
 import contextlib
 import types
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
 
+from big_vit_lite import checkpoint
 from big_vit_lite import config_loading
 from big_vit_lite import train
 from big_vit_lite import train_setup
@@ -43,6 +45,28 @@ def test_build_stages_give_a_state_that_matches_its_layout_and_a_deterministic_s
     assert int(s1["step"]) == 1 and np.isfinite(float(m1["training_loss"]))
     assert float(m1["training_loss"]) == float(m2["training_loss"])  # Random numbers: (seed, step).
     assert all(jax.tree.leaves(jax.tree.map(np.array_equal, s1["params"], s2["params"])))
+
+
+def test_restore_or_init_resumes_the_newest_checkpoint_and_compile_skips_a_finished_run(
+    tfds_data_dir, tmp_path):
+  workdir = str(tmp_path / "w")
+  train.train(_tiny(tfds_data_dir, total_steps=4), workdir)  # Saves step 4 (ckpt_steps=4).
+  raw = _tiny(tfds_data_dir, total_steps=4)
+  config = config_loading.TrackedConfig(raw)
+  # pylint: disable=protected-access
+  with contextlib.ExitStack() as cleanup:
+    run = train._setup(config, workdir, cleanup)
+    train_setup.read_input_and_schedule(config, run)
+    parts = train._make_model(config, run)
+    with jax.set_mesh(run.mesh), nn.logical_axis_rules(run.rules):
+      train._lay_out_state(config, run, parts)
+      settings = train_setup.read_settings(config, run, parts)
+      state, resume_step, _ = train._restore_or_init(raw, run, parts, settings, cleanup)
+      step = train._compile(run, parts, train._make_update(run, parts), resume_step)
+  assert resume_step == 4 and int(state["step"]) == 4
+  saved, _ = checkpoint.load_params(workdir)
+  assert all(jax.tree.leaves(jax.tree.map(np.array_equal, jax.device_get(state["params"]), saved)))
+  assert step.compiled is None  # total_steps reached: nothing to compile.
 
 
 def test_read_settings_parses_the_knobs_and_rejects_a_key_nothing_reads():
