@@ -361,15 +361,6 @@ def write_results(workdir, step, results):
   return writer.path
 
 
-def _write_summary(workdir, **kwargs):
-  """summary.json of this run, unless the workdir's is another run's (a training run's)."""
-  if summary.read(workdir).get("kind", "evaluate") == "evaluate":
-    summary.write_evaluate(workdir, **kwargs)
-  else:
-    logging.warning("Not writing %s: it is a training run's (evaluate into another --workdir "
-                    "for a summary of the evaluation).", paths.resolve(workdir) / summary.FILE)
-
-
 def _eval_entries(cfg):
   """{name: (Evaluator class, type, kwargs)} of config.evals, checked before any data is read."""
   entries = {}
@@ -425,7 +416,7 @@ def _run_evals(evaluators_by_name, model, mesh, rules, workdir, src):
             f"{write_results(workdir, step, results)}" if results else
             f"nothing was written to {paths.resolve(workdir) / 'metrics.jsonl'}")
     error = f"evals.{running}: {e}" if running else str(e) or type(e).__name__
-    _write_summary(workdir, source=src, step=step, results=results, error=error,
+    summary.write_evaluate(workdir, source=src, step=step, results=results, error=error,
                    seconds=time.time() - t0, interrupted=isinstance(e, KeyboardInterrupt))
     if isinstance(e, KeyboardInterrupt):
       where = f" during evals.{running}" if running else ""
@@ -435,7 +426,7 @@ def _run_evals(evaluators_by_name, model, mesh, rules, workdir, src):
     logging.error("evals.%s failed; %s.", running, done)
     raise
   write_results(workdir, step, results)
-  _write_summary(workdir, source=src, step=step, results=results, seconds=time.time() - t0)
+  summary.write_evaluate(workdir, source=src, step=step, results=results, seconds=time.time() - t0)
   return results
 
 
