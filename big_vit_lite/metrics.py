@@ -100,16 +100,7 @@ class MetricWriter:
       self._tb.write_scalars(int(step), scalars)
 
   def _rows(self):
-    """The rows of metrics.jsonl (none on processes other than 0), torn lines skipped."""
-    if not self._active or not self.path.exists():
-      return []
-    rows = []
-    for line in self.path.read_text().splitlines():
-      try:
-        rows.append(json.loads(line))
-      except ValueError:
-        continue  # A torn last line.
-    return [r for r in rows if isinstance(r, dict)]
+    return read_metrics(self.workdir) if self._active else []
 
   def logged_keys(self, step):
     """The keys metrics.jsonl holds for `step` (empty on processes other than 0)."""
@@ -192,9 +183,17 @@ def _write_tensorboard_start(workdir, step, after_second):
 
 
 def read_metrics(workdir):
-  """The rows of `workdir/metrics.jsonl` (a helper for tests and notebooks)."""
-  text = (paths.resolve(workdir) / "metrics.jsonl").read_text()
-  return [json.loads(line) for line in text.splitlines() if line.strip()]
+  """metrics.jsonl's rows ([] without one); a torn last line (a run in progress) is skipped."""
+  path = paths.resolve(workdir) / "metrics.jsonl"
+  rows = []
+  for line in (path.read_text().splitlines() if path.exists() else []):
+    try:
+      row = json.loads(line)
+    except ValueError:
+      continue
+    if isinstance(row, dict) and isinstance(row.get("step"), int):
+      rows.append(row)
+  return rows
 
 
 def _to_python(v):

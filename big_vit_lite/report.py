@@ -29,6 +29,7 @@ from absl import flags
 from absl import logging
 
 from big_vit_lite import checkpoint as ckpt_lib
+from big_vit_lite import metrics
 from big_vit_lite import paths
 from big_vit_lite import summary
 
@@ -57,7 +58,7 @@ def require_matplotlib():
 def load(workdir):
   """One run's rows, hours, resumes, config and summary, as a dict."""
   wd = paths.resolve(workdir)
-  rows = summary.read_rows(wd)
+  rows = metrics.read_metrics(wd)
   if not rows:
     raise ValueError(f"{wd} has no metrics.jsonl lines: pass a training or evaluate workdir "
                      "(a run writes its first line at its first logged step).")

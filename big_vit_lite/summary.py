@@ -1,5 +1,5 @@
 """The end of a run: `WORKDIR/summary.json`, the same facts as a block in the log, and the
-reading of a run's workdir (metrics.jsonl rows, summary.json, their statistics) that report.py
+reading of a run's workdir (summary.json and the statistics of metrics.read_metrics' rows) that report.py
 plots.
 
 Read off what the run wrote (metrics.jsonl, the checkpoint listing) plus
@@ -25,25 +25,12 @@ from absl import logging
 import jax
 
 from big_vit_lite import checkpoint as ckpt_lib
+from big_vit_lite import metrics
 from big_vit_lite import paths
 
 FILE = "summary.json"
 EVAL_FILE = "summary_evaluate.json"
 REPORT = "report/report.html"
-
-
-def read_rows(workdir):
-  """metrics.jsonl's rows ([] without one); a torn last line (a run in progress) is skipped."""
-  path = paths.resolve(workdir) / "metrics.jsonl"
-  rows = []
-  for line in (path.read_text().splitlines() if path.exists() else []):
-    try:
-      row = json.loads(line)
-    except ValueError:
-      continue
-    if isinstance(row, dict) and isinstance(row.get("step"), int):
-      rows.append(row)
-  return rows
 
 
 def read(workdir):
@@ -220,7 +207,7 @@ class TrainRun:
 
   def _write(self, status, error=None):
     s = self.summary
-    s.update(stats(read_rows(self.workdir)), status=status, error=error, updated=_now())
+    s.update(stats(metrics.read_metrics(self.workdir)), status=status, error=error, updated=_now())
     steps = ckpt_lib.complete_steps(self.workdir)
     s["checkpoint"] = f"{s['checkpoint_dir']}/{steps[-1]}" if steps else None
     s["step"] = max(s["step"], steps[-1] if steps else 0)  # A preemption saves unlogged steps.

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from big_vit_lite import metrics
 from big_vit_lite import report
 from big_vit_lite import summary
 
@@ -64,7 +65,7 @@ def _plotted(page):
 
 
 def _logged(workdir):
-  return {k for r in summary.read_rows(workdir) for k in r if k != "step"}
+  return {k for r in metrics.read_metrics(workdir) for k in r if k != "step"}
 
 
 def _embedded_pngs(page):
@@ -113,7 +114,7 @@ def test_report_of_a_killed_and_resumed_run_overlaid(finished_run, resumed_run, 
   assert "<td>total_steps</td><td>12</td><td>60</td>" in page
   assert "<td>ckpt_steps</td><td>4</td><td>10</td>" in page
   # The resumed run's steps each show once: metrics.jsonl was cut back to the checkpoint.
-  steps = [r["step"] for r in summary.read_rows(workdir) if "training_loss" in r]
+  steps = [r["step"] for r in metrics.read_metrics(workdir) if "training_loss" in r]
   assert steps == list(range(1, 61))
   _check_in_chromium(out / "report.html", tmp_path)
 

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from big_vit_lite import metrics
 from big_vit_lite import summary
 
 import trainer_runs
@@ -27,7 +28,7 @@ def test_stats_are_the_final_and_best_values_of_what_was_logged(tmp_path):
           {"step": 4, "val/prec@1": 0.4, "val/loss": 1.0}]
   with open(tmp_path / "metrics.jsonl", "w") as f:
     f.write("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 5, "training_lo')  # torn
-  read = summary.read_rows(tmp_path)
+  read = metrics.read_metrics(tmp_path)
   assert read == rows
   s = summary.stats(read)
   assert s["step"] == 3 and s["final"]["val/prec@1"] == 0.4 and s["final"]["training_loss"] == 1.7
@@ -87,7 +88,7 @@ def test_preempted_then_resumed_run(tfds_data_dir, tmp_path):
   assert [(a["start_step"], a["status"]) for a in s["attempts"]] == [
       (0, "preempted"), (step, "finished")]
   assert s["commands"]["resume"] is None and s["checkpoint"].endswith("/checkpoints/300")
-  rows = summary.read_rows(workdir)
+  rows = metrics.read_metrics(workdir)
   evals = [r for r in rows if "val/prec@1" in r]
   assert [r["step"] for r in evals] == [100, 200, 300]
   best = max(evals, key=lambda r: r["val/prec@1"])
