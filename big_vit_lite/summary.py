@@ -1,6 +1,5 @@
 """The end of a run: `WORKDIR/summary.json`, the same facts as a block in the log, and the
-reading of a run's workdir (summary.json and the statistics of metrics.read_metrics' rows) that report.py
-plots.
+reading of a run's workdir (summary.json, statistics of metrics.jsonl) that report.py plots.
 
 Read off what the run wrote (metrics.jsonl, the checkpoint listing) plus
 what only the trainer knows (status, device, attempts): the final value of
