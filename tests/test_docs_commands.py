@@ -74,6 +74,7 @@ COMMANDS = [
     Cmd("python -m big_vit_lite.bench", "run", extra=("--batch=2", "--res=32", "--steps=1", "--warmup=0"),
         slow=True),
     Cmd("python -c", "run"),
+    Cmd("python scripts/code_size.py", "run"),
     Cmd("python -m big_vit_lite.data.prepare fashion_mnist", "run", extra=("--data_dir={data}",)),
     Cmd("python -m big_vit_lite.data.prepare mnist10k", "run", extra=("--data_dir={data}",)),
     Cmd("python -m big_vit_lite.data.prepare animal_mnist", "run", extra=("--data_dir={data}",)),
