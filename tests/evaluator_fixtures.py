@@ -45,3 +45,14 @@ def write_image_folder(root, n_train=12, n_test=8, seed=0):
       for i in range(n):
         Image.fromarray(_pattern(cls, rng)).save(os.path.join(d, f"{i}.png"))
   return root
+
+
+def random_params(model):
+  """Random params of `model` for 28x28 grey input (cheaper than an eager init)."""
+  import flax.linen as nn  # pylint: disable=import-outside-toplevel
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  abstract = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, 28, 28, 1)))
+  rng = np.random.default_rng(0)
+  return jax.tree.map(lambda a: jnp.asarray(rng.normal(0, 0.1, a.shape), a.dtype),
+                      nn.meta.unbox(abstract["params"]))

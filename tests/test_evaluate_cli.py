@@ -1,16 +1,21 @@
 """`python -m big_vit_lite.evaluate` on a short training run's workdir and on an .npz."""
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import flax.linen as nn
 import jax
+import ml_collections
 import numpy as np
 import jax.numpy as jnp
 import pytest
 
 from big_vit_lite import checkpoint
+from big_vit_lite import evaluate
+from big_vit_lite.evaluators import classification
 from big_vit_lite.evaluators import presets
 from big_vit_lite.models import vit
 
@@ -251,3 +256,116 @@ def test_evaluate_headless_and_sincos_npz_in_process(tmp_path):
   # A sincos2d .npz has no posemb to read the resolution off; it used to be refused.
   results = evaluate.evaluate(config(save(3, "sincos2d")), str(tmp_path / "e3"))
   assert 0.0 <= results["val"]["prec@1"] <= 1.0 and results["val"]["loss"] > 0
+
+
+@pytest.fixture(scope="module")
+def shapes(tmp_path_factory):
+  return evaluator_fixtures.write_image_folder(str(tmp_path_factory.mktemp("f") / "shapes3"),
+                                               n_train=4, n_test=3)
+
+
+@pytest.fixture(scope="module")
+def grey_npz(tmp_path_factory):
+  """A random 3-class TINY_VIT for 28x28 grey images, saved by vit.save_npz."""
+  path = str(tmp_path_factory.mktemp("npz") / "tiny.npz")
+  model = vit.Model(num_classes=3, **evaluator_fixtures.TINY_VIT)
+  vit.save_npz(evaluator_fixtures.random_params(model), path)
+  return path
+
+
+def _start(args, tmp_path):
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  return subprocess.Popen([sys.executable, "-m", "big_vit_lite.evaluate", *args], cwd=REPO,
+                          env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_is_one_line_exit_130_and_keeps_finished_evals(grey_npz, shapes, tmp_path):
+  config = tmp_path / "two_evals.py"
+  config.write_text(
+      "import ml_collections\n"
+      "from big_vit_lite.evaluators import presets\n"
+      "def get_config(arg=None):\n"
+      "  c = ml_collections.ConfigDict()\n"
+      "  c.model_init = ml_collections.config_dict.placeholder(str)\n"
+      f"  c.evals = dict(fs=presets.fewshot(28, channels=1, folder={shapes!r}, shots=(1,),\n"
+      "                                    num_seeds=1, batch_size=8),\n"
+      f"                 lp=presets.linear_probe(28, channels=1, folder={shapes!r},\n"
+      "                                         batch_size=8))\n"
+      "  return c\n")
+  out = str(tmp_path / "out")
+  common = [f"--config={config}", f"--config.model_init={grey_npz}"]
+  # Both at once: the interpreter start-up dominates.
+  early = _start([*common, f"--workdir={tmp_path / 'early'}"], tmp_path)
+  # The presets spell out l2_regs, so it can be set from the command line (was "the config
+  # file has no key 'evals.lp.l2_regs'").
+  late = _start([*common, f"--workdir={out}", "--config.evals.lp.l2_regs=(0.001,)"], tmp_path)
+  time.sleep(1.0)
+  early.send_signal(signal.SIGINT)  # During the imports (they take seconds).
+  late_err = []
+  for line in late.stderr:  # Ctrl-C once the second eval has started.
+    late_err.append(line)
+    if "Running eval lp" in line:
+      late.send_signal(signal.SIGINT)
+      break
+  late_err += late.stderr.readlines()
+  late.wait(timeout=60)
+  early_err = early.communicate(timeout=60)[1]
+  for proc, err in ((early, early_err), (late, "".join(late_err))):
+    assert proc.returncode == 130, err[-2000:]
+    assert "Traceback" not in err, err[-3000:]
+    assert err.strip().splitlines()[-1].startswith(
+        "big_vit_lite.evaluate: interrupted (Ctrl-C)"), err[-2000:]
+  last = "".join(late_err).strip().splitlines()[-1]
+  (row,) = _metrics(out)  # The finished eval's numbers, nothing of the interrupted one.
+  if "during evals.lp; the results of fs were written to" not in last:
+    # A Ctrl-C that lands in a gc callback is deferred to the end of the running eval.
+    assert "(Ctrl-C); the results of fs, lp were written to" in last, last
+    row.pop("lp/shapes3")
+  assert set(row) == {"step", "fs/shapes3_1shot"}
+  assert not os.path.exists(tmp_path / "early")
+
+
+def test_failed_and_repeated_evaluations_keep_one_line_per_step(grey_npz, shapes, tmp_path,
+                                                                monkeypatch):
+  out = str(tmp_path / "out")
+  folder = dict(name="imagefolder", data_dir=shapes)
+  pp = "decode(channels=1)|value_range(-1, 1)|keep('image', 'label')"
+
+  def config():
+    return ml_collections.ConfigDict(dict(model_init=grey_npz, model_name="vit", evals=dict(
+        # big_vision: an entry named after its type needs no `type`; log_percent is the
+        # trainer's; model_name="vit" was an unread-key error.
+        fewshot=dict(datasets={"s": folder}, pp=pp, shots=(1,), num_seeds=1, batch_size=8,
+                     log_percent=0.1),
+        val=dict(type="classification", data=dict(folder, split="test"), pp=pp,
+                 batch_size=8))))
+
+  # Was an AttributeError traceback.
+  with pytest.raises(ValueError, match="evals.fewshot must be a dict of the eval's settings"):
+    evaluate.evaluate(ml_collections.ConfigDict(dict(model_init=grey_npz, evals=dict(
+        fewshot="x"))), out)
+  # Was a FileExistsError traceback after all the evals had run.
+  (tmp_path / "a_file").write_text("")
+  for bad in ("a_file", "a_file/sub"):
+    with pytest.raises(ValueError, match="a_file (exists and )?is not a"):
+      evaluate.evaluate(config(), str(tmp_path / bad))
+
+  def failing_run(self, params):
+    del self, params
+    raise ValueError("broken.")
+  with monkeypatch.context() as m:
+    m.setattr(classification.Evaluator, "run", failing_run)
+    with pytest.raises(ValueError, match=r"^evals.val: broken; the results of fewshot were "
+                       r"written to .*metrics.jsonl\.$"):
+      evaluate.evaluate(config(), out)
+  assert [set(r) for r in _metrics(out)] == [{"step", "fewshot/s_1shot"}]
+  # Run again: the step's numbers are replaced, not appended (was a second line with
+  # fewshot's keys); other lines (a training run's, other steps) stay as they were.
+  with open(os.path.join(out, "metrics.jsonl"), "a") as f:
+    f.write('{"step": 5, "training_loss": 1.5}\n{"step": 0, "val/prec@1": 0.5, "note": 1}\n')
+  results = evaluate.evaluate(config(), out)
+  rows = _metrics(out)
+  assert rows[:2] == [{"step": 5, "training_loss": 1.5}, {"step": 0, "note": 1}], rows
+  assert len(rows) == 3 and rows[2]["val/prec@1"] == results["val"]["prec@1"]
+  assert set(rows[2]) == {"step", "fewshot/s_1shot", "val/prec@1", "val/loss"}

@@ -184,3 +184,11 @@ def test_step_flops_of_scanned_grouped_convolutions():
                     ).trace(x)
   one = plain.lower().compile().cost_analysis()["flops"]
   assert flops.step_flops(scanned, scanned.lower().compile()) == pytest.approx(5 * one, rel=0.01)
+
+
+def test_batch_not_divisible_by_the_devices_is_not_blamed_on_grad_accum():
+  with pytest.raises(ValueError, match=r"input.batch_size=6 is not divisible by the 4 devices"):
+    grad_accum.check(1, 6, 4)
+  with pytest.raises(ValueError, match="grad_accum_steps=4 does not divide the per-device batch"):
+    grad_accum.check(4, 8, 4)
+

@@ -8,8 +8,10 @@ Each test has a timeout so that a deadlock fails fast instead of hanging CI.
 """
 import json
 import os
+import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -17,6 +19,8 @@ import time
 
 import numpy as np
 import pytest
+
+from big_vit_lite import distributed
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LOCAL_SH = os.path.join(REPO, "launch", "local.sh")
@@ -419,3 +423,66 @@ def test_sigterm_to_one_process_saves_the_same_step_everywhere(mp_env, tmp_path)
     saved.append(int(log.split("Preempted: saved step", 1)[1].split()[0]))
   assert saved[0] == saved[1] and 10 <= saved[0] < total, saved
   assert _checkpoint_steps(workdir) == [saved[0]]
+
+
+# ------------------------------------------------------------------- coordinator and peers
+
+@pytest.mark.parametrize("address,message", [
+    ("localhost:abc", "port 'abc' is not a number in 1..65535"),
+    ("localhost:99999", "port '99999' is not a number"),
+    ("localhost:0", "port '0' is not a number"),
+    ("http://10.0.0.1:8476", "no scheme or spaces"),
+    ("10.0.0.1:8476 ", "no scheme or spaces"),
+    (":8476", "must be HOST:PORT"),
+])
+def test_bad_coordinator_address_is_one_line(address, message):
+  env = dict(JAX_COORDINATOR_ADDRESS=address, JAX_NUM_PROCESSES="2", JAX_PROCESS_ID="1")
+  with pytest.raises(ValueError, match=re.escape(message)):
+    distributed.describe_environment(env)
+  env["JAX_COORDINATOR_ADDRESS"] = "[::1]:8476"  # IPv6 literals are fine.
+  assert distributed.describe_environment(env)["coordinator_address"] == "[::1]:8476"
+
+
+def test_coordinator_port_in_use_is_one_line(monkeypatch):
+  """jax 0.10 logs 'Failed to add port to server' and then dies of SIGSEGV."""
+  with socket.socket() as taken:
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    for k, v in dict(JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2",
+                     JAX_PROCESS_ID="0").items():
+      monkeypatch.setenv(k, v)
+    with pytest.raises(ValueError, match=f"process 0 cannot serve on port {port} of this host"):
+      distributed.initialize()
+
+
+@pytest.mark.timeout(60)
+def test_missing_peer_ends_with_one_line_after_the_join_timeout():
+  """JAX_NUM_PROCESSES=2 but only process 0 started: jax waited 300 s, then aborted with a C++
+  stack trace."""
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+  env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
+             JAX_NUM_PROCESSES="2", JAX_PROCESS_ID="0", BVL_INIT_TIMEOUT_S="1")
+  r = subprocess.run([sys.executable, "-c", "from big_vit_lite import distributed; "
+                      "distributed.initialize(); print('joined')"], cwd=REPO, env=env,
+                     capture_output=True, text=True, timeout=50)
+  assert r.returncode == 1 and "joined" not in r.stdout
+  last = r.stderr.strip().splitlines()[-1]
+  assert last.startswith("jax.distributed: process 0 of 2 waited 1 s for all processes to join"), \
+      r.stderr[-2000:]
+  assert "$BVL_INIT_TIMEOUT_S" in last
+
+
+@pytest.mark.timeout(60)
+def test_hang_guard_startup_limit_zero_means_none():
+  """BVL_HANG_STARTUP_TIMEOUT_S=0 (0 turns BVL_HANG_TIMEOUT_S off) killed the job at once."""
+  script = ("import sys, time\nfrom big_vit_lite import distributed\n"
+            "guard = distributed.HangGuard(0.3, startup_timeout_s=0, stream=sys.stdout)\n"
+            "time.sleep(0.8)\nprint('alive')\nguard.tick(1)\ntime.sleep(1.0)\nprint('still')\n")
+  r = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True,
+                     timeout=50, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  # No limit before the first tick; after it, the guard's own 0.3 s.
+  assert "alive" in r.stdout and "still" not in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+  assert r.returncode == distributed.HANG_EXIT_CODE
