@@ -9,6 +9,7 @@ import pytest
 
 from big_vit_lite import bench
 from big_vit_lite import hostmem
+from big_vit_lite import sharding
 from big_vit_lite import xla_cpu_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -291,3 +292,44 @@ def test_gpu_bench_skips_timm_in_one_line_without_torch(tmp_path):
   assert p.returncode == 0, p.stderr[-2000:]
   assert [l for l in p.stdout.splitlines() if l.startswith("timm")] == [
       f"timm: skipped (torch/timm not importable by {python})"]
+
+
+@pytest.mark.parametrize("kw,message", [
+    (dict(mode=[]), "--mode=: use train and/or infer"),
+    (dict(mode=["train", "eval"]), "--mode=train,eval: use train and/or infer"),
+    (dict(calib_n=0), "--calib_n=0: must be at least 1"),
+    (dict(num_classes=0), "--num_classes=0: must be at least 1"),
+    (dict(peak_tflops=-1.0), "--peak_tflops=-1.0: use the device's positive datasheet peak"),
+    # The JSON line would say variant mu/8 for an S/16 (the flag's value, not the model's).
+    (dict(model_kw={"variant": "S/16"}), "--model_kw sets 'variant': use --variant instead"),
+    (dict(model_kw={"remat_policy": "nothing_saveable"}), "use --remat instead"),
+])
+def test_bench_flag_mistakes_are_one_line(kw, message):
+  from big_vit_lite import bench  # pylint: disable=import-outside-toplevel
+  kw = dict(dict(model_kw={}), **kw)
+  with pytest.raises(ValueError) as e:
+    bench.check_args(["mu/8"], [4], kw.pop("model_kw"), res=16, steps=1, warmup=0, **kw)
+  assert message in str(e.value)
+
+
+def test_bench_mesh_and_model_mistakes_are_one_line():
+  from big_vit_lite import bench  # pylint: disable=import-outside-toplevel
+  from big_vit_lite.models import vit  # pylint: disable=import-outside-toplevel
+  mesh = sharding.make_mesh([("data", 1)], devices=jax.devices("cpu")[:1])
+  with pytest.raises(ValueError, match=r"--num_cpu_devices=2 without --mesh times one device: "
+                                       r"add --mesh=data:-1"):
+    bench.check_mesh_args(None, [4], 1, "", 2)
+  with pytest.raises(ValueError, match=r"--grad_accum=3: grad_accum_steps=3 does not divide"):
+    bench.check_mesh_args(mesh, [4], 3, "data:1", None)
+  bench.check_mesh_args(mesh, [4], 2, "data:1", None)
+  with pytest.raises(ValueError, match=r"mu/8: Width 32 is not divisible by num_heads=5"):
+    bench.check_model(vit.Model(num_classes=10, variant="mu/8", num_heads=5), 16, "mu/8")
+
+
+@pytest.mark.timeout(60)
+def test_bench_cli_bad_remat_is_one_line_not_a_traceback():
+  r = subprocess.run([sys.executable, "-m", "big_vit_lite.bench", "--variant=mu/8", "--res=16",
+                      "--remat=bogus"], cwd=ROOT, capture_output=True, text=True, timeout=50,
+                     env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
+  assert r.stderr.strip().splitlines()[-1].startswith("bench: mu/8: Unknown remat_policy='bogus'")

@@ -290,3 +290,69 @@ def test_plan_cli_on_the_vit_l16_config():
   # A config mesh with -1 needs --mesh (the planner has no devices to count).
   proc = _run_plan("--config=configs/vit_l16.py")
   assert proc.returncode != 0 and "--mesh" in proc.stderr.strip().splitlines()[-1]
+
+
+# Mistakes and sharding corner cases as users hit them.
+
+def _tiny_config(**model):
+  import importlib.util  # pylint: disable=import-outside-toplevel
+  spec = importlib.util.spec_from_file_location("tiny_cfg", os.path.join(REPO, "tests",
+                                                                         "train_config_tiny.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  config = module.get_config()
+  config.model.update(model)
+  return config
+
+
+def test_plan_counts_params_the_trainer_cannot_split_as_whole():
+  """Width 18 on fsdp:4: the trainer keeps params whole or splits another of their dims
+  (sharding.fit_spec); the plan used to divide them 4 ways anyway."""
+  p = plan.plan(_tiny_config(width=18), {"fsdp": 4}, "tpu_v4", res=30)
+  # The MLP kernels and posemb split 4 ways along their other dim; the rest (76%) whole.
+  assert p["params_bytes_per_device"] == 11904 and 4 * p["num_params"] == 16224
+  # 30 px with 7 px patches: the same 4 x 4 patches as 28 px, and a note that 2 px are ignored.
+  assert p["tokens"] == 16 and p["ignored_px"] == 2
+  assert "note: 30 px is not a multiple of the patch size 7" in plan.format_report(p)
+  assert p["unsplit_params"] == [
+      "size 18 over fsdp (4): 15 param(s) whole, e.g. Transformer/encoder_norm/bias",
+      "size 18 over fsdp (4): 3 param(s) split along another dim, e.g. "
+      "Transformer/encoderblock_0/MlpBlock_0/Dense_0/kernel"]
+  assert "note: param dims not divisible" in plan.format_report(p)
+  assert "(width 18, depth 1, MLP 32, 2 heads, patch 7)" in plan.format_report(p)
+  # Divisible: split 4 ways (all but the 10-class head bias), nothing noted.
+  p = plan.plan(_tiny_config(width=16), {"fsdp": 4}, "tpu_v4")
+  assert p["params_bytes_per_device"] < 0.3 * 4 * p["num_params"] and not p["unsplit_params"]
+
+
+def test_plan_shards_optimizer_state_by_path_not_shape():
+  """MLP width == model width: the (16,) MLP bias (split over model) and the (16,) LayerNorm
+  scales (not split) share a shape; Adam's moments follow their own param."""
+  p = plan.plan(_tiny_config(width=16, mlp_dim=16), {"data": 2, "model": 2}, "tpu_v4")
+  # scale_by_adam: mu and nu like the params, plus replicated int32 step counts.
+  assert 0 < p["opt_bytes_per_device"] - 2 * p["params_bytes_per_device"] <= 16
+
+
+def test_plan_activations_without_a_tensor_split_that_does_not_divide():
+  arch = dict(width=1024, depth=24, mlp_dim=4096, num_heads=16, patch_size=16)
+  kw = dict(local_batch=8, tokens=197, mm_bytes=2, remat=False)
+  assert plan.activation_bytes(arch, tp=3, **kw) == plan.activation_bytes(arch, tp=1, **kw)
+  assert plan.activation_bytes(arch, tp=4, **kw) < plan.activation_bytes(arch, tp=1, **kw)
+
+
+def test_plan_input_mistakes_are_one_line():
+  config = _tiny_config()
+  with pytest.raises(ValueError, match=r"--res=0: use a positive image side"):
+    plan.image_res(config, 0)
+  for mesh_cfg in ([("data", 2.5)], [("tensor", 2)], [("data", 0)]):
+    with pytest.raises(ValueError, match=r"config.mesh=.*use distinct data/fsdp/model axes"):
+      plan.mesh_from_config(mesh_cfg)
+  with pytest.raises(ValueError, match=r"--mesh='tensor:2'.*\(did you mean 'model'\?\)"):
+    plan.parse_mesh("tensor:2")
+
+
+def test_plan_device_names_as_people_write_them():
+  for name, key in (("H100", "h100"), ("v5e", "tpu_v5e"), ("TPU-v4", "tpu_v4"), ("a100", "a100")):
+    assert plan.resolve_device(name) == key
+  with pytest.raises(ValueError, match=r"--device='tpu_v9': known devices are tpu_v2"):
+    plan.resolve_device("tpu_v9")
