@@ -109,3 +109,27 @@ def test_big_vision_and_timm_mixup_configs():
                      (dict(mixup_alpha=-0.2), ["mixup_alpha", ">= 0"]),        # was: off, silently
                      (dict(mixup_alpha=0.2, switch_prob=2.0), ["switch_prob"])):  # was: cutmix only
     _one_line_error(lambda cfg=cfg: train_setup.make_mixup(cfg), *words)  # pylint: disable=W0212
+
+
+_cfg = checks.tracked_config
+
+
+def test_an_eval_entry_that_is_not_a_dict_is_one_line():
+  config = _cfg(evals=ml_collections.ConfigDict({"fewshot": "x"}))
+  with pytest.raises(ValueError, match=r"config.evals.fewshot must be a dict .* got 'x'"):
+    train_setup.make_evaluators(config, model=None, mesh=None)
+
+
+def test_an_eval_entry_named_after_its_type_needs_no_type(monkeypatch):
+  built = []
+
+  def fake_cls(type_name):
+    return lambda predict_fn, mesh, **kw: built.append((type_name, kw)) or type_name
+  monkeypatch.setattr(train_setup.evaluators_lib, "get_evaluator_cls", fake_cls)
+  config = _cfg(evals=ml_collections.ConfigDict({"classification": {"batch_size": 8},
+                                                 "val": {"type": "fewshot"}}))
+  out = train_setup.make_evaluators(config, model=None, mesh=None)
+  assert built == [("classification", {"batch_size": 8}), ("fewshot", {})], built
+  with pytest.raises(ValueError, match="config.evals.mine needs a `type`"):
+    train_setup.make_evaluators(_cfg(evals=ml_collections.ConfigDict({"mine": {}})), None, None)
+  assert set(out) == {"classification", "val"}
