@@ -79,4 +79,5 @@ def test_fill_that_does_not_fit_integer_images_is_refused():
 
 def test_device_aug_fill_must_be_finite():
   # A NaN fill reached the loss: the run stopped later as "non-finite loss".
-  checks.one_line_error(lambda: device_aug.make(dict(translate=2, fill=float("nan"))), "fill", "nan")
+  checks.one_line_error(lambda: device_aug.make(dict(translate=2, fill=float("nan"))), "fill",
+                        "nan")
