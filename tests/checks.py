@@ -64,3 +64,21 @@ def vit_params(hw=(16, 16), seed=0, channels=3, boxed=False, **kw):
       lambda box: box.replace_boxed(rng.normal(0, 0.1, box.value.shape).astype(box.value.dtype)),
       vit_shapes(hw, channels, **kw), is_leaf=lambda x: isinstance(x, nn.Partitioned))
   return params if boxed else nn.meta.unbox(params)
+
+
+def tracked_config(**kw):
+  """config_loading.TrackedConfig of a ConfigDict of kw (a config that reports unread keys)."""
+  import ml_collections  # pylint: disable=import-outside-toplevel
+  from big_vit_lite import config_loading  # pylint: disable=import-outside-toplevel
+  return config_loading.TrackedConfig(ml_collections.ConfigDict(kw))
+
+
+def tiny_train_params():
+  """The ViT params of tests/train_config_tiny.py's model (28x28x1 images), every value 0.5."""
+  import flax.linen as nn  # pylint: disable=import-outside-toplevel
+  import jax  # pylint: disable=import-outside-toplevel
+  from big_vit_lite.models import vit  # pylint: disable=import-outside-toplevel
+  import train_config_tiny  # pylint: disable=import-outside-toplevel
+  model = vit.Model(**train_config_tiny.get_config().model)
+  shapes = jax.eval_shape(model.init, jax.random.key(0), jax.numpy.zeros((1, 28, 28, 1)))["params"]
+  return jax.tree.map(lambda s: jax.numpy.full(s.shape, 0.5, s.dtype), nn.meta.unbox(shapes))

@@ -1,4 +1,5 @@
 """Checkpointer (orbax): round trip, retention policy, atomicity, load_params sources."""
+import glob
 import os
 import subprocess
 import sys
@@ -11,6 +12,8 @@ import optax
 import pytest
 
 from big_vit_lite import checkpoint
+from big_vit_lite import resume
+from big_vit_lite import train
 from trainer_runs import ROOT, run_train
 
 
@@ -141,3 +144,53 @@ def test_damaged_checkpoint_reads_are_one_line_errors_and_nothing_else(tmp_path)
   # The trainer's resume check: the reason, not "its state/ holds no readable array metadata".
   for line in lines[1::2]:
     assert line.startswith("ValueError: NOT_FOUND: ") and ".zarray" in line, lines
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_checkpoint_file_cut_short_names_the_array_not_a_tensorstore_repr(tmp_path):
+  ckpt = checkpoint.Checkpointer(str(tmp_path), async_save=False)
+  state = {"params": {"a": jnp.arange(4000.0), "b": jnp.ones((50, 50))}}
+  for step in (1, 2):
+    ckpt.save(step, state, {}, None)
+  ckpt.close()
+  data = glob.glob(str(tmp_path / "checkpoints" / "2" / "state" / "**" / "d" / "*"), recursive=True)
+  os.truncate(max(data, key=os.path.getsize), 100)  # params/a, cut short.
+  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+                          state)
+  with pytest.raises(train.TrainingError) as e:
+    resume.restore(checkpoint.Checkpointer(str(tmp_path)), 2, abstract)
+  msg = str(e.value)
+  # Was "(Encountered error while reading array index: ... See full TensorStore details:
+  # <bound method pybind11_detail_function_record_v1_...spec of TensorStore({...".
+  assert msg.startswith(f"Cannot read checkpoint {tmp_path}/checkpoints/2 (OUT_OF_RANGE: Error "
+                        'reading "params.a/0"'), msg
+  assert "TensorStore details" not in msg and msg.endswith("to resume from step 1."), msg
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_flipped_bytes_in_a_checkpoint_do_not_resume_silently(tmp_path):
+  # Random floats: zstd stores them as they are, so the flip changes values, not the format.
+  ckpt = checkpoint.Checkpointer(str(tmp_path), async_save=False)
+  state = {"params": {"a": jax.random.normal(jax.random.key(0), (4000,)), "b": jnp.ones(3)}}
+  for step in (1, 2):
+    ckpt.save(step, state, {}, None)
+  ckpt.close()
+  data = glob.glob(str(tmp_path / "checkpoints" / "2" / "state" / "**" / "d" / "*"), recursive=True)
+  with open(max(data, key=os.path.getsize), "r+b") as f:
+    f.seek(5000)
+    f.write(b"\xff" * 4)
+  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+                          state)
+  with pytest.raises(train.TrainingError) as e:  # Was restored as it was, params/a changed.
+    resume.restore(checkpoint.Checkpointer(str(tmp_path)), 2, abstract)
+  assert str(e.value).startswith(f"Cannot read checkpoint {tmp_path}/checkpoints/2 ('params/a' "
+                                 "does not match the checksum saved with it); if it is damaged, "
+                                 f"move it out of {tmp_path}/checkpoints"), e.value
+  restored, _ = resume.restore(checkpoint.Checkpointer(str(tmp_path)), 1, abstract)
+  assert jnp.array_equal(restored["params"]["a"], state["params"]["a"])
+  # model_init, evaluate and export read it too.
+  with pytest.raises(ValueError) as e:
+    checkpoint.load_params(str(tmp_path))
+  assert str(e.value) == (f"Cannot read checkpoint {tmp_path}/checkpoints/2 ('params/a' does not "
+                          "match the checksum saved with it); if it is damaged, pass an older "
+                          f"step ({tmp_path}/checkpoints/1).")

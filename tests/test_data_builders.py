@@ -10,6 +10,7 @@ import pytest
 import tensorflow_datasets as tfds
 from PIL import Image
 
+from big_vit_lite.data import image_check
 from big_vit_lite.data import input_pipeline as ip
 from big_vit_lite.data import prepare
 
@@ -108,3 +109,18 @@ def test_imagenet21k_reads_per_synset_tars_and_folders(tmp_path):
   got = [(s, n, d) for s, n, d in imagenet21k.iter_images(str(manual))]
   assert got == [("n00000001", "n00000001_3.JPEG", b"\xff\xd8more"),
                  ("n00000002", "n00000002_7.JPEG", b"\xff\xd8jpeg bytes")]
+
+
+RNG = np.random.default_rng(0)
+
+
+def test_imagenet21k_builder_skips_files_tf_would_misread():
+  def encoded(mode, fmt):
+    buf = io.BytesIO()
+    Image.fromarray(RNG.integers(0, 256, (8, 8, 3), dtype=np.uint8)).convert(mode).save(buf, fmt)
+    return buf.getvalue()
+  # The builder stores the bytes it checks as they are: these were stored, then read as
+  # wrong colours (palette BMP) or stopped training (TIFF).
+  assert "BMP" in image_check.bytes_problem(encoded("P", "BMP"))
+  assert "TIFF" in image_check.bytes_problem(encoded("RGB", "TIFF"))
+  assert image_check.bytes_problem(encoded("RGB", "JPEG")) is None

@@ -5,6 +5,7 @@ import shutil
 
 import numpy as np
 import pytest
+import tensorflow_datasets as tfds
 from PIL import Image
 
 from big_vit_lite.data import input_pipeline as ip
@@ -181,3 +182,95 @@ def test_imagefolder_non_ascii_names(tmp_path):
                                "decode", 2, process_index=0, process_count=1)
   assert [n.decode() for n in b["file_name"]] == ["train/café/é.png", "train/猫/x y.png"]
   assert b["label"].tolist() == [0, 1]
+
+
+class BvlOddLabels(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+  """test: 6 examples whose labels are -1 (as ImageNet's test split), float and huge ids, and
+  a float32 image feature."""
+
+  VERSION = tfds.core.Version("1.0.0")
+
+  def _info(self):
+    return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict({
+        "image": tfds.features.Image(shape=(4, 4, 3)),
+        "label": tfds.features.Scalar(np.int64),
+        "soft": tfds.features.Tensor(shape=(3,), dtype=np.float32),
+        "big": tfds.features.Scalar(np.int64),
+        "depth": tfds.features.Image(shape=(4, 4, 1), dtype=np.float32),
+    }))
+
+  def _split_generators(self, dl_manager):
+    return {"test": self._generate_examples()}
+
+  def _generate_examples(self):  # pylint: disable=arguments-differ
+    for i in range(6):
+      yield i, {"image": np.zeros((4, 4, 3), np.uint8), "label": -1,
+                "soft": np.eye(3, dtype=np.float32)[i % 3], "big": 2**32 + 1,
+                "depth": np.full((4, 4, 1), 0.5 + i, np.float32)}
+
+
+@pytest.fixture(scope="module")
+def odd_labels(tmp_path_factory):
+  d = str(tmp_path_factory.mktemp("tfds"))
+  BvlOddLabels(data_dir=d).download_and_prepare()
+  return dict(name="bvl_odd_labels", split="test", data_dir=d)
+
+
+@pytest.mark.parametrize("pp_string, words", [
+    # tf.one_hot gives all-zero targets for -1: an eval or training on nothing, silently.
+    ("decode|onehot(10, key_result='labels')", ["onehot(10)", "negative", "labelled split"]),
+    # 2**32 + 1 wrapped to 1 in int32, inside the depth.
+    ("decode|onehot(10, key='big', key_result='labels')", ["onehot(10)", ">= depth"]),
+    # one-hot already: became a k-hot of {0, 1}.
+    ("decode|onehot(3, key='soft', key_result='labels')", ["onehot(3", "integer class ids",
+                                                           "float32"]),
+])
+def test_labels_onehot_cannot_encode_are_errors(odd_labels, pp_string, words):
+  _one_line_error(lambda: list(ip.make_eval_iterator(odd_labels, pp_string, 4, process_index=0,
+                                                     process_count=1)), *words)
+  train = dict(data=odd_labels, batch_size=2, pp=pp_string)
+  _one_line_error(lambda: next(ip.make_train_iterator(train, seed=0, process_index=0,
+                                                      process_count=1)), *words)
+
+
+def test_float32_image_features_decode_to_their_values(odd_labels):
+  (b,) = ip.make_eval_iterator(odd_labels, "decode(1, key='depth')|keep('depth')", 6,
+                               process_index=0, process_count=1)
+  # Was the float's 4 bytes read as an RGBA pixel: 0.5 -> (0, 0, 0, 63).
+  assert b["depth"].dtype == np.float32 and b["depth"].shape == (6, 4, 4, 1)
+  assert sorted(b["depth"][:, 0, 0, 0].tolist()) == [0.5, 1.5, 2.5, 3.5, 4.5, 5.5]
+
+
+def test_big_vision_input_keys_say_what_to_use(odd_labels):
+  cfg = dict(data=odd_labels, batch_size=2, pp="decode", cache_raw=True)
+  _one_line_error(lambda: ip.make_train_iterator(cfg, seed=0, process_index=0, process_count=1),
+                  "input.cache_raw", "cache='raw'")
+
+
+def test_every_process_refuses_a_split_too_small_for_its_shards(odd_labels):
+  # 6 examples in 8 shards: two shards are empty. Only the processes reading an empty shard
+  # failed (at their first batch); the others went on to wait in collectives.
+  cfg = dict(data=dict(odd_labels, split="test"), batch_size=8, pp="decode", num_shards=8)
+  for p in range(8):
+    _one_line_error(lambda p=p: ip.make_train_iterator(cfg, seed=0, process_index=p,
+                                                       process_count=8),
+                    "6 examples", "8 shard(s)", "lower input.batch_size")
+
+
+def test_prepare_of_a_hand_downloaded_dataset_says_manual_dir(tmp_path):
+  # Was tfds' AssertionError, cut to "... using instructions:" with the instructions lost.
+  _one_line_error(lambda: prepare.prepare("imagenet2012", str(tmp_path)),
+                  "--manual_dir=FOLDER", "ILSVRC2012_img_train.tar")
+
+
+@pytest.mark.parametrize("name, near", [
+    ("fashion-mnist", "fashion_mnist"),  # Hugging Face's spelling: was a 10-line tfds error
+    ("ImageNet-1k", "imagenet2012"),
+    ("imagenet", "imagenet2012"),        # was imagenette, imagenet_r or imagenet_a
+    ("ImageFolder", "imagefolder"),      # was "run prepare ImageFolder"
+])
+def test_dataset_names_people_write_get_the_right_name(tmp_path, name, near):
+  _one_line_error(lambda: ip.get_num_examples(dict(name=name, split="train",
+                                                   data_dir=str(tmp_path))),
+                  f"did you mean {near!r}")
+  _one_line_error(lambda: prepare.prepare(name, str(tmp_path)), f"did you mean {near!r}")

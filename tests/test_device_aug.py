@@ -6,6 +6,8 @@ import pytest
 
 from big_vit_lite.data import device_aug
 
+import checks
+
 
 def _shifted(img, dy, dx, fill):
   """img [H,W,C] moved down by dy and right by dx, `fill` shifted in (numpy reference)."""
@@ -73,3 +75,9 @@ def test_fill_that_does_not_fit_integer_images_is_refused():
     device_aug.translate(jax.random.PRNGKey(0), images, 2, -1.0)
   out = device_aug.translate(jax.random.PRNGKey(0), images, 2, 7)
   assert out.dtype == jnp.uint8 and set(np.unique(np.asarray(out))) <= {0, 7}
+
+
+def test_device_aug_fill_must_be_finite():
+  # A NaN fill reached the loss: the run stopped later as "non-finite loss".
+  checks.one_line_error(lambda: device_aug.make(dict(translate=2, fill=float("nan"))), "fill",
+                        "nan")

@@ -300,3 +300,19 @@ def test_slurm_script_runs_trainer_under_srun(tmp_path):
                         timeout=50, check=False)
   assert proc.returncode == 2 and "default backend: cpu" in proc.stderr and "'.[cuda]'" in proc.stderr
   assert not (tmp_path / "srun.log").exists()
+
+
+@pytest.mark.parametrize("script", ["local.sh", "multi_gpu.sh", "tpu_vm.sh"])
+def test_launch_scripts_help_is_their_documentation_and_exits_0(script):
+  proc = subprocess.run(["bash", os.path.join(LAUNCH, script), "--help"],
+                        capture_output=True, text=True, timeout=30, check=False)
+  assert proc.returncode == 0 and not proc.stderr, proc.stderr
+  assert "Environment" in proc.stdout or "--coordinator" in proc.stdout, proc.stdout[:200]
+
+
+def test_multi_gpu_empty_num_hosts_is_named():
+  proc = subprocess.run(["bash", os.path.join(LAUNCH, "multi_gpu.sh"), "--num_hosts=",
+                         "--host_id=1", "--coordinator=h:1", "--gpus=1", "--", "true"],
+                        capture_output=True, text=True, timeout=30, check=False)
+  assert proc.returncode == 2
+  assert "must be integers, got '' and '1'" in proc.stderr, proc.stderr

@@ -1,17 +1,28 @@
 """End-to-end trainer behaviour: exact resume after SIGKILL, SIGTERM, NaN guard, config errors.
 
 Real subprocesses of `python -m big_vit_lite.train` on a tiny ViT
-(tests/train_config_tiny.py) over the offline Fashion-MNIST.
+(tests/train_config_tiny.py) over the offline Fashion-MNIST; in process (`train.train`): a
+resume with grad_clip_norm switched off then on, and config errors found before the compile.
 """
+import logging
 import os
 import signal
+import warnings
 
+import jax
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 
 from big_vit_lite import checkpoint
+from big_vit_lite import config_loading
+from big_vit_lite import metrics
+from big_vit_lite import train
 from trainer_runs import (TINY, assert_same_params, last_logged_step, read_losses,
                           run_train, start_train, wait_for_step)
+
+import checks
+import train_config_tiny
 
 STEPS = 300  # Long enough (a few seconds of steps) to interrupt mid-run.
 
@@ -124,3 +135,118 @@ def test_model_init_from_another_run_with_dont_load(reference_run, tfds_data_dir
   # dont_load=["head/.*"]: the head keeps its (zero) init instead of the trained values.
   assert not np.array_equal(got["head"]["kernel"], src["head"]["kernel"])
   np.testing.assert_array_equal(got["head"]["kernel"], 0.0)
+
+
+_tiny_params = checks.tiny_train_params
+
+
+def _config(data_dir, arg=None, **overrides):
+  config = train_config_tiny.get_config(arg)
+  config.input.data.data_dir = data_dir
+  config.device_aug, config.model.dropout = None, 0.0  # (A smaller step compiles faster.)
+  return checks.set_dotted(config, overrides)
+
+
+def _saved_opt_state(workdir, step):
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore")  # orbax: "Sharding info not provided".
+    return ocp.PyTreeCheckpointer().restore(
+        os.path.join(workdir, "checkpoints", str(step), "state"))["opt_state"]
+
+
+@pytest.mark.timeout(300)
+def test_grad_clip_norm_switched_off_and_on_between_resumes(tfds_data_dir, tmp_path, caplog,
+                                                            monkeypatch):
+  caplog.set_level(logging.INFO, logger="absl")
+  monkeypatch.setenv("TFDS_DATA_DIR", tfds_data_dir)  # The eval data has no data_dir of its own.
+  workdir = str(tmp_path / "run")
+  # Clipped at 1.0, no evals: the files a run killed during its eval at step 2 leaves.
+  train.train(_config(tfds_data_dir, total_steps=2, ckpt_steps=0), workdir)
+  # Off, with a model_init that would fail if it were read: a resume does not read it.
+  caplog.clear()
+  missing = str(tmp_path / "no_such_run")
+  train.train(_config(tfds_data_dir, "evals", total_steps=4, ckpt_steps=0, grad_clip_norm=0.0,
+                      model_init=missing, **{"evals.val.log_steps": 2}), workdir)
+  resumed = [r.getMessage() for r in caplog.records if "Resuming from" in r.getMessage()]
+  assert resumed == [f"Resuming from {workdir}/checkpoints/2; config.model_init={missing} is not "
+                     "read again (it only initialises a fresh run)"], resumed
+  assert any("saved with gradient clipping; this run does not clip" in r.getMessage()
+             for r in caplog.records)
+  # The eval due at the resumed step, which the stopped run did not log, ran first.
+  assert [r["step"] for r in metrics.read_metrics(workdir) if "val/prec@1" in r] == [2, 4]
+  # core_hours counts the first attempt's too (it started from 0 again).
+  rows = {r["step"]: r for r in metrics.read_metrics(workdir) if "core_hours" in r}
+  assert rows[3]["core_hours"] - rows[2]["core_hours"] == pytest.approx(
+      rows[3]["step_time"] * os.cpu_count() / 3600, rel=1e-6)
+  opt_state = _saved_opt_state(workdir, 4)
+  assert len(opt_state) == 2  # (adam, schedule): written without the clip's place.
+  assert int(opt_state[0]["inner_state"]["count"]) == 4  # Adam's moments carried over.
+  # On again: restores (a finished run's rerun, so no compile) and ends at step 4.
+  caplog.clear()
+  params = train.train(_config(tfds_data_dir, "evals", total_steps=4, ckpt_steps=0), workdir)
+  assert any("saved without gradient clipping; this run clips" in r.getMessage()
+             for r in caplog.records)
+  assert jax.tree.structure(params) == jax.tree.structure(_tiny_params())
+  # After the resumes, metrics.jsonl has each step once, in order (the evals at 4 ran once).
+  steps = [r["step"] for r in metrics.read_metrics(workdir) if "training_loss" in r]
+  assert steps == [1, 2, 3, 4]
+  assert [r["step"] for r in metrics.read_metrics(workdir) if "val/prec@1" in r] == [2, 4]
+
+
+def _stop_after_validation(monkeypatch):
+  """train.train raises 'validated' once the config passed every check (before the compile)."""
+  check = config_loading.TrackedConfig.check_all_read
+
+  def check_then_stop(self):
+    check(self)
+    raise RuntimeError("validated")
+  monkeypatch.setattr(config_loading.TrackedConfig, "check_all_read", check_then_stop)
+
+
+@pytest.mark.parametrize("overrides,match", [
+    (dict(total_steps=None, total_epochs=0.0),
+     r"^config.total_epochs=0.0 gives 0 steps: it must give at least 1.$"),
+    (dict(total_steps=None, total_epochs=-1.0), r"^config.total_epochs=-1.0 gives -3750 steps"),
+    (dict(total_steps=None, total_epochs=1.0, **{"schedule.warmup_steps": -10}),
+     r"^The schedule's warmup is -10 steps: it must be >= 0"),
+])
+def test_durations_are_checked_in_the_unit_given(tfds_data_dir, tmp_path, monkeypatch,
+                                                 overrides, match):
+  _stop_after_validation(monkeypatch)
+  with pytest.raises(ValueError, match=match):
+    train.train(_config(tfds_data_dir, **overrides), str(tmp_path / "w"))
+
+
+@pytest.mark.parametrize("ckpt_steps,says", [
+    (1000, "config.keep_ckpt_steps=1500 is not a multiple of config.ckpt_steps=1000: only the "
+           "steps divisible by 3000 are kept (besides the last 3); make it a multiple of ckpt_steps."),
+    (500, None),
+])
+def test_keep_ckpt_steps_that_saves_never_hit_is_said(tfds_data_dir, tmp_path, monkeypatch, caplog,
+                                                      ckpt_steps, says):
+  caplog.set_level(logging.INFO, logger="absl")
+  _stop_after_validation(monkeypatch)
+  config = _config(tfds_data_dir, total_steps=6000, ckpt_steps=ckpt_steps)
+  config.keep_ckpt_steps = 1500  # Kept every 1500th step? Only saved steps can be.
+  with pytest.raises(RuntimeError, match="validated"):
+    train.train(config, str(tmp_path / "w"))
+  warned = [r.getMessage() for r in caplog.records if "config.keep_ckpt_steps=" in r.getMessage()]
+  assert (warned == []) if says is None else (len(warned) == 1 and says in warned[0]), warned
+
+
+def test_profile_steps_not_a_pair_is_one_line_before_the_compile(tfds_data_dir, tmp_path):
+  config = _config(tfds_data_dir)
+  config.profile_steps = 5  # Raised "'int' object is not subscriptable" after the compile.
+  with pytest.raises(ValueError, match=r"^config.profile_steps=5 must be \(first step, number of "
+                                       r"steps\), e.g. \(10, 5\).$"):
+    train.train(config, str(tmp_path / "w"))
+
+
+def test_negative_eval_interval_is_one_line(tfds_data_dir, tmp_path, monkeypatch):
+  _stop_after_validation(monkeypatch)
+  config = train_config_tiny.get_config("evals")
+  config.input.data.data_dir = tfds_data_dir
+  config.evals.val.log_steps = -3  # Ran the eval at every 3rd step, silently.
+  with pytest.raises(ValueError, match=r"^config.evals.val.log_steps must be >= 0 \(0 or unset: "
+                                       r"only at the end\), got -3.$"):
+    train.train(config, str(tmp_path / "w"))

@@ -9,6 +9,7 @@ changed optimizer and a damaged checkpoint.
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import threading
 
@@ -21,6 +22,7 @@ from big_vit_lite import metrics
 from big_vit_lite import paths
 from big_vit_lite import train
 from big_vit_lite import train_loop
+from big_vit_lite import train_setup
 from trainer_runs import TINY
 
 import checks
@@ -265,3 +267,124 @@ def test_a_failing_eval_keeps_the_checkpoint_saved_just_before(tfds_data_dir, tm
     train.train(config, workdir)
   # Read at once: nothing may still be writing step 6 once train has returned.
   assert checkpoint.Checkpointer(workdir).all_steps() == [6]
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.parametrize("name,reason", [("run[lr=1e-3]", "'[...]' (orbax globs the path"),
+                                         ("a\\b", "a backslash (tensorstore reads it as '/')")])
+def test_workdir_orbax_cannot_keep_checkpoints_under_is_refused(tfds_data_dir, tmp_path, name,
+                                                                reason):
+  # Such a run trained to the end, then no checkpoint of it could be read.
+  workdir = tmp_path / name
+  with pytest.raises(ValueError) as e:
+    train.train(_config(tfds_data_dir), str(workdir))
+  assert str(e.value).startswith(f"--workdir {workdir} has {reason}"), e.value
+  assert str(e.value).endswith("use a directory name without it."), e.value
+  assert not workdir.exists()
+  with pytest.raises(ValueError) as e:
+    checkpoint.Checkpointer(str(workdir))  # What the other processes of a multi-host run make.
+  assert str(e.value).startswith(f"Checkpoints cannot be saved under {workdir}/checkpoints: its "
+                                 f"path has {reason}"), e.value
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_checkpoints_path_that_is_a_file_is_one_line(tfds_data_dir, tmp_path):
+  (tmp_path / "checkpoints").write_text("notes\n")
+  with pytest.raises(ValueError) as e:  # Was a NotADirectoryError traceback, after 4 steps.
+    train.train(_config(tfds_data_dir), str(tmp_path))
+  assert str(e.value) == (f"{tmp_path}/checkpoints is not a directory: move that file away, "
+                          "checkpoints are saved there.")
+  assert (tmp_path / "checkpoints").read_text() == "notes\n"
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_ctrl_c_before_the_first_step_is_one_line(tfds_data_dir, tmp_path, monkeypatch):
+  """Ctrl-C while the run starts (reading the data, restoring, compiling): no traceback."""
+  make_iterator = train_setup.input_pipeline.make_train_iterator
+
+  def interrupted(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGINT)  # Python's own handler: KeyboardInterrupt.
+    return make_iterator(*args, **kwargs)
+
+  monkeypatch.setattr(train_setup.input_pipeline, "make_train_iterator", interrupted)
+  previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # (xdist workers ignore it.)
+  try:
+    with pytest.raises(train.TrainingInterrupted) as e:
+      train.train(_config(tfds_data_dir), str(tmp_path))
+  except KeyboardInterrupt:
+    pytest.fail("Ctrl-C before the first step ended in a KeyboardInterrupt traceback")
+  finally:
+    signal.signal(signal.SIGINT, previous)
+  assert str(e.value) == (f"interrupted (Ctrl-C); no checkpoint was saved in "
+                          f"{tmp_path}/checkpoints: run the same command to start again.")
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+  """A 4 MiB tmpfs (root only), unmounted afterwards."""
+  mount = tmp_path / "disk"
+  mount.mkdir()
+  p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)],
+                     capture_output=True, text=True, check=False)
+  if p.returncode:
+    pytest.skip(f"cannot mount a tmpfs: {p.stderr.strip()}")
+  yield mount
+  subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_disk_full_keeps_the_last_checkpoint_then_resumes(tfds_data_dir, small_disk, monkeypatch):
+  """The disk fills up (another job, logs) during a save, then between saves; each time the
+  run stops with one line naming the checkpoint a rerun resumes from."""
+  workdir = str(small_disk / "run")
+  filler = small_disk / "filler"
+
+  def fill_disk():
+    with open(filler, "wb") as f:
+      try:
+        while True:
+          f.write(b"\0" * 65536)
+          f.flush()
+      except OSError:
+        pass
+
+  def expect_disk_full(config, last_step):
+    with pytest.raises(train.TrainingError) as e:
+      train.train(config, workdir)
+    msg = str(e.value)
+    assert "\n" not in msg and "no space left on device" in msg.lower(), msg
+    assert (f"the last complete checkpoint is step {last_step} in {workdir}/checkpoints: free "
+            "space on the disk of --workdir") in msg, msg
+    assert msg.endswith("run the same command to resume."), msg
+    assert checkpoint.complete_steps(workdir) == [4, 8][:last_step // 4]
+    filler.unlink()  # The user frees space and runs the same command.
+
+  save = checkpoint.Checkpointer.save
+
+  def fill_disk_then_save(self, step, *args, **kwargs):
+    if step == 8:
+      self.wait()  # Step 4 is saved.
+      fill_disk()
+    return save(self, step, *args, **kwargs)
+
+  monkeypatch.setattr(checkpoint.Checkpointer, "save", fill_disk_then_save)
+  expect_disk_full(_config(tfds_data_dir), 4)  # Was orbax's RESOURCE_EXHAUSTED error.
+  monkeypatch.setattr(checkpoint.Checkpointer, "save", save)
+
+  write = metrics.MetricWriter.write
+
+  def fill_disk_then_write(self, step, *args, **kwargs):
+    if step == 10:
+      fill_disk()
+    return write(self, step, *args, **kwargs)
+
+  monkeypatch.setattr(metrics.MetricWriter, "write", fill_disk_then_write)
+  # Was an OSError traceback (metrics.jsonl), or TensorFlow's (TensorBoard's events).
+  expect_disk_full(_config(tfds_data_dir, ckpt_async=False), 8)
+  monkeypatch.setattr(metrics.MetricWriter, "write", write)
+
+  train.train(_config(tfds_data_dir), workdir)
+  assert checkpoint.complete_steps(workdir) == [4, 8, 12]
+  steps = [r["step"] for r in metrics.read_metrics(workdir) if "training_loss" in r]

@@ -13,6 +13,8 @@ from big_vit_lite import checkpoint
 from big_vit_lite import config_loading
 from big_vit_lite import train
 from big_vit_lite import train_setup
+
+import checks
 import train_config_tiny
 
 
@@ -91,3 +93,43 @@ def test_config_changes_name_the_differing_leaves():
       "ema_decay: <unset> -> 0.999, input.batch_size: 32 -> 64, model.variant: \"Ti/16\" -> \"S/16\"")
   assert resume.config_changes(saved, current, limit=1).endswith("(and 2 more)")
   assert resume.config_changes({}, current) == ""
+
+
+_one_line_error = checks.one_line_error
+
+
+def test_big_vision_and_timm_mixup_configs():
+  # big_vision's vit_i1k config: was "unexpected keyword argument 'fold_in'".
+  mix = train_setup.make_mixup(dict(p=0.2, fold_in=None))  # pylint: disable=protected-access
+  _, labels = mix(jax.random.PRNGKey(1), np.zeros((4, 2, 2, 1), np.float32),
+                  np.eye(4, dtype=np.float32))
+  assert np.allclose(labels.sum(-1), 1) and not np.allclose(labels, np.eye(4))
+  for cfg, words in ((dict(p=0.2, fold_in="device"), ["fold_in", "remove"]),
+                     (dict(mixup_alpha=0.8, label_smoothing=0.1), ["label_smoothing", "onehot"]),
+                     (dict(mixup_alpha=-0.2), ["mixup_alpha", ">= 0"]),        # was: off, silently
+                     (dict(mixup_alpha=0.2, switch_prob=2.0), ["switch_prob"])):  # was: cutmix only
+    _one_line_error(lambda cfg=cfg: train_setup.make_mixup(cfg), *words)  # pylint: disable=W0212
+
+
+_cfg = checks.tracked_config
+
+
+def test_an_eval_entry_that_is_not_a_dict_is_one_line():
+  config = _cfg(evals=ml_collections.ConfigDict({"fewshot": "x"}))
+  with pytest.raises(ValueError, match=r"config.evals.fewshot must be a dict .* got 'x'"):
+    train_setup.make_evaluators(config, model=None, mesh=None)
+
+
+def test_an_eval_entry_named_after_its_type_needs_no_type(monkeypatch):
+  built = []
+
+  def fake_cls(type_name):
+    return lambda predict_fn, mesh, **kw: built.append((type_name, kw)) or type_name
+  monkeypatch.setattr(train_setup.evaluators_lib, "get_evaluator_cls", fake_cls)
+  config = _cfg(evals=ml_collections.ConfigDict({"classification": {"batch_size": 8},
+                                                 "val": {"type": "fewshot"}}))
+  out = train_setup.make_evaluators(config, model=None, mesh=None)
+  assert built == [("classification", {"batch_size": 8}), ("fewshot", {})], built
+  with pytest.raises(ValueError, match="config.evals.mine needs a `type`"):
+    train_setup.make_evaluators(_cfg(evals=ml_collections.ConfigDict({"mine": {}})), None, None)
+  assert set(out) == {"classification", "val"}
