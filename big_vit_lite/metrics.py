@@ -28,16 +28,18 @@ def matmul_rates(n, dtype="float32", reps=5, devs=None):
   """FLOP/s of each of `reps` timed calls of an n x n x n matmul in `dtype`, one per device of
   `devs` (default: all local devices) at the same time, after one untimed call."""
   devs = devs or jax.local_devices()
-  sh = jax.sharding.NamedSharding(jax.sharding.Mesh(np.array(devs), ("d",)),
-                                  jax.sharding.PartitionSpec("d"))
-  x = jax.device_put(jax.random.normal(jax.random.PRNGKey(0), (len(devs), n, n), dtype), sh)
-  mm = jax.jit(lambda a: jnp.matmul(a, a, preferred_element_type=jnp.float32))
-  mm(x).block_until_ready()
-  rates = []
-  for _ in range(reps):
-    t0 = time.perf_counter()
+  mesh = jax.sharding.Mesh(np.array(devs), ("d",))
+  x = np.random.default_rng(0).standard_normal((len(devs), n, n)).astype(jnp.dtype(dtype))
+  # This process's devices only, also inside a multi-process run's global mesh.
+  with jax.set_mesh(mesh):
+    x = jax.device_put(x, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("d")))
+    mm = jax.jit(lambda a: jnp.matmul(a, a, preferred_element_type=jnp.float32))
     mm(x).block_until_ready()
-    rates.append(2 * n**3 * len(devs) / (time.perf_counter() - t0))
+    rates = []
+    for _ in range(reps):
+      t0 = time.perf_counter()
+      mm(x).block_until_ready()
+      rates.append(2 * n**3 * len(devs) / (time.perf_counter() - t0))
   return rates
 
 
