@@ -50,11 +50,11 @@ _SLURM_VARS = ("SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS", "SLURM_PRO
                "SLURM_LOCALID")
 
 
-def _env_number(name: str, env, kind=float):
-  """$name as `kind` (int or float); None when unset or empty; else a one-line ValueError."""
+def _env_number(name: str, env, kind=float, default=None):
+  """$name as `kind` (int or float); `default` when unset or empty; else a one-line ValueError."""
   value = env.get(name)
   if value in (None, ""):
-    return None
+    return default
   try:
     return kind(value)
   except ValueError:
@@ -140,8 +140,7 @@ def initialize(*, heartbeat_timeout_s: float | None = None) -> bool:
   kwargs = describe_environment()
   if kwargs is None:
     return False
-  heartbeat = _env_number(ENV_HEARTBEAT, os.environ)
-  heartbeat = heartbeat_timeout_s if heartbeat is None else heartbeat
+  heartbeat = _env_number(ENV_HEARTBEAT, os.environ, default=heartbeat_timeout_s)
   if heartbeat is not None:
     if heartbeat <= 0:
       raise ValueError(f"heartbeat timeout must be > 0 seconds, got {heartbeat}")
@@ -150,8 +149,7 @@ def initialize(*, heartbeat_timeout_s: float | None = None) -> bool:
     return True
   if kwargs.get("process_id") == 0:
     _check_port_free(kwargs["coordinator_address"])
-  timeout = _env_number(ENV_INIT_TIMEOUT, os.environ)
-  timeout = DEFAULT_INIT_TIMEOUT_S if timeout is None else timeout
+  timeout = _env_number(ENV_INIT_TIMEOUT, os.environ, default=DEFAULT_INIT_TIMEOUT_S)
   if timeout <= 0:
     raise ValueError(f"{ENV_INIT_TIMEOUT}={timeout:g}: use a positive number of seconds")
   # jax's own limit a little later than ours: past it, its coordination client aborts the
@@ -233,11 +231,8 @@ class HangGuard:
     self.startup_timeout_s = startup_timeout_s
     self.exit_code = exit_code
     self._stream = stream if stream is not None else sys.stderr
-    self._last = time.monotonic()
-    self._step = None
-    self._started = False
-    self._stop = threading.Event()
-    self._thread = None
+    self._last, self._step, self._started = time.monotonic(), None, False
+    self._stop, self._thread = threading.Event(), None
     if self.timeout_s is not None:
       self._thread = threading.Thread(target=self._watch, name="HangGuard", daemon=True)
       self._thread.start()
@@ -248,11 +243,9 @@ class HangGuard:
     """$BVL_HANG_TIMEOUT_S (0 disables) overrides `timeout_s`; $BVL_HANG_STARTUP_TIMEOUT_S the
     startup limit. With multi_process_only, a single-process run gets a disabled guard: it has no
     peer to wait for."""
-    env_timeout = _env_number(ENV_HANG_TIMEOUT, os.environ)
-    timeout_s = timeout_s if env_timeout is None else env_timeout
-    env_startup = _env_number(ENV_HANG_STARTUP, os.environ)
-    if env_startup is not None:
-      kwargs["startup_timeout_s"] = env_startup
+    timeout_s = _env_number(ENV_HANG_TIMEOUT, os.environ, default=timeout_s)
+    kwargs["startup_timeout_s"] = _env_number(ENV_HANG_STARTUP, os.environ,
+                                              default=kwargs.get("startup_timeout_s"))
     if multi_process_only and jax.process_count() == 1:
       timeout_s = None
     return cls(timeout_s, **kwargs)

@@ -173,9 +173,7 @@ def build_model(config, flat, saved_config):
     model_cfg, source, model_name = infer_model_cfg(flat), "the param shapes", "vit"
   # big_vision's eval configs say model_name="vit" too: read, not an unread-key error.
   model_name = config.get("model_name") or model_name
-  overrides = {}
-  if "model" in config:
-    overrides = {k: v for k, v in config.consume("model").items() if v is not None}
+  overrides = {k: v for k, v in config.consume("model", {}).items() if v is not None}
   if model_name != "vit":
     raise ValueError(f"model_name={model_name!r}: only 'vit' is supported.")
   model_cfg.update(overrides)

@@ -118,16 +118,13 @@ def to_timm(params, image_size=None) -> tuple[dict, dict]:
     raise ValueError("These params have no learned posemb (sincos2d): pass image_size "
                      "(--res) so the fixed embedding can be written for timm.")
   else:
-    pe = posemb.sincos_2d(*grid, d)
-    pe = np.concatenate([np.zeros((1, int(cls), d), pe.dtype), pe], axis=1)
-  sd["pos_embed"] = pe
-  sd = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in sd.items()}
+    pe = posemb.sincos_2d(*grid, d, num_prefix=int(cls))
+  sd = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in dict(sd, pos_embed=pe).items()}
   # The size given (timm, like us, drops the pixels past the last whole patch:
   # So400m/14 runs at 384), else the grid's.
   img_size = hw or (grid[0] * p, grid[1] * p)
-  img_size = img_size[0] if img_size[0] == img_size[1] else img_size
   num_classes = flat["head/kernel"].shape[1] if "head/kernel" in flat else 0
-  kwargs = dict(img_size=img_size, patch_size=p, in_chans=a["channels"], embed_dim=d,
+  kwargs = dict(img_size=img_size[0] if img_size[0] == img_size[1] else img_size, patch_size=p, in_chans=a["channels"], embed_dim=d,
                 depth=a["depth"], num_heads=a["heads"], mlp_ratio=a["mlp_dim"] / d,
                 num_classes=num_classes, global_pool=_POOLS[a["pool_type"]], class_token=cls,
                 fc_norm=False)
@@ -301,10 +298,9 @@ def read_timm(path, num_heads: Optional[int]) -> dict:
     raise ValueError(f"{path} holds a ViT with {saved_heads} attention heads, the model has "
                      f"{num_heads}: build the model with num_heads={saved_heads}.")
   num_heads = num_heads or saved_heads
-  grid_tokens = None
   try:
     h, w = image_hw(kwargs["img_size"])
     grid_tokens = (h // kwargs["patch_size"]) * (w // kwargs["patch_size"])
   except (KeyError, ValueError, TypeError):
-    pass
+    grid_tokens = None
   return from_timm(sd, num_heads, grid_tokens)

@@ -217,8 +217,7 @@ class Encoder(nn.Module):
     if self.posemb == "learn":
       x = AddPositionEmbs(name="posembed_input")(x)
     else:  # sincos2d: fixed; the prefix (cls) token gets none, as in big_vision.
-      pe = posemb_sincos_2d(*grid_hw, x.shape[-1])
-      x = x + np.concatenate([np.zeros((1, num_prefix, x.shape[-1]), pe.dtype), pe], axis=1)
+      x = x + posemb_sincos_2d(*grid_hw, x.shape[-1], num_prefix=num_prefix)
     x = nn.with_logical_constraint(x.astype(self.dtype_act), ("batch", "seq", "embed"))
     out = {"with_posemb": x}
     x = nn.Dropout(rate=self.dropout)(x, not train)
