@@ -43,7 +43,6 @@ def unusable_path_reason(path):
   return None
 
 
-
 def checksums(state):
   """{array path: [dtype, checksum]} for the arrays of `state` (computed where they live).
 
@@ -161,18 +160,10 @@ def _keep_unless_abandoned_read(record):
               and (_save_failed or "tensorstore_spec" in str(error)))
 
 
-def flatten_metadata(tree, prefix=""):
+def flatten_metadata(tree):
   """(path "a/b/0", array metadata) pairs of orbax's metadata tree (dicts, lists, None)."""
-  if isinstance(tree, dict):
-    items = tree.items()
-  elif isinstance(tree, (list, tuple)):
-    items = enumerate(tree)
-  else:
-    if tree is not None:  # None: an empty optimizer state (no arrays).
-      yield prefix[:-1], tree
-    return
-  for k, v in items:
-    yield from flatten_metadata(v, f"{prefix}{k}/")
+  return [("/".join(key_name(k) for k in path), leaf)  # (None: an optimizer state without arrays)
+          for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]]
 
 
 def key_name(key):
