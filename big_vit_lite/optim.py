@@ -164,12 +164,9 @@ def make_schedule(sched, *, total_steps, steps_per_epoch=None, batch_size=None):
     decay_type = "cosine"
   # The multiplier at the end: big_vision's `end`, or `linear_end`, or `min_lr`.
   end = float(sched.get("end", sched.get("linear_end", sched.get("min_lr", 0.0))))
-  timescale = float(sched.get("timescale", 10_000))
-  shift = float(sched.get("shift", 0))
-  power = float(sched.get("power", 1.0))
-  group_mult = float(sched.get("mult", 1.0))
-  stair_steps = list(sched.get("steps", None) or ())
-  stair_mults = list(sched.get("mults", None) or ())
+  timescale, shift, power, group_mult = (float(sched.get(k, v)) for k, v in (
+      ("timescale", 10_000), ("shift", 0), ("power", 1.0), ("mult", 1.0)))
+  stair_steps, stair_mults = (list(sched.get(k, None) or ()) for k in ("steps", "mults"))
   # Each of these would make the lr negative, infinite or NaN at some step (or never > 0).
   for key, value, ok, need in (
       ("warmup", warmup, warmup >= 0, ">= 0"), ("cooldown", cooldown, cooldown >= 0, ">= 0"),
@@ -405,8 +402,7 @@ def make(config, params, *, total_steps, steps_per_epoch=None, batch_size=None):
       tracked = hasattr(s, "consume")
       reader = s if tracked else config_loading.TrackedConfig(ml_collections.ConfigDict(s))
       sched_fns.append(make_schedule(reader, **dur))
-      unread = [] if tracked else reader.unread_keys()
-      if unread:
+      if not tracked and (unread := reader.unread_keys()):
         raise ValueError(f"Config key '{unread[0]}' in the schedule for '{regex}' is not a "
                          f"schedule key{reader.hint(unread[0])}: remove it or fix its spelling.")
   if not sched_fns:
@@ -425,8 +421,8 @@ def make(config, params, *, total_steps, steps_per_epoch=None, batch_size=None):
   # masked: frozen params get no optimizer state (e.g. fine-tuning only a head).
   parts += [optax.masked(_base_optimizer(name, optax_kw), trainable),
             _scale_by_lr_and_decay(lr, sched_fns, group_tree, lr_mult_tree, wd, wd_mult_tree)]
-  tx = optax.chain(*parts)
-  return Optimizer(tx, lambda step: lr * sched_fns[0](step), frozen_mask, clipped=bool(clip))
+  return Optimizer(optax.chain(*parts), lambda step: lr * sched_fns[0](step), frozen_mask,
+                   clipped=bool(clip))
 
 
 _BLOCK = re.compile(r"Transformer/encoderblock(?:_(\d+))?/.*")
