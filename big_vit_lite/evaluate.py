@@ -230,8 +230,7 @@ def load_model(src, key, config, mesh, rules, default_res=None):
     loaded = layout.merge(abstract, flat)
   except ValueError as e:
     raise ValueError(f"Cannot load {src}: {e}") from None
-  params = jax.device_put(nn.meta.unbox(loaded),
-                          sharding.logical_shardings(abstract, mesh, rules))
+  params = jax.device_put(nn.meta.unbox(loaded), sharding.logical_shardings(abstract, mesh, rules))
   return types.SimpleNamespace(
       params=params, predict_fn=make_predict_fn(model, res, channels, patch), model_cfg=model_cfg,
       res=res, channels=channels, step=step, saved_config=saved_config)
@@ -253,8 +252,7 @@ def format_table(results):
       width = max(len("dataset"), *(len(d) for d in shots))
       lines.append(f"  {'dataset':<{width}}" + "".join(f"{f'{s}-shot':>9}" for s in cols))
       for ds, by_shot in shots.items():
-        cells = "".join(f"{100 * by_shot[s]:8.2f}%" if s in by_shot else f"{'-':>9}"
-                        for s in cols)
+        cells = "".join(f"{100 * by_shot[s]:8.2f}%" if s in by_shot else f"{'-':>9}" for s in cols)
         lines.append(f"  {ds:<{width}}{cells}")
     for k, v in rest.items():
       is_acc = k.startswith("prec@") or name.startswith("linear_probe") or (
@@ -436,8 +434,7 @@ def evaluate(config, workdir):
   from big_vit_lite import distributed  # pylint: disable=g-import-not-at-top
   distributed.initialize()  # Multi-process runs (launch/local.sh, pods): before any backend use.
   cfg = config_loading.TrackedConfig(config)
-  src = cfg.get("model_init")
-  if not src:
+  if not (src := cfg.get("model_init")):
     raise ValueError("Set the checkpoint to evaluate: --config.model_init=SRC (a training "
                      "workdir, a checkpoint step directory or an .npz).")
   if "evals" not in cfg or not len(cfg.raw.evals):

@@ -90,8 +90,7 @@ def export(src: str, out: str, fmt=None, res=None, key="params") -> dict:
   if fmt == "npz":
     return {"out": out, "format": "npz", "num_params": len(flat)}
   return {"out": out, "format": "timm", "timm_kwargs": kwargs,
-          "timm_name": timm.timm_model_name(kwargs),
-          "timm_usage": timm.timm_usage(kwargs, out)}
+          "timm_name": timm.timm_model_name(kwargs), "timm_usage": timm.timm_usage(kwargs, out)}
 
 
 def _parse_res(res):

@@ -120,13 +120,11 @@ def _pairs(rules, what):
 def _unused_reason(regex, earlier, names):
   """Why `regex` is the first match of no parameter name."""
   names = jax.tree.leaves(names)
-  matched = [n for n in names if regex.fullmatch(n)]
-  if matched:
+  if matched := [n for n in names if regex.fullmatch(n)]:
     first = next(r.pattern for r, _ in earlier if r.fullmatch(matched[0]))
     return (f"applies to no parameter: an earlier regex matches them first (e.g. '{matched[0]}', "
             f"by '{first}'; the first match wins): move it before that one, or remove it")
-  partly = [n for n in names if regex.search(n)]
-  if partly:
+  if partly := [n for n in names if regex.search(n)]:
     return (f"matches no whole parameter name, only part of e.g. '{partly[0]}': a regex must "
             "match the whole name (e.g. '.*/kernel', 'head/.*')")
   return (f"matches no parameter (the names look like '{names[0]}', without a leading '/'): fix "
@@ -247,8 +245,7 @@ def _base_optimizer(name, kw):
 def _call(factory, kw, name):
   """factory(**kw); a one-line ValueError naming a key of config.optax it does not take."""
   options = list(inspect.signature(factory).parameters)
-  unknown = sorted(set(kw) - set(options))
-  if unknown:
+  if unknown := sorted(set(kw) - set(options)):
     ours = {"learning_rate": "lr", "weight_decay": "wd"}.get(unknown[0])
     raise ValueError(f"config.optax.{unknown[0]} is not an option of optax_name='{name}'"
                      f"{f' (set config.{ours} instead)' if ours else ''}: its options are "

@@ -233,8 +233,7 @@ def logical_shardings(boxed_abstract, mesh, rules, *, unsplit=None):
   if unsplit is not None:
     unsplit.extend(found)
   elif found:
-    logging.warning("Sharding: param dims not divisible by their mesh axes: %s",
-                    "; ".join(found))
+    logging.warning("Sharding: param dims not divisible by their mesh axes: %s", "; ".join(found))
   return out
 
 

@@ -67,8 +67,7 @@ def batch_sums(logits, labels, mask, loss_name):
 class Evaluator:
   """prec@1 / prec@5 / loss of the classifier head over one split."""
 
-  def __init__(self, predict_fn, *, mesh, data, pp, batch_size=256,
-               loss_name="softmax_xent"):
+  def __init__(self, predict_fn, *, mesh, data, pp, batch_size=256, loss_name="softmax_xent"):
     if loss_name not in LOSSES:
       raise ValueError(f"loss_name={loss_name!r} is not one of {LOSSES}.")
     self.batch_size = feats.check_batch_size(batch_size)

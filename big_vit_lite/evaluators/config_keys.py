@@ -66,8 +66,7 @@ def checked_keys(cls):
 
   @functools.wraps(init)
   def checked_init(self, *args, **kwargs):
-    unknown = [k for k in kwargs if k not in known and k != "mesh"]
-    if unknown:
+    if unknown := [k for k in kwargs if k not in known and k != "mesh"]:
       raise TypeError(unknown_keys_message(unknown, known))
     init(self, *args, **kwargs)
 

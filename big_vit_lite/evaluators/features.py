@@ -56,8 +56,7 @@ def available_host_bytes():
 
 
 def _size(num_bytes):
-  return (f"{num_bytes / 2**30:.1f} GiB" if num_bytes >= 2**29 else
-          f"{num_bytes / 2**20:.2f} MiB")
+  return (f"{num_bytes / 2**30:.1f} GiB" if num_bytes >= 2**29 else f"{num_bytes / 2**20:.2f} MiB")
 
 
 def check_data(data_cfg, pp):
@@ -73,8 +72,7 @@ def check_data(data_cfg, pp):
 
 def require_keys(batch, keys):
   """{k: batch[k] for k in keys}; a one-line error if the eval pp dropped one (e.g. "label")."""
-  missing = [k for k in keys if k not in batch]
-  if missing:
+  if missing := [k for k in keys if k not in batch]:
     raise ValueError(
         f"The eval batches lack {', '.join(map(repr, missing))}: the pp gives "
         f"{sorted(k for k in batch if not k.startswith('_'))}. Keep the integer label "
@@ -222,8 +220,7 @@ class FeatureExtractor:
     cat = _join_int64({k: np.concatenate([c[k] for c in chunks]) for k in chunks[0]})
     valid = cat.pop("_mask").astype(bool)
     out = {k: v[valid] for k, v in cat.items()}
-    bad = int(np.sum(~np.isfinite(out["feature"]).all(axis=1)))
-    if bad:
+    if bad := int(np.sum(~np.isfinite(out["feature"]).all(axis=1))):
       # Ridge's SVD would fail on them and L-BFGS would silently fit chance.
       raise ValueError(f"The model's {self.layer!r} features are NaN/inf for {bad} of "
                        f"{len(out['feature'])} examples: the checkpoint holds non-finite "
@@ -308,8 +305,7 @@ def dataset_cfgs(datasets, pp, train_split, test_split):
                        f"name or 'imagefolder'), got {spec!r}.")
     base = {k: v for k, v in spec.items() if k not in ("train_split", "test_split", "pp")}
     out[name] = (dict(base, split=spec.get("train_split", train_split)),
-                 dict(base, split=spec.get("test_split", test_split)),
-                 spec.get("pp", pp))
+                 dict(base, split=spec.get("test_split", test_split)), spec.get("pp", pp))
   return out
 
 

@@ -130,8 +130,7 @@ class Evaluator(feats.DatasetsEvaluator):
       masks.append(np.asarray(batch["_mask"]).astype(bool))
     if not labels:
       raise ValueError(f"Few-shot train split {data_cfg} is empty.")
-    return (feats.gather_local(np.concatenate(labels)),
-            feats.gather_local(np.concatenate(masks)))
+    return (feats.gather_local(np.concatenate(labels)), feats.gather_local(np.concatenate(masks)))
 
   def _samples(self, labels, what):
     """({(seed, shot): positions in labels} nested per seed; the shots used)."""

@@ -42,8 +42,7 @@ def _lbfgs(x, y, w, l2, num_classes, max_iter, tol):
   def step(carry):
     params, state = carry
     value, grad = value_and_grad(params, state=state)
-    updates, state = opt.update(grad, state, params, value=value, grad=grad,
-                                value_fn=fun)
+    updates, state = opt.update(grad, state, params, value=value, grad=grad, value_fn=fun)
     return optax.apply_updates(params, updates), state
 
   def not_done(carry):

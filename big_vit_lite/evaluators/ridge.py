@@ -125,8 +125,7 @@ def fit(x, labels, num_classes, l2_regs=DEFAULT_L2_REGS):
   return RidgeFit(w=ws[best], b=bs[best], l2=float(regs[best]), loo_accuracy=float(loo_acc[best]))
 
 
-def fit_and_score(x_train, y_train, x_test, y_test, num_classes,
-                  l2_regs=DEFAULT_L2_REGS):
+def fit_and_score(x_train, y_train, x_test, y_test, num_classes, l2_regs=DEFAULT_L2_REGS):
   """Standardise on train, fit with LOO-chosen l2, return (test accuracy, fit)."""
   standardize = Standardizer.fit(x_train)
   model = fit(standardize(x_train), y_train, num_classes, l2_regs)

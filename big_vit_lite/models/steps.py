@@ -229,12 +229,10 @@ def load_params(src, key="params"):
     hint = " (its run set no config.ema_decay)" if key == "ema" else ""
     raise ValueError(f"Checkpoint {step_dir} holds no '{key}'{hint}.")
   # Restore only the params, as host numpy arrays (no device/mesh needed).
-  restore_args = jax.tree.map(
-      lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree[key])
+  restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree[key])
   try:
     out = ocp.PyTreeCheckpointer().restore(step_dir / "state", args=ocp.args.PyTreeRestore(
-        item={key: tree[key]}, restore_args={key: restore_args},
-        partial_restore=True))
+        item={key: tree[key]}, restore_args={key: restore_args}, partial_restore=True))
     verify_checksums(step_dir, {key: out[key]})
   except Exception as e:  # pylint: disable=broad-except
     raise ValueError(_cannot_read(step_dir, e)) from e
@@ -248,7 +246,8 @@ def _cannot_read(step_dir, error):
   older = [s for s in ocp.utils.checkpoint_steps(step_dir.parent)
            if step_dir.name.isdigit() and s < int(step_dir.name)]
   other = f"an older step ({step_dir.parent / str(max(older))})" if older else "another checkpoint"
-  return f"Cannot read checkpoint {step_dir} ({error_reason(error)}); if it is damaged, pass {other}."
+  return (f"Cannot read checkpoint {step_dir} ({error_reason(error)}); if it is damaged, "
+          f"pass {other}.")
 
 
 def load_npz(path):

@@ -123,12 +123,12 @@ def to_timm(params, image_size=None) -> tuple[dict, dict]:
   # The size given (timm, like us, drops the pixels past the last whole patch:
   # So400m/14 runs at 384), else the grid's.
   img_size = hw or (grid[0] * p, grid[1] * p)
+  img_size = img_size[0] if img_size[0] == img_size[1] else img_size
   num_classes = flat["head/kernel"].shape[1] if "head/kernel" in flat else 0
-  kwargs = dict(img_size=img_size[0] if img_size[0] == img_size[1] else img_size, patch_size=p, in_chans=a["channels"], embed_dim=d,
-                depth=a["depth"], num_heads=a["heads"], mlp_ratio=a["mlp_dim"] / d,
-                num_classes=num_classes, global_pool=_POOLS[a["pool_type"]], class_token=cls,
-                fc_norm=False)
-  return sd, kwargs
+  return sd, dict(img_size=img_size, patch_size=p, in_chans=a["channels"], embed_dim=d,
+                  depth=a["depth"], num_heads=a["heads"], mlp_ratio=a["mlp_dim"] / d,
+                  num_classes=num_classes, global_pool=_POOLS[a["pool_type"]], class_token=cls,
+                  fc_norm=False)
 
 
 # timm's registered plain ViTs: their size names (by ours), and the (patch, image size)
@@ -257,8 +257,7 @@ def from_timm(sd: Mapping[str, np.ndarray], num_heads: int,
       # never square; a non-square grid's can be, hence grid_tokens).
       pe = np.concatenate([np.zeros_like(pe[:, :1]), pe], axis=1)
     flat[posemb.PARAM] = pe
-  extra = sorted(set(sd) - {t for t, _, _ in names} - {"pos_embed"})
-  if extra:
+  if extra := sorted(set(sd) - {t for t, _, _ in names} - {"pos_embed"}):
     raise ValueError(f"timm state dict has params this ViT does not support, e.g. {extra[0]!r}.")
   return flat
 

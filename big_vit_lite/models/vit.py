@@ -415,9 +415,8 @@ class Model(nn.Module):
       x = jnp.mean(x, axis=1)
     else:
       # One query: cuDNN's padding would be all waste, so the probe takes the custom path.
-      x = MAPHead(mlp_dim=a["mlp_dim"], num_heads=a["num_heads"], dtype_mm=dtype_mm,
-                  gelu=self.gelu, attention="custom" if attention == "cudnn" else attention,
-                  name="MAPHead_0")(x)
+      x = MAPHead(mlp_dim=a["mlp_dim"], num_heads=a["num_heads"], dtype_mm=dtype_mm, gelu=self.gelu,
+                  attention="custom" if attention == "cudnn" else attention, name="MAPHead_0")(x)
     out["head_input"] = x
     if self.rep_size:
       rep = d if self.rep_size is True else int(self.rep_size)
