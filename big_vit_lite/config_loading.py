@@ -372,9 +372,8 @@ class TrackedConfig:
   def check_all_read(self):
     if unread := self.unread_keys():
       more = f" (and {len(unread) - 1} more: {', '.join(unread[1:4])})" if len(unread) > 1 else ""
-      raise UnreadConfigKeyError(
-          f"Config key '{unread[0]}' is set but nothing reads it{self.hint(unread[0])}{more}: "
-          "remove it or fix its spelling.")
+      raise UnreadConfigKeyError(f"Config key '{unread[0]}' is set but nothing reads "
+                                 f"it{self.hint(unread[0])}{more}: remove it or fix its spelling.")
 
   def hint(self, path):
     """" (this framework calls it 'X')" for a peer's name, " (did you mean 'X'?)" for a near miss.

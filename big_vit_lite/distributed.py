@@ -77,10 +77,9 @@ def describe_environment(env=None) -> dict | None:
   if num is not None or pid is not None:
     coord = env.get(ENV_COORDINATOR)
     if num is None or pid is None or not coord:
-      raise ValueError(
-          f"multi-process run needs all of {ENV_COORDINATOR}, {ENV_NUM_PROCESSES} and "
-          f"{ENV_PROCESS_ID}; got {ENV_COORDINATOR}={coord!r}, {ENV_NUM_PROCESSES}={num}, "
-          f"{ENV_PROCESS_ID}={pid}")
+      raise ValueError(f"multi-process run needs all of {ENV_COORDINATOR}, {ENV_NUM_PROCESSES} and "
+                       f"{ENV_PROCESS_ID}; got {ENV_COORDINATOR}={coord!r}, "
+                       f"{ENV_NUM_PROCESSES}={num}, {ENV_PROCESS_ID}={pid}")
     if num < 1 or not 0 <= pid < num:
       raise ValueError(f"need 0 <= {ENV_PROCESS_ID} < {ENV_NUM_PROCESSES}; got {pid} and {num}")
     _check_address(coord)

@@ -372,8 +372,7 @@ def _eval_entries(cfg):
     # Like big_vision, an entry named after a type needs no `type`.
     etype = ecfg.pop("type", name if name in evaluators.available() else None)
     if etype is None:
-      raise ValueError(f"evals.{name} needs a `type` (one of "
-                       f"{', '.join(evaluators.available())}).")
+      raise ValueError(f"evals.{name} needs a `type` (one of {', '.join(evaluators.available())}).")
     # log_steps / _epochs / _percent ...: only the trainer schedules evals.
     ecfg = {k: v for k, v in ecfg.items() if not k.startswith("log_")}
     entries[name] = (evaluators.get_evaluator_cls(etype), etype, ecfg)

@@ -27,10 +27,9 @@ def _labels(batch, num_classes):
   """(B, num_classes) float targets; a class count that differs from the head's is an error."""
   if "labels" in batch:
     if batch["labels"].shape[-1] != num_classes:  # Static: raised while tracing.
-      raise ValueError(
-          f"The eval pp makes {batch['labels'].shape[-1]}-class 'labels' but the model's head "
-          f"has {num_classes} outputs; use onehot({num_classes}, ...) in the pp, or evaluate "
-          "a model whose head fits this dataset.")
+      raise ValueError(f"The eval pp makes {batch['labels'].shape[-1]}-class 'labels' but the "
+                       f"model's head has {num_classes} outputs; use onehot({num_classes}, ...) in "
+                       "the pp, or evaluate a model whose head fits this dataset.")
     return batch["labels"].astype(jnp.float32)
   if "label" in batch:
     # Labels outside [0, num_classes) would become all-zero rows (never a hit, zero
@@ -107,10 +106,9 @@ class Evaluator:
       for k, v in out.items():
         totals[k] = totals.get(k, 0.0) + float(v)
     if totals.get("bad_label"):
-      raise ValueError(
-          f"Classification eval data {self.data}: {int(totals['bad_label'])} examples have a "
-          f"label outside the model's {self._head_size} classes (largest label "
-          f"{max_label}); evaluate a model whose head fits this dataset.")
+      raise ValueError(f"Classification eval data {self.data}: {int(totals['bad_label'])} examples "
+                       f"have a label outside the model's {self._head_size} classes (largest label "
+                       f"{max_label}); evaluate a model whose head fits this dataset.")
     if not totals or totals["count"] == 0:
       raise ValueError(f"Classification eval data {self.data} yielded no labelled examples "
                        "(a row of 'labels' with no positive entry does not count); check the "

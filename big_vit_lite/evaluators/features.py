@@ -73,10 +73,9 @@ def check_data(data_cfg, pp):
 def require_keys(batch, keys):
   """{k: batch[k] for k in keys}; a one-line error if the eval pp dropped one (e.g. "label")."""
   if missing := [k for k in keys if k not in batch]:
-    raise ValueError(
-        f"The eval batches lack {', '.join(map(repr, missing))}: the pp gives "
-        f"{sorted(k for k in batch if not k.startswith('_'))}. Keep the integer label "
-        "(end the pp with keep('image', 'label'); no onehot) for this evaluator.")
+    raise ValueError(f"The eval batches lack {', '.join(map(repr, missing))}: the pp gives "
+                     f"{sorted(k for k in batch if not k.startswith('_'))}. Keep the integer label "
+                     "(end the pp with keep('image', 'label'); no onehot) for this evaluator.")
   return {k: batch[k] for k in keys}
 
 
@@ -199,12 +198,11 @@ class FeatureExtractor:
     rows = num_batches * features.shape[0]
     need = 2 * rows * features[0].nbytes  # The batches, then their concatenation.
     if need > free:
-      raise ValueError(
-          f"The {self.layer!r} features (token_pool={self._token_pool!r}: "
-          f"{features.shape[1]} numbers per example) of {rows} examples need {_size(need)} "
-          f"of host memory and {_size(free)} is free; use "
-          "token_pool='mean', another representation_layer or a smaller split (e.g. "
-          "train[:10%]).")
+      raise ValueError(f"The {self.layer!r} features (token_pool={self._token_pool!r}: "
+                       f"{features.shape[1]} numbers per example) of {rows} examples need "
+                       f"{_size(need)} of host memory and {_size(free)} is free; use "
+                       "token_pool='mean', another representation_layer or a smaller split (e.g. "
+                       "train[:10%]).")
 
   def __call__(self, params, local_batches, keys):
     """Returns a dict of numpy arrays ("feature" + keys) over the valid rows."""

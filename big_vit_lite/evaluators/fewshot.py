@@ -144,10 +144,9 @@ class Evaluator(feats.DatasetsEvaluator):
                       "%s (set `shots` to choose the counts).", what, classes[fewest],
                       counts[fewest], ", ".join(f"{s}-shot" for s in self.shots if s not in shots))
     elif counts[fewest] < max(shots):
-      raise ValueError(
-          f"Few-shot {what}: class {classes[fewest]} has only {counts[fewest]} train examples, "
-          f"too few for {max(shots)}-shot; lower `shots` to at most {counts[fewest]} or "
-          "use a bigger train split.")
+      raise ValueError(f"Few-shot {what}: class {classes[fewest]} has only {counts[fewest]} train "
+                       f"examples, too few for {max(shots)}-shot; lower `shots` to at most "
+                       f"{counts[fewest]} or use a bigger train split.")
     out = {}
     for seed in self.seeds:
       rng = np.random.default_rng(seed)

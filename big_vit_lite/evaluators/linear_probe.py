@@ -61,11 +61,10 @@ class Evaluator(feats.DatasetsEvaluator):
         raise
       # Not the eval batch size: L-BFGS keeps ~20 copies of the (d x classes) weights
       # per l2 value, besides the features themselves.
-      raise ValueError(
-          f"The linear probe ran out of device memory fitting {x.shape[0]} examples x "
-          f"{x.shape[1]} features, {num_classes} classes, {len(self.l2_regs)} l2 values "
-          "at once; use fewer l2_regs, token_pool='mean' or another representation_layer "
-          "(fewer features), or a smaller train split.") from None
+      raise ValueError(f"The linear probe ran out of device memory fitting {x.shape[0]} examples x "
+                       f"{x.shape[1]} features, {num_classes} classes, {len(self.l2_regs)} l2 "
+                       "values at once; use fewer l2_regs, token_pool='mean' or another "
+                       "representation_layer (fewer features), or a smaller train split.") from None
 
   def probe(self, x_train, y_train, x_test, y_test, num_classes):
     """The test accuracy of the probe fitted on host features (l2 picked on a held-out part)."""

@@ -87,9 +87,8 @@ def canonicalize(flat: Mapping[str, np.ndarray]) -> dict:
     if f"{prefix}embedding/kernel" in flat:
       flat = {k[len(prefix):]: v for k, v in flat.items() if k.startswith(prefix)}
       break
-  flat = unstack_layers(flat)
   flat = {_PRE_LINEN_RE.sub(lambda m: f"{m.group(1)}{_PRE_LINEN[m.group(2)]}/", k): v
-          for k, v in flat.items()}
+          for k, v in unstack_layers(flat).items()}
   if _BV_POSEMB in flat:
     pe = flat.pop(_BV_POSEMB)
     if "cls" in flat:  # big_vision adds no posemb to the cls token: a zero row is the same.

@@ -193,9 +193,8 @@ def resolve_step_dir(src):
       steps = ocp.utils.checkpoint_steps(ckpt_dir)  # Complete (committed) steps only.
       if steps:
         return ckpt_dir / str(max(steps))
-  raise ValueError(
-      f"No complete checkpoint found in {src}: pass a training workdir, a "
-      "checkpoint step directory (.../checkpoints/<step>) or an .npz file.")
+  raise ValueError(f"No complete checkpoint found in {src}: pass a training workdir, a checkpoint "
+                   "step directory (.../checkpoints/<step>) or an .npz file.")
 
 
 def load_params(src, key="params"):
