@@ -227,8 +227,7 @@ class HangGuard:
       startup_timeout_s = max(self.timeout_s, 900.0)
     if startup_timeout_s is not None and startup_timeout_s <= 0:
       startup_timeout_s = float("inf")  # 0 turns the startup limit off, as 0 does the guard.
-    self.startup_timeout_s = startup_timeout_s
-    self.exit_code = exit_code
+    self.startup_timeout_s, self.exit_code = startup_timeout_s, exit_code
     self._stream = stream if stream is not None else sys.stderr
     self._last, self._step, self._started = time.monotonic(), None, False
     self._stop, self._thread = threading.Event(), None
@@ -255,8 +254,7 @@ class HangGuard:
 
   def tick(self, step: int | None = None) -> None:
     self._step = step if step is not None else self._step
-    self._last = time.monotonic()
-    self._started = True
+    self._last, self._started = time.monotonic(), True
 
   def stop(self) -> None:
     self._stop.set()

@@ -373,8 +373,7 @@ def make(config, params, *, total_steps, steps_per_epoch=None, batch_size=None):
   """Builds the Optimizer from the (tracked) config for a params tree (arrays or shapes)."""
   name = config.get("optax_name", "scale_by_adam")
   optax_kw = config.optax.to_dict() if "optax" in config and config.optax is not None else {}
-  lr = float(config.get("lr", 1e-3))
-  wd = float(config.get("wd", 0.0) or 0.0)
+  lr, wd = float(config.get("lr", 1e-3)), float(config.get("wd", 0.0) or 0.0)
   clip = config.get("grad_clip_norm", None)
   # A negative lr ascends the loss, a negative wd grows the weights: never meant.
   for key, value in (("lr", lr), ("wd", wd), ("grad_clip_norm", clip)):

@@ -257,8 +257,7 @@ def fit_spec(spec, shape, axis_sizes, unsplit=None, name="array"):
   `unsplit` as (name, dim size, axes, their size, dim moved to or None), if given.
   """
   spec = spec if isinstance(spec, P) else P()
-  dims = list(spec) + [None] * (len(shape) - len(spec))
-  dropped = []
+  dims, dropped = list(spec) + [None] * (len(shape) - len(spec)), []
   for i, axes in enumerate(dims):
     if axes is None:
       continue

@@ -41,8 +41,7 @@ def _labels(batch, num_classes):
 
 def batch_sums(logits, labels, mask, loss_name):
   """Masked sums of correct@1, correct@5, loss and example count for one batch."""
-  logits = logits.astype(jnp.float32)
-  top = jnp.max(labels, axis=-1, keepdims=True)
+  logits, top = logits.astype(jnp.float32), jnp.max(labels, axis=-1, keepdims=True)
   mask = mask.astype(jnp.float32) * (top[:, 0] > 0)  # no positive class: not counted
   positive = labels >= top  # the row's class(es), also under label smoothing
   if loss_name == "softmax_xent":
@@ -71,8 +70,7 @@ class Evaluator:
       raise ValueError(f"loss_name={loss_name!r} is not one of {LOSSES}.")
     self.batch_size = feats.check_batch_size(batch_size)
     self.data = data.to_dict() if hasattr(data, "to_dict") else dict(data)
-    self.pp = pp
-    self.mesh = mesh
+    self.pp, self.mesh = pp, mesh
     self._head_size = None
     feats.check_data(self.data, pp)
 

@@ -321,8 +321,7 @@ class DatasetsEvaluator:
     self.mesh = mesh
     self.datasets = dataset_cfgs(DEFAULT_DATASETS if datasets is None else datasets,
                                  pp, train_split, test_split)
-    self.batch_size = check_batch_size(batch_size)
-    self.label_key = label_key
+    self.batch_size, self.label_key = check_batch_size(batch_size), label_key
     self.extractor = FeatureExtractor(predict_fn, mesh, representation_layer, token_pool)
     self._refs, self._cache = None, {}
     for train_cfg, test_cfg, dataset_pp in self.datasets.values():

@@ -74,8 +74,7 @@ def class_ids(train_labels, test_labels, what):
   train split (a too small slice, a misnamed folder) stops with one line
   instead of lowering the accuracy without a word.
   """
-  classes = np.unique(train_labels)
-  test = np.asarray(test_labels)
+  classes, test = np.unique(train_labels), np.asarray(test_labels)
   pos = np.minimum(np.searchsorted(classes, test), classes.size - 1)
   unseen = classes[pos] != test
   if np.any(unseen):
@@ -136,8 +135,7 @@ class Evaluator(feats.DatasetsEvaluator):
     """({(seed, shot): positions in labels} nested per seed; the shots used)."""
     check_classes(labels, "Few-shot")
     classes, counts = np.unique(labels, return_counts=True)  # (not bincount: ids may be huge)
-    fewest = np.argmin(counts)
-    shots = self.shots
+    fewest, shots = np.argmin(counts), self.shots
     if counts[fewest] < max(shots) and self.default_shots:
       shots = tuple(s for s in shots if s <= counts[fewest])
       logging.warning("Few-shot %s: class %s has only %d train examples: skipping the default "

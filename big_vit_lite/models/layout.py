@@ -173,8 +173,7 @@ def arch(flat) -> dict:
   """
   def shape(k):
     return tuple(flat[k].shape) if k in flat else None
-  block = "Transformer/encoderblock_0"
-  facts = {}
+  block, facts = "Transformer/encoderblock_0", {}
   if shape("embedding/kernel"):
     facts["patch"], _, facts["channels"], facts["width"] = shape("embedding/kernel")
   if blocks := {m.group(1) for m in map(BLOCK_RE.match, flat) if m}:

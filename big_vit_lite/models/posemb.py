@@ -18,8 +18,7 @@ def sincos_2d(h: int, w: int, width: int, temperature: float = 10_000.0,
     raise ValueError(f"posemb='sincos2d' needs a width divisible by 4, got {width}.")
   y, x = np.mgrid[:h, :w]
   omega = 1.0 / (temperature ** (np.arange(width // 4) / (width // 4 - 1 if width > 4 else 1)))
-  y = np.einsum("m,d->md", y.flatten(), omega)
-  x = np.einsum("m,d->md", x.flatten(), omega)
+  y, x = np.einsum("m,d->md", y.flatten(), omega), np.einsum("m,d->md", x.flatten(), omega)
   pe = np.concatenate([np.sin(x), np.cos(x), np.sin(y), np.cos(y)], axis=1)
   return np.concatenate([np.zeros((num_prefix, width), dtype), np.asarray(pe, dtype)])[None]
 

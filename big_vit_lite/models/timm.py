@@ -203,8 +203,7 @@ def _standard_heads(sd) -> Optional[int]:
   count timm's registered ViTs (and DeiT) share.
   """
   try:
-    width = sd["patch_embed.proj.weight"].shape[0]
-    mlp_dim = sd["blocks.0.mlp.fc1.weight"].shape[0]
+    width, mlp_dim = sd["patch_embed.proj.weight"].shape[0], sd["blocks.0.mlp.fc1.weight"].shape[0]
   except KeyError:
     return None
   size = size_name(width, len({k.split(".")[1] for k in sd if k.startswith("blocks.")}), mlp_dim)

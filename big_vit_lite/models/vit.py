@@ -383,8 +383,7 @@ class Model(nn.Module):
   @nn.compact
   def __call__(self, image, *, train: bool = False):
     self._check()
-    a = self.arch()
-    attention = self.resolved_attention()
+    a, attention = self.arch(), self.resolved_attention()
     dtype_mm = jnp.dtype(self.dtype_mm)
     b, h, w, c = image.shape
     p, d = a["patch_size"], a["width"]
