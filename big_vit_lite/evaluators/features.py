@@ -286,15 +286,13 @@ def select_batches(local_batches, wanted, local_batch_size, num_batches, keys):
 
 def dataset_cfgs(datasets, pp, train_split, test_split):
   """NAME -> (train data cfg, test data cfg, pp) from the `datasets` config."""
-  if hasattr(datasets, "to_dict"):
-    datasets = datasets.to_dict()
+  datasets = datasets.to_dict() if hasattr(datasets, "to_dict") else datasets
   if not isinstance(datasets, dict) or not datasets:
     raise ValueError("`datasets` must be a non-empty dict NAME -> dict(name=..., ...), "
                      f"got {datasets!r}.")
   out = {}
   for name, spec in datasets.items():
-    if hasattr(spec, "to_dict"):
-      spec = spec.to_dict()
+    spec = spec.to_dict() if hasattr(spec, "to_dict") else spec
     if (isinstance(spec, (tuple, list)) and len(spec) == 3
         and all(isinstance(v, str) for v in spec)):  # big_vision's (name, train, test)
       spec = dict(name=spec[0], train_split=spec[1], test_split=spec[2])
