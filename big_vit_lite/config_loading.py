@@ -346,8 +346,7 @@ class TrackedConfig:
       return self._cfg
     if name not in self:
       return default
-    self._log.add(self._prefix + name + ".*")
-    self._log.add(self._prefix + name)
+    self._log.update((self._prefix + name, self._prefix + name + ".*"))
     value = self._cfg[name]
     return default if value is None else value
 
@@ -371,12 +370,10 @@ class TrackedConfig:
     return any(".".join(parts[:i]) + ".*" in self._log for i in range(1, len(parts) + 1))
 
   def check_all_read(self):
-    unread = self.unread_keys()
-    if unread:
+    if unread := self.unread_keys():
       more = f" (and {len(unread) - 1} more: {', '.join(unread[1:4])})" if len(unread) > 1 else ""
-      raise UnreadConfigKeyError(
-          f"Config key '{unread[0]}' is set but nothing reads it{self.hint(unread[0])}{more}: "
-          "remove it or fix its spelling.")
+      raise UnreadConfigKeyError(f"Config key '{unread[0]}' is set but nothing reads "
+                                 f"it{self.hint(unread[0])}{more}: remove it or fix its spelling.")
 
   def hint(self, path):
     """" (this framework calls it 'X')" for a peer's name, " (did you mean 'X'?)" for a near miss.

@@ -50,11 +50,11 @@ _SLURM_VARS = ("SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS", "SLURM_PRO
                "SLURM_LOCALID")
 
 
-def _env_number(name: str, env, kind=float):
-  """$name as `kind` (int or float); None when unset or empty; else a one-line ValueError."""
+def _env_number(name: str, env, kind=float, default=None):
+  """$name as `kind` (int or float); `default` when unset or empty; else a one-line ValueError."""
   value = env.get(name)
   if value in (None, ""):
-    return None
+    return default
   try:
     return kind(value)
   except ValueError:
@@ -77,10 +77,9 @@ def describe_environment(env=None) -> dict | None:
   if num is not None or pid is not None:
     coord = env.get(ENV_COORDINATOR)
     if num is None or pid is None or not coord:
-      raise ValueError(
-          f"multi-process run needs all of {ENV_COORDINATOR}, {ENV_NUM_PROCESSES} and "
-          f"{ENV_PROCESS_ID}; got {ENV_COORDINATOR}={coord!r}, {ENV_NUM_PROCESSES}={num}, "
-          f"{ENV_PROCESS_ID}={pid}")
+      raise ValueError(f"multi-process run needs all of {ENV_COORDINATOR}, {ENV_NUM_PROCESSES} and "
+                       f"{ENV_PROCESS_ID}; got {ENV_COORDINATOR}={coord!r}, "
+                       f"{ENV_NUM_PROCESSES}={num}, {ENV_PROCESS_ID}={pid}")
     if num < 1 or not 0 <= pid < num:
       raise ValueError(f"need 0 <= {ENV_PROCESS_ID} < {ENV_NUM_PROCESSES}; got {pid} and {num}")
     _check_address(coord)
@@ -140,8 +139,7 @@ def initialize(*, heartbeat_timeout_s: float | None = None) -> bool:
   kwargs = describe_environment()
   if kwargs is None:
     return False
-  heartbeat = _env_number(ENV_HEARTBEAT, os.environ)
-  heartbeat = heartbeat_timeout_s if heartbeat is None else heartbeat
+  heartbeat = _env_number(ENV_HEARTBEAT, os.environ, default=heartbeat_timeout_s)
   if heartbeat is not None:
     if heartbeat <= 0:
       raise ValueError(f"heartbeat timeout must be > 0 seconds, got {heartbeat}")
@@ -150,8 +148,7 @@ def initialize(*, heartbeat_timeout_s: float | None = None) -> bool:
     return True
   if kwargs.get("process_id") == 0:
     _check_port_free(kwargs["coordinator_address"])
-  timeout = _env_number(ENV_INIT_TIMEOUT, os.environ)
-  timeout = DEFAULT_INIT_TIMEOUT_S if timeout is None else timeout
+  timeout = _env_number(ENV_INIT_TIMEOUT, os.environ, default=DEFAULT_INIT_TIMEOUT_S)
   if timeout <= 0:
     raise ValueError(f"{ENV_INIT_TIMEOUT}={timeout:g}: use a positive number of seconds")
   # jax's own limit a little later than ours: past it, its coordination client aborts the
@@ -230,14 +227,10 @@ class HangGuard:
       startup_timeout_s = max(self.timeout_s, 900.0)
     if startup_timeout_s is not None and startup_timeout_s <= 0:
       startup_timeout_s = float("inf")  # 0 turns the startup limit off, as 0 does the guard.
-    self.startup_timeout_s = startup_timeout_s
-    self.exit_code = exit_code
+    self.startup_timeout_s, self.exit_code = startup_timeout_s, exit_code
     self._stream = stream if stream is not None else sys.stderr
-    self._last = time.monotonic()
-    self._step = None
-    self._started = False
-    self._stop = threading.Event()
-    self._thread = None
+    self._last, self._step, self._started = time.monotonic(), None, False
+    self._stop, self._thread = threading.Event(), None
     if self.timeout_s is not None:
       self._thread = threading.Thread(target=self._watch, name="HangGuard", daemon=True)
       self._thread.start()
@@ -248,11 +241,9 @@ class HangGuard:
     """$BVL_HANG_TIMEOUT_S (0 disables) overrides `timeout_s`; $BVL_HANG_STARTUP_TIMEOUT_S the
     startup limit. With multi_process_only, a single-process run gets a disabled guard: it has no
     peer to wait for."""
-    env_timeout = _env_number(ENV_HANG_TIMEOUT, os.environ)
-    timeout_s = timeout_s if env_timeout is None else env_timeout
-    env_startup = _env_number(ENV_HANG_STARTUP, os.environ)
-    if env_startup is not None:
-      kwargs["startup_timeout_s"] = env_startup
+    timeout_s = _env_number(ENV_HANG_TIMEOUT, os.environ, default=timeout_s)
+    kwargs["startup_timeout_s"] = _env_number(ENV_HANG_STARTUP, os.environ,
+                                              default=kwargs.get("startup_timeout_s"))
     if multi_process_only and jax.process_count() == 1:
       timeout_s = None
     return cls(timeout_s, **kwargs)
@@ -263,8 +254,7 @@ class HangGuard:
 
   def tick(self, step: int | None = None) -> None:
     self._step = step if step is not None else self._step
-    self._last = time.monotonic()
-    self._started = True
+    self._last, self._started = time.monotonic(), True
 
   def stop(self) -> None:
     self._stop.set()

@@ -100,14 +100,6 @@ def read_source(src, key="params"):
   return flat, config, int(src.name) if src.name.isdigit() else 0
 
 
-def _find(flat, pattern, what):
-  """The first param whose name fully matches `pattern`."""
-  for k, v in flat.items():
-    if re.fullmatch(pattern, k):
-      return v
-  raise ValueError(f"model_init holds no ViT params: no {what} ({pattern}).")
-
-
 def _stem_kernels(flat):
   """The conv stem's kernels (3, 3, C_in, C_out) in order; [] for a plain patchify."""
   kernels = []
@@ -116,20 +108,22 @@ def _stem_kernels(flat):
   return kernels
 
 
+def _arch(flat, needs=("patch",)):
+  """layout.arch of canonical params; a one-line error if one of the facts `needs` is absent."""
+  facts = layout.arch(flat)
+  parts = {"patch": "patch embedding", "heads": "attention", "mlp_dim": "MLP"}
+  for fact in needs:
+    if fact not in facts:
+      raise ValueError(f"model_init holds no ViT params: no {parts[fact]}.")
+  return facts
+
+
 def infer_model_cfg(flat):
   """vit.Model kwargs read off the param shapes (any layout `layout.canonicalize` reads)."""
   flat = layout.canonicalize(flat)
-  kernel = _find(flat, r"embedding/kernel", "patch embedding")
-  q = _find(flat, r"Transformer/encoderblock(_0)?/MultiHeadDotProductAttention_\d+/query/kernel",
-            "attention")
-  mlp = _find(flat, r"Transformer/encoderblock(_0)?/MlpBlock_\d+/Dense_0/kernel", "MLP")
-  blocks = {m.group(1) for m in map(re.compile(r"Transformer/encoderblock_(\d+)/").match, flat)
-            if m}
-  cfg = dict(variant=None, width=int(kernel.shape[3]),
-             depth=len(blocks) or int(q.shape[0]),  # scan layout: a leading layers axis
-             mlp_dim=int(mlp.shape[-1]), num_heads=int(q.shape[-2]),
-             patch_size=int(kernel.shape[0]),
-             pool_type="tok" if "cls" in flat else "map" if "MAPHead_0/probe" in flat else "gap",
+  a = _arch(flat, needs=("patch", "heads", "mlp_dim"))
+  cfg = dict(variant=None, width=a["width"], depth=a["depth"], mlp_dim=a["mlp_dim"],
+             num_heads=a["heads"], patch_size=a["patch"], pool_type=a["pool_type"],
              posemb="learn" if any(k.endswith("pos_embedding") for k in flat) else "sincos2d")
   if "pre_logits/kernel" in flat:
     cfg["rep_size"] = int(flat["pre_logits/kernel"].shape[1])
@@ -146,9 +140,9 @@ def native_input_shape(flat, saved_config, trained_hw=None):
   unknown training size: it runs at whatever size the eval pp gives.
   """
   flat = layout.canonicalize(flat)
-  kernel = _find(flat, r"embedding/kernel", "patch embedding")
-  patch, stem = int(kernel.shape[0]), _stem_kernels(flat)
-  channels = int((stem[0] if stem else kernel).shape[2])  # The image goes into the stem, if any.
+  patch, stem = _arch(flat)["patch"], _stem_kernels(flat)
+  # The image goes into the stem, if any.
+  channels = int((stem[0] if stem else flat["embedding/kernel"]).shape[2])
   from_pp = trained_hw is None
   if from_pp:
     trained_hw = steps.trained_hw(saved_config, flat)
@@ -179,9 +173,7 @@ def build_model(config, flat, saved_config):
     model_cfg, source, model_name = infer_model_cfg(flat), "the param shapes", "vit"
   # big_vision's eval configs say model_name="vit" too: read, not an unread-key error.
   model_name = config.get("model_name") or model_name
-  overrides = {}
-  if "model" in config:
-    overrides = {k: v for k, v in config.consume("model").items() if v is not None}
+  overrides = {k: v for k, v in config.consume("model", {}).items() if v is not None}
   if model_name != "vit":
     raise ValueError(f"model_name={model_name!r}: only 'vit' is supported.")
   model_cfg.update(overrides)
@@ -238,8 +230,7 @@ def load_model(src, key, config, mesh, rules, default_res=None):
     loaded = layout.merge(abstract, flat)
   except ValueError as e:
     raise ValueError(f"Cannot load {src}: {e}") from None
-  params = jax.device_put(nn.meta.unbox(loaded),
-                          sharding.logical_shardings(abstract, mesh, rules))
+  params = jax.device_put(nn.meta.unbox(loaded), sharding.logical_shardings(abstract, mesh, rules))
   return types.SimpleNamespace(
       params=params, predict_fn=make_predict_fn(model, res, channels, patch), model_cfg=model_cfg,
       res=res, channels=channels, step=step, saved_config=saved_config)
@@ -261,8 +252,7 @@ def format_table(results):
       width = max(len("dataset"), *(len(d) for d in shots))
       lines.append(f"  {'dataset':<{width}}" + "".join(f"{f'{s}-shot':>9}" for s in cols))
       for ds, by_shot in shots.items():
-        cells = "".join(f"{100 * by_shot[s]:8.2f}%" if s in by_shot else f"{'-':>9}"
-                        for s in cols)
+        cells = "".join(f"{100 * by_shot[s]:8.2f}%" if s in by_shot else f"{'-':>9}" for s in cols)
         lines.append(f"  {ds:<{width}}{cells}")
     for k, v in rest.items():
       is_acc = k.startswith("prec@") or name.startswith("linear_probe") or (
@@ -373,8 +363,7 @@ def _eval_entries(cfg):
     # Like big_vision, an entry named after a type needs no `type`.
     etype = ecfg.pop("type", name if name in evaluators.available() else None)
     if etype is None:
-      raise ValueError(f"evals.{name} needs a `type` (one of "
-                       f"{', '.join(evaluators.available())}).")
+      raise ValueError(f"evals.{name} needs a `type` (one of {', '.join(evaluators.available())}).")
     # log_steps / _epochs / _percent ...: only the trainer schedules evals.
     ecfg = {k: v for k, v in ecfg.items() if not k.startswith("log_")}
     entries[name] = (evaluators.get_evaluator_cls(etype), etype, ecfg)
@@ -435,8 +424,7 @@ def evaluate(config, workdir):
   from big_vit_lite import distributed  # pylint: disable=g-import-not-at-top
   distributed.initialize()  # Multi-process runs (launch/local.sh, pods): before any backend use.
   cfg = config_loading.TrackedConfig(config)
-  src = cfg.get("model_init")
-  if not src:
+  if not (src := cfg.get("model_init")):
     raise ValueError("Set the checkpoint to evaluate: --config.model_init=SRC (a training "
                      "workdir, a checkpoint step directory or an .npz).")
   if "evals" not in cfg or not len(cfg.raw.evals):

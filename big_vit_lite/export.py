@@ -70,8 +70,7 @@ def export(src: str, out: str, fmt=None, res=None, key="params") -> dict:
   if fmt not in _SUFFIX or by_suffix != fmt:
     raise ValueError(f"--out={out}: name it *{_SUFFIX.get(fmt, '.npz or *.safetensors')} "
                      f"for --format={fmt or 'npz|timm'} (the loaders go by the suffix).")
-  parent = os.path.dirname(os.path.abspath(out))
-  if not os.path.isdir(parent):
+  if not os.path.isdir(parent := os.path.dirname(os.path.abspath(out))):
     raise ValueError(f"--out={out}: the directory {parent} does not exist.")
   res = _parse_res(res)
   if paths.resolve(src).is_dir():  # A training checkpoint: its config knows the image size.
@@ -90,8 +89,7 @@ def export(src: str, out: str, fmt=None, res=None, key="params") -> dict:
   if fmt == "npz":
     return {"out": out, "format": "npz", "num_params": len(flat)}
   return {"out": out, "format": "timm", "timm_kwargs": kwargs,
-          "timm_name": timm.timm_model_name(kwargs),
-          "timm_usage": timm.timm_usage(kwargs, out)}
+          "timm_name": timm.timm_model_name(kwargs), "timm_usage": timm.timm_usage(kwargs, out)}
 
 
 def _parse_res(res):

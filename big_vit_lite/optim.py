@@ -120,13 +120,11 @@ def _pairs(rules, what):
 def _unused_reason(regex, earlier, names):
   """Why `regex` is the first match of no parameter name."""
   names = jax.tree.leaves(names)
-  matched = [n for n in names if regex.fullmatch(n)]
-  if matched:
+  if matched := [n for n in names if regex.fullmatch(n)]:
     first = next(r.pattern for r, _ in earlier if r.fullmatch(matched[0]))
     return (f"applies to no parameter: an earlier regex matches them first (e.g. '{matched[0]}', "
             f"by '{first}'; the first match wins): move it before that one, or remove it")
-  partly = [n for n in names if regex.search(n)]
-  if partly:
+  if partly := [n for n in names if regex.search(n)]:
     return (f"matches no whole parameter name, only part of e.g. '{partly[0]}': a regex must "
             "match the whole name (e.g. '.*/kernel', 'head/.*')")
   return (f"matches no parameter (the names look like '{names[0]}', without a leading '/'): fix "
@@ -164,12 +162,9 @@ def make_schedule(sched, *, total_steps, steps_per_epoch=None, batch_size=None):
     decay_type = "cosine"
   # The multiplier at the end: big_vision's `end`, or `linear_end`, or `min_lr`.
   end = float(sched.get("end", sched.get("linear_end", sched.get("min_lr", 0.0))))
-  timescale = float(sched.get("timescale", 10_000))
-  shift = float(sched.get("shift", 0))
-  power = float(sched.get("power", 1.0))
-  group_mult = float(sched.get("mult", 1.0))
-  stair_steps = list(sched.get("steps", None) or ())
-  stair_mults = list(sched.get("mults", None) or ())
+  timescale, shift, power, group_mult = (float(sched.get(k, v)) for k, v in (
+      ("timescale", 10_000), ("shift", 0), ("power", 1.0), ("mult", 1.0)))
+  stair_steps, stair_mults = (list(sched.get(k, None) or ()) for k in ("steps", "mults"))
   # Each of these would make the lr negative, infinite or NaN at some step (or never > 0).
   for key, value, ok, need in (
       ("warmup", warmup, warmup >= 0, ">= 0"), ("cooldown", cooldown, cooldown >= 0, ">= 0"),
@@ -250,8 +245,7 @@ def _base_optimizer(name, kw):
 def _call(factory, kw, name):
   """factory(**kw); a one-line ValueError naming a key of config.optax it does not take."""
   options = list(inspect.signature(factory).parameters)
-  unknown = sorted(set(kw) - set(options))
-  if unknown:
+  if unknown := sorted(set(kw) - set(options)):
     ours = {"learning_rate": "lr", "weight_decay": "wd"}.get(unknown[0])
     raise ValueError(f"config.optax.{unknown[0]} is not an option of optax_name='{name}'"
                      f"{f' (set config.{ours} instead)' if ours else ''}: its options are "
@@ -379,8 +373,7 @@ def make(config, params, *, total_steps, steps_per_epoch=None, batch_size=None):
   """Builds the Optimizer from the (tracked) config for a params tree (arrays or shapes)."""
   name = config.get("optax_name", "scale_by_adam")
   optax_kw = config.optax.to_dict() if "optax" in config and config.optax is not None else {}
-  lr = float(config.get("lr", 1e-3))
-  wd = float(config.get("wd", 0.0) or 0.0)
+  lr, wd = float(config.get("lr", 1e-3)), float(config.get("wd", 0.0) or 0.0)
   clip = config.get("grad_clip_norm", None)
   # A negative lr ascends the loss, a negative wd grows the weights: never meant.
   for key, value in (("lr", lr), ("wd", wd), ("grad_clip_norm", clip)):
@@ -405,8 +398,7 @@ def make(config, params, *, total_steps, steps_per_epoch=None, batch_size=None):
       tracked = hasattr(s, "consume")
       reader = s if tracked else config_loading.TrackedConfig(ml_collections.ConfigDict(s))
       sched_fns.append(make_schedule(reader, **dur))
-      unread = [] if tracked else reader.unread_keys()
-      if unread:
+      if not tracked and (unread := reader.unread_keys()):
         raise ValueError(f"Config key '{unread[0]}' in the schedule for '{regex}' is not a "
                          f"schedule key{reader.hint(unread[0])}: remove it or fix its spelling.")
   if not sched_fns:
@@ -425,8 +417,8 @@ def make(config, params, *, total_steps, steps_per_epoch=None, batch_size=None):
   # masked: frozen params get no optimizer state (e.g. fine-tuning only a head).
   parts += [optax.masked(_base_optimizer(name, optax_kw), trainable),
             _scale_by_lr_and_decay(lr, sched_fns, group_tree, lr_mult_tree, wd, wd_mult_tree)]
-  tx = optax.chain(*parts)
-  return Optimizer(tx, lambda step: lr * sched_fns[0](step), frozen_mask, clipped=bool(clip))
+  return Optimizer(optax.chain(*parts), lambda step: lr * sched_fns[0](step), frozen_mask,
+                   clipped=bool(clip))
 
 
 _BLOCK = re.compile(r"Transformer/encoderblock(?:_(\d+))?/.*")

@@ -119,15 +119,13 @@ def predict(model_src, items, *, top_k=5, labels_file=None, key="params", batch_
   """Yields (file, [(class, label, prob), ...]) per readable image; on_skip(file, reason)."""
   import tempfile  # pylint: disable=g-import-not-at-top
   from big_vit_lite.data import pp as pp_lib  # pylint: disable=g-import-not-at-top
-  files = image_files(items)
-  if not files:
+  if not (files := image_files(items)):
     raise ValueError(f"--images={','.join(items)} holds no image files "
                      f"({', '.join(imagefolder.EXTENSIONS[:5])}, ...).")
   mesh = sharding.make_mesh(None)
   model = evaluate.load_model(model_src, key, config_loading.TrackedConfig(
       ml_collections.ConfigDict()), mesh, sharding.make_rules(None, mesh), default_res=224)
-  num_classes = model.model_cfg["num_classes"]
-  if not num_classes:
+  if not (num_classes := model.model_cfg["num_classes"]):
     raise ValueError(f"{model_src} has no classification head (num_classes=0): nothing to "
                      "predict; fine-tune it first (configs/transfer.py).")
   names = class_names(labels_file, model.saved_config, num_classes)

@@ -233,8 +233,7 @@ def logical_shardings(boxed_abstract, mesh, rules, *, unsplit=None):
   if unsplit is not None:
     unsplit.extend(found)
   elif found:
-    logging.warning("Sharding: param dims not divisible by their mesh axes: %s",
-                    "; ".join(found))
+    logging.warning("Sharding: param dims not divisible by their mesh axes: %s", "; ".join(found))
   return out
 
 
@@ -258,8 +257,7 @@ def fit_spec(spec, shape, axis_sizes, unsplit=None, name="array"):
   `unsplit` as (name, dim size, axes, their size, dim moved to or None), if given.
   """
   spec = spec if isinstance(spec, P) else P()
-  dims = list(spec) + [None] * (len(shape) - len(spec))
-  dropped = []
+  dims, dropped = list(spec) + [None] * (len(shape) - len(spec)), []
   for i, axes in enumerate(dims):
     if axes is None:
       continue

@@ -27,10 +27,9 @@ def _labels(batch, num_classes):
   """(B, num_classes) float targets; a class count that differs from the head's is an error."""
   if "labels" in batch:
     if batch["labels"].shape[-1] != num_classes:  # Static: raised while tracing.
-      raise ValueError(
-          f"The eval pp makes {batch['labels'].shape[-1]}-class 'labels' but the model's head "
-          f"has {num_classes} outputs; use onehot({num_classes}, ...) in the pp, or evaluate "
-          "a model whose head fits this dataset.")
+      raise ValueError(f"The eval pp makes {batch['labels'].shape[-1]}-class 'labels' but the "
+                       f"model's head has {num_classes} outputs; use onehot({num_classes}, ...) in "
+                       "the pp, or evaluate a model whose head fits this dataset.")
     return batch["labels"].astype(jnp.float32)
   if "label" in batch:
     # Labels outside [0, num_classes) would become all-zero rows (never a hit, zero
@@ -42,8 +41,7 @@ def _labels(batch, num_classes):
 
 def batch_sums(logits, labels, mask, loss_name):
   """Masked sums of correct@1, correct@5, loss and example count for one batch."""
-  logits = logits.astype(jnp.float32)
-  top = jnp.max(labels, axis=-1, keepdims=True)
+  logits, top = logits.astype(jnp.float32), jnp.max(labels, axis=-1, keepdims=True)
   mask = mask.astype(jnp.float32) * (top[:, 0] > 0)  # no positive class: not counted
   positive = labels >= top  # the row's class(es), also under label smoothing
   if loss_name == "softmax_xent":
@@ -67,14 +65,12 @@ def batch_sums(logits, labels, mask, loss_name):
 class Evaluator:
   """prec@1 / prec@5 / loss of the classifier head over one split."""
 
-  def __init__(self, predict_fn, *, mesh, data, pp, batch_size=256,
-               loss_name="softmax_xent"):
+  def __init__(self, predict_fn, *, mesh, data, pp, batch_size=256, loss_name="softmax_xent"):
     if loss_name not in LOSSES:
       raise ValueError(f"loss_name={loss_name!r} is not one of {LOSSES}.")
     self.batch_size = feats.check_batch_size(batch_size)
     self.data = data.to_dict() if hasattr(data, "to_dict") else dict(data)
-    self.pp = pp
-    self.mesh = mesh
+    self.pp, self.mesh = pp, mesh
     self._head_size = None
     feats.check_data(self.data, pp)
 
@@ -108,10 +104,9 @@ class Evaluator:
       for k, v in out.items():
         totals[k] = totals.get(k, 0.0) + float(v)
     if totals.get("bad_label"):
-      raise ValueError(
-          f"Classification eval data {self.data}: {int(totals['bad_label'])} examples have a "
-          f"label outside the model's {self._head_size} classes (largest label "
-          f"{max_label}); evaluate a model whose head fits this dataset.")
+      raise ValueError(f"Classification eval data {self.data}: {int(totals['bad_label'])} examples "
+                       f"have a label outside the model's {self._head_size} classes (largest label "
+                       f"{max_label}); evaluate a model whose head fits this dataset.")
     if not totals or totals["count"] == 0:
       raise ValueError(f"Classification eval data {self.data} yielded no labelled examples "
                        "(a row of 'labels' with no positive entry does not count); check the "

@@ -52,8 +52,7 @@ def unknown_keys_message(keys, known):
 
   All of them at once: a config brought from big_vision has several.
   """
-  named = ", ".join(f"'{k}'{_hint(k, known)}" for k in keys)
-  one = len(keys) == 1
+  named, one = ", ".join(f"'{k}'{_hint(k, known)}" for k in keys), len(keys) == 1
   return (f"evaluator {'key' if one else 'keys'} {named} {'is' if one else 'are'} unknown; it "
           f"takes {', '.join(sorted(known))}.")
 
@@ -66,8 +65,7 @@ def checked_keys(cls):
 
   @functools.wraps(init)
   def checked_init(self, *args, **kwargs):
-    unknown = [k for k in kwargs if k not in known and k != "mesh"]
-    if unknown:
+    if unknown := [k for k in kwargs if k not in known and k != "mesh"]:
       raise TypeError(unknown_keys_message(unknown, known))
     init(self, *args, **kwargs)
 

@@ -56,8 +56,7 @@ def available_host_bytes():
 
 
 def _size(num_bytes):
-  return (f"{num_bytes / 2**30:.1f} GiB" if num_bytes >= 2**29 else
-          f"{num_bytes / 2**20:.2f} MiB")
+  return (f"{num_bytes / 2**30:.1f} GiB" if num_bytes >= 2**29 else f"{num_bytes / 2**20:.2f} MiB")
 
 
 def check_data(data_cfg, pp):
@@ -73,12 +72,10 @@ def check_data(data_cfg, pp):
 
 def require_keys(batch, keys):
   """{k: batch[k] for k in keys}; a one-line error if the eval pp dropped one (e.g. "label")."""
-  missing = [k for k in keys if k not in batch]
-  if missing:
-    raise ValueError(
-        f"The eval batches lack {', '.join(map(repr, missing))}: the pp gives "
-        f"{sorted(k for k in batch if not k.startswith('_'))}. Keep the integer label "
-        "(end the pp with keep('image', 'label'); no onehot) for this evaluator.")
+  if missing := [k for k in keys if k not in batch]:
+    raise ValueError(f"The eval batches lack {', '.join(map(repr, missing))}: the pp gives "
+                     f"{sorted(k for k in batch if not k.startswith('_'))}. Keep the integer label "
+                     "(end the pp with keep('image', 'label'); no onehot) for this evaluator.")
   return {k: batch[k] for k in keys}
 
 
@@ -201,12 +198,11 @@ class FeatureExtractor:
     rows = num_batches * features.shape[0]
     need = 2 * rows * features[0].nbytes  # The batches, then their concatenation.
     if need > free:
-      raise ValueError(
-          f"The {self.layer!r} features (token_pool={self._token_pool!r}: "
-          f"{features.shape[1]} numbers per example) of {rows} examples need {_size(need)} "
-          f"of host memory and {_size(free)} is free; use "
-          "token_pool='mean', another representation_layer or a smaller split (e.g. "
-          "train[:10%]).")
+      raise ValueError(f"The {self.layer!r} features (token_pool={self._token_pool!r}: "
+                       f"{features.shape[1]} numbers per example) of {rows} examples need "
+                       f"{_size(need)} of host memory and {_size(free)} is free; use "
+                       "token_pool='mean', another representation_layer or a smaller split (e.g. "
+                       "train[:10%]).")
 
   def __call__(self, params, local_batches, keys):
     """Returns a dict of numpy arrays ("feature" + keys) over the valid rows."""
@@ -222,8 +218,7 @@ class FeatureExtractor:
     cat = _join_int64({k: np.concatenate([c[k] for c in chunks]) for k in chunks[0]})
     valid = cat.pop("_mask").astype(bool)
     out = {k: v[valid] for k, v in cat.items()}
-    bad = int(np.sum(~np.isfinite(out["feature"]).all(axis=1)))
-    if bad:
+    if bad := int(np.sum(~np.isfinite(out["feature"]).all(axis=1))):
       # Ridge's SVD would fail on them and L-BFGS would silently fit chance.
       raise ValueError(f"The model's {self.layer!r} features are NaN/inf for {bad} of "
                        f"{len(out['feature'])} examples: the checkpoint holds non-finite "
@@ -291,15 +286,13 @@ def select_batches(local_batches, wanted, local_batch_size, num_batches, keys):
 
 def dataset_cfgs(datasets, pp, train_split, test_split):
   """NAME -> (train data cfg, test data cfg, pp) from the `datasets` config."""
-  if hasattr(datasets, "to_dict"):
-    datasets = datasets.to_dict()
+  datasets = datasets.to_dict() if hasattr(datasets, "to_dict") else datasets
   if not isinstance(datasets, dict) or not datasets:
     raise ValueError("`datasets` must be a non-empty dict NAME -> dict(name=..., ...), "
                      f"got {datasets!r}.")
   out = {}
   for name, spec in datasets.items():
-    if hasattr(spec, "to_dict"):
-      spec = spec.to_dict()
+    spec = spec.to_dict() if hasattr(spec, "to_dict") else spec
     if (isinstance(spec, (tuple, list)) and len(spec) == 3
         and all(isinstance(v, str) for v in spec)):  # big_vision's (name, train, test)
       spec = dict(name=spec[0], train_split=spec[1], test_split=spec[2])
@@ -308,8 +301,7 @@ def dataset_cfgs(datasets, pp, train_split, test_split):
                        f"name or 'imagefolder'), got {spec!r}.")
     base = {k: v for k, v in spec.items() if k not in ("train_split", "test_split", "pp")}
     out[name] = (dict(base, split=spec.get("train_split", train_split)),
-                 dict(base, split=spec.get("test_split", test_split)),
-                 spec.get("pp", pp))
+                 dict(base, split=spec.get("test_split", test_split)), spec.get("pp", pp))
   return out
 
 
@@ -327,8 +319,7 @@ class DatasetsEvaluator:
     self.mesh = mesh
     self.datasets = dataset_cfgs(DEFAULT_DATASETS if datasets is None else datasets,
                                  pp, train_split, test_split)
-    self.batch_size = check_batch_size(batch_size)
-    self.label_key = label_key
+    self.batch_size, self.label_key = check_batch_size(batch_size), label_key
     self.extractor = FeatureExtractor(predict_fn, mesh, representation_layer, token_pool)
     self._refs, self._cache = None, {}
     for train_cfg, test_cfg, dataset_pp in self.datasets.values():

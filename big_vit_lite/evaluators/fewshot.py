@@ -74,8 +74,7 @@ def class_ids(train_labels, test_labels, what):
   train split (a too small slice, a misnamed folder) stops with one line
   instead of lowering the accuracy without a word.
   """
-  classes = np.unique(train_labels)
-  test = np.asarray(test_labels)
+  classes, test = np.unique(train_labels), np.asarray(test_labels)
   pos = np.minimum(np.searchsorted(classes, test), classes.size - 1)
   unseen = classes[pos] != test
   if np.any(unseen):
@@ -130,25 +129,22 @@ class Evaluator(feats.DatasetsEvaluator):
       masks.append(np.asarray(batch["_mask"]).astype(bool))
     if not labels:
       raise ValueError(f"Few-shot train split {data_cfg} is empty.")
-    return (feats.gather_local(np.concatenate(labels)),
-            feats.gather_local(np.concatenate(masks)))
+    return (feats.gather_local(np.concatenate(labels)), feats.gather_local(np.concatenate(masks)))
 
   def _samples(self, labels, what):
     """({(seed, shot): positions in labels} nested per seed; the shots used)."""
     check_classes(labels, "Few-shot")
     classes, counts = np.unique(labels, return_counts=True)  # (not bincount: ids may be huge)
-    fewest = np.argmin(counts)
-    shots = self.shots
+    fewest, shots = np.argmin(counts), self.shots
     if counts[fewest] < max(shots) and self.default_shots:
       shots = tuple(s for s in shots if s <= counts[fewest])
       logging.warning("Few-shot %s: class %s has only %d train examples: skipping the default "
                       "%s (set `shots` to choose the counts).", what, classes[fewest],
                       counts[fewest], ", ".join(f"{s}-shot" for s in self.shots if s not in shots))
     elif counts[fewest] < max(shots):
-      raise ValueError(
-          f"Few-shot {what}: class {classes[fewest]} has only {counts[fewest]} train examples, "
-          f"too few for {max(shots)}-shot; lower `shots` to at most {counts[fewest]} or "
-          "use a bigger train split.")
+      raise ValueError(f"Few-shot {what}: class {classes[fewest]} has only {counts[fewest]} train "
+                       f"examples, too few for {max(shots)}-shot; lower `shots` to at most "
+                       f"{counts[fewest]} or use a bigger train split.")
     out = {}
     for seed in self.seeds:
       rng = np.random.default_rng(seed)

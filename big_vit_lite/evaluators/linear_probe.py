@@ -39,8 +39,7 @@ class Evaluator(feats.DatasetsEvaluator):
       raise ValueError(f"holdout_fraction must be in (0, 1), got {holdout_fraction!r}.")
     self.holdout_fraction = float(holdout_fraction)
     self.l2_regs = tuple(float(r) for r in ridge.check_l2_regs(l2_regs, allow_zero=True))
-    self.seed = int(seed)
-    self.max_iter = fewshot.positive_int(max_iter, "max_iter")
+    self.seed, self.max_iter = int(seed), fewshot.positive_int(max_iter, "max_iter")
     # Gradient-norm tolerance of the mean loss (scikit-learn's lbfgs default is
     # 1e-4 too); weakly penalised fits would otherwise run to max_iter.
     self.tol = float(tol)
@@ -61,18 +60,16 @@ class Evaluator(feats.DatasetsEvaluator):
         raise
       # Not the eval batch size: L-BFGS keeps ~20 copies of the (d x classes) weights
       # per l2 value, besides the features themselves.
-      raise ValueError(
-          f"The linear probe ran out of device memory fitting {x.shape[0]} examples x "
-          f"{x.shape[1]} features, {num_classes} classes, {len(self.l2_regs)} l2 values "
-          "at once; use fewer l2_regs, token_pool='mean' or another representation_layer "
-          "(fewer features), or a smaller train split.") from None
+      raise ValueError(f"The linear probe ran out of device memory fitting {x.shape[0]} examples x "
+                       f"{x.shape[1]} features, {num_classes} classes, {len(self.l2_regs)} l2 "
+                       "values at once; use fewer l2_regs, token_pool='mean' or another "
+                       "representation_layer (fewer features), or a smaller train split.") from None
 
   def probe(self, x_train, y_train, x_test, y_test, num_classes):
     """The test accuracy of the probe fitted on host features (l2 picked on a held-out part)."""
     standardize = ridge.Standardizer.fit(x_train)
     x_train, x_test = standardize(x_train), standardize(x_test)
-    n = len(y_train)
-    best = 0
+    n, best = len(y_train), 0
     if len(self.l2_regs) > 1:
       # Both fits use all rows with 0/1 weights (same shapes: one compilation).
       hold = np.random.default_rng(self.seed).permutation(n)[

@@ -34,16 +34,14 @@ def _objective(params, x, y, w, l2):
 def _lbfgs(x, y, w, l2, num_classes, max_iter, tol):
   """Minimises the objective for one l2 value; returns (params, iterations)."""
   fun = functools.partial(_objective, x=x, y=y, w=w, l2=l2)
-  value_and_grad = optax.value_and_grad_from_state(fun)
-  opt = optax.lbfgs()
+  value_and_grad, opt = optax.value_and_grad_from_state(fun), optax.lbfgs()
   params = {"kernel": jnp.zeros((x.shape[1], num_classes), x.dtype),
             "bias": jnp.zeros((num_classes,), x.dtype)}
 
   def step(carry):
     params, state = carry
     value, grad = value_and_grad(params, state=state)
-    updates, state = opt.update(grad, state, params, value=value, grad=grad,
-                                value_fn=fun)
+    updates, state = opt.update(grad, state, params, value=value, grad=grad, value_fn=fun)
     return optax.apply_updates(params, updates), state
 
   def not_done(carry):
@@ -88,8 +86,7 @@ def fit(x, labels, num_classes, l2s, *, weights=None, mesh=None, max_iter=1000, 
   Returns:
     (kernels (k, d, c), biases (k, c), iterations (k,)) as numpy arrays.
   """
-  x = np.asarray(x, np.float32)
-  labels = np.asarray(labels, np.int32)
+  x, labels = np.asarray(x, np.float32), np.asarray(labels, np.int32)
   n = x.shape[0]
   if n == 0:
     raise ValueError("Logistic regression needs at least one training example.")

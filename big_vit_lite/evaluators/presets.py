@@ -30,8 +30,7 @@ def eval_pp(res, channels=3, label_key="label"):
 def folder_datasets(root):
   """{basename(ROOT): imagefolder data cfg} for ROOT/{train,test}/CLASS/*."""
   root = os.path.abspath(os.path.expanduser(str(root)))
-  name = os.path.basename(root.rstrip(os.sep))
-  if not name:
+  if not (name := os.path.basename(root.rstrip(os.sep))):
     raise ValueError(f"folder={root!r}: use a named folder holding train/ and test/.")
   return {name: dict(name="imagefolder", data_dir=root)}
 
@@ -83,9 +82,8 @@ def linear_probe(res, *, channels=3, datasets=None, folder=None, data_dir=None,
   """A `type="linear_probe"` evals entry (dict)."""
   cfg = dict(type="linear_probe", datasets=_datasets(datasets, folder, data_dir),
              pp=eval_pp(res, channels), representation_layer=representation_layer,
-             token_pool=token_pool, batch_size=batch_size, train_split="train",
-             test_split="test", l2_regs=LINEAR_PROBE_L2_REGS, holdout_fraction=0.1,
-             max_iter=1000)
+             token_pool=token_pool, batch_size=batch_size, train_split="train", test_split="test",
+             l2_regs=LINEAR_PROBE_L2_REGS, holdout_fraction=0.1, max_iter=1000)
   return _entry(cfg, runlocal, folder, log_steps, batch_size=64, max_iter=200)
 
 

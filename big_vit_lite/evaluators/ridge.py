@@ -81,8 +81,7 @@ def ridge_path(x, y, l2_regs):
   Returns (ws, bs, loo_preds): ws (k, d, c), bs (k, c) and the exact leave-one-out
   predictions (k, n, c) of each training row by a model fit without it.
   """
-  x = np.asarray(x, np.float64)
-  y = np.asarray(y, np.float64)
+  x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
   regs = check_l2_regs(l2_regs)
   n = x.shape[0]
   # With an unpenalised intercept the solution for w depends only on the
@@ -115,8 +114,7 @@ def fit(x, labels, num_classes, l2_regs=DEFAULT_L2_REGS):
   only class example) are broken by the LOO squared error, then by the larger
   l2 value (the safer choice with so little data).
   """
-  labels = np.asarray(labels)
-  regs = check_l2_regs(l2_regs)
+  labels, regs = np.asarray(labels), check_l2_regs(l2_regs)
   y = signed_onehot(labels, num_classes)
   ws, bs, loo = ridge_path(x, y, regs)
   loo_acc = (loo.argmax(-1) == labels[None]).mean(axis=1)
@@ -125,8 +123,7 @@ def fit(x, labels, num_classes, l2_regs=DEFAULT_L2_REGS):
   return RidgeFit(w=ws[best], b=bs[best], l2=float(regs[best]), loo_accuracy=float(loo_acc[best]))
 
 
-def fit_and_score(x_train, y_train, x_test, y_test, num_classes,
-                  l2_regs=DEFAULT_L2_REGS):
+def fit_and_score(x_train, y_train, x_test, y_test, num_classes, l2_regs=DEFAULT_L2_REGS):
   """Standardise on train, fit with LOO-chosen l2, return (test accuracy, fit)."""
   standardize = Standardizer.fit(x_train)
   model = fit(standardize(x_train), y_train, num_classes, l2_regs)

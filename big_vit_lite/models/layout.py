@@ -66,8 +66,7 @@ def stack_layers(flat: Mapping[str, np.ndarray], depth: int) -> dict:
   """Loop layout -> scan layout; `flat` must hold blocks 0..depth-1 and no others."""
   result, blocks = {}, {}
   for k, v in flat.items():
-    m = BLOCK_RE.match(k)
-    if m:
+    if m := BLOCK_RE.match(k):
       blocks.setdefault(m.group(2), {})[int(m.group(1))] = v
     else:
       result[k] = v
@@ -88,9 +87,8 @@ def canonicalize(flat: Mapping[str, np.ndarray]) -> dict:
     if f"{prefix}embedding/kernel" in flat:
       flat = {k[len(prefix):]: v for k, v in flat.items() if k.startswith(prefix)}
       break
-  flat = unstack_layers(flat)
   flat = {_PRE_LINEN_RE.sub(lambda m: f"{m.group(1)}{_PRE_LINEN[m.group(2)]}/", k): v
-          for k, v in flat.items()}
+          for k, v in unstack_layers(flat).items()}
   if _BV_POSEMB in flat:
     pe = flat.pop(_BV_POSEMB)
     if "cls" in flat:  # big_vision adds no posemb to the cls token: a zero row is the same.
@@ -122,13 +120,11 @@ def merge(init_params, src_flat: Mapping[str, np.ndarray], dont_load: Sequence[s
   kept_loop = unstack_layers({k: shapes[k] for k in keep})
   loop = unstack_layers(shapes)
   tgt_loop = {k: v for k, v in loop.items() if k not in kept_loop}
-  tgt_prefix, src_prefix = int("cls" in tgt), int("cls" in src_flat)
   # Names the architectures when they differ: "add X to dont_load" alone would
   # send a user loading a B/16 into a Ti/16 through every param in turn.
   arch_note = _arch_difference(src_flat, loop)
-  advice = "add it to dont_load to re-initialise it"
-  if arch_note:
-    advice = f"build the model to match, or {advice}"
+  advice = ("build the model to match, or " if arch_note else "") + (
+      "add it to dont_load to re-initialise it")
 
   loaded = {}
   for k, spec in tgt_loop.items():
@@ -136,7 +132,7 @@ def merge(init_params, src_flat: Mapping[str, np.ndarray], dont_load: Sequence[s
       raise ValueError(f"the checkpoint has no param {k!r}{arch_note}; {advice}.")
     v = np.asarray(src_flat[k])
     if k == POSEMB:
-      v = posemb.fit(v, src_prefix, spec.shape, tgt_prefix, grid_hw, src_grid_hw)
+      v = posemb.fit(v, int("cls" in src_flat), spec.shape, int("cls" in tgt), grid_hw, src_grid_hw)
     if v.shape != spec.shape:
       raise ValueError(f"param {k!r} has shape {v.shape} in the checkpoint but {spec.shape} in "
                        f"the model{arch_note}; {advice}.")
@@ -149,11 +145,9 @@ def merge(init_params, src_flat: Mapping[str, np.ndarray], dont_load: Sequence[s
   # Anything else unused means another architecture (more blocks, a class
   # token or MAP head the model lacks): loading it would give a different
   # model without complaint, so it is an error unless dont_load names it.
-  dropped = [k for k in unused if k == POSEMB or k.split("/")[0] in ("head", "pre_logits")]
-  if dropped:
+  if dropped := [k for k in unused if k == POSEMB or k.split("/")[0] in ("head", "pre_logits")]:
     logging.warning("Checkpoint params not used by the model: %s", ", ".join(dropped))
-  other = [k for k in unused if k not in dropped]
-  if other:
+  if other := [k for k in unused if k not in dropped]:
     raise ValueError(f"the checkpoint has {len(other)} params the model lacks, e.g. "
                      f"{other[0]!r}{arch_note or ': it is another architecture (stem, ...)'}; "
                      "build the model to match, or name them in dont_load.")
@@ -179,12 +173,10 @@ def arch(flat) -> dict:
   """
   def shape(k):
     return tuple(flat[k].shape) if k in flat else None
-  block = "Transformer/encoderblock_0"
-  facts = {}
+  block, facts = "Transformer/encoderblock_0", {}
   if shape("embedding/kernel"):
     facts["patch"], _, facts["channels"], facts["width"] = shape("embedding/kernel")
-  blocks = {m.group(1) for m in map(BLOCK_RE.match, flat) if m}
-  if blocks:
+  if blocks := {m.group(1) for m in map(BLOCK_RE.match, flat) if m}:
     facts["depth"] = len(blocks)
   if shape(f"{block}/MultiHeadDotProductAttention_0/query/kernel"):
     facts["heads"] = shape(f"{block}/MultiHeadDotProductAttention_0/query/kernel")[1]
@@ -197,8 +189,7 @@ def arch(flat) -> dict:
 def _arch_difference(src_flat, tgt_loop) -> str:
   """" (another architecture...; checkpoint vs model: width 768 vs 192, ...)" or "" if alike."""
   src, tgt = arch(src_flat), arch(tgt_loop)
-  diff = [f"{k} {src[k]} vs {tgt[k]}" for k in tgt if k in src and src[k] != tgt[k]]
-  if not diff:
+  if not (diff := [f"{k} {src[k]} vs {tgt[k]}" for k in tgt if k in src and src[k] != tgt[k]]):
     return ""
   size = size_name(*(src.get(k) for k in ("width", "depth", "mlp_dim", "heads")))
   hint = f", a ViT-{size}/{src['patch']}" if size and "patch" in src else ""

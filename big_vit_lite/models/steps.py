@@ -43,7 +43,6 @@ def unusable_path_reason(path):
   return None
 
 
-
 def checksums(state):
   """{array path: [dtype, checksum]} for the arrays of `state` (computed where they live).
 
@@ -161,18 +160,10 @@ def _keep_unless_abandoned_read(record):
               and (_save_failed or "tensorstore_spec" in str(error)))
 
 
-def flatten_metadata(tree, prefix=""):
+def flatten_metadata(tree):
   """(path "a/b/0", array metadata) pairs of orbax's metadata tree (dicts, lists, None)."""
-  if isinstance(tree, dict):
-    items = tree.items()
-  elif isinstance(tree, (list, tuple)):
-    items = enumerate(tree)
-  else:
-    if tree is not None:  # None: an empty optimizer state (no arrays).
-      yield prefix[:-1], tree
-    return
-  for k, v in items:
-    yield from flatten_metadata(v, f"{prefix}{k}/")
+  return [("/".join(key_name(k) for k in path), leaf)  # (None: an optimizer state without arrays)
+          for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]]
 
 
 def key_name(key):
@@ -202,9 +193,8 @@ def resolve_step_dir(src):
       steps = ocp.utils.checkpoint_steps(ckpt_dir)  # Complete (committed) steps only.
       if steps:
         return ckpt_dir / str(max(steps))
-  raise ValueError(
-      f"No complete checkpoint found in {src}: pass a training workdir, a "
-      "checkpoint step directory (.../checkpoints/<step>) or an .npz file.")
+  raise ValueError(f"No complete checkpoint found in {src}: pass a training workdir, a checkpoint "
+                   "step directory (.../checkpoints/<step>) or an .npz file.")
 
 
 def load_params(src, key="params"):
@@ -238,12 +228,10 @@ def load_params(src, key="params"):
     hint = " (its run set no config.ema_decay)" if key == "ema" else ""
     raise ValueError(f"Checkpoint {step_dir} holds no '{key}'{hint}.")
   # Restore only the params, as host numpy arrays (no device/mesh needed).
-  restore_args = jax.tree.map(
-      lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree[key])
+  restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree[key])
   try:
     out = ocp.PyTreeCheckpointer().restore(step_dir / "state", args=ocp.args.PyTreeRestore(
-        item={key: tree[key]}, restore_args={key: restore_args},
-        partial_restore=True))
+        item={key: tree[key]}, restore_args={key: restore_args}, partial_restore=True))
     verify_checksums(step_dir, {key: out[key]})
   except Exception as e:  # pylint: disable=broad-except
     raise ValueError(_cannot_read(step_dir, e)) from e
@@ -257,7 +245,8 @@ def _cannot_read(step_dir, error):
   older = [s for s in ocp.utils.checkpoint_steps(step_dir.parent)
            if step_dir.name.isdigit() and s < int(step_dir.name)]
   other = f"an older step ({step_dir.parent / str(max(older))})" if older else "another checkpoint"
-  return f"Cannot read checkpoint {step_dir} ({error_reason(error)}); if it is damaged, pass {other}."
+  return (f"Cannot read checkpoint {step_dir} ({error_reason(error)}); if it is damaged, "
+          f"pass {other}.")
 
 
 def load_npz(path):

@@ -118,20 +118,17 @@ def to_timm(params, image_size=None) -> tuple[dict, dict]:
     raise ValueError("These params have no learned posemb (sincos2d): pass image_size "
                      "(--res) so the fixed embedding can be written for timm.")
   else:
-    pe = posemb.sincos_2d(*grid, d)
-    pe = np.concatenate([np.zeros((1, int(cls), d), pe.dtype), pe], axis=1)
-  sd["pos_embed"] = pe
-  sd = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in sd.items()}
+    pe = posemb.sincos_2d(*grid, d, num_prefix=int(cls))
+  sd = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in dict(sd, pos_embed=pe).items()}
   # The size given (timm, like us, drops the pixels past the last whole patch:
   # So400m/14 runs at 384), else the grid's.
   img_size = hw or (grid[0] * p, grid[1] * p)
   img_size = img_size[0] if img_size[0] == img_size[1] else img_size
   num_classes = flat["head/kernel"].shape[1] if "head/kernel" in flat else 0
-  kwargs = dict(img_size=img_size, patch_size=p, in_chans=a["channels"], embed_dim=d,
-                depth=a["depth"], num_heads=a["heads"], mlp_ratio=a["mlp_dim"] / d,
-                num_classes=num_classes, global_pool=_POOLS[a["pool_type"]], class_token=cls,
-                fc_norm=False)
-  return sd, kwargs
+  return sd, dict(img_size=img_size, patch_size=p, in_chans=a["channels"], embed_dim=d,
+                  depth=a["depth"], num_heads=a["heads"], mlp_ratio=a["mlp_dim"] / d,
+                  num_classes=num_classes, global_pool=_POOLS[a["pool_type"]], class_token=cls,
+                  fc_norm=False)
 
 
 # timm's registered plain ViTs: their size names (by ours), and the (patch, image size)
@@ -206,8 +203,7 @@ def _standard_heads(sd) -> Optional[int]:
   count timm's registered ViTs (and DeiT) share.
   """
   try:
-    width = sd["patch_embed.proj.weight"].shape[0]
-    mlp_dim = sd["blocks.0.mlp.fc1.weight"].shape[0]
+    width, mlp_dim = sd["patch_embed.proj.weight"].shape[0], sd["blocks.0.mlp.fc1.weight"].shape[0]
   except KeyError:
     return None
   size = size_name(width, len({k.split(".")[1] for k in sd if k.startswith("blocks.")}), mlp_dim)
@@ -260,8 +256,7 @@ def from_timm(sd: Mapping[str, np.ndarray], num_heads: int,
       # never square; a non-square grid's can be, hence grid_tokens).
       pe = np.concatenate([np.zeros_like(pe[:, :1]), pe], axis=1)
     flat[posemb.PARAM] = pe
-  extra = sorted(set(sd) - {t for t, _, _ in names} - {"pos_embed"})
-  if extra:
+  if extra := sorted(set(sd) - {t for t, _, _ in names} - {"pos_embed"}):
     raise ValueError(f"timm state dict has params this ViT does not support, e.g. {extra[0]!r}.")
   return flat
 
@@ -301,10 +296,9 @@ def read_timm(path, num_heads: Optional[int]) -> dict:
     raise ValueError(f"{path} holds a ViT with {saved_heads} attention heads, the model has "
                      f"{num_heads}: build the model with num_heads={saved_heads}.")
   num_heads = num_heads or saved_heads
-  grid_tokens = None
   try:
     h, w = image_hw(kwargs["img_size"])
     grid_tokens = (h // kwargs["patch_size"]) * (w // kwargs["patch_size"])
   except (KeyError, ValueError, TypeError):
-    pass
+    grid_tokens = None
   return from_timm(sd, num_heads, grid_tokens)

@@ -217,8 +217,7 @@ class Encoder(nn.Module):
     if self.posemb == "learn":
       x = AddPositionEmbs(name="posembed_input")(x)
     else:  # sincos2d: fixed; the prefix (cls) token gets none, as in big_vision.
-      pe = posemb_sincos_2d(*grid_hw, x.shape[-1])
-      x = x + np.concatenate([np.zeros((1, num_prefix, x.shape[-1]), pe.dtype), pe], axis=1)
+      x = x + posemb_sincos_2d(*grid_hw, x.shape[-1], num_prefix=num_prefix)
     x = nn.with_logical_constraint(x.astype(self.dtype_act), ("batch", "seq", "embed"))
     out = {"with_posemb": x}
     x = nn.Dropout(rate=self.dropout)(x, not train)
@@ -384,8 +383,7 @@ class Model(nn.Module):
   @nn.compact
   def __call__(self, image, *, train: bool = False):
     self._check()
-    a = self.arch()
-    attention = self.resolved_attention()
+    a, attention = self.arch(), self.resolved_attention()
     dtype_mm = jnp.dtype(self.dtype_mm)
     b, h, w, c = image.shape
     p, d = a["patch_size"], a["width"]
@@ -416,9 +414,8 @@ class Model(nn.Module):
       x = jnp.mean(x, axis=1)
     else:
       # One query: cuDNN's padding would be all waste, so the probe takes the custom path.
-      x = MAPHead(mlp_dim=a["mlp_dim"], num_heads=a["num_heads"], dtype_mm=dtype_mm,
-                  gelu=self.gelu, attention="custom" if attention == "cudnn" else attention,
-                  name="MAPHead_0")(x)
+      x = MAPHead(mlp_dim=a["mlp_dim"], num_heads=a["num_heads"], dtype_mm=dtype_mm, gelu=self.gelu,
+                  attention="custom" if attention == "cudnn" else attention, name="MAPHead_0")(x)
     out["head_input"] = x
     if self.rep_size:
       rep = d if self.rep_size is True else int(self.rep_size)
