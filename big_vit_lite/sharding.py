@@ -257,7 +257,8 @@ def fit_spec(spec, shape, axis_sizes, unsplit=None, name="array"):
   `unsplit` as (name, dim size, axes, their size, dim moved to or None), if given.
   """
   spec = spec if isinstance(spec, P) else P()
-  dims, dropped = list(spec) + [None] * (len(shape) - len(spec)), []
+  dims = list(spec) + [None] * (len(shape) - len(spec))
+  dropped = []
   for i, axes in enumerate(dims):
     if axes is None:
       continue

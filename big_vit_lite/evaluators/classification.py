@@ -41,7 +41,8 @@ def _labels(batch, num_classes):
 
 def batch_sums(logits, labels, mask, loss_name):
   """Masked sums of correct@1, correct@5, loss and example count for one batch."""
-  logits, top = logits.astype(jnp.float32), jnp.max(labels, axis=-1, keepdims=True)
+  logits = logits.astype(jnp.float32)
+  top = jnp.max(labels, axis=-1, keepdims=True)
   mask = mask.astype(jnp.float32) * (top[:, 0] > 0)  # no positive class: not counted
   positive = labels >= top  # the row's class(es), also under label smoothing
   if loss_name == "softmax_xent":

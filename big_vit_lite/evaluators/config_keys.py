@@ -52,7 +52,8 @@ def unknown_keys_message(keys, known):
 
   All of them at once: a config brought from big_vision has several.
   """
-  named, one = ", ".join(f"'{k}'{_hint(k, known)}" for k in keys), len(keys) == 1
+  named = ", ".join(f"'{k}'{_hint(k, known)}" for k in keys)
+  one = len(keys) == 1
   return (f"evaluator {'key' if one else 'keys'} {named} {'is' if one else 'are'} unknown; it "
           f"takes {', '.join(sorted(known))}.")
 

@@ -135,7 +135,8 @@ class Evaluator(feats.DatasetsEvaluator):
     """({(seed, shot): positions in labels} nested per seed; the shots used)."""
     check_classes(labels, "Few-shot")
     classes, counts = np.unique(labels, return_counts=True)  # (not bincount: ids may be huge)
-    fewest, shots = np.argmin(counts), self.shots
+    fewest = np.argmin(counts)
+    shots = self.shots
     if counts[fewest] < max(shots) and self.default_shots:
       shots = tuple(s for s in shots if s <= counts[fewest])
       logging.warning("Few-shot %s: class %s has only %d train examples: skipping the default "

@@ -69,7 +69,8 @@ class Evaluator(feats.DatasetsEvaluator):
     """The test accuracy of the probe fitted on host features (l2 picked on a held-out part)."""
     standardize = ridge.Standardizer.fit(x_train)
     x_train, x_test = standardize(x_train), standardize(x_test)
-    n, best = len(y_train), 0
+    n = len(y_train)
+    best = 0
     if len(self.l2_regs) > 1:
       # Both fits use all rows with 0/1 weights (same shapes: one compilation).
       hold = np.random.default_rng(self.seed).permutation(n)[

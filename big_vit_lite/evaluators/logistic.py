@@ -34,7 +34,8 @@ def _objective(params, x, y, w, l2):
 def _lbfgs(x, y, w, l2, num_classes, max_iter, tol):
   """Minimises the objective for one l2 value; returns (params, iterations)."""
   fun = functools.partial(_objective, x=x, y=y, w=w, l2=l2)
-  value_and_grad, opt = optax.value_and_grad_from_state(fun), optax.lbfgs()
+  value_and_grad = optax.value_and_grad_from_state(fun)
+  opt = optax.lbfgs()
   params = {"kernel": jnp.zeros((x.shape[1], num_classes), x.dtype),
             "bias": jnp.zeros((num_classes,), x.dtype)}
 

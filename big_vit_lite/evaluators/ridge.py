@@ -114,7 +114,8 @@ def fit(x, labels, num_classes, l2_regs=DEFAULT_L2_REGS):
   only class example) are broken by the LOO squared error, then by the larger
   l2 value (the safer choice with so little data).
   """
-  labels, regs = np.asarray(labels), check_l2_regs(l2_regs)
+  labels = np.asarray(labels)
+  regs = check_l2_regs(l2_regs)
   y = signed_onehot(labels, num_classes)
   ws, bs, loo = ridge_path(x, y, regs)
   loo_acc = (loo.argmax(-1) == labels[None]).mean(axis=1)

@@ -173,7 +173,8 @@ def arch(flat) -> dict:
   """
   def shape(k):
     return tuple(flat[k].shape) if k in flat else None
-  block, facts = "Transformer/encoderblock_0", {}
+  block = "Transformer/encoderblock_0"
+  facts = {}
   if shape("embedding/kernel"):
     facts["patch"], _, facts["channels"], facts["width"] = shape("embedding/kernel")
   if blocks := {m.group(1) for m in map(BLOCK_RE.match, flat) if m}:
