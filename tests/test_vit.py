@@ -102,8 +102,7 @@ def test_params_are_boxed_with_logical_names():
 def test_bad_options_are_one_line_errors():
   for kw in (dict(variant="X/16"), dict(variant="B16"), dict(pool_type="max"), dict(posemb="rope"),
              dict(gelu="relu"), dict(remat_policy="no_such_policy"), dict(attention="flash"),
-             dict(dtype_act="int8"), dict(attention="cudnn"),  # cudnn: no GPU here
-             dict(attention="cudnn", dtype_mm="float32")):
+             dict(dtype_act="int8")):
     with pytest.raises(ValueError) as e:
       _abstract_params(num_classes=10, **{"variant": "mu/16", **kw})
     assert "\n" not in str(e.value)
@@ -176,10 +175,6 @@ def test_dropout_and_drop_path_only_with_train(scan):
   outs = [np.asarray(_apply(dp, params, train=True, seed=s)[0]) for s in range(4)]
   assert max(np.abs(o - ref).max() for o in outs) > 1e-3
   assert max(np.abs(o - outs[0]).max() for o in outs) > 1e-3
-
-
-def test_drop_path_rates_linear_in_depth():
-  np.testing.assert_allclose(vit.drop_path_rates(5, 0.2), [0.0, 0.05, 0.1, 0.15, 0.2])
 
 
 def test_bf16_matmuls():
@@ -345,28 +340,5 @@ def test_bf16_residual_stream_is_close():
   assert not np.array_equal(out_bf16["encoded"], out["encoded"])
 
 
-def test_bad_model_options_are_one_line_errors():
-  # Each was a raw TypeError or ZeroDivisionError from jnp/flax inside init
-  # (evaluate's --config.model.dtype_mm=bf16 printed a traceback), or, for the
-  # rates, a model that trained on nonsense.
-  cases = {"dtype_mm": ("bf16", "Unknown dtype_mm='bf16'"), "patch_size": (0, "patch_size=0"),
-           "num_classes": (-1, "num_classes=-1"), "rep_size": (-1, "rep_size=-1"),
-           "stem_channels": ((0,), r"stem_channels\[0\]=0"), "depth": (2.0, "depth=2.0"),
-           "drop_path": (1.5, r"drop_path=1.5: use a rate in \[0, 1\)")}
-  for key, (value, message) in cases.items():
-    with pytest.raises(ValueError, match=message) as e:
-      checks.vit_shapes(**{key: value})
-    assert "\n" not in str(e.value)
+def test_uncommon_options_build():
   checks.vit_shapes(dtype_mm="bfloat16", rep_size=True, num_classes=0, stem_channels=(4,))
-
-
-def test_params_applied_to_images_they_do_not_fit_are_one_line_errors():
-  # model.apply at another resolution or channel count raised flax's
-  # ScopeParamShapeError, which does not say what to do.
-  params = checks.vit_params()
-  apply = checks.tiny_vit().apply
-  with pytest.raises(ValueError, match=r"24x24 images give 37 tokens but the params' position "
-                     r"embedding has 17: .*vit.load them into a model initialised at this size"):
-    apply({"params": params}, jnp.zeros((1, 24, 24, 3)))
-  with pytest.raises(ValueError, match="The params take 3-channel images, these have 1"):
-    apply({"params": params}, jnp.zeros((1, 16, 16, 1)))
