@@ -11,7 +11,6 @@ import logging as py_logging
 import os
 import re
 import sys
-import traceback
 from typing import Optional
 
 from flax import traverse_util
@@ -122,23 +121,15 @@ def drop_abandoned_read_reports():
   if not getattr(sys.unraisablehook, "drops_abandoned_reads", False):
     previous = sys.unraisablehook
 
-    def hook(unraisable):
-      if not _is_closed_loop_callback(unraisable):
+    def hook(unraisable):  # (tensorstore calling a closed asyncio loop's call_soon_threadsafe)
+      error = unraisable.exc_value
+      if not (type(error) is RuntimeError  # pylint: disable=unidiomatic-typecheck
+              and str(error) == "Event loop is closed" and unraisable.object is None):
         previous(unraisable)
 
     hook.drops_abandoned_reads = True
     sys.unraisablehook = hook
-  asyncio_logger = py_logging.getLogger("asyncio")
-  if _keep_unless_abandoned_read not in asyncio_logger.filters:
-    asyncio_logger.addFilter(_keep_unless_abandoned_read)
-
-
-def _is_closed_loop_callback(unraisable):
-  """Whether native code (tensorstore) called a closed asyncio loop's call_soon_threadsafe."""
-  frames = traceback.extract_tb(unraisable.exc_traceback)
-  return (type(unraisable.exc_value) is RuntimeError  # pylint: disable=unidiomatic-typecheck
-          and str(unraisable.exc_value) == "Event loop is closed" and unraisable.object is None
-          and bool(frames) and frames[0].name == "call_soon_threadsafe")
+  py_logging.getLogger("asyncio").addFilter(_keep_unless_abandoned_read)  # (idempotent)
 
 
 _save_failed = False  # Set once a SaveError has been raised in this process.
@@ -204,21 +195,13 @@ def load_params(src, key="params"):
   directory, or an `.npz` file (flat "a/b/c" keys; config None).
   key: "params", or "ema" for the EMA of the weights (config.ema_decay runs).
   """
-  if not isinstance(src, (str, os.PathLike)):
-    raise ValueError(f"load_params needs a path, got {type(src).__name__}.")
   src = paths.resolve(src)
   if src.name.endswith(".npz"):
-    if key != "params":
-      raise ValueError(f"{src} is an .npz, which holds one set of params (no '{key}'): pass a "
-                       "training workdir or step directory.")
     if not src.is_file():
       raise ValueError(f"No such .npz file: {src}")
     return load_npz(src), None
   if not src.exists():
     raise ValueError(f"model_init path does not exist: {src}")
-  if "\\" in os.fspath(src):
-    raise ValueError(f"Cannot read checkpoints under {src}: {unusable_path_reason(src)}; "
-                     "rename the directory.")
   step_dir = resolve_step_dir(src)
   try:
     tree = state_tree(step_dir)
