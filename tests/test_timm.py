@@ -175,13 +175,14 @@ def test_timm_export_of_non_square_models(tmp_path):
   # A 3x5 grid (15 tokens) was written as timm img_size=16 (a 4x4 grid), and read
   # back as a "no_embed_class" posemb: a zero row in front, every row shifted.
   params = checks.vit_params(hw=(12, 20))
-  with pytest.raises(ValueError, match=r"15 grid tokens, not a square grid.*--res=HxW"):
+  with pytest.raises(ValueError, match=r"15 grid tokens: not a square grid.*--res=HxW"):
     timm.write_timm(params, tmp_path / "x.safetensors")
   kwargs = timm.write_timm(params, tmp_path / "m.safetensors", image_size=(12, 20))
   assert kwargs["img_size"] == (12, 20)
   checks.assert_same_params(vit.load(checks.vit_shapes(hw=(12, 20)), tmp_path / "m.safetensors"),
                             params)
-  with pytest.raises(ValueError, match=r"gives a 4x4 grid \(patch 4\) but the posemb has 15"):
+  with pytest.raises(ValueError,
+                     match=r"15 grid tokens: not the 4x4 grid of image_size=16 \(patch 4\)"):
     timm.write_timm(params, tmp_path / "y.safetensors", image_size=16)
   # 4x9 has the square count of 6x6: only the run's config knows. A workdir says
   # it (its training pp), so export writes img_size=(16, 36), not 24.

@@ -1,7 +1,6 @@
 """timm VisionTransformer checkpoints (safetensors): export, import, and timm's names for them."""
 import itertools
 import json
-import logging
 import os
 from typing import Any, Mapping, Optional
 
@@ -68,10 +67,7 @@ def image_hw(image_size):
   """int or (h, w) -> (h, w) ints; None stays None."""
   if image_size is None:
     return None
-  hw = (image_size, image_size) if np.ndim(image_size) == 0 else tuple(image_size)
-  if len(hw) != 2 or min(int(x) for x in hw) < 1:
-    raise ValueError(f"image_size={image_size!r}: use an int or (height, width).")
-  return tuple(int(x) for x in hw)
+  return tuple(int(x) for x in ((image_size,) * 2 if np.ndim(image_size) == 0 else image_size))
 
 
 def to_timm(params, image_size=None) -> tuple[dict, dict]:
@@ -88,12 +84,9 @@ def to_timm(params, image_size=None) -> tuple[dict, dict]:
   and timm would lay the rows out on the wrong one.
   """
   flat = layout.canonicalize(layout.to_numpy_flat(params))  # nested or flat, any layout
-  if "pre_logits/kernel" in flat:
-    raise ValueError("timm's VisionTransformer has no pre-logits (rep_size) layer; export a model "
-                     "with rep_size=False.")
-  if any(k.startswith("stem/") for k in flat):
-    raise ValueError("timm's VisionTransformer has no convolutional stem (stem_channels); "
-                     "only plain-patchify models export to timm.")
+  if any(k.startswith(("pre_logits/", "stem/")) for k in flat):
+    raise ValueError("timm's VisionTransformer has no pre-logits layer (rep_size) and no "
+                     "convolutional stem (stem_channels): export a model without them.")
   a = layout.arch(flat)
   try:
     p, d, cls = a["patch"], a["width"], "cls" in flat
@@ -107,13 +100,11 @@ def to_timm(params, image_size=None) -> tuple[dict, dict]:
     pe = flat[posemb.PARAM]
     tokens = pe.shape[1] - cls
     grid = grid or posemb.square_grid(tokens)
-    if grid is None:
-      raise ValueError(f"The position embedding has {tokens} grid tokens, not a square grid: "
-                       "pass the (height, width) the model was trained at (--res=HxW).")
-    if grid[0] * grid[1] != tokens:
-      raise ValueError(f"image_size={image_size} gives a {grid[0]}x{grid[1]} grid (patch {p}) but "
-                       f"the posemb has {tokens} grid tokens; pass the size the model was "
-                       "trained at, or resample by loading into a model first.")
+    if grid is None or grid[0] * grid[1] != tokens:
+      not_grid = (f"the {grid[0]}x{grid[1]} grid of image_size={image_size} (patch {p})" if grid
+                  else "a square grid")
+      raise ValueError(f"The posemb has {tokens} grid tokens: not {not_grid}; pass the (height, "
+                       "width) the model was trained at (--res=HxW).")
   elif grid is None:
     raise ValueError("These params have no learned posemb (sincos2d): pass image_size "
                      "(--res) so the fixed embedding can be written for timm.")
@@ -186,13 +177,9 @@ def write_timm(params, path, image_size=None) -> dict:
 def _read_safetensors(path, tensors=True):
   """(metadata dict, {name: np.ndarray} or None) of a local or bucket (gs://) file."""
   from safetensors import numpy as st_numpy  # pylint: disable=g-import-not-at-top
-  from safetensors import safe_open  # pylint: disable=g-import-not-at-top
-  if paths.is_uri(path):  # safe_open maps local files only: read the bytes through epath.
-    data = paths.resolve(path).read_bytes()
-    header = json.loads(data[8:8 + int.from_bytes(data[:8], "little")])
-    return header.get("__metadata__") or {}, st_numpy.load(data) if tensors else None
-  with safe_open(os.fspath(path), "np") as f:
-    return f.metadata() or {}, {k: f.get_tensor(k) for k in f.keys()} if tensors else None
+  data = paths.resolve(path).read_bytes()  # (through epath: safe_open maps local files only)
+  header = json.loads(data[8:8 + int.from_bytes(data[:8], "little")])
+  return header.get("__metadata__") or {}, st_numpy.load(data) if tensors else None
 
 
 def _standard_heads(sd) -> Optional[int]:
@@ -228,24 +215,15 @@ def from_timm(sd: Mapping[str, np.ndarray], num_heads: int,
   square row count is taken for a grid without one.
   """
   sd = {k: np.asarray(v) for k, v in sd.items()}
-  if "fc_norm.weight" in sd:
-    raise ValueError("This timm model normalises after pooling (fc_norm); ours normalises "
-                     "before, so it cannot be converted exactly.")
-
-  def take(k):
-    if k not in sd:
-      raise ValueError(f"timm state dict has no {k!r}.")
-    return sd[k]
-
-  d = take("patch_embed.proj.weight").shape[0]
-  if d % num_heads:
-    raise ValueError(f"Width {d} is not divisible by num_heads={num_heads}.")
+  d = sd["patch_embed.proj.weight"].shape[0]
   depth = next(i for i in itertools.count() if f"blocks.{i}.norm1.weight" not in sd)
   names = _names(depth, "cls_token" in sd, "attn_pool.latent" in sd, "head.weight" in sd)
   flat = {}
   for t, ours, kind in names:
+    if t not in sd:
+      raise ValueError(f"timm state dict has no {t!r}.")
     flat.update((o, _FROM_TIMM[kind](y, d, num_heads))
-                for o, y in zip(ours, np.split(take(t), len(ours))))
+                for o, y in zip(ours, np.split(sd[t], len(ours))))
   if "pos_embed" in sd:
     pe = sd["pos_embed"]
     n = pe.shape[1]
@@ -275,30 +253,21 @@ def read_timm(path, num_heads: Optional[int]) -> dict:
     # SafetensorError (a bad header) or a dtype numpy lacks: not ours to show as a traceback.
     raise ValueError(f"Cannot read {path}: not a readable safetensors file "
                      f"({' '.join(str(e).split())}); copy or export it again.") from None
-  try:
-    kwargs = json.loads(meta["timm_kwargs"])
-  except (KeyError, ValueError):
-    kwargs = {}
-  try:
-    saved_heads = int(kwargs["num_heads"])
-  except (KeyError, ValueError, TypeError):
-    saved_heads = None
+  kwargs = json.loads(meta.get("timm_kwargs", "{}"))
+  saved_heads = kwargs.get("num_heads")
   if num_heads is None and saved_heads is None:
     saved_heads = _standard_heads(sd)
     if saved_heads is None:
       raise ValueError(f"{path} does not say its number of attention heads (no timm_kwargs "
                        "metadata) and is not a standard ViT size (Ti, S, B, L, ...): load it "
                        "with vit.load into a model of that architecture instead.")
-    logging.info("%s has no timm_kwargs metadata: %d heads, as every ViT of its width, depth "
-                 "and MLP size.", path, saved_heads)
   if num_heads is not None and saved_heads not in (None, num_heads):
     # qkv splits into any head count that divides the width: it would load, as another model.
     raise ValueError(f"{path} holds a ViT with {saved_heads} attention heads, the model has "
                      f"{num_heads}: build the model with num_heads={saved_heads}.")
   num_heads = num_heads or saved_heads
-  try:
+  grid_tokens = None
+  if "img_size" in kwargs:
     h, w = image_hw(kwargs["img_size"])
     grid_tokens = (h // kwargs["patch_size"]) * (w // kwargs["patch_size"])
-  except (KeyError, ValueError, TypeError):
-    grid_tokens = None
   return from_timm(sd, num_heads, grid_tokens)
