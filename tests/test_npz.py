@@ -122,8 +122,6 @@ def test_posemb_resample_to_non_square_grid_with_square_token_count(tmp_path):
   np.testing.assert_array_equal(pe[:, 1:], posemb.resample(grid5, (4, 9)))
   np.testing.assert_array_equal(pe[:, :1], 7.0)
   assert not np.allclose(pe[:, 1:], posemb.resample(grid5, (6, 6)))
-  with pytest.raises(ValueError, match="grid 5x9 does not match the model's 36 grid tokens"):
-    vit.load(tgt, tmp_path / "g5.npz", grid_hw=(5, 9))
 
 
 def test_big_vision_layout_loads(tmp_path):

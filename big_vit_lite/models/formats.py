@@ -69,21 +69,15 @@ def load(init_params, path, model_cfg=None, dont_load: Sequence[str] = (), grid_
   del model_cfg
   path = os.fspath(path)
   if path.endswith(".safetensors"):
-    flat, src_grid_hw = timm.read_timm(path, num_heads=_num_heads(init_params)), None
+    num_heads = next(v.shape[-2] for k, v in layout.flatten(nn.meta.unbox(init_params)).items()
+                     if k.endswith("MultiHeadDotProductAttention_0/query/kernel"))
+    flat, src_grid_hw = timm.read_timm(path, num_heads), None
   else:
     flat, src_grid_hw = read_params_and_grid(path)
   try:
     return layout.merge(init_params, flat, dont_load, grid_hw, src_grid_hw)
   except ValueError as e:
     raise ValueError(f"Cannot load {path}: {e}") from None
-
-
-def _num_heads(init_params) -> int:
-  for k, v in layout.flatten(nn.meta.unbox(init_params)).items():
-    if k.endswith("MultiHeadDotProductAttention_0/query/kernel"):
-      return v.shape[-2]
-  raise ValueError("The model has no attention params.")
-
 
 
 def save(params, path, image_size=None):
@@ -94,6 +88,4 @@ def save(params, path, image_size=None):
   """
   if os.fspath(path).endswith(".safetensors"):
     return timm.write_timm(params, path, image_size=image_size)
-  if not os.fspath(path).endswith(".npz"):
-    raise ValueError(f"Cannot save {path}: name it *.npz or *.safetensors.")
   return npz.save_npz(params, path)

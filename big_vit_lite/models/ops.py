@@ -113,11 +113,8 @@ def padded_attention(q, k, v, implementation="cudnn", multiple=None):
 
 def attention_fn(kind: str):
   """The (batch, seq, heads, D/H) attention function of a resolved kind: custom | xla | cudnn."""
-  if kind == "custom":
-    return dot_product_attention
-  if kind == "xla":
-    return functools.partial(jax.nn.dot_product_attention, implementation="xla")
-  return functools.partial(padded_attention, implementation="cudnn")
+  return {"custom": dot_product_attention, "cudnn": padded_attention,
+          "xla": functools.partial(jax.nn.dot_product_attention, implementation="xla")}[kind]
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))

@@ -60,9 +60,6 @@ def fit(src: np.ndarray, src_prefix: int, tgt_shape: tuple, tgt_prefix: int,
   """
   prefix, grid = src[:, :src_prefix], src[:, src_prefix:]
   n_src, n_tgt = grid.shape[1], tgt_shape[1] - tgt_prefix
-  if grid_hw is not None and grid_hw[0] * grid_hw[1] != n_tgt:
-    raise ValueError(f"param {PARAM!r}: grid {grid_hw[0]}x{grid_hw[1]} does not match the "
-                     f"model's {n_tgt} grid tokens.")
   if src_grid_hw is not None and src_grid_hw[0] * src_grid_hw[1] != n_src:
     src_grid_hw = None  # The saved config does not describe these params.
   if grid.shape[2] != tgt_shape[2]:
