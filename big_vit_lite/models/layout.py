@@ -62,8 +62,8 @@ def unstack_layers(flat: Mapping[str, np.ndarray]) -> dict:
   return result
 
 
-def stack_layers(flat: Mapping[str, np.ndarray], depth: int) -> dict:
-  """Loop layout -> scan layout; `flat` must hold blocks 0..depth-1 and no others."""
+def stack_layers(flat: Mapping[str, np.ndarray]) -> dict:
+  """Loop layout -> scan layout; `flat` must hold blocks 0..depth-1 of each param."""
   result, blocks = {}, {}
   for k, v in flat.items():
     if m := BLOCK_RE.match(k):
@@ -71,7 +71,7 @@ def stack_layers(flat: Mapping[str, np.ndarray], depth: int) -> dict:
     else:
       result[k] = v
   for rest, layers in blocks.items():
-    result[SCAN_PREFIX + rest] = np.stack([layers[i] for i in range(depth)])
+    result[SCAN_PREFIX + rest] = np.stack([layers[i] for i in sorted(layers)])
   return result
 
 
@@ -100,8 +100,6 @@ def merge(init_params, src_flat: Mapping[str, np.ndarray], dont_load: Sequence[s
 
   src_grid_hw: the (h, w) patch grid `src_flat` was trained on, if known.
   """
-  if isinstance(init_params, Mapping) and set(init_params) == {"params"}:  # whole variables
-    return {"params": merge(init_params["params"], src_flat, dont_load, grid_hw, src_grid_hw)}
   tgt = flatten(nn.meta.unbox(init_params))
   keep = set()
   for pattern in dont_load:
@@ -111,7 +109,6 @@ def merge(init_params, src_flat: Mapping[str, np.ndarray], dont_load: Sequence[s
       raise ValueError(f"dont_load pattern {pattern!r} matches no model param "
                        f"(names look like {next(iter(tgt))!r}).")
     keep |= hits
-  scan_depth = next((v.shape[0] for k, v in tgt.items() if k.startswith(SCAN_PREFIX)), None)
   # Work in the loop layout so that messages name single blocks, on zero-memory stand-ins.
   shapes = {k: np.broadcast_to(np.zeros((), v.dtype), v.shape) for k, v in tgt.items()}
   kept_loop = unstack_layers({k: shapes[k] for k in keep})
@@ -149,14 +146,12 @@ def merge(init_params, src_flat: Mapping[str, np.ndarray], dont_load: Sequence[s
                      f"{other[0]!r}{arch_note or ': it is another architecture (stem, ...)'}; "
                      "build the model to match, or name them in dont_load.")
 
-  if scan_depth is not None:
-    loaded = stack_layers(loaded, scan_depth)
+  if any(k.startswith(SCAN_PREFIX) for k in tgt):
+    loaded = stack_layers(loaded)
   for k in keep:  # (values: abstract init_params have none to keep)
     loaded[k] = np.asarray(jax.device_get(tgt[k]))
-  loaded = unflatten({k: loaded[k] for k in tgt})  # the model's own key order
-  is_box = nn.meta.is_axis_metadata
-  boxed = any(map(is_box, jax.tree.leaves(init_params, is_leaf=is_box)))
-  return nn.meta.replace_boxed(init_params, loaded) if boxed else loaded  # boxed in, boxed out
+  # Boxed in, boxed out: the values go into init_params' boxes, or are the leaves.
+  return nn.meta.replace_boxed(init_params, unflatten({k: loaded[k] for k in tgt}))
 
 
 def arch(flat) -> dict:

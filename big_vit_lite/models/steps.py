@@ -49,22 +49,17 @@ def checksums(state):
   (2 x position + 1), mod 2^32: a change to any one word changes it. Exact
   whatever the sharding, so a checkpoint restored onto another mesh checks too.
   """
-  leaves = [(path, jnp.asarray(x)) for path, x in jax.tree_util.tree_flatten_with_path(state)[0]]
+  leaves = [(name, jnp.asarray(x)) for name, x in flatten_metadata(state)]
   values = _checksums([x for _, x in leaves])
-  return {"/".join(key_name(k) for k in path): [str(x.dtype), int(v.addressable_data(0))]
-          for (path, x), v in zip(leaves, values)}
+  return {name: [str(x.dtype), int(v.addressable_data(0))] for (name, x), v in zip(leaves, values)}
 
 
 @jax.jit
 def _checksums(arrays):
   def one(x):
-    if x.dtype == jnp.bool_:
-      words = x.astype(jnp.uint32)
-    elif x.dtype.itemsize > 4:
-      words = jax.lax.bitcast_convert_type(x, jnp.uint32)
-    else:
-      unsigned = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}[x.dtype.itemsize]
-      words = jax.lax.bitcast_convert_type(x, unsigned).astype(jnp.uint32)
+    x = x.astype(jnp.uint8) if x.dtype == jnp.bool_ else x  # (bool has no bitcast)
+    unsigned = {1: jnp.uint8, 2: jnp.uint16}.get(x.dtype.itemsize, jnp.uint32)  # 8 bytes: 2 words
+    words = jax.lax.bitcast_convert_type(x, unsigned).astype(jnp.uint32)
     weights = jax.lax.iota(jnp.uint32, words.size).reshape(words.shape) * 2 + 1
     return jnp.sum(words * weights, dtype=jnp.uint32)
   return [one(x) for x in arrays]
@@ -152,7 +147,7 @@ def _keep_unless_abandoned_read(record):
 
 
 def flatten_metadata(tree):
-  """(path "a/b/0", array metadata) pairs of orbax's metadata tree (dicts, lists, None)."""
+  """(path "a/b/0", leaf) pairs of a tree, e.g. orbax's metadata tree (dicts, lists, None)."""
   return [("/".join(key_name(k) for k in path), leaf)  # (None: an optimizer state without arrays)
           for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]]
 
