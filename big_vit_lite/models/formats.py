@@ -25,24 +25,25 @@ def read_params(path) -> dict:
   return read_params_and_grid(path)[0]
 
 
-def read_params_and_grid(path):
+def read_params_and_grid(path, num_heads=None):
   """(canonical flat params, the (h, w) patch grid they were trained on or None).
 
   The grid is known for training checkpoints (workdir, step dir) whose saved
-  config has a training pp; files do not say it.
+  config has a training pp; files do not say it. num_heads: a timm file's, when the
+  model that reads it says it (else its metadata's, see `timm.read_timm`).
   """
-  if os.fspath(path).endswith(".safetensors"):
-    return timm.read_timm(path, num_heads=None), None
-  path = paths.resolve(path)
-  if path.is_dir():
-    tree, config = steps.load_params(path)
-    flat = layout.canonicalize(layout.to_numpy_flat(tree))
-    hw = steps.trained_hw(config, flat)
-    patch = flat["embedding/kernel"].shape[0] if "embedding/kernel" in flat else None
-    return flat, (hw[0] // patch, hw[1] // patch) if hw and patch else None
-  if not path.exists():
+  resolved = paths.resolve(path)
+  if not resolved.exists():
     raise ValueError(f"Checkpoint {path} does not exist.")
-  return layout.canonicalize(npz.read_npz(path)), None
+  if os.fspath(path).endswith(".safetensors"):
+    return timm.read_timm(path, num_heads), None
+  if resolved.is_dir():
+    tree, config = steps.load_params(resolved)
+    flat = layout.canonicalize(layout.to_numpy_flat(tree))
+    if hw := steps.trained_hw(config, flat):  # The image size its pp gives -> the patch grid.
+      hw = tuple(n // flat["embedding/kernel"].shape[0] for n in hw)
+    return flat, hw
+  return layout.canonicalize(npz.read_npz(resolved)), None
 
 
 def load(init_params, path, model_cfg=None, dont_load: Sequence[str] = (), grid_hw=None):
@@ -67,17 +68,13 @@ def load(init_params, path, model_cfg=None, dont_load: Sequence[str] = (), grid_
   Raises ValueError naming the first missing or mismatched param.
   """
   del model_cfg
-  path = os.fspath(path)
-  if path.endswith(".safetensors"):
-    num_heads = next(v.shape[-2] for k, v in layout.flatten(nn.meta.unbox(init_params)).items()
-                     if k.endswith("MultiHeadDotProductAttention_0/query/kernel"))
-    flat, src_grid_hw = timm.read_timm(path, num_heads), None
-  else:
-    flat, src_grid_hw = read_params_and_grid(path)
+  num_heads = next(v.shape[-2] for k, v in layout.flatten(nn.meta.unbox(init_params)).items()
+                   if k.endswith("MultiHeadDotProductAttention_0/query/kernel"))
+  flat, src_grid_hw = read_params_and_grid(path, num_heads)
   try:
     return layout.merge(init_params, flat, dont_load, grid_hw, src_grid_hw)
   except ValueError as e:
-    raise ValueError(f"Cannot load {path}: {e}") from None
+    raise ValueError(f"Cannot load {os.fspath(path)}: {e}") from None
 
 
 def save(params, path, image_size=None):

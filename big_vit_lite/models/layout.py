@@ -160,18 +160,15 @@ def arch(flat) -> dict:
   `flat` maps names to anything with a .shape; facts whose params are absent
   are left out.
   """
-  def shape(k):
-    return tuple(flat[k].shape) if k in flat else None
-  block = "Transformer/encoderblock_0"
   facts = {}
-  if shape("embedding/kernel"):
-    facts["patch"], _, facts["channels"], facts["width"] = shape("embedding/kernel")
+  if "embedding/kernel" in flat:
+    facts["patch"], _, facts["channels"], facts["width"] = flat["embedding/kernel"].shape
   if blocks := {m.group(1) for m in map(BLOCK_RE.match, flat) if m}:
     facts["depth"] = len(blocks)
-  if shape(f"{block}/MultiHeadDotProductAttention_0/query/kernel"):
-    facts["heads"] = shape(f"{block}/MultiHeadDotProductAttention_0/query/kernel")[1]
-  if shape(f"{block}/MlpBlock_0/Dense_0/kernel"):
-    facts["mlp_dim"] = shape(f"{block}/MlpBlock_0/Dense_0/kernel")[1]
+  for fact, name in (("heads", "MultiHeadDotProductAttention_0/query/kernel"),
+                     ("mlp_dim", "MlpBlock_0/Dense_0/kernel")):
+    if f"Transformer/encoderblock_0/{name}" in flat:
+      facts[fact] = flat[f"Transformer/encoderblock_0/{name}"].shape[1]
   facts["pool_type"] = "tok" if "cls" in flat else "map" if "MAPHead_0/probe" in flat else "gap"
   return facts
 

@@ -28,17 +28,13 @@ def gelu_exact(x):
   return x * _normal_cdf(x)
 
 
-def _gelu_exact_fwd(x):
-  return gelu_exact(x), x
-
-
 def _gelu_exact_bwd(x, g):
   x = jax.lax.optimization_barrier(x)  # Keeps XLA from merging this erf with the forward's.
   pdf = jnp.exp(-0.5 * x * x) * np.asarray(_INV_SQRT_2PI, x.dtype)
   return (g * (_normal_cdf(x) + x * pdf),)
 
 
-gelu_exact.defvjp(_gelu_exact_fwd, _gelu_exact_bwd)
+gelu_exact.defvjp(lambda x: (gelu_exact(x), x), _gelu_exact_bwd)
 
 
 def dot_product_attention(q, k, v):
@@ -56,16 +52,9 @@ def _head_scale(q):
   return np.asarray(1.0 / np.sqrt(q.shape[-1]), q.dtype)  # 1/sqrt(D/H)
 
 
-def _attention_fwd_math(q, k, v):
-  q = q * _head_scale(q)  # On q, not on the (larger) logits.
-  logits = jnp.einsum("bnqh,bnkh->bnqk", q, k, preferred_element_type=jnp.float32)
-  probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
-  return jnp.einsum("bnqk,bnkh->bnqh", probs, v), (q, probs)
-
-
 @jax.custom_vjp
 def _attention_core(q, k, v):
-  return _attention_fwd_math(q, k, v)[0]  # (batch, heads, seq, D/H)
+  return _attention_core_fwd(q, k, v)[0]  # (batch, heads, seq, D/H)
 
 
 def _transposed_copy(x):
@@ -75,8 +64,10 @@ def _transposed_copy(x):
 
 
 def _attention_core_fwd(q, k, v):
-  out, (q_scaled, probs) = _attention_fwd_math(q, k, v)
-  return out, (q_scaled, k, v, probs)
+  q = q * _head_scale(q)  # On q, not on the (larger) logits.
+  logits = jnp.einsum("bnqh,bnkh->bnqk", q, k, preferred_element_type=jnp.float32)
+  probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
+  return jnp.einsum("bnqk,bnkh->bnqh", probs, v), (q, k, v, probs)
 
 
 def _attention_core_bwd(res, dout):
@@ -101,7 +92,7 @@ def padded_attention(q, k, v, implementation="cudnn", multiple=None):
   the padded keys are masked (key_value_seq_lengths) and the padded query rows dropped, so
   the result is that of the unpadded attention.
   """
-  multiple = multiple or CUDNN_SEQ_MULTIPLE
+  multiple = multiple or CUDNN_SEQ_MULTIPLE  # (read at each call: a benchmark sets it)
   (b, t), s = q.shape[:2], k.shape[1]
   pad_t, pad_s = -t % multiple, -s % multiple
   pad = lambda a, n: jnp.pad(a, ((0, 0), (0, n), (0, 0), (0, 0))) if n else a

@@ -8,19 +8,17 @@ import numpy as np
 PARAM = "Transformer/posembed_input/pos_embedding"  # the learned table's name
 
 
-def sincos_2d(h: int, w: int, width: int, temperature: float = 10_000.0,
-              dtype=np.float32, num_prefix: int = 0) -> np.ndarray:
+def sincos_2d(h: int, w: int, width: int, num_prefix: int = 0) -> np.ndarray:
   """Fixed 2D sin-cos position embedding, shape (1, num_prefix + h*w, width), raster order.
 
-  The `num_prefix` rows first (a cls token's) are zeros: no position, as in big_vision.
+  Temperature 10,000, float32. The `num_prefix` rows first (a cls token's) are zeros: no
+  position, as in big_vision. The width must be divisible by 4.
   """
-  if width % 4:
-    raise ValueError(f"posemb='sincos2d' needs a width divisible by 4, got {width}.")
   y, x = np.mgrid[:h, :w]
-  omega = 1.0 / (temperature ** (np.arange(width // 4) / (width // 4 - 1 if width > 4 else 1)))
+  omega = 1.0 / (10_000.0 ** (np.arange(width // 4) / (width // 4 - 1 if width > 4 else 1)))
   y, x = np.einsum("m,d->md", y.flatten(), omega), np.einsum("m,d->md", x.flatten(), omega)
   pe = np.concatenate([np.sin(x), np.cos(x), np.sin(y), np.cos(y)], axis=1)
-  return np.concatenate([np.zeros((num_prefix, width), dtype), np.asarray(pe, dtype)])[None]
+  return np.concatenate([np.zeros((num_prefix, width), np.float32), pe.astype(np.float32)])[None]
 
 
 def square_grid(n: int):

@@ -203,8 +203,7 @@ def load_params(src, key="params"):
   except ValueError as e:
     raise ValueError(_cannot_read(step_dir, e)) from e
   if key not in tree:
-    hint = " (its run set no config.ema_decay)" if key == "ema" else ""
-    raise ValueError(f"Checkpoint {step_dir} holds no '{key}'{hint}.")
+    raise ValueError(f"Checkpoint {step_dir} holds no '{key}' (config.ema_decay saves 'ema').")
   # Restore only the params, as host numpy arrays (no device/mesh needed).
   restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree[key])
   try:

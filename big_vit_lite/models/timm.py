@@ -245,8 +245,6 @@ def read_timm(path, num_heads: Optional[int]) -> dict:
   num_heads=None takes it from the "timm_kwargs" metadata that `write_timm`
   stores (timm's state dict itself does not say how qkv splits into heads).
   """
-  if not paths.resolve(path).exists():
-    raise ValueError(f"Checkpoint {path} does not exist.")
   try:
     meta, sd = _read_safetensors(path)
   except Exception as e:  # pylint: disable=broad-except

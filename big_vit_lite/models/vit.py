@@ -203,9 +203,9 @@ class Encoder(nn.Module):
 
     block_cls = Encoder1DBlock
     if self.remat_policy not in (None, "none"):
-      policy = getattr(jax.checkpoint_policies, self.remat_policy)
       # prevent_cse is only needed outside scan (scan already stops CSE).
-      block_cls = nn.remat(block_cls, prevent_cse=not self.scan, policy=policy)
+      block_cls = nn.remat(block_cls, prevent_cse=not self.scan,
+                           policy=getattr(jax.checkpoint_policies, self.remat_policy))
     block_kw = dict(mlp_dim=self.mlp_dim, num_heads=self.num_heads, dropout=self.dropout,
                     drop_path=self.drop_path > 0, deterministic=not train,
                     dtype_mm=self.dtype_mm, gelu=self.gelu, attention=self.attention)
@@ -330,8 +330,6 @@ class Model(nn.Module):
     b, h, w, _ = image.shape
     p, d = a["patch_size"], a["width"]
     gh, gw = h // p, w // p
-    if gh < 1 or gw < 1:
-      raise ValueError(f"Image {h}x{w} is smaller than the patch size {p}.")
 
     x = image
     if self.stem_channels:
