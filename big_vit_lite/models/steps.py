@@ -148,16 +148,13 @@ def _keep_unless_abandoned_read(record):
 
 def flatten_metadata(tree):
   """(path "a/b/0", leaf) pairs of a tree, e.g. orbax's metadata tree (dicts, lists, None)."""
-  return [("/".join(key_name(k) for k in path), leaf)  # (None: an optimizer state without arrays)
+  return [(jax.tree_util.keystr(path, simple=True, separator="/"), leaf)  # (None: no arrays)
           for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]]
 
 
 def key_name(key):
   """A jax tree path entry as orbax names it (dict key, list index, namedtuple field)."""
-  for attr in ("key", "idx", "name"):
-    if hasattr(key, attr):
-      return str(getattr(key, attr))
-  return str(key)
+  return jax.tree_util.keystr((key,), simple=True)
 
 
 def complete_steps(workdir):

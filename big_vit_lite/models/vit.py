@@ -305,9 +305,6 @@ class Model(nn.Module):
     arch = decode_variant(self.variant) if self.variant else {}
     arch.update({k: getattr(self, k) for k in ("width", "depth", "mlp_dim", "num_heads",
                                                "patch_size") if getattr(self, k) is not None})
-    if len(arch) < 5:
-      raise ValueError("ViT needs a variant (e.g. 'B/16') or all of width, depth, mlp_dim, "
-                       "num_heads and patch_size.")
     return arch
 
   def _check(self):
