@@ -32,8 +32,7 @@ def read_params_and_grid(path, num_heads=None):
   config has a training pp; files do not say it. num_heads: a timm file's, when the
   model that reads it says it (else its metadata's, see `timm.read_timm`).
   """
-  resolved = paths.resolve(path)
-  if not resolved.exists():
+  if not (resolved := paths.resolve(path)).exists():
     raise ValueError(f"Checkpoint {path} does not exist.")
   if os.fspath(path).endswith(".safetensors"):
     return timm.read_timm(path, num_heads), None

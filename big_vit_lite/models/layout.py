@@ -54,9 +54,8 @@ def unstack_layers(flat: Mapping[str, np.ndarray]) -> dict:
   result = {}
   for k, v in flat.items():
     if k.startswith(SCAN_PREFIX):
-      rest = k[len(SCAN_PREFIX):]
-      for i in range(v.shape[0]):
-        result[f"Transformer/encoderblock_{i}/{rest}"] = v[i]
+      result.update((f"Transformer/encoderblock_{i}/{k[len(SCAN_PREFIX):]}", layer)
+                    for i, layer in enumerate(v))
     else:
       result[k] = v
   return result

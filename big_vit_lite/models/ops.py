@@ -11,12 +11,10 @@ import jax.numpy as jnp
 import numpy as np
 
 CUDNN_SEQ_MULTIPLE = 8  # cuDNN's tokens are padded to a multiple of this (see NOTES.md)
-_SQRT_HALF = np.sqrt(0.5)
-_INV_SQRT_2PI = 1 / np.sqrt(2 * np.pi)
 
 
 def _normal_cdf(x):
-  return 0.5 + 0.5 * jax.lax.erf(x * np.asarray(_SQRT_HALF, x.dtype))
+  return 0.5 + 0.5 * jax.lax.erf(x * np.asarray(np.sqrt(0.5), x.dtype))
 
 
 @jax.custom_vjp
@@ -30,7 +28,7 @@ def gelu_exact(x):
 
 def _gelu_exact_bwd(x, g):
   x = jax.lax.optimization_barrier(x)  # Keeps XLA from merging this erf with the forward's.
-  pdf = jnp.exp(-0.5 * x * x) * np.asarray(_INV_SQRT_2PI, x.dtype)
+  pdf = jnp.exp(-0.5 * x * x) * np.asarray(1 / np.sqrt(2 * np.pi), x.dtype)
   return (g * (_normal_cdf(x) + x * pdf),)
 
 
@@ -127,8 +125,7 @@ def _layer_norm_fwd(x, scale, bias, eps):
   return (x - mean) * rstd * scale.astype(dtype) + bias.astype(dtype), (x_in, mean, rstd, scale)
 
 
-def _layer_norm_bwd(eps, res, dy):
-  del eps
+def _layer_norm_bwd(_eps, res, dy):
   x_in, mean, rstd, scale = res
   xhat = (x_in.astype(mean.dtype) - mean) * rstd
   g = dy * scale.astype(dy.dtype)

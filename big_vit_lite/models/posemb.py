@@ -76,9 +76,8 @@ def fit(src: np.ndarray, src_prefix: int, tgt_shape: tuple, tgt_prefix: int,
                        f"shape {tgt_shape}; add it to dont_load to re-initialise it.")
     grid = resample(grid, tgt_hw, src_hw)
     logging.info("Resampled posemb from %d grid tokens to a %dx%d grid.", n_src, *tgt_hw)
-  if tgt_prefix and not src_prefix:  # big_vision/gap: the cls token had no posemb.
-    prefix = np.zeros((1, tgt_prefix, src.shape[2]), src.dtype)
-  elif not tgt_prefix:
-    prefix = src[:, :0]
+  # Without a source cls row (big_vision, gap), the cls token had no posemb: a zero row.
+  prefix = prefix[:, :tgt_prefix] if src_prefix else np.zeros((1, tgt_prefix, src.shape[2]),
+                                                              src.dtype)
   return np.concatenate([prefix, grid], axis=1)
 

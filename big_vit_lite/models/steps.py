@@ -171,11 +171,9 @@ def resolve_step_dir(src):
   src = paths.resolve(src)
   if (src / "state").is_dir():
     return src
-  for ckpt_dir in (src / CKPT_SUBDIR, src):
-    if ckpt_dir.is_dir():
-      steps = ocp.utils.checkpoint_steps(ckpt_dir)  # Complete (committed) steps only.
-      if steps:
-        return ckpt_dir / str(max(steps))
+  for ckpt_dir in (src / CKPT_SUBDIR, src):  # (checkpoint_steps: complete, committed steps only)
+    if ckpt_dir.is_dir() and (steps := ocp.utils.checkpoint_steps(ckpt_dir)):
+      return ckpt_dir / str(max(steps))
   raise ValueError(f"No complete checkpoint found in {src}: pass a training workdir, a checkpoint "
                    "step directory (.../checkpoints/<step>) or an .npz file.")
 
@@ -234,8 +232,8 @@ def trained_hw(config, flat) -> Optional[tuple[int, int]]:
   if not pp.strip() or "embedding/kernel" not in flat:
     return None
   from big_vit_lite.data import pp as pp_lib  # pylint: disable=g-import-not-at-top
-  stem = flat.get("stem/conv_0/kernel")  # The image goes into the stem, if any.
-  channels = (stem if stem is not None else flat["embedding/kernel"]).shape[2]
+  # The image goes into the stem, if any.
+  channels = flat.get("stem/conv_0/kernel", flat["embedding/kernel"]).shape[2]
   try:
     return pp_lib.output_hw(pp, channels=int(channels))
   except ValueError:  # a pp this version cannot build: the posemb's shape must do
