@@ -70,7 +70,6 @@ def test_prepare_suggests_the_near_name(tmp_path):
 @pytest.mark.parametrize("change, words", [
     (dict(batch_size=0), ["batch_size", ">= 1"]),
     (dict(shuffle_buffer_size=-1), ["shuffle_buffer_size"]),
-    (dict(prefetch=True), ["prefetch"]),
     (dict(batch_size=8.5), ["batch_size"]),
 ])
 def test_bad_input_numbers(tfds_data_dir, change, words):
@@ -212,12 +211,6 @@ def test_float32_image_features_decode_to_their_values(odd_labels):
   # Was the float's 4 bytes read as an RGBA pixel: 0.5 -> (0, 0, 0, 63).
   assert b["depth"].dtype == np.float32 and b["depth"].shape == (6, 4, 4, 1)
   assert sorted(b["depth"][:, 0, 0, 0].tolist()) == [0.5, 1.5, 2.5, 3.5, 4.5, 5.5]
-
-
-def test_big_vision_input_keys_say_what_to_use(odd_labels):
-  cfg = dict(data=odd_labels, batch_size=2, pp="decode", cache_raw=True)
-  _one_line_error(lambda: ip.make_train_iterator(cfg, seed=0, process_index=0, process_count=1),
-                  "input.cache_raw", "cache='raw'")
 
 
 def test_every_process_refuses_a_split_too_small_for_its_shards(odd_labels):
