@@ -25,7 +25,6 @@ import math
 import re
 
 import jax
-import numpy as np
 import tensorflow as tf
 
 from big_vit_lite.data import config_dict, count
