@@ -124,7 +124,7 @@ def _remove_converted():
 class ImageFolderSource:
   """Split SPLIT of ROOT: the same interface as sources.TfdsSource."""
 
-  def __init__(self, root, split, num_threads=16):
+  def __init__(self, root, split):
     if not root:
       raise ValueError("imagefolder needs data_dir=ROOT (images in ROOT/SPLIT/CLASS/*.jpg)")
     root = os.path.expanduser(root)
@@ -145,7 +145,7 @@ class ImageFolderSource:
       per_split[name] = [(f, labels[c]) for c in cdirs
                          for f in _images_under(os.path.join(root, name, c))]
     files = per_split[split] if whole else self._slices(split, per_split)
-    with concurrent.futures.ThreadPoolExecutor(num_threads) as pool:
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
       checks = list(pool.map(check_file, [f for f, _ in files]))
       # The files tf cannot decode right (e.g. TIFF) are converted once to PNGs
       # in a temporary folder (in the pool too: a folder may hold thousands),
