@@ -23,7 +23,8 @@ def read_idx(path, magic, count):
   ndim = raw[3]
   header = np.frombuffer(raw[:4 + 4 * ndim], ">u4")
   if header[0] != magic or header[1] != count:
-    raise ValueError(f"{path}: IDX header {header.tolist()} is not magic {magic} with {count} items")
+    raise ValueError(f"{path}: IDX header {header.tolist()} is not magic {magic} with {count} "
+                     f"items")
   return np.frombuffer(raw[4 + 4 * ndim:], np.uint8).reshape(header[1:])
 
 
