@@ -70,7 +70,6 @@ def test_prepare_suggests_the_near_name(tmp_path):
 @pytest.mark.parametrize("change, words", [
     (dict(batch_size=0), ["batch_size", ">= 1"]),
     (dict(shuffle_buffer_size=-1), ["shuffle_buffer_size"]),
-    (dict(prefetch=True), ["prefetch"]),
     (dict(batch_size=8.5), ["batch_size"]),
 ])
 def test_bad_input_numbers(tfds_data_dir, change, words):
@@ -97,7 +96,7 @@ def _save(path, img, fmt, **kw):
   img.save(path, fmt, **kw)
 
 
-def test_imagefolder_nested_and_odd_formats_into_a_grey_model(tmp_path, caplog):
+def test_imagefolder_nested_and_odd_formats_into_a_grey_model(tmp_path):
   root = str(tmp_path)
   grey = np.random.default_rng(0).integers(0, 256, (9, 11), dtype=np.uint8)
   g = Image.fromarray(grey)
@@ -109,12 +108,9 @@ def test_imagefolder_nested_and_odd_formats_into_a_grey_model(tmp_path, caplog):
   _save(f"{root}/train/b/cmyk.jpg", g.convert("CMYK"), "JPEG", quality=100)
   # 16-bit TIFF: came out white (Pillow's 8-bit conversion clips at 255).
   _save(f"{root}/train/b/x16.tif", Image.fromarray(grey.astype(np.uint16) * 257), "TIFF")
-  _save(f"{root}/train/loose.png", g, "PNG")               # not in a class: ignored, said so
+  _save(f"{root}/train/loose.png", g, "PNG")               # not in a class: ignored
   data = dict(name="imagefolder", data_dir=root, split="train")
-  with caplog.at_level(logging.WARNING):
-    batches = list(ip.make_eval_iterator(data, "decode(1)", 8, process_index=0,
-                                         process_count=1))
-  assert "loose.png" in caplog.text
+  batches = list(ip.make_eval_iterator(data, "decode(1)", 8, process_index=0, process_count=1))
   (b,) = batches
   names = [n.decode() for n in b["file_name"][b["_mask"]]]
   assert sorted(names) == ["train/a/2024/deep/nested.png", "train/a/x.png", "train/b/cmyk.jpg",
@@ -128,30 +124,6 @@ def test_imagefolder_nested_and_odd_formats_into_a_grey_model(tmp_path, caplog):
     np.testing.assert_array_equal(images[name][..., 0], grey, err_msg=name)
   for name in ("train/b/x.gif", "train/b/cmyk.jpg"):  # palette / lossy: close, not exact
     assert np.abs(images[name][..., 0].astype(int) - grey).mean() < 8, name
-
-
-class _FakeBuilder:
-  name = "somedata"
-  url_infos = {"https://nonexistent.invalid/data.tgz": None}
-
-  def is_prepared(self):
-    return False
-
-  def download_and_prepare(self, download_config=None):
-    raise AssertionError("offline: would retry for minutes")
-
-
-def test_prepare_offline_fails_fast_in_one_line(monkeypatch, tmp_path):
-  for var in ("https_proxy", "http_proxy", "all_proxy"):
-    monkeypatch.delenv(var, raising=False)
-    monkeypatch.delenv(var.upper(), raising=False)
-  monkeypatch.setattr(prepare, "GCS_HOST", ("nonexistent.invalid", 443))
-  monkeypatch.setattr(prepare, "get_builder", lambda *a, **k: _FakeBuilder())
-  _one_line_error(lambda: prepare.prepare("somedata", str(tmp_path)),
-                  "cannot download somedata", "nonexistent.invalid", str(tmp_path))
-  monkeypatch.setenv("HTTPS_PROXY", "http://proxy.invalid:3128")  # only the proxy can tell
-  with pytest.raises(AssertionError, match="would retry"):
-    prepare.prepare("somedata", str(tmp_path))
 
 
 def test_imagefolder_without_readable_images_says_so(tmp_path):
@@ -241,12 +213,6 @@ def test_float32_image_features_decode_to_their_values(odd_labels):
   assert sorted(b["depth"][:, 0, 0, 0].tolist()) == [0.5, 1.5, 2.5, 3.5, 4.5, 5.5]
 
 
-def test_big_vision_input_keys_say_what_to_use(odd_labels):
-  cfg = dict(data=odd_labels, batch_size=2, pp="decode", cache_raw=True)
-  _one_line_error(lambda: ip.make_train_iterator(cfg, seed=0, process_index=0, process_count=1),
-                  "input.cache_raw", "cache='raw'")
-
-
 def test_every_process_refuses_a_split_too_small_for_its_shards(odd_labels):
   # 6 examples in 8 shards: two shards are empty. Only the processes reading an empty shard
   # failed (at their first batch); the others went on to wait in collectives.
@@ -265,8 +231,6 @@ def test_prepare_of_a_hand_downloaded_dataset_says_manual_dir(tmp_path):
 
 @pytest.mark.parametrize("name, near", [
     ("fashion-mnist", "fashion_mnist"),  # Hugging Face's spelling: was a 10-line tfds error
-    ("ImageNet-1k", "imagenet2012"),
-    ("imagenet", "imagenet2012"),        # was imagenette, imagenet_r or imagenet_a
     ("ImageFolder", "imagefolder"),      # was "run prepare ImageFolder"
 ])
 def test_dataset_names_people_write_get_the_right_name(tmp_path, name, near):

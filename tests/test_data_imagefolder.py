@@ -142,42 +142,23 @@ def test_split_slices_are_disjoint_cover_and_hold_every_class(classes_folder):
 def test_split_slices_are_stable(classes_folder):
   from big_vit_lite.data import imagefolder  # pylint: disable=import-outside-toplevel
   # The fixed shuffle, pinned: the same on every machine and numpy version.
-  assert imagefolder.slice_indices("t", "t", None, "5", 33).tolist() == [4, 24, 26, 29, 32]
+  assert sorted(imagefolder.fixed_order(33)[:5]) == [4, 24, 26, 29, 32]
   a = imagefolder.ImageFolderSource(classes_folder, "train[:25%]")
   b = imagefolder.ImageFolderSource(classes_folder, "train[:25%]")
   assert a.files == b.files and len(a.files) == 8  # round(8.25)
 
 
-def test_split_percent_rounding_is_tfds(classes_folder):
-  import types  # pylint: disable=import-outside-toplevel
-  import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
-  from big_vit_lite.data import imagefolder  # pylint: disable=import-outside-toplevel
-  del classes_folder
-  for n in (1, 7, 10, 33, 50):
-    for lo, hi in ((None, "90%"), ("90%", None), ("12.5%", "-12.5%"), ("-50%", None),
-                   ("25%", "75%"), (None, "2.5%")):
-      spec = f"train[{lo or ''}:{hi or ''}]"
-      (abs_instr,) = tfds.core.ReadInstruction.from_spec(spec).to_absolute(
-          {"train": types.SimpleNamespace(num_examples=n)})
-      want = (n if abs_instr.to is None else abs_instr.to) - (abs_instr.from_ or 0)
-      if want <= 0:
-        with pytest.raises(ValueError, match="selects none"):
-          imagefolder.slice_indices(spec, "train", lo, hi, n)
-      else:
-        assert len(imagefolder.slice_indices(spec, "train", lo, hi, n)) == want, (spec, n)
-
-
 @pytest.mark.parametrize("split,problem", [
-    ("train[:90", "cannot read"), ("train[a:b]", "bad bound 'a'"), ("train[5]", "cannot read"),
-    ("train[10:50%]", "mixes a count and a percent"), ("train[:500]", "500 is outside the 33"),
-    ("train[:101%]", "outside"), ("train[5:5]", "selects none of the 33"),
-    ("train[50%:40%]", "selects none"), ("train+", "cannot read"),
+    ("train[:90", "Error parsing split"), ("train[a:b]", "Error parsing split"),
+    ("train[5]", "Error parsing split"), ("train[:500]", "incompatible with 33"),
+    ("train[:101%]", "[-100, 100]"), ("train[5:5]", "selects none of the 33"),
+    ("train[50%:40%]", "selects none"), ("train+", "Error parsing split"),
 ])
 def test_bad_split_slices_are_one_line(classes_folder, split, problem):
   with pytest.raises(ValueError) as e:
     ip.get_num_examples(dict(name="imagefolder", data_dir=classes_folder, split=split))
   msg = str(e.value)
-  assert "\n" not in msg and repr(split) in msg and problem in msg and "train[:90%]" in msg
+  assert "\n" not in msg and repr(split) in msg and problem in msg
   with pytest.raises(ValueError, match="no folder .*test"):
     ip.get_num_examples(dict(name="imagefolder", data_dir=classes_folder, split="test[:50%]"))
 
@@ -326,26 +307,9 @@ def test_a_link_cycle_does_not_repeat_images(tmp_path):
   _save(f"{tmp_path}/train/a/x.png", im, "PNG")
   _save(f"{tmp_path}/train/b/y.png", im, "PNG")
   os.symlink("..", f"{tmp_path}/train/a/up")  # was ~60 copies of each image
-  os.symlink("../b", f"{tmp_path}/train/a/also_b")  # a link into another folder is followed
+  os.symlink("../b", f"{tmp_path}/train/a/also_b")  # links to folders are not followed
   got = _folder_eval(tmp_path, "decode")
-  assert {n: label for n, (_, label) in got.items()} == {
-      "train/a/x.png": 0, "train/a/also_b/y.png": 0, "train/a/up/b/y.png": 0, "train/b/y.png": 1}
-
-
-def test_data_dir_that_is_a_split_folder_says_which_to_set(tmp_path):
-  for c in range(40):
-    _save(f"{tmp_path}/imagenet/train/n{c:08d}/x.png", Image.fromarray(np.zeros((2, 2, 3),
-                                                                              np.uint8)), "PNG")
-  # data_dir=ROOT/train: the error listed all class folders as "splits" (1,000 for ImageNet).
-  msg = _one_line_error(lambda: ip.get_num_examples(dict(
-      name="imagefolder", data_dir=f"{tmp_path}/imagenet/train", split="train")),
-      "it is a split folder itself", f"data_dir={tmp_path}/imagenet", "split='train'")
-  assert len(msg.replace(str(tmp_path), "T")) < 400  # short, whatever the tmp path
-  for c in range(41):
-    os.makedirs(f"{tmp_path}/many/split{c:02d}")
-  msg = _one_line_error(lambda: ip.get_num_examples(dict(
-      name="imagefolder", data_dir=f"{tmp_path}/many", split="train")), "41 in all")
-  assert len(msg.replace(str(tmp_path), "T")) < 400  # short, whatever the tmp path
+  assert {n: label for n, (_, label) in got.items()} == {"train/a/x.png": 0, "train/b/y.png": 1}
 
 
 def test_mixed_channel_counts_say_how_to_batch_them(tmp_path):
@@ -385,43 +349,17 @@ def test_a_damaged_png_is_skipped_not_a_crash(tmp_path, caplog):
   assert "damaged.png" in caplog.text
 
 
-def test_number_named_class_folders_warn_that_labels_follow_name_order(tmp_path, caplog):
-  for c in range(12):
-    _save(f"{tmp_path}/train/{c}/x.png", Image.fromarray(np.zeros((2, 2, 3), np.uint8)), "PNG")
-  with caplog.at_level(logging.WARNING):
-    got = _folder_eval(tmp_path, "decode")
-  assert got["train/10/x.png"][1] == 2  # as torchvision; was said nowhere
-  assert "folder '10' is label 2" in caplog.text and "leading zeros" in caplog.text
-
-
-def test_jfif_and_netpbm_images_are_read_other_formats_are_said(tmp_path, caplog):
+def test_jfif_and_netpbm_images_are_read(tmp_path):
   rgb = RNG.integers(0, 256, (5, 6, 3), dtype=np.uint8)
-  grey16 = RNG.integers(0, 2**16, (5, 6)).astype(np.uint16)
   # Were dropped without a word (torchvision reads .ppm and .pgm; browsers save .jfif).
   _save(f"{tmp_path}/train/a/photo.jfif", Image.fromarray(rgb), "JPEG", quality=100)
   _save(f"{tmp_path}/train/a/x.ppm", Image.fromarray(rgb), "PPM")
-  _save(f"{tmp_path}/train/a/x16.pgm", Image.fromarray(grey16), "PPM")  # Pillow: 32-bit "I"
-  _save(f"{tmp_path}/train/a/icon.ico", Image.fromarray(rgb), "ICO")
-  with caplog.at_level(logging.WARNING):
-    got = _folder_eval(tmp_path, "decode")
-  assert sorted(got) == ["train/a/photo.jfif", "train/a/x.ppm", "train/a/x16.pgm"]
+  _save(f"{tmp_path}/train/a/icon.ico", Image.fromarray(rgb), "ICO")  # not an image extension
+  got = _folder_eval(tmp_path, "decode")
+  assert sorted(got) == ["train/a/photo.jfif", "train/a/x.ppm"]
   np.testing.assert_array_equal(got["train/a/x.ppm"][0], rgb)
-  np.testing.assert_array_equal(got["train/a/x16.pgm"][0][..., 0], grey16 >> 8)  # as 16-bit PNGs
   want = tf.io.decode_jpeg(tf.io.read_file(str(tmp_path / "train/a/photo.jfif")))
   np.testing.assert_array_equal(got["train/a/photo.jfif"][0], want)
-  assert "ignored 1 file(s) in image formats not read here" in caplog.text
-  assert "icon.ico" in caplog.text
-
-
-def test_a_class_spelt_in_decomposed_unicode_is_the_same_class(tmp_path):
-  im = Image.fromarray(np.zeros((2, 2, 3), np.uint8))
-  _save(f"{tmp_path}/train/{unicodedata.normalize('NFC', 'café')}/x.png", im, "PNG")
-  _save(f"{tmp_path}/train/dog/x.png", im, "PNG")
-  # The val split copied from a Mac: its folder name decomposed (NFD). It was a third class.
-  _save(f"{tmp_path}/val/{unicodedata.normalize('NFD', 'café')}/y.png", im, "PNG")
-  train, val = _folder_eval(tmp_path, "decode"), _folder_eval(tmp_path, "decode", split="val")
-  assert sorted(label for _, label in train.values()) == [0, 1]
-  assert [label for _, label in val.values()] == [0]
 
 
 def test_file_names_that_are_not_utf8_are_read(tmp_path):

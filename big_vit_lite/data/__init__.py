@@ -11,7 +11,7 @@ Modules:
   prepare         `python -m big_vit_lite.data.prepare NAME` (offline datasets)
   offline_sources where prepare finds the offline datasets' source files
   builders/       tfds builders for the offline datasets and ImageNet-21k
-Here: the config checks these modules share (config_dict, count, is_number).
+Here: the config checks these modules share (config_dict, count).
 Measurements behind the choices: benchmarks/NOTES.md, section "Input pipeline (data/)".
 """
 import numbers
@@ -23,12 +23,6 @@ def config_dict(cfg, allowed, what):
   if unknown := sorted(set(cfg) - set(allowed)):
     raise ValueError(f"{what} has unknown key(s) {unknown}; allowed: {', '.join(allowed)}")
   return cfg
-
-
-def is_number(v, lists=False):
-  """A number (not a bool), or with `lists` also a non-empty list of numbers."""
-  vs = v if lists and isinstance(v, (tuple, list)) else [v]
-  return bool(vs) and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in vs)
 
 
 def count(value, what, minimum):

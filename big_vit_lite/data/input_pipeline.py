@@ -25,7 +25,6 @@ import math
 import re
 
 import jax
-import numpy as np
 import tensorflow as tf
 
 from big_vit_lite.data import config_dict, count
@@ -36,15 +35,6 @@ from big_vit_lite.data import sources
 # read by the trainer through `device.prefetch`.
 TRAIN_KEYS = ("data", "batch_size", "pp", "shuffle_buffer_size", "num_shards", "cache",
               "prefetch")
-# big_vision's input keys that are not ours: what to do instead.
-_FILTERS = "use a split slice (data.split='train[:90%]'): filters would break exact resume"
-_INSTEAD = {
-    "cache_raw": "use cache='raw' (leave it out for False)",
-    "num_parallel_calls": "not needed: the pp map runs with tf.data.AUTOTUNE",
-    "skip_errors": "not needed: image folders skip unreadable files up front, tfds datasets "
-                   "are checked when prepared",
-    "filter_fn": _FILTERS, "pre_filter_fn": _FILTERS, "post_filter_fn": _FILTERS,
-}
 _MAX_EPOCHS = 2**62
 _EVAL_KEY = 0x5EED  # eval augmentation (if any) is a fixed function of the example index
 
@@ -52,8 +42,6 @@ _EVAL_KEY = 0x5EED  # eval augmentation (if any) is a fixed function of the exam
 def _processes(process_index, process_count):
   process_count = jax.process_count() if process_count is None else process_count
   process_index = jax.process_index() if process_index is None else process_index
-  if not 0 <= process_index < process_count:
-    raise ValueError(f"process_index {process_index} not in [0, {process_count})")
   return process_index, process_count
 
 
@@ -100,27 +88,15 @@ def _data_errors(what):
   try:
     yield
   except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError) as e:
-    msg = str(e)
-    if "batch" in msg and "hape" in msg:
-      raise _batch_error(msg) from None
-    raise ValueError(f"{what}: preprocessing an example failed: {_tf_error_text(msg)}") from e
+    msg = _tf_error_text(str(e))
+    if "batch" in msg and "hape" in msg:  # tf's "cannot batch": examples of different shapes
+      raise ValueError(f"pp output has examples of different shapes, which cannot be batched: "
+                       f"end the pp with ops giving a fixed size (e.g. resize(224)) and channel "
+                       f"count (decode(3) or decode(1), not decode(0)); {msg[:200]}") from None
+    raise ValueError(f"{what}: preprocessing an example failed: {msg}") from e
   except (tf.errors.DataLossError, tf.errors.NotFoundError) as e:
     raise ValueError(f"{what}: a file is truncated or missing ({_tf_error_text(str(e))}); "
                      f"for a tfds dataset, delete its folder and prepare it again") from e
-
-
-def _batch_error(msg):
-  """tf's "cannot batch" error -> one line saying how to give every example one shape."""
-  detail = _tf_error_text(msg)
-  at = detail.find("Shapes are")
-  detail = detail[at:] if at >= 0 else detail
-  shapes = [s.split(",") for s in re.findall(r"\[(\d+(?:,\d+)*)\]", detail)[:2]]
-  if len(shapes) == 2 and len(shapes[0]) == 3 and shapes[0][:2] == shapes[1][:2]:
-    fix = "decode(3) or decode(1) (not decode(0)) gives every image the same channel count"
-  else:
-    fix = "end the pp with ops giving a fixed size (e.g. resize(224) or inception_crop(224))"
-  return ValueError(f"pp output has examples of different shapes, which cannot be batched: "
-                    f"{fix}; {detail[:200]}")
 
 
 def _tf_error_text(msg):
@@ -167,8 +143,6 @@ class TrainIterator:
       if int(saved := state.get(key, mine)) != mine:
         raise ValueError(f"data iterator state was saved with {key}={saved} but this run has "
                          f"{mine}; set {where}={saved} to resume the same data order")
-    if "examples_per_shard" not in state:
-      raise ValueError(f"data iterator state {state} lacks 'examples_per_shard'")
     # The position is in examples, so another batch size or pp resumes at the
     # same example; another split size means other data at that position.
     saved_n = state.get("num_examples", self.num_examples)
@@ -248,8 +222,6 @@ class TrainIterator:
 
 def make_train_iterator(input_cfg, *, seed, process_index=None, process_count=None):
   """TrainIterator over this process's shards; see the module docstring."""
-  for key in sorted(set(input_cfg) & set(_INSTEAD)):
-    raise ValueError(f"input.{key} (big_vision's) is not a key here: {_INSTEAD[key]}")
   cfg = config_dict(input_cfg, TRAIN_KEYS, "input config")
   for key in ("data", "batch_size", "pp"):
     if cfg.get(key) is None:
@@ -269,9 +241,6 @@ def make_train_iterator(input_cfg, *, seed, process_index=None, process_count=No
                      f"got {cache!r}")
   buf = cfg.get("shuffle_buffer_size", 10_000)
   buf = 0 if buf is None else count(buf, "input.shuffle_buffer_size (0 or None: no shuffle)", 0)
-  prefetch = cfg.get("prefetch", 2)
-  if prefetch is not None:
-    count(prefetch, "input.prefetch", 0)
   source = sources.get_source(cfg["data"])
   if source.num_examples == 0:
     skipped = getattr(source, "num_skipped", 0)

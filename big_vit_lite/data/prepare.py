@@ -14,10 +14,8 @@ Sources: scripts/fetch_offline_sources.sh installs them; offline_sources.py
 says where they are looked for. Re-running on a prepared dataset is a no-op.
 """
 import os
-import socket
 import sys
 import time
-import urllib.parse
 
 from absl import app
 from absl import flags
@@ -49,45 +47,6 @@ def get_builder(name, data_dir, source="auto"):
       f"{sources.OFFLINE_DATASETS + ('imagenet21k',)}" + (f"; {near}" if near else "")))
 
 
-_PROXY_VARS = ("https_proxy", "http_proxy", "all_proxy")
-GCS_HOST = ("storage.googleapis.com", 443)  # tfds tries its own copy there first
-
-
-def check_download_hosts(builder, data_dir, timeout=10.0):
-  """Fails fast, in one line, when none of a dataset's download hosts can be reached.
-
-  Offline, tfds' downloader retries each URL ten times with growing
-  back-off: `prepare` would sit for many minutes before failing. Skipped
-  behind a proxy (only the proxy can tell) and for datasets whose files
-  the user downloads by hand (tfds explains those itself).
-  """
-  if getattr(builder, "MANUAL_DOWNLOAD_INSTRUCTIONS", None) or any(
-      os.environ.get(v) or os.environ.get(v.upper()) for v in _PROXY_VARS):
-    return
-  try:
-    urls = list(builder.url_infos or {})
-  except Exception:  # pylint: disable=broad-except  (no checksums file: nothing to check)
-    return
-  hosts = {}
-  for url in urls:
-    parts = urllib.parse.urlsplit(url)
-    if parts.hostname:
-      hosts.setdefault(parts.hostname, parts.port or (80 if parts.scheme == "http" else 443))
-  if hosts:  # reaching tfds' GCS copy is enough
-    hosts.setdefault(*GCS_HOST)
-  errors = []
-  for host, port in hosts.items():
-    try:
-      socket.create_connection((host, port), timeout=timeout).close()
-      return
-    except OSError as e:
-      errors.append(f"{host}: {e}")
-  if errors:
-    raise ValueError(f"cannot download {builder.name}: {errors[0]} (offline?); prepare it on a "
-                     f"machine with internet (same command) and copy its folder "
-                     f"{builder.name}/ into {data_dir}")
-
-
 def prepare(name, data_dir=None, manual_dir=None, source="auto"):
   """Builds `name` into data_dir (idempotent); returns (builder, seconds)."""
   data_dir = sources.resolve_data_dir(data_dir)
@@ -103,8 +62,6 @@ def prepare(name, data_dir=None, manual_dir=None, source="auto"):
       # tfds' own error ends in a multi-line text that a one-line report cuts off.
       raise ValueError(f"{name} is downloaded by hand: put its files in a folder and pass "
                        f"--manual_dir=FOLDER ({' '.join(instructions.split())})")
-    if not manual_dir:
-      check_download_hosts(builder, data_dir)
     config = tfds.download.DownloadConfig(manual_dir=manual_dir) if manual_dir else None
     builder.download_and_prepare(download_config=config)
   return builder, time.time() - t0

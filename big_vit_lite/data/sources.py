@@ -35,18 +35,10 @@ def _prepare_hint(name, data_dir):
   return f"run `python -m big_vit_lite.data.prepare {name} --data_dir={data_dir}`"
 
 
-# Names people write for datasets that tfds (or we) call otherwise.
-_ALIASES = {"imagenet": "imagenet2012", "imagenet1k": "imagenet2012",
-            "imagenet_1k": "imagenet2012", "ilsvrc2012": "imagenet2012",
-            "imagenet22k": "imagenet21k", "image_folder": "imagefolder"}
-
-
 def name_hint(name):
   """'did you mean ...' for a misspelt dataset name, or ''."""
   known = tfds.list_builders(with_community_datasets=False) + ["imagefolder"]
   base = name.split(":")[0].split("/")[0].lower().replace("-", "_")
-  if base in _ALIASES:
-    return f"did you mean {_ALIASES[base]!r}?"
   near = difflib.get_close_matches(base, known, n=3, cutoff=0.75)
   return f"did you mean {' or '.join(repr(n) for n in near)}?" if near else ""
 
@@ -58,9 +50,7 @@ def tfds_builder(name, data_dir, unknown):
     return tfds.builder(name, data_dir=data_dir)
   except tfds.core.registered.DatasetNotFoundError:
     raise ValueError(unknown(name_hint(name))) from None
-  except AssertionError as e:  # e.g. a version that tfds does not have
-    raise ValueError(f"dataset {name!r}: {' '.join(str(e).split())}") from None
-  except ValueError as e:  # a name it cannot parse ("fashion-mnist"), a config it lacks
+  except (AssertionError, ValueError) as e:  # a version, config or name ("fashion-mnist") it lacks
     hint = name_hint(name)
     raise ValueError(f"dataset {name!r}: {str(e).splitlines()[0].rstrip('.: ')}"
                      + (f"; {hint}" if hint else "")) from None
@@ -118,10 +108,6 @@ class TfdsSource:
     if not builder.is_prepared():
       raise ValueError(f"dataset {name!r} is not prepared in {data_dir}; {hint}")
     self.name, self.info = name, builder.info
-    fmt = str(getattr(builder.info, "file_format", "tfrecord") or "tfrecord")
-    if "tfrecord" not in fmt.lower():
-      raise ValueError(f"dataset {name!r} is stored as {fmt}; only tfrecord is supported: "
-                       f"re-prepare it with the default file format")
     try:
       split_info = builder.info.splits[split]
     except (KeyError, ValueError, AssertionError) as e:

@@ -56,9 +56,6 @@ def get_onehot(depth, key="label", key_result=None, multi=True, on=1.0, off=0.0)
 
 @register("keep")
 def get_keep(*keys):
-  if not keys or not all(isinstance(k, str) for k in keys):
-    raise ValueError("keep needs one or more key names, e.g. keep('image', 'labels')")
-
   def op(data):
     missing = [k for k in keys if k not in data]
     if missing:

@@ -15,7 +15,6 @@ import math
 
 import tensorflow as tf
 
-from big_vit_lite.data import count, is_number
 from big_vit_lite.data.pp.registry import register
 from big_vit_lite.data.pp.rng import take_seed
 
@@ -131,9 +130,6 @@ NUM_OPS = 16
 
 @register("randaug")
 def get_randaug(num_layers=2, magnitude=10, key="image"):
-  num_layers = count(num_layers, "num_layers", 0)
-  if not is_number(magnitude) or not 0 <= magnitude <= 30:
-    raise ValueError(f"magnitude must be in [0, 30] (10 = full strength), got {magnitude!r}")
   level = magnitude / _MAX_LEVEL
 
   def op(data):

@@ -16,26 +16,6 @@ import difflib
 import inspect
 
 _OPS = {}
-# Names people reach for that have another name here (where difflib's guess is wrong).
-_RENAMED = {"random_flip_lr": "flip_lr", "resize_smaller": "resize_small",
-            "random_resized_crop": "inception_crop", "random_horizontal_flip": "flip_lr",
-            "normalize": "standardize"}
-# Ops of big_vision (and torchvision) configs that are not here: what to write instead.
-_INSTEAD = {
-    "clip_value_range": "standardize(mean=(122.771, 116.746, 104.094), "
-                        "std=(68.501, 66.632, 70.323)), CLIP's statistics on 0..255",
-    "squeeze_last_dim": "nothing: drop it (labels of tfds ClassLabel features and image "
-                        "folders are scalars already)",
-    "lookup": "integer labels: tfds ClassLabel features and image folders give class ids "
-              "(there is no string lookup here)",
-    "to_tensor": "value_range(0, 1)",
-    "grayscale": "decode(1)", "to_grayscale": "decode(1)", "rgb_to_grayscale": "decode(1)",
-    "mixup": "config.mixup = dict(mixup_alpha=0.2) (mixup runs on device in the train step)",
-    "cutmix": "config.mixup = dict(cutmix_alpha=1.0) (cutmix runs on device in the train step)",
-}
-_KEY_ARGS = ("key", "key_result", "inkey", "outkey")
-
-
 def register(name):
   """Decorator: registers an op factory under `name`."""
   def wrap(factory):
@@ -70,8 +50,6 @@ def parse_op(op_text):
   if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
     args = tuple(_literal(a, op_text) for a in node.args)
     kwargs = {k.arg: _literal(k.value, op_text) for k in node.keywords}
-    if None in kwargs:
-      raise ValueError(f"pp op {op_text!r}: **kwargs are not supported")
     return node.func.id, args, kwargs
   raise ValueError(f"pp op {op_text!r} is not valid; write it like "
                    f"'name' or 'name(arg, key=value)', and separate ops with '|'")
@@ -80,11 +58,8 @@ def parse_op(op_text):
 def build_op(op_text):
   name, args, kwargs = parse_op(op_text)
   if name not in _OPS:
-    near = ([_RENAMED[name]] if name in _RENAMED else
-            [repr(n) for n in difflib.get_close_matches(name, known_ops(), n=1, cutoff=0.6)])
-    hint = f"did you mean {near[0]}? " if near else ""
-    if name in _INSTEAD:
-      hint = f"it is not available here; instead use {_INSTEAD[name]}. "
+    near = difflib.get_close_matches(name, known_ops(), n=1, cutoff=0.6)
+    hint = f"did you mean {near[0]!r}? " if near else ""
     raise ValueError(f"unknown pp op {name!r} in {op_text!r}; {hint}known ops: "
                      f"{', '.join(known_ops())}")
   factory = _OPS[name]
@@ -97,11 +72,6 @@ def build_op(op_text):
   except TypeError as e:
     raise ValueError(f"pp op {op_text!r}: bad arguments ({e}); signature is "
                      f"{name}{sig}") from None
-  for arg, value in {**bound.arguments, **io}.items():
-    if arg in _KEY_ARGS and value is not None and not isinstance(value, str):
-      # flip_lr(0.5) would read the key 0.5 (flip_lr takes no probability).
-      raise ValueError(f"pp op {op_text!r}: {arg} must be a key name (a string), got "
-                       f"{value!r}; signature is {name}{sig}")
   inkey, outkey = io.get("inkey"), io.get("outkey")
   if (inkey or outkey) and "key" not in bound.arguments:  # (a `key` given overrides both)
     kwargs["key"] = inkey = inkey or "image"
