@@ -94,13 +94,6 @@ def read_source(src, key="params"):
   return flat, config, int(src.name) if src.name.isdigit() else 0
 
 
-def trained_hw(src, flat, saved_config):
-  """(h, w) the model was trained at if SRC says it (timm file metadata, a run's pp), or None."""
-  if str(src).endswith(".safetensors"):
-    return timm.timm_image_size(src)
-  return steps.trained_hw(saved_config, flat)
-
-
 def infer_model_cfg(flat):
   """vit.Model kwargs read off the param shapes (any layout `layout.canonicalize` reads)."""
   flat = layout.canonicalize(flat)
@@ -123,19 +116,21 @@ def infer_model_cfg(flat):
 def native_input_shape(flat, saved_config, hw=None):
   """(res, channels) the model was trained at, from the param shapes.
 
-  hw: the (h, w) it was trained at (see trained_hw); None: the saved config's training pp
-  tells, if any. res is None for a sincos2d model of unknown training size: it runs at
-  whatever size the eval pp gives.
+  hw: the (h, w) it was trained at when known otherwise (a timm export's metadata); else
+  the saved config's training pp tells, if any. res is None for a sincos2d model of unknown
+  training size: it runs at whatever size the eval pp gives.
   """
   flat = layout.canonicalize(flat)
   patch = flat["embedding/kernel"].shape[0]
   # The image goes into the stem, if any.
   channels = int(flat.get("stem/conv_0/kernel", flat["embedding/kernel"]).shape[2])
+  from_pp = hw is None
   hw = hw or steps.trained_hw(saved_config, flat)
   if hw and hw[0] != hw[1]:
     # A 4x9 grid has as many tokens as a 6x6 one: run square, its posemb would be scrambled.
-    raise ValueError(f"The checkpoint was trained on {hw[0]}x{hw[1]} images but evaluate runs "
-                     "square images only.")
+    said = f"its pp: {str(saved_config.input.pp)!r}" if from_pp else "its timm metadata"
+    raise ValueError(f"The checkpoint was trained on {hw[0]}x{hw[1]} images ({said}): evaluate "
+                     "runs square images only.")
   posemb = flat.get("Transformer/posembed_input/pos_embedding")
   if posemb is None:  # sincos posemb has no params: the training pp's size, if known.
     return (hw[0] if hw else None), channels
@@ -180,9 +175,10 @@ def make_predict_fn(model, res, channels, patch=1):
   def predict_fn(params, images):
     _, h, w, c = images.shape
     if c != channels or (res is not None and (h // patch, w // patch) != (res // patch,) * 2):
-      want = f"{channels} channels" if res is None else f"{res}x{res}x{channels} (resize to {res})"
+      want = (f"{channels} channels:" if res is None else
+              f"{res}x{res}x{channels}: resize to {res} and")
       example = f"channels={channels}" if res is None else f"res={res},channels={channels}"
-      raise ValueError(f"The eval pp gives {h}x{w}x{c} images but the model takes {want}: decode "
+      raise ValueError(f"The eval pp gives {h}x{w}x{c} images but the model takes {want} decode "
                        f"with channels={channels} in the pp (e.g. configs/fewshot.py:{example}).")
     return model.apply({"params": params}, images.astype(jnp.float32), train=False)
   return predict_fn
@@ -198,7 +194,8 @@ def load_model(src, key, config, mesh, rules, default_res=None):
   """
   flat, saved_config, step = read_source(src, key)
   model, model_cfg = build_model(config, flat, saved_config)
-  res, channels = native_input_shape(flat, saved_config, trained_hw(src, flat, saved_config))
+  timm_hw = timm.timm_image_size(src) if str(src).endswith(".safetensors") else None
+  res, channels = native_input_shape(flat, saved_config, timm_hw)
   res = res or default_res
   logging.info("Model input: %sx%sx%d; checkpoint step %d.", res or "any", res or "any",
                channels, step)

@@ -35,6 +35,7 @@ from absl import flags
 
 from big_vit_lite import evaluate
 from big_vit_lite.models import formats
+from big_vit_lite.models import steps
 from big_vit_lite.models import timm
 
 
@@ -72,8 +73,9 @@ def export(src: str, out: str, fmt=None, res=None, key="params") -> dict:
     raise ValueError(f"--out={out}: the directory {parent} does not exist.")
   flat, config, _ = evaluate.read_source(src, key)
   res = _parse_res(res)
-  if res is None and fmt == "timm":  # A run's config or our timm file says its size.
-    res = evaluate.trained_hw(src, flat, config)
+  if res is None and fmt == "timm":  # Our timm file or a run's config says its image size.
+    res = (timm.timm_image_size(src) if str(src).endswith(".safetensors") else
+           steps.trained_hw(config, flat))
   kwargs = formats.save(flat, out, image_size=res)
   if fmt == "npz":
     return {"out": out, "format": "npz", "num_params": len(flat)}
