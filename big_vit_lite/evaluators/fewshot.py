@@ -28,8 +28,7 @@ Config (evals.NAME minus type/log_steps):
   shots, num_seeds: k-shot settings and seeds. Unset (None), shots is
     DEFAULT_SHOTS less the counts a dataset cannot supply (one warning names
     them); set, every class of each train split needs at least max(shots)
-    examples. Every test class must be one of the train split's (labels are
-    class ids >= 0).
+    examples. Every test class must be one of the train split's (at least 2).
   representation_layer: "pre_logits" (default), "logits" or any key of the
     model's `out` ("encoded", "block03", ...); token_pool: "mean" or
     "flatten" for token-shaped layers (see features.representation).
