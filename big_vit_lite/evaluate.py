@@ -85,8 +85,8 @@ def read_source(src, key="params"):
   src = paths.resolve(src)  # Local or on a bucket (gs://...).
   if not src.is_dir():
     if key != "params":
-      raise ValueError(f"{src} is a file (one set of params), not a training checkpoint with "
-                       "EMA params: pass a training workdir or step directory, or drop use_ema.")
+      raise ValueError(f"{src} is a file holding one set of params, no EMA: pass a training "
+                       "workdir or step directory to read a run's EMA weights.")
     return formats.read_params(src), None, 0  # (canonical, whatever wrote the file)
   src = steps.resolve_step_dir(src)
   params, config = steps.load_params(src, key)
@@ -224,13 +224,13 @@ def format_table(results):
         shots.setdefault(m.group(1), {})[int(m.group(2))] = v
       else:
         lines.append(f"  {k:<24}{v:9.4f}")
-    cols = sorted({s for d in shots.values() for s in d})
-    width = max([len("dataset"), *map(len, shots)])
     if shots:
+      cols = sorted({s for d in shots.values() for s in d})
+      width = max(len("dataset"), *map(len, shots))
       lines.append(f"  {'dataset':<{width}}" + "".join(f"{f'{s}-shot':>9}" for s in cols))
-    for ds, by_shot in shots.items():
-      cells = "".join(f"{by_shot.get(s, float('nan')):9.4f}" for s in cols)
-      lines.append(f"  {ds:<{width}}{cells}")
+      for ds, by_shot in shots.items():
+        cells = "".join(f"{by_shot.get(s, float('nan')):9.4f}" for s in cols)
+        lines.append(f"  {ds:<{width}}{cells}")
   return "\n".join(lines)
 
 
