@@ -22,15 +22,13 @@ from big_vit_lite.evaluators import logistic
 from big_vit_lite.evaluators import presets
 from big_vit_lite.evaluators import ridge
 
-DEFAULT_L2_REGS = presets.LINEAR_PROBE_L2_REGS
-
 
 class Evaluator(feats.DatasetsEvaluator):
   """Logistic-regression probe on one or more datasets."""
 
   def __init__(self, predict_fn, *, mesh, datasets=None, pp=feats.DEFAULT_PP,
                representation_layer="pre_logits", token_pool="mean", batch_size=256,
-               l2_regs=DEFAULT_L2_REGS, holdout_fraction=0.1, seed=0,
+               l2_regs=presets.LINEAR_PROBE_L2_REGS, holdout_fraction=0.1, seed=0,
                max_iter=1000, tol=1e-4, label_key="label", train_split="train",
                test_split="test"):
     self.holdout_fraction = float(holdout_fraction)
