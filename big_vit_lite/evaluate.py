@@ -83,16 +83,10 @@ def read_source(src, key="params"):
   into the model): a run writing steps meanwhile cannot mix one step's config in another's.
   """
   src = paths.resolve(src)  # Local or on a bucket (gs://...).
-  if not src.exists():
-    raise ValueError(f"model_init={src} does not exist; pass a training workdir, a "
-                     "checkpoint step directory or an .npz.")
-  if key != "params" and not src.is_dir():
-    raise ValueError(f"use_ema=True reads a training checkpoint's EMA params, but {src} is a file "
-                     "(one set of params): pass a training workdir or step dir, or drop use_ema.")
   if not src.is_dir():
-    if not src.name.endswith((".npz", ".safetensors")):
-      raise ValueError(f"model_init={src} is neither a directory nor an .npz or .safetensors "
-                       "file; pass a training workdir, a checkpoint step directory or an .npz.")
+    if key != "params":
+      raise ValueError(f"{src} is a file holding one set of params, no EMA: pass a training "
+                       "workdir or step directory to read a run's EMA weights.")
     return formats.read_params(src), None, 0  # (canonical, whatever wrote the file)
   src = steps.resolve_step_dir(src)
   params, config = steps.load_params(src, key)
@@ -100,67 +94,53 @@ def read_source(src, key="params"):
   return flat, config, int(src.name) if src.name.isdigit() else 0
 
 
-def _stem_kernels(flat):
-  """The conv stem's kernels (3, 3, C_in, C_out) in order; [] for a plain patchify."""
-  kernels = []
-  while f"stem/conv_{len(kernels)}/kernel" in flat:
-    kernels.append(flat[f"stem/conv_{len(kernels)}/kernel"])
-  return kernels
-
-
-def _arch(flat, needs=("patch",)):
-  """layout.arch of canonical params; a one-line error if one of the facts `needs` is absent."""
-  facts = layout.arch(flat)
-  parts = {"patch": "patch embedding", "heads": "attention", "mlp_dim": "MLP"}
-  for fact in needs:
-    if fact not in facts:
-      raise ValueError(f"model_init holds no ViT params: no {parts[fact]}.")
-  return facts
-
-
 def infer_model_cfg(flat):
   """vit.Model kwargs read off the param shapes (any layout `layout.canonicalize` reads)."""
   flat = layout.canonicalize(flat)
-  a = _arch(flat, needs=("patch", "heads", "mlp_dim"))
+  a = layout.arch(flat)
+  if not {"patch", "heads", "mlp_dim"} <= a.keys():
+    raise ValueError("model_init holds no ViT params (no patch embedding, attention or MLP).")
   cfg = dict(variant=None, width=a["width"], depth=a["depth"], mlp_dim=a["mlp_dim"],
              num_heads=a["heads"], patch_size=a["patch"], pool_type=a["pool_type"],
              posemb="learn" if any(k.endswith("pos_embedding") for k in flat) else "sincos2d")
   if "pre_logits/kernel" in flat:
     cfg["rep_size"] = int(flat["pre_logits/kernel"].shape[1])
-  if stem := _stem_kernels(flat):
-    cfg["stem_channels"] = tuple(int(k.shape[3]) for k in stem)
+  stem = []  # The conv stem's output channels, if any.
+  while f"stem/conv_{len(stem)}/kernel" in flat:
+    stem.append(int(flat[f"stem/conv_{len(stem)}/kernel"].shape[3]))
+  if stem:
+    cfg["stem_channels"] = tuple(stem)
   return cfg
 
 
-def native_input_shape(flat, saved_config, trained_hw=None):
+def native_input_shape(flat, saved_config, hw=None):
   """(res, channels) the model was trained at, from the param shapes.
 
-  trained_hw: the (h, w) it was trained at when known otherwise (a timm export's metadata);
-  else the saved config's training pp tells, if any. res is None for a sincos2d model of
-  unknown training size: it runs at whatever size the eval pp gives.
+  hw: the (h, w) it was trained at when known otherwise (a timm export's metadata); else
+  the saved config's training pp tells, if any. res is None for a sincos2d model of unknown
+  training size: it runs at whatever size the eval pp gives.
   """
   flat = layout.canonicalize(flat)
-  patch, stem = _arch(flat)["patch"], _stem_kernels(flat)
+  patch = flat["embedding/kernel"].shape[0]
   # The image goes into the stem, if any.
-  channels = int((stem[0] if stem else flat["embedding/kernel"]).shape[2])
-  from_pp = trained_hw is None
-  if from_pp:
-    trained_hw = steps.trained_hw(saved_config, flat)
-  if trained_hw and trained_hw[0] != trained_hw[1]:
+  channels = int(flat.get("stem/conv_0/kernel", flat["embedding/kernel"]).shape[2])
+  from_pp = hw is None
+  hw = hw or steps.trained_hw(saved_config, flat)
+  if hw and hw[0] != hw[1]:
     # A 4x9 grid has as many tokens as a 6x6 one: run square, its posemb would be scrambled.
     said = f"its pp: {str(saved_config.input.pp)!r}" if from_pp else "its timm metadata"
-    raise ValueError(f"The checkpoint was trained on {trained_hw[0]}x{trained_hw[1]} images "
-                     f"({said}): evaluate runs square images only.")
+    raise ValueError(f"The checkpoint was trained on {hw[0]}x{hw[1]} images ({said}): evaluate "
+                     "runs square images only.")
   posemb = flat.get("Transformer/posembed_input/pos_embedding")
   if posemb is None:  # sincos posemb has no params: the training pp's size, if known.
-    return (trained_hw[0] if trained_hw else None), channels
+    return (hw[0] if hw else None), channels
   tokens = posemb.shape[1] - ("cls" in flat)  # canonical: a cls row iff a cls
   side = math.isqrt(tokens)
   if side * side != tokens:
     raise ValueError(f"The checkpoint's position embedding has {tokens} patch tokens, not a "
                      "square grid: evaluate runs square images only.")
-  if trained_hw and trained_hw[0] // patch == side:
-    return trained_hw[0], channels  # Also when the patch does not divide it (So400m/14, 384).
+  if hw and hw[0] // patch == side:
+    return hw[0], channels  # Also when the patch does not divide it (So400m/14, 384).
   return side * patch, channels
 
 
@@ -168,14 +148,12 @@ def build_model(config, flat, saved_config):
   """(vit.Model, kwargs) from the saved run config or the param shapes + overrides."""
   if saved_config is not None and "model" in saved_config:
     model_cfg, source = saved_config.model.to_dict(), "the checkpoint's saved config"
-    model_name = saved_config.get("model_name", "vit")
   else:
-    model_cfg, source, model_name = infer_model_cfg(flat), "the param shapes", "vit"
+    model_cfg, source = infer_model_cfg(flat), "the param shapes"
   # big_vision's eval configs say model_name="vit" too: read, not an unread-key error.
-  model_name = config.get("model_name") or model_name
+  if config.get("model_name", "vit") != "vit":
+    raise ValueError(f"model_name={config.model_name!r}: only 'vit' is supported.")
   overrides = {k: v for k, v in config.consume("model", {}).items() if v is not None}
-  if model_name != "vit":
-    raise ValueError(f"model_name={model_name!r}: only 'vit' is supported.")
   model_cfg.update(overrides)
   model_cfg["num_classes"] = int(flat["head/kernel"].shape[1]) if "head/kernel" in flat else 0
   # Evaluation never uses dropout or remat.
@@ -197,12 +175,11 @@ def make_predict_fn(model, res, channels, patch=1):
   def predict_fn(params, images):
     _, h, w, c = images.shape
     if c != channels or (res is not None and (h // patch, w // patch) != (res // patch,) * 2):
-      want, example = f"{channels} channels: decode", f"channels={channels}"
-      if res is not None:
-        want = f"{res}x{res}x{channels}: resize to {res} and decode"
-        example = f"res={res},{example}"
-      raise ValueError(f"The eval pp gives {h}x{w}x{c} images but the model takes {want} with "
-                       f"channels={channels} in the pp (e.g. configs/fewshot.py:{example}).")
+      want = (f"{channels} channels:" if res is None else
+              f"{res}x{res}x{channels}: resize to {res} and")
+      example = f"channels={channels}" if res is None else f"res={res},channels={channels}"
+      raise ValueError(f"The eval pp gives {h}x{w}x{c} images but the model takes {want} decode "
+                       f"with channels={channels} in the pp (e.g. configs/fewshot.py:{example}).")
     return model.apply({"params": params}, images.astype(jnp.float32), train=False)
   return predict_fn
 
@@ -217,8 +194,8 @@ def load_model(src, key, config, mesh, rules, default_res=None):
   """
   flat, saved_config, step = read_source(src, key)
   model, model_cfg = build_model(config, flat, saved_config)
-  trained_hw = timm.timm_image_size(src) if str(src).endswith(".safetensors") else None
-  res, channels = native_input_shape(flat, saved_config, trained_hw)
+  timm_hw = timm.timm_image_size(src) if str(src).endswith(".safetensors") else None
+  res, channels = native_input_shape(flat, saved_config, timm_hw)
   res = res or default_res
   logging.info("Model input: %sx%sx%d; checkpoint step %d.", res or "any", res or "any",
                channels, step)
@@ -241,23 +218,19 @@ def format_table(results):
   lines = []
   for name, res in results.items():
     lines.append(f"== {name}")
-    shots, rest = {}, {}
+    shots = {}
     for k, v in res.items():
       if m := re.fullmatch(r"(.+)_(\d+)shot", k):
         shots.setdefault(m.group(1), {})[int(m.group(2))] = v
       else:
-        rest[k] = v
+        lines.append(f"  {k:<24}{v:9.4f}")
     if shots:
       cols = sorted({s for d in shots.values() for s in d})
-      width = max(len("dataset"), *(len(d) for d in shots))
+      width = max(len("dataset"), *map(len, shots))
       lines.append(f"  {'dataset':<{width}}" + "".join(f"{f'{s}-shot':>9}" for s in cols))
       for ds, by_shot in shots.items():
-        cells = "".join(f"{100 * by_shot[s]:8.2f}%" if s in by_shot else f"{'-':>9}" for s in cols)
+        cells = "".join(f"{by_shot.get(s, float('nan')):9.4f}" for s in cols)
         lines.append(f"  {ds:<{width}}{cells}")
-    for k, v in rest.items():
-      is_acc = k.startswith("prec@") or name.startswith("linear_probe") or (
-          0.0 <= v <= 1.0 and k != "loss")
-      lines.append(f"  {k:<24}{100 * v:8.2f}%" if is_acc else f"  {k:<24}{v:9.4f}")
   return "\n".join(lines)
 
 
@@ -290,47 +263,18 @@ class _CtrlC:
 _CTRL_C = _CtrlC()
 
 
-def _drop_earlier_results(path, step, keys):
-  """Removes `keys` from metrics.jsonl's lines at `step`: evaluating a step again replaces them.
+def _drop_earlier_results(workdir, step, keys):
+  """Removes `keys` from metrics.jsonl's rows at `step`: evaluating a step again replaces them.
 
-  Lines left with only "step" go; others stay. Rewritten (through a rename, so a kill
+  Rows left with only "step" go; others stay. Rewritten (through a rename, so a kill
   cannot lose the file) only when something changes.
   """
-  if not path.exists():
-    return
-  text = path.read_text()
-  kept, changed = [], bool(text) and not text.endswith("\n")  # A torn last line.
-  for line in text.splitlines():
-    try:
-      row = json.loads(line)
-    except ValueError:
-      row = None
-    if isinstance(row, dict) and row.get("step") == step and keys & row.keys():
-      changed = True
-      row = {k: v for k, v in row.items() if k not in keys}
-      if len(row) > 1:
-        kept.append(json.dumps(row))
-    else:
-      kept.append(line)
-  if changed:
-    tmp = path.parent / (path.name + ".tmp")
-    tmp.write_text("".join(line + "\n" for line in kept))
-    tmp.replace(path)
-
-
-def check_workdir(workdir):
-  """A one-line error now, not a traceback after the evals, for an OUT that cannot be written."""
-  out = paths.resolve(workdir)
-  if out.exists() and not out.is_dir():
-    raise ValueError(f"--workdir {out} exists and is not a directory: pass a directory.")
-  if (out / "metrics.jsonl").is_dir():
-    raise ValueError(f"{out / 'metrics.jsonl'} is a directory: remove it or pass another "
-                     "--workdir.")
-  if not paths.is_uri(workdir):  # Local: the nearest existing folder must take new files.
-    parent = next(p for p in (out, *out.parents) if p.exists())
-    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-      raise ValueError(f"Cannot write to --workdir {out}: {parent} is not a writable "
-                       "directory; pass another --workdir.")
+  rows = metrics.read_metrics(workdir)
+  if any(r["step"] == step and keys & r.keys() for r in rows):
+    rows = [{k: v for k, v in r.items() if r["step"] != step or k not in keys} for r in rows]
+    tmp = paths.resolve(workdir) / "metrics.jsonl.tmp"
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows if len(r) > 1))
+    tmp.replace(tmp.parent / "metrics.jsonl")
 
 
 def write_results(workdir, step, results):
@@ -342,7 +286,7 @@ def write_results(workdir, step, results):
   try:
     writer = metrics.MetricWriter(workdir)
     if jax.process_index() == 0:
-      _drop_earlier_results(writer.path, step, set(row))
+      _drop_earlier_results(workdir, step, set(row))
     writer.write(step, row)
     writer.close()
   finally:
@@ -372,12 +316,6 @@ def _eval_entries(cfg):
 
 def _make_evaluators(entries, model, mesh, cfg):
   """{name: Evaluator} on the model's predict_fn; a config mistake names its entry."""
-  for name, (_, etype, _) in entries.items():
-    if etype == "classification" and not model.model_cfg["num_classes"]:
-      # Without a head the "logits" are the features: their accuracy would mean nothing.
-      raise ValueError(f"evals.{name}: the checkpoint has no classification head "
-                       "(num_classes=0), so a classification eval has nothing to score; "
-                       "use fewshot or linear_probe on its features.")
   cfg.check_all_read()  # Before the evaluators read any data (fewshot reads its labels).
   out = {}
   for name, (cls, etype, ecfg) in entries.items():
@@ -429,8 +367,8 @@ def evaluate(config, workdir):
                      "workdir, a checkpoint step directory or an .npz).")
   if "evals" not in cfg or not len(cfg.raw.evals):
     raise ValueError("The config has no `evals`: nothing to evaluate.")
-  if jax.process_index() == 0:  # The process that writes (see metrics.MetricWriter).
-    check_workdir(workdir)
+  if jax.process_index() == 0:  # Now, not after the evals: an OUT that cannot be written.
+    metrics.MetricWriter(workdir).path.open("a").close()
   # The entries first: a mistake there stops before a large checkpoint is read.
   entries = _eval_entries(cfg)
   mesh = sharding.make_mesh(cfg.get("mesh"))

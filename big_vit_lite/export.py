@@ -33,9 +33,8 @@ import sys
 from absl import app
 from absl import flags
 
-from big_vit_lite import paths
+from big_vit_lite import evaluate
 from big_vit_lite.models import formats
-from big_vit_lite.models import layout
 from big_vit_lite.models import steps
 from big_vit_lite.models import timm
 
@@ -72,19 +71,11 @@ def export(src: str, out: str, fmt=None, res=None, key="params") -> dict:
                      f"for --format={fmt or 'npz|timm'} (the loaders go by the suffix).")
   if not os.path.isdir(parent := os.path.dirname(os.path.abspath(out))):
     raise ValueError(f"--out={out}: the directory {parent} does not exist.")
+  flat, config, _ = evaluate.read_source(src, key)
   res = _parse_res(res)
-  if paths.resolve(src).is_dir():  # A training checkpoint: its config knows the image size.
-    params, config = steps.load_params(src, key)
-    flat = layout.canonicalize(layout.to_numpy_flat(params))
-    if res is None and fmt == "timm":
-      res = steps.trained_hw(config, flat)
-  elif key != "params":
-    raise ValueError(f"--params={key} reads a training checkpoint's EMA, but {src} is a file "
-                     "(one set of params): pass a training workdir or step directory.")
-  else:
-    flat = formats.read_params(src)
-    if res is None and fmt == "timm" and str(src).endswith(".safetensors"):
-      res = timm.timm_image_size(src)  # Our timm file says its size (it may be non-square).
+  if res is None and fmt == "timm":  # Our timm file or a run's config says its image size.
+    res = (timm.timm_image_size(src) if str(src).endswith(".safetensors") else
+           steps.trained_hw(config, flat))
   kwargs = formats.save(flat, out, image_size=res)
   if fmt == "npz":
     return {"out": out, "format": "npz", "num_params": len(flat)}

@@ -49,15 +49,15 @@ def test_registry_finds_types_and_rejects_others(mesh):
     get_evaluator_cls("ridge")  # a helper module, not an evaluator
   with pytest.raises(TypeError, match="shotz"):
     fewshot.Evaluator(pixels_predict_fn, mesh=mesh, shotz=(1,))
-  with pytest.raises(ValueError, match="datasets"):
+  with pytest.raises(ValueError, match="needs name"):
     fewshot.Evaluator(pixels_predict_fn, mesh=mesh, datasets={"x": dict(split="train")})
   # Checked when built, not after the forward passes (or deep in the input pipeline).
   with pytest.raises(ValueError, match="l2_regs"):
     fewshot.Evaluator(pixels_predict_fn, mesh=mesh, l2_regs=(0.0,))
   for cls in (fewshot.Evaluator, linear_probe.Evaluator):
-    with pytest.raises(ValueError, match="batch_size=0 must be a positive integer"):
+    with pytest.raises(ValueError, match="batch_size must be an int >= 1, got 0"):
       cls(pixels_predict_fn, mesh=mesh, batch_size=0)
-  with pytest.raises(ValueError, match="batch_size=2.5"):
+  with pytest.raises(ValueError, match="batch_size must be an int >= 1, got 2.5"):
     classification.Evaluator(pixels_predict_fn, mesh=mesh, data={}, pp="", batch_size=2.5)
 
 
@@ -90,17 +90,18 @@ def test_fewshot_reuses_features_only_for_the_same_params(shapes_folder, mesh, m
                          datasets=presets.folder_datasets(shapes_folder),
                          pp=presets.eval_pp(28, channels=1), shots=(5,), num_seeds=3,
                          batch_size=16)
-  assert reads == ["train"]  # The labels pass, once, when built.
+  # Both splits opened (not read) to check them, and the labels pass, once, when built.
+  assert reads == ["train", "test", "train"]
   first = ev.run(params)
   assert first["shapes3_5shot"] > 0.5, first  # random-init features beat chance (33%)
-  assert reads == ["train", "train", "test"]  # labels pass, sampled pass, test pass
+  assert reads[3:] == ["train", "test"]  # sampled pass, test pass
   # Same params: the features are reused, nothing is read again.
   assert ev.run(params) == first
-  assert len(reads) == 3
+  assert len(reads) == 5
   # New params (other arrays): features are recomputed, not served stale (the
   # samples, which depend on the labels alone, are kept).
   second = ev.run(init(1))
-  assert reads[3:] == ["train", "test"]
+  assert reads[5:] == ["train", "test"]
   assert second != first
 
 
@@ -251,8 +252,6 @@ def test_select_batches_keeps_wanted_rows_and_pads_to_the_planned_count():
   assert out[0]["_id"].tolist() == [101, 102, 107]
   assert out[0]["label"].tolist() == [1, 2, 7] and out[1]["label"][0] == 9
   assert out[2]["image"].shape == (3, 1) and out[2]["image"].dtype == np.float32
-  with pytest.raises(RuntimeError, match="planned"):
-    list(features.select_batches(stream, wanted, 1, 2, keys=("label",)))
 
 
 def test_representation_pools_token_layers():
@@ -263,7 +262,7 @@ def test_representation_pools_token_layers():
   flat = features.representation(None, out, "encoded", token_pool="flatten")
   np.testing.assert_allclose(flat, tokens.reshape(2, 12))
   with pytest.raises(ValueError, match="token_pool"):
-    features.representation(None, out, "encoded", token_pool="max")
+    features.FeatureExtractor(pixels_predict_fn, None, token_pool="max")
 
 
 def test_wrong_labels_for_the_model_are_one_line_errors(shapes_folder, mesh, tmp_path):
@@ -294,7 +293,7 @@ def test_wrong_labels_for_the_model_are_one_line_errors(shapes_folder, mesh, tmp
   for split in ("train", "test"):
     shutil.copytree(os.path.join(shapes_folder, split, "bars"), one / split / "bars")
   for cls in (fewshot.Evaluator, linear_probe.Evaluator):
-    with pytest.raises(ValueError, match="at least 2 classes"):  # (fewshot: when built)
+    with pytest.raises(ValueError, match="at least 2 classes"):
       cls(pixels_predict_fn, mesh=mesh, datasets=presets.folder_datasets(str(one)),
           pp=GREY_PP, batch_size=16).run({})
 
@@ -380,36 +379,7 @@ def shapes(tmp_path_factory):
                                                n_train=4, n_test=3)
 
 
-def test_big_vision_evaluator_keys_and_types_name_ours(mesh):
-  cases = [
-      (classification.Evaluator, dict(data={}, pp_fn="decode"),
-       "evaluator key 'pp_fn' (this framework calls it 'pp') is unknown"),
-      (fewshot.Evaluator, dict(l2_reg=2.0**10), "(this framework calls it 'l2_regs'"),
-      (fewshot.Evaluator, dict(pp_train="decode"), "(this framework calls it 'pp'"),
-      (fewshot.Evaluator, dict(display_first=[("imagenet", 10)]),
-       "the printed table shows every dataset"),
-      (classification.Evaluator, dict(data={}, pp="", cache_final=True),
-       "big_vision's input caching; not needed here"),
-      (classification.Evaluator, dict(data={}, pp="", label_key="labels"),
-       "rename the key in the pp"),
-      (linear_probe.Evaluator, dict(loss_name="softmax_xent"), "only the classification eval"),
-      (fewshot.Evaluator, dict(data_dir="/data"), "datasets.NAME.data_dir"),
-      (fewshot.Evaluator, dict(shotz=(1,)), "(did you mean 'shots'?)"),
-  ]
-  for cls, kwargs, message in cases:
-    with pytest.raises(TypeError) as e:
-      cls(pixels_predict_fn, mesh=mesh, **kwargs)
-    assert message in str(e.value) and "\n" not in str(e.value), str(e.value)
-  # A whole big_vision fewshot_lsr entry: every key named at once, in one line.
-  with pytest.raises(TypeError, match=r"^evaluator keys 'l2_reg' \(this framework calls it "
-                     r"'l2_regs'.*\), 'pp_train' \(.*\), 'pp_eval' \(.*\), 'display_first' "
-                     r"\(.*\) are unknown; it takes batch_size, datasets, l2_regs"):
-    fewshot.Evaluator(pixels_predict_fn, mesh=mesh, l2_reg=2.0**10, pp_train="x", pp_eval="x",
-                      display_first=[])
-  with pytest.raises(ValueError, match="big_vision's 'fewshot_lsr' is 'fewshot' here"):
-    get_evaluator_cls("fewshot_lsr")
-  with pytest.raises(ValueError, match="proj.* evaluators have no counterpart"):
-    get_evaluator_cls("proj.image_text.discriminative_classifier")
+def test_big_vision_dataset_tuples_are_read():
   # big_vision's dataset tuples (tfds name, train split, test split) are taken as they are.
   ((train, test, pp),) = features.dataset_cfgs({"pets": ("oxford_iiit_pet", "train", "test")},
                                                "PP", "x", "y").values()
@@ -483,15 +453,13 @@ def test_linear_probe_l2_and_fewshot_counts_are_checked(labels_data, mesh):
     with pytest.raises(ValueError, match="l2_regs must be finite numbers >= 0"):
       lp(l2_regs=regs)
   assert lp(l2_regs=1e-3).l2_regs == (1e-3,)
-  with pytest.raises(ValueError, match="max_iter must be a positive integer; got 0"):
-    lp(max_iter=0)
   fs = lambda **kw: fewshot.Evaluator(pixels_predict_fn, mesh=mesh, datasets=ds, pp=GREY_PP,
                                       batch_size=8, **kw)
   assert fs(shots=2, num_seeds=1).shots == (2,)  # Was "'int' object is not iterable".
   # "25" became shots (2, 5), 2.5 became 2 and 1.5 seeds became 1.
   for kw in (dict(shots="25"), dict(shots=(2.5,)), dict(shots=(True,)),
              dict(shots=(2,), num_seeds=1.5)):
-    with pytest.raises(ValueError, match="must be (a )?positive integers?"):
+    with pytest.raises(ValueError, match="must be an int >= 1"):
       fs(**kw)
 
 
@@ -538,16 +506,6 @@ def test_classification_counts_hits_under_label_smoothing_and_skips_unlabelled_r
   logits = jnp.array([[5.0, 0, 0], [0, 0, 5.0], [5.0, 0, 0]])
   sums = classification.batch_sums(logits, labels, jnp.ones(3), "sigmoid_xent")
   assert (float(sums["correct@1"]), float(sums["count"])) == (2.0, 2.0)
-
-
-def test_features_too_big_for_host_memory_stop_at_the_first_batch(shapes, mesh, monkeypatch):
-  monkeypatch.setattr(features, "available_host_bytes", lambda: 10_000)
-  ev = linear_probe.Evaluator(pixels_predict_fn, mesh=mesh, pp=GREY_PP, batch_size=4,
-                              datasets={"s": dict(name="imagefolder", data_dir=shapes)})
-  # 12 train rows x 784 float32 pixels: ~37 KB, twice (batches, then concatenated).
-  with pytest.raises(ValueError, match=r"'pre_logits' features \(token_pool='mean': 784 numbers "
-                     r"per example\) of 12 examples need 0.07 MiB .*use token_pool='mean'"):
-    ev.run({})
 
 
 def test_linear_probe_out_of_device_memory_names_its_own_knobs(shapes, mesh, monkeypatch):

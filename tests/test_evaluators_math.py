@@ -62,7 +62,7 @@ def test_ridge_chooses_l2_on_train_side_only():
 
 def test_ridge_rejects_bad_l2():
   with pytest.raises(ValueError, match="l2_regs"):
-    ridge.ridge_path(np.ones((3, 2)), np.ones((3, 2)), [0.0])
+    ridge.check_l2_regs([0.0])
 
 
 def test_standardizer_handles_constant_dims():

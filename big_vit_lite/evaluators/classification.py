@@ -17,7 +17,6 @@ import jax.numpy as jnp
 import optax
 
 from big_vit_lite.data import input_pipeline
-from big_vit_lite.evaluators import config_keys
 from big_vit_lite.evaluators import features as feats
 
 LOSSES = ("softmax_xent", "sigmoid_xent")
@@ -62,18 +61,16 @@ def batch_sums(logits, labels, mask, loss_name):
   return out
 
 
-@config_keys.checked_keys
 class Evaluator:
   """prec@1 / prec@5 / loss of the classifier head over one split."""
 
   def __init__(self, predict_fn, *, mesh, data, pp, batch_size=256, loss_name="softmax_xent"):
     if loss_name not in LOSSES:
       raise ValueError(f"loss_name={loss_name!r} is not one of {LOSSES}.")
-    self.batch_size = feats.check_batch_size(batch_size)
     self.data = data.to_dict() if hasattr(data, "to_dict") else dict(data)
-    self.pp, self.mesh = pp, mesh
-    self._head_size = None
-    feats.check_data(self.data, pp)
+    self.mesh, self._head_size = mesh, None
+    # Now: a misspelt dataset, split or pp op stops a trainer before it trains.
+    self.batches = input_pipeline.make_eval_iterator(self.data, pp, batch_size)
 
     def sums(params, batch):
       logits, out = predict_fn(params, batch["image"])
@@ -96,9 +93,9 @@ class Evaluator:
     self._sums = jax.jit(sums)
 
   def run(self, params):
-    it = input_pipeline.make_eval_iterator(self.data, self.pp, self.batch_size)
     # Only what the forward needs (not e.g. string keys).
-    batches = ({k: b[k] for k in ("image", "labels", "label", "_mask") if k in b} for b in it)
+    batches = ({k: b[k] for k in ("image", "labels", "label", "_mask") if k in b}
+               for b in self.batches)
     totals, max_label = {}, 0
     for out in feats.map_batches(self._sums, params, batches, self.mesh):
       max_label = max(max_label, int(out.pop("max_label", 0)))

@@ -22,52 +22,10 @@ from jax.experimental import multihost_utils
 from big_vit_lite import sharding
 from big_vit_lite.data import device as data_device
 from big_vit_lite.data import input_pipeline
-from big_vit_lite.data import pp as pp_lib
-from big_vit_lite.data import sources
 from big_vit_lite.evaluators import presets
 
 DEFAULT_DATASETS = {name: dict(name=name) for name in presets.OFFLINE_DATASETS}
 DEFAULT_PP = "decode|value_range(-1, 1)|keep('image', 'label')"
-_NO_BATCHES = "The eval data yielded no batches; check its split name and size."
-
-
-def check_batch_size(batch_size):
-  """The eval batch size as an int: positive and split evenly over the processes."""
-  try:
-    n = int(batch_size)
-  except (TypeError, ValueError):
-    n = 0
-  if n < 1 or n != batch_size or n % jax.process_count():
-    raise ValueError(f"batch_size={batch_size!r} must be a positive integer divisible by the "
-                     f"process count {jax.process_count()}.")
-  return n
-
-
-def available_host_bytes():
-  """MemAvailable of /proc/meminfo in bytes; None where there is no such file."""
-  try:
-    with open("/proc/meminfo") as f:
-      for line in f:
-        if line.startswith("MemAvailable:"):
-          return int(line.split()[1]) * 1024
-  except OSError:
-    pass
-  return None
-
-
-def _size(num_bytes):
-  return (f"{num_bytes / 2**30:.1f} GiB" if num_bytes >= 2**29 else f"{num_bytes / 2**20:.2f} MiB")
-
-
-def check_data(data_cfg, pp):
-  """Opens the split and builds the pp now, reading no example.
-
-  Called when an evaluator is built: a misspelt dataset, split or pp op
-  then stops a trainer before it trains, not at its first eval hours later.
-  """
-  if sources.get_source(data_cfg).num_examples == 0:
-    raise ValueError(f"eval data {sources.check_data_cfg(data_cfg)} has no examples")
-  pp_lib.get_preprocess_fn(pp)
 
 
 def require_keys(batch, keys):
@@ -109,43 +67,27 @@ def map_batches(fn, params, local_batches, mesh):
     yield multihost_utils.process_allgather(pending, tiled=True)
 
 
-_HIGH, _LOW = "/int64_high", "/int64_low"
+_INT64 = "/int64"
 
 
 def _split_int64(batch):
-  """int64 arrays -> int32 high and uint32 low halves (jax runs without int64).
-
-  Class ids and example ids go through the device and come back: a plain
-  cast would wrap an id of 2**31 or more onto another one without a sign.
-  """
+  """int64 arrays as pairs of int32 (jax runs without int64; a cast would wrap ids >= 2**31)."""
   out = {}
   for k, v in batch.items():
-    v = np.asarray(v)
-    if v.dtype == np.int64 and k != "image":
-      out[k + _HIGH] = (v >> 32).astype(np.int32)
-      out[k + _LOW] = (v & 0xFFFFFFFF).astype(np.uint32)
-    else:
-      out[k] = v
+    v = np.ascontiguousarray(v)
+    if v.dtype == np.int64:
+      k, v = k + _INT64, v.view(np.int32).reshape(*v.shape, 2)
+    out[k] = v
   return out
 
 
 def _join_int64(arrays):
   """The inverse of `_split_int64` on host arrays."""
-  out = {k: v for k, v in arrays.items() if not k.endswith((_HIGH, _LOW))}
-  for k in arrays:
-    if k.endswith(_HIGH):
-      key = k[:-len(_HIGH)]
-      out[key] = (np.asarray(arrays[k]).astype(np.int64) << 32) | np.asarray(
-          arrays[key + _LOW]).astype(np.int64)
-  return out
+  return {k.removesuffix(_INT64): np.ascontiguousarray(v).view(np.int64)[..., 0]
+          if k.endswith(_INT64) else v for k, v in arrays.items()}
 
 
 TOKEN_POOLS = ("mean", "flatten")
-
-
-def _check_token_pool(token_pool):
-  if token_pool not in TOKEN_POOLS:
-    raise ValueError(f"token_pool={token_pool!r} is not one of {TOKEN_POOLS}.")
 
 
 def representation(logits, out, layer, token_pool="mean"):
@@ -157,7 +99,6 @@ def representation(logits, out, layer, token_pool="mean"):
   image each feature is, what small images like digits need (averaging the
   16 tokens of a 28x28 image throws the layout away).
   """
-  _check_token_pool(token_pool)
   if layer != "logits" and layer not in out:
     raise ValueError(f"representation_layer={layer!r} is not an output of the model; "
                      f"choose one of {sorted(['logits', *out])}.")
@@ -176,8 +117,9 @@ class FeatureExtractor:
   """
 
   def __init__(self, predict_fn, mesh, layer="pre_logits", token_pool="mean"):
-    _check_token_pool(token_pool)
-    self.mesh, self.layer, self._token_pool = mesh, layer, token_pool
+    if token_pool not in TOKEN_POOLS:
+      raise ValueError(f"token_pool={token_pool!r} is not one of {TOKEN_POOLS}.")
+    self.mesh, self.layer = mesh, layer
 
     def features(params, batch):
       logits, out = predict_fn(params, batch["image"])
@@ -186,35 +128,11 @@ class FeatureExtractor:
 
     self._fn = jax.jit(features)
 
-  def _check_memory(self, features, local_batches):
-    """Stops at the first batch if a whole split's features cannot fit in host memory.
-
-    E.g. token_pool="flatten" on a 224 px B/16 is 151k numbers per example:
-    60 GB for 100k examples, and a swapping or killed process otherwise.
-    """
-    num_batches, free = getattr(local_batches, "num_batches", None), available_host_bytes()
-    if num_batches is None or free is None:
-      return
-    rows = num_batches * features.shape[0]
-    need = 2 * rows * features[0].nbytes  # The batches, then their concatenation.
-    if need > free:
-      raise ValueError(f"The {self.layer!r} features (token_pool={self._token_pool!r}: "
-                       f"{features.shape[1]} numbers per example) of {rows} examples need "
-                       f"{_size(need)} of host memory and {_size(free)} is free; use "
-                       "token_pool='mean', another representation_layer or a smaller split (e.g. "
-                       "train[:10%]).")
-
   def __call__(self, params, local_batches, keys):
     """Returns a dict of numpy arrays ("feature" + keys) over the valid rows."""
     keys = tuple(dict.fromkeys(("image", "_mask", *keys)))
     selected = (_split_int64(require_keys(local, keys)) for local in local_batches)
-    chunks = []
-    for chunk in map_batches(self._fn, params, selected, self.mesh):
-      if not chunks:
-        self._check_memory(chunk["feature"], local_batches)
-      chunks.append(chunk)
-    if not chunks:
-      raise ValueError(_NO_BATCHES)
+    chunks = list(map_batches(self._fn, params, selected, self.mesh))
     cat = _join_int64({k: np.concatenate([c[k] for c in chunks]) for k in chunks[0]})
     valid = cat.pop("_mask").astype(bool)
     out = {k: v[valid] for k, v in cat.items()}
@@ -274,11 +192,6 @@ def select_batches(local_batches, wanted, local_batch_size, num_batches, keys):
       yield make(rows[:local_batch_size])
       del rows[:local_batch_size]
       emitted += 1
-  if template is None:
-    raise ValueError(_NO_BATCHES)
-  if emitted + (1 if rows else 0) > num_batches:
-    raise RuntimeError(f"select_batches: {emitted} full batches + {len(rows)} rows exceed the "
-                       f"{num_batches} planned batches.")
   for _ in range(emitted, num_batches):
     yield make(rows)
     rows = []
@@ -286,19 +199,11 @@ def select_batches(local_batches, wanted, local_batch_size, num_batches, keys):
 
 def dataset_cfgs(datasets, pp, train_split, test_split):
   """NAME -> (train data cfg, test data cfg, pp) from the `datasets` config."""
-  datasets = datasets.to_dict() if hasattr(datasets, "to_dict") else datasets
-  if not isinstance(datasets, dict) or not datasets:
-    raise ValueError("`datasets` must be a non-empty dict NAME -> dict(name=..., ...), "
-                     f"got {datasets!r}.")
   out = {}
-  for name, spec in datasets.items():
+  for name, spec in dict(datasets).items():
     spec = spec.to_dict() if hasattr(spec, "to_dict") else spec
-    if (isinstance(spec, (tuple, list)) and len(spec) == 3
-        and all(isinstance(v, str) for v in spec)):  # big_vision's (name, train, test)
-      spec = dict(name=spec[0], train_split=spec[1], test_split=spec[2])
-    if not isinstance(spec, dict) or "name" not in spec:
-      raise ValueError(f"datasets[{name!r}] must be a dict with at least `name` (a tfds "
-                       f"name or 'imagefolder'), got {spec!r}.")
+    if isinstance(spec, (tuple, list)):  # big_vision's (name, train split, test split)
+      spec = dict(zip(("name", "train_split", "test_split"), spec))
     base = {k: v for k, v in spec.items() if k not in ("train_split", "test_split", "pp")}
     out[name] = (dict(base, split=spec.get("train_split", train_split)),
                  dict(base, split=spec.get("test_split", test_split)), spec.get("pp", pp))
@@ -319,12 +224,13 @@ class DatasetsEvaluator:
     self.mesh = mesh
     self.datasets = dataset_cfgs(DEFAULT_DATASETS if datasets is None else datasets,
                                  pp, train_split, test_split)
-    self.batch_size, self.label_key = check_batch_size(batch_size), label_key
+    # Now: a misspelt dataset, split or pp op, a bad batch_size stop a trainer before it trains.
+    for train_cfg, test_cfg, dataset_pp in self.datasets.values():
+      input_pipeline.make_eval_iterator(train_cfg, dataset_pp, batch_size)
+      input_pipeline.make_eval_iterator(test_cfg, dataset_pp, batch_size)
+    self.batch_size, self.label_key = int(batch_size), label_key
     self.extractor = FeatureExtractor(predict_fn, mesh, representation_layer, token_pool)
     self._refs, self._cache = None, {}
-    for train_cfg, test_cfg, dataset_pp in self.datasets.values():
-      check_data(train_cfg, dataset_pp)
-      check_data(test_cfg, dataset_pp)
 
   def split_features(self, params, data_cfg, pp):
     """(features, int64 labels) of every example of one split."""

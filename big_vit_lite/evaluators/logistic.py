@@ -89,8 +89,6 @@ def fit(x, labels, num_classes, l2s, *, weights=None, mesh=None, max_iter=1000, 
   """
   x, labels = np.asarray(x, np.float32), np.asarray(labels, np.int32)
   n = x.shape[0]
-  if n == 0:
-    raise ValueError("Logistic regression needs at least one training example.")
   weights = (np.ones((n,), np.float32) if weights is None
              else np.asarray(weights, np.float32).reshape(n))
   pad = (-n) % sharding.batch_devices(mesh)  # Zero rows of weight 0.

@@ -98,14 +98,9 @@ def parse_arg(arg, **defaults):
     key, sep, value = item.partition("=")
     if key not in defaults:
       raise ValueError(f"Unknown config arg {key!r}; known: {', '.join(defaults)}.")
-    default = defaults[key]
-    if not sep:
-      value = True
-    elif isinstance(default, bool):
-      if value.lower() not in ("true", "false", "1", "0"):
-        raise ValueError(f"Config arg {key}={value!r} must be true or false.")
-      value = value.lower() in ("true", "1")
-    elif isinstance(default, (int, float)):
-      value = type(default)(value)
+    if not sep or isinstance(defaults[key], bool):
+      value = not sep or value.lower() in ("true", "1")
+    elif isinstance(defaults[key], (int, float)):
+      value = type(defaults[key])(value)
     out[key] = value
   return out

@@ -22,13 +22,9 @@ DEFAULT_L2_REGS = tuple(2.0**k for k in range(-4, 17, 2))
 
 def check_l2_regs(l2_regs, allow_zero=False):
   """l2_regs (one number or several) as a float64 vector: finite, > 0 (>= 0 with allow_zero)."""
-  try:
-    regs = np.asarray(l2_regs, np.float64).reshape(-1)
-  except (TypeError, ValueError):
-    regs = np.array([np.nan])
+  regs = np.asarray(l2_regs, np.float64).reshape(-1)
   # (NaN or inf would fit nothing and report chance accuracy.)
-  bad = ~np.isfinite(regs) | ((regs < 0) if allow_zero else (regs <= 0))
-  if not regs.size or bad.any():
+  if not regs.size or not np.all(np.isfinite(regs) & ((regs >= 0) if allow_zero else (regs > 0))):
     raise ValueError(f"l2_regs must be finite numbers {'>=' if allow_zero else '>'} 0, e.g. "
                      f"(1e-6, 1e-4, 1e-2); got {l2_regs!r}.")
   return regs
@@ -82,7 +78,7 @@ def ridge_path(x, y, l2_regs):
   predictions (k, n, c) of each training row by a model fit without it.
   """
   x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
-  regs = check_l2_regs(l2_regs)
+  regs = np.asarray(l2_regs, np.float64).reshape(-1)
   n = x.shape[0]
   # With an unpenalised intercept the solution for w depends only on the
   # centred data, and the intercept is the target mean minus the shift.
@@ -115,7 +111,7 @@ def fit(x, labels, num_classes, l2_regs=DEFAULT_L2_REGS):
   l2 value (the safer choice with so little data).
   """
   labels = np.asarray(labels)
-  regs = check_l2_regs(l2_regs)
+  regs = np.asarray(l2_regs, np.float64).reshape(-1)
   y = signed_onehot(labels, num_classes)
   ws, bs, loo = ridge_path(x, y, regs)
   loo_acc = (loo.argmax(-1) == labels[None]).mean(axis=1)
