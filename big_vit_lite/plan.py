@@ -34,9 +34,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from ml_collections import config_flags
-import numpy as np
-import optax
 
+from big_vit_lite import bench
 from big_vit_lite import config_loading
 from big_vit_lite import ema as ema_lib
 from big_vit_lite import flops as flops_lib
@@ -51,47 +50,26 @@ from big_vit_lite.models import vit
 # a plan "fits" if its peak is under this fraction of the device memory.
 USABLE_FRACTION = 0.9
 
-_MESH_AXES = ("data", "fsdp", "model")
 # Image side used when input.pp names none (datasets decoded at their native size).
 _NATIVE_RES = {"fashion_mnist": 28, "mnist": 28, "mnist10k": 28, "animal_mnist": 28,
                "cifar10": 32, "cifar100": 32}
 
 
-def parse_mesh(spec: str) -> dict:
-  """'data:64,fsdp:4' -> {'data': 64, 'fsdp': 4} (order kept; -1 is not allowed here)."""
-  mesh = {}
-  for part in spec.split(","):
-    name, sep, size = part.strip().partition(":")
-    if not sep or name not in _MESH_AXES or not size.isdigit() or int(size) < 1 or name in mesh:
-      raise ValueError(f"--mesh={spec!r}: expected distinct axis:size pairs with axes "
-                       f"{'/'.join(_MESH_AXES)} and positive sizes, e.g. 'data:64,fsdp:4'"
-                       f"{sharding._axis_hint(name)}")  # pylint: disable=protected-access
-    mesh[name] = int(size)
+def parse_mesh(spec) -> dict:
+  """--mesh 'data:64,fsdp:4' or config.mesh [("data", 64), ("fsdp", 4)] -> {'data': 64, ...}."""
+  pairs = sharding.parse_mesh(spec) if isinstance(spec, str) else [tuple(a) for a in spec]
+  mesh = dict(pairs)
+  if (len(mesh) != len(pairs) or not set(mesh) <= set(sharding.MESH_AXES)
+      or not all(isinstance(size, int) and size >= 1 for size in mesh.values())):
+    raise ValueError(f"mesh {spec!r}: the planner needs distinct {'/'.join(sharding.MESH_AXES)} "
+                     "axes with positive sizes (it cannot count devices for -1): pass e.g. "
+                     "--mesh=data:64,fsdp:4")
   return mesh
-
-
-def mesh_from_config(mesh_cfg) -> dict:
-  """config.mesh ([("data", 8), ("fsdp", -1)]) -> dict; -1 axes need --mesh instead."""
-  if isinstance(mesh_cfg, str):
-    return parse_mesh(mesh_cfg)
-  for name, size in mesh_cfg:
-    if size == -1:
-      raise ValueError(f"config.mesh has {name}:-1 (fill all devices): the planner does not know "
-                       "the device count; pass --mesh=data:N,fsdp:M")
-  try:
-    return parse_mesh(",".join(f"{name}:{size}" for name, size in mesh_cfg))
-  except ValueError:
-    raise ValueError(f"config.mesh={tuple(tuple(a) for a in mesh_cfg)}: use distinct "
-                     f"{'/'.join(_MESH_AXES)} axes with positive integer sizes, or pass "
-                     "--mesh=data:N,fsdp:M") from None
 
 
 def image_res(config, override: int | None = None) -> int:
   """The training image side: --res, else what input.pp gives "image", else the dataset's."""
   if override is not None:
-    if int(override) < 1:
-      raise ValueError(f"--res={override}: use a positive image side, or leave it out to take "
-                       "the size input.pp gives")
     return int(override)
   pp = str(config.input.get("pp", ""))
   if pp.strip():
@@ -200,9 +178,6 @@ def _batch_split(config, mesh: dict):
   batch = int(config.input.batch_size)
   # The trainer splits its input batch over the mesh's data and fsdp axes (sharding.py).
   dp = sharding.batch_devices(_abstract_mesh(mesh))
-  if batch >= 1 and batch % dp:
-    raise ValueError(f"input.batch_size={batch} is not divisible by the {dp} data-parallel "
-                     f"devices of mesh {mesh}; change the batch size or the mesh")
   return batch, batch // dp, grad_accum.check(config.get("grad_accum_steps", 1), batch, dp)
 
 
@@ -308,12 +283,8 @@ def plan(config, mesh: dict, device: str, res: int | None = None) -> dict:
 
 def compiled_stats(config, mesh: dict, res: int) -> dict:
   """XLA memory analysis + FLOPs of the train step compiled for `mesh` (in this process)."""
-
   n_dev = math.prod(mesh.values())
-  if jax.device_count() < n_dev:
-    raise ValueError(f"mesh {mesh} needs {n_dev} devices, this process has {jax.device_count()}")
-  jmesh = jax.sharding.Mesh(np.array(jax.devices()[:n_dev]).reshape(tuple(mesh.values())),
-                            tuple(mesh), axis_types=(jax.sharding.AxisType.Auto,) * len(mesh))
+  jmesh = sharding.make_mesh(list(mesh.items()), jax.devices()[:n_dev])
   rules = _rules(config, mesh)
   model, boxed, params, opt, opt_state = abstract_state(config, res)
   param_sh, opt_sh = state_shardings(boxed, params, opt_state, jmesh, rules, unsplit=[])
@@ -321,41 +292,30 @@ def compiled_stats(config, mesh: dict, res: int) -> dict:
   state_sh = (param_sh, opt_sh) + ((param_sh,) if ema else ())
   state = jax.tree.map(lambda l, s: jax.ShapeDtypeStruct(l.shape, l.dtype, sharding=s),
                        (params, opt_state) + ((params,) if ema else ()), state_sh)
-  batch = int(config.input.batch_size)
+  batch, _, accum = _batch_split(config, mesh)
   batch_sh = sharding.batch_sharding(jmesh)
-  accum = grad_accum.check(config.get("grad_accum_steps", 1), batch,
-                           sharding.batch_devices(jmesh))
   images = jax.ShapeDtypeStruct((batch, res, res, image_channels(config)), jnp.float32,
                                 sharding=batch_sh)
   labels = jax.ShapeDtypeStruct((batch, int(config.model.get("num_classes", 0) or 0)),
                                 jnp.float32, sharding=batch_sh)
 
-  def step(state, images, labels):
-    def loss_fn(p, b, rng):
-      logits, _ = model.apply({"params": p}, b["image"], train=True, rngs={"dropout": rng})
-      return optax.softmax_cross_entropy(logits, b["labels"]).mean()
-
-    # The trainer's gradient computation (k > 1: its microbatch scan). Dropout only needs *a* key.
-    loss, grads = grad_accum.value_and_grad(
-        loss_fn, state[0], {"image": images, "labels": labels}, jax.random.PRNGKey(0), accum,
-        batch_sharding=batch_sh, param_shardings=param_sh)
+  def update(state, grads):
     params, opt_state = opt.apply(state[0], grads, state[1])
-    return (params, opt_state) + ((ema.update(state[2], params, 0),) if ema else ()), loss
+    return (params, opt_state) + ((ema.update(state[2], params, 0),) if ema else ())
 
+  step = bench.train_step(model, update, accum=accum, batch_sh=batch_sh, params_sh=param_sh)
   with jax.set_mesh(jmesh), nn.logical_axis_rules(rules):
     traced = jax.jit(step, in_shardings=(state_sh, batch_sh, batch_sh),
                      out_shardings=(state_sh, sharding.replicated(jmesh)),
                      donate_argnums=(0,)).trace(state, images, labels)
     compiled = traced.lower().compile()
   mem = compiled.memory_analysis()
-  out = {f"compiled_{k}_bytes": int(getattr(mem, f"{k}_size_in_bytes"))
-         for k in ("argument", "output", "alias", "temp")}
-  return dict(
-      out, compiled_model_flops=float(flops_lib.model_flops(traced)),
-      compiled_peak_bytes=(out["compiled_argument_bytes"] + out["compiled_output_bytes"]
-                           - out["compiled_alias_bytes"] + out["compiled_temp_bytes"]),
-      # XLA's count with the loops' (layer scan, microbatch scan) other iterations added.
-      compiled_flops_per_device=float(flops_lib.step_flops(traced, compiled, n_dev) or 0.0))
+  return dict({f"compiled_{k}_bytes": int(getattr(mem, f"{k}_size_in_bytes"))
+               for k in ("argument", "output", "alias", "temp")},
+              compiled_model_flops=float(flops_lib.model_flops(traced)),
+              compiled_peak_bytes=bench.program_bytes(compiled),
+              # XLA's count with the loops' (layer scan, microbatch scan) other iterations added.
+              compiled_flops_per_device=float(flops_lib.step_flops(traced, compiled, n_dev) or 0))
 
 
 def compiled_stats_subprocess(config_arg: str, overrides: list[str], mesh: dict, res: int,
@@ -457,7 +417,7 @@ def main(argv):
   config = config_loading.loaded(f.config)
   if config is None:
     raise app.UsageError("--config=configs/FILE.py[:arg] is required")
-  mesh = parse_mesh(f.mesh) if f.mesh else mesh_from_config(config.get("mesh") or [("data", 1)])
+  mesh = parse_mesh(f.mesh or config.get("mesh") or [("data", 1)])
   if f.compiled_only:
     print(json.dumps(compiled_stats(config, mesh, image_res(config, f.res))))
     return
