@@ -87,35 +87,6 @@ def _scan_copies(length, unroll, all_iterations):
   return unroll + length % unroll  # the unrolled loop body plus the remainder outside it
 
 
-def jaxpr_flops(jaxpr, *, unroll_scans: bool = True) -> int:
-  """FLOPs of a jaxpr as XLA counts them; scan bodies times their length if unroll_scans.
-
-  Matmuls and convolutions exactly; elementwise arithmetic and reductions one FLOP per
-  element. unroll_scans=False counts what XLA's loop program holds: one body per
-  scan, or `unroll` bodies (plus the remainder) for a partly unrolled scan. `while`
-  bodies count once (their trip count is data); `cond` its costliest branch.
-  """
-  total = 0
-  for eqn in getattr(jaxpr, "jaxpr", jaxpr).eqns:  # (A ClosedJaxpr's jaxpr.)
-    name = eqn.primitive.name
-    if name in _MATMULS:
-      total += _MATMULS[name](eqn)
-    elif name in _ELEMENTWISE:
-      total += math.prod(eqn.outvars[0].aval.shape)
-    elif name in _REDUCTIONS:
-      total += math.prod(eqn.invars[0].aval.shape)
-    elif name == "cond":  # one branch runs
-      total += max((jaxpr_flops(b, unroll_scans=unroll_scans) for b in eqn.params["branches"]),
-                   default=0)
-    else:
-      inner = sum(jaxpr_flops(j, unroll_scans=unroll_scans)
-                  for v in eqn.params.values() for j in _sub_jaxprs(v))
-      if name == "scan":
-        inner *= _scan_copies(eqn.params["length"], eqn.params.get("unroll", 1), unroll_scans)
-      total += inner
-  return total
-
-
 # cuDNN fused attention (jax.nn.dot_product_attention(implementation="cudnn")): one primitive
 # per direction, no dot_general inside. Forward: Q K^T and P V; backward: dP, dS, dQ, dK, dV,
 # 4 matmuls of model work plus Q K^T recomputed (flash attention keeps no probabilities).
@@ -163,33 +134,44 @@ def _recompute_mask(jaxpr):
   return [not d & ct for d in eqn_deps]
 
 
-def _eqn_matmuls(eqn):
-  """(all, recomputed) matmul FLOPs of one eqn, sub-jaxprs and loops included."""
+def _eqn_flops(eqn, xla, all_iterations):
+  """(all, recomputed) FLOPs of one eqn, sub-jaxprs and loops included (see _count)."""
   name = eqn.primitive.name
   if name in _MATMULS:
     return _MATMULS[name](eqn), 0
-  if name in _CUDNN_ATTENTION:
+  if xla and name in _ELEMENTWISE:
+    return math.prod(eqn.outvars[0].aval.shape), 0
+  if xla and name in _REDUCTIONS:
+    return math.prod(eqn.invars[0].aval.shape), 0
+  if not xla and name in _CUDNN_ATTENTION:
     model, recomputed = _attention_flops(eqn)
     return model + recomputed, recomputed
   if name == "cond":  # one branch runs: the costliest
-    return max((_matmuls(b) for b in eqn.params["branches"]), default=(0, 0))
+    return max((_count(b, xla, all_iterations) for b in eqn.params["branches"]), default=(0, 0))
   total = recomputed = 0
   for v in eqn.params.values():
     for j in _sub_jaxprs(v):
       if name in _REMAT and eqn.params.get("differentiated"):
         for e, again in zip(j.eqns, _recompute_mask(j)):
-          t, r = _eqn_matmuls(e)
+          t, r = _eqn_flops(e, xla, all_iterations)
           total, recomputed = total + t, recomputed + (t if again else r)
       else:
-        t, r = _matmuls(j)
+        t, r = _count(j, xla, all_iterations)
         total, recomputed = total + t, recomputed + r
   if name == "scan":
-    total, recomputed = total * int(eqn.params["length"]), recomputed * int(eqn.params["length"])
+    n = _scan_copies(eqn.params["length"], eqn.params.get("unroll", 1), all_iterations)
+    total, recomputed = total * n, recomputed * n
   return total, recomputed
 
 
-def _matmuls(jaxpr):
-  counts = [_eqn_matmuls(eqn) for eqn in getattr(jaxpr, "jaxpr", jaxpr).eqns]
+def _count(jaxpr, xla=False, all_iterations=True):
+  """(all, recomputed) FLOPs of a jaxpr. Model count (xla False): matmuls, cuDNN attention.
+  XLA's count (xla True): matmuls and convolutions exactly, elementwise arithmetic and
+  reductions one FLOP per element. Every scan body times its length, or (all_iterations
+  False) the bodies XLA's loop program holds: one, or `unroll` (plus the remainder) for a
+  partly unrolled scan. `while` bodies count once (their trip count is data); `cond` its
+  costliest branch."""
+  counts = [_eqn_flops(eqn, xla, all_iterations) for eqn in getattr(jaxpr, "jaxpr", jaxpr).eqns]
   return sum(t for t, _ in counts), sum(r for _, r in counts)
 
 
@@ -200,7 +182,7 @@ def matmul_flops(jaxpr) -> tuple[int, int]:
   (its trip count is data). For a step traced under jit on a mesh: the global figure
   (a shard_map body, with per-device shapes, would count once).
   """
-  total, recomputed = _matmuls(jaxpr)
+  total, recomputed = _count(jaxpr)
   return total - recomputed, total
 
 
@@ -253,10 +235,7 @@ def step_flops(traced: jax.stages.Traced, compiled: jax.stages.Compiled,
     cost = compiled.cost_analysis()
   except Exception:  # pylint: disable=broad-except  # not every backend implements it
     return None
-  if isinstance(cost, (list, tuple)):  # older jax: one dict per computation
-    cost = cost[0] if cost else None
   if not cost or "flops" not in cost:
     return None
-  missed = (jaxpr_flops(traced.jaxpr, unroll_scans=True)
-            - jaxpr_flops(traced.jaxpr, unroll_scans=False))
+  missed = _count(traced.jaxpr, xla=True)[0] - _count(traced.jaxpr, True, False)[0]
   return float(cost["flops"]) + missed / max(1, num_devices)
