@@ -275,12 +275,11 @@ def main(argv):
     # Device 0's matmul rate times the device count; CPU devices share the cores, and one
     # device's matmul already uses them all: there it is the whole machine's.
     calib_before = calibrate_matmul(f.calib_n, f.dtype)
-    calib_devices = 1 if dev.platform == "cpu" else n_dev
     try:
       with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
         res = bench_model(model, batch=batch, res=f.res, num_classes=f.num_classes,
                           mode=tuple(f.mode), mesh=mesh, steps=f.steps, warmup=f.warmup,
-                          calib_gflops=calib_before * calib_devices,
+                          calib_gflops=calib_before * (1 if dev.platform == "cpu" else n_dev),
                           peak_flops=peak * n_dev if peak else None,
                           grad_accum_steps=f.grad_accum)
     except jax.errors.JaxRuntimeError as e:

@@ -27,9 +27,8 @@ from jax.extend import core as jex_core
 
 def _dot_flops(eqn):
   (lhs_contract, _), _ = eqn.params["dimension_numbers"]
-  lhs = eqn.invars[0].aval
-  out = eqn.outvars[0].aval
-  return 2 * math.prod(out.shape) * math.prod(lhs.shape[d] for d in lhs_contract)
+  lhs_shape = eqn.invars[0].aval.shape
+  return 2 * math.prod(eqn.outvars[0].aval.shape) * math.prod(lhs_shape[d] for d in lhs_contract)
 
 
 def _valid_taps(in_size, out_size, k, stride, pad_lo, lhs_dil, rhs_dil):
@@ -48,27 +47,15 @@ def _conv_flops(eqn):
   spatial = len(dn.lhs_spec) - 2
   lhs_dil = p.get("lhs_dilation") or (1,) * spatial
   rhs_dil = p.get("rhs_dilation") or (1,) * spatial
-  taps = 1
-  for d in range(spatial):
-    taps *= _valid_taps(lhs.shape[dn.lhs_spec[2 + d]], out.shape[dn.out_spec[2 + d]],
-                        rhs.shape[dn.rhs_spec[2 + d]], p["window_strides"][d],
-                        p["padding"][d][0], lhs_dil[d], rhs_dil[d])
+  taps = math.prod(_valid_taps(lhs.shape[dn.lhs_spec[2 + d]], out.shape[dn.out_spec[2 + d]],
+                               rhs.shape[dn.rhs_spec[2 + d]], p["window_strides"][d],
+                               p["padding"][d][0], lhs_dil[d], rhs_dil[d]) for d in range(spatial))
   out_spatial = math.prod(out.shape[dn.out_spec[2 + d]] for d in range(spatial))
   per_tap = math.prod(out.shape) // out_spatial * rhs.shape[dn.rhs_spec[1]]  # x in-features/group
   return 2 * per_tap * taps
 
 
 _MATMULS = {"dot_general": _dot_flops, "conv_general_dilated": _conv_flops}
-
-
-def _sub_jaxprs(value):
-  if isinstance(value, jex_core.ClosedJaxpr):
-    yield value.jaxpr
-  elif isinstance(value, jex_core.Jaxpr):
-    yield value
-  elif isinstance(value, (tuple, list)):
-    for v in value:
-      yield from _sub_jaxprs(v)
 
 
 # Arithmetic XLA's cost analysis counts as one FLOP per output element (per input element for
@@ -100,11 +87,8 @@ def _attention_flops(eqn):
   """(model, recomputed) FLOPs of a cuDNN attention call, from q's and k's shapes."""
   matmuls, recomputed = _CUDNN_ATTENTION[eqn.primitive.name]
   q, k = eqn.invars[0].aval.shape, eqn.invars[1].aval.shape
-  if eqn.params.get("layout", 0) == 1:  # BNTH
-    (b, n, t, h), s = q, k[2]
-  else:  # BTNH
-    (b, t, n, h), s = q, k[1]
-  one = 2 * b * n * t * s * h
+  # q: (batch, heads, T, head dim) in layout 1 (BNTH), else BTNH; S (keys) where T is in q.
+  one = 2 * math.prod(q) * k[2 if eqn.params.get("layout", 0) == 1 else 1]
   return matmuls * one, recomputed * one
 
 
@@ -122,8 +106,7 @@ def _recompute_mask(jaxpr):
     for v in eqn.invars:
       d |= deps.get(v, 0) if not isinstance(v, jex_core.Literal) else 0
     eqn_deps.append(d)
-    for v in eqn.outvars:
-      deps[v] = d
+    deps.update(dict.fromkeys(eqn.outvars, d))
   outs = [deps.get(v, 0) for v in jaxpr.outvars if not isinstance(v, jex_core.Literal)]
   n = len(jaxpr.invars)
   ct = 0
@@ -149,15 +132,14 @@ def _eqn_flops(eqn, xla, all_iterations):
   if name == "cond":  # one branch runs: the costliest
     return max((_count(b, xla, all_iterations) for b in eqn.params["branches"]), default=(0, 0))
   total = recomputed = 0
-  for v in eqn.params.values():
-    for j in _sub_jaxprs(v):
-      if name in _REMAT and eqn.params.get("differentiated"):
-        for e, again in zip(j.eqns, _recompute_mask(j)):
-          t, r = _eqn_flops(e, xla, all_iterations)
-          total, recomputed = total + t, recomputed + (t if again else r)
-      else:
-        t, r = _count(j, xla, all_iterations)
-        total, recomputed = total + t, recomputed + r
+  for j in jex_core.jaxprs_in_params(eqn.params):
+    if name in _REMAT and eqn.params.get("differentiated"):
+      for e, again in zip(j.eqns, _recompute_mask(j)):
+        t, r = _eqn_flops(e, xla, all_iterations)
+        total, recomputed = total + t, recomputed + (t if again else r)
+    else:
+      t, r = _count(j, xla, all_iterations)
+      total, recomputed = total + t, recomputed + r
   if name == "scan":
     n = _scan_copies(eqn.params["length"], eqn.params.get("unroll", 1), all_iterations)
     total, recomputed = total * n, recomputed * n

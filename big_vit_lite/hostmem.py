@@ -29,10 +29,9 @@ def thp_mode():
   """The kernel's transparent-huge-page mode ('always', 'madvise', 'never'), or None."""
   try:
     with open(_THP) as f:
-      m = re.search(r"\[(\w+)\]", f.read())
-  except OSError:
+      return re.search(r"\[(\w+)\]", f.read()).group(1)
+  except (OSError, AttributeError):  # No such file, or no [mode] in it.
     return None
-  return m and m.group(1)
 
 
 def _setting():
@@ -52,9 +51,8 @@ def status():
   """One line for the logs: whether XLA's buffers get huge pages, and why not."""
   if _setting():
     return f"{_setting()} (transparent huge pages: {thp_mode()})"
-  if os.environ.get(OPT_OUT) == "0":
-    return f"default malloc ({OPT_OUT}=0)"
-  return f"default malloc (transparent huge pages: {thp_mode()})"
+  off = os.environ.get(OPT_OUT) == "0"
+  return f"default malloc ({f'{OPT_OUT}=0' if off else f'transparent huge pages: {thp_mode()}'})"
 
 
 def use_huge_pages(main_file):
@@ -68,13 +66,12 @@ def use_huge_pages(main_file):
   if (os.path.realpath(sys.argv[0]) != os.path.realpath(main_file)  # e.g. runpy from elsewhere
       or os.environ.get(OPT_OUT) == "0" or _setting() or not supported()):
     return  # (_setting: already set, by us or by the user, who may have set it to 0.)
-  env = dict(os.environ)
-  env["GLIBC_TUNABLES"] = ":".join(t for t in (env.get("GLIBC_TUNABLES"), f"{TUNABLE}=1") if t)
-  argv = [sys.executable, *sys.orig_argv[1:]]
+  tunables = (os.environ.get("GLIBC_TUNABLES"), f"{TUNABLE}=1")
+  env = dict(os.environ, GLIBC_TUNABLES=":".join(t for t in tunables if t))
   sys.stdout.flush()
   sys.stderr.flush()
   try:
-    os.execve(sys.executable, argv, env)
+    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
   except OSError as e:  # Keep going without huge pages rather than fail the job.
     print(f"big_vit_lite: could not re-execute with {TUNABLE}=1 ({e}); "
           f"continuing with the default malloc.", file=sys.stderr)

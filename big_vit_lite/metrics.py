@@ -43,7 +43,7 @@ def matmul_rates(n, dtype="float32", reps=5, devs=None):
   return rates
 
 
-def peak_flops_per_device(device=None, dtype="bfloat16"):
+def peak_flops_per_device(dtype="bfloat16"):
   """Peak FLOP/s of one device for matmuls in `dtype`, or None when its kind is unknown.
 
   CPU: the best matmul rate of all local devices together (in `dtype` and float32, the
@@ -51,7 +51,7 @@ def peak_flops_per_device(device=None, dtype="bfloat16"):
   pool: only a matmul on all of them at once measures what they can do together. The best
   over sizes and reps, because a shared machine only ever makes a call slower.
   """
-  device = device or jax.local_devices()[0]
+  device = jax.local_devices()[0]
   dtype = "float32" if str(jnp.dtype(dtype)) == "float32" else "bfloat16"
   if device.platform == "cpu":  # f32 too: a bf16 model's f32 matmuls may run faster.
     return max(max(matmul_rates(n, d)) for d in {"float32", dtype}
@@ -77,13 +77,6 @@ class MetricWriter:
     if self._active:
       self.workdir.mkdir(parents=True, exist_ok=True)
 
-  def _tb_writer(self):
-    if self._tb is None and self._tensorboard:
-      from clu import metric_writers  # pylint: disable=g-import-not-at-top
-      self._tb = metric_writers.create_default_writer(
-          str(self.workdir), just_logging=False, asynchronous=False)
-    return self._tb
-
   def write(self, step, metrics):
     if not self._active:
       return
@@ -91,7 +84,11 @@ class MetricWriter:
     with self.path.open("a") as f:
       f.write(json.dumps(row) + "\n")
     scalars = {k: v for k, v in row.items() if k != "step" and isinstance(v, (int, float))}
-    if scalars and self._tb_writer() is not None:
+    if scalars and self._tensorboard:
+      if self._tb is None:  # Created at the first write: after start_run's event file.
+        from clu import metric_writers  # pylint: disable=g-import-not-at-top
+        self._tb = metric_writers.create_default_writer(
+            str(self.workdir), just_logging=False, asynchronous=False)
       self._tb.write_scalars(int(step), scalars)
 
   def _rows(self):
@@ -117,8 +114,6 @@ class MetricWriter:
     """
     if not self._active:
       return
-    if self._tb is not None:
-      raise RuntimeError("MetricWriter.start_run must come before the first write.")
     keep_through = -1 if resumed_step is None else int(resumed_step)
     if self.path.exists():  # (read_metrics skips a torn last line from a kill mid-write.)
       tmp = self.workdir / "metrics.jsonl.tmp"
@@ -248,18 +243,12 @@ class Chrono:
 
 def progress_line(step, total_steps, m):
   """One human-readable line from the training metrics of a step."""
-  parts = [f"[{step}/{total_steps}]"]
-  for key, fmt in (("training_loss", "loss={:.4f}"), ("learning_rate", "lr={:.3g}"),
-                   ("grad_norm", "gnorm={:.3g}"), ("img/sec", "{:.1f} img/s")):
-    if key in m:
-      parts.append(fmt.format(m[key]))
-  if "step_time" in m:
-    parts.append(f"{m['step_time'] * 1000:.0f} ms/step")
-  if "mfu" in m:
-    parts.append(f"MFU={100 * m['mfu']:.1f}%")
-  if "eta_hours" in m:
-    parts.append(f"ETA {_hms(m['eta_hours'] * 3600)}")
-  return " ".join(parts)
+  fmts = (("training_loss", "loss={:.4f}".format), ("learning_rate", "lr={:.3g}".format),
+          ("grad_norm", "gnorm={:.3g}".format), ("img/sec", "{:.1f} img/s".format),
+          ("step_time", lambda v: f"{v * 1000:.0f} ms/step"),
+          ("mfu", lambda v: f"MFU={100 * v:.1f}%"),
+          ("eta_hours", lambda v: f"ETA {_hms(v * 3600)}"))
+  return " ".join([f"[{step}/{total_steps}]"] + [fmt(m[k]) for k, fmt in fmts if k in m])
 
 
 def _hms(seconds):

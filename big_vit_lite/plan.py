@@ -72,16 +72,13 @@ def image_res(config, override: int | None = None) -> int:
   if override is not None:
     return int(override)
   pp = str(config.input.get("pp", ""))
-  if pp.strip():
-    hw = pp_lib.output_hw(pp, channels=image_channels(config))
-    if hw and hw[0] != hw[1]:
-      raise ValueError(f"input.pp={pp!r} gives {hw[0]}x{hw[1]} images; the planner models "
-                       "square ones: pass --res=N")
-    if hw:
-      return hw[0]
+  hw = pp_lib.output_hw(pp, channels=image_channels(config)) if pp.strip() else None
+  if hw and hw[0] != hw[1]:
+    raise ValueError(f"input.pp={pp!r} gives {hw[0]}x{hw[1]} images; the planner models "
+                     "square ones: pass --res=N")
   name = str(config.input.data.get("name", "")).split(":")[0].split("/")[0]
-  if name in _NATIVE_RES:
-    return _NATIVE_RES[name]
+  if hw or name in _NATIVE_RES:
+    return hw[0] if hw else _NATIVE_RES[name]
   raise ValueError(f"cannot tell the training image size from input.pp={pp!r}; pass --res=N")
 
 
@@ -113,8 +110,7 @@ def _axes_size(axes, mesh: dict) -> int:
 
 def abstract_state(config, res: int):
   """(model, boxed abstract params, params, optimizer, abstract opt state) via eval_shape."""
-  model = vit.Model(**(config.model.to_dict() if hasattr(config.model, "to_dict")
-                       else dict(config.model)))
+  model = vit.Model(**config.model.to_dict())
   images = jax.ShapeDtypeStruct((1, res, res, image_channels(config)), jnp.float32)
   boxed = jax.eval_shape(lambda x: model.init(jax.random.PRNGKey(0), x)["params"], images)
   params = nn.meta.unbox(boxed)
@@ -199,7 +195,7 @@ def _gather_bytes(n_params, depth, tp, fsdp, remat):
   (XLA keeps them from forward to backward), about two blocks' worth with remat."""
   if fsdp == 1:
     return 0
-  return int(2 * n_params / max(1, depth) * 4 / tp) if remat else int(n_params * 4 / tp)
+  return int((2 * n_params / max(1, depth) if remat else n_params) * 4 / tp)
 
 
 def _step_time(spec, peak, hw_flops, n_dev, n_params, mesh, tp, fsdp, accum):
@@ -266,17 +262,15 @@ def plan(config, mesh: dict, device: str, res: int | None = None) -> dict:
       devices=n_dev, device=spec.name, global_batch=batch, local_batch=local_batch,
       grad_accum_steps=accum, micro_batch=local_batch // accum, remat=remat,
       dtype_mm=str(model.dtype_mm), num_params=int(n_params),
-      params_bytes_per_device=int(state_b["params"]), opt_bytes_per_device=int(state_b["opt"]),
-      grad_bytes_per_device=int(state_b["grad"]), ema_bytes_per_device=int(state_b["ema"]),
+      **{f"{k}_bytes_per_device": int(b) for k, b in state_b.items()},
       grad_accum_bytes_per_device=int(accum_b), act_bytes_per_device=int(act_b),
       batch_bytes_per_device=int(batch_b), fsdp_gather_bytes_per_device=int(gathered_b),
       total_bytes_per_device=int(total_b), hbm_bytes=int(spec.hbm_bytes),
       fits=bool(total_b <= usable),
       fits_with_remat=None if remat_total_b is None else bool(remat_total_b <= usable),
-      total_bytes_with_remat=remat_total_b,
-      flops_per_step=model_flops, hw_flops_per_step=hw_flops,
-      compute_time_s=compute_s, comm_time_s=comm_s, step_time_s=step_s,
-      mfu_bound=model_flops / n_dev / peak / step_s, unsplit_params=unsplit,
+      total_bytes_with_remat=remat_total_b, flops_per_step=model_flops,
+      hw_flops_per_step=hw_flops, compute_time_s=compute_s, comm_time_s=comm_s,
+      step_time_s=step_s, mfu_bound=model_flops / n_dev / peak / step_s, unsplit_params=unsplit,
       # The patchify (a VALID strided conv, as in big_vision) ignores the last res % patch px.
       ignored_px=res % arch["patch_size"])
 
@@ -318,8 +312,7 @@ def compiled_stats(config, mesh: dict, res: int) -> dict:
               compiled_flops_per_device=float(flops_lib.step_flops(traced, compiled, n_dev) or 0))
 
 
-def compiled_stats_subprocess(config_arg: str, overrides: list[str], mesh: dict, res: int,
-                              timeout_s: float = 1800) -> dict:
+def compiled_stats_subprocess(config_arg: str, overrides: list[str], mesh: dict, res: int):
   """compiled_stats in a fresh python with prod(mesh) simulated CPU devices."""
   n_dev = math.prod(mesh.values())
   # The memory-minimising scheduler (not the default concurrency-optimised one) is what
@@ -330,12 +323,10 @@ def compiled_stats_subprocess(config_arg: str, overrides: list[str], mesh: dict,
   mesh_str = ",".join(f"{k}:{v}" for k, v in mesh.items())
   cmd = [sys.executable, "-m", "big_vit_lite.plan", f"--config={config_arg}", *overrides,
          f"--mesh={mesh_str}", f"--res={res}", "--compiled_only", "--json"]
-  proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s,
-                        check=False)
-  if proc.returncode != 0:
-    lines = (proc.stderr or proc.stdout).strip().splitlines()
-    errors = [l for l in lines if "Error" in l or l.startswith("plan:")] or lines[-1:] or ["?"]
-    raise ValueError(f"compiling the step on {n_dev} simulated CPU devices failed: {errors[-1]}")
+  proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800, check=False)
+  if proc.returncode != 0:  # Its last line: the "plan: ..." message, or the exception's.
+    last = ((proc.stderr or proc.stdout).strip().splitlines() or ["?"])[-1]
+    raise ValueError(f"compiling the step on {n_dev} simulated CPU devices failed: {last}")
   return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -345,18 +336,16 @@ def _fmt_bytes(b: float) -> str:
 
 def format_report(p: dict) -> str:
   """The plan as the CLI prints it."""
-  mesh = ",".join(f"{k}:{v}" for k, v in p["mesh"].items())
-  k, micro = p["grad_accum_steps"], p["micro_batch"]
-  accum = f" in {k} microbatches of {micro}" if k > 1 else ""
-  arch = p.get("arch") or {}
-  shape = (f" (width {arch['width']}, depth {arch['depth']}, MLP {arch['mlp_dim']}, "
-           f"{arch['num_heads']} heads, patch {arch['patch_size']})" if arch else "")
+  k, micro, a = p["grad_accum_steps"], p["micro_batch"], p["arch"]
   lines = [
-      f"ViT {p['variant'] or 'custom'}{shape} @ {p['res']}px ({p['tokens']} tokens), "
-      f"{p['num_params'] / 1e6:.1f}M params, "
-      f"global batch {p['global_batch']} ({p['local_batch']}/device{accum}), remat={p['remat']}, "
+      f"ViT {p['variant'] or 'custom'} (width {a['width']}, depth {a['depth']}, MLP "
+      f"{a['mlp_dim']}, {a['num_heads']} heads, patch {a['patch_size']}) @ {p['res']}px "
+      f"({p['tokens']} tokens), {p['num_params'] / 1e6:.1f}M params, global batch "
+      f"{p['global_batch']} ({p['local_batch']}/device"
+      f"{f' in {k} microbatches of {micro}' if k > 1 else ''}), remat={p['remat']}, "
       f"matmuls in {p['dtype_mm']}",
-      f"mesh {mesh} = {p['devices']} x {p['device']} ({p['hbm_bytes'] / GIB:.0f} GiB each)",
+      f"mesh {','.join(f'{n}:{v}' for n, v in p['mesh'].items())} = {p['devices']} x "
+      f"{p['device']} ({p['hbm_bytes'] / GIB:.0f} GiB each)",
       "per device:"]
   for name, key, note in (
       ("params", "params", ""), ("optimizer state", "opt", ""), ("gradients", "grad", ""),
@@ -370,7 +359,7 @@ def format_report(p: dict) -> str:
       lines.append(f"  {name:<15} {_fmt_bytes(b)}  {note}".rstrip())
   lines.append(f"  total           {_fmt_bytes(p['total_bytes_per_device'])}  -> fits: "
                f"{'yes' if p['fits'] else 'NO'} (limit {USABLE_FRACTION:.0%} of HBM)")
-  if p.get("fits_with_remat") is not None:
+  if p["fits_with_remat"] is not None:
     lines.append(f"  with remat      {_fmt_bytes(p['total_bytes_with_remat'])}  -> " + (
         "fits with --config.model.remat_policy=nothing_saveable (each block's forward "
         "recomputed: ~1/3 more block FLOPs)" if p["fits_with_remat"] else
@@ -381,11 +370,11 @@ def format_report(p: dict) -> str:
       f"step time >= {p['step_time_s'] * 1e3:.1f} ms (compute at peak "
       f"{p['compute_time_s'] * 1e3:.1f} ms, collectives {p['comm_time_s'] * 1e3:.1f} ms); "
       f"MFU bound {p['mfu_bound']:.2f}"]
-  if p.get("ignored_px"):
+  if p["ignored_px"]:
     lines.append(f"note: {p['res']} px is not a multiple of the patch size "
-                 f"{p['arch']['patch_size']}: the patchify ignores the last {p['ignored_px']} "
+                 f"{a['patch_size']}: the patchify ignores the last {p['ignored_px']} "
                  "px rows and columns of every image")
-  if p.get("unsplit_params"):
+  if p["unsplit_params"]:
     lines.append(f"note: param dims not divisible by their mesh axes (split as in training): "
                  f"{'; '.join(p['unsplit_params'])}")
   if "compiled_temp_bytes" in p:
@@ -414,35 +403,26 @@ def _define_flags():
 def main(argv):
   del argv
   f = flags.FLAGS
-  config = config_loading.loaded(f.config)
-  if config is None:
-    raise app.UsageError("--config=configs/FILE.py[:arg] is required")
-  mesh = parse_mesh(f.mesh or config.get("mesh") or [("data", 1)])
-  if f.compiled_only:
-    print(json.dumps(compiled_stats(config, mesh, image_res(config, f.res))))
-    return
-  p = plan(config, mesh, f.device, f.res)
-  if f.compile:
-    overrides = [a for a in sys.argv[1:] if a.startswith("--config.")]
-    p.update(compiled_stats_subprocess(config_flags.get_config_filename(f["config"]), overrides,
-                                       mesh, p["res"]))
+  try:
+    config = config_loading.loaded(f.config)
+    if config is None:
+      raise app.UsageError("--config=configs/FILE.py[:arg] is required")
+    mesh = parse_mesh(f.mesh or config.get("mesh") or [("data", 1)])
+    if f.compiled_only:
+      print(json.dumps(compiled_stats(config, mesh, image_res(config, f.res))))
+      return
+    p = plan(config, mesh, f.device, f.res)
+    if f.compile:
+      overrides = [a for a in sys.argv[1:] if a.startswith("--config.")]
+      p.update(compiled_stats_subprocess(config_flags.get_config_filename(f["config"]),
+                                         overrides, mesh, p["res"]))
+  except ValueError as e:
+    sys.exit(f"plan: {e}")
   print(format_report(p))
   if f.json:
     print(json.dumps(p))
 
 
-def run():
-  _define_flags()
-
-  def _main(argv):
-    try:
-      main(argv)
-    except ValueError as e:
-      print(f"plan: {e}", file=sys.stderr)
-      sys.exit(1)
-
-  app.run(_main, flags_parser=functools.partial(config_loading.parse_flags, prog="plan"))
-
-
 if __name__ == "__main__":
-  run()
+  _define_flags()
+  app.run(main, flags_parser=functools.partial(config_loading.parse_flags, prog="plan"))
