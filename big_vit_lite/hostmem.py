@@ -52,7 +52,8 @@ def status():
   if _setting():
     return f"{_setting()} (transparent huge pages: {thp_mode()})"
   off = os.environ.get(OPT_OUT) == "0"
-  return f"default malloc ({f'{OPT_OUT}=0' if off else f'transparent huge pages: {thp_mode()}'})"
+  return f"default malloc ({OPT_OUT}=0)" if off else (
+      f"default malloc (transparent huge pages: {thp_mode()})")
 
 
 def use_huge_pages(main_file):

@@ -266,4 +266,3 @@ def log_parameter_overview(params):
   text = parameter_overview.get_parameter_overview(params, include_stats=False)
   n = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
   logging.info("Parameters (%s total):\n%s", f"{n:,}", text)
-  return n

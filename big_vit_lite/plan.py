@@ -77,9 +77,9 @@ def image_res(config, override: int | None = None) -> int:
     raise ValueError(f"input.pp={pp!r} gives {hw[0]}x{hw[1]} images; the planner models "
                      "square ones: pass --res=N")
   name = str(config.input.data.get("name", "")).split(":")[0].split("/")[0]
-  if hw or name in _NATIVE_RES:
-    return hw[0] if hw else _NATIVE_RES[name]
-  raise ValueError(f"cannot tell the training image size from input.pp={pp!r}; pass --res=N")
+  if not hw and name not in _NATIVE_RES:
+    raise ValueError(f"cannot tell the training image size from input.pp={pp!r}; pass --res=N")
+  return hw[0] if hw else _NATIVE_RES[name]
 
 
 def image_channels(config) -> int:
