@@ -43,6 +43,8 @@ from big_vit_lite import metrics
 from big_vit_lite import oom
 from big_vit_lite import sharding
 
+# Defined when run as a command, not on import: plan imports train_step from here and has flags
+# of the same names (--mesh, --res).
 def _define_flags():
   flags.DEFINE_list("variant", ["Ti/16"], "ViT variant(s), e.g. Ti/16,S/16.")
   flags.DEFINE_list("batch", ["32"], "Global batch size(s).")
@@ -257,11 +259,11 @@ def main(argv):
   try:
     distributed.set_cpu_devices(f.num_cpu_devices)
     try:
-      model_kw = json.loads(f.model_kw)
+      model_kw = dict(json.loads(f.model_kw))
       batches = [int(b) for b in f.batch]
-    except ValueError as e:
+    except (ValueError, TypeError) as e:
       raise ValueError(f"--model_kw must be a JSON dict and --batch integers ({e})") from None
-    mesh = sharding.make_mesh(f.mesh) if f.mesh else None
+    mesh = sharding.make_mesh(sharding.parse_mesh(f.mesh)) if f.mesh else None
     check_args(f.variant, batches, f.remat, model_kw, res=f.res, mesh=mesh, accum=f.grad_accum,
                num_classes=f.num_classes, dtype=f.dtype, scan=f.scan)
   except ValueError as e:
