@@ -187,7 +187,7 @@ def main():
                  help="KEY=VALUE for timm's process (repeatable), e.g. OMP_WAIT_POLICY=PASSIVE: "
                       "on a shared CPU, OpenMP's default spin-waiting makes torch 3-4x slower")
   p.add_argument("--ours_args", default="",
-                 help="extra flags for big_vit_lite.bench, e.g. '--cpu_flags=... --model_kw=...'")
+                 help="extra flags for big_vit_lite.bench, e.g. '--calib_n=64 --model_kw=...'")
   p.add_argument("--label", default="default", help="names this configuration in RESULTS.md")
   p.add_argument("--no_write", action="store_true", help="print only; leave results files alone")
   p.add_argument("--render_only", action="store_true",

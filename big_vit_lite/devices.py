@@ -70,8 +70,4 @@ def lookup(device_kind):
 def datasheet_peak(device, dtype="bfloat16"):
   """Peak matmul FLOP/s of one jax device for `dtype` ('bfloat16' | 'float32'), or None."""
   spec = None if device.platform == "cpu" else lookup(device.device_kind)
-  if spec is None:
-    return None
-  if dtype not in ("bfloat16", "float32"):
-    raise ValueError(f"dtype must be 'bfloat16' or 'float32', got {dtype!r}")
-  return spec.bf16_flops if dtype == "bfloat16" else spec.f32_flops
+  return spec and (spec.f32_flops if dtype == "float32" else spec.bf16_flops)

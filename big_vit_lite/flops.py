@@ -27,9 +27,8 @@ from jax.extend import core as jex_core
 
 def _dot_flops(eqn):
   (lhs_contract, _), _ = eqn.params["dimension_numbers"]
-  lhs = eqn.invars[0].aval
-  out = eqn.outvars[0].aval
-  return 2 * math.prod(out.shape) * math.prod(lhs.shape[d] for d in lhs_contract)
+  lhs_shape = eqn.invars[0].aval.shape
+  return 2 * math.prod(eqn.outvars[0].aval.shape) * math.prod(lhs_shape[d] for d in lhs_contract)
 
 
 def _valid_taps(in_size, out_size, k, stride, pad_lo, lhs_dil, rhs_dil):
@@ -48,27 +47,15 @@ def _conv_flops(eqn):
   spatial = len(dn.lhs_spec) - 2
   lhs_dil = p.get("lhs_dilation") or (1,) * spatial
   rhs_dil = p.get("rhs_dilation") or (1,) * spatial
-  taps = 1
-  for d in range(spatial):
-    taps *= _valid_taps(lhs.shape[dn.lhs_spec[2 + d]], out.shape[dn.out_spec[2 + d]],
-                        rhs.shape[dn.rhs_spec[2 + d]], p["window_strides"][d],
-                        p["padding"][d][0], lhs_dil[d], rhs_dil[d])
+  taps = math.prod(_valid_taps(lhs.shape[dn.lhs_spec[2 + d]], out.shape[dn.out_spec[2 + d]],
+                               rhs.shape[dn.rhs_spec[2 + d]], p["window_strides"][d],
+                               p["padding"][d][0], lhs_dil[d], rhs_dil[d]) for d in range(spatial))
   out_spatial = math.prod(out.shape[dn.out_spec[2 + d]] for d in range(spatial))
   per_tap = math.prod(out.shape) // out_spatial * rhs.shape[dn.rhs_spec[1]]  # x in-features/group
   return 2 * per_tap * taps
 
 
 _MATMULS = {"dot_general": _dot_flops, "conv_general_dilated": _conv_flops}
-
-
-def _sub_jaxprs(value):
-  if isinstance(value, jex_core.ClosedJaxpr):
-    yield value.jaxpr
-  elif isinstance(value, jex_core.Jaxpr):
-    yield value
-  elif isinstance(value, (tuple, list)):
-    for v in value:
-      yield from _sub_jaxprs(v)
 
 
 # Arithmetic XLA's cost analysis counts as one FLOP per output element (per input element for
@@ -87,35 +74,6 @@ def _scan_copies(length, unroll, all_iterations):
   return unroll + length % unroll  # the unrolled loop body plus the remainder outside it
 
 
-def jaxpr_flops(jaxpr, *, unroll_scans: bool = True) -> int:
-  """FLOPs of a jaxpr as XLA counts them; scan bodies times their length if unroll_scans.
-
-  Matmuls and convolutions exactly; elementwise arithmetic and reductions one FLOP per
-  element. unroll_scans=False counts what XLA's loop program holds: one body per
-  scan, or `unroll` bodies (plus the remainder) for a partly unrolled scan. `while`
-  bodies count once (their trip count is data); `cond` its costliest branch.
-  """
-  total = 0
-  for eqn in getattr(jaxpr, "jaxpr", jaxpr).eqns:  # (A ClosedJaxpr's jaxpr.)
-    name = eqn.primitive.name
-    if name in _MATMULS:
-      total += _MATMULS[name](eqn)
-    elif name in _ELEMENTWISE:
-      total += math.prod(eqn.outvars[0].aval.shape)
-    elif name in _REDUCTIONS:
-      total += math.prod(eqn.invars[0].aval.shape)
-    elif name == "cond":  # one branch runs
-      total += max((jaxpr_flops(b, unroll_scans=unroll_scans) for b in eqn.params["branches"]),
-                   default=0)
-    else:
-      inner = sum(jaxpr_flops(j, unroll_scans=unroll_scans)
-                  for v in eqn.params.values() for j in _sub_jaxprs(v))
-      if name == "scan":
-        inner *= _scan_copies(eqn.params["length"], eqn.params.get("unroll", 1), unroll_scans)
-      total += inner
-  return total
-
-
 # cuDNN fused attention (jax.nn.dot_product_attention(implementation="cudnn")): one primitive
 # per direction, no dot_general inside. Forward: Q K^T and P V; backward: dP, dS, dQ, dK, dV,
 # 4 matmuls of model work plus Q K^T recomputed (flash attention keeps no probabilities).
@@ -129,11 +87,8 @@ def _attention_flops(eqn):
   """(model, recomputed) FLOPs of a cuDNN attention call, from q's and k's shapes."""
   matmuls, recomputed = _CUDNN_ATTENTION[eqn.primitive.name]
   q, k = eqn.invars[0].aval.shape, eqn.invars[1].aval.shape
-  if eqn.params.get("layout", 0) == 1:  # BNTH
-    (b, n, t, h), s = q, k[2]
-  else:  # BTNH
-    (b, t, n, h), s = q, k[1]
-  one = 2 * b * n * t * s * h
+  # q: (batch, heads, T, head dim) in layout 1 (BNTH), else BTNH; S (keys) where T is in q.
+  one = 2 * math.prod(q) * k[2 if eqn.params.get("layout", 0) == 1 else 1]
   return matmuls * one, recomputed * one
 
 
@@ -151,8 +106,7 @@ def _recompute_mask(jaxpr):
     for v in eqn.invars:
       d |= deps.get(v, 0) if not isinstance(v, jex_core.Literal) else 0
     eqn_deps.append(d)
-    for v in eqn.outvars:
-      deps[v] = d
+    deps.update(dict.fromkeys(eqn.outvars, d))
   outs = [deps.get(v, 0) for v in jaxpr.outvars if not isinstance(v, jex_core.Literal)]
   n = len(jaxpr.invars)
   ct = 0
@@ -163,33 +117,43 @@ def _recompute_mask(jaxpr):
   return [not d & ct for d in eqn_deps]
 
 
-def _eqn_matmuls(eqn):
-  """(all, recomputed) matmul FLOPs of one eqn, sub-jaxprs and loops included."""
+def _eqn_flops(eqn, xla, all_iterations):
+  """(all, recomputed) FLOPs of one eqn, sub-jaxprs and loops included (see _count)."""
   name = eqn.primitive.name
   if name in _MATMULS:
     return _MATMULS[name](eqn), 0
-  if name in _CUDNN_ATTENTION:
+  if xla and name in _ELEMENTWISE:
+    return math.prod(eqn.outvars[0].aval.shape), 0
+  if xla and name in _REDUCTIONS:
+    return math.prod(eqn.invars[0].aval.shape), 0
+  if not xla and name in _CUDNN_ATTENTION:
     model, recomputed = _attention_flops(eqn)
     return model + recomputed, recomputed
   if name == "cond":  # one branch runs: the costliest
-    return max((_matmuls(b) for b in eqn.params["branches"]), default=(0, 0))
+    return max((_count(b, xla, all_iterations) for b in eqn.params["branches"]), default=(0, 0))
   total = recomputed = 0
-  for v in eqn.params.values():
-    for j in _sub_jaxprs(v):
-      if name in _REMAT and eqn.params.get("differentiated"):
-        for e, again in zip(j.eqns, _recompute_mask(j)):
-          t, r = _eqn_matmuls(e)
-          total, recomputed = total + t, recomputed + (t if again else r)
-      else:
-        t, r = _matmuls(j)
-        total, recomputed = total + t, recomputed + r
+  for j in jex_core.jaxprs_in_params(eqn.params):
+    if name in _REMAT and eqn.params.get("differentiated"):
+      for e, again in zip(j.eqns, _recompute_mask(j)):
+        t, r = _eqn_flops(e, xla, all_iterations)
+        total, recomputed = total + t, recomputed + (t if again else r)
+    else:
+      t, r = _count(j, xla, all_iterations)
+      total, recomputed = total + t, recomputed + r
   if name == "scan":
-    total, recomputed = total * int(eqn.params["length"]), recomputed * int(eqn.params["length"])
+    n = _scan_copies(eqn.params["length"], eqn.params.get("unroll", 1), all_iterations)
+    total, recomputed = total * n, recomputed * n
   return total, recomputed
 
 
-def _matmuls(jaxpr):
-  counts = [_eqn_matmuls(eqn) for eqn in getattr(jaxpr, "jaxpr", jaxpr).eqns]
+def _count(jaxpr, xla=False, all_iterations=True):
+  """(all, recomputed) FLOPs of a jaxpr. Model count (xla False): matmuls, cuDNN attention.
+  XLA's count (xla True): matmuls and convolutions exactly, elementwise arithmetic and
+  reductions one FLOP per element. Every scan body times its length, or (all_iterations
+  False) the bodies XLA's loop program holds: one, or `unroll` (plus the remainder) for a
+  partly unrolled scan. `while` bodies count once (their trip count is data); `cond` its
+  costliest branch."""
+  counts = [_eqn_flops(eqn, xla, all_iterations) for eqn in getattr(jaxpr, "jaxpr", jaxpr).eqns]
   return sum(t for t, _ in counts), sum(r for _, r in counts)
 
 
@@ -200,7 +164,7 @@ def matmul_flops(jaxpr) -> tuple[int, int]:
   (its trip count is data). For a step traced under jit on a mesh: the global figure
   (a shard_map body, with per-device shapes, would count once).
   """
-  total, recomputed = _matmuls(jaxpr)
+  total, recomputed = _count(jaxpr)
   return total - recomputed, total
 
 
@@ -253,10 +217,7 @@ def step_flops(traced: jax.stages.Traced, compiled: jax.stages.Compiled,
     cost = compiled.cost_analysis()
   except Exception:  # pylint: disable=broad-except  # not every backend implements it
     return None
-  if isinstance(cost, (list, tuple)):  # older jax: one dict per computation
-    cost = cost[0] if cost else None
   if not cost or "flops" not in cost:
     return None
-  missed = (jaxpr_flops(traced.jaxpr, unroll_scans=True)
-            - jaxpr_flops(traced.jaxpr, unroll_scans=False))
+  missed = _count(traced.jaxpr, xla=True)[0] - _count(traced.jaxpr, True, False)[0]
   return float(cost["flops"]) + missed / max(1, num_devices)

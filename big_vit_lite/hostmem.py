@@ -29,10 +29,9 @@ def thp_mode():
   """The kernel's transparent-huge-page mode ('always', 'madvise', 'never'), or None."""
   try:
     with open(_THP) as f:
-      m = re.search(r"\[(\w+)\]", f.read())
-  except OSError:
+      return re.search(r"\[(\w+)\]", f.read()).group(1)
+  except (OSError, AttributeError):  # No such file, or no [mode] in it.
     return None
-  return m and m.group(1)
 
 
 def _setting():
@@ -44,35 +43,17 @@ def _setting():
 def supported():
   """Linux, glibc >= 2.35 (older ones ignore the tunable) and THP in `madvise` mode."""
   libc, version = platform.libc_ver()
-  return (sys.platform == "linux" and libc == "glibc" and _version(version) >= (2, 35)
-          and thp_mode() == "madvise")
+  return (sys.platform == "linux" and libc == "glibc"
+          and tuple(int(p) for p in version.split(".")[:2]) >= (2, 35) and thp_mode() == "madvise")
 
 
 def status():
   """One line for the logs: whether XLA's buffers get huge pages, and why not."""
-  setting = _setting()
-  if setting:
-    return f"{setting} (transparent huge pages: {thp_mode()})"
-  if os.environ.get(OPT_OUT) == "0":
-    return f"default malloc ({OPT_OUT}=0)"
-  return f"default malloc (transparent huge pages: {thp_mode()})"
-
-
-def _version(text):
-  try:
-    return tuple(int(p) for p in text.split(".")[:2])
-  except ValueError:
-    return (0,)
-
-
-def _applicable(main_file):
-  if os.path.realpath(sys.argv[0]) != os.path.realpath(main_file):
-    return False  # Not started as this module's command (e.g. runpy from another program).
-  if os.environ.get(OPT_OUT, "1") == "0":
-    return False
   if _setting():
-    return False  # Already set, by us or by the user (who may have set it to 0).
-  return supported()
+    return f"{_setting()} (transparent huge pages: {thp_mode()})"
+  off = os.environ.get(OPT_OUT) == "0"
+  return f"default malloc ({OPT_OUT}=0)" if off else (
+      f"default malloc (transparent huge pages: {thp_mode()})")
 
 
 def use_huge_pages(main_file):
@@ -83,15 +64,15 @@ def use_huge_pages(main_file):
   Returns when there is nothing to do; otherwise the process image is
   replaced and the same command starts again.
   """
-  if not _applicable(main_file):
-    return
-  env = dict(os.environ)
-  env["GLIBC_TUNABLES"] = ":".join(t for t in (env.get("GLIBC_TUNABLES"), f"{TUNABLE}=1") if t)
-  argv = [sys.executable, *sys.orig_argv[1:]]
+  if (os.path.realpath(sys.argv[0]) != os.path.realpath(main_file)  # e.g. runpy from elsewhere
+      or os.environ.get(OPT_OUT) == "0" or _setting() or not supported()):
+    return  # (_setting: already set, by us or by the user, who may have set it to 0.)
+  tunables = (os.environ.get("GLIBC_TUNABLES"), f"{TUNABLE}=1")
+  env = dict(os.environ, GLIBC_TUNABLES=":".join(t for t in tunables if t))
   sys.stdout.flush()
   sys.stderr.flush()
   try:
-    os.execve(sys.executable, argv, env)
+    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
   except OSError as e:  # Keep going without huge pages rather than fail the job.
     print(f"big_vit_lite: could not re-execute with {TUNABLE}=1 ({e}); "
           f"continuing with the default malloc.", file=sys.stderr)

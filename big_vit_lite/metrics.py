@@ -43,26 +43,19 @@ def matmul_rates(n, dtype="float32", reps=5, devs=None):
   return rates
 
 
-def calibrate_cpu_flops(dtype="float32", sizes=(256, 512, 1024), reps=5):
-  """The best matmul FLOP/s of all local devices together (the CPU 'peak' for MFU).
-
-  The simulated CPU devices share the cores and XLA's thread pool: only a matmul on all of
-  them at once measures what they can do together. The best over sizes and reps, because a
-  shared machine only ever makes a call slower.
-  """
-  return max(max(matmul_rates(n, dtype, reps)) for n in sizes)
-
-
-def peak_flops_per_device(device=None, dtype="bfloat16"):
+def peak_flops_per_device(dtype="bfloat16"):
   """Peak FLOP/s of one device for matmuls in `dtype`, or None when its kind is unknown.
 
-  CPU: the calibrated rate of all local devices together (in `dtype` and float32, the
-  faster), divided among them.
+  CPU: the best matmul rate of all local devices together (in `dtype` and float32, the
+  faster), divided among them. The simulated CPU devices share the cores and XLA's thread
+  pool: only a matmul on all of them at once measures what they can do together. The best
+  over sizes and reps, because a shared machine only ever makes a call slower.
   """
-  device = device or jax.local_devices()[0]
+  device = jax.local_devices()[0]
   dtype = "float32" if str(jnp.dtype(dtype)) == "float32" else "bfloat16"
   if device.platform == "cpu":  # f32 too: a bf16 model's f32 matmuls may run faster.
-    return max(calibrate_cpu_flops(d) for d in {"float32", dtype}) / jax.local_device_count()
+    return max(max(matmul_rates(n, d)) for d in {"float32", dtype}
+               for n in (256, 512, 1024)) / jax.local_device_count()
   # bf16: the usual MFU denominator; f32 runs at JAX's default precision (TF32 on GPUs).
   return devices.datasheet_peak(device, dtype)
 
@@ -84,13 +77,6 @@ class MetricWriter:
     if self._active:
       self.workdir.mkdir(parents=True, exist_ok=True)
 
-  def _tb_writer(self):
-    if self._tb is None and self._tensorboard:
-      from clu import metric_writers  # pylint: disable=g-import-not-at-top
-      self._tb = metric_writers.create_default_writer(
-          str(self.workdir), just_logging=False, asynchronous=False)
-    return self._tb
-
   def write(self, step, metrics):
     if not self._active:
       return
@@ -98,7 +84,11 @@ class MetricWriter:
     with self.path.open("a") as f:
       f.write(json.dumps(row) + "\n")
     scalars = {k: v for k, v in row.items() if k != "step" and isinstance(v, (int, float))}
-    if scalars and self._tb_writer() is not None:
+    if scalars and self._tensorboard:
+      if self._tb is None:  # Created at the first write: after start_run's event file.
+        from clu import metric_writers  # pylint: disable=g-import-not-at-top
+        self._tb = metric_writers.create_default_writer(
+            str(self.workdir), just_logging=False, asynchronous=False)
       self._tb.write_scalars(int(step), scalars)
 
   def _rows(self):
@@ -106,7 +96,7 @@ class MetricWriter:
 
   def logged_keys(self, step):
     """The keys metrics.jsonl holds for `step` (empty on processes other than 0)."""
-    return {k for r in self._rows() if r.get("step") == step for k in r if k != "step"}
+    return {k for r in self._rows() if r["step"] == step for k in r if k != "step"}
 
   def last_value(self, key):
     """`key`'s value in the last line of metrics.jsonl that has it (None: none, or process > 0)."""
@@ -124,27 +114,15 @@ class MetricWriter:
     """
     if not self._active:
       return
-    if self._tb is not None:
-      raise RuntimeError("MetricWriter.start_run must come before the first write.")
     keep_through = -1 if resumed_step is None else int(resumed_step)
-    if self.path.exists():
-      kept = []
-      for line in self.path.read_text().splitlines(keepends=True):
-        try:
-          if json.loads(line)["step"] <= keep_through:
-            kept.append(line if line.endswith("\n") else line + "\n")
-        except (ValueError, KeyError):
-          pass  # A torn last line from a kill mid-write.
+    if self.path.exists():  # (read_metrics skips a torn last line from a kill mid-write.)
       tmp = self.workdir / "metrics.jsonl.tmp"
-      tmp.write_text("".join(kept))
+      tmp.write_text("".join(json.dumps(r) + "\n" for r in read_metrics(self.workdir)
+                             if r["step"] <= keep_through))
       tmp.replace(self.path)
     if self._tensorboard:
       _write_tensorboard_start(self.workdir, keep_through + 1,
                                after_second=max(_event_file_seconds(self.workdir), default=0))
-
-  def flush(self):
-    if self._tb is not None:
-      self._tb.flush()
 
   def close(self):
     if self._tb is not None:
@@ -216,12 +194,15 @@ class Chrono:
 
   def __init__(self, *, first_step, total_steps, global_batch, step_flops=None,
                peak_flops_total=None, core_hours_before=0.0, xla_step_flops=None):
-    self.first_step, self.total_steps, self.global_batch = first_step, total_steps, global_batch
+    del first_step  # The first tick (compilation included) starts the clock.
+    self.total_steps, self.global_batch = total_steps, global_batch
     self.core_hours_before = float(core_hours_before or 0.0)
-    self.step_flops, self.xla_step_flops = step_flops, xla_step_flops
+    self.flops = {"mfu": step_flops, "mfu_xla": xla_step_flops}
     self.peak_flops_total = peak_flops_total
     self.start = time.perf_counter()
-    self._last_time, self._last_step, self._paused, self._pause_start = None, first_step, 0.0, None
+    self._last = None  # (time, step) of the previous tick.
+    self._paused = 0.0
+    self._pause_start = None
     self.train_seconds = 0.0
     self.num_devices = jax.device_count()
     # Cores a run occupies, for core-hours: devices, or CPU cores on CPU.
@@ -239,16 +220,13 @@ class Chrono:
   def tick(self, step):
     """Returns the timing metrics since the previous tick (empty on the first)."""
     now = time.perf_counter()
-    if self._last_time is None:  # First tick (includes compilation): just start.
-      self._last_time, self._last_step, self._paused = now, step, 0.0
-      return {}
-    dt = now - self._last_time - self._paused
-    steps = step - self._last_step
-    self._last_time, self._last_step, self._paused = now, step, 0.0
-    if steps <= 0 or dt <= 0:
+    last = self._last
+    dt = now - last[0] - self._paused if last else 0.0
+    self._last, self._paused = (now, step), 0.0
+    if not last or step <= last[1] or dt <= 0:  # The first tick (compilation included) starts.
       return {}
     self.train_seconds += dt
-    step_time = dt / steps
+    step_time = dt / (step - last[1])
     img_s = self.global_batch / step_time
     out = {
         "step_time": step_time,
@@ -259,26 +237,18 @@ class Chrono:
         "uptime_hours": (now - self.start) / 3600,
     }
     if self.peak_flops_total:
-      for key, flops in (("mfu", self.step_flops), ("mfu_xla", self.xla_step_flops)):
-        if flops:
-          out[key] = flops / step_time / self.peak_flops_total
+      out.update({k: f / step_time / self.peak_flops_total for k, f in self.flops.items() if f})
     return out
 
 
 def progress_line(step, total_steps, m):
   """One human-readable line from the training metrics of a step."""
-  parts = [f"[{step}/{total_steps}]"]
-  for key, fmt in (("training_loss", "loss={:.4f}"), ("learning_rate", "lr={:.3g}"),
-                   ("grad_norm", "gnorm={:.3g}"), ("img/sec", "{:.1f} img/s")):
-    if key in m:
-      parts.append(fmt.format(m[key]))
-  if "step_time" in m:
-    parts.append(f"{m['step_time'] * 1000:.0f} ms/step")
-  if "mfu" in m:
-    parts.append(f"MFU={100 * m['mfu']:.1f}%")
-  if "eta_hours" in m:
-    parts.append(f"ETA {_hms(m['eta_hours'] * 3600)}")
-  return " ".join(parts)
+  fmts = (("training_loss", "loss={:.4f}".format), ("learning_rate", "lr={:.3g}".format),
+          ("grad_norm", "gnorm={:.3g}".format), ("img/sec", "{:.1f} img/s".format),
+          ("step_time", lambda v: f"{v * 1000:.0f} ms/step"),
+          ("mfu", lambda v: f"MFU={100 * v:.1f}%"),
+          ("eta_hours", lambda v: f"ETA {_hms(v * 3600)}"))
+  return " ".join([f"[{step}/{total_steps}]"] + [fmt(m[k]) for k, fmt in fmts if k in m])
 
 
 def _hms(seconds):
@@ -296,4 +266,3 @@ def log_parameter_overview(params):
   text = parameter_overview.get_parameter_overview(params, include_stats=False)
   n = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
   logging.info("Parameters (%s total):\n%s", f"{n:,}", text)
-  return n

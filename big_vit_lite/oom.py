@@ -41,13 +41,9 @@ def message(err: BaseException, *, what: str, batch_size=None, devices=None,
   """One line: what ran out of memory, how much was asked, and the knobs that help."""
   asked = requested_bytes(err)
   asked = f" (an allocation of {asked / 2**30:.2f} GiB failed)" if asked else ""
-  where, detail = "", []
-  if batch_size:
-    where = f" at input.batch_size={batch_size}"
-    if devices:
-      per_dev = batch_size // devices if batch_size % devices == 0 else batch_size / devices
-      detail.append(f"{per_dev:,} per device")
-    if grad_accum_steps and grad_accum_steps > 1:
-      detail.append(f"{grad_accum_steps} microbatches")
-    where += f" ({', '.join(detail)})" if detail else ""
+  detail = [f"{batch_size // devices:,} per device"] if batch_size and devices else []
+  if batch_size and (grad_accum_steps or 1) > 1:
+    detail.append(f"{grad_accum_steps} microbatches")
+  where = f" at input.batch_size={batch_size}" if batch_size else ""
+  where += f" ({', '.join(detail)})" if detail else ""
   return f"out of memory during {what}{where}{asked}. {advice}"

@@ -34,9 +34,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from ml_collections import config_flags
-import numpy as np
-import optax
 
+from big_vit_lite import bench
 from big_vit_lite import config_loading
 from big_vit_lite import ema as ema_lib
 from big_vit_lite import flops as flops_lib
@@ -51,60 +50,36 @@ from big_vit_lite.models import vit
 # a plan "fits" if its peak is under this fraction of the device memory.
 USABLE_FRACTION = 0.9
 
-_MESH_AXES = ("data", "fsdp", "model")
 # Image side used when input.pp names none (datasets decoded at their native size).
 _NATIVE_RES = {"fashion_mnist": 28, "mnist": 28, "mnist10k": 28, "animal_mnist": 28,
                "cifar10": 32, "cifar100": 32}
 
 
-def parse_mesh(spec: str) -> dict:
-  """'data:64,fsdp:4' -> {'data': 64, 'fsdp': 4} (order kept; -1 is not allowed here)."""
-  mesh = {}
-  for part in spec.split(","):
-    name, sep, size = part.strip().partition(":")
-    if not sep or name not in _MESH_AXES or not size.isdigit() or int(size) < 1 or name in mesh:
-      raise ValueError(f"--mesh={spec!r}: expected distinct axis:size pairs with axes "
-                       f"{'/'.join(_MESH_AXES)} and positive sizes, e.g. 'data:64,fsdp:4'"
-                       f"{sharding._axis_hint(name)}")  # pylint: disable=protected-access
-    mesh[name] = int(size)
+def parse_mesh(spec) -> dict:
+  """--mesh 'data:64,fsdp:4' or config.mesh [("data", 64), ("fsdp", 4)] -> {'data': 64, ...}."""
+  pairs = sharding.parse_mesh(spec) if isinstance(spec, str) else [tuple(a) for a in spec]
+  mesh = dict(pairs)
+  if (len(mesh) != len(pairs) or not set(mesh) <= set(sharding.MESH_AXES)
+      or not all(isinstance(size, int) and size >= 1 for size in mesh.values())):
+    raise ValueError(f"mesh {spec!r}: the planner needs distinct {'/'.join(sharding.MESH_AXES)} "
+                     "axes with positive sizes (it cannot count devices for -1): pass e.g. "
+                     "--mesh=data:64,fsdp:4")
   return mesh
-
-
-def mesh_from_config(mesh_cfg) -> dict:
-  """config.mesh ([("data", 8), ("fsdp", -1)]) -> dict; -1 axes need --mesh instead."""
-  if isinstance(mesh_cfg, str):
-    return parse_mesh(mesh_cfg)
-  for name, size in mesh_cfg:
-    if size == -1:
-      raise ValueError(f"config.mesh has {name}:-1 (fill all devices): the planner does not know "
-                       "the device count; pass --mesh=data:N,fsdp:M")
-  try:
-    return parse_mesh(",".join(f"{name}:{size}" for name, size in mesh_cfg))
-  except ValueError:
-    raise ValueError(f"config.mesh={tuple(tuple(a) for a in mesh_cfg)}: use distinct "
-                     f"{'/'.join(_MESH_AXES)} axes with positive integer sizes, or pass "
-                     "--mesh=data:N,fsdp:M") from None
 
 
 def image_res(config, override: int | None = None) -> int:
   """The training image side: --res, else what input.pp gives "image", else the dataset's."""
   if override is not None:
-    if int(override) < 1:
-      raise ValueError(f"--res={override}: use a positive image side, or leave it out to take "
-                       "the size input.pp gives")
     return int(override)
   pp = str(config.input.get("pp", ""))
-  if pp.strip():
-    hw = pp_lib.output_hw(pp, channels=image_channels(config))
-    if hw and hw[0] != hw[1]:
-      raise ValueError(f"input.pp={pp!r} gives {hw[0]}x{hw[1]} images; the planner models "
-                       "square ones: pass --res=N")
-    if hw:
-      return hw[0]
+  hw = pp_lib.output_hw(pp, channels=image_channels(config)) if pp.strip() else None
+  if hw and hw[0] != hw[1]:
+    raise ValueError(f"input.pp={pp!r} gives {hw[0]}x{hw[1]} images; the planner models "
+                     "square ones: pass --res=N")
   name = str(config.input.data.get("name", "")).split(":")[0].split("/")[0]
-  if name in _NATIVE_RES:
-    return _NATIVE_RES[name]
-  raise ValueError(f"cannot tell the training image size from input.pp={pp!r}; pass --res=N")
+  if not hw and name not in _NATIVE_RES:
+    raise ValueError(f"cannot tell the training image size from input.pp={pp!r}; pass --res=N")
+  return hw[0] if hw else _NATIVE_RES[name]
 
 
 def image_channels(config) -> int:
@@ -135,8 +110,7 @@ def _axes_size(axes, mesh: dict) -> int:
 
 def abstract_state(config, res: int):
   """(model, boxed abstract params, params, optimizer, abstract opt state) via eval_shape."""
-  model = vit.Model(**(config.model.to_dict() if hasattr(config.model, "to_dict")
-                       else dict(config.model)))
+  model = vit.Model(**config.model.to_dict())
   images = jax.ShapeDtypeStruct((1, res, res, image_channels(config)), jnp.float32)
   boxed = jax.eval_shape(lambda x: model.init(jax.random.PRNGKey(0), x)["params"], images)
   params = nn.meta.unbox(boxed)
@@ -200,9 +174,6 @@ def _batch_split(config, mesh: dict):
   batch = int(config.input.batch_size)
   # The trainer splits its input batch over the mesh's data and fsdp axes (sharding.py).
   dp = sharding.batch_devices(_abstract_mesh(mesh))
-  if batch >= 1 and batch % dp:
-    raise ValueError(f"input.batch_size={batch} is not divisible by the {dp} data-parallel "
-                     f"devices of mesh {mesh}; change the batch size or the mesh")
   return batch, batch // dp, grad_accum.check(config.get("grad_accum_steps", 1), batch, dp)
 
 
@@ -224,7 +195,7 @@ def _gather_bytes(n_params, depth, tp, fsdp, remat):
   (XLA keeps them from forward to backward), about two blocks' worth with remat."""
   if fsdp == 1:
     return 0
-  return int(2 * n_params / max(1, depth) * 4 / tp) if remat else int(n_params * 4 / tp)
+  return int((2 * n_params / max(1, depth) if remat else n_params) * 4 / tp)
 
 
 def _step_time(spec, peak, hw_flops, n_dev, n_params, mesh, tp, fsdp, accum):
@@ -291,29 +262,23 @@ def plan(config, mesh: dict, device: str, res: int | None = None) -> dict:
       devices=n_dev, device=spec.name, global_batch=batch, local_batch=local_batch,
       grad_accum_steps=accum, micro_batch=local_batch // accum, remat=remat,
       dtype_mm=str(model.dtype_mm), num_params=int(n_params),
-      params_bytes_per_device=int(state_b["params"]), opt_bytes_per_device=int(state_b["opt"]),
-      grad_bytes_per_device=int(state_b["grad"]), ema_bytes_per_device=int(state_b["ema"]),
+      **{f"{k}_bytes_per_device": int(b) for k, b in state_b.items()},
       grad_accum_bytes_per_device=int(accum_b), act_bytes_per_device=int(act_b),
       batch_bytes_per_device=int(batch_b), fsdp_gather_bytes_per_device=int(gathered_b),
       total_bytes_per_device=int(total_b), hbm_bytes=int(spec.hbm_bytes),
       fits=bool(total_b <= usable),
       fits_with_remat=None if remat_total_b is None else bool(remat_total_b <= usable),
-      total_bytes_with_remat=remat_total_b,
-      flops_per_step=model_flops, hw_flops_per_step=hw_flops,
-      compute_time_s=compute_s, comm_time_s=comm_s, step_time_s=step_s,
-      mfu_bound=model_flops / n_dev / peak / step_s, unsplit_params=unsplit,
+      total_bytes_with_remat=remat_total_b, flops_per_step=model_flops,
+      hw_flops_per_step=hw_flops, compute_time_s=compute_s, comm_time_s=comm_s,
+      step_time_s=step_s, mfu_bound=model_flops / n_dev / peak / step_s, unsplit_params=unsplit,
       # The patchify (a VALID strided conv, as in big_vision) ignores the last res % patch px.
       ignored_px=res % arch["patch_size"])
 
 
 def compiled_stats(config, mesh: dict, res: int) -> dict:
   """XLA memory analysis + FLOPs of the train step compiled for `mesh` (in this process)."""
-
   n_dev = math.prod(mesh.values())
-  if jax.device_count() < n_dev:
-    raise ValueError(f"mesh {mesh} needs {n_dev} devices, this process has {jax.device_count()}")
-  jmesh = jax.sharding.Mesh(np.array(jax.devices()[:n_dev]).reshape(tuple(mesh.values())),
-                            tuple(mesh), axis_types=(jax.sharding.AxisType.Auto,) * len(mesh))
+  jmesh = sharding.make_mesh(list(mesh.items()), jax.devices()[:n_dev])
   rules = _rules(config, mesh)
   model, boxed, params, opt, opt_state = abstract_state(config, res)
   param_sh, opt_sh = state_shardings(boxed, params, opt_state, jmesh, rules, unsplit=[])
@@ -321,45 +286,33 @@ def compiled_stats(config, mesh: dict, res: int) -> dict:
   state_sh = (param_sh, opt_sh) + ((param_sh,) if ema else ())
   state = jax.tree.map(lambda l, s: jax.ShapeDtypeStruct(l.shape, l.dtype, sharding=s),
                        (params, opt_state) + ((params,) if ema else ()), state_sh)
-  batch = int(config.input.batch_size)
+  batch, _, accum = _batch_split(config, mesh)
   batch_sh = sharding.batch_sharding(jmesh)
-  accum = grad_accum.check(config.get("grad_accum_steps", 1), batch,
-                           sharding.batch_devices(jmesh))
   images = jax.ShapeDtypeStruct((batch, res, res, image_channels(config)), jnp.float32,
                                 sharding=batch_sh)
   labels = jax.ShapeDtypeStruct((batch, int(config.model.get("num_classes", 0) or 0)),
                                 jnp.float32, sharding=batch_sh)
 
-  def step(state, images, labels):
-    def loss_fn(p, b, rng):
-      logits, _ = model.apply({"params": p}, b["image"], train=True, rngs={"dropout": rng})
-      return optax.softmax_cross_entropy(logits, b["labels"]).mean()
-
-    # The trainer's gradient computation (k > 1: its microbatch scan). Dropout only needs *a* key.
-    loss, grads = grad_accum.value_and_grad(
-        loss_fn, state[0], {"image": images, "labels": labels}, jax.random.PRNGKey(0), accum,
-        batch_sharding=batch_sh, param_shardings=param_sh)
+  def update(state, grads):
     params, opt_state = opt.apply(state[0], grads, state[1])
-    return (params, opt_state) + ((ema.update(state[2], params, 0),) if ema else ()), loss
+    return (params, opt_state) + ((ema.update(state[2], params, 0),) if ema else ())
 
+  step = bench.train_step(model, update, accum=accum, batch_sh=batch_sh, params_sh=param_sh)
   with jax.set_mesh(jmesh), nn.logical_axis_rules(rules):
     traced = jax.jit(step, in_shardings=(state_sh, batch_sh, batch_sh),
                      out_shardings=(state_sh, sharding.replicated(jmesh)),
                      donate_argnums=(0,)).trace(state, images, labels)
     compiled = traced.lower().compile()
   mem = compiled.memory_analysis()
-  out = {f"compiled_{k}_bytes": int(getattr(mem, f"{k}_size_in_bytes"))
-         for k in ("argument", "output", "alias", "temp")}
-  return dict(
-      out, compiled_model_flops=float(flops_lib.model_flops(traced)),
-      compiled_peak_bytes=(out["compiled_argument_bytes"] + out["compiled_output_bytes"]
-                           - out["compiled_alias_bytes"] + out["compiled_temp_bytes"]),
-      # XLA's count with the loops' (layer scan, microbatch scan) other iterations added.
-      compiled_flops_per_device=float(flops_lib.step_flops(traced, compiled, n_dev) or 0.0))
+  return dict({f"compiled_{k}_bytes": int(getattr(mem, f"{k}_size_in_bytes"))
+               for k in ("argument", "output", "alias", "temp")},
+              compiled_model_flops=float(flops_lib.model_flops(traced)),
+              compiled_peak_bytes=bench.program_bytes(compiled),
+              # XLA's count with the loops' (layer scan, microbatch scan) other iterations added.
+              compiled_flops_per_device=float(flops_lib.step_flops(traced, compiled, n_dev) or 0))
 
 
-def compiled_stats_subprocess(config_arg: str, overrides: list[str], mesh: dict, res: int,
-                              timeout_s: float = 1800) -> dict:
+def compiled_stats_subprocess(config_arg: str, overrides: list[str], mesh: dict, res: int):
   """compiled_stats in a fresh python with prod(mesh) simulated CPU devices."""
   n_dev = math.prod(mesh.values())
   # The memory-minimising scheduler (not the default concurrency-optimised one) is what
@@ -370,12 +323,10 @@ def compiled_stats_subprocess(config_arg: str, overrides: list[str], mesh: dict,
   mesh_str = ",".join(f"{k}:{v}" for k, v in mesh.items())
   cmd = [sys.executable, "-m", "big_vit_lite.plan", f"--config={config_arg}", *overrides,
          f"--mesh={mesh_str}", f"--res={res}", "--compiled_only", "--json"]
-  proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s,
-                        check=False)
-  if proc.returncode != 0:
-    lines = (proc.stderr or proc.stdout).strip().splitlines()
-    errors = [l for l in lines if "Error" in l or l.startswith("plan:")] or lines[-1:] or ["?"]
-    raise ValueError(f"compiling the step on {n_dev} simulated CPU devices failed: {errors[-1]}")
+  proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800, check=False)
+  if proc.returncode != 0:  # Its last line: the "plan: ..." message, or the exception's.
+    last = ((proc.stderr or proc.stdout).strip().splitlines() or ["?"])[-1]
+    raise ValueError(f"compiling the step on {n_dev} simulated CPU devices failed: {last}")
   return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -385,18 +336,16 @@ def _fmt_bytes(b: float) -> str:
 
 def format_report(p: dict) -> str:
   """The plan as the CLI prints it."""
-  mesh = ",".join(f"{k}:{v}" for k, v in p["mesh"].items())
-  k, micro = p["grad_accum_steps"], p["micro_batch"]
-  accum = f" in {k} microbatches of {micro}" if k > 1 else ""
-  arch = p.get("arch") or {}
-  shape = (f" (width {arch['width']}, depth {arch['depth']}, MLP {arch['mlp_dim']}, "
-           f"{arch['num_heads']} heads, patch {arch['patch_size']})" if arch else "")
+  k, micro, a = p["grad_accum_steps"], p["micro_batch"], p["arch"]
   lines = [
-      f"ViT {p['variant'] or 'custom'}{shape} @ {p['res']}px ({p['tokens']} tokens), "
-      f"{p['num_params'] / 1e6:.1f}M params, "
-      f"global batch {p['global_batch']} ({p['local_batch']}/device{accum}), remat={p['remat']}, "
+      f"ViT {p['variant'] or 'custom'} (width {a['width']}, depth {a['depth']}, MLP "
+      f"{a['mlp_dim']}, {a['num_heads']} heads, patch {a['patch_size']}) @ {p['res']}px "
+      f"({p['tokens']} tokens), {p['num_params'] / 1e6:.1f}M params, global batch "
+      f"{p['global_batch']} ({p['local_batch']}/device"
+      f"{f' in {k} microbatches of {micro}' if k > 1 else ''}), remat={p['remat']}, "
       f"matmuls in {p['dtype_mm']}",
-      f"mesh {mesh} = {p['devices']} x {p['device']} ({p['hbm_bytes'] / GIB:.0f} GiB each)",
+      f"mesh {','.join(f'{n}:{v}' for n, v in p['mesh'].items())} = {p['devices']} x "
+      f"{p['device']} ({p['hbm_bytes'] / GIB:.0f} GiB each)",
       "per device:"]
   for name, key, note in (
       ("params", "params", ""), ("optimizer state", "opt", ""), ("gradients", "grad", ""),
@@ -410,7 +359,7 @@ def format_report(p: dict) -> str:
       lines.append(f"  {name:<15} {_fmt_bytes(b)}  {note}".rstrip())
   lines.append(f"  total           {_fmt_bytes(p['total_bytes_per_device'])}  -> fits: "
                f"{'yes' if p['fits'] else 'NO'} (limit {USABLE_FRACTION:.0%} of HBM)")
-  if p.get("fits_with_remat") is not None:
+  if p["fits_with_remat"] is not None:
     lines.append(f"  with remat      {_fmt_bytes(p['total_bytes_with_remat'])}  -> " + (
         "fits with --config.model.remat_policy=nothing_saveable (each block's forward "
         "recomputed: ~1/3 more block FLOPs)" if p["fits_with_remat"] else
@@ -421,11 +370,11 @@ def format_report(p: dict) -> str:
       f"step time >= {p['step_time_s'] * 1e3:.1f} ms (compute at peak "
       f"{p['compute_time_s'] * 1e3:.1f} ms, collectives {p['comm_time_s'] * 1e3:.1f} ms); "
       f"MFU bound {p['mfu_bound']:.2f}"]
-  if p.get("ignored_px"):
+  if p["ignored_px"]:
     lines.append(f"note: {p['res']} px is not a multiple of the patch size "
-                 f"{p['arch']['patch_size']}: the patchify ignores the last {p['ignored_px']} "
+                 f"{a['patch_size']}: the patchify ignores the last {p['ignored_px']} "
                  "px rows and columns of every image")
-  if p.get("unsplit_params"):
+  if p["unsplit_params"]:
     lines.append(f"note: param dims not divisible by their mesh axes (split as in training): "
                  f"{'; '.join(p['unsplit_params'])}")
   if "compiled_temp_bytes" in p:
@@ -454,35 +403,26 @@ def _define_flags():
 def main(argv):
   del argv
   f = flags.FLAGS
-  config = config_loading.loaded(f.config)
-  if config is None:
-    raise app.UsageError("--config=configs/FILE.py[:arg] is required")
-  mesh = parse_mesh(f.mesh) if f.mesh else mesh_from_config(config.get("mesh") or [("data", 1)])
-  if f.compiled_only:
-    print(json.dumps(compiled_stats(config, mesh, image_res(config, f.res))))
-    return
-  p = plan(config, mesh, f.device, f.res)
-  if f.compile:
-    overrides = [a for a in sys.argv[1:] if a.startswith("--config.")]
-    p.update(compiled_stats_subprocess(config_flags.get_config_filename(f["config"]), overrides,
-                                       mesh, p["res"]))
+  try:
+    config = config_loading.loaded(f.config)
+    if config is None:
+      raise app.UsageError("--config=configs/FILE.py[:arg] is required")
+    mesh = parse_mesh(f.mesh or config.get("mesh") or [("data", 1)])
+    if f.compiled_only:
+      print(json.dumps(compiled_stats(config, mesh, image_res(config, f.res))))
+      return
+    p = plan(config, mesh, f.device, f.res)
+    if f.compile:
+      overrides = [a for a in sys.argv[1:] if a.startswith("--config.")]
+      p.update(compiled_stats_subprocess(config_flags.get_config_filename(f["config"]),
+                                         overrides, mesh, p["res"]))
+  except ValueError as e:
+    sys.exit(f"plan: {e}")
   print(format_report(p))
   if f.json:
     print(json.dumps(p))
 
 
-def run():
-  _define_flags()
-
-  def _main(argv):
-    try:
-      main(argv)
-    except ValueError as e:
-      print(f"plan: {e}", file=sys.stderr)
-      sys.exit(1)
-
-  app.run(_main, flags_parser=functools.partial(config_loading.parse_flags, prog="plan"))
-
-
 if __name__ == "__main__":
-  run()
+  _define_flags()
+  app.run(main, flags_parser=functools.partial(config_loading.parse_flags, prog="plan"))

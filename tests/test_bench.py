@@ -10,7 +10,6 @@ import pytest
 from big_vit_lite import bench
 from big_vit_lite import hostmem
 from big_vit_lite import sharding
-from big_vit_lite import xla_cpu_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
@@ -76,7 +75,8 @@ def test_cli_rejects_bad_flags_in_one_line():
   p = subprocess.run([sys.executable, "-m", "big_vit_lite.bench", "--variant=mu/8",
                       "--mesh=data"], cwd=ROOT, capture_output=True, text=True, timeout=50)
   assert p.returncode != 0
-  assert "--mesh='data': expected axis:size pairs" in p.stderr
+  last = p.stderr.strip().splitlines()[-1]
+  assert last.startswith("bench: ") and "'data'" in last and "Traceback" not in p.stderr, last
 
 
 def test_bench_model_train_only_scan_and_grad_accum():
@@ -97,9 +97,6 @@ def test_bench_model_train_only_scan_and_grad_accum():
   assert plain[0] == plain[1] > 0
   assert outs[True, 1, None] == outs[True, 2, None] == plain
   assert outs[False, 1, "nothing_saveable"][0] == plain[0] < outs[False, 1, "nothing_saveable"][1]
-  with pytest.raises(ValueError, match="grad_accum_steps=3"):
-    bench.bench_model(model, batch=4, res=16, num_classes=10, mode=("train",), steps=1,
-                      grad_accum_steps=3)
 
 
 @pytest.mark.timeout(90)
@@ -115,37 +112,20 @@ def test_cli_out_of_memory_is_one_line():
 
 
 def test_check_args_names_the_bad_flag():
-  bench.check_args(["Ti/16", "mu/8"], [1, 32], {"gelu": "tanh"}, res=224, steps=1, warmup=0)
-  bad = [((["X/16"], [32], {}), {}, "Unknown ViT variant 'X/16'"),
-         ((["Ti/16"], [32, 0], {}), {}, "--batch=0: must be at least 1"),
-         ((["Ti/16"], [32], {}), {"res": 8}, "--res=8 is smaller than the patch size"),
-         ((["Ti/16"], [32], {}), {"steps": 0}, "--steps=0"),
-         ((["Ti/16"], [32], [1]), {}, "must be a JSON dict"),
-         ((["Ti/16"], [32], {"widht": 8}), {}, r"unknown vit.Model argument\(s\) \['widht'\]")]
+  mesh = sharding.make_mesh([("data", 1)], devices=jax.devices("cpu")[:1])
+  bench.check_args(["Ti/16", "mu/8"], [1, 32], ["none"], {"gelu": "tanh"}, res=224)
+  bench.check_args(["mu/8"], [4], ["none"], {}, res=16, mesh=mesh, accum=2)
+  bad = [((["X/16"], [32], ["none"], {}), {}, "Unknown ViT variant 'X/16'"),
+         ((["Ti/16"], [32, 0], ["none"], {}), {}, "--batch=0 --grad_accum=1: input.batch_size=0"),
+         ((["mu/8"], [4], ["none"], {}), dict(mesh=mesh, accum=3),
+          r"--batch=4 --grad_accum=3: grad_accum_steps=3 does not divide"),
+         ((["mu/8"], [4], ["bogus"], {}), {}, r"mu/8: Unknown remat_policy='bogus'"),
+         ((["mu/8"], [4], ["none"], {"num_heads": 5}), {},
+          r"mu/8: Width 32 is not divisible by num_heads=5"),
+         ((["Ti/16"], [32], ["none"], {"widht": 8}), {}, r"Ti/16: .*'widht'")]
   for args, kw, match in bad:
-    kw = {"res": 224, "steps": 1, "warmup": 0, **kw}
     with pytest.raises(ValueError, match=match):
-      bench.check_args(*args, **kw)
-
-
-def test_parse_mesh():
-  assert bench.parse_mesh("") is None
-  mesh = bench.parse_mesh("data:-1")
-  assert mesh.axis_names == ("data",)
-  with pytest.raises(ValueError, match="unknown|Unknown"):
-    bench.parse_mesh("pipeline:1")
-
-
-def test_cpu_flag_presets_are_opt_in_and_checked(monkeypatch):
-  monkeypatch.delenv("XLA_FLAGS", raising=False)
-  xla_cpu_flags.apply("default")
-  assert "XLA_FLAGS" not in os.environ  # the default preset changes nothing
-  with pytest.raises(ValueError, match="unknown XLA CPU flag preset"):
-    xla_cpu_flags.apply("warp-speed")
-  jax.numpy.ones(1).block_until_ready()  # the backend is up: flags would be ignored
-  with pytest.raises(RuntimeError, match="before JAX's backend starts"):
-    xla_cpu_flags.apply("no_xnnpack")
-  assert "XLA_FLAGS" not in os.environ
+      bench.check_args(*args, **{"res": 16 if args[0] == ["mu/8"] else 224, **kw})
 
 
 def _fake_round(ours_train, timm_train):
@@ -292,38 +272,6 @@ def test_gpu_bench_skips_timm_in_one_line_without_torch(tmp_path):
   assert p.returncode == 0, p.stderr[-2000:]
   assert [l for l in p.stdout.splitlines() if l.startswith("timm")] == [
       f"timm: skipped (torch/timm not importable by {python})"]
-
-
-@pytest.mark.parametrize("kw,message", [
-    (dict(mode=[]), "--mode=: use train and/or infer"),
-    (dict(mode=["train", "eval"]), "--mode=train,eval: use train and/or infer"),
-    (dict(calib_n=0), "--calib_n=0: must be at least 1"),
-    (dict(num_classes=0), "--num_classes=0: must be at least 1"),
-    (dict(peak_tflops=-1.0), "--peak_tflops=-1.0: use the device's positive datasheet peak"),
-    # The JSON line would say variant mu/8 for an S/16 (the flag's value, not the model's).
-    (dict(model_kw={"variant": "S/16"}), "--model_kw sets 'variant': use --variant instead"),
-    (dict(model_kw={"remat_policy": "nothing_saveable"}), "use --remat instead"),
-])
-def test_bench_flag_mistakes_are_one_line(kw, message):
-  from big_vit_lite import bench  # pylint: disable=import-outside-toplevel
-  kw = dict(dict(model_kw={}), **kw)
-  with pytest.raises(ValueError) as e:
-    bench.check_args(["mu/8"], [4], kw.pop("model_kw"), res=16, steps=1, warmup=0, **kw)
-  assert message in str(e.value)
-
-
-def test_bench_mesh_and_model_mistakes_are_one_line():
-  from big_vit_lite import bench  # pylint: disable=import-outside-toplevel
-  from big_vit_lite.models import vit  # pylint: disable=import-outside-toplevel
-  mesh = sharding.make_mesh([("data", 1)], devices=jax.devices("cpu")[:1])
-  with pytest.raises(ValueError, match=r"--num_cpu_devices=2 without --mesh times one device: "
-                                       r"add --mesh=data:-1"):
-    bench.check_mesh_args(None, [4], 1, "", 2)
-  with pytest.raises(ValueError, match=r"--grad_accum=3: grad_accum_steps=3 does not divide"):
-    bench.check_mesh_args(mesh, [4], 3, "data:1", None)
-  bench.check_mesh_args(mesh, [4], 2, "data:1", None)
-  with pytest.raises(ValueError, match=r"mu/8: Width 32 is not divisible by num_heads=5"):
-    bench.check_model(vit.Model(num_classes=10, variant="mu/8", num_heads=5), 16, "mu/8")
 
 
 @pytest.mark.timeout(60)

@@ -340,15 +340,12 @@ def test_plan_activations_without_a_tensor_split_that_does_not_divide():
   assert plan.activation_bytes(arch, tp=4, **kw) < plan.activation_bytes(arch, tp=1, **kw)
 
 
-def test_plan_input_mistakes_are_one_line():
-  config = _tiny_config()
-  with pytest.raises(ValueError, match=r"--res=0: use a positive image side"):
-    plan.image_res(config, 0)
-  for mesh_cfg in ([("data", 2.5)], [("tensor", 2)], [("data", 0)]):
-    with pytest.raises(ValueError, match=r"config.mesh=.*use distinct data/fsdp/model axes"):
-      plan.mesh_from_config(mesh_cfg)
-  with pytest.raises(ValueError, match=r"--mesh='tensor:2'.*\(did you mean 'model'\?\)"):
-    plan.parse_mesh("tensor:2")
+def test_plan_mesh_mistakes_are_one_line():
+  for mesh_cfg in ([("data", 2.5)], [("tensor", 2)], [("data", 0)], [("data", 2), ("data", 2)],
+                   "fsdp:-1"):
+    with pytest.raises(ValueError, match=r"mesh .*distinct data/fsdp/model axes.*--mesh="):
+      plan.parse_mesh(mesh_cfg)
+  assert plan.parse_mesh([("data", 2), ("fsdp", 4)]) == plan.parse_mesh("data:2,fsdp:4")
 
 
 def test_plan_device_names_as_people_write_them():

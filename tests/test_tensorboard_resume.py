@@ -51,14 +51,6 @@ def test_resumed_writer_replaces_orphaned_steps_in_tensorboard(tmp_path):
   assert len(_tensorboard_scalars(tmp_path, purge=False)["loss"]) == 9
 
 
-def test_start_run_after_a_write_is_an_error(tmp_path):
-  writer = metrics.MetricWriter(tmp_path)
-  writer.write(1, {"loss": 1.0})
-  with pytest.raises(RuntimeError, match="before the first write"):
-    writer.start_run(0)
-  writer.close()
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_sigkill_and_resume_shows_each_step_once_in_tensorboard(tfds_data_dir, tmp_path):
