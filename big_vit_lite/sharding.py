@@ -74,8 +74,8 @@ def make_mesh(mesh_cfg=(("data", -1),), devices=None):
   names, sizes = [a for a, _ in mesh_cfg], [s for _, s in mesh_cfg]
   if (not set(names) <= set(MESH_AXES) or len(set(names)) < len(names) or sizes.count(-1) > 1
       or any(s < 1 and s != -1 for s in sizes)):
-    raise ValueError(f"mesh {mesh_cfg}: use distinct axes of {', '.join(MESH_AXES)} with positive "
-                     "sizes, or -1 for at most one axis (the devices left over).")
+    raise ValueError(f"mesh {mesh_cfg}: use distinct axes of {', '.join(MESH_AXES)} (an unknown "
+                     "or repeated one is not) with positive sizes, or -1 for at most one axis.")
   n = len(devices)
   if -1 in sizes:
     sizes[sizes.index(-1)] = n // math.prod(s for s in sizes if s != -1)

@@ -173,7 +173,8 @@ def test_one_step_is_the_same_on_every_mesh():
 
 
 @pytest.mark.parametrize("mesh_cfg,message", [
-    ([("data", 0)], "use distinct axes of data, fsdp, model with positive sizes, or -1"),
+    ([("data", 0)], "use distinct axes of data, fsdp, model (an unknown or repeated one is not) "
+                    "with positive sizes, or -1 for at most one axis."),
     ([("data", 2.5)], "use (axis, integer size) pairs"),
     ([("data", "2")], "use (axis, integer size) pairs"),
     (("data", -1), "(one axis needs the trailing comma)"),
