@@ -179,7 +179,8 @@ OPTAX_NAMES = ("scale_by_adam", "adam", "adamw", "sgd", "momentum", "adafactor",
 def _base_optimizer(name, kw):
   kw = dict(kw)
   if name in ("scale_by_adam", "adam", "adamw"):
-    return optax.scale_by_adam(**kw | {"mu_dtype": _dtype(kw.get("mu_dtype"))})
+    kw["mu_dtype"] = _dtype(kw.get("mu_dtype"))
+    return optax.scale_by_adam(**kw)
   if name in ("sgd", "momentum", "big_vision.momentum_hp"):
     if name != "sgd":
       kw.setdefault("momentum", 0.9)
