@@ -85,11 +85,36 @@ def resolve_config_path(value):
 _NOT_SHIPPED = "is neither a config file nor a shipped config"
 
 
+class _ConfigFileError(Exception):
+  """A config file that fails to run, as one line (not a ValueError: absl would prefix it)."""
+
+
 class _ShippedConfigParser(config_flags_impl.ConfigFileFlagParser):
-  """ml_collections' config-file parser, reading shipped configs by name too."""
+  """ml_collections' config-file parser: reads shipped configs by name too, fails in one line."""
 
   def parse(self, path):
-    return super().parse(resolve_config_path(path))
+    path = resolve_config_path(path)
+    file = path.split(":", 1)[0]
+    try:
+      config = super().parse(path)
+    except SyntaxError as e:
+      raise _ConfigFileError(f"the config file {file} does not parse: {e.msg} at line "
+                             f"{e.lineno}: {(e.text or '').strip()}") from None
+    except Exception as e:  # pylint: disable=broad-except
+      e = e.__context__ if "Error whilst parsing config file" in str(e) else e  # (Re-raised.)
+      if isinstance(e, AttributeError) and "get_config" in str(e):
+        raise _ConfigFileError(f"the config file {file} has no get_config() function: define "
+                               "get_config(arg=None).") from None
+      lines = [f.lineno for f in traceback.extract_tb(e.__traceback__)
+               if os.path.abspath(f.filename) == os.path.abspath(file)]
+      where = f" (line {lines[-1]})" if lines else ""
+      raise _ConfigFileError(f"the config file {path} failed: {type(e).__name__}: {e}"
+                             f"{where}") from None
+    if config is None:
+      raise _ConfigFileError(f"--{self.name}: get_config() in {file} returned None (a missing "
+                             "return statement?).")
+    self.config = config  # (For _no_such_key: the flag has no value yet when an override fails.)
+    return config
 
 
 def loaded(config, flag="--config"):
@@ -119,171 +144,59 @@ def parse_flags(argv, prog="big_vit_lite", flag_values=flags.FLAGS):
   KeyError with three chained tracebacks; a user needs the key's name.
   """
   try:
-    parsed = flag_values(argv)
+    return flag_values(argv)
   except Exception as e:  # pylint: disable=broad-except
     message = _flag_error(e, argv, flag_values)
     if message is None:
       raise
     sys.exit(f"{prog}: error: {message}")
-  for name in flag_values:  # A config file whose get_config() returned None.
-    flag = flag_values[name]
-    if (isinstance(flag.parser, config_flags_impl.ConfigFileFlagParser) and flag.present
-        and flag.value is None):
-      sys.exit(f"{prog}: error: --{name}: get_config() in {config_flags.get_config_filename(flag)} "
-               "returned None (a missing return statement?).")
-  return parsed
 
 
 def _flag_error(e, argv, flag_values):
   """The one line for `e`, raised while parsing `argv`; None for an error to raise as it is."""
-  if isinstance(e, flags.UnrecognizedFlagError):
-    if "." not in e.flagname:
-      return f"{e} (--helpfull lists the flags)"
-    return _no_such_key(e.flagname, flag_values)
-  if isinstance(e, flags.Error):  # What absl's default parser says: a bad value.
-    if "Error whilst parsing config file" in str(e):  # get_config raised ValueError/TypeError.
-      return _get_config_failed(e)
-    unsupported = re.match(r"Type <class '([\w.]+)'> of field (\S+) is not supported", str(e))
-    if unsupported:  # ml_collections lists its types; a user needs what to change.
-      return _cannot_override(*unsupported.groups())
-    # resolve_config_path's line already says what to give.
-    return str(e) if _NOT_SHIPPED in str(e) else f"{e} (--helpfull lists the flags)"
-  if isinstance(e, SyntaxError):  # Raised while the config file is imported.
-    return (f"the config file {e.filename} does not parse: {e.msg} at line {e.lineno}: "
-            f"{(e.text or '').strip()}")
+  if isinstance(e, _ConfigFileError):
+    return str(e)
   if isinstance(e, OSError):  # --config.KEY=V on a config file that cannot be loaded.
     return _load_error("--config", e)
-  if _parse_frame(e) is not None:  # The file's own code failed (NameError, ImportError, ...).
-    return _get_config_failed(e, _config_file_arg(argv, flag_values))
-  if not isinstance(e, (AttributeError, KeyError)):
+  # ml_collections registers each --config.KEY of sys.argv as a flag; a KEY the file lacks
+  # fails when it is applied (AttributeError / KeyError) or is an unknown flag.
+  names = ([e.flagname] if isinstance(e, flags.UnrecognizedFlagError) else
+           [a.lstrip("-").split("=", 1)[0] for a in argv[1:] if a.startswith("-")])
+  for name in names:
+    if "." in name and (message := _no_such_key(name, flag_values)):
+      return message
+  if not isinstance(e, flags.Error):
     return None
-  # ml_collections registers each --config.KEY of sys.argv as a flag; a KEY
-  # the file lacks fails when it is applied, with the key in the message.
-  message = _innermost_message(e)
-  found = re.findall(r"'(\w+)'", message)
-  names = [a[2:].split("=", 1)[0] for a in argv[1:] if a.startswith("--") and "." in a]
-  # The missing key may be a parent of the one set (--config.optax.b1 without `optax`).
-  name = next((n for n in names if found and found[0] in n.split(".")[1:]), None)
-  if name is None:
-    return None
-  close = re.search(r"[Dd]id you mean \"(\w+)\"", message)  # ml_collections' own guess.
-  parts = name.split(".")
-  missing = ".".join(parts[1:parts.index(found[0], 1) + 1])
-  return _no_such_key(name, flag_values, close and close.group(1), missing)
+  unsupported = re.match(r"Type <class '([\w.]+)'> of field (\S+) is not supported", str(e))
+  if unsupported:  # ml_collections lists its types; a user needs what to change.
+    return (f"--{unsupported.group(2)}: its type ({unsupported.group(1)}) cannot be set from the "
+            "command line: make it a config_dict.placeholder(TYPE) (a list: a tuple) in the file.")
+  # resolve_config_path's line already says what to give.
+  return str(e) if _NOT_SHIPPED in str(e) else f"{e} (--helpfull lists the flags)"
 
 
-def _cannot_override(type_name, field):
-  """One line for --FIELD=V on a field whose type ml_collections cannot parse (None, list)."""
-  if type_name == "NoneType":
-    return (f"--{field}: the config file sets it to None, so its type is unknown: make it "
-            "config_dict.placeholder(TYPE) there (e.g. placeholder(str)) to set it from the "
-            "command line.")
-  return (f"--{field}: a {type_name} cannot be set from the command line (a tuple can: "
-          f"--{field}='(a, b)'): change it in the config file.")
-
-
-def _parse_frame(error):
-  """The frame of ml_collections' ConfigFileFlagParser.parse in `error`'s traceback, or None."""
-  return next((f for f in traceback.extract_tb(error.__traceback__)
-               if f.name == "parse" and f.filename == config_flags_impl.__file__), None)
-
-
-def _config_file_arg(argv, flag_values):
-  """What argv gives the (first) config-file flag, e.g. 'configs/demo.py:runlocal'."""
-  for i, arg in enumerate(argv[1:], 1):
-    name, eq, value = arg.lstrip("-").partition("=")
-    if (arg.startswith("-") and name in flag_values
-        and isinstance(flag_values[name].parser, config_flags_impl.ConfigFileFlagParser)):
-      return value if eq else (argv[i + 1] if i + 1 < len(argv) else "")
-  return ""
-
-
-def _get_config_failed(error, flag_value=""):
-  """'the config file F failed: NameError: ... (line 3)' for an error raised by a config file.
-
-  ml_collections passes a ValueError or TypeError on as the text of its
-  traceback inside absl's error; anything else comes as it was raised.
-  """
-  if isinstance(error, flags.Error):
-    text = str(error)
-    what = [l.strip() for l in text.splitlines() if l.strip()][-1]
-    frames = re.findall(r'File "([^"]+)", line (\d+)', text)
-    flag_value = re.match(r"flag --\w+=(\S+?):? Error whilst", text)
-    flag_value = flag_value.group(1) if flag_value else ""
-  else:
-    what = (f"{type(error).__name__}: {error}" if str(error) else type(error).__name__)
-    frames = [(f.filename, str(f.lineno)) for f in traceback.extract_tb(error.__traceback__)]
-    frames = frames[[f[0] for f in frames].index(_parse_frame(error).filename):]
-  # Below ml_collections' parser, outside the installed packages: the config file (or its imports).
-  own = [f for f in frames if f[0] != config_flags_impl.__file__ and "site-packages" not in f[0]
-         and not f[0].startswith("<")]
-  name = flag_value or (own[0][0] if own else "")
-  where = ""
-  if own:
-    same_file = os.path.abspath(own[-1][0]) == os.path.abspath(name.split(":", 1)[0])
-    where = f" (line {own[-1][1]})" if same_file else f" ({own[-1][0]}, line {own[-1][1]})"
-  if isinstance(error, AttributeError) and "get_config" in str(error):
-    return f"the config file {name} has no get_config() function: define get_config(arg=None)."
-  return f"the config file {name} failed: {what}{where}"
-
-
-def _no_such_key(flag_name, flag_values, close=None, missing=None):
+def _no_such_key(flag_name, flag_values):
   """'--config.model.widht: the config file has no key 'model.widht' (did you mean 'width'?)...'
 
-  `missing`: the part of the dotted path that is absent, if not all of it.
+  None if the file has every key of the dotted path.
   """
   flag, *path = flag_name.split(".")
-  if missing is not None:
-    path = missing.split(".")
-  if close is None:  # Unless ml_collections guessed, guess from the loaded config.
-    node = flag_values[flag].value if flag in flag_values else None
-    for part in path[:-1]:
-      node = node.get(part) if isinstance(node, config_dict.ConfigDict) else None
-    keys = list(node.keys()) if isinstance(node, config_dict.ConfigDict) else []
-    close = (difflib.get_close_matches(path[-1], keys, n=1, cutoff=0.6) or [None])[0]
-  hint = f" (did you mean '{close}'?)" if close else ""
-  return (f"--{flag_name}: the config file has no key '{'.'.join(path)}'{hint}. Fix the "
-          "spelling, or add the key to the config file (a key whose default is None as "
-          "config_dict.placeholder(TYPE)).")
-
-
-def _innermost_message(error):
-  """ml_collections wraps its KeyError message in an AttributeError(KeyError(...))."""
-  while isinstance(error, BaseException) and error.args:
-    if isinstance(error.args[0], str):
-      return error.args[0]
-    error = error.args[0]
-  return str(error)
+  node = getattr(flag_values[flag].parser, "config", None) if flag in flag_values else None
+  for i, part in enumerate(path):
+    if not isinstance(node, config_dict.ConfigDict):
+      return None
+    if part not in node:
+      close = difflib.get_close_matches(part, list(node.keys()), n=1, cutoff=0.8)
+      hint = f" (did you mean '{close[0]}'?)" if close else ""
+      return (f"--{flag_name}: the config file has no key '{'.'.join(path[:i + 1])}'{hint}. Fix "
+              "the spelling, or add the key to the config file (a key whose default is None as "
+              "config_dict.placeholder(TYPE)).")
+    node = node[part]
+  return None
 
 
 class UnreadConfigKeyError(ValueError):
   pass
-
-
-# Keys people bring from the codebases this one is measured against, and ours for them
-# (vision_transformer: accum_steps, grad_norm_clip, base_lr, batch; timm flags: clip_grad,
-# weight_decay, epochs, warmup_epochs; Hugging Face / MaxText: gradient_accumulation_steps).
-PEER_KEYS = {
-    "accum_steps": "grad_accum_steps", "gradient_accumulation_steps": "grad_accum_steps",
-    "grad_accum": "grad_accum_steps", "grad_norm_clip": "grad_clip_norm",
-    "clip_grad": "grad_clip_norm", "clip_grad_norm": "grad_clip_norm", "base_lr": "lr",
-    "learning_rate": "lr", "weight_decay": "wd", "batch": "input.batch_size",
-    "batch_size": "input.batch_size", "epochs": "total_epochs", "num_epochs": "total_epochs",
-    "warmup_steps": "schedule.warmup_steps", "warmup_epochs": "schedule.warmup_epochs",
-    "decay_type": "schedule.decay_type",
-    # big_vision's older top-level names.
-    "checkpoint_steps": "ckpt_steps", "keep_checkpoint_steps": "keep_ckpt_steps",
-    "dataset": "input.data.name", "train_split": "input.data.split", "pp_train": "input.pp",
-    "shuffle_buffer_size": "input.shuffle_buffer_size", "prefetch_to_device": "input.prefetch",
-    "num_classes": "model.num_classes", "batch_size_eval": "evals.NAME.batch_size",
-}
-
-# big_vision keys with nothing to set here.
-UNNEEDED_KEYS = {
-    "pp_modules": "every preprocessing op is always registered",
-    "sharding_strategy": ("a mesh with an 'fsdp' axis (config.mesh) and sharding_rules for "
-                          "logical axes"),
-}
 
 
 class TrackedConfig:
@@ -376,14 +289,7 @@ class TrackedConfig:
                                  f"it{self.hint(unread[0])}{more}: remove it or fix its spelling.")
 
   def hint(self, path):
-    """" (this framework calls it 'X')" for a peer's name, " (did you mean 'X'?)" for a near miss.
-
-    (Or " (not needed here: WHY)" for a big_vision key with nothing to set.)
-    """
-    if path in PEER_KEYS:
-      return f" (this framework calls it '{PEER_KEYS[path]}')"
-    if path in UNNEEDED_KEYS:
-      return f" (not needed here: {UNNEEDED_KEYS[path]})"
+    """" (did you mean 'X'?)" for a near miss of a key the code asked for."""
     close = difflib.get_close_matches(path, sorted(self._asked - {path}), n=1, cutoff=0.8)
     return f" (did you mean '{close[0]}'?)" if close else ""
 

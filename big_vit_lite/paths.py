@@ -27,8 +27,6 @@ def is_uri(path):
 
 def resolve(path):
   """A workdir / checkpoint source -> epath.Path (URIs as given, local paths absolute)."""
-  if not isinstance(path, (str, os.PathLike)):
-    raise ValueError(f"Expected a path (str or os.PathLike), got {type(path).__name__}: {path!r}.")
   if not os.fspath(path):
     raise ValueError("Got an empty path: pass a directory, e.g. --workdir=workdirs/run.")
   if is_uri(path):

@@ -20,6 +20,7 @@ param they divide, the others leave it whole, and a warning says which (fit_spec
 """
 import difflib
 import math
+import operator
 
 from absl import logging
 import flax.linen as nn
@@ -45,29 +46,16 @@ DEFAULT_RULES = (
 _LOGICAL_NAMES = tuple(name for name, _ in DEFAULT_RULES)
 
 
-# Names other frameworks give our mesh axes (tensor parallelism is "model" here).
-_AXIS_ALIASES = {"tensor": "model", "tp": "model", "mp": "model", "dp": "data", "batch": "data",
-                 "replica": "data", "zero": "fsdp"}
-
-
-def _axis_hint(name):
-  near = _AXIS_ALIASES.get(str(name).lower())
-  return f" (did you mean '{near}'?)" if near else ""
-
-
 def parse_mesh(spec):
   """'data:2,fsdp:-1' -> [("data", 2), ("fsdp", -1)]; '' or None -> None."""
   if not spec:
     return None
-  cfg = []
-  for part in str(spec).split(","):
-    name, _, size = part.strip().partition(":")
-    try:
-      cfg.append((name.strip(), int(size)))
-    except ValueError:
-      raise ValueError(f"mesh {spec!r}: expected axis:size pairs, e.g. 'data:-1' or "
-                       "'data:2,fsdp:-1'") from None
-  return cfg
+  pairs = [part.strip().partition(":") for part in str(spec).split(",")]
+  try:
+    return [(name.strip(), int(size)) for name, _, size in pairs]
+  except ValueError:
+    raise ValueError(f"mesh {spec!r}: expected axis:size pairs, e.g. 'data:-1' or "
+                     "'data:2,fsdp:-1'") from None
 
 
 def make_mesh(mesh_cfg=(("data", -1),), devices=None):
@@ -78,38 +66,23 @@ def make_mesh(mesh_cfg=(("data", -1),), devices=None):
   """
   devices = jax.devices() if devices is None else devices
   mesh_cfg = parse_mesh(mesh_cfg) if isinstance(mesh_cfg, str) else mesh_cfg
-  mesh_cfg = list(mesh_cfg or (("data", -1),))
-  for entry in mesh_cfg:
-    if isinstance(entry, str) or not hasattr(entry, "__len__") or len(entry) != 2:
-      one = " (one axis needs a trailing comma: (('data', -1),))" if isinstance(entry, str) else ""
-      raise ValueError(f"mesh: {entry!r} is not an (axis, size) pair{one}; write e.g. "
-                       "mesh=(('data', -1),) or (('data', 2), ('fsdp', -1)).")
-  mesh_cfg = [tuple(a) for a in mesh_cfg]
-  for name, size in mesh_cfg:
-    if (isinstance(size, bool) or not isinstance(size, (int, np.integer))
-        or (size < 1 and size != -1)):
-      raise ValueError(f"mesh {mesh_cfg}: axis {name!r} has size {size!r}; use a positive "
-                       "integer, or -1 for the devices left over.")
-  mesh_cfg = [(name, int(size)) for name, size in mesh_cfg]
+  try:
+    mesh_cfg = [(name, operator.index(size)) for name, size in mesh_cfg or (("data", -1),)]
+  except (TypeError, ValueError):
+    raise ValueError(f"mesh {mesh_cfg!r}: use (axis, integer size) pairs, e.g. (('data', -1),) "
+                     "(one axis needs the trailing comma) or (('data', 2), ('fsdp', -1)).") from None
   names, sizes = [a for a, _ in mesh_cfg], [s for _, s in mesh_cfg]
-  for name in names:
-    if name not in MESH_AXES:
-      raise ValueError(f"Unknown mesh axis {name!r}{_axis_hint(name)} in mesh {mesh_cfg}: use "
-                       f"{', '.join(MESH_AXES)}.")
-  if len(set(names)) != len(names):
-    raise ValueError(f"Mesh axes repeat in {mesh_cfg}.")
-  if sizes.count(-1) > 1:
-    raise ValueError(f"At most one mesh axis may have size -1, got {mesh_cfg}.")
-  n, known = len(devices), math.prod(s for s in sizes if s != -1)
+  if (not set(names) <= set(MESH_AXES) or len(set(names)) < len(names) or sizes.count(-1) > 1
+      or any(s < 1 and s != -1 for s in sizes)):
+    raise ValueError(f"mesh {mesh_cfg}: use distinct axes of {', '.join(MESH_AXES)} (an unknown "
+                     "or repeated one is not) with positive sizes, or -1 for at most one axis.")
+  n = len(devices)
   if -1 in sizes:
-    if n % known:
-      raise ValueError(f"Mesh {mesh_cfg}: {n} devices are not divisible by {known}.")
-    sizes[sizes.index(-1)] = n // known
+    sizes[sizes.index(-1)] = n // math.prod(s for s in sizes if s != -1)
   if math.prod(sizes) != n:
-    cpu = (" (on CPU, config.num_cpu_devices / bench's --num_cpu_devices splits the CPU into "
-           "more devices)" if math.prod(sizes) > n and devices[0].platform == "cpu" else "")
-    raise ValueError(f"Mesh {mesh_cfg} needs {math.prod(sizes)} devices but there are {n}: "
-                     f"use -1 for one axis to take the rest{cpu}.")
+    raise ValueError(f"mesh {mesh_cfg} does not fit the {n} devices (sizes {sizes}): use -1 for "
+                     "one axis to take the rest (on CPU, config.num_cpu_devices splits the CPU "
+                     "into more devices).")
   return jax.make_mesh(tuple(sizes), tuple(names), devices=devices,
                        axis_types=(jax.sharding.AxisType.Auto,) * len(names))
 
@@ -132,53 +105,25 @@ def replicated(mesh):
   return NamedSharding(mesh, P())
 
 
-# Logical names other frameworks use (big_vision, t5x/MaxText) -> ours.
-_LOGICAL_ALIASES = {"act_batch": "batch", "activation_batch": "batch", "length": "seq",
-                    "activation_length": "seq", "joined_kv": "kv", "head_dim": "kv",
-                    "num_heads": "heads", "emb": "embed", "hidden": "mlp", "layer": "layers"}
-
-
 def _rule_pairs(rules_cfg):
-  """config.sharding_rules (pairs, or a dict) -> [(logical, axes)], checked one by one."""
+  """config.sharding_rules (pairs, or a dict) -> [(logical, axes tuple or None)], checked."""
   rules_cfg = list(rules_cfg.items()) if hasattr(rules_cfg, "items") else rules_cfg
-  if isinstance(rules_cfg, str) or not isinstance(rules_cfg, (list, tuple)):
+  try:
+    pairs = [(logical, (axes,) if isinstance(axes, str) else axes) for logical, axes in rules_cfg]
+  except (TypeError, ValueError):
     raise ValueError(f"sharding_rules={rules_cfg!r}: use (logical axis, mesh axes) pairs, e.g. "
-                     "(('embed', 'fsdp'), ('mlp', 'model')).")
-  pairs = []
-  for rule in rules_cfg:
-    if (isinstance(rule, str) or not isinstance(rule, (list, tuple)) or len(rule) != 2
-        or not isinstance(rule[0], str)):
-      one = (" (one rule needs a trailing comma: (('embed', 'fsdp'),))"
-             if isinstance(rule, str) else "")
-      raise ValueError(f"sharding_rules: {rule!r} is not a (logical axis, mesh axes) pair{one}; "
-                       "write e.g. (('embed', 'fsdp'), ('mlp', 'model')).")
-    logical, axes = rule
+                     "(('embed', 'fsdp'),) (one rule needs the trailing comma).") from None
+  for logical, axes in pairs:
     if logical not in _LOGICAL_NAMES:
-      near = _LOGICAL_ALIASES.get(logical) or next(
-          iter(difflib.get_close_matches(logical, _LOGICAL_NAMES, n=1)), None)
-      hint = f" (did you mean '{near}'?)" if near else ""
-      if any(c in logical for c in "*./[]^$\\"):
-        hint = (" (rules name the model's logical axes, not param-name regexes as big_vision's "
-                "sharding_strategy does; for FSDP give the mesh an 'fsdp' axis)")
-      raise ValueError(f"sharding_rules: unknown logical axis {logical!r}{hint}; the model's "
-                       f"logical axes are {', '.join(_LOGICAL_NAMES)}.")
-    axes = (axes,) if isinstance(axes, str) else axes
-    if axes is not None:
-      if not isinstance(axes, (list, tuple)) or not all(isinstance(a, str) for a in axes):
-        raise ValueError(f"sharding_rules: {logical!r} maps to {rule[1]!r}; use a mesh axis "
-                         f"name ({', '.join(MESH_AXES)}), a tuple of them, or None.")
-      a = next((a for a in axes if a not in MESH_AXES), None)
-      if a is not None:
-        hint = (" big_vision's sharding_strategy (fsdp(axis=...), replicate) is not a rule "
-                "here: give the mesh an 'fsdp' axis instead." if "(" in a or a == "replicate"
-                else "")
-        raise ValueError(f"sharding_rules: {logical!r} maps to unknown mesh axis {a!r}"
-                         f"{_axis_hint(a)}; use {', '.join(MESH_AXES)} or None.{hint}")
-      if len(set(axes)) != len(axes):
-        raise ValueError(f"sharding_rules: {logical!r} maps to {tuple(axes)}, which repeats an "
-                         "axis; name each mesh axis once.")
-    pairs.append((logical, None if axes is None else tuple(axes)))
-  return pairs
+      near = difflib.get_close_matches(str(logical), _LOGICAL_NAMES, n=1)
+      raise ValueError(f"sharding_rules: unknown logical axis {logical!r}"
+                       f"{f' (did you mean {near[0]!r}?)' if near else ''}; the model's logical "
+                       f"axes are {', '.join(_LOGICAL_NAMES)}.")
+    if axes is not None and (not isinstance(axes, (list, tuple)) or len(set(axes)) < len(axes)
+                             or not set(axes) <= set(MESH_AXES)):
+      raise ValueError(f"sharding_rules: {logical!r} maps to {axes!r}; use a mesh axis "
+                       f"({', '.join(MESH_AXES)}), a tuple of distinct ones, or None.")
+  return [(logical, None if axes is None else tuple(axes)) for logical, axes in pairs]
 
 
 def make_rules(rules_cfg, mesh):

@@ -1,6 +1,5 @@
 """config_loading: the --config file and its --config.KEY overrides, config keys read or not."""
 import os
-import re
 import sys
 
 from absl import flags
@@ -59,13 +58,11 @@ def test_override_of_a_none_or_list_key_says_what_to_change():
   # of field config.model.variant is not supported for overriding. Currently supported types
   # are: dict_keys([<class 'float'>, ...".
   msg = _one_line_exit(f"--config={TINY}", "--config.model.variant=Ti/16")
-  assert msg == ("prog: error: --config.model.variant: the config file sets it to None, so its "
-                 "type is unknown: make it config_dict.placeholder(TYPE) there (e.g. "
-                 "placeholder(str)) to set it from the command line."), msg
+  assert msg == ("prog: error: --config.model.variant: its type (NoneType) cannot be set from the "
+                 "command line: make it a config_dict.placeholder(TYPE) (a list: a tuple) in the "
+                 "file."), msg
   msg = _one_line_exit(f"--config={TINY}", "--config.mesh=fsdp")
-  assert msg.startswith("prog: error: --config.mesh: a list cannot be set from the command "
-                        "line (a tuple can: --config.mesh='(a, b)'): change it in the config "
-                        "file."), msg
+  assert msg.startswith("prog: error: --config.mesh: its type (list) cannot be set"), msg
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
@@ -114,17 +111,3 @@ def test_demo_takes_an_epoch_count_from_the_command_line():
   assert config_loading.get_steps("total", config, steps_per_epoch=per_epoch) == 1875
   config = _parse(f"--config={demo}", "--config.total_epochs=2", "--config.total_steps=7")
   assert config_loading.get_steps("total", config, steps_per_epoch=per_epoch) == 7
-
-
-@pytest.mark.parametrize("key,hint", [
-    ("checkpoint_steps", "(this framework calls it 'ckpt_steps')"),
-    ("pp_train", "(this framework calls it 'input.pp')"),
-    ("prefetch_to_device", "(this framework calls it 'input.prefetch')"),
-    ("pp_modules", "(not needed here: every preprocessing op is always registered)"),
-    ("batch_size_eval", "(this framework calls it 'evals.NAME.batch_size')"),
-    ("sharding_strategy", "(not needed here: a mesh with an 'fsdp' axis"),
-])
-def test_big_vision_top_level_keys_get_our_names(key, hint):
-  config = _cfg(**{key: 1})
-  with pytest.raises(config_loading.UnreadConfigKeyError, match=re.escape(hint)):
-    config.check_all_read()

@@ -222,8 +222,6 @@ def test_mesh_from_the_command_line(name):
 
 
 @pytest.mark.parametrize("extra,hint", [
-    (dict(accum_steps=4), "(this framework calls it 'grad_accum_steps')"),   # vision_transformer
-    (dict(weight_decay=0.1), "(this framework calls it 'wd')"),              # timm
     (dict(schedule=dict(decay_type="cosine", warmup_step=5)), "(did you mean 'schedule.warmup_steps'?)"),
     (dict(lr_mult=[("head/.*", 10.0)]), "(did you mean 'lr_mults'?)"),
     (dict(zzz_unrelated=1), ": remove it"),                                  # no hint invented
@@ -245,7 +243,7 @@ def test_unread_key_error_names_what_was_meant(extra, hint):
   assert "\n" not in message and "is set but nothing reads it" in message
   assert hint in message, message
   if hint == ": remove it":
-    assert "did you mean" not in message and "calls it" not in message
+    assert "did you mean" not in message
 
 
 @pytest.mark.timeout(120)

@@ -8,7 +8,6 @@ Each test has a timeout so that a deadlock fails fast instead of hanging CI.
 """
 import json
 import os
-import re
 import shutil
 import signal
 import socket
@@ -171,8 +170,6 @@ def test_describe_environment():
   assert describe({"BVL_DISTRIBUTED": "auto"}) == {}
   for bad, msg in ((dict(local, JAX_PROCESS_ID="2"), "JAX_PROCESS_ID < JAX_NUM_PROCESSES"),
                    ({"JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "0"}, "needs all of"),
-                   (dict(local, JAX_NUM_PROCESSES="two"), "not an integer"),
-                   (dict(local, JAX_COORDINATOR_ADDRESS="localhost"), "HOST:PORT"),
                    ({"BVL_DISTRIBUTED": "yes"}, "BVL_DISTRIBUTED")):
     with pytest.raises(ValueError, match=msg):
       describe(bad)
@@ -426,22 +423,6 @@ def test_sigterm_to_one_process_saves_the_same_step_everywhere(mp_env, tmp_path)
 
 
 # ------------------------------------------------------------------- coordinator and peers
-
-@pytest.mark.parametrize("address,message", [
-    ("localhost:abc", "port 'abc' is not a number in 1..65535"),
-    ("localhost:99999", "port '99999' is not a number"),
-    ("localhost:0", "port '0' is not a number"),
-    ("http://10.0.0.1:8476", "no scheme or spaces"),
-    ("10.0.0.1:8476 ", "no scheme or spaces"),
-    (":8476", "must be HOST:PORT"),
-])
-def test_bad_coordinator_address_is_one_line(address, message):
-  env = dict(JAX_COORDINATOR_ADDRESS=address, JAX_NUM_PROCESSES="2", JAX_PROCESS_ID="1")
-  with pytest.raises(ValueError, match=re.escape(message)):
-    distributed.describe_environment(env)
-  env["JAX_COORDINATOR_ADDRESS"] = "[::1]:8476"  # IPv6 literals are fine.
-  assert distributed.describe_environment(env)["coordinator_address"] == "[::1]:8476"
-
 
 def test_coordinator_port_in_use_is_one_line(monkeypatch):
   """jax 0.10 logs 'Failed to add port to server' and then dies of SIGSEGV."""

@@ -144,9 +144,6 @@ def test_optimizers_minimise_a_quadratic(name, kw):
 
 
 def test_bad_optimizer_and_schedule_keys_are_errors():
-  for key, value in (("lr", -0.1), ("wd", -1e-4), ("grad_clip_norm", -1.0), ("lr", float("nan"))):
-    with pytest.raises(ValueError, match=f"config.{key}={value} must be >= 0"):
-      optim.make(_cfg(**{key: value}), _params(), total_steps=10)
   with pytest.raises(ValueError, match="optax_name"):
     optim.make(_cfg(optax_name="adamx"), _params(), total_steps=10)
   with pytest.raises(ValueError, match="warmup_step"):

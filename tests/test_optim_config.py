@@ -23,46 +23,21 @@ def _flat(tree):
 @pytest.mark.parametrize("key,value,match", [
     # Regexes that apply to no parameter were ignored without a word.
     ("schedule", [(".*", dict(decay_type="cosine")), ("head/.*", None)],
-     r"config.schedule: the regex 'head/.\*' applies to no parameter: an earlier regex matches "
-     r"them first \(e.g. 'head/bias', by '.\*'; the first match wins\)"),
+     r"config.schedule: the regex 'head/.\*' is the first match of no parameter \(names look "
+     r"like '.*'; a regex matches whole names and the first match wins\): fix, move or remove it"),
     ("schedule", [("/head/.*", None), (".*", dict())],
-     r"the regex '/head/.\*' matches no parameter \(the names look like '.*', without a leading"),
+     r"the regex '/head/.\*' is the first match of no parameter"),
     ("wd_mults", [(".*/kernel", 1.0), ("pos_embedding", 0.1)],
-     r"config.wd_mults: the regex 'pos_embedding' matches no whole parameter name, only part of "
-     r"e.g. 'Transformer/posembed_input/pos_embedding'"),
+     r"config.wd_mults: the regex 'pos_embedding' is the first match of no parameter"),
     ("lr_mults", [("head/(", 2.0)], r"config.lr_mults: 'head/\(' is not a valid regex"),
-    ("schedule", [dict(decay_type="cosine")], r"config.schedule must be a list of \(regex, value\)"),
+    ("schedule", dict(warmup_steps=-5), r"The schedule's warmup is -5 steps: it must be >= 0"),
     ("schedule", [(".*", dict(warmup_step=3))],  # (As a dict schedule's typo is told.)
      r"'warmup_step' in the schedule for '.\*' is not a schedule key \(did you mean 'warmup_steps'"),
-    # Negative multipliers ascended the loss / grew the weights.
-    ("lr_mults", [("head/.*", -1.0)], r"multiplier of 'head/.\*' is -1.0; it must be a number >= 0 "
-                                      r"\(to freeze parameters use config.schedule with None\)"),
-    ("wd_mults", [(".*", -0.5)], r"config.wd_mults: the multiplier of '.\*' is -0.5"),
-    # Schedules whose lr went negative, infinite or NaN.
-    ("schedule", dict(warmup_steps=-5), r"The schedule's warmup is -5 steps: it must be >= 0"),
-    ("schedule", dict(cooldown_steps=-5), r"The schedule's cooldown is -5 steps: it must be >= 0"),
-    ("schedule", dict(decay_type="polynomial", power=-1.0), r"The schedule's power is -1.0"),
-    ("schedule", dict(decay_type="rsqrt", timescale=0), r"The schedule's timescale is 0.0"),
-    ("schedule", dict(decay_type="stair", steps=[3], mults=[-1.0]), r"The schedule's mults is"),
-    ("schedule", dict(decay_type="linear", linear_end=-0.1), r"linear_end \(min_lr, end\) is -0.1"),
-    # Unknown optax keys and dtypes: a TypeError / KeyError with a traceback.
-    ("optax", dict(beta2=0.95), r"config.optax.beta2 is not an option of optax_name="
-                                r"'scale_by_adam': its options are b1, b2, eps, eps_root, mu_dtype"),
-    ("optax", dict(weight_decay=0.1), r"weight_decay is .* \(set config.wd instead\)"),
-    ("optax", dict(mu_dtype="bfloat61"), r"config.optax.mu_dtype='bfloat61' is not a float dtype"),
-    ("optax", dict(mu_dtype="int8"), r"config.optax.mu_dtype='int8' is not a float dtype"),
 ])
 def test_ignored_or_harmful_optimizer_settings_are_one_line_errors(key, value, match):
   with pytest.raises(ValueError, match=match) as e:
     optim.make(_cfg(lr=1e-3, wd=1e-4, **{key: value}), _tiny_params(), total_steps=10)
   assert "\n" not in str(e.value)
-
-
-def test_infinite_lr_or_wd_is_one_line():
-  for key in ("lr", "wd"):  # The first step made every param inf or NaN.
-    with pytest.raises(ValueError, match=f"^config.{key}=inf must be finite.$"):
-      optim.make(_cfg(**{key: float("inf")}), _tiny_params(), total_steps=10)
-  optim.make(_cfg(grad_clip_norm=float("inf")), _tiny_params(), total_steps=10)  # No clipping.
 
 
 def test_big_vision_optimizer_and_schedule_keys():
@@ -76,10 +51,9 @@ def test_big_vision_optimizer_and_schedule_keys():
                                           (".*", dict(decay_type="constant"))]),
                    params, total_steps=10)
   np.testing.assert_allclose(opt.lr_fn(3), 0.1, rtol=1e-6)  # The first group's.
-  # big_vision's optimizer names and dtype spellings.
+  # big_vision's optimizer names.
   for name, kw in (("big_vision.momentum_hp", {}), ("big_vision.sgd", {}),
                    ("big_vision.scale_by_adafactor", dict(dtype_momentum=jnp.bfloat16)),
-                   ("scale_by_adam", dict(mu_dtype="bf16")),
                    ("scale_by_adam", dict(mu_dtype=jnp.bfloat16))):
     opt = optim.make(_cfg(lr=1e-3, optax_name=name, optax=kw), params, total_steps=10)
     leaves = jax.tree.leaves(opt.tx.init(params))

@@ -78,12 +78,6 @@ def nn_unbox(tree):
   return nn.meta.unbox(tree)
 
 
-def test_layer_decay_out_of_range_is_one_line():
-  params = nn_unbox(_params(False))
-  with pytest.raises(ValueError, match=r"layer_decay=1.5 must be in \(0, 1\]"):
-    optim.layer_decay_mults(params, 1.5)
-
-
 def _load_transfer():
   import importlib.util  # pylint: disable=import-outside-toplevel
   spec = importlib.util.spec_from_file_location("config_transfer", TRANSFER)
