@@ -9,7 +9,7 @@ jax, flax, optax, numpy and absl (+ torch and timm for the peer). In order, each
 own process (so that JAX and torch never hold the GPU at the same time), within --budget_s:
   1. numerics: the padded+masked attention equals the unpadded one (XLA); cuDNN flash attention
      vs XLA attention at B/16 shapes, values and gradients, within bf16 tolerance. Chooses the
-     cuDNN token padding (vit.CUDNN_SEQ_MULTIPLE 8, else 64) for the rest of the run.
+     cuDNN token padding (models/ops.CUDNN_SEQ_MULTIPLE 8, else 64) for the rest of the run.
   2. ours, B/16 and L/16, the defaults (attention auto = cuDNN on a GPU, no remat), bf16.
   3. timm B/16 and L/16, torch.compile then eager (bf16 autocast, fused AdamW, fused SDPA).
   4. A/B on B/16: remat on, attention custom / xla, bf16 residual stream, cuDNN padding 64,
@@ -59,6 +59,7 @@ def numerics(batch=4):
   import jax
   import jax.numpy as jnp
   from big_vit_lite.models import vit
+  from big_vit_lite.models import ops
   out = dict(kind="numerics")
   keys = jax.random.split(jax.random.PRNGKey(0), 4)
   shape = (batch, 197, 12, 64)  # B/16: 197 tokens, 12 heads of 64
@@ -84,12 +85,12 @@ def numerics(batch=4):
     return out
   qb, kb, vb = (x.astype(jnp.bfloat16) for x in (q, k, v))
   ref = xla(qb, kb, vb)
-  for multiple in dict.fromkeys((vit.CUDNN_SEQ_MULTIPLE, 64)):
+  for multiple in dict.fromkeys((ops.CUDNN_SEQ_MULTIPLE, 64)):
     try:
       cudnn = jax.jit(lambda *a, m=multiple: vjp(lambda q, k, v: vit.padded_attention(
           q, k, v, implementation="cudnn", multiple=m), *a))
       out["cudnn_vs_xla_attention_rel_err"] = max(rel(a, b) for a, b in zip(cudnn(qb, kb, vb), ref))
-      out["seq_multiple"] = vit.CUDNN_SEQ_MULTIPLE = multiple
+      out["seq_multiple"] = ops.CUDNN_SEQ_MULTIPLE = multiple
       break
     except Exception as e:  # pylint: disable=broad-except  # cuDNN refused this padding
       out[f"cudnn_error_multiple_{multiple}"] = _one_line(e)
@@ -130,13 +131,14 @@ def worker_ours(args):
   from big_vit_lite import bench
   from big_vit_lite import devices
   from big_vit_lite.models import vit
+  from big_vit_lite.models import ops
   dev = jax.devices()[0]
   peak = devices.datasheet_peak(dev, args.dtype)
   emit(dict(kind="device", device_kind=dev.device_kind, platform=dev.platform,
             jax_version=jax.__version__, xla_flags=os.environ.get("XLA_FLAGS", ""),
             datasheet_peak_tflops=peak / 1e12 if peak else None))
   if args.seq_multiple:  # what an earlier worker's numerics check found
-    vit.CUDNN_SEQ_MULTIPLE = args.seq_multiple
+    ops.CUDNN_SEQ_MULTIPLE = args.seq_multiple
   if args.no_cudnn:
     vit._on_cuda = lambda: False  # pylint: disable=protected-access  # "auto" takes custom
   if args.numerics:
@@ -151,21 +153,21 @@ def worker_ours(args):
     out["elapsed_s"] = time.time() - t0
     emit(out)
   calib = bench.calibrate_matmul(args.calib_n, args.dtype, reps=5)
-  default_multiple = vit.CUDNN_SEQ_MULTIPLE
+  default_multiple = ops.CUDNN_SEQ_MULTIPLE
   for case in json.loads(args.cases):
     base = dict(kind="ours", **case)
     if time.time() + case["estimate_s"] > args.deadline:
       emit(dict(base, skipped="deadline"))
       continue
     t0 = time.time()
-    vit.CUDNN_SEQ_MULTIPLE = case.get("seq_multiple") or default_multiple
+    ops.CUDNN_SEQ_MULTIPLE = case.get("seq_multiple") or default_multiple
     try:
       model = bench.build_model(case["variant"], args.num_classes, args.dtype, "none", False,
                                 case["model_kw"])
       out = bench.bench_model(model, batch=args.batch, res=args.res,
                               num_classes=args.num_classes, mode=("train",), steps=args.steps,
                               warmup=args.warmup, calib_gflops=calib, peak_flops=peak)
-      out.update(base, attention=model.resolved_attention(), seq_multiple=vit.CUDNN_SEQ_MULTIPLE,
+      out.update(base, attention=model.resolved_attention(), seq_multiple=ops.CUDNN_SEQ_MULTIPLE,
                  calib_gflops=calib, device_kind=dev.device_kind, **bench.peak_memory())
     except Exception as e:  # pylint: disable=broad-except  # OOM, a refused kernel, ...
       out = dict(base, error=_one_line(e))
