@@ -126,6 +126,30 @@ def test_imagefolder_nested_and_odd_formats_into_a_grey_model(tmp_path):
     assert np.abs(images[name][..., 0].astype(int) - grey).mean() < 8, name
 
 
+class _FakeBuilder:
+  name = "somedata"
+  url_infos = {"https://nonexistent.invalid/data.tgz": None}
+
+  def is_prepared(self):
+    return False
+
+  def download_and_prepare(self, download_config=None):
+    raise AssertionError("offline: would retry for minutes")
+
+
+def test_prepare_offline_fails_fast_in_one_line(monkeypatch, tmp_path):
+  for var in ("https_proxy", "http_proxy", "all_proxy"):
+    monkeypatch.delenv(var, raising=False)
+    monkeypatch.delenv(var.upper(), raising=False)
+  monkeypatch.setattr(prepare, "GCS_HOST", ("nonexistent.invalid", 443))
+  monkeypatch.setattr(prepare, "get_builder", lambda *a, **k: _FakeBuilder())
+  _one_line_error(lambda: prepare.prepare("somedata", str(tmp_path)),
+                  "cannot download somedata", "nonexistent.invalid", str(tmp_path))
+  monkeypatch.setenv("HTTPS_PROXY", "http://proxy.invalid:3128")  # only the proxy can tell
+  with pytest.raises(AssertionError, match="would retry"):
+    prepare.prepare("somedata", str(tmp_path))
+
+
 def test_imagefolder_without_readable_images_says_so(tmp_path):
   os.makedirs(tmp_path / "train" / "a")
   (tmp_path / "train" / "a" / "x.jpg").write_bytes(b"not a jpeg")

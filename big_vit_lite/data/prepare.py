@@ -14,8 +14,10 @@ Sources: scripts/fetch_offline_sources.sh installs them; offline_sources.py
 says where they are looked for. Re-running on a prepared dataset is a no-op.
 """
 import os
+import socket
 import sys
 import time
+import urllib.parse
 
 from absl import app
 from absl import flags
@@ -47,6 +49,35 @@ def get_builder(name, data_dir, source="auto"):
       f"{sources.OFFLINE_DATASETS + ('imagenet21k',)}" + (f"; {near}" if near else "")))
 
 
+GCS_HOST = ("storage.googleapis.com", 443)  # tfds tries its own copy there first
+
+
+def check_download_hosts(builder, data_dir, timeout=10.0):
+  """Fails in seconds, in one line, when none of a dataset's download hosts answers.
+
+  Offline, tfds retries each URL with growing back-off (3.5 minutes for cifar10). Skipped
+  behind a proxy (only the proxy can tell) and for builders without a URL list.
+  """
+  if any(os.environ.get(v) for v in ("https_proxy", "HTTPS_PROXY", "http_proxy", "HTTP_PROXY",
+                                     "all_proxy", "ALL_PROXY")):
+    return
+  try:
+    urls = [urllib.parse.urlsplit(u) for u in builder.url_infos or {}]
+  except Exception:  # pylint: disable=broad-except  (no checksums file: nothing to check)
+    return
+  hosts = {(u.hostname, u.port or (80 if u.scheme == "http" else 443)) for u in urls if u.hostname}
+  for host, port in [GCS_HOST, *sorted(hosts)] if hosts else []:
+    try:
+      socket.create_connection((host, port), timeout=timeout).close()
+      return
+    except OSError as e:
+      error = f"{host}: {e}"
+  if hosts:
+    raise ValueError(f"cannot download {builder.name}: {error} (offline?); prepare it on a "
+                     f"machine with internet (same command) and copy its folder "
+                     f"{builder.name}/ into {data_dir}")
+
+
 def prepare(name, data_dir=None, manual_dir=None, source="auto"):
   """Builds `name` into data_dir (idempotent); returns (builder, seconds)."""
   data_dir = sources.resolve_data_dir(data_dir)
@@ -62,6 +93,8 @@ def prepare(name, data_dir=None, manual_dir=None, source="auto"):
       # tfds' own error ends in a multi-line text that a one-line report cuts off.
       raise ValueError(f"{name} is downloaded by hand: put its files in a folder and pass "
                        f"--manual_dir=FOLDER ({' '.join(instructions.split())})")
+    if not manual_dir:
+      check_download_hosts(builder, data_dir)
     config = tfds.download.DownloadConfig(manual_dir=manual_dir) if manual_dir else None
     builder.download_and_prepare(download_config=config)
   return builder, time.time() - t0
