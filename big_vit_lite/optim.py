@@ -39,6 +39,7 @@ Why the schedules are not optax's: benchmarks/NOTES.md, section "Config, optimiz
 distributed".
 """
 import dataclasses
+import math
 import re
 from typing import Any, Callable
 
@@ -299,6 +300,9 @@ def make(config, params, *, total_steps, steps_per_epoch=None, batch_size=None):
   optax_kw = config.optax.to_dict() if "optax" in config and config.optax is not None else {}
   lr, wd = float(config.get("lr", 1e-3)), float(config.get("wd", 0.0) or 0.0)
   clip = config.get("grad_clip_norm", None)
+  for key, value in (("lr", lr), ("wd", wd), ("grad_clip_norm", clip or 0.0)):
+    if not 0 <= float(value) < math.inf:  # (a negative lr ascends, a NaN wd is a NaN loss)
+      raise ValueError(f"config.{key}={value} must be a finite number >= 0.")
   wd_mults = config.get("wd_mults", None)
   check_wd_mults = wd_mults is not None and wd > 0  # (The default is checked on no model.)
   wd_mults = [(".*/kernel$", 1.0)] if wd_mults is None else wd_mults

@@ -31,12 +31,16 @@ def _flat(tree):
      r"config.wd_mults: the regex 'pos_embedding' is the first match of no parameter"),
     ("lr_mults", [("head/(", 2.0)], r"config.lr_mults: 'head/\(' is not a valid regex"),
     ("schedule", dict(warmup_steps=-5), r"The schedule's warmup is -5 steps: it must be >= 0"),
+    # A negative lr would ascend, a NaN wd end in a NaN loss blamed on the lr.
+    ("lr", -1e-3, r"config.lr=-0.001 must be a finite number >= 0"),
+    ("wd", float("nan"), r"config.wd=nan must be a finite number >= 0"),
+    ("grad_clip_norm", -1.0, r"config.grad_clip_norm=-1.0 must be a finite number >= 0"),
     ("schedule", [(".*", dict(warmup_step=3))],  # (As a dict schedule's typo is told.)
      r"'warmup_step' in the schedule for '.\*' is not a schedule key \(did you mean 'warmup_steps'"),
 ])
 def test_ignored_or_harmful_optimizer_settings_are_one_line_errors(key, value, match):
   with pytest.raises(ValueError, match=match) as e:
-    optim.make(_cfg(lr=1e-3, wd=1e-4, **{key: value}), _tiny_params(), total_steps=10)
+    optim.make(_cfg(**{"lr": 1e-3, "wd": 1e-4, key: value}), _tiny_params(), total_steps=10)
   assert "\n" not in str(e.value)
 
 
