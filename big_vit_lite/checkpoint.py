@@ -54,13 +54,6 @@ class Checkpointer:
 
   def __init__(self, workdir, *, keep=3, keep_every=None, async_save=True):
     self.directory = paths.resolve(workdir) / CKPT_SUBDIR
-    reason = unusable_path_reason(self.directory)
-    if reason:
-      raise ValueError(f"Checkpoints cannot be saved under {self.directory}: its path has "
-                       f"{reason}. Use a --workdir without it.")
-    if self.directory.exists() and not self.directory.is_dir():
-      raise ValueError(f"{self.directory} is not a directory: move that file away, checkpoints "
-                       "are saved there.")
     options = ocp.CheckpointManagerOptions(
         max_to_keep=keep,  # The last `keep` checkpoints, plus every step divisible by keep_every.
         keep_period=keep_every, enable_async_checkpointing=async_save, create=True,
@@ -79,13 +72,6 @@ class Checkpointer:
 
   def step_dir(self, step):
     return self.directory / str(int(step))
-
-  def saved_config(self, step):
-    """The config (a plain dict) the checkpoint at `step` was written with, or None."""
-    try:
-      return json.loads((self.step_dir(step) / "config" / "metadata").read_text()) or None
-    except (OSError, ValueError):
-      return None
 
   def state_mismatch(self, step, abstract_state):
     """None if the arrays saved at `step` fit `abstract_state`, else the first difference.
@@ -164,11 +150,9 @@ class Checkpointer:
     self._closed = True
     try:
       self.wait()
-    except SaveError:
-      with contextlib.suppress(Exception):  # That failure again: orbax's close waits too.
+    finally:
+      with contextlib.suppress(Exception):  # A failed save again: orbax's close waits too.
         self.manager.close()
-      raise
-    self.manager.close()
 
 
 def disk_full(error):

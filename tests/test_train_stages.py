@@ -84,17 +84,6 @@ def test_read_settings_parses_the_knobs_and_rejects_a_key_nothing_reads():
     train_setup.read_settings(config, run, parts)
 
 
-def test_config_changes_name_the_differing_leaves():
-  from big_vit_lite import resume  # pylint: disable=import-outside-toplevel
-  saved = {"model": {"variant": "Ti/16", "dropout": 0.0}, "lr": 1e-3, "input": {"batch_size": 32}}
-  current = {"model": {"variant": "S/16", "dropout": 0.0}, "lr": 1e-3, "input": {"batch_size": 64},
-             "ema_decay": 0.999}
-  assert resume.config_changes(saved, current) == (
-      "ema_decay: <unset> -> 0.999, input.batch_size: 32 -> 64, model.variant: \"Ti/16\" -> \"S/16\"")
-  assert resume.config_changes(saved, current, limit=1).endswith("(and 2 more)")
-  assert resume.config_changes({}, current) == ""
-
-
 _one_line_error = checks.one_line_error
 
 
@@ -112,12 +101,6 @@ def test_big_vision_and_timm_mixup_configs():
 
 
 _cfg = checks.tracked_config
-
-
-def test_an_eval_entry_that_is_not_a_dict_is_one_line():
-  config = _cfg(evals=ml_collections.ConfigDict({"fewshot": "x"}))
-  with pytest.raises(ValueError, match=r"config.evals.fewshot must be a dict .* got 'x'"):
-    train_setup.make_evaluators(config, model=None, mesh=None)
 
 
 def test_an_eval_entry_named_after_its_type_needs_no_type(monkeypatch):
