@@ -26,7 +26,6 @@ import threading
 from absl import logging
 import jax
 from jax.experimental import multihost_utils
-import ml_collections
 import orbax.checkpoint as ocp
 
 from big_vit_lite import paths
@@ -96,13 +95,10 @@ class Checkpointer:
     return None
 
   def save(self, step, state, data_state, config=None):
-    """Starts an (async) save of `state` (pytree) and `data_state` (JSON dict)."""
-    if isinstance(config, ml_collections.ConfigDict):
-      config = json.loads(config.to_json_best_effort())
+    """Starts an (async) save of `state` (pytree), `data_state` (JSON dict) and `config`."""
     items = ocp.args.Composite(
-        state=ocp.args.StandardSave(state),
-        data=ocp.args.JsonSave(data_state if data_state is not None else {}),
-        config=ocp.args.JsonSave(json.loads(json.dumps(config or {}, default=str))),
+        state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state or {}),
+        config=ocp.args.JsonSave(json.loads(config.to_json_best_effort()) if config else {}),
         checksums=ocp.args.JsonSave(checksums(state)))
     # A failed earlier (async) save is reported as that step, before this one starts.
     self.wait()

@@ -23,10 +23,7 @@ class Ema:
   """The EMA update of one config (`decay` in [0, 1))."""
 
   def __init__(self, decay):
-    decay = float(decay)
-    if not 0.0 <= decay < 1.0:
-      raise ValueError(f"config.ema_decay={decay} must be in [0, 1), e.g. 0.9999 (unset: no EMA).")
-    self.decay = decay
+    self.decay = float(decay)
 
   @staticmethod
   def init(params, shardings):

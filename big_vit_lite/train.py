@@ -69,16 +69,6 @@ TrainingError = resume.TrainingError  # A failure with a one-line explanation (e
 TrainingInterrupted = train_loop.TrainingInterrupted  # Ctrl-C: saved; exit status 130.
 
 
-def _model_module(name):
-  try:
-    return importlib.import_module(f"big_vit_lite.models.{name}")
-  except ModuleNotFoundError as e:
-    if e.name != f"big_vit_lite.models.{name}":
-      raise
-    raise ValueError(f"Unknown model_name '{name}': it must be a module in "
-                     "big_vit_lite/models/.") from None
-
-
 def main(argv):
   del argv
   # Orbax logs every file it writes at INFO level: keep its warnings only.
@@ -200,7 +190,7 @@ class _Parts:
 
 def _make_model(config, run):
   """The model from config.model_name/model, its loss, mixup and on-device augmentation."""
-  model_mod = _model_module(config.get("model_name", "vit"))
+  model_mod = importlib.import_module(f"big_vit_lite.models.{config.get('model_name', 'vit')}")
   model_kw = config.consume("model", {})
   model = model_mod.Model(**(model_kw.to_dict() if hasattr(model_kw, "to_dict") else model_kw))
   loss_fn = losses.get(config.get("loss", "softmax_xent"))

@@ -61,16 +61,12 @@ class Loop:
 
   def run(self):
     """Trains to total_steps (or a preemption); returns the final params."""
-    run, settings, batches, chrono = self.run_, self.settings, self.batches, self.chrono
-    profile, step, pending_loss, tracing = settings.profile, self.first_step, None, False
-    preempted = False
+    run, batches, chrono = self.run_, self.batches, self.chrono
+    step, pending_loss, preempted = self.first_step, None, False
     self._catch_up_evals()
     chrono.tick(step)
     self.data_state = batches.get_state()
     while step < run.total_steps:
-      if profile and step == profile[0]:
-        jax.profiler.start_trace(str(run.workdir / "profile"))
-        tracing = True
       # Implicit host<->device copies in the hot loop are bugs (hidden syncs,
       # per-step transfers): fail loudly instead. Explicit ones are fine.
       with jax.transfer_guard("disallow"):
@@ -79,11 +75,6 @@ class Loop:
       self.data_state = batches.get_state()
       step += 1
       self.guard.tick(step)
-      if tracing and (step == profile[0] + profile[1] or step == run.total_steps):
-        jax.profiler.stop_trace()
-        tracing = False
-        logging.info("Wrote a profile of steps %d..%d to %s/profile", profile[0] + 1, step,
-                     run.workdir)
       if pending_loss is not None:  # Checked one step late to keep the pipeline full.
         self._check_finite(*pending_loss)
       pending_loss = (step, measured["training_loss"])

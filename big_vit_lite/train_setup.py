@@ -139,7 +139,6 @@ class Settings:
   model_init: str | None
   dont_load: tuple
   ckpt_async: bool
-  profile: tuple | None  # (first step, number of steps) to trace.
   eval_at_start: bool
   hang_timeout: float | None
   report: bool  # WORKDIR/report/report.html at each eval.
@@ -155,7 +154,6 @@ def read_settings(config, run, parts):
       evaluators, ema_evals, model_init=config.get("model_init", None),
       dont_load=tuple(model_load.get("dont_load", ()) or ()),
       ckpt_async=bool(config.get("ckpt_async", True)),
-      profile=tuple(config.get("profile_steps", None) or ()) or None,
       eval_at_start=bool(config.get("eval_at_start", False)),
       hang_timeout=config.get("hang_timeout_s", None), report=bool(config.get("report", False)))
   if settings.report:

@@ -75,9 +75,9 @@ def test_read_settings_parses_the_knobs_and_rejects_a_key_nothing_reads():
   run = types.SimpleNamespace(mesh=None, dur=dict(steps_per_epoch=10, batch_size=4, total_steps=20))
   parts = types.SimpleNamespace(model=None, ema=None)
   config = config_loading.TrackedConfig(ml_collections.ConfigDict(dict(
-      model_load=dict(dont_load=["head/.*"]), profile_steps=(2, 3), ckpt_async=False)))
+      model_load=dict(dont_load=["head/.*"]), ckpt_async=False)))
   s = train_setup.read_settings(config, run, parts)
-  assert (s.evaluators, s.dont_load, s.profile) == ({}, ("head/.*",), (2, 3))
+  assert (s.evaluators, s.dont_load) == ({}, ("head/.*",))
   assert (s.ckpt_async, s.report, s.eval_at_start) == (False, False, False)
   config = config_loading.TrackedConfig(ml_collections.ConfigDict(dict(eval_at_sart=True)))
   with pytest.raises(config_loading.UnreadConfigKeyError, match="eval_at_sart"):
