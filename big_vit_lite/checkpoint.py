@@ -36,11 +36,10 @@ from big_vit_lite.models.steps import (  # noqa: F401  (the names callers use)
 
 
 class SaveError(RuntimeError):
-  """A checkpoint save that did not complete (e.g. the disk is full); one line, `step` failed."""
+  """A checkpoint save that did not complete (e.g. the disk is full); one line."""
 
-  def __init__(self, message, step, disk_full):
+  def __init__(self, message, disk_full):
     super().__init__(message)
-    self.step = step
     self.disk_full = disk_full
 
 
@@ -62,9 +61,6 @@ class Checkpointer:
     self._closed = False
     self._in_flight = None  # The step of the last save started.
     steps.drop_abandoned_read_reports()  # (Writes too: a failed save abandons the others.)
-
-  def latest_step(self):
-    return self.manager.latest_step()
 
   def all_steps(self):
     return list(self.manager.all_steps())
@@ -134,7 +130,7 @@ class Checkpointer:
     full = disk_full(error)  # (tensorstore's reason then names orbax's temporary files, twice.)
     reason = "no space left on device" if full else error_reason(error)
     return SaveError(f"Saving checkpoint step {self._in_flight} to {self.directory} failed "
-                     f"({reason})", self._in_flight, full)
+                     f"({reason})", full)
 
   def close(self):
     """Waits for a save in flight (it commits), then releases orbax's threads. Idempotent.

@@ -80,11 +80,8 @@ def damaged(checkpointer, step, error):
 def last_checkpoint(workdir, todo=None):
   """'the last complete checkpoint is step N in DIR: [TODO and ]run the same command to resume'."""
   todo = f"{todo} and run" if todo else "run"
-  try:
-    steps = ckpt_lib.complete_steps(workdir)
-    where = f" in {paths.resolve(workdir) / ckpt_lib.CKPT_SUBDIR}"
-  except ValueError:
-    steps, where = [], ""
+  steps = ckpt_lib.complete_steps(workdir)
+  where = f" in {paths.resolve(workdir) / ckpt_lib.CKPT_SUBDIR}"
   if steps:
     return (f"the last complete checkpoint is step {steps[-1]}{where}: {todo} the same command "
             "to resume")

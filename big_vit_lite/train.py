@@ -254,8 +254,7 @@ def _make_update(run, parts):
       images, labels = parts.mixup_fn(rng_mix, images, labels)
 
     def loss_of(params, batch, rng):
-      logits, _ = model.apply({"params": params}, batch["image"], train=True,
-                              rngs={"dropout": rng})
+      logits, _ = model.apply({"params": params}, batch["image"], train=True, rngs={"dropout": rng})
       return parts.loss_fn(logits, batch["labels"])
 
     loss, grads = grad_accum.value_and_grad(
@@ -283,7 +282,7 @@ def _restore_or_init(raw_config, run, parts, settings, cleanup):
   # However the run ends (an eval or the data raising, Ctrl-C), an async save
   # in flight finishes: otherwise the process exits with its step uncommitted.
   cleanup.callback(resume.finish_saves, checkpointer)
-  resume_step = checkpointer.latest_step()
+  resume_step = checkpointer.manager.latest_step()
   if resume_step is not None:
     opt, model_init = parts.opt, settings.model_init
     saved_clipped = resume.check_resumable(checkpointer, resume_step, parts.state_abstract,
@@ -331,9 +330,8 @@ def _init_state(run, parts, settings):
     params = jax.tree.map(lambda x, s: jax.make_array_from_callback(x.shape, s, lambda i: x[i]),
                           loaded, parts.params_sh)
   opt_state = jax.jit(parts.opt.tx.init, out_shardings=parts.opt_sh)(params)
-  state = dict(params=params, opt_state=opt_state,
-               step=jax.device_put(jnp.zeros([], jnp.int32), run.repl),
-               rng=jax.device_put(parts.rng_train, run.repl))
+  state = dict(params=params, opt_state=opt_state, rng=jax.device_put(parts.rng_train, run.repl),
+               step=jax.device_put(jnp.zeros([], jnp.int32), run.repl))
   if parts.ema:
     state[ema_lib.KEY] = parts.ema.init(params, parts.params_sh)
   return state
@@ -368,7 +366,6 @@ def _compile(run, parts, update, resume_step):
                None if step.xla_flops is None else f"{step.xla_flops / 1e9:.4g}",
                None if step.peak is None else f"{step.peak / 1e9:.6g}")
   return step
-
 
 
 if __name__ == "__main__":

@@ -72,7 +72,7 @@ def test_sigterm_saves_and_exits_zero_then_resumes(reference_run, tfds_data_dir,
   proc.send_signal(signal.SIGTERM)
   _, err = proc.communicate(timeout=120)
   assert proc.returncode == 0, err[-3000:]
-  saved = checkpoint.Checkpointer(workdir).all_steps()
+  saved = checkpoint.complete_steps(workdir)
   assert len(saved) == 1 and 60 <= saved[0] < STEPS, saved
   assert last_logged_step(workdir) == saved[0]
   r = run_train(tfds_data_dir, workdir, *args)
@@ -92,7 +92,7 @@ def test_nonfinite_loss_stops_with_message_and_keeps_good_checkpoint(tfds_data_d
   last = r.stderr.strip().splitlines()[-1]
   assert "Non-finite training loss" in last and "at step" in last, last
   bad_step = int(last.split("at step ")[1].split(";")[0])
-  steps = checkpoint.Checkpointer(workdir).all_steps()
+  steps = checkpoint.complete_steps(workdir)
   assert steps and max(steps) < bad_step
   params, config = checkpoint.load_params(workdir)  # The last good checkpoint is readable.
   assert config.total_steps == 30 and "head" in params

@@ -155,7 +155,7 @@ def test_ctrl_c_saves_then_changed_or_damaged_resumes_fail_clearly(tfds_data_dir
     stop.set()
     thread.join()
   assert signal.getsignal(signal.SIGINT) is handler_before  # Handlers are put back.
-  saved = checkpoint.Checkpointer(workdir).all_steps()
+  saved = checkpoint.complete_steps(workdir)
   assert len(saved) == 1 and 3 <= saved[0] < 100_000, saved
   assert metrics.read_metrics(workdir)[-1]["step"] == saved[0]
   config_json = open(os.path.join(workdir, "config.json")).read()
@@ -174,7 +174,7 @@ def test_ctrl_c_saves_then_changed_or_damaged_resumes_fail_clearly(tfds_data_dir
                 workdir)
   # The failed attempts left the run's config.json and checkpoint alone.
   assert open(os.path.join(workdir, "config.json")).read() == config_json
-  assert checkpoint.Checkpointer(workdir).all_steps() == saved
+  assert checkpoint.complete_steps(workdir) == saved
 
   # A checkpoint damaged after it was committed (a file deleted): says which and what to do.
   step_dir = os.path.join(workdir, "checkpoints", str(saved[0]))
@@ -265,7 +265,7 @@ def test_a_failing_eval_keeps_the_checkpoint_saved_just_before(tfds_data_dir, tm
   with pytest.raises(RuntimeError, match="eval failed"):
     train.train(config, workdir)
   # Read at once: nothing may still be writing step 6 once train has returned.
-  assert checkpoint.Checkpointer(workdir).all_steps() == [6]
+  assert checkpoint.complete_steps(workdir) == [6]
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
