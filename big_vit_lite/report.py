@@ -182,13 +182,10 @@ def _metrics_table(runs):
 
 
 def _config_table(runs):
-  if len(runs) < 2:
-    run = runs[0]
-    return f"<p>{len(run['config'])} config keys: {html.escape(run['name'])}/config.json</p>"
   keys = sorted({k for run in runs for k in run["config"]})
   differ = [k for k in keys if len({run["config"].get(k) for run in runs}) > 1]
   if not differ:
-    return "<p>The runs have the same config.</p>"
+    return "<p>The runs have the same config.</p>" if len(runs) > 1 else ""
   return '<div class="cfg">' + _table(
       ["config key", *(run["name"] for run in runs)],
       [[k, *(run["config"].get(k, "(unset)") for run in runs)] for k in differ]) + "</div>"
@@ -200,10 +197,6 @@ def write(workdirs, out=None):
   if out is None and len(workdirs) > 1:
     raise ValueError("Several workdirs: pass --out=DIR for the comparison report.")
   runs = [load(w) for w in workdirs]
-  names = [run["name"] for run in runs]
-  for run in runs:  # Same basenames: name them by their parent folder too.
-    if names.count(run["name"]) > 1:
-      run["name"] = f"{run['workdir'].parent.name}/{run['name']}"
   out = paths.resolve(out) if out else runs[0]["workdir"] / "report"
   out.mkdir(parents=True, exist_ok=True)
   title = "Run report: " + ", ".join(run["name"] for run in runs)

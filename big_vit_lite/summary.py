@@ -35,10 +35,7 @@ REPORT = "report/report.html"
 def read(workdir):
   """The summary.json of `workdir`, or {}."""
   path = paths.resolve(workdir) / FILE
-  try:
-    return json.loads(path.read_text()) if path.exists() else {}
-  except ValueError:
-    return {}
+  return json.loads(path.read_text()) if path.exists() else {}
 
 
 def numeric(v):

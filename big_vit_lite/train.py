@@ -198,10 +198,13 @@ def _make_model(config, run):
   mixup_fn = train_setup.make_mixup(config.consume("mixup", None))
   device_aug_fn = device_aug_lib.make(config.consume("device_aug", None))
   batch_spec = run.train_iter.batch_spec()
-  missing = [k for k in ("image", "labels") if k not in batch_spec]
-  if missing:
-    raise ValueError(f"the train pp gives {sorted(batch_spec)}, without {missing}: the step needs "
-                     "'image' and one-hot 'labels', e.g. end input.pp with "
+  labels = batch_spec.get("labels")
+  # Integer class ids would broadcast against the logits: nonsense, and without an error when
+  # the batch size equals the class count.
+  if "image" not in batch_spec or labels is None or not jnp.issubdtype(labels.dtype, jnp.floating):
+    given = {k: f"{v.dtype}{list(v.shape[1:])}" for k, v in batch_spec.items()}
+    raise ValueError(f"the train pp gives {given}: the step needs 'image' and one-hot float "
+                     "'labels', e.g. end input.pp with "
                      "onehot(K, key='label', key_result='labels')|keep('image', 'labels')")
   image_shape = batch_spec["image"].shape[1:]
   n_batch_dev = sharding.batch_devices(run.mesh)

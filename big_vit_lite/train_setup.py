@@ -115,17 +115,14 @@ def make_evaluators(config, model, mesh, ema_evals=None, **dur):
   for name in (evals_cfg.keys() if evals_cfg is not None else ()):
     cfg = evals_cfg[name]
     # As in big_vision: an entry named after an evaluator type needs no `type`.
-    type_name = cfg.get("type", None) or (name if name in evaluators_lib.available() else None)
-    if type_name is None:
-      raise ValueError(f"config.evals.{name} needs a `type` (e.g. 'classification').")
+    type_name = cfg.get("type", None) or name
     every = config_loading.get_steps("log", cfg, **dur)
     kwargs = {k: (v.to_dict() if hasattr(v, "to_dict") else v) for k, v in cfg.consume().items()
               if k != "type" and not k.startswith("log_")}
     if kwargs.pop("use_ema", False) and ema_evals is not None:
       ema_evals.add(name)
     try:
-      out[name] = (evaluators_lib.get_evaluator_cls(type_name)(predict_fn, mesh=mesh, **kwargs),
-                   every)
+      out[name] = evaluators_lib.get_evaluator_cls(type_name)(predict_fn, mesh=mesh, **kwargs), every
     except TypeError as e:
       raise ValueError(f"config.evals.{name} (type {type_name}): {e}") from None
   return out

@@ -99,8 +99,12 @@ def test_nonsense_step_counts_are_one_line_errors(tfds_data_dir, tmp_path, key, 
 
 def test_train_pp_without_labels_is_one_line(tfds_data_dir, tmp_path):
   pp = "decode(1)|value_range(-1, 1)|keep('image', 'label')"
-  with pytest.raises(ValueError, match=r"the train pp gives \['image', 'label'\], without "
-                                       r"\['labels'\]: .*onehot\(K, key='label'"):
+  with pytest.raises(ValueError, match=r"the train pp gives \{'image': 'float32\[28, 28, 1\]', "
+                                       r"'label': 'int64\[\]'\}: .*onehot\(K, key='label'"):
+    train.train(_config(tfds_data_dir, **{"input.pp": pp}), str(tmp_path / "w"))
+  pp = "decode(1)|value_range(-1, 1)|rename('label', 'labels')|keep('image', 'labels')"  # Class ids.
+  with pytest.raises(ValueError, match=r"'labels': 'int64\[\]'\}: the step needs 'image' and "
+                                       "one-hot float 'labels'"):
     train.train(_config(tfds_data_dir, **{"input.pp": pp}), str(tmp_path / "w"))
 
 
