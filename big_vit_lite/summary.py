@@ -148,9 +148,9 @@ def block(s, path):
     head += f", {len(s['attempts'])} attempts"
   lines = [f"==== Summary: {head} ===="] + ([f"  error: {s['error']}"] if s.get("error") else [])
   for k, v in s.get("final", {}).items():
-    b = s.get("best", {}).get(k)
+    b = s.get("best", {}).get(k)  # (An evaluate run has none: it shows every result.)
     if b or s["kind"] == "evaluate":
-      best = f"   best {b['value']:.4g} at step {b['step']}" if b and s["kind"] == "train" else ""
+      best = f"   best {b['value']:.4g} at step {b['step']}" if b else ""
       lines.append(f"  {k:<32} {v:.4g}{best}")
   speed = [f"{duration(s['hours'])} of training and evals" if s.get("hours") else None,
            f"{s['core_hours']:.3g} core-hours" if s.get("core_hours") else None,
@@ -165,8 +165,7 @@ def block(s, path):
                  f"process{'es' if dev['processes'] > 1 else ''})")
   lines += [f"  {key}: {s[key]}" for key in ("checkpoint", "source") if s.get(key)]
   lines += [f"  {name}: {cmd}" for name, cmd in s.get("commands", {}).items() if cmd]
-  if s.get("report"):
-    lines.append(f"  report: {s['report']}")
+  lines += [f"  report: {s['report']}"] if s.get("report") else []
   return "\n".join(lines + [f"  summary: {path}"])
 
 
@@ -191,10 +190,8 @@ class TrainRun:
       a["status"] = "killed" if a.get("status") == "running" else a.get("status")
     self.summary = dict(
         kind="train", status="running", workdir=str(self.workdir), total_steps=total_steps,
-        device=_device(), checkpoint_dir=str(checkpoint_dir),
-        attempts=previous + [dict(start_step=int(start_step or 0), started=_now(),
-                                  status="running")],
-        commands={})
+        device=_device(), checkpoint_dir=str(checkpoint_dir), commands={},
+        attempts=previous + [dict(start_step=start_step or 0, started=_now(), status="running")])
     self._evaluate = shlex.join([
         "python", "-m", "big_vit_lite.evaluate",
         f"--config=configs/fewshot.py:res={image_shape[0]},channels={image_shape[-1]}",

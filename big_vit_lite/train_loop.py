@@ -9,7 +9,6 @@ import numpy as np
 
 from big_vit_lite import checkpoint as ckpt_lib
 from big_vit_lite import distributed
-from big_vit_lite import ema as ema_lib
 from big_vit_lite import flops as flops_lib
 from big_vit_lite import metrics as metrics_lib
 from big_vit_lite import report as report_lib
@@ -137,11 +136,10 @@ class Loop:
 
   def _run_evals(self, step, final, only=None):
     ran = False
-    for name, (evaluator, every) in self.settings.evaluators.items():
+    for name, (evaluator, every, key) in self.settings.evaluators.items():
       if (only is None or name in only) and (final or (every and step % every == 0)):
         ran = True
-        results = evaluator.run(
-            self.state[ema_lib.KEY if name in self.settings.ema_evals else "params"])
+        results = evaluator.run(self.state[key])
         self.run_.writer.write(step, {f"{name}/{k}": v for k, v in results.items()})
         logging.info("[%d] %s: %s", step, name,
                      ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
@@ -154,7 +152,7 @@ class Loop:
     evaluators, first, total = self.settings.evaluators, self.first_step, self.run_.total_steps
     if first == 0 and evaluators and self.settings.eval_at_start:
       self._run_evals(0, final=False)
-    due = [name for name, (_, every) in evaluators.items()
+    due = [name for name, (_, every, _) in evaluators.items()
            if first == total or (every and first and first % every == 0)]
     if self.resume_step is not None and due:
       # The run that saved this checkpoint was stopped (killed, preempted,

@@ -97,15 +97,15 @@ def make_mixup(mixup_cfg):
   if "p" in kw:
     kw["mixup_alpha"] = kw.pop("p")
   mix = functools.partial(mixup_lib.mixup_or_cutmix, **kw)
-  try:  # Checks the keys now, not in the step.
-    mix(jax.random.PRNGKey(0), jnp.zeros((2, 1, 1, 1)), jnp.zeros((2, 2)))
-  except TypeError as e:
-    raise ValueError(f"config.mixup: {e}") from None
+  mix(jax.random.PRNGKey(0), jnp.zeros((2, 1, 1, 1)), jnp.zeros((2, 2)))  # Checks the keys now.
   return mix
 
 
-def make_evaluators(config, model, mesh, ema_evals=None, **dur):
-  """{name: (Evaluator, every_n_steps)} from config.evals; adds use_ema=True ones to ema_evals."""
+def make_evaluators(config, model, mesh, ema=None, **dur):
+  """{name: (Evaluator, every_n_steps, the state's key it scores)} from config.evals.
+
+  The key is "params", or ema.KEY for an eval with use_ema=True (the run's `ema` must be set).
+  """
   evals_cfg = config.get("evals", None)
 
   def predict_fn(params, images):
@@ -119,10 +119,13 @@ def make_evaluators(config, model, mesh, ema_evals=None, **dur):
     every = config_loading.get_steps("log", cfg, **dur)
     kwargs = {k: (v.to_dict() if hasattr(v, "to_dict") else v) for k, v in cfg.consume().items()
               if k != "type" and not k.startswith("log_")}
-    if kwargs.pop("use_ema", False) and ema_evals is not None:
-      ema_evals.add(name)
+    key = ema_lib.KEY if kwargs.pop("use_ema", False) else "params"
+    if key == ema_lib.KEY and ema is None:
+      raise ValueError(f"config.evals.{name}.use_ema=True, but the run keeps no EMA of the weights: "
+                       "set config.ema_decay (e.g. 0.9999).")
     try:
-      out[name] = evaluators_lib.get_evaluator_cls(type_name)(predict_fn, mesh=mesh, **kwargs), every
+      cls = evaluators_lib.get_evaluator_cls(type_name)
+      out[name] = cls(predict_fn, mesh=mesh, **kwargs), every, key
     except TypeError as e:
       raise ValueError(f"config.evals.{name} (type {type_name}): {e}") from None
   return out
@@ -131,8 +134,7 @@ def make_evaluators(config, model, mesh, ema_evals=None, **dur):
 @dataclasses.dataclass
 class Settings:
   """The evaluators and the remaining knobs: the last of the config that the run reads."""
-  evaluators: dict  # {name: (Evaluator, every_n_steps)}
-  ema_evals: set  # The evals that score the EMA params (use_ema=True).
+  evaluators: dict  # {name: (Evaluator, every_n_steps, "params" or "ema")}
   model_init: str | None
   dont_load: tuple
   ckpt_async: bool
@@ -143,12 +145,10 @@ class Settings:
 
 def read_settings(config, run, parts):
   """Builds the evaluators, reads the rest of the config and fails on keys nothing read."""
-  ema_evals = set()
-  evaluators = make_evaluators(config, parts.model, run.mesh, ema_evals=ema_evals, **run.dur)
-  ema_lib.check_evals(parts.ema, ema_evals)
+  evaluators = make_evaluators(config, parts.model, run.mesh, ema=parts.ema, **run.dur)
   model_load = config.consume("model_load", {}) or {}
   settings = Settings(
-      evaluators, ema_evals, model_init=config.get("model_init", None),
+      evaluators, model_init=config.get("model_init", None),
       dont_load=tuple(model_load.get("dont_load", ()) or ()),
       ckpt_async=bool(config.get("ckpt_async", True)),
       eval_at_start=bool(config.get("eval_at_start", False)),
