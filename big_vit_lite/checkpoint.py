@@ -36,11 +36,7 @@ from big_vit_lite.models.steps import (  # noqa: F401  (the names callers use)
 
 
 class SaveError(RuntimeError):
-  """A checkpoint save that did not complete (e.g. the disk is full); one line."""
-
-  def __init__(self, message, disk_full):
-    super().__init__(message)
-    self.disk_full = disk_full
+  """A checkpoint save that did not complete (e.g. the disk is full: its message says so)."""
 
 
 class Checkpointer:
@@ -127,10 +123,10 @@ class Checkpointer:
 
   def _save_error(self, error):
     steps.mark_save_failed()  # What orbax's other writes report from now on is this failure again.
-    full = disk_full(error)  # (tensorstore's reason then names orbax's temporary files, twice.)
-    reason = "no space left on device" if full else error_reason(error)
+    # (When the disk is full, tensorstore's reason names orbax's temporary files, twice.)
+    reason = "No space left on device" if disk_full(error) else error_reason(error)
     return SaveError(f"Saving checkpoint step {self._in_flight} to {self.directory} failed "
-                     f"({reason})", full)
+                     f"({reason})")
 
   def close(self):
     """Waits for a save in flight (it commits), then releases orbax's threads. Idempotent.
@@ -149,8 +145,6 @@ class Checkpointer:
 
 def disk_full(error):
   """Whether `error` (Python's, orbax's, TensorFlow's writing TensorBoard events) is ENOSPC."""
-  if isinstance(error, SaveError):
-    return error.disk_full
   text = f"{error} {error_reason(error)}"
   return (getattr(error, "errno", None) in (errno.ENOSPC, errno.EDQUOT)
           or "No space left on device" in text or "Disk quota exceeded" in text)

@@ -228,8 +228,7 @@ def main(argv):
   try:
     print(write(argv[1:], _OUT.value))
   except ValueError as e:
-    print(f"big_vit_lite.report: error: {e}", file=sys.stderr)
-    sys.exit(1)
+    sys.exit(f"big_vit_lite.report: error: {e}")
 
 
 if __name__ == "__main__":

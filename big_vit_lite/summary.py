@@ -53,15 +53,13 @@ def split_keys(rows):
 
 def segments(rows):
   """Training rows split into attempts, where `uptime_hours` starts again from 0."""
-  out, last = [], None
-  for row in rows:
-    if "training_loss" not in row:
-      continue
-    up = row.get("uptime_hours")
-    if not out or (up is not None and last is not None and up < last):
+  out, last = [], 0.0
+  for row in (r for r in rows if "training_loss" in r):
+    up = row.get("uptime_hours", last)  # (A line without timing: the attempt goes on.)
+    if not out or up < last:
       out.append([])
     out[-1].append(row)
-    last = up if up is not None else last
+    last = up
   return out
 
 
@@ -74,10 +72,9 @@ def stats(rows):
       if k == "step" or not numeric(v):
         continue
       final[k] = v
-      b = best.get(k)
-      lower_is_better = "loss" in k or "err" in k
+      sign = -1 if "loss" in k or "err" in k else 1  # Losses and errors at their lowest.
       if (k in eval_keys or k == "training_loss") and (
-          b is None or (v < b["value"] if lower_is_better else v > b["value"])):
+          k not in best or sign * v > sign * best[k]["value"]):
         best[k] = dict(value=v, step=row["step"])
   train_rows = [r for r in rows if "training_loss" in r]
   median = lambda k: (statistics.median(vals) if (vals := [r[k] for r in train_rows

@@ -90,15 +90,10 @@ def main(argv):
     cfg = _CONFIG.value
     msg = oom.message(e, what="training", batch_size=cfg.get("input", {}).get("batch_size"),
                       grad_accum_steps=cfg.get("grad_accum_steps"))
-    _fail(f"{msg} Checkpoints already written are intact.")
-  except (ValueError, TypeError, TrainingError, config_loading.UnreadConfigKeyError) as e:
+    sys.exit(f"big_vit_lite.train: error: {msg} Checkpoints already written are intact.")
+  except (ValueError, TypeError, TrainingError) as e:  # (UnreadConfigKeyError is a ValueError.)
     logging.error("%s", e, exc_info=isinstance(e, TypeError))
-    _fail(e)
-
-
-def _fail(message):
-  print(f"big_vit_lite.train: error: {message}", file=sys.stderr, flush=True)
-  sys.exit(1)
+    sys.exit(f"big_vit_lite.train: error: {e}")
 
 
 def train(raw_config, workdir):
