@@ -109,12 +109,11 @@ def train(raw_config, workdir):
   except KeyboardInterrupt:  # Before the loop's handler is in place, or a second Ctrl-C.
     raise TrainingInterrupted(f"interrupted (Ctrl-C); {resume.last_checkpoint(workdir)}.") from None
   except Exception as e:  # pylint: disable=broad-except
-    disk_full = ckpt_lib.disk_full(e)
-    io_error = disk_full or isinstance(e, (OSError, ckpt_lib.SaveError))
-    if isinstance(e, TrainingError) or not io_error:
+    full = ckpt_lib.disk_full(e)
+    if isinstance(e, TrainingError) or not (full or isinstance(e, (OSError, ckpt_lib.SaveError))):
       raise
     todo = ("free space on the disk of --workdir (config.keep_ckpts sets how many checkpoints "
-            "are kept)" if disk_full else "fix the cause")
+            "are kept)" if full else "fix the cause")
     raise TrainingError(
         f"{ckpt_lib.error_reason(e)}; {resume.last_checkpoint(workdir, todo)}.") from e
 
@@ -130,8 +129,8 @@ def _train(raw_config, workdir, cleanup):
     settings = train_setup.read_settings(config, run, parts)
     update = _make_update(run, parts)
     state, resume_step, checkpointer = _restore_or_init(raw_config, run, parts, settings, cleanup)
-    step = _compile(run, parts, update, resume_step)
-    return train_loop.Loop(raw_config, run, parts, settings, step, state, resume_step,
+    compiled, flops = _compile(run, parts, update, resume_step)
+    return train_loop.Loop(raw_config, run, parts, settings, compiled, flops, state, resume_step,
                            checkpointer, cleanup).run()
 
 
@@ -320,8 +319,7 @@ def _init_state(run, parts, settings):
                    else parts.params_abstract)
     # The patch grid, so that a learned posemb is resampled to this run's
     # (possibly non-square) input, not to the square of its token count.
-    patch = parts.model.arch()["patch_size"]
-    grid_hw = (parts.image_shape[0] // patch, parts.image_shape[1] // patch)
+    grid_hw = tuple(d // parts.model.arch()["patch_size"] for d in parts.image_shape[:2])
     loaded = parts.model_mod.load(init_values, settings.model_init, parts.model_kw,
                                   dont_load=dont_load, grid_hw=grid_hw)
     # Host numpy (the same on every process) -> global arrays with the params' shardings.
@@ -335,19 +333,13 @@ def _init_state(run, parts, settings):
   return state
 
 
-@dataclasses.dataclass
-class _Step:
-  """The compiled step (None when there is nothing left to train) and its FLOPs per device."""
-  compiled: object = None
-  model_flops: float | None = None  # Matmuls in the jaxpr, for `mfu`.
-  xla_flops: float | None = None  # XLA's count, for `mfu_xla`.
-  peak: float | None = None  # The device's peak FLOP/s.
-
-
 def _compile(run, parts, update, resume_step):
-  """Compiles `update` once for every step; donation lets XLA update the state in place."""
+  """(the compiled step or None, its FLOPs per device as metrics.Chrono's keyword arguments).
+
+  Compiles `update` once for every step; donation lets XLA update the state in place.
+  """
   if resume_step is not None and resume_step >= run.total_steps:
-    return _Step()  # A finished run started again (e.g. by a scheduler): no step to compile.
+    return None, {}  # A finished run started again (e.g. by a scheduler): no step to compile.
   batch_abstract = {k: jax.ShapeDtypeStruct((run.batch_size,) + v.shape[1:], v.dtype,
                                             sharding=run.batch_sh)
                     for k, v in parts.batch_spec.items()}
@@ -355,15 +347,14 @@ def _compile(run, parts, update, resume_step):
                    out_shardings=(parts.state_sh, run.repl),
                    donate_argnums=(0,)).trace(parts.state_abstract, batch_abstract)
   compiled = traced.lower().compile()
-  size = run.mesh.size
-  step = _Step(compiled, flops_lib.model_flops(traced) / size,
-               flops_lib.step_flops(traced, compiled, num_devices=size),
-               metrics_lib.peak_flops_per_device(dtype=parts.model.dtype_mm))
+  model_flops = flops_lib.model_flops(traced) / run.mesh.size  # Matmuls in the jaxpr: `mfu`.
+  xla_flops = flops_lib.step_flops(traced, compiled, num_devices=run.mesh.size)  # `mfu_xla`.
+  peak = metrics_lib.peak_flops_per_device(dtype=parts.model.dtype_mm)
   logging.info("Train step: %.6g model GFLOP per device (XLA: %s); device peak %s GFLOP/s",
-               step.model_flops / 1e9,
-               None if step.xla_flops is None else f"{step.xla_flops / 1e9:.4g}",
-               None if step.peak is None else f"{step.peak / 1e9:.6g}")
-  return step
+               model_flops / 1e9, None if xla_flops is None else f"{xla_flops / 1e9:.4g}",
+               None if peak is None else f"{peak / 1e9:.6g}")
+  return compiled, dict(step_flops=model_flops, peak_flops_total=peak,
+                        xla_step_flops=flops_lib.sane_xla_flops(xla_flops, model_flops))
 
 
 if __name__ == "__main__":

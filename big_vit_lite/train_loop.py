@@ -9,7 +9,6 @@ import numpy as np
 
 from big_vit_lite import checkpoint as ckpt_lib
 from big_vit_lite import distributed
-from big_vit_lite import flops as flops_lib
 from big_vit_lite import metrics as metrics_lib
 from big_vit_lite import report as report_lib
 from big_vit_lite import summary as summary_lib
@@ -29,9 +28,9 @@ _all_finite = jax.jit(lambda t: jnp.all(jnp.stack([jnp.all(jnp.isfinite(x))
 class Loop:
   """The training loop with what it carries: state, data position, last saved step, evals."""
 
-  def __init__(self, raw_config, run, parts, settings, step, state, resume_step, checkpointer,
-               cleanup):
-    self.raw_config, self.run_, self.settings, self.step_fn = raw_config, run, settings, step
+  def __init__(self, raw_config, run, parts, settings, compiled, flops, state, resume_step,
+               checkpointer, cleanup):
+    self.raw_config, self.run_, self.settings, self.compiled = raw_config, run, settings, compiled
     self.state, self.resume_step, self.checkpointer = state, resume_step, checkpointer
     self.last_saved, self.data_state = resume_step, None
     # Drops what a killed earlier attempt logged after the resumed step (or
@@ -50,9 +49,7 @@ class Loop:
     # core_hours counts the earlier attempts too (their lines up to the checkpoint are kept).
     self.chrono = metrics_lib.Chrono(
         first_step=self.first_step, total_steps=run.total_steps, global_batch=run.batch_size,
-        step_flops=step.model_flops, peak_flops_total=step.peak,
-        xla_step_flops=flops_lib.sane_xla_flops(step.xla_flops, step.model_flops),
-        core_hours_before=run.writer.last_value("core_hours"))
+        core_hours_before=run.writer.last_value("core_hours"), **flops)
     self.preemption = ckpt_lib.PreemptionWatcher()
     cleanup.callback(self.preemption.close)
     self.guard = distributed.HangGuard.from_env(timeout_s=settings.hang_timeout)
@@ -70,7 +67,7 @@ class Loop:
       # per-step transfers): fail loudly instead. Explicit ones are fine.
       with jax.transfer_guard("disallow"):
         batch = next(batches)
-        self.state, measured = self.step_fn.compiled(self.state, batch)
+        self.state, measured = self.compiled(self.state, batch)
       self.data_state = batches.get_state()
       step += 1
       self.guard.tick(step)

@@ -121,8 +121,8 @@ def make_evaluators(config, model, mesh, ema=None, **dur):
               if k != "type" and not k.startswith("log_")}
     key = ema_lib.KEY if kwargs.pop("use_ema", False) else "params"
     if key == ema_lib.KEY and ema is None:
-      raise ValueError(f"config.evals.{name}.use_ema=True, but the run keeps no EMA of the weights: "
-                       "set config.ema_decay (e.g. 0.9999).")
+      raise ValueError(f"config.evals.{name}.use_ema=True, but the run keeps no EMA of the "
+                       "weights: set config.ema_decay (e.g. 0.9999).")
     try:
       cls = evaluators_lib.get_evaluator_cls(type_name)
       out[name] = cls(predict_fn, mesh=mesh, **kwargs), every, key

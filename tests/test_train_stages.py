@@ -64,11 +64,11 @@ def test_restore_or_init_resumes_the_newest_checkpoint_and_compile_skips_a_finis
       train._lay_out_state(config, run, parts)
       settings = train_setup.read_settings(config, run, parts)
       state, resume_step, _ = train._restore_or_init(raw, run, parts, settings, cleanup)
-      step = train._compile(run, parts, train._make_update(run, parts), resume_step)
+      compiled, _ = train._compile(run, parts, train._make_update(run, parts), resume_step)
   assert resume_step == 4 and int(state["step"]) == 4
   saved, _ = checkpoint.load_params(workdir)
   assert all(jax.tree.leaves(jax.tree.map(np.array_equal, jax.device_get(state["params"]), saved)))
-  assert step.compiled is None  # total_steps reached: nothing to compile.
+  assert compiled is None  # total_steps reached: nothing to compile.
 
 
 def test_read_settings_parses_the_knobs_and_rejects_a_key_nothing_reads():
