@@ -108,7 +108,6 @@ class Checkpointer:
     orbax reads each device's slice, so a checkpoint from 8 FSDP devices
     restores onto 1 device and back.
     """
-    steps.drop_abandoned_read_reports()
     out = self.manager.restore(int(step), args=ocp.args.Composite(
         state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
     steps.verify_checksums(self.step_dir(step), out["state"])

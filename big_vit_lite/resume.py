@@ -19,15 +19,14 @@ def with_opt_layout(state_abstract, opt, clipped):
                                                             opt.clipped, clipped))
 
 
-def check_resumable(checkpointer, step, state_abstract, total_steps, opt):
+def check_resumable(checkpointer, step, state_abstract, opt):
   """Whether the checkpoint at `step` was saved with the gradient clip in its optimizer chain.
 
   Raises a one-line TrainingError when it cannot continue this config. A
   changed grad_clip_norm (on <-> off) is fine: the clip keeps no state.
   """
   try:
-    mismatch = checkpointer.state_mismatch(step, state_abstract)
-    saved_clipped = opt.clipped
+    mismatch, saved_clipped = checkpointer.state_mismatch(step, state_abstract), opt.clipped
     if mismatch and not checkpointer.state_mismatch(
         step, with_opt_layout(state_abstract, opt, not opt.clipped)):
       mismatch, saved_clipped = None, not opt.clipped
@@ -43,9 +42,6 @@ def check_resumable(checkpointer, step, state_abstract, total_steps, opt):
         f"Cannot resume from {step_dir}: it was written for another model or optimizer "
         f"({mismatch}). Use a new --workdir (with config.model_init={step_dir} to start from its "
         "params), or undo the change.")
-  if step >= total_steps:
-    logging.warning("The checkpoint at step %d is already at or past total_steps=%d: "
-                    "nothing to train (raise config.total_steps to train on).", step, total_steps)
   return saved_clipped
 
 

@@ -139,8 +139,7 @@ def _setup(config, workdir, cleanup):
   distributed.set_cpu_devices(config.get("num_cpu_devices", None))  # Before any backend starts.
   distributed.initialize()  # Before anything touches a backend.
   workdir = paths.resolve(workdir)  # Local (made absolute) or a bucket (gs://..., as given).
-  is_main = jax.process_index() == 0
-  if is_main:
+  if jax.process_index() == 0:
     # config.json is written once the checkpoint (if any) has been read: a run
     # that stops on a bad config must not overwrite the config of the run
     # that made this workdir.
@@ -153,7 +152,7 @@ def _setup(config, workdir, cleanup):
   mesh = sharding.make_mesh(config.get("mesh", None))
   rules = sharding.make_rules(config.get("sharding_rules", None), mesh)
   logging.info("Mesh %s; rules %s", dict(mesh.shape), rules)
-  return train_setup.Run(workdir, is_main, seed, writer, mesh, rules,
+  return train_setup.Run(workdir, seed, writer, mesh, rules,
                          repl=sharding.replicated(mesh), batch_sh=sharding.batch_sharding(mesh))
 
 
@@ -282,8 +281,7 @@ def _restore_or_init(raw_config, run, parts, settings, cleanup):
   resume_step = checkpointer.manager.latest_step()
   if resume_step is not None:
     opt, model_init = parts.opt, settings.model_init
-    saved_clipped = resume.check_resumable(checkpointer, resume_step, parts.state_abstract,
-                                           run.total_steps, opt)
+    saved_clipped = resume.check_resumable(checkpointer, resume_step, parts.state_abstract, opt)
     # model_init only initialises a fresh run (as in big_vision): say so, not silently.
     logging.info("Resuming from %s/%d%s", checkpointer.directory, resume_step,
                  f"; config.model_init={model_init} is not read again (it only initialises a "
@@ -294,7 +292,7 @@ def _restore_or_init(raw_config, run, parts, settings, cleanup):
     run.train_iter.set_state(data_state)
   else:
     state = _init_state(run, parts, settings)
-  if run.is_main:  # This config now runs in this workdir.
+  if jax.process_index() == 0:  # This config now runs in this workdir.
     (run.workdir / "config.json").write_text(raw_config.to_json_best_effort(indent=2) + "\n")
   return state, resume_step, checkpointer
 

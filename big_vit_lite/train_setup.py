@@ -20,7 +20,6 @@ from big_vit_lite.data import mixup as mixup_lib
 class Run:
   """Where and how long: the workdir, mesh, training data and step counts."""
   workdir: object
-  is_main: bool
   seed: int
   writer: metrics_lib.MetricWriter
   mesh: jax.sharding.Mesh
@@ -56,11 +55,10 @@ def read_input_and_schedule(config, run):
   run.steps_per_epoch = run.train_iter.num_examples / batch_size
   run.total_steps = positive("total_steps", config_loading.get_steps(
       "total", config, steps_per_epoch=run.steps_per_epoch, batch_size=batch_size, required=True))
-  other = next((f"total_{u}" for u in ("epochs", "examples", "percent")
-                if config.get(f"total_{u}") is not None), None)
-  if other and config.get("total_steps") is not None:
-    logging.info("config.total_steps=%d wins over config.%s=%s.", run.total_steps, other,
-                 config.get(other))
+  for other in ("total_epochs", "total_examples", "total_percent"):
+    if config.get("total_steps") is not None and config.get(other) is not None:
+      logging.info("config.total_steps=%d wins over config.%s=%s.", run.total_steps, other,
+                   config.get(other))
   run.log_steps = positive("log_training_steps", config_loading.get_steps(
       "log_training", config, default=50, **run.dur))
   # None or 0: only at the end (and on preemption).
