@@ -50,7 +50,7 @@ class Checkpointer:
     self.directory = paths.resolve(workdir) / CKPT_SUBDIR
     options = ocp.CheckpointManagerOptions(
         max_to_keep=keep,  # The last `keep` checkpoints, plus every step divisible by keep_every.
-        keep_period=keep_every, enable_async_checkpointing=async_save, create=True,
+        keep_period=keep_every, enable_async_checkpointing=async_save,
         cleanup_tmp_directories=True)  # (Leftovers of a save interrupted by a kill.)
     self.manager = ocp.CheckpointManager(
         self.directory, options=options, item_names=("state", "data", "config", "checksums"))

@@ -131,8 +131,7 @@ def figures(plt, runs):
       "training": ([(k, x) for k in _TRAINING if k in train_keys for x in ("step", time_x)], 2),
       "evals": ([(k, "step") for k in sorted(eval_keys)], 3),
       "throughput": ([(k, "step") for k in throughput], 3),
-      "other": ([(k, "step") for k in train_keys if k not in _TRAINING and k not in throughput],
-                3),
+      "other": ([(k, "step") for k in train_keys if k not in (*_TRAINING, *throughput)], 3),
   }
   return {name: (_figure(plt, runs, panels, min(cols, len(panels))),
                  list(dict.fromkeys(k for k, _ in panels)))
@@ -223,8 +222,7 @@ def write(workdirs, out=None):
 
 def main(argv):
   if len(argv) < 2:
-    raise app.UsageError("Pass one or more workdirs: python -m big_vit_lite.report WORKDIR "
-                         "[WORKDIR...] [--out=DIR]")
+    raise app.UsageError("Pass one or more workdirs: WORKDIR [WORKDIR...] [--out=DIR]")
   try:
     print(write(argv[1:], _OUT.value))
   except ValueError as e:

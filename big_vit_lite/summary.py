@@ -91,9 +91,8 @@ def duration(hours):
   """'42 s', '3.5 min' or '2.25 h'; '-' for None."""
   if hours is None:
     return "-"
-  seconds = hours * 3600
-  return f"{seconds:.0f} s" if seconds < 120 else (
-      f"{seconds / 60:.1f} min" if seconds < 7200 else f"{hours:.2f} h")
+  sec = hours * 3600
+  return f"{sec:.0f} s" if sec < 120 else f"{sec / 60:.1f} min" if sec < 7200 else f"{hours:.2f} h"
 
 
 def flat_config(tree, prefix=""):
@@ -246,9 +245,8 @@ def write_evaluate(workdir, *, source, step, results, seconds, error=None, inter
   workdir = paths.resolve(workdir)
   status = "interrupted" if interrupted else "failed" if error else "finished"
   s = dict(kind="evaluate", status=status, workdir=str(workdir), step=step, source=str(source),
-           final={f"{n}/{k}": v for n, r in results.items() for k, v in r.items()},
-           seconds=seconds, device=_device(),
-           error=None if error is None else str(error).splitlines()[0][:300],
+           final={f"{n}/{k}": v for n, r in results.items() for k, v in r.items()}, seconds=seconds,
+           device=_device(), error=None if error is None else str(error).splitlines()[0][:300],
            commands=dict(again=command("big_vit_lite.evaluate")), updated=_now())
   name = EVAL_FILE if read(workdir).get("kind") == "train" else FILE
   try:

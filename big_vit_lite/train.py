@@ -54,15 +54,9 @@ from big_vit_lite import train_loop
 from big_vit_lite import train_setup
 from big_vit_lite.data import device_aug as device_aug_lib
 
-_CONFIG = _WORKDIR = None  # flag holders, defined by _define_flags()
-
-
-def _define_flags():
-  # Only when run as a command: importing this module (tests, other CLIs)
-  # must not clash with other CLIs' --config/--workdir in one process.
-  global _CONFIG, _WORKDIR
-  _CONFIG = config_loading.define_config_flag()
-  _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and logs.")
+# The flags, defined only when run as a command (at the end): importing this module (tests,
+# other CLIs) must not clash with other CLIs' --config/--workdir in one process.
+_CONFIG = _WORKDIR = None
 
 
 TrainingError = resume.TrainingError  # A failure with a one-line explanation (exit status 1).
@@ -74,10 +68,9 @@ def main(argv):
   # Orbax logs every file it writes at INFO level: keep its warnings only.
   logging.get_absl_handler().addFilter(
       lambda r: r.levelno >= py_logging.WARNING or "/orbax/" not in r.pathname)
-  if _WORKDIR.value is None:
-    raise app.UsageError("--workdir is required.")
-  if _CONFIG.value is None:
-    raise app.UsageError("--config is required, e.g. --config=configs/demo.py")
+  if _WORKDIR.value is None or _CONFIG.value is None:
+    raise app.UsageError("--config and --workdir are required, e.g. --config=configs/demo.py "
+                         "--workdir=workdirs/demo")
   try:
     train(config_loading.loaded(_CONFIG.value, "--config"), _WORKDIR.value)
   except TrainingInterrupted as e:
@@ -356,6 +349,7 @@ def _compile(run, parts, update, resume_step):
 
 
 if __name__ == "__main__":
-  _define_flags()
+  _CONFIG = config_loading.define_config_flag()
+  _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and logs.")
   app.run(main, flags_parser=functools.partial(config_loading.parse_flags,
                                                prog="big_vit_lite.train"))

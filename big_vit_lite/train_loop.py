@@ -138,9 +138,8 @@ class Loop:
         ran = True
         results = evaluator.run(self.state[key])
         self.run_.writer.write(step, {f"{name}/{k}": v for k, v in results.items()})
-        logging.info("[%d] %s: %s", step, name,
-                     ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                               for k, v in results.items()))
+        logging.info("[%d] %s: %s", step, name, ", ".join(
+            f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in results.items()))
     if ran and not final:  # (The run's end writes the last one.)
       self.summary.evaluated()  # The report (config.report), with this step's evals.
 
@@ -166,6 +165,5 @@ def evals_not_logged(writer, evaluators, step):
   logged = writer.logged_keys(step)
   mask = np.array([not any(k.startswith(f"{name}/") for k in logged) for name in evaluators],
                   np.int32)
-  if jax.process_count() > 1:  # Every process must run the same evals (collectives).
-    mask = np.asarray(multihost_utils.broadcast_one_to_all(mask))
-  return [name for name, m in zip(evaluators, mask) if m]
+  # Every process must run the same evals (collectives): process 0's mask.
+  return [name for name, m in zip(evaluators, multihost_utils.broadcast_one_to_all(mask)) if m]
