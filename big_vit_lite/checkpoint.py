@@ -175,8 +175,7 @@ class PreemptionWatcher:
       for sig in (signal.SIGTERM, signal.SIGINT):
         self._previous[sig] = signal.signal(sig, self._handle)
 
-  def _handle(self, signum, frame):
-    del frame
+  def _handle(self, signum, unused_frame):
     if signum == signal.SIGINT:
       self.interrupted = True
       # A second Ctrl-C (e.g. while the save runs) stops at once.

@@ -12,8 +12,7 @@ import optax
 
 def softmax_xent(logits, labels):
   """Mean over the batch of -sum_c labels_c * log softmax(logits)_c."""
-  logp = jax.nn.log_softmax(logits.astype(jnp.float32))
-  return -jnp.mean(jnp.sum(labels * logp, axis=-1))
+  return -jnp.mean(jnp.sum(labels * jax.nn.log_softmax(logits.astype(jnp.float32)), axis=-1))
 
 
 def sigmoid_xent(logits, labels):

@@ -38,10 +38,9 @@ _TRAINING = ("training_loss", "learning_rate")
 _THROUGHPUT = ("img/sec", "mfu", "core_hours")  # key prefixes
 _OUT = None
 _CSS = ("body{font-family:sans-serif;margin:1.5em;max-width:1400px}"
-        "table{border-collapse:collapse;font-size:13px}"
+        "table{border-collapse:collapse;font-size:13px}img{max-width:100%}"
         "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}"
-        "td:first-child,th:first-child,.cfg td{text-align:left}"
-        "img{max-width:100%}.keys{color:#666;font-size:12px}")
+        "td:first-child,th:first-child,.cfg td{text-align:left}.keys{color:#666;font-size:12px}")
 
 
 def require_matplotlib():
@@ -147,8 +146,7 @@ def _fmt(v, pct=False):
 def _table(head, rows):
   cell = lambda tag, v: f"<{tag}>{html.escape(str(v))}</{tag}>"
   return ("<table><tr>" + "".join(cell("th", h) for h in head) + "</tr>" +
-          "".join("<tr>" + "".join(cell("td", v) for v in r) + "</tr>" for r in rows) +
-          "</table>")
+          "".join("<tr>" + "".join(cell("td", v) for v in r) + "</tr>" for r in rows) + "</table>")
 
 
 def _runs_table(runs):
@@ -172,9 +170,7 @@ def _metrics_table(runs):
   keys = list(dict.fromkeys(k for run in runs for k in ["training_loss", *sorted(run["eval_keys"])]
                             if k in run["stats"]["final"]))
   def cell(run, k):
-    final, best = run["stats"]["final"].get(k), run["stats"]["best"].get(k)
-    if final is None:
-      return "-"
+    final, best = run["stats"]["final"].get(k), run["stats"]["best"].get(k)  # (No final, no best.)
     return f"{_fmt(final)} (best {_fmt(best['value'])} at {best['step']})" if best else _fmt(final)
   return _table(["metric: final (best at step)", *(run["name"] for run in runs)],
                 [[k, *(cell(run, k) for run in runs)] for k in keys])

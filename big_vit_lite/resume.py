@@ -38,10 +38,9 @@ def check_resumable(checkpointer, step, state_abstract, opt):
     raise TrainingError(damaged(checkpointer, step, e)) from e
   if mismatch:
     step_dir = checkpointer.step_dir(step)
-    raise TrainingError(
-        f"Cannot resume from {step_dir}: it was written for another model or optimizer "
-        f"({mismatch}). Use a new --workdir (with config.model_init={step_dir} to start from its "
-        "params), or undo the change.")
+    raise TrainingError(f"Cannot resume from {step_dir}: it was written for another model or "
+                        f"optimizer ({mismatch}). Use a new --workdir (with config.model_init="
+                        f"{step_dir} to start from its params), or undo the change.")
   return saved_clipped
 
 

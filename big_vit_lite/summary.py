@@ -106,9 +106,8 @@ def flat_config(tree, prefix=""):
 
 def command(module):
   """The command line that started this process when it runs `python -m MODULE`, else None."""
-  if not sys.argv or not sys.argv[0].endswith(os.path.join(*module.split(".")) + ".py"):
-    return None
-  return shlex.join(["python", "-m", module, *sys.argv[1:]])
+  ran = sys.argv and sys.argv[0].endswith(os.path.join(*module.split(".")) + ".py")
+  return shlex.join(["python", "-m", module, *sys.argv[1:]]) if ran else None
 
 
 def _now():
@@ -154,8 +153,7 @@ def block(s, path):
            f"{s['seconds']:.1f} s" if s.get("seconds") else None]
   speed = [x for x in speed if x] + [f"{k} {100 * v:.1f}%" for k, v in (s.get("mfu") or {}).items()
                                      if v is not None]
-  if speed:
-    lines.append("  " + ", ".join(speed))
+  lines += ["  " + ", ".join(speed)] if speed else []
   if dev := s.get("device"):
     lines.append(f"  device: {dev['devices']} x {dev['device_kind']} ({dev['processes']} "
                  f"process{'es' if dev['processes'] > 1 else ''})")
@@ -217,9 +215,8 @@ class TrainRun:
     except Exception as e:  # pylint: disable=broad-except
       logging.warning("Could not write the report: %s", e)
 
-  def exit(self, exc_type, exc, tb):
+  def exit(self, exc_type, exc, unused_tb):
     """An ExitStack callback: the final summary however the run ends; never swallows `exc`."""
-    del tb
     if not self.active:
       return False
     status, error = self.status, None

@@ -1,8 +1,8 @@
 r"""Pretrain a ViT: `python -m big_vit_lite.train --config=configs/FILE.py[:args] --workdir=DIR`.
 
 Reads top to bottom in stages (_train): setup and mesh -> input and schedule
--> model -> state layout -> settings and evals -> update step -> restore or
-initialise -> compile -> loop.
+-> model -> state layout -> settings and evals -> restore or initialise ->
+update step, compiled -> loop.
 
 The same code runs on one CPU core and on a pod: everything is global
 jax.Arrays under one mesh, with shardings from the config's logical-axis
@@ -120,9 +120,8 @@ def _train(raw_config, workdir, cleanup):
   with jax.set_mesh(run.mesh), nn.logical_axis_rules(run.rules):
     _lay_out_state(config, run, parts)
     settings = train_setup.read_settings(config, run, parts)
-    update = _make_update(run, parts)
     state, resume_step, checkpointer = _restore_or_init(raw_config, run, parts, settings, cleanup)
-    compiled, flops = _compile(run, parts, update, resume_step)
+    compiled, flops = _compile(run, parts, _make_update(run, parts), resume_step)
     return train_loop.Loop(raw_config, run, parts, settings, compiled, flops, state, resume_step,
                            checkpointer, cleanup).run()
 
@@ -141,11 +140,11 @@ def _setup(config, workdir, cleanup):
                jax.process_index(), jax.process_count(), jax.device_count(),
                jax.devices()[0].device_kind, workdir)
   logging.info("Host memory for XLA buffers: %s", hostmem.status())
-  seed, writer = int(config.get("seed", 0)), metrics_lib.MetricWriter(workdir)
+  writer = metrics_lib.MetricWriter(workdir)
   mesh = sharding.make_mesh(config.get("mesh", None))
   rules = sharding.make_rules(config.get("sharding_rules", None), mesh)
   logging.info("Mesh %s; rules %s", dict(mesh.shape), rules)
-  return train_setup.Run(workdir, seed, writer, mesh, rules,
+  return train_setup.Run(workdir, int(config.get("seed", 0)), writer, mesh, rules,
                          repl=sharding.replicated(mesh), batch_sh=sharding.batch_sharding(mesh))
 
 
@@ -179,10 +178,6 @@ def _make_model(config, run):
   model_mod = importlib.import_module(f"big_vit_lite.models.{config.get('model_name', 'vit')}")
   model_kw = config.consume("model", {})
   model = model_mod.Model(**(model_kw.to_dict() if hasattr(model_kw, "to_dict") else model_kw))
-  loss_fn = losses.get(config.get("loss", "softmax_xent"))
-  init_head_bias = config.get("init_head_bias", None)
-  mixup_fn = train_setup.make_mixup(config.consume("mixup", None))
-  device_aug_fn = device_aug_lib.make(config.consume("device_aug", None))
   batch_spec = run.train_iter.batch_spec()
   labels = batch_spec.get("labels")
   # Integer class ids would broadcast against the logits: nonsense, and without an error when
@@ -198,8 +193,11 @@ def _make_model(config, run):
   def init_params(rng):
     return model.init(rng, jnp.zeros((n_batch_dev,) + tuple(image_shape), jnp.float32))["params"]
 
-  return _Parts(model_mod, model_kw, model, loss_fn, init_head_bias, mixup_fn, device_aug_fn,
-                batch_spec, image_shape, init_params)
+  return _Parts(model_mod, model_kw, model, loss_fn=losses.get(config.get("loss", "softmax_xent")),
+                init_head_bias=config.get("init_head_bias"),
+                mixup_fn=train_setup.make_mixup(config.consume("mixup", None)),
+                device_aug_fn=device_aug_lib.make(config.consume("device_aug", None)),
+                batch_spec=batch_spec, image_shape=image_shape, init_params=init_params)
 
 
 def _lay_out_state(config, run, parts):
@@ -279,8 +277,8 @@ def _restore_or_init(raw_config, run, parts, settings, cleanup):
     logging.info("Resuming from %s/%d%s", checkpointer.directory, resume_step,
                  f"; config.model_init={model_init} is not read again (it only initialises a "
                  "fresh run)" if model_init else "")
-    state, data_state = resume.restore(checkpointer, resume_step, resume.with_opt_layout(
-        parts.state_abstract, opt, saved_clipped))
+    state_abstract = resume.with_opt_layout(parts.state_abstract, opt, saved_clipped)
+    state, data_state = resume.restore(checkpointer, resume_step, state_abstract)
     state["opt_state"] = optim.clip_relayout(state["opt_state"], saved_clipped, opt.clipped)
     run.train_iter.set_state(data_state)
   else:

@@ -67,8 +67,7 @@ def read_input_and_schedule(config, run):
   # ... plus every step divisible by keep_ckpt_steps (and by ckpt_steps: only saved steps).
   run.keep_every = positive("keep_ckpt_steps", config_loading.get_steps(
       "keep_ckpt", config, default=None, **run.dur), allow_none=True)
-  prefetch_size = input_cfg.get("prefetch", 2)
-  run.prefetch_size = 2 if prefetch_size is None else prefetch_size
+  run.prefetch_size = 2 if input_cfg.get("prefetch", None) is None else input_cfg.prefetch
   logging.info("Training %d steps (%.2f epochs of %d examples), batch %d%s.",
                run.total_steps, run.total_steps / run.steps_per_epoch, run.train_iter.num_examples,
                batch_size, f" in {run.accum_steps} microbatches of {batch_size // run.accum_steps}"
@@ -146,11 +145,10 @@ def read_settings(config, run, parts):
   evaluators = make_evaluators(config, parts.model, run.mesh, ema=parts.ema, **run.dur)
   model_load = config.consume("model_load", {}) or {}
   settings = Settings(
-      evaluators, model_init=config.get("model_init", None),
+      evaluators, model_init=config.get("model_init"), report=bool(config.get("report", False)),
+      ckpt_async=bool(config.get("ckpt_async", True)), hang_timeout=config.get("hang_timeout_s"),
       dont_load=tuple(model_load.get("dont_load", ()) or ()),
-      ckpt_async=bool(config.get("ckpt_async", True)),
-      eval_at_start=bool(config.get("eval_at_start", False)),
-      hang_timeout=config.get("hang_timeout_s", None), report=bool(config.get("report", False)))
+      eval_at_start=bool(config.get("eval_at_start", False)))
   if settings.report:
     from big_vit_lite import report as report_lib  # pylint: disable=g-import-not-at-top
     report_lib.require_matplotlib()  # Missing: one line now, not at the first eval.
