@@ -26,7 +26,6 @@ import threading
 from absl import logging
 import jax
 from jax.experimental import multihost_utils
-import ml_collections
 import orbax.checkpoint as ocp
 
 from big_vit_lite import paths
@@ -37,12 +36,7 @@ from big_vit_lite.models.steps import (  # noqa: F401  (the names callers use)
 
 
 class SaveError(RuntimeError):
-  """A checkpoint save that did not complete (e.g. the disk is full); one line, `step` failed."""
-
-  def __init__(self, message, step, disk_full):
-    super().__init__(message)
-    self.step = step
-    self.disk_full = disk_full
+  """A checkpoint save that did not complete (e.g. the disk is full: its message says so)."""
 
 
 class Checkpointer:
@@ -54,16 +48,9 @@ class Checkpointer:
 
   def __init__(self, workdir, *, keep=3, keep_every=None, async_save=True):
     self.directory = paths.resolve(workdir) / CKPT_SUBDIR
-    reason = unusable_path_reason(self.directory)
-    if reason:
-      raise ValueError(f"Checkpoints cannot be saved under {self.directory}: its path has "
-                       f"{reason}. Use a --workdir without it.")
-    if self.directory.exists() and not self.directory.is_dir():
-      raise ValueError(f"{self.directory} is not a directory: move that file away, checkpoints "
-                       "are saved there.")
     options = ocp.CheckpointManagerOptions(
         max_to_keep=keep,  # The last `keep` checkpoints, plus every step divisible by keep_every.
-        keep_period=keep_every, enable_async_checkpointing=async_save, create=True,
+        keep_period=keep_every, enable_async_checkpointing=async_save,
         cleanup_tmp_directories=True)  # (Leftovers of a save interrupted by a kill.)
     self.manager = ocp.CheckpointManager(
         self.directory, options=options, item_names=("state", "data", "config", "checksums"))
@@ -71,21 +58,11 @@ class Checkpointer:
     self._in_flight = None  # The step of the last save started.
     steps.drop_abandoned_read_reports()  # (Writes too: a failed save abandons the others.)
 
-  def latest_step(self):
-    return self.manager.latest_step()
-
   def all_steps(self):
     return list(self.manager.all_steps())
 
   def step_dir(self, step):
     return self.directory / str(int(step))
-
-  def saved_config(self, step):
-    """The config (a plain dict) the checkpoint at `step` was written with, or None."""
-    try:
-      return json.loads((self.step_dir(step) / "config" / "metadata").read_text()) or None
-    except (OSError, ValueError):
-      return None
 
   def state_mismatch(self, step, abstract_state):
     """None if the arrays saved at `step` fit `abstract_state`, else the first difference.
@@ -110,13 +87,10 @@ class Checkpointer:
     return None
 
   def save(self, step, state, data_state, config=None):
-    """Starts an (async) save of `state` (pytree) and `data_state` (JSON dict)."""
-    if isinstance(config, ml_collections.ConfigDict):
-      config = json.loads(config.to_json_best_effort())
+    """Starts an (async) save of `state` (pytree), `data_state` (JSON dict) and `config`."""
     items = ocp.args.Composite(
-        state=ocp.args.StandardSave(state),
-        data=ocp.args.JsonSave(data_state if data_state is not None else {}),
-        config=ocp.args.JsonSave(json.loads(json.dumps(config or {}, default=str))),
+        state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state or {}),
+        config=ocp.args.JsonSave(json.loads(config.to_json_best_effort()) if config else {}),
         checksums=ocp.args.JsonSave(checksums(state)))
     # A failed earlier (async) save is reported as that step, before this one starts.
     self.wait()
@@ -134,7 +108,6 @@ class Checkpointer:
     orbax reads each device's slice, so a checkpoint from 8 FSDP devices
     restores onto 1 device and back.
     """
-    steps.drop_abandoned_read_reports()
     out = self.manager.restore(int(step), args=ocp.args.Composite(
         state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
     steps.verify_checksums(self.step_dir(step), out["state"])
@@ -149,10 +122,10 @@ class Checkpointer:
 
   def _save_error(self, error):
     steps.mark_save_failed()  # What orbax's other writes report from now on is this failure again.
-    full = disk_full(error)  # (tensorstore's reason then names orbax's temporary files, twice.)
-    reason = "no space left on device" if full else error_reason(error)
+    # (When the disk is full, tensorstore's reason names orbax's temporary files, twice.)
+    reason = "No space left on device" if disk_full(error) else error_reason(error)
     return SaveError(f"Saving checkpoint step {self._in_flight} to {self.directory} failed "
-                     f"({reason})", self._in_flight, full)
+                     f"({reason})")
 
   def close(self):
     """Waits for a save in flight (it commits), then releases orbax's threads. Idempotent.
@@ -164,17 +137,13 @@ class Checkpointer:
     self._closed = True
     try:
       self.wait()
-    except SaveError:
-      with contextlib.suppress(Exception):  # That failure again: orbax's close waits too.
+    finally:
+      with contextlib.suppress(Exception):  # A failed save again: orbax's close waits too.
         self.manager.close()
-      raise
-    self.manager.close()
 
 
 def disk_full(error):
   """Whether `error` (Python's, orbax's, TensorFlow's writing TensorBoard events) is ENOSPC."""
-  if isinstance(error, SaveError):
-    return error.disk_full
   text = f"{error} {error_reason(error)}"
   return (getattr(error, "errno", None) in (errno.ENOSPC, errno.EDQUOT)
           or "No space left on device" in text or "Disk quota exceeded" in text)
@@ -206,8 +175,7 @@ class PreemptionWatcher:
       for sig in (signal.SIGTERM, signal.SIGINT):
         self._previous[sig] = signal.signal(sig, self._handle)
 
-  def _handle(self, signum, frame):
-    del frame
+  def _handle(self, signum, unused_frame):
     if signum == signal.SIGINT:
       self.interrupted = True
       # A second Ctrl-C (e.g. while the save runs) stops at once.

@@ -23,10 +23,7 @@ class Ema:
   """The EMA update of one config (`decay` in [0, 1))."""
 
   def __init__(self, decay):
-    decay = float(decay)
-    if not 0.0 <= decay < 1.0:
-      raise ValueError(f"config.ema_decay={decay} must be in [0, 1), e.g. 0.9999 (unset: no EMA).")
-    self.decay = decay
+    self.decay = float(decay)
 
   @staticmethod
   def init(params, shardings):
@@ -45,9 +42,3 @@ def from_config(config):
   decay = config.get("ema_decay", None)
   return None if decay is None else Ema(decay)
 
-
-def check_evals(ema, use_ema_evals):
-  """A one-line error for evals asking for EMA params in a run that keeps none."""
-  if use_ema_evals and ema is None:
-    raise ValueError(f"config.evals.{sorted(use_ema_evals)[0]}.use_ema=True, but the run keeps no "
-                     "EMA of the weights: set config.ema_decay (e.g. 0.9999).")

@@ -22,16 +22,15 @@ def check(steps, batch_size, batch_devices):
   if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
     raise ValueError(f"grad_accum_steps={steps!r}: use a positive integer (1 = no accumulation).")
   if batch_size % batch_devices:
-    raise ValueError(
-        f"input.batch_size={batch_size} is not divisible by the {batch_devices} devices the "
-        f"batch is split over (the mesh's data and fsdp axes): use a multiple of "
-        f"{batch_devices * steps}, or a mesh with fewer data/fsdp devices.")
+    raise ValueError(f"input.batch_size={batch_size} is not divisible by the {batch_devices} "
+                     "devices the batch is split over (the mesh's data and fsdp axes): use a "
+                     f"multiple of {batch_devices * steps}, or a mesh with fewer data/fsdp "
+                     "devices.")
   if batch_size % (steps * batch_devices):
-    raise ValueError(
-        f"grad_accum_steps={steps} does not divide the per-device batch: input.batch_size="
-        f"{batch_size} over {batch_devices} device(s) is {batch_size / batch_devices:g} per "
-        f"device. Choose grad_accum_steps dividing it, or a batch size divisible by "
-        f"{steps * batch_devices}.")
+    raise ValueError(f"grad_accum_steps={steps} does not divide the per-device batch: input."
+                     f"batch_size={batch_size} over {batch_devices} device(s) is "
+                     f"{batch_size / batch_devices:g} per device. Choose grad_accum_steps dividing "
+                     f"it, or a batch size divisible by {steps * batch_devices}.")
   return steps
 
 
@@ -60,8 +59,7 @@ def value_and_grad(loss_fn, params, batch, rng, steps, *, batch_sharding=None,
     return grad_fn(params, batch, rng)
 
   def body(carry, xs):
-    loss_sum, grad_sum = carry
-    index, micro = xs
+    (loss_sum, grad_sum), (index, micro) = carry, xs
     if batch_sharding is not None:
       micro = jax.lax.with_sharding_constraint(micro, batch_sharding)
     loss, grads = grad_fn(params, micro, jax.random.fold_in(rng, index))
@@ -75,5 +73,4 @@ def value_and_grad(loss_fn, params, batch, rng, steps, *, batch_sharding=None,
   (loss_sum, grad_sum), _ = jax.lax.scan(
       body, (jnp.zeros((), jnp.float32), zeros),
       (jnp.arange(steps), split(batch, steps, batch_sharding)))
-  grads = jax.tree.map(lambda s, p: (s / steps).astype(p.dtype), grad_sum, params)
-  return loss_sum / steps, grads
+  return loss_sum / steps, jax.tree.map(lambda s, p: (s / steps).astype(p.dtype), grad_sum, params)

@@ -38,10 +38,9 @@ _TRAINING = ("training_loss", "learning_rate")
 _THROUGHPUT = ("img/sec", "mfu", "core_hours")  # key prefixes
 _OUT = None
 _CSS = ("body{font-family:sans-serif;margin:1.5em;max-width:1400px}"
-        "table{border-collapse:collapse;font-size:13px}"
+        "table{border-collapse:collapse;font-size:13px}img{max-width:100%}"
         "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}"
-        "td:first-child,th:first-child,.cfg td{text-align:left}"
-        "img{max-width:100%}.keys{color:#666;font-size:12px}")
+        "td:first-child,th:first-child,.cfg td{text-align:left}.keys{color:#666;font-size:12px}")
 
 
 def require_matplotlib():
@@ -131,8 +130,7 @@ def figures(plt, runs):
       "training": ([(k, x) for k in _TRAINING if k in train_keys for x in ("step", time_x)], 2),
       "evals": ([(k, "step") for k in sorted(eval_keys)], 3),
       "throughput": ([(k, "step") for k in throughput], 3),
-      "other": ([(k, "step") for k in train_keys if k not in _TRAINING and k not in throughput],
-                3),
+      "other": ([(k, "step") for k in train_keys if k not in (*_TRAINING, *throughput)], 3),
   }
   return {name: (_figure(plt, runs, panels, min(cols, len(panels))),
                  list(dict.fromkeys(k for k, _ in panels)))
@@ -148,8 +146,7 @@ def _fmt(v, pct=False):
 def _table(head, rows):
   cell = lambda tag, v: f"<{tag}>{html.escape(str(v))}</{tag}>"
   return ("<table><tr>" + "".join(cell("th", h) for h in head) + "</tr>" +
-          "".join("<tr>" + "".join(cell("td", v) for v in r) + "</tr>" for r in rows) +
-          "</table>")
+          "".join("<tr>" + "".join(cell("td", v) for v in r) + "</tr>" for r in rows) + "</table>")
 
 
 def _runs_table(runs):
@@ -173,22 +170,17 @@ def _metrics_table(runs):
   keys = list(dict.fromkeys(k for run in runs for k in ["training_loss", *sorted(run["eval_keys"])]
                             if k in run["stats"]["final"]))
   def cell(run, k):
-    final, best = run["stats"]["final"].get(k), run["stats"]["best"].get(k)
-    if final is None:
-      return "-"
+    final, best = run["stats"]["final"].get(k), run["stats"]["best"].get(k)  # (No final, no best.)
     return f"{_fmt(final)} (best {_fmt(best['value'])} at {best['step']})" if best else _fmt(final)
   return _table(["metric: final (best at step)", *(run["name"] for run in runs)],
                 [[k, *(cell(run, k) for run in runs)] for k in keys])
 
 
 def _config_table(runs):
-  if len(runs) < 2:
-    run = runs[0]
-    return f"<p>{len(run['config'])} config keys: {html.escape(run['name'])}/config.json</p>"
   keys = sorted({k for run in runs for k in run["config"]})
   differ = [k for k in keys if len({run["config"].get(k) for run in runs}) > 1]
   if not differ:
-    return "<p>The runs have the same config.</p>"
+    return "<p>The runs have the same config.</p>" if len(runs) > 1 else ""
   return '<div class="cfg">' + _table(
       ["config key", *(run["name"] for run in runs)],
       [[k, *(run["config"].get(k, "(unset)") for run in runs)] for k in differ]) + "</div>"
@@ -200,10 +192,6 @@ def write(workdirs, out=None):
   if out is None and len(workdirs) > 1:
     raise ValueError("Several workdirs: pass --out=DIR for the comparison report.")
   runs = [load(w) for w in workdirs]
-  names = [run["name"] for run in runs]
-  for run in runs:  # Same basenames: name them by their parent folder too.
-    if names.count(run["name"]) > 1:
-      run["name"] = f"{run['workdir'].parent.name}/{run['name']}"
   out = paths.resolve(out) if out else runs[0]["workdir"] / "report"
   out.mkdir(parents=True, exist_ok=True)
   title = "Run report: " + ", ".join(run["name"] for run in runs)
@@ -230,13 +218,11 @@ def write(workdirs, out=None):
 
 def main(argv):
   if len(argv) < 2:
-    raise app.UsageError("Pass one or more workdirs: python -m big_vit_lite.report WORKDIR "
-                         "[WORKDIR...] [--out=DIR]")
+    raise app.UsageError("Pass one or more workdirs: WORKDIR [WORKDIR...] [--out=DIR]")
   try:
     print(write(argv[1:], _OUT.value))
   except ValueError as e:
-    print(f"big_vit_lite.report: error: {e}", file=sys.stderr)
-    sys.exit(1)
+    sys.exit(f"big_vit_lite.report: error: {e}")
 
 
 if __name__ == "__main__":

@@ -2,14 +2,11 @@
 
 Also the workdir (created and locked) and the line naming the last complete checkpoint.
 """
-import json
-
 from absl import logging
 
 from big_vit_lite import checkpoint as ckpt_lib
 from big_vit_lite import optim
 from big_vit_lite import paths
-from big_vit_lite import summary
 
 
 class TrainingError(RuntimeError):
@@ -22,15 +19,14 @@ def with_opt_layout(state_abstract, opt, clipped):
                                                             opt.clipped, clipped))
 
 
-def check_resumable(checkpointer, step, state_abstract, raw_config, total_steps, opt):
+def check_resumable(checkpointer, step, state_abstract, opt):
   """Whether the checkpoint at `step` was saved with the gradient clip in its optimizer chain.
 
   Raises a one-line TrainingError when it cannot continue this config. A
   changed grad_clip_norm (on <-> off) is fine: the clip keeps no state.
   """
   try:
-    mismatch = checkpointer.state_mismatch(step, state_abstract)
-    saved_clipped = opt.clipped
+    mismatch, saved_clipped = checkpointer.state_mismatch(step, state_abstract), opt.clipped
     if mismatch and not checkpointer.state_mismatch(
         step, with_opt_layout(state_abstract, opt, not opt.clipped)):
       mismatch, saved_clipped = None, not opt.clipped
@@ -41,17 +37,10 @@ def check_resumable(checkpointer, step, state_abstract, raw_config, total_steps,
   except Exception as e:  # pylint: disable=broad-except
     raise TrainingError(damaged(checkpointer, step, e)) from e
   if mismatch:
-    changed = config_changes(checkpointer.saved_config(step),
-                             json.loads(raw_config.to_json_best_effort()))
     step_dir = checkpointer.step_dir(step)
-    raise TrainingError(
-        f"Cannot resume from {step_dir}: it was written for another model or optimizer "
-        f"({mismatch}){'; config changes since it was saved: ' + changed if changed else ''}. "
-        f"Use a new --workdir (with config.model_init={step_dir} to start from its params), or "
-        "undo the change.")
-  if step >= total_steps:
-    logging.warning("The checkpoint at step %d is already at or past total_steps=%d: "
-                    "nothing to train (raise config.total_steps to train on).", step, total_steps)
+    raise TrainingError(f"Cannot resume from {step_dir}: it was written for another model or "
+                        f"optimizer ({mismatch}). Use a new --workdir (with config.model_init="
+                        f"{step_dir} to start from its params), or undo the change.")
   return saved_clipped
 
 
@@ -83,24 +72,11 @@ def damaged(checkpointer, step, error):
           f"{checkpointer.directory} {where}.")
 
 
-def config_changes(saved, current, limit=5):
-  """'a.b: 16 -> 32, ...' for the leaves that differ between two config dicts."""
-  if not saved:
-    return ""
-  old, new = dict(summary.flat_config(saved)), dict(summary.flat_config(current))
-  keys = sorted(k for k in set(old) | set(new) if old.get(k, "<unset>") != new.get(k, "<unset>"))
-  out = [f"{k}: {old.get(k, '<unset>')} -> {new.get(k, '<unset>')}" for k in keys[:limit]]
-  return ", ".join(out) + (f" (and {len(keys) - limit} more)" if len(keys) > limit else "")
-
-
 def last_checkpoint(workdir, todo=None):
   """'the last complete checkpoint is step N in DIR: [TODO and ]run the same command to resume'."""
   todo = f"{todo} and run" if todo else "run"
-  try:
-    steps = ckpt_lib.complete_steps(workdir)
-    where = f" in {paths.resolve(workdir) / ckpt_lib.CKPT_SUBDIR}"
-  except ValueError:
-    steps, where = [], ""
+  steps = ckpt_lib.complete_steps(workdir)
+  where = f" in {paths.resolve(workdir) / ckpt_lib.CKPT_SUBDIR}"
   if steps:
     return (f"the last complete checkpoint is step {steps[-1]}{where}: {todo} the same command "
             "to resume")
@@ -109,13 +85,8 @@ def last_checkpoint(workdir, todo=None):
 
 def prepare_workdir(workdir, cleanup):
   """Creates `workdir` and locks it against a second trainer (process 0 only)."""
-  if workdir.exists() and not workdir.is_dir():
-    raise ValueError(f"--workdir {workdir} exists and is not a directory: pass a directory.")
   reason = ckpt_lib.unusable_path_reason(workdir)
   if reason:
     raise ValueError(f"--workdir {workdir} has {reason}: use a directory name without it.")
-  try:
-    workdir.mkdir(parents=True, exist_ok=True)
-  except OSError as e:
-    raise ValueError(f"Cannot create --workdir {workdir}: {e.strerror or e}.") from None
+  workdir.mkdir(parents=True, exist_ok=True)
   cleanup.enter_context(paths.lock_workdir(workdir))

@@ -35,10 +35,7 @@ REPORT = "report/report.html"
 def read(workdir):
   """The summary.json of `workdir`, or {}."""
   path = paths.resolve(workdir) / FILE
-  try:
-    return json.loads(path.read_text()) if path.exists() else {}
-  except ValueError:
-    return {}
+  return json.loads(path.read_text()) if path.exists() else {}
 
 
 def numeric(v):
@@ -56,15 +53,13 @@ def split_keys(rows):
 
 def segments(rows):
   """Training rows split into attempts, where `uptime_hours` starts again from 0."""
-  out, last = [], None
-  for row in rows:
-    if "training_loss" not in row:
-      continue
-    up = row.get("uptime_hours")
-    if not out or (up is not None and last is not None and up < last):
+  out, last = [], 0.0
+  for row in (r for r in rows if "training_loss" in r):
+    up = row.get("uptime_hours", last)  # (A line without timing: the attempt goes on.)
+    if not out or up < last:
       out.append([])
     out[-1].append(row)
-    last = up if up is not None else last
+    last = up
   return out
 
 
@@ -77,10 +72,9 @@ def stats(rows):
       if k == "step" or not numeric(v):
         continue
       final[k] = v
-      b = best.get(k)
-      lower_is_better = "loss" in k or "err" in k
+      sign = -1 if "loss" in k or "err" in k else 1  # Losses and errors at their lowest.
       if (k in eval_keys or k == "training_loss") and (
-          b is None or (v < b["value"] if lower_is_better else v > b["value"])):
+          k not in best or sign * v > sign * best[k]["value"]):
         best[k] = dict(value=v, step=row["step"])
   train_rows = [r for r in rows if "training_loss" in r]
   median = lambda k: (statistics.median(vals) if (vals := [r[k] for r in train_rows
@@ -97,9 +91,8 @@ def duration(hours):
   """'42 s', '3.5 min' or '2.25 h'; '-' for None."""
   if hours is None:
     return "-"
-  seconds = hours * 3600
-  return f"{seconds:.0f} s" if seconds < 120 else (
-      f"{seconds / 60:.1f} min" if seconds < 7200 else f"{hours:.2f} h")
+  sec = hours * 3600
+  return f"{sec:.0f} s" if sec < 120 else f"{sec / 60:.1f} min" if sec < 7200 else f"{hours:.2f} h"
 
 
 def flat_config(tree, prefix=""):
@@ -113,9 +106,8 @@ def flat_config(tree, prefix=""):
 
 def command(module):
   """The command line that started this process when it runs `python -m MODULE`, else None."""
-  if not sys.argv or not sys.argv[0].endswith(os.path.join(*module.split(".")) + ".py"):
-    return None
-  return shlex.join(["python", "-m", module, *sys.argv[1:]])
+  ran = sys.argv and sys.argv[0].endswith(os.path.join(*module.split(".")) + ".py")
+  return shlex.join(["python", "-m", module, *sys.argv[1:]]) if ran else None
 
 
 def _now():
@@ -151,9 +143,9 @@ def block(s, path):
     head += f", {len(s['attempts'])} attempts"
   lines = [f"==== Summary: {head} ===="] + ([f"  error: {s['error']}"] if s.get("error") else [])
   for k, v in s.get("final", {}).items():
-    b = s.get("best", {}).get(k)
+    b = s.get("best", {}).get(k)  # (An evaluate run has none: it shows every result.)
     if b or s["kind"] == "evaluate":
-      best = f"   best {b['value']:.4g} at step {b['step']}" if b and s["kind"] == "train" else ""
+      best = f"   best {b['value']:.4g} at step {b['step']}" if b else ""
       lines.append(f"  {k:<32} {v:.4g}{best}")
   speed = [f"{duration(s['hours'])} of training and evals" if s.get("hours") else None,
            f"{s['core_hours']:.3g} core-hours" if s.get("core_hours") else None,
@@ -161,15 +153,13 @@ def block(s, path):
            f"{s['seconds']:.1f} s" if s.get("seconds") else None]
   speed = [x for x in speed if x] + [f"{k} {100 * v:.1f}%" for k, v in (s.get("mfu") or {}).items()
                                      if v is not None]
-  if speed:
-    lines.append("  " + ", ".join(speed))
+  lines += ["  " + ", ".join(speed)] if speed else []
   if dev := s.get("device"):
     lines.append(f"  device: {dev['devices']} x {dev['device_kind']} ({dev['processes']} "
                  f"process{'es' if dev['processes'] > 1 else ''})")
   lines += [f"  {key}: {s[key]}" for key in ("checkpoint", "source") if s.get(key)]
   lines += [f"  {name}: {cmd}" for name, cmd in s.get("commands", {}).items() if cmd]
-  if s.get("report"):
-    lines.append(f"  report: {s['report']}")
+  lines += [f"  report: {s['report']}"] if s.get("report") else []
   return "\n".join(lines + [f"  summary: {path}"])
 
 
@@ -194,10 +184,8 @@ class TrainRun:
       a["status"] = "killed" if a.get("status") == "running" else a.get("status")
     self.summary = dict(
         kind="train", status="running", workdir=str(self.workdir), total_steps=total_steps,
-        device=_device(), checkpoint_dir=str(checkpoint_dir),
-        attempts=previous + [dict(start_step=int(start_step or 0), started=_now(),
-                                  status="running")],
-        commands={})
+        device=_device(), checkpoint_dir=str(checkpoint_dir), commands={},
+        attempts=previous + [dict(start_step=start_step or 0, started=_now(), status="running")])
     self._evaluate = shlex.join([
         "python", "-m", "big_vit_lite.evaluate",
         f"--config=configs/fewshot.py:res={image_shape[0]},channels={image_shape[-1]}",
@@ -227,9 +215,8 @@ class TrainRun:
     except Exception as e:  # pylint: disable=broad-except
       logging.warning("Could not write the report: %s", e)
 
-  def exit(self, exc_type, exc, tb):
+  def exit(self, exc_type, exc, unused_tb):
     """An ExitStack callback: the final summary however the run ends; never swallows `exc`."""
-    del tb
     if not self.active:
       return False
     status, error = self.status, None
@@ -255,9 +242,8 @@ def write_evaluate(workdir, *, source, step, results, seconds, error=None, inter
   workdir = paths.resolve(workdir)
   status = "interrupted" if interrupted else "failed" if error else "finished"
   s = dict(kind="evaluate", status=status, workdir=str(workdir), step=step, source=str(source),
-           final={f"{n}/{k}": v for n, r in results.items() for k, v in r.items()},
-           seconds=seconds, device=_device(),
-           error=None if error is None else str(error).splitlines()[0][:300],
+           final={f"{n}/{k}": v for n, r in results.items() for k, v in r.items()}, seconds=seconds,
+           device=_device(), error=None if error is None else str(error).splitlines()[0][:300],
            commands=dict(again=command("big_vit_lite.evaluate")), updated=_now())
   name = EVAL_FILE if read(workdir).get("kind") == "train" else FILE
   try:

@@ -1,8 +1,8 @@
 r"""Pretrain a ViT: `python -m big_vit_lite.train --config=configs/FILE.py[:args] --workdir=DIR`.
 
 Reads top to bottom in stages (_train): setup and mesh -> input and schedule
--> model -> state layout -> settings and evals -> update step -> restore or
-initialise -> compile -> loop.
+-> model -> state layout -> settings and evals -> restore or initialise ->
+update step, compiled -> loop.
 
 The same code runs on one CPU core and on a pod: everything is global
 jax.Arrays under one mesh, with shardings from the config's logical-axis
@@ -54,29 +54,13 @@ from big_vit_lite import train_loop
 from big_vit_lite import train_setup
 from big_vit_lite.data import device_aug as device_aug_lib
 
-_CONFIG = _WORKDIR = None  # flag holders, defined by _define_flags()
-
-
-def _define_flags():
-  # Only when run as a command: importing this module (tests, other CLIs)
-  # must not clash with other CLIs' --config/--workdir in one process.
-  global _CONFIG, _WORKDIR
-  _CONFIG = config_loading.define_config_flag()
-  _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and logs.")
+# The flags, defined only when run as a command (at the end): importing this module (tests,
+# other CLIs) must not clash with other CLIs' --config/--workdir in one process.
+_CONFIG = _WORKDIR = None
 
 
 TrainingError = resume.TrainingError  # A failure with a one-line explanation (exit status 1).
 TrainingInterrupted = train_loop.TrainingInterrupted  # Ctrl-C: saved; exit status 130.
-
-
-def _model_module(name):
-  try:
-    return importlib.import_module(f"big_vit_lite.models.{name}")
-  except ModuleNotFoundError as e:
-    if e.name != f"big_vit_lite.models.{name}":
-      raise
-    raise ValueError(f"Unknown model_name '{name}': it must be a module in "
-                     "big_vit_lite/models/.") from None
 
 
 def main(argv):
@@ -84,10 +68,9 @@ def main(argv):
   # Orbax logs every file it writes at INFO level: keep its warnings only.
   logging.get_absl_handler().addFilter(
       lambda r: r.levelno >= py_logging.WARNING or "/orbax/" not in r.pathname)
-  if _WORKDIR.value is None:
-    raise app.UsageError("--workdir is required.")
-  if _CONFIG.value is None:
-    raise app.UsageError("--config is required, e.g. --config=configs/demo.py")
+  if _WORKDIR.value is None or _CONFIG.value is None:
+    raise app.UsageError("--config and --workdir are required, e.g. --config=configs/demo.py "
+                         "--workdir=workdirs/demo")
   try:
     train(config_loading.loaded(_CONFIG.value, "--config"), _WORKDIR.value)
   except TrainingInterrupted as e:
@@ -100,15 +83,10 @@ def main(argv):
     cfg = _CONFIG.value
     msg = oom.message(e, what="training", batch_size=cfg.get("input", {}).get("batch_size"),
                       grad_accum_steps=cfg.get("grad_accum_steps"))
-    _fail(f"{msg} Checkpoints already written are intact.")
-  except (ValueError, TypeError, TrainingError, config_loading.UnreadConfigKeyError) as e:
+    sys.exit(f"big_vit_lite.train: error: {msg} Checkpoints already written are intact.")
+  except (ValueError, TypeError, TrainingError) as e:  # (UnreadConfigKeyError is a ValueError.)
     logging.error("%s", e, exc_info=isinstance(e, TypeError))
-    _fail(e)
-
-
-def _fail(message):
-  print(f"big_vit_lite.train: error: {message}", file=sys.stderr, flush=True)
-  sys.exit(1)
+    sys.exit(f"big_vit_lite.train: error: {e}")
 
 
 def train(raw_config, workdir):
@@ -124,12 +102,11 @@ def train(raw_config, workdir):
   except KeyboardInterrupt:  # Before the loop's handler is in place, or a second Ctrl-C.
     raise TrainingInterrupted(f"interrupted (Ctrl-C); {resume.last_checkpoint(workdir)}.") from None
   except Exception as e:  # pylint: disable=broad-except
-    disk_full = ckpt_lib.disk_full(e)
-    io_error = disk_full or isinstance(e, (OSError, ckpt_lib.SaveError))
-    if isinstance(e, TrainingError) or not io_error:
+    full = ckpt_lib.disk_full(e)
+    if isinstance(e, TrainingError) or not (full or isinstance(e, (OSError, ckpt_lib.SaveError))):
       raise
     todo = ("free space on the disk of --workdir (config.keep_ckpts sets how many checkpoints "
-            "are kept)" if disk_full else "fix the cause")
+            "are kept)" if full else "fix the cause")
     raise TrainingError(
         f"{ckpt_lib.error_reason(e)}; {resume.last_checkpoint(workdir, todo)}.") from e
 
@@ -143,10 +120,9 @@ def _train(raw_config, workdir, cleanup):
   with jax.set_mesh(run.mesh), nn.logical_axis_rules(run.rules):
     _lay_out_state(config, run, parts)
     settings = train_setup.read_settings(config, run, parts)
-    update = _make_update(run, parts)
     state, resume_step, checkpointer = _restore_or_init(raw_config, run, parts, settings, cleanup)
-    step = _compile(run, parts, update, resume_step)
-    return train_loop.Loop(raw_config, run, parts, settings, step, state, resume_step,
+    compiled, flops = _compile(run, parts, _make_update(run, parts), resume_step)
+    return train_loop.Loop(raw_config, run, parts, settings, compiled, flops, state, resume_step,
                            checkpointer, cleanup).run()
 
 
@@ -155,8 +131,7 @@ def _setup(config, workdir, cleanup):
   distributed.set_cpu_devices(config.get("num_cpu_devices", None))  # Before any backend starts.
   distributed.initialize()  # Before anything touches a backend.
   workdir = paths.resolve(workdir)  # Local (made absolute) or a bucket (gs://..., as given).
-  is_main = jax.process_index() == 0
-  if is_main:
+  if jax.process_index() == 0:
     # config.json is written once the checkpoint (if any) has been read: a run
     # that stops on a bad config must not overwrite the config of the run
     # that made this workdir.
@@ -165,11 +140,11 @@ def _setup(config, workdir, cleanup):
                jax.process_index(), jax.process_count(), jax.device_count(),
                jax.devices()[0].device_kind, workdir)
   logging.info("Host memory for XLA buffers: %s", hostmem.status())
-  seed, writer = int(config.get("seed", 0)), metrics_lib.MetricWriter(workdir)
+  writer = metrics_lib.MetricWriter(workdir)
   mesh = sharding.make_mesh(config.get("mesh", None))
   rules = sharding.make_rules(config.get("sharding_rules", None), mesh)
   logging.info("Mesh %s; rules %s", dict(mesh.shape), rules)
-  return train_setup.Run(workdir, is_main, seed, writer, mesh, rules,
+  return train_setup.Run(workdir, int(config.get("seed", 0)), writer, mesh, rules,
                          repl=sharding.replicated(mesh), batch_sh=sharding.batch_sharding(mesh))
 
 
@@ -200,18 +175,17 @@ class _Parts:
 
 def _make_model(config, run):
   """The model from config.model_name/model, its loss, mixup and on-device augmentation."""
-  model_mod = _model_module(config.get("model_name", "vit"))
+  model_mod = importlib.import_module(f"big_vit_lite.models.{config.get('model_name', 'vit')}")
   model_kw = config.consume("model", {})
   model = model_mod.Model(**(model_kw.to_dict() if hasattr(model_kw, "to_dict") else model_kw))
-  loss_fn = losses.get(config.get("loss", "softmax_xent"))
-  init_head_bias = config.get("init_head_bias", None)
-  mixup_fn = train_setup.make_mixup(config.consume("mixup", None))
-  device_aug_fn = device_aug_lib.make(config.consume("device_aug", None))
   batch_spec = run.train_iter.batch_spec()
-  missing = [k for k in ("image", "labels") if k not in batch_spec]
-  if missing:
-    raise ValueError(f"the train pp gives {sorted(batch_spec)}, without {missing}: the step needs "
-                     "'image' and one-hot 'labels', e.g. end input.pp with "
+  labels = batch_spec.get("labels")
+  # Integer class ids would broadcast against the logits: nonsense, and without an error when
+  # the batch size equals the class count.
+  if "image" not in batch_spec or labels is None or not jnp.issubdtype(labels.dtype, jnp.floating):
+    given = {k: f"{v.dtype}{list(v.shape[1:])}" for k, v in batch_spec.items()}
+    raise ValueError(f"the train pp gives {given}: the step needs 'image' and one-hot float "
+                     "'labels', e.g. end input.pp with "
                      "onehot(K, key='label', key_result='labels')|keep('image', 'labels')")
   image_shape = batch_spec["image"].shape[1:]
   n_batch_dev = sharding.batch_devices(run.mesh)
@@ -219,8 +193,11 @@ def _make_model(config, run):
   def init_params(rng):
     return model.init(rng, jnp.zeros((n_batch_dev,) + tuple(image_shape), jnp.float32))["params"]
 
-  return _Parts(model_mod, model_kw, model, loss_fn, init_head_bias, mixup_fn, device_aug_fn,
-                batch_spec, image_shape, init_params)
+  return _Parts(model_mod, model_kw, model, loss_fn=losses.get(config.get("loss", "softmax_xent")),
+                init_head_bias=config.get("init_head_bias"),
+                mixup_fn=train_setup.make_mixup(config.consume("mixup", None)),
+                device_aug_fn=device_aug_lib.make(config.consume("device_aug", None)),
+                batch_spec=batch_spec, image_shape=image_shape, init_params=init_params)
 
 
 def _lay_out_state(config, run, parts):
@@ -264,8 +241,7 @@ def _make_update(run, parts):
       images, labels = parts.mixup_fn(rng_mix, images, labels)
 
     def loss_of(params, batch, rng):
-      logits, _ = model.apply({"params": params}, batch["image"], train=True,
-                              rngs={"dropout": rng})
+      logits, _ = model.apply({"params": params}, batch["image"], train=True, rngs={"dropout": rng})
       return parts.loss_fn(logits, batch["labels"])
 
     loss, grads = grad_accum.value_and_grad(
@@ -293,22 +269,21 @@ def _restore_or_init(raw_config, run, parts, settings, cleanup):
   # However the run ends (an eval or the data raising, Ctrl-C), an async save
   # in flight finishes: otherwise the process exits with its step uncommitted.
   cleanup.callback(resume.finish_saves, checkpointer)
-  resume_step = checkpointer.latest_step()
+  resume_step = checkpointer.manager.latest_step()
   if resume_step is not None:
     opt, model_init = parts.opt, settings.model_init
-    saved_clipped = resume.check_resumable(checkpointer, resume_step, parts.state_abstract,
-                                           raw_config, run.total_steps, opt)
+    saved_clipped = resume.check_resumable(checkpointer, resume_step, parts.state_abstract, opt)
     # model_init only initialises a fresh run (as in big_vision): say so, not silently.
     logging.info("Resuming from %s/%d%s", checkpointer.directory, resume_step,
                  f"; config.model_init={model_init} is not read again (it only initialises a "
                  "fresh run)" if model_init else "")
-    state, data_state = resume.restore(checkpointer, resume_step, resume.with_opt_layout(
-        parts.state_abstract, opt, saved_clipped))
+    state_abstract = resume.with_opt_layout(parts.state_abstract, opt, saved_clipped)
+    state, data_state = resume.restore(checkpointer, resume_step, state_abstract)
     state["opt_state"] = optim.clip_relayout(state["opt_state"], saved_clipped, opt.clipped)
     run.train_iter.set_state(data_state)
   else:
     state = _init_state(run, parts, settings)
-  if run.is_main:  # This config now runs in this workdir.
+  if jax.process_index() == 0:  # This config now runs in this workdir.
     (run.workdir / "config.json").write_text(raw_config.to_json_best_effort(indent=2) + "\n")
   return state, resume_step, checkpointer
 
@@ -333,35 +308,27 @@ def _init_state(run, parts, settings):
                    else parts.params_abstract)
     # The patch grid, so that a learned posemb is resampled to this run's
     # (possibly non-square) input, not to the square of its token count.
-    patch = parts.model.arch()["patch_size"]
-    grid_hw = (parts.image_shape[0] // patch, parts.image_shape[1] // patch)
+    grid_hw = tuple(d // parts.model.arch()["patch_size"] for d in parts.image_shape[:2])
     loaded = parts.model_mod.load(init_values, settings.model_init, parts.model_kw,
                                   dont_load=dont_load, grid_hw=grid_hw)
     # Host numpy (the same on every process) -> global arrays with the params' shardings.
     params = jax.tree.map(lambda x, s: jax.make_array_from_callback(x.shape, s, lambda i: x[i]),
                           loaded, parts.params_sh)
   opt_state = jax.jit(parts.opt.tx.init, out_shardings=parts.opt_sh)(params)
-  state = dict(params=params, opt_state=opt_state,
-               step=jax.device_put(jnp.zeros([], jnp.int32), run.repl),
-               rng=jax.device_put(parts.rng_train, run.repl))
+  state = dict(params=params, opt_state=opt_state, rng=jax.device_put(parts.rng_train, run.repl),
+               step=jax.device_put(jnp.zeros([], jnp.int32), run.repl))
   if parts.ema:
     state[ema_lib.KEY] = parts.ema.init(params, parts.params_sh)
   return state
 
 
-@dataclasses.dataclass
-class _Step:
-  """The compiled step (None when there is nothing left to train) and its FLOPs per device."""
-  compiled: object = None
-  model_flops: float | None = None  # Matmuls in the jaxpr, for `mfu`.
-  xla_flops: float | None = None  # XLA's count, for `mfu_xla`.
-  peak: float | None = None  # The device's peak FLOP/s.
-
-
 def _compile(run, parts, update, resume_step):
-  """Compiles `update` once for every step; donation lets XLA update the state in place."""
+  """(the compiled step or None, its FLOPs per device as metrics.Chrono's keyword arguments).
+
+  Compiles `update` once for every step; donation lets XLA update the state in place.
+  """
   if resume_step is not None and resume_step >= run.total_steps:
-    return _Step()  # A finished run started again (e.g. by a scheduler): no step to compile.
+    return None, {}  # A finished run started again (e.g. by a scheduler): no step to compile.
   batch_abstract = {k: jax.ShapeDtypeStruct((run.batch_size,) + v.shape[1:], v.dtype,
                                             sharding=run.batch_sh)
                     for k, v in parts.batch_spec.items()}
@@ -369,19 +336,18 @@ def _compile(run, parts, update, resume_step):
                    out_shardings=(parts.state_sh, run.repl),
                    donate_argnums=(0,)).trace(parts.state_abstract, batch_abstract)
   compiled = traced.lower().compile()
-  size = run.mesh.size
-  step = _Step(compiled, flops_lib.model_flops(traced) / size,
-               flops_lib.step_flops(traced, compiled, num_devices=size),
-               metrics_lib.peak_flops_per_device(dtype=parts.model.dtype_mm))
+  model_flops = flops_lib.model_flops(traced) / run.mesh.size  # Matmuls in the jaxpr: `mfu`.
+  xla_flops = flops_lib.step_flops(traced, compiled, num_devices=run.mesh.size)  # `mfu_xla`.
+  peak = metrics_lib.peak_flops_per_device(dtype=parts.model.dtype_mm)
   logging.info("Train step: %.6g model GFLOP per device (XLA: %s); device peak %s GFLOP/s",
-               step.model_flops / 1e9,
-               None if step.xla_flops is None else f"{step.xla_flops / 1e9:.4g}",
-               None if step.peak is None else f"{step.peak / 1e9:.6g}")
-  return step
-
+               model_flops / 1e9, None if xla_flops is None else f"{xla_flops / 1e9:.4g}",
+               None if peak is None else f"{peak / 1e9:.6g}")
+  return compiled, dict(step_flops=model_flops, peak_flops_total=peak,
+                        xla_step_flops=flops_lib.sane_xla_flops(xla_flops, model_flops))
 
 
 if __name__ == "__main__":
-  _define_flags()
+  _CONFIG = config_loading.define_config_flag()
+  _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and logs.")
   app.run(main, flags_parser=functools.partial(config_loading.parse_flags,
                                                prog="big_vit_lite.train"))

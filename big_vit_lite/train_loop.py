@@ -9,8 +9,6 @@ import numpy as np
 
 from big_vit_lite import checkpoint as ckpt_lib
 from big_vit_lite import distributed
-from big_vit_lite import ema as ema_lib
-from big_vit_lite import flops as flops_lib
 from big_vit_lite import metrics as metrics_lib
 from big_vit_lite import report as report_lib
 from big_vit_lite import summary as summary_lib
@@ -30,9 +28,9 @@ _all_finite = jax.jit(lambda t: jnp.all(jnp.stack([jnp.all(jnp.isfinite(x))
 class Loop:
   """The training loop with what it carries: state, data position, last saved step, evals."""
 
-  def __init__(self, raw_config, run, parts, settings, step, state, resume_step, checkpointer,
-               cleanup):
-    self.raw_config, self.run_, self.settings, self.step_fn = raw_config, run, settings, step
+  def __init__(self, raw_config, run, parts, settings, compiled, flops, state, resume_step,
+               checkpointer, cleanup):
+    self.raw_config, self.run_, self.settings, self.compiled = raw_config, run, settings, compiled
     self.state, self.resume_step, self.checkpointer = state, resume_step, checkpointer
     self.last_saved, self.data_state = resume_step, None
     # Drops what a killed earlier attempt logged after the resumed step (or
@@ -51,9 +49,7 @@ class Loop:
     # core_hours counts the earlier attempts too (their lines up to the checkpoint are kept).
     self.chrono = metrics_lib.Chrono(
         first_step=self.first_step, total_steps=run.total_steps, global_batch=run.batch_size,
-        step_flops=step.model_flops, peak_flops_total=step.peak,
-        xla_step_flops=flops_lib.sane_xla_flops(step.xla_flops, step.model_flops),
-        core_hours_before=run.writer.last_value("core_hours"))
+        core_hours_before=run.writer.last_value("core_hours"), **flops)
     self.preemption = ckpt_lib.PreemptionWatcher()
     cleanup.callback(self.preemption.close)
     self.guard = distributed.HangGuard.from_env(timeout_s=settings.hang_timeout)
@@ -61,29 +57,20 @@ class Loop:
 
   def run(self):
     """Trains to total_steps (or a preemption); returns the final params."""
-    run, settings, batches, chrono = self.run_, self.settings, self.batches, self.chrono
-    profile, step, pending_loss, tracing = settings.profile, self.first_step, None, False
-    preempted = False
+    run, batches, chrono = self.run_, self.batches, self.chrono
+    step, pending_loss, preempted = self.first_step, None, False
     self._catch_up_evals()
     chrono.tick(step)
     self.data_state = batches.get_state()
     while step < run.total_steps:
-      if profile and step == profile[0]:
-        jax.profiler.start_trace(str(run.workdir / "profile"))
-        tracing = True
       # Implicit host<->device copies in the hot loop are bugs (hidden syncs,
       # per-step transfers): fail loudly instead. Explicit ones are fine.
       with jax.transfer_guard("disallow"):
         batch = next(batches)
-        self.state, measured = self.step_fn.compiled(self.state, batch)
+        self.state, measured = self.compiled(self.state, batch)
       self.data_state = batches.get_state()
       step += 1
       self.guard.tick(step)
-      if tracing and (step == profile[0] + profile[1] or step == run.total_steps):
-        jax.profiler.stop_trace()
-        tracing = False
-        logging.info("Wrote a profile of steps %d..%d to %s/profile", profile[0] + 1, step,
-                     run.workdir)
       if pending_loss is not None:  # Checked one step late to keep the pipeline full.
         self._check_finite(*pending_loss)
       pending_loss = (step, measured["training_loss"])
@@ -146,15 +133,13 @@ class Loop:
 
   def _run_evals(self, step, final, only=None):
     ran = False
-    for name, (evaluator, every) in self.settings.evaluators.items():
+    for name, (evaluator, every, key) in self.settings.evaluators.items():
       if (only is None or name in only) and (final or (every and step % every == 0)):
         ran = True
-        results = evaluator.run(
-            self.state[ema_lib.KEY if name in self.settings.ema_evals else "params"])
+        results = evaluator.run(self.state[key])
         self.run_.writer.write(step, {f"{name}/{k}": v for k, v in results.items()})
-        logging.info("[%d] %s: %s", step, name,
-                     ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                               for k, v in results.items()))
+        logging.info("[%d] %s: %s", step, name, ", ".join(
+            f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in results.items()))
     if ran and not final:  # (The run's end writes the last one.)
       self.summary.evaluated()  # The report (config.report), with this step's evals.
 
@@ -163,7 +148,7 @@ class Loop:
     evaluators, first, total = self.settings.evaluators, self.first_step, self.run_.total_steps
     if first == 0 and evaluators and self.settings.eval_at_start:
       self._run_evals(0, final=False)
-    due = [name for name, (_, every) in evaluators.items()
+    due = [name for name, (_, every, _) in evaluators.items()
            if first == total or (every and first and first % every == 0)]
     if self.resume_step is not None and due:
       # The run that saved this checkpoint was stopped (killed, preempted,
@@ -180,6 +165,5 @@ def evals_not_logged(writer, evaluators, step):
   logged = writer.logged_keys(step)
   mask = np.array([not any(k.startswith(f"{name}/") for k in logged) for name in evaluators],
                   np.int32)
-  if jax.process_count() > 1:  # Every process must run the same evals (collectives).
-    mask = np.asarray(multihost_utils.broadcast_one_to_all(mask))
-  return [name for name, m in zip(evaluators, mask) if m]
+  # Every process must run the same evals (collectives): process 0's mask.
+  return [name for name, m in zip(evaluators, multihost_utils.broadcast_one_to_all(mask)) if m]

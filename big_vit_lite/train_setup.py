@@ -1,7 +1,6 @@
 """The trainer's config read into what it runs: step counts, mixup, evaluators, other knobs."""
 import dataclasses
 import functools
-import math
 
 from absl import logging
 import jax
@@ -21,7 +20,6 @@ from big_vit_lite.data import mixup as mixup_lib
 class Run:
   """Where and how long: the workdir, mesh, training data and step counts."""
   workdir: object
-  is_main: bool
   seed: int
   writer: metrics_lib.MetricWriter
   mesh: jax.sharding.Mesh
@@ -49,8 +47,6 @@ class Run:
 def read_input_and_schedule(config, run):
   """Opens the training data and reads how many steps to train, log and checkpoint."""
   input_cfg = config.consume("input")
-  if input_cfg is None:
-    raise ValueError("The config needs an `input` dict (data, batch_size, pp).")
   run.batch_size = batch_size = int(input_cfg.batch_size)
   # Also checks the batch divides over the batch devices (its message says what to use).
   run.accum_steps = grad_accum.check(config.get("grad_accum_steps", 1), batch_size,
@@ -58,67 +54,32 @@ def read_input_and_schedule(config, run):
   run.train_iter = input_pipeline.make_train_iterator(input_cfg, seed=run.seed)
   run.steps_per_epoch = run.train_iter.num_examples / batch_size
   run.total_steps = positive("total_steps", config_loading.get_steps(
-      "total", config, steps_per_epoch=run.steps_per_epoch, batch_size=batch_size, required=True),
-                             config=config)
-  other = next((f"total_{u}" for u in _OTHER_UNITS if config.get(f"total_{u}") is not None), None)
-  if other and config.get("total_steps") is not None:
-    logging.info("config.total_steps=%d wins over config.%s=%s.", run.total_steps, other,
-                 config.get(other))
+      "total", config, steps_per_epoch=run.steps_per_epoch, batch_size=batch_size, required=True))
+  for other in ("total_epochs", "total_examples", "total_percent"):
+    if config.get("total_steps") is not None and config.get(other) is not None:
+      logging.info("config.total_steps=%d wins over config.%s=%s.", run.total_steps, other,
+                   config.get(other))
   run.log_steps = positive("log_training_steps", config_loading.get_steps(
-      "log_training", config, default=50, **run.dur), config=config)
-  run.ckpt_steps = ckpt_steps = config_loading.get_steps("ckpt", config, default=None, **run.dur)
-  if ckpt_steps is not None and ckpt_steps < 0:
-    raise ValueError(f"config.ckpt_steps must be >= 0 (0: save only at the end), got {ckpt_steps}.")
+      "log_training", config, default=50, **run.dur))
+  # None or 0: only at the end (and on preemption).
+  run.ckpt_steps = config_loading.get_steps("ckpt", config, default=None, **run.dur)
   run.keep_ckpts = positive("keep_ckpts", int(config.get("keep_ckpts", 3)))  # Last N
-  # ... plus every step divisible by keep_ckpt_steps.
-  run.keep_every = keep_every = positive("keep_ckpt_steps", config_loading.get_steps(
-      "keep_ckpt", config, default=None, **run.dur), allow_none=True, config=config)
-  if keep_every and (not ckpt_steps or keep_every % ckpt_steps):
-    # Only saved steps can be kept: those divisible by both.
-    kept = (f"only the steps divisible by {math.lcm(keep_every, ckpt_steps)} are kept" if ckpt_steps
-            else "checkpoints are saved only at the end")
-    logging.warning("config.keep_ckpt_steps=%d is not a multiple of config.ckpt_steps=%s: %s "
-                    "(besides the last %d); make it a multiple of ckpt_steps.", keep_every,
-                    ckpt_steps, kept, run.keep_ckpts)
-  prefetch_size = input_cfg.get("prefetch", 2)
-  run.prefetch_size = 2 if prefetch_size is None else int(prefetch_size)
+  # ... plus every step divisible by keep_ckpt_steps (and by ckpt_steps: only saved steps).
+  run.keep_every = positive("keep_ckpt_steps", config_loading.get_steps(
+      "keep_ckpt", config, default=None, **run.dur), allow_none=True)
+  run.prefetch_size = 2 if input_cfg.get("prefetch", None) is None else input_cfg.prefetch
   logging.info("Training %d steps (%.2f epochs of %d examples), batch %d%s.",
                run.total_steps, run.total_steps / run.steps_per_epoch, run.train_iter.num_examples,
                batch_size, f" in {run.accum_steps} microbatches of {batch_size // run.accum_steps}"
                if run.accum_steps > 1 else "")
 
 
-_OTHER_UNITS = ("epochs", "examples", "percent")
-
-
-def positive(name, value, allow_none=False, config=None):
-  """`value` (the steps of config key `name`) if >= 1; else a one-line ValueError.
-
-  With `config`, a duration given in another unit (`total_epochs=0`) is named as given.
-  """
+def positive(name, value, allow_none=False):
+  """`value` (the steps of config key `name`) if >= 1; else a one-line ValueError."""
   if (value is None and allow_none) or (value is not None and value >= 1):
     return value
-  if config is not None and config.get(name) is None:
-    for given in (name.removesuffix("steps") + u for u in _OTHER_UNITS):
-      if config.get(given) is not None:
-        raise ValueError(f"config.{given}={config.get(given)} gives {value} steps: it must give "
-                         "at least 1.")
   raise ValueError(f"config.{name} must be a positive number of steps, got {value}"
                    f"{' (leave it unset for none)' if allow_none else ''}.")
-
-
-def profile_steps(value):
-  """config.profile_steps as (first step, number of steps), or None; checked before the compile."""
-  if value is None:
-    return None
-  try:
-    first, count = (int(v) for v in value)
-    if first >= 0 and count >= 1:
-      return first, count
-  except (TypeError, ValueError):
-    pass
-  raise ValueError(f"config.profile_steps={value!r} must be (first step, number of steps), "
-                   "e.g. (10, 5).")
 
 
 def make_mixup(mixup_cfg):
@@ -133,15 +94,15 @@ def make_mixup(mixup_cfg):
   if "p" in kw:
     kw["mixup_alpha"] = kw.pop("p")
   mix = functools.partial(mixup_lib.mixup_or_cutmix, **kw)
-  try:  # Checks the keys now, not in the step.
-    mix(jax.random.PRNGKey(0), jnp.zeros((2, 1, 1, 1)), jnp.zeros((2, 2)))
-  except TypeError as e:
-    raise ValueError(f"config.mixup: {e}") from None
+  mix(jax.random.PRNGKey(0), jnp.zeros((2, 1, 1, 1)), jnp.zeros((2, 2)))  # Checks the keys now.
   return mix
 
 
-def make_evaluators(config, model, mesh, ema_evals=None, **dur):
-  """{name: (Evaluator, every_n_steps)} from config.evals; adds use_ema=True ones to ema_evals."""
+def make_evaluators(config, model, mesh, ema=None, **dur):
+  """{name: (Evaluator, every_n_steps, the state's key it scores)} from config.evals.
+
+  The key is "params", or ema.KEY for an eval with use_ema=True (the run's `ema` must be set).
+  """
   evals_cfg = config.get("evals", None)
 
   def predict_fn(params, images):
@@ -150,23 +111,18 @@ def make_evaluators(config, model, mesh, ema_evals=None, **dur):
   out = {}
   for name in (evals_cfg.keys() if evals_cfg is not None else ()):
     cfg = evals_cfg[name]
-    if not isinstance(cfg, config_loading.TrackedConfig):
-      raise ValueError(f"config.evals.{name} must be a dict of the eval's settings, got {cfg!r}.")
     # As in big_vision: an entry named after an evaluator type needs no `type`.
-    type_name = cfg.get("type", None) or (name if name in evaluators_lib.available() else None)
-    if type_name is None:
-      raise ValueError(f"config.evals.{name} needs a `type` (e.g. 'classification').")
+    type_name = cfg.get("type", None) or name
     every = config_loading.get_steps("log", cfg, **dur)
-    if every is not None and every < 0:
-      raise ValueError(f"config.evals.{name}.log_steps must be >= 0 (0 or unset: only at the "
-                       f"end), got {every}.")
     kwargs = {k: (v.to_dict() if hasattr(v, "to_dict") else v) for k, v in cfg.consume().items()
               if k != "type" and not k.startswith("log_")}
-    if kwargs.pop("use_ema", False) and ema_evals is not None:
-      ema_evals.add(name)
+    key = ema_lib.KEY if kwargs.pop("use_ema", False) else "params"
+    if key == ema_lib.KEY and ema is None:
+      raise ValueError(f"config.evals.{name}.use_ema=True, but the run keeps no EMA of the "
+                       "weights: set config.ema_decay (e.g. 0.9999).")
     try:
-      out[name] = (evaluators_lib.get_evaluator_cls(type_name)(predict_fn, mesh=mesh, **kwargs),
-                   every)
+      cls = evaluators_lib.get_evaluator_cls(type_name)
+      out[name] = cls(predict_fn, mesh=mesh, **kwargs), every, key
     except TypeError as e:
       raise ValueError(f"config.evals.{name} (type {type_name}): {e}") from None
   return out
@@ -175,12 +131,10 @@ def make_evaluators(config, model, mesh, ema_evals=None, **dur):
 @dataclasses.dataclass
 class Settings:
   """The evaluators and the remaining knobs: the last of the config that the run reads."""
-  evaluators: dict  # {name: (Evaluator, every_n_steps)}
-  ema_evals: set  # The evals that score the EMA params (use_ema=True).
+  evaluators: dict  # {name: (Evaluator, every_n_steps, "params" or "ema")}
   model_init: str | None
   dont_load: tuple
   ckpt_async: bool
-  profile: tuple | None  # (first step, number of steps) to trace.
   eval_at_start: bool
   hang_timeout: float | None
   report: bool  # WORKDIR/report/report.html at each eval.
@@ -188,17 +142,13 @@ class Settings:
 
 def read_settings(config, run, parts):
   """Builds the evaluators, reads the rest of the config and fails on keys nothing read."""
-  ema_evals = set()
-  evaluators = make_evaluators(config, parts.model, run.mesh, ema_evals=ema_evals, **run.dur)
-  ema_lib.check_evals(parts.ema, ema_evals)
+  evaluators = make_evaluators(config, parts.model, run.mesh, ema=parts.ema, **run.dur)
   model_load = config.consume("model_load", {}) or {}
   settings = Settings(
-      evaluators, ema_evals, model_init=config.get("model_init", None),
+      evaluators, model_init=config.get("model_init"), report=bool(config.get("report", False)),
+      ckpt_async=bool(config.get("ckpt_async", True)), hang_timeout=config.get("hang_timeout_s"),
       dont_load=tuple(model_load.get("dont_load", ()) or ()),
-      ckpt_async=bool(config.get("ckpt_async", True)),
-      profile=profile_steps(config.get("profile_steps", None)),
-      eval_at_start=bool(config.get("eval_at_start", False)),
-      hang_timeout=config.get("hang_timeout_s", None), report=bool(config.get("report", False)))
+      eval_at_start=bool(config.get("eval_at_start", False)))
   if settings.report:
     from big_vit_lite import report as report_lib  # pylint: disable=g-import-not-at-top
     report_lib.require_matplotlib()  # Missing: one line now, not at the first eval.

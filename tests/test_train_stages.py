@@ -64,35 +64,24 @@ def test_restore_or_init_resumes_the_newest_checkpoint_and_compile_skips_a_finis
       train._lay_out_state(config, run, parts)
       settings = train_setup.read_settings(config, run, parts)
       state, resume_step, _ = train._restore_or_init(raw, run, parts, settings, cleanup)
-      step = train._compile(run, parts, train._make_update(run, parts), resume_step)
+      compiled, _ = train._compile(run, parts, train._make_update(run, parts), resume_step)
   assert resume_step == 4 and int(state["step"]) == 4
   saved, _ = checkpoint.load_params(workdir)
   assert all(jax.tree.leaves(jax.tree.map(np.array_equal, jax.device_get(state["params"]), saved)))
-  assert step.compiled is None  # total_steps reached: nothing to compile.
+  assert compiled is None  # total_steps reached: nothing to compile.
 
 
 def test_read_settings_parses_the_knobs_and_rejects_a_key_nothing_reads():
   run = types.SimpleNamespace(mesh=None, dur=dict(steps_per_epoch=10, batch_size=4, total_steps=20))
   parts = types.SimpleNamespace(model=None, ema=None)
   config = config_loading.TrackedConfig(ml_collections.ConfigDict(dict(
-      model_load=dict(dont_load=["head/.*"]), profile_steps=(2, 3), ckpt_async=False)))
+      model_load=dict(dont_load=["head/.*"]), ckpt_async=False)))
   s = train_setup.read_settings(config, run, parts)
-  assert (s.evaluators, s.dont_load, s.profile) == ({}, ("head/.*",), (2, 3))
+  assert (s.evaluators, s.dont_load) == ({}, ("head/.*",))
   assert (s.ckpt_async, s.report, s.eval_at_start) == (False, False, False)
   config = config_loading.TrackedConfig(ml_collections.ConfigDict(dict(eval_at_sart=True)))
   with pytest.raises(config_loading.UnreadConfigKeyError, match="eval_at_sart"):
     train_setup.read_settings(config, run, parts)
-
-
-def test_config_changes_name_the_differing_leaves():
-  from big_vit_lite import resume  # pylint: disable=import-outside-toplevel
-  saved = {"model": {"variant": "Ti/16", "dropout": 0.0}, "lr": 1e-3, "input": {"batch_size": 32}}
-  current = {"model": {"variant": "S/16", "dropout": 0.0}, "lr": 1e-3, "input": {"batch_size": 64},
-             "ema_decay": 0.999}
-  assert resume.config_changes(saved, current) == (
-      "ema_decay: <unset> -> 0.999, input.batch_size: 32 -> 64, model.variant: \"Ti/16\" -> \"S/16\"")
-  assert resume.config_changes(saved, current, limit=1).endswith("(and 2 more)")
-  assert resume.config_changes({}, current) == ""
 
 
 _one_line_error = checks.one_line_error
@@ -113,12 +102,6 @@ def test_big_vision_and_timm_mixup_configs():
 _cfg = checks.tracked_config
 
 
-def test_an_eval_entry_that_is_not_a_dict_is_one_line():
-  config = _cfg(evals=ml_collections.ConfigDict({"fewshot": "x"}))
-  with pytest.raises(ValueError, match=r"config.evals.fewshot must be a dict .* got 'x'"):
-    train_setup.make_evaluators(config, model=None, mesh=None)
-
-
 def test_an_eval_entry_named_after_its_type_needs_no_type(monkeypatch):
   built = []
 
@@ -129,6 +112,4 @@ def test_an_eval_entry_named_after_its_type_needs_no_type(monkeypatch):
                                                  "val": {"type": "fewshot"}}))
   out = train_setup.make_evaluators(config, model=None, mesh=None)
   assert built == [("classification", {"batch_size": 8}), ("fewshot", {})], built
-  with pytest.raises(ValueError, match="config.evals.mine needs a `type`"):
-    train_setup.make_evaluators(_cfg(evals=ml_collections.ConfigDict({"mine": {}})), None, None)
   assert set(out) == {"classification", "val"}
