@@ -175,7 +175,9 @@ class _Parts:
 
 def _make_model(config, run):
   """The model from config.model_name/model, its loss, mixup and on-device augmentation."""
-  model_mod = importlib.import_module(f"big_vit_lite.models.{config.get('model_name', 'vit')}")
+  if (name := config.get("model_name", "vit")) != "vit":
+    raise ValueError(f"model_name={name!r}: only 'vit' is supported.")
+  model_mod = importlib.import_module("big_vit_lite.models.vit")
   model_kw = config.consume("model", {})
   model = model_mod.Model(**(model_kw.to_dict() if hasattr(model_kw, "to_dict") else model_kw))
   batch_spec = run.train_iter.batch_spec()

@@ -113,3 +113,9 @@ def test_an_eval_entry_named_after_its_type_needs_no_type(monkeypatch):
   out = train_setup.make_evaluators(config, model=None, mesh=None)
   assert built == [("classification", {"batch_size": 8}), ("fewshot", {})], built
   assert set(out) == {"classification", "val"}
+
+
+def test_unknown_model_name_is_one_line():
+  # (It was a ModuleNotFoundError traceback from importlib.)
+  checks.one_line_error(lambda: train._make_model(checks.tracked_config(model_name="vitt"), None),
+                        "model_name='vitt'", "only 'vit'")
