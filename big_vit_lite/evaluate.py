@@ -149,7 +149,8 @@ def build_model(config, flat, saved_config):
   if saved_config is not None and "model" in saved_config:
     model_cfg, source = saved_config.model.to_dict(), "the checkpoint's saved config"
   else:
-    model_cfg, source = infer_model_cfg(flat), "the param shapes"
+    model_cfg = infer_model_cfg(flat)
+    source = "the param shapes"
   # big_vision's eval configs say model_name="vit" too: read, not an unread-key error.
   if config.get("model_name", "vit") != "vit":
     raise ValueError(f"model_name={config.model_name!r}: only 'vit' is supported.")

@@ -26,7 +26,8 @@ def check_resumable(checkpointer, step, state_abstract, opt):
   changed grad_clip_norm (on <-> off) is fine: the clip keeps no state.
   """
   try:
-    mismatch, saved_clipped = checkpointer.state_mismatch(step, state_abstract), opt.clipped
+    mismatch = checkpointer.state_mismatch(step, state_abstract)
+    saved_clipped = opt.clipped
     if mismatch and not checkpointer.state_mismatch(
         step, with_opt_layout(state_abstract, opt, not opt.clipped)):
       mismatch, saved_clipped = None, not opt.clipped

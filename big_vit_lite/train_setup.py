@@ -94,7 +94,10 @@ def make_mixup(mixup_cfg):
   if "p" in kw:
     kw["mixup_alpha"] = kw.pop("p")
   mix = functools.partial(mixup_lib.mixup_or_cutmix, **kw)
-  mix(jax.random.PRNGKey(0), jnp.zeros((2, 1, 1, 1)), jnp.zeros((2, 2)))  # Checks the keys now.
+  try:  # Checks the keys now, before the compile.
+    mix(jax.random.PRNGKey(0), jnp.zeros((2, 1, 1, 1)), jnp.zeros((2, 2)))
+  except TypeError as e:  # An unknown key.
+    raise ValueError(f"config.mixup: {e}") from None
   return mix
 
 
