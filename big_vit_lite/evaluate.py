@@ -230,7 +230,7 @@ def format_table(results):
       width = max(len("dataset"), *map(len, shots))
       lines.append(f"  {'dataset':<{width}}" + "".join(f"{f'{s}-shot':>9}" for s in cols))
       for ds, by_shot in shots.items():
-        cells = "".join(f"{by_shot.get(s, float('nan')):9.4f}" for s in cols)
+        cells = "".join(f"{100 * by_shot[s]:8.2f}%" if s in by_shot else f"{'-':>9}" for s in cols)
         lines.append(f"  {ds:<{width}}{cells}")
   return "\n".join(lines)
 
