@@ -19,7 +19,6 @@ are: benchmarks/NOTES.md, section "Evaluators, evaluate, predict, export".
 """
 import functools
 import gc
-import json
 import math
 import os
 import re
@@ -273,9 +272,7 @@ def _drop_earlier_results(workdir, step, keys):
   rows = metrics.read_metrics(workdir)
   if any(r["step"] == step and keys & r.keys() for r in rows):
     rows = [{k: v for k, v in r.items() if r["step"] != step or k not in keys} for r in rows]
-    tmp = paths.resolve(workdir) / "metrics.jsonl.tmp"
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows if len(r) > 1))
-    tmp.replace(tmp.parent / "metrics.jsonl")
+    metrics.rewrite_metrics(workdir, [r for r in rows if len(r) > 1])
 
 
 def write_results(workdir, step, results):

@@ -219,5 +219,6 @@ def step_flops(traced: jax.stages.Traced, compiled: jax.stages.Compiled,
     return None
   if not cost or "flops" not in cost:
     return None
-  missed = _count(traced.jaxpr, xla=True)[0] - _count(traced.jaxpr, True, False)[0]
+  missed = (_count(traced.jaxpr, xla=True, all_iterations=True)[0]
+            - _count(traced.jaxpr, xla=True, all_iterations=False)[0])
   return float(cost["flops"]) + missed / max(1, num_devices)

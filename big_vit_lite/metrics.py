@@ -116,10 +116,8 @@ class MetricWriter:
       return
     keep_through = -1 if resumed_step is None else int(resumed_step)
     if self.path.exists():  # (read_metrics skips a torn last line from a kill mid-write.)
-      tmp = self.workdir / "metrics.jsonl.tmp"
-      tmp.write_text("".join(json.dumps(r) + "\n" for r in read_metrics(self.workdir)
-                             if r["step"] <= keep_through))
-      tmp.replace(self.path)
+      rewrite_metrics(self.workdir, [r for r in read_metrics(self.workdir)
+                                     if r["step"] <= keep_through])
     if self._tensorboard:
       _write_tensorboard_start(self.workdir, keep_through + 1,
                                after_second=max(_event_file_seconds(self.workdir), default=0))
@@ -176,6 +174,13 @@ def read_metrics(workdir):
   return rows
 
 
+def rewrite_metrics(workdir, rows):
+  """Replaces metrics.jsonl with `rows` through a rename: a kill leaves the old or the new file."""
+  tmp = paths.resolve(workdir) / "metrics.jsonl.tmp"
+  tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+  tmp.replace(tmp.parent / "metrics.jsonl")
+
+
 def _to_python(v):
   if isinstance(v, (jax.Array, np.ndarray, np.generic)):
     v = np.asarray(v)
@@ -192,9 +197,8 @@ class Chrono:
   `peak_flops_total`.
   """
 
-  def __init__(self, *, first_step, total_steps, global_batch, step_flops=None,
-               peak_flops_total=None, core_hours_before=0.0, xla_step_flops=None):
-    del first_step  # The first tick (compilation included) starts the clock.
+  def __init__(self, *, total_steps, global_batch, step_flops=None, peak_flops_total=None,
+               core_hours_before=0.0, xla_step_flops=None):
     self.total_steps, self.global_batch = total_steps, global_batch
     self.core_hours_before = float(core_hours_before or 0.0)
     self.flops = {"mfu": step_flops, "mfu_xla": xla_step_flops}

@@ -48,7 +48,7 @@ class Loop:
     cleanup.push(self.summary.exit)
     # core_hours counts the earlier attempts too (their lines up to the checkpoint are kept).
     self.chrono = metrics_lib.Chrono(
-        first_step=self.first_step, total_steps=run.total_steps, global_batch=run.batch_size,
+        total_steps=run.total_steps, global_batch=run.batch_size,
         core_hours_before=run.writer.last_value("core_hours"), **flops)
     self.preemption = ckpt_lib.PreemptionWatcher()
     cleanup.callback(self.preemption.close)
