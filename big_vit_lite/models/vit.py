@@ -295,7 +295,8 @@ class Model(nn.Module):
     """The attention kind this model runs here: custom | xla | cudnn ("auto" decided)."""
     if self.attention != "auto":
       return self.attention
-    head_dim = self.arch()["width"] // self.arch()["num_heads"]
+    arch = self.arch()
+    head_dim = arch["width"] // arch["num_heads"]
     # What cuDNN flash attention takes: bf16/fp16 matmuls, a head dim in 8, 16, ..., 256.
     fits = jnp.dtype(self.dtype_mm) in (jnp.bfloat16, jnp.float16) and head_dim in range(8, 257, 8)
     return "cudnn" if fits and _on_cuda() else "custom"
