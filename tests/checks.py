@@ -82,3 +82,25 @@ def tiny_train_params():
   model = vit.Model(**train_config_tiny.get_config().model)
   shapes = jax.eval_shape(model.init, jax.random.key(0), jax.numpy.zeros((1, 28, 28, 1)))["params"]
   return jax.tree.map(lambda s: jax.numpy.full(s.shape, 0.5, s.dtype), nn.meta.unbox(shapes))
+
+
+def _linear_weights(old, new):
+  """(new, old) matrix of 1-D linear interpolation at half-pixel centres, as an image resize
+  samples: output i sits at input coordinate (i + 0.5) * old / new - 0.5; when shrinking, the
+  triangle kernel widens by old / new (antialiasing); weights falling outside are dropped and
+  each row renormalised (the edge rows then take the edge values)."""
+  widen = max(old / new, 1.0)
+  centres = (np.arange(new) + 0.5) * old / new - 0.5
+  distance = np.abs(np.arange(old)[None, :] - centres[:, None]) / widen
+  weights = np.maximum(0.0, 1.0 - distance)
+  return weights / weights.sum(axis=1, keepdims=True)
+
+
+def posemb_resized(posemb, old_hw, new_hw):
+  """A second implementation of posemb.resample (numpy, separable, float64), its test oracle:
+  (1, h*w, D) rows in raster order -> (1, new_h*new_w, D)."""
+  d = posemb.shape[-1]
+  grid = np.asarray(posemb, np.float64).reshape(*old_hw, d)
+  rows = _linear_weights(old_hw[0], new_hw[0])
+  cols = _linear_weights(old_hw[1], new_hw[1])
+  return np.einsum("yh,xw,hwd->yxd", rows, cols, grid).reshape(1, -1, d)

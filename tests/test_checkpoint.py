@@ -54,12 +54,22 @@ def test_round_trip_holds_state_data_position_and_config(tmp_path):
     assert config.model.variant == "mu/16"
 
 
-def test_keeps_last_n_plus_every_kth(tmp_path):
-  ckpt = checkpoint.Checkpointer(str(tmp_path), keep=2, keep_every=4, async_save=False)
-  for step in range(1, 10):
+@pytest.mark.parametrize("keep, keep_every, kept", [
+    (1, None, [6]),
+    (2, None, [5, 6]),
+    (3, None, [4, 5, 6]),
+    (1, 4, [4, 8, 11]),
+    (2, 4, [4, 8, 10, 11]),
+    (3, 4, [4, 8, 9, 10, 11]),
+])
+def test_keeps_last_n_plus_every_kth(tmp_path, keep, keep_every, kept):
+  # Every keep value gives another set of steps: keeping one fewer (or one more) shows.
+  ckpt = checkpoint.Checkpointer(str(tmp_path), keep=keep, keep_every=keep_every,
+                                 async_save=False)
+  for step in range(1, 7 if keep_every is None else 12):
     ckpt.save(step, _state(step), {}, None)
   ckpt.close()
-  assert checkpoint.complete_steps(str(tmp_path)) == [4, 8, 9]
+  assert checkpoint.complete_steps(str(tmp_path)) == kept
 
 
 def test_incomplete_save_is_invisible(tmp_path):

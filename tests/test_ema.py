@@ -28,14 +28,22 @@ TRANSFER = os.path.join(ROOT, "configs", "transfer.py")
 
 
 def test_ema_update_follows_the_warmed_up_decay():
+  # Changing params (p_t = t + 1), so that decay and 1 - decay give different averages; with
+  # constant params both converge to the same value. Hand-computed from the closed form
+  # ema_k = d^k ema_0 + sum_i (1 - d) d^(k - i) p_i at a constant d = 0.9 (steps >= 80, past
+  # the warm-up): p = 1, 2, 3 from ema_0 = 0 give 0.1 * (0.81 * 1 + 0.9 * 2 + 3) = 0.561 (the
+  # swap would give 0.9 * (0.01 * 1 + 0.1 * 2 + 3) = 2.889).
   ema = ema_lib.Ema(0.9)
-  avg, params = {"w": jnp.zeros(3)}, {"w": jnp.ones(3)}
-  expected = np.zeros(3)
-  for step in range(40):
-    d = min(0.9, (1 + step) / (10 + step))
-    expected = d * expected + (1 - d) * 1.0
-    avg = ema.update(avg, params, step)
-  np.testing.assert_allclose(avg["w"], expected, rtol=1e-6)
+  avg = {"w": jnp.zeros(3)}
+  for i, step in enumerate(range(100, 103)):
+    avg = ema.update(avg, {"w": jnp.full(3, i + 1.0)}, step)
+  np.testing.assert_allclose(avg["w"], 0.561, rtol=1e-6)
+  # The warm-up: at step 0 the decay is min(0.9, 1 / 10) = 0.1, at step 1 2 / 11; from
+  # ema_0 = 10 with p = 0 then 22: 0.1 * 10 = 1, then (2 / 11) * 1 + (9 / 11) * 22 = 18.1818...
+  avg = ema.update({"w": jnp.full(3, 10.0)}, {"w": jnp.zeros(3)}, 0)
+  np.testing.assert_allclose(avg["w"], 1.0, rtol=1e-6)
+  avg = ema.update(avg, {"w": jnp.full(3, 22.0)}, 1)
+  np.testing.assert_allclose(avg["w"], 2 / 11 + 18.0, rtol=1e-6)
   assert avg["w"].dtype == jnp.float32
   bf16 = ema.update({"w": jnp.zeros(3, jnp.bfloat16)}, {"w": jnp.ones(3, jnp.bfloat16)}, 5)
   assert bf16["w"].dtype == jnp.bfloat16  # The state keeps its dtype (a jit output sharding).

@@ -119,9 +119,26 @@ def test_posemb_resample_to_non_square_grid_with_square_token_count(tmp_path):
   tgt = jax.eval_shape(vit.Model(**kw).init, jax.random.key(0), jnp.zeros((1, 16, 36, 3)))["params"]
   pe = vit.load(tgt, tmp_path / "g5.npz", grid_hw=(4, 9))["Transformer"]["posembed_input"]
   pe = pe["pos_embedding"].value
-  np.testing.assert_array_equal(pe[:, 1:], posemb.resample(grid5, (4, 9)))
+  # A second implementation as the oracle (resample itself would hide a transposed grid).
+  np.testing.assert_allclose(pe[:, 1:], checks.posemb_resized(grid5, (5, 5), (4, 9)), atol=1e-5)
   np.testing.assert_array_equal(pe[:, :1], 7.0)
-  assert not np.allclose(pe[:, 1:], posemb.resample(grid5, (6, 6)))
+  assert not np.allclose(pe[:, 1:], checks.posemb_resized(grid5, (5, 5), (6, 6)), atol=0.1)
+
+
+def test_posemb_resample_to_a_non_square_grid_by_hand():
+  # 2x2 rows [[0, 1], [2, 3]] to 2x4: the rows stay, each widens to samples at input columns
+  # -0.25 (clamped to 0), 0.25, 0.75, 1.25 (clamped to 1). A 4x2 grid read as 2x4 (the grid
+  # transposed) would give [0, 1, .5, 1.5, 1.5, 2.5, 2, 3].
+  grid = np.arange(4, dtype=np.float32).reshape(1, 4, 1)
+  want = [0, 0.25, 0.75, 1, 2, 2.25, 2.75, 3]
+  np.testing.assert_allclose(posemb.resample(grid, (2, 4))[0, :, 0], want, atol=1e-6)
+  # fit: the cls row kept, the grid part resampled to the model's (h, w).
+  with_cls = np.concatenate([np.full((1, 1, 1), 9.0, np.float32), grid], axis=1)
+  fitted = posemb.fit(with_cls, 1, (1, 9, 1), 1, grid_hw=(2, 4))
+  np.testing.assert_allclose(fitted[0, :, 0], [9] + want, atol=1e-6)
+  # Tall: columns stay, rows interpolate.
+  tall = posemb.resample(grid, (4, 2))[0, :, 0]
+  np.testing.assert_allclose(tall, [0, 1, 0.5, 1.5, 1.5, 2.5, 2, 3], atol=1e-6)
 
 
 def test_big_vision_layout_loads(tmp_path):
