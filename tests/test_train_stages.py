@@ -1,5 +1,7 @@
 """The trainer's stages one by one, in process (train.py's _train calls them in this order)."""
 import contextlib
+import copy
+import json
 import types
 
 import flax.linen as nn
@@ -119,3 +121,42 @@ def test_unknown_model_name_is_one_line():
   # (It was a ModuleNotFoundError traceback from importlib.)
   checks.one_line_error(lambda: train._make_model(checks.tracked_config(model_name="vitt"), None),
                         "model_name='vitt'", "only 'vit'")
+
+
+def _losses(workdir):
+  rows = [json.loads(line) for line in open(f"{workdir}/metrics.jsonl") if line.strip()]
+  return [r["training_loss"] for r in rows if "training_loss" in r]
+
+
+# Each source of randomness in the step alone: a key made constant (the step's, or one
+# source's) draws the same dropout masks / shifts / mixes at every step.
+RANDOM_SOURCES = {
+    "dropout": dict(device_aug=None),
+    "device_aug": dict(model_dropout=0.0),
+    "mixup": dict(device_aug=None, model_dropout=0.0,
+                  mixup=dict(mixup_alpha=1.0, cutmix_alpha=0.0, switch_prob=0.0)),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("source", sorted(RANDOM_SOURCES))
+def test_each_step_draws_new_random_numbers_and_a_rerun_the_same(tfds_data_dir, tmp_path, source):
+  # The same 16 examples in the same order at every step (a 16-example split, no shuffle) and
+  # lr = 0 (the params never change): the steps' losses differ only by the step's random
+  # numbers. They must differ from step to step and be the same when the run is repeated.
+  raw = _tiny(tfds_data_dir, total_steps=3, ckpt_steps=0, lr=0.0, wd=0.0)
+  overrides = RANDOM_SOURCES[source]
+  raw.device_aug = overrides.get("device_aug", raw.device_aug)
+  raw.model.dropout = overrides.get("model_dropout", raw.model.dropout)
+  if "mixup" in overrides:
+    raw.mixup = overrides["mixup"]
+  raw.model.head_zeroinit = False  # (zero logits: the same loss whatever the input)
+  raw.input.data.split = "train[:16]"
+  raw.input.shuffle_buffer_size = 0
+  raw.input.pp = raw.input.pp.replace("|flip_lr", "")  # (flips on the host: random per epoch)
+  runs = [str(tmp_path / name) for name in ("a", "b")]
+  for workdir in runs:
+    train.train(copy.deepcopy(raw), workdir)
+  first, rerun = _losses(runs[0]), _losses(runs[1])
+  assert len(first) == 3 and len(set(first)) == 3, first
+  assert rerun == first
