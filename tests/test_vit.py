@@ -341,4 +341,21 @@ def test_bf16_residual_stream_is_close():
 
 
 def test_uncommon_options_build():
-  checks.vit_shapes(dtype_mm="bfloat16", rep_size=True, num_classes=0, stem_channels=(4,))
+  # bf16 matmuls, a pre_logits layer, no head and a conv stem, together.
+  model, params = _init(dtype_mm="bfloat16", rep_size=True, num_classes=0, stem_channels=(4,))
+  shapes = {k: v.shape for k, v in layout.to_numpy_flat(nn.meta.unbox(params)).items()}
+  assert shapes["stem/conv_0/kernel"] == (3, 3, 3, 4)  # RGB in, 4 channels out
+  assert shapes["embedding/kernel"] == (4, 4, 4, 32)  # patchifies the stem's 4 channels
+  assert shapes["pre_logits/kernel"] == (32, 32)  # rep_size=True: the width
+  assert not any(k.startswith("head/") for k in shapes)  # num_classes=0: no head
+  logits, out = _apply(model, nn.meta.unbox(params))
+  assert logits.shape == (2, 32)
+  assert params["pre_logits"]["kernel"].value.dtype == jnp.float32  # params stay float32
+  # The logits are the pre-logits: tanh(pooled @ kernel + bias), recomputed here in float32
+  # from the pooled tokens (bf16 matmul inputs: to bf16's precision).
+  rep = nn.meta.unbox(params)["pre_logits"]
+  want = np.tanh(np.asarray(out["head_input"], np.float32) @ np.asarray(rep["kernel"])
+                 + np.asarray(rep["bias"]))
+  np.testing.assert_allclose(np.asarray(logits, np.float32), want, atol=2e-2)
+  np.testing.assert_array_equal(logits, out["pre_logits"])
+  assert np.abs(want).max() > 0.1  # (not a vacuous comparison of near-zero values)
