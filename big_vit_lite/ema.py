@@ -40,5 +40,8 @@ class Ema:
 def from_config(config):
   """An Ema for config.ema_decay, or None when it is unset."""
   decay = config.get("ema_decay", None)
+  if decay is not None and not 0 <= float(decay) < 1:
+    raise ValueError(f"config.ema_decay={decay} must be in [0, 1), e.g. 0.9999 (1 would never "
+                     "move the average; unset: no EMA).")
   return None if decay is None else Ema(decay)
 

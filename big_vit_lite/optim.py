@@ -307,6 +307,8 @@ def make(config, params, *, total_steps, steps_per_epoch=None, batch_size=None):
   check_wd_mults = wd_mults is not None and wd > 0  # (The default is checked on no model.)
   wd_mults = [(".*/kernel$", 1.0)] if wd_mults is None else wd_mults
   lr_mults = config.get("lr_mults", None) or []
+  _check_mults("lr_mults", lr_mults)  # (a negative one trains its params by gradient ascent)
+  _check_mults("wd_mults", wd_mults)
 
   sched_cfg = config.schedule if "schedule" in config else None
   groups = (sched_cfg if isinstance(sched_cfg, (list, tuple))
@@ -329,6 +331,9 @@ def make(config, params, *, total_steps, steps_per_epoch=None, batch_size=None):
   frozen_mask = jax.tree.map(lambda g: g == FROZEN, group_tree)
   lr_mult_tree = tree_by_regex(params, lr_mults, 1.0, "config.lr_mults")
   decay = config.get("layer_decay", None)
+  if decay is not None and not 0 <= float(decay) < math.inf:
+    raise ValueError(f"config.layer_decay={decay} must be >= 0 (e.g. 0.75; 1 or unset: no "
+                     "decay): a negative one flips the sign of every other layer's updates.")
   if decay is not None and float(decay) != 1.0:
     lr_mult_tree = jax.tree.map(lambda a, b: a * b, lr_mult_tree,
                                 layer_decay_mults(params, float(decay)))
@@ -341,6 +346,14 @@ def make(config, params, *, total_steps, steps_per_epoch=None, batch_size=None):
             _scale_by_lr_and_decay(lr, sched_fns, group_tree, lr_mult_tree, wd, wd_mult_tree)]
   return Optimizer(optax.chain(*parts), lambda step: lr * sched_fns[0](step), frozen_mask,
                    clipped=bool(clip))
+
+
+def _check_mults(key, rules):
+  """config.lr_mults / wd_mults: (regex, multiplier) pairs with finite multipliers >= 0."""
+  for rule in rules:
+    if len(rule) != 2 or not 0 <= float(rule[1]) < math.inf:
+      raise ValueError(f"config.{key}: {tuple(rule)} must be a (regex, multiplier) pair with a "
+                       "finite multiplier >= 0 (0 switches it off for those params).")
 
 
 _BLOCK = re.compile(r"Transformer/encoderblock(?:_(\d+))?/.*")

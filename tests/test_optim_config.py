@@ -37,6 +37,12 @@ def _flat(tree):
     ("grad_clip_norm", -1.0, r"config.grad_clip_norm=-1.0 must be a finite number >= 0"),
     ("schedule", [(".*", dict(warmup_step=3))],  # (As a dict schedule's typo is told.)
      r"'warmup_step' in the schedule for '.\*' is not a schedule key \(did you mean 'warmup_steps'"),
+    # Negative multipliers trained their blocks by gradient ascent, without a word.
+    ("layer_decay", -0.5, r"config.layer_decay=-0.5 must be >= 0"),
+    ("lr_mults", [("head/.*", -1.0)], r"config.lr_mults: \('head/.\*', -1.0\) must be a "
+     r"\(regex, multiplier\) pair with a finite multiplier >= 0"),
+    ("wd_mults", [(".*/kernel", -0.1)], r"config.wd_mults: \('.\*/kernel', -0.1\) must be"),
+    ("lr_mults", [("head/.*", float("inf"))], r"config.lr_mults: \('head/.\*', inf\) must be"),
 ])
 def test_ignored_or_harmful_optimizer_settings_are_one_line_errors(key, value, match):
   with pytest.raises(ValueError, match=match) as e:
@@ -113,3 +119,19 @@ def test_clip_relayout_round_trips_the_optimizer_state():
   assert jax.tree.structure(as_plain) == jax.tree.structure(plain.tx.init(params))
   back = optim.clip_relayout(as_plain, False, True)
   assert jax.tree.structure(back) == jax.tree.structure(state)
+
+
+@pytest.mark.parametrize("decay", [1.0, 1.5, -0.1, float("nan")])
+def test_ema_decay_out_of_range_is_a_one_line_error(decay):
+  from big_vit_lite import ema  # pylint: disable=import-outside-toplevel
+  checks.one_line_error(lambda: ema.from_config(_cfg(ema_decay=decay)),
+                        f"config.ema_decay={decay} must be in [0, 1)")
+
+
+def test_edge_values_of_the_ranges_are_accepted():
+  from big_vit_lite import ema  # pylint: disable=import-outside-toplevel
+  assert ema.from_config(_cfg(ema_decay=0.0)).decay == 0.0
+  # layer_decay 0 freezes all but the head; multipliers of 0 switch a group off.
+  config = _cfg(lr=1e-3, wd=1e-4, layer_decay=0.0, lr_mults=[("head/.*", 0.0)],
+                wd_mults=[(".*/kernel", 0.0)])
+  optim.make(config, _tiny_params(), total_steps=10)

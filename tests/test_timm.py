@@ -23,6 +23,7 @@ from big_vit_lite.models import vit
 
 import checks
 import test_bucket_workdir
+import timm_reference
 
 fake_bucket = test_bucket_workdir.fake_bucket  # gs:// served from a local folder
 IMAGES = jax.random.uniform(jax.random.key(7), (2, 16, 16, 3), minval=-1, maxval=1)
@@ -286,36 +287,33 @@ def test_timm_hub_file_of_a_standard_size_reads_without_metadata(tmp_path):
     export.export(str(tmp_path / "odd.safetensors"), str(tmp_path / "odd.npz"))
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_timm_parity_with_real_timm():
-  """Optional: runs only where torch+timm are importable or $TIMM_PYTHON names such a python."""
-  sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
-  try:
-    import timm_parity  # pylint: disable=g-import-not-at-top
-  finally:
-    sys.path.pop(0)
-  if timm_parity.timm_python() is None:
-    pytest.skip("torch/timm not available (set TIMM_PYTHON to run the parity check)")
-  script = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "timm_parity.py")
-  run = subprocess.run([sys.executable, script, "--cases=tiny_tok_learn,tiny_gap_sincos2d,tiny_map_learn"],
-                       capture_output=True, text=True, timeout=280)
-  assert run.returncode == 0, run.stdout + run.stderr
-  assert run.stdout.count('"max_abs_diff"') == 3
+@pytest.mark.parametrize("pool_type", ["tok", "gap", "map"])
+@pytest.mark.parametrize("posemb", ["learn", "sincos2d"])
+def test_timm_parity_with_real_timm(tmp_path, pool_type, posemb):
+  """Real timm loads our export with strict=True and gives our logits (torch, CPU)."""
+  timm_reference.require()  # Skips where torch/timm are missing, except in CI.
+  model = checks.tiny_vit(pool_type=pool_type, posemb=posemb)
+  params = checks.vit_params(pool_type=pool_type, posemb=posemb)
+  path = tmp_path / "m.safetensors"
+  timm.write_timm(params, path, image_size=16)
+  ours = np.asarray(model.apply({"params": params}, IMAGES)[0])
+  theirs = timm_reference.logits(path, IMAGES)
+  assert theirs.shape == ours.shape == (2, 10)
+  assert np.abs(ours).max() > 0.1  # (a zero head would make any two models agree)
+  np.testing.assert_allclose(theirs, ours, atol=1e-5, rtol=0)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_timm_usage_line_runs_in_real_timm(tmp_path):
-  """Optional: the printed timm line, run in $TIMM_PYTHON, gives our logits (Ti/16, 10 classes)."""
+  """The printed timm line, run in real timm, gives our logits (Ti/16, 10 classes)."""
   sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
   try:
     import timm_parity  # pylint: disable=g-import-not-at-top
   finally:
     sys.path.pop(0)
-  python = timm_parity.timm_python()
-  if python is None:
-    pytest.skip("torch/timm not available (set TIMM_PYTHON to run it)")
+  timm_reference.require()  # Skips where torch/timm are missing, except in CI.
+  python = sys.executable
   model = vit.Model(num_classes=10, variant="Ti/16", head_zeroinit=False, remat_policy=None)
   images = np.asarray(jax.random.uniform(jax.random.key(0), (1, 224, 224, 3), minval=-1, maxval=1))
   rng = np.random.default_rng(1)
