@@ -47,6 +47,11 @@ class Run:
 def read_input_and_schedule(config, run):
   """Opens the training data and reads how many steps to train, log and checkpoint."""
   input_cfg = config.consume("input")
+  for key, value in (("input", input_cfg), ("input.batch_size", (input_cfg or {}).get("batch_size"))):
+    if value is None:
+      raise ValueError(f"The config sets no config.{key}: the training data needs config.input = "
+                       "dict(data=dict(name=..., split=...), batch_size=..., pp=...), as in "
+                       "configs/demo.py.")
   run.batch_size = batch_size = int(input_cfg.batch_size)
   # Also checks the batch divides over the batch devices (its message says what to use).
   run.accum_steps = grad_accum.check(config.get("grad_accum_steps", 1), batch_size,
