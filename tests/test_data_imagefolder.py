@@ -302,14 +302,36 @@ def test_macos_leftovers_are_neither_images_nor_classes(tmp_path, caplog):
   assert "skipped" not in caplog.text
 
 
-def test_a_link_cycle_does_not_repeat_images(tmp_path):
+def test_linked_folders_are_followed_and_a_link_cycle_does_not_repeat_images(tmp_path, caplog):
   im = Image.fromarray(np.zeros((4, 4, 3), np.uint8))
   _save(f"{tmp_path}/train/a/x.png", im, "PNG")
   _save(f"{tmp_path}/train/b/y.png", im, "PNG")
-  os.symlink("..", f"{tmp_path}/train/a/up")  # was ~60 copies of each image
-  os.symlink("../b", f"{tmp_path}/train/a/also_b")  # links to folders are not followed
-  got = _folder_eval(tmp_path, "decode")
-  assert {n: label for n, (_, label) in got.items()} == {"train/a/x.png": 0, "train/b/y.png": 1}
+  _save(f"{tmp_path}/elsewhere/z.png", im, "PNG")
+  os.symlink("..", f"{tmp_path}/train/a/up")  # a cycle: was ~60 copies of each image
+  os.symlink("../../elsewhere", f"{tmp_path}/train/a/more")  # images kept on another disk
+  os.symlink("more", f"{tmp_path}/train/a/more_again")  # the same real folder: read once
+  os.symlink(f"{tmp_path}/train/b", f"{tmp_path}/train/a/b_too")  # (as torchvision reads it)
+  with caplog.at_level(logging.WARNING):
+    got = _folder_eval(tmp_path, "decode")
+  assert {n: label for n, (_, label) in got.items()} == {
+      "train/a/x.png": 0, "train/a/b_too/y.png": 0, "train/a/more/z.png": 0, "train/b/y.png": 1}
+  assert "train/a/up: it leads back to a folder above it (a cycle)" in caplog.text
+
+
+def test_16bit_netpbm_images_are_scaled_to_8_bits(tmp_path, caplog):
+  # Were skipped as "32-bit image". maxval 4095 (12-bit data): round(v * 255 / 4095), by hand.
+  raw = np.array([[0, 1000, 4095], [2048, 3, 4000]])
+  want = np.array([[0, 62, 255], [128, 0, 249]], np.uint8)
+  header = lambda magic: f"{magic}\n3 2\n4095\n".encode()  # noqa: E731
+  _write(f"{tmp_path}/train/a/grey.pgm", header("P5") + raw.astype(">u2").tobytes())
+  rgb = np.stack([raw, raw[::-1], 4095 - raw], axis=-1)
+  _write(f"{tmp_path}/train/a/colour.ppm", header("P6") + rgb.astype(">u2").tobytes())
+  with caplog.at_level(logging.WARNING):
+    got = _folder_eval(tmp_path, "decode")
+  assert "skipped" not in caplog.text
+  np.testing.assert_array_equal(got["train/a/grey.pgm"][0][..., 0], want)
+  want_rgb = np.stack([want, want[::-1], 255 - want], axis=-1)
+  np.testing.assert_array_equal(got["train/a/colour.ppm"][0], want_rgb)
 
 
 def test_mixed_channel_counts_say_how_to_batch_them(tmp_path):
@@ -399,3 +421,19 @@ def test_classes_spelt_decomposed_everywhere_keep_their_sort_order(tmp_path):
     _save(f"{tmp_path}/train/{cls}/x.png", im, "PNG")
   source = sources.get_source(dict(name="imagefolder", data_dir=str(tmp_path), split="train"))
   assert source.class_names == [nfd, "cafz"]  # as torchvision, and as before
+
+
+def test_class_folders_spelt_in_nfd_and_nfc_are_one_class(tmp_path):
+  # A macOS copy spells "café" decomposed (NFD); the test split, made on Linux, composed.
+  # They were two classes: train and test labels silently disagreed.
+  im = Image.fromarray(np.zeros((2, 2, 3), np.uint8))
+  nfd, nfc = unicodedata.normalize("NFD", "café"), unicodedata.normalize("NFC", "café")
+  for split, cls in (("train", nfd), ("train", "cafz"), ("test", nfc), ("test", "cafz")):
+    _save(f"{tmp_path}/{split}/{cls}/x.png", im, "PNG")
+  train = sources.get_source(dict(name="imagefolder", data_dir=str(tmp_path), split="train"))
+  test = sources.get_source(dict(name="imagefolder", data_dir=str(tmp_path), split="test"))
+  assert train.class_names == test.class_names == [nfd, "cafz"]
+  for source in (train, test):
+    by_folder = {unicodedata.normalize("NFC", os.path.basename(os.path.dirname(f))): int(label)
+                 for f, label in zip(source.files, source.labels)}
+    assert by_folder == {nfc: 0, "cafz": 1}

@@ -1,8 +1,12 @@
 """A folder of images as a dataset: ROOT/SPLIT/CLASS/*.{jpg,png,...} (EXTENSIONS).
 
 Images in sub-folders of a class folder belong to that class (as in
-torchvision's ImageFolder; links to sub-folders are not followed); images
-directly in ROOT/SPLIT are ignored. Hidden files and folders (".x", macOS's
+torchvision's ImageFolder, links to folders included; a link back to a folder
+above it, a cycle, is not followed, and a real folder is read once); images
+directly in ROOT/SPLIT are ignored. Class folder names are compared in
+Unicode NFC: "café" spelt decomposed (NFD, as macOS copies make it) in one
+split and composed in another is one class (named by its first spelling in
+sorted order). Hidden files and folders (".x", macOS's
 "._x.jpg") and "__MACOSX" folders are not read: they are not images of the
 dataset, nor classes.
 
@@ -31,7 +35,8 @@ the log. Grey, CMYK, RGBA, palette and odd-sized images decode with tf (the
 pp `decode` op converts channels); the files tf cannot decode right (TIFF,
 BMP, WebP, ...) are converted once to PNG files in a temporary folder
 (removed at exit); 16-bit TIFFs keep their top 8 bits (as tf reads 16-bit
-PNGs). 32-bit integer and float TIFFs (Pillow modes "I" and "F") are skipped
+PNGs); 16-bit PGMs and PPMs are scaled to 8 bits, round(v * 255 / maxval)
+(as Pillow reads 16-bit PPMs). 32-bit integer and float TIFFs (Pillow modes "I" and "F") are skipped
 with the reason in the log: no one 8-bit reading fits them all (a float
 image may hold [0, 1] or [0, 255]); save them as 8- or 16-bit PNG/TIFF.
 """
@@ -42,6 +47,7 @@ import os
 import shutil
 import tempfile
 import types
+import unicodedata
 
 import numpy as np
 import tensorflow as tf
@@ -82,6 +88,8 @@ def _try_convert(path, out_dir, index):
     with Image.open(path) as im:
       if im.mode.startswith("I;16"):  # the top 8 bits, as tf reads 16-bit PNGs
         im = Image.fromarray((np.asarray(im).astype(np.uint16) >> 8).astype(np.uint8))
+      elif im.mode == "I" and im.format == "PPM":  # a 16-bit PGM, which Pillow scales to 16 bits
+        im = Image.fromarray(np.round(np.asarray(im) * (255 / 65535)).astype(np.uint8))
       elif im.mode in ("I", "F"):  # (Pillow's 8-bit conversion would clip them silently)
         raise ValueError(f"32-bit image (Pillow mode {im.mode}) has no one 8-bit reading: "
                          f"save it as an 8- or 16-bit PNG/TIFF")
@@ -102,14 +110,41 @@ def _subdirs(path):
                 and not _hidden(d))
 
 
+def _leads_back(link_target, real_top):
+  """True when a folder (a link's real path) is real_top or above it: following it cycles."""
+  return real_top == link_target or real_top.startswith(link_target.rstrip(os.sep) + os.sep)
+
+
 def _images_under(cdir):
-  """Image files in a class folder and its sub-folders, sorted."""
-  out = []
-  for top, dirs, names in os.walk(cdir):
-    dirs[:] = [d for d in dirs if not _hidden(d)]
+  """Image files in a class folder and its sub-folders (links followed, each real folder once,
+  none that leads back above itself), sorted."""
+  out, seen = [], set()
+  for top, dirs, names in os.walk(cdir, followlinks=True):
+    real_top = os.path.realpath(top)
+    if real_top in seen:  # (two links to one folder)
+      dirs[:] = []
+      continue
+    seen.add(real_top)
+    cycles = [d for d in dirs if _leads_back(os.path.realpath(os.path.join(top, d)), real_top)]
+    if cycles:
+      log.warning("imagefolder: not following %s: it leads back to a folder above it (a cycle)",
+                  os.path.join(top, cycles[0]))
+    dirs[:] = [d for d in dirs if not _hidden(d) and d not in cycles]
     out += [os.path.join(top, n) for n in names
             if not _hidden(n) and n.lower().endswith(EXTENSIONS)]
   return sorted(out)
+
+
+def _class_labels(folder_names):
+  """(class names, {folder name: label}): spellings equal in Unicode NFC are one class, named
+  by its first spelling in sorted order."""
+  first = {}
+  for name in sorted(folder_names):
+    first.setdefault(unicodedata.normalize("NFC", name), name)
+  class_names = sorted(first.values())
+  index = {name: i for i, name in enumerate(class_names)}
+  labels = {name: index[first[unicodedata.normalize("NFC", name)]] for name in folder_names}
+  return class_names, labels
 
 
 _CONVERTED_DIRS = []
@@ -137,8 +172,8 @@ class ImageFolderSource:
         found = _subdirs(root) if os.path.isdir(root) else []
         raise ValueError(f"imagefolder: no folder {os.path.join(root, name)} (expected "
                          f"ROOT/SPLIT/CLASS/*.jpg); splits in {root}: {found[:8]}")
-    self.class_names = sorted({c for s in _subdirs(root) for c in _subdirs(os.path.join(root, s))})
-    labels = {c: i for i, c in enumerate(self.class_names)}
+    folder_names = {c for s in _subdirs(root) for c in _subdirs(os.path.join(root, s))}
+    self.class_names, labels = _class_labels(folder_names)
     per_split = {}  # [(file, label)] of each split folder, sorted by class, then path
     for name in names:
       cdirs = _subdirs(os.path.join(root, name))
