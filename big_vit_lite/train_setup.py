@@ -47,7 +47,8 @@ class Run:
 def read_input_and_schedule(config, run):
   """Opens the training data and reads how many steps to train, log and checkpoint."""
   input_cfg = config.consume("input")
-  for key, value in (("input", input_cfg), ("input.batch_size", (input_cfg or {}).get("batch_size"))):
+  batch_size = (input_cfg or {}).get("batch_size")
+  for key, value in (("input", input_cfg), ("input.batch_size", batch_size)):
     if value is None:
       raise ValueError(f"The config sets no config.{key}: the training data needs config.input = "
                        "dict(data=dict(name=..., split=...), batch_size=..., pp=...), as in "

@@ -162,9 +162,13 @@ def test_each_step_draws_new_random_numbers_and_a_rerun_the_same(tfds_data_dir, 
   assert rerun == first
 
 
-@pytest.mark.parametrize("input_cfg, key", [(None, "input"), (dict(pp="decode"), "input.batch_size")])
+@pytest.mark.parametrize("input_cfg, key", [
+    (None, "input"),
+    (dict(pp="decode"), "input.batch_size"),
+])
 def test_a_config_without_input_is_one_line(input_cfg, key):
   # Was an AttributeError traceback ('NoneType' object has no attribute 'batch_size').
-  config = checks.tracked_config(total_steps=2, **({} if input_cfg is None else {"input": input_cfg}))
+  given = {} if input_cfg is None else {"input": input_cfg}
+  config = checks.tracked_config(total_steps=2, **given)
   checks.one_line_error(lambda: train_setup.read_input_and_schedule(config, run=None),
                         f"The config sets no config.{key}:", "configs/demo.py")

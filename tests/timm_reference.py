@@ -60,6 +60,6 @@ def logits(path, images, timm_name=None):
   """timm's logits (float32 numpy) for NHWC `images` (numpy or jax) through load(path)."""
   _, torch = require()
   model = load(path, timm_name)
-  nchw = torch.from_numpy(np.ascontiguousarray(np.asarray(images, np.float32).transpose(0, 3, 1, 2)))
+  nchw = np.ascontiguousarray(np.asarray(images, np.float32).transpose(0, 3, 1, 2))
   with torch.no_grad():
-    return model(nchw).numpy()
+    return model(torch.from_numpy(nchw)).numpy()
