@@ -32,6 +32,7 @@ import sys
 
 from absl import app
 from absl import flags
+import safetensors
 
 from big_vit_lite import evaluate
 from big_vit_lite.models import formats
@@ -76,7 +77,10 @@ def export(src: str, out: str, fmt=None, res=None, key="params") -> dict:
   if res is None and fmt == "timm":  # Our timm file or a run's config says its image size.
     res = (timm.timm_image_size(src) if str(src).endswith(".safetensors") else
            steps.trained_hw(config, flat))
-  kwargs = formats.save(flat, out, image_size=res)
+  try:
+    kwargs = formats.save(flat, out, image_size=res)
+  except safetensors.SafetensorError as e:  # (not an OSError: a read-only or full disk, ...)
+    raise OSError(f"--out={out}: cannot write it: {e}") from e
   if fmt == "npz":
     return {"out": out, "format": "npz", "num_params": len(flat)}
   return {"out": out, "format": "timm", "timm_kwargs": kwargs,

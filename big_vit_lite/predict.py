@@ -169,7 +169,10 @@ def main(argv):
   def on_skip(path, reason):
     skipped.append(path)
     print(f"predict: skipped {path}: {reason}", file=sys.stderr, flush=True)
-  out = open(f.out, "w", newline="") if f.out else sys.stdout
+  try:  # Before the model loads: a bad --out fails in a second.
+    out = open(f.out, "w", newline="") if f.out else sys.stdout
+  except OSError as e:
+    sys.exit(f"predict: error: cannot write --out={f.out}: {e.strerror or e}")
   count = 0
   try:
     writer = csv.writer(out) if f.format == "csv" else None

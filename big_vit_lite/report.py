@@ -221,7 +221,7 @@ def main(argv):
     raise app.UsageError("Pass one or more workdirs: WORKDIR [WORKDIR...] [--out=DIR]")
   try:
     print(write(argv[1:], _OUT.value))
-  except ValueError as e:
+  except (ValueError, OSError) as e:  # (OSError: --out cannot be written)
     sys.exit(f"big_vit_lite.report: error: {e}")
 
 
