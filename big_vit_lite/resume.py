@@ -2,6 +2,8 @@
 
 Also the workdir (created and locked) and the line naming the last complete checkpoint.
 """
+import json
+
 from absl import logging
 
 from big_vit_lite import checkpoint as ckpt_lib
@@ -19,10 +21,11 @@ def with_opt_layout(state_abstract, opt, clipped):
                                                             opt.clipped, clipped))
 
 
-def check_resumable(checkpointer, step, state_abstract, opt):
+def check_resumable(checkpointer, step, state_abstract, opt, config=None):
   """Whether the checkpoint at `step` was saved with the gradient clip in its optimizer chain.
 
-  Raises a one-line TrainingError when it cannot continue this config. A
+  Raises a one-line TrainingError when it cannot continue this config (the
+  raw ConfigDict: its keys that differ from the checkpoint's are named). A
   changed grad_clip_norm (on <-> off) is fine: the clip keeps no state.
   """
   try:
@@ -39,10 +42,43 @@ def check_resumable(checkpointer, step, state_abstract, opt):
     raise TrainingError(damaged(checkpointer, step, e)) from e
   if mismatch:
     step_dir = checkpointer.step_dir(step)
+    changed = changed_keys(step_dir, config)
+    # Params of another shape cannot initialise this model either: model_init is no way out.
+    fix = ("Use a new --workdir" if mismatch.startswith("'params/") else
+           f"Use a new --workdir with config.model_init={step_dir} to start from its params")
     raise TrainingError(f"Cannot resume from {step_dir}: it was written for another model or "
-                        f"optimizer ({mismatch}). Use a new --workdir (with config.model_init="
-                        f"{step_dir} to start from its params), or undo the change.")
+                        f"optimizer ({mismatch}; {changed}). {fix}, or undo the change.")
   return saved_clipped
+
+
+# The config keys that shape the train state (params, optimizer state, EMA).
+_STATE_KEYS = ("model.", "model_name", "optax_name", "optax.", "ema_decay", "schedule")
+
+
+def changed_keys(step_dir, config):
+  """'config keys changed since the checkpoint: model.width 16 -> 32, ...' (those that shape
+  the state), from the config saved with the checkpoint; a note where none is known."""
+  path = step_dir / "config" / "metadata"
+  if config is None or not path.is_file():
+    return "the checkpoint holds no config to compare with"
+  saved, now = _flat(json.loads(path.read_text())), _flat(json.loads(config.to_json_best_effort()))
+  changed = [f"{k} {saved.get(k, '(unset)')} -> {now.get(k, '(unset)')}"
+             for k in sorted(set(saved) | set(now))
+             if k.startswith(_STATE_KEYS) and saved.get(k) != now.get(k)]
+  if not changed:
+    return "no config key that shapes the state changed: the code did"
+  return "config keys changed since the checkpoint: " + ", ".join(changed)
+
+
+def _flat(tree, prefix=""):
+  """{'a.b': value} of a JSON dict."""
+  out = {}
+  for key, value in tree.items():
+    if isinstance(value, dict):
+      out.update(_flat(value, f"{prefix}{key}."))
+    else:
+      out[prefix + key] = value
+  return out
 
 
 def finish_saves(checkpointer):

@@ -274,7 +274,8 @@ def _restore_or_init(raw_config, run, parts, settings, cleanup):
   resume_step = checkpointer.manager.latest_step()
   if resume_step is not None:
     opt, model_init = parts.opt, settings.model_init
-    saved_clipped = resume.check_resumable(checkpointer, resume_step, parts.state_abstract, opt)
+    saved_clipped = resume.check_resumable(checkpointer, resume_step, parts.state_abstract, opt,
+                                           raw_config)
     # model_init only initialises a fresh run (as in big_vision): say so, not silently.
     logging.info("Resuming from %s/%d%s", checkpointer.directory, resume_step,
                  f"; config.model_init={model_init} is not read again (it only initialises a "

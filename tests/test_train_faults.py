@@ -171,11 +171,21 @@ def test_ctrl_c_saves_then_changed_or_damaged_resumes_fail_clearly(tfds_data_dir
   msg = str(e.value)
   assert "\n" not in msg and "Cannot resume from" in msg, msg
   assert "'params/" in msg and "(16,) in the checkpoint, (32,) in this config" in msg, msg
-  assert "new --workdir" in msg, msg
-  # Another optimizer.
-  with pytest.raises(train.TrainingError, match="Cannot resume from .*opt_state"):
+  # The changed key, from the checkpoint's config; no model_init advice (another width's
+  # params cannot initialise this model either).
+  assert "config keys changed since the checkpoint: model.width 16 -> 32)" in msg, msg
+  assert "Use a new --workdir, or undo the change." in msg and "model_init" not in msg, msg
+  # Another optimizer: its params can start a new run, as the line says.
+  with pytest.raises(train.TrainingError, match="Cannot resume from .*opt_state") as e:
     train.train(_config(tfds_data_dir, total_steps=100_000, ckpt_steps=0, optax_name="sgd"),
                 workdir)
+  msg = str(e.value)
+  assert "optax_name scale_by_adam -> sgd" in msg, msg
+  model_init = msg.split("config.model_init=")[1].split(" ")[0]
+  fresh = str(tmp_path / "fresh")
+  train.train(_config(tfds_data_dir, total_steps=1, ckpt_steps=0, optax_name="sgd",
+                      model_init=model_init), fresh)
+  assert checkpoint.complete_steps(fresh) == [1]
   # The failed attempts left the run's config.json and checkpoint alone.
   assert open(os.path.join(workdir, "config.json")).read() == config_json
   assert checkpoint.complete_steps(workdir) == saved
