@@ -10,6 +10,7 @@ import numpy as np
 from big_vit_lite import checkpoint as ckpt_lib
 from big_vit_lite import distributed
 from big_vit_lite import metrics as metrics_lib
+from big_vit_lite import profiling
 from big_vit_lite import report as report_lib
 from big_vit_lite import summary as summary_lib
 from big_vit_lite.data import device as device_lib
@@ -54,6 +55,8 @@ class Loop:
     cleanup.callback(self.preemption.close)
     self.guard = distributed.HangGuard.from_env(timeout_s=settings.hang_timeout)
     cleanup.callback(self.guard.stop)
+    self.profiler = profiling.StepProfiler(run.workdir, settings.profile_steps)
+    cleanup.callback(self.profiler.close)
 
   def run(self):
     """Trains to total_steps (or a preemption); returns the final params."""
@@ -67,7 +70,9 @@ class Loop:
       # per-step transfers): fail loudly instead. Explicit ones are fine.
       with jax.transfer_guard("disallow"):
         batch = next(batches)
+        self.profiler.before(step + 1)
         self.state, measured = self.compiled(self.state, batch)
+        self.profiler.after(step + 1, measured)
       self.data_state = batches.get_state()
       step += 1
       self.guard.tick(step)
