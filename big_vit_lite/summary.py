@@ -73,7 +73,7 @@ def stats(rows):
         continue
       final[k] = v
       sign = -1 if "loss" in k or "err" in k else 1  # Losses and errors at their lowest.
-      if (k in eval_keys or k == "training_loss") and (
+      if (k in eval_keys or k in ("training_loss", "training_loss_avg")) and (
           k not in best or sign * v > sign * best[k]["value"]):
         best[k] = dict(value=v, step=row["step"])
   train_rows = [r for r in rows if "training_loss" in r]
@@ -141,7 +141,8 @@ def block(s, path):
     head += f" ({s['epochs']:.3g} epochs)"
   if len(s.get("attempts", ())) > 1:
     head += f", {len(s['attempts'])} attempts"
-  lines = [f"==== Summary: {head} ===="] + ([f"  error: {s['error']}"] if s.get("error") else [])
+  # (No error line: the job's last line says it, once; summary.json keeps it.)
+  lines = [f"==== Summary: {head} ===="]
   for k, v in s.get("final", {}).items():
     b = s.get("best", {}).get(k)  # (An evaluate run has none: it shows every result.)
     if b or s["kind"] == "evaluate":

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from big_vit_lite import checkpoint as ckpt_lib
+from big_vit_lite import console
 from big_vit_lite import distributed
 from big_vit_lite import metrics as metrics_lib
 from big_vit_lite import report as report_lib
@@ -47,6 +48,7 @@ class Loop:
         report=report_lib.write if settings.report else None)
     cleanup.push(self.summary.exit)
     # core_hours counts the earlier attempts too (their lines up to the checkpoint are kept).
+    self.progress = console.Progress()  # The loss over the interval; lines on time.
     self.chrono = metrics_lib.Chrono(
         total_steps=run.total_steps, global_batch=run.batch_size,
         core_hours_before=run.writer.last_value("core_hours"), **flops)
@@ -74,9 +76,12 @@ class Loop:
       if pending_loss is not None:  # Checked one step late to keep the pipeline full.
         self._check_finite(*pending_loss)
       pending_loss = (step, measured["training_loss"])
+      self.progress.add(measured["training_loss"])
       final = step == run.total_steps
       if step % run.log_steps == 0 or final:
         self._log(step, measured)
+      elif self.progress.due():  # Between logged steps: the log only.
+        self._print_progress(step, measured)
       chrono.pause()
       preempted = self.preemption.reached(step)
       if preempted or final or (run.ckpt_steps and step % run.ckpt_steps == 0):
@@ -102,11 +107,20 @@ class Loop:
     return self.state["params"]
 
   def _log(self, step, measured):
+    """A metrics.jsonl row (training_loss_avg: over the steps since the last one) and its line."""
     m = jax.device_get(measured)
     self._check_finite(step, m["training_loss"])
     m = {k: float(v) for k, v in m.items()} | self.chrono.tick(step)
     m["epoch"] = step / self.run_.steps_per_epoch
+    m["training_loss_avg"] = self.progress.logged_mean()
     self.run_.writer.write(step, m)
+    if jax.process_index() == 0:
+      logging.info("%s", metrics_lib.progress_line(step, self.run_.total_steps, m))
+
+  def _print_progress(self, step, measured):
+    """A progress line between logged steps (loss_avg: since the last line), not in metrics."""
+    m = {k: float(v) for k, v in jax.device_get(measured).items()} | self.chrono.tick(step)
+    m["training_loss_avg"] = self.progress.line_mean()
     if jax.process_index() == 0:
       logging.info("%s", metrics_lib.progress_line(step, self.run_.total_steps, m))
 
