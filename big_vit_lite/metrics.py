@@ -87,6 +87,7 @@ class MetricWriter:
     self._active = jax.process_index() == 0
     self._tensorboard = tensorboard
     self._tb = None  # clu writer, created at the first write (see start_run).
+    self.also = []  # More writers of the same rows: write(step, row) (wandb_writer.Writer).
     if self._active:
       self.workdir.mkdir(parents=True, exist_ok=True)
 
@@ -103,6 +104,8 @@ class MetricWriter:
         # TensorBoard only: clu's default writer would also log every row, a second progress line.
         self._tb = metric_writers.SummaryWriter(str(self.workdir))
       self._tb.write_scalars(int(step), scalars)
+    for writer in self.also:
+      writer.write(step, row)
 
   def _rows(self):
     return read_metrics(self.workdir) if self._active else []

@@ -158,7 +158,7 @@ def _figure(plt, runs, panels, cols):
     _plot(ax, runs, key, x)
   fig.tight_layout()
   buf = io.BytesIO()
-  fig.savefig(buf, format="png", dpi=80)
+  fig.savefig(buf, format="png", dpi=100)
   shown = plotted(fig)
   plt.close(fig)
   return buf.getvalue(), shown

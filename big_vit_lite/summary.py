@@ -170,13 +170,14 @@ class TrainRun:
   Register `exit` on the run's ExitStack; set `status = "preempted"` before
   a preempted run returns. `evaluated()` after each eval rewrites the report
   with `report` (report.write, when config.report is set; passed in: report.py
-  reads this module). Process 0 only; the others do nothing.
+  reads this module). `on_end(summary)` when the run ends (wandb_writer.Writer.finish).
+  Process 0 only; the others do nothing.
   """
 
   def __init__(self, workdir, *, total_steps, start_step, checkpoint_dir, image_shape,
-               report=None):
+               report=None, on_end=None):
     self.active = jax.process_index() == 0
-    self.workdir, self.report = paths.resolve(workdir), report
+    self.workdir, self.report, self.on_end = paths.resolve(workdir), report, on_end
     self.status = "finished"
     if not self.active:
       return
@@ -230,6 +231,11 @@ class TrainRun:
       self.evaluated()
     except Exception as e:  # pylint: disable=broad-except
       logging.warning("Could not write %s: %s", self.workdir / FILE, e)
+    try:
+      if self.on_end:
+        self.on_end(self.summary)  # (config.wandb: the W&B run's summary; it ends.)
+    except Exception as e:  # pylint: disable=broad-except
+      logging.warning("Could not send the summary to the tracker: %s", e)
     return False
 
 

@@ -13,6 +13,7 @@ from big_vit_lite import distributed
 from big_vit_lite import metrics as metrics_lib
 from big_vit_lite import report as report_lib
 from big_vit_lite import summary as summary_lib
+from big_vit_lite import wandb_writer
 from big_vit_lite.data import device as device_lib
 from big_vit_lite.resume import TrainingError
 
@@ -37,6 +38,9 @@ class Loop:
     # Drops what a killed earlier attempt logged after the resumed step (or
     # all of it, for a fresh start), in metrics.jsonl and in TensorBoard.
     run.writer.start_run(resume_step)
+    # config.wandb: the same rows to Weights & Biases, and the summary at the end.
+    self.tracker = wandb_writer.start(settings.wandb, run.workdir, raw_config)
+    run.writer.also += [self.tracker] if self.tracker else []
     # Device prefetch; its get_state() is the position after the last batch *returned*.
     self.batches = device_lib.prefetch(run.train_iter, run.prefetch_size, run.mesh)
     cleanup.callback(self.batches.close)  # (Idempotent; on an error its thread must stop too.)
@@ -45,7 +49,8 @@ class Loop:
     self.summary = summary_lib.TrainRun(
         run.workdir, total_steps=run.total_steps, start_step=resume_step,
         checkpoint_dir=checkpointer.directory, image_shape=parts.image_shape,
-        report=report_lib.write if settings.report else None)
+        report=report_lib.write if settings.report else None,
+        on_end=self.tracker.finish if self.tracker else None)
     cleanup.push(self.summary.exit)
     # core_hours counts the earlier attempts too (their lines up to the checkpoint are kept).
     self.progress = console.Progress()  # The loss over the interval; lines on time.
