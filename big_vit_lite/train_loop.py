@@ -112,15 +112,17 @@ class Loop:
     return self.state["params"]
 
   def _log(self, step, measured):
-    """A metrics.jsonl row (training_loss_avg: over the steps since the last one) and its line."""
+    """A metrics.jsonl row (training_loss_avg: over the steps since the last row) and a line."""
     m = jax.device_get(measured)
     self._check_finite(step, m["training_loss"])
     m = {k: float(v) for k, v in m.items()} | self.chrono.tick(step)
     m["epoch"] = step / self.run_.steps_per_epoch
+    line_avg = self.progress.line_mean()  # In the log: since its previous progress line.
     m["training_loss_avg"] = self.progress.logged_mean()
     self.run_.writer.write(step, m)
     if jax.process_index() == 0:
-      logging.info("%s", metrics_lib.progress_line(step, self.run_.total_steps, m))
+      line = m | {"training_loss_avg": line_avg}
+      logging.info("%s", metrics_lib.progress_line(step, self.run_.total_steps, line))
 
   def _print_progress(self, step, measured):
     """A progress line between logged steps (loss_avg: since the last line), not in metrics."""
