@@ -27,6 +27,7 @@ INSTALL_REQUIRES = [
 ]
 
 REPORT = ["matplotlib>=3.11.2"]
+WANDB = ["wandb>=0.31.0,<0.32"]  # config.wandb (wandb_writer.py)
 
 EXTRAS = {
     # jax's own CUDA wheels (CUDA, cuDNN and NCCL come as pip packages; only the NVIDIA driver
@@ -35,8 +36,9 @@ EXTRAS = {
     "cuda13": ["jax[cuda13]>=0.10.2,<0.13"],
     "tpu": ["jax[tpu]>=0.10.2,<0.13"],  # libtpu, for Cloud TPU VMs
     "report": REPORT,
+    "wandb": WANDB,
     "test": ["pytest>=9.2.0", "pytest-timeout>=2.4.0", "pytest-xdist>=3.8.0",
-             "scikit-learn>=1.9.1", "build>=1.6.1"] + REPORT,
+             "scikit-learn>=1.9.1", "build>=1.6.1"] + REPORT + WANDB,
 }
 
 with open("README.md", encoding="utf-8") as f:

@@ -56,6 +56,7 @@ class Checkpointer:
         self.directory, options=options, item_names=("state", "data", "config", "checksums"))
     self._closed = False
     self._in_flight = None  # The step of the last save started.
+    self._reported = None  # The last step logged as saved.
     steps.drop_abandoned_read_reports()  # (Writes too: a failed save abandons the others.)
 
   def all_steps(self):
@@ -114,11 +115,14 @@ class Checkpointer:
     return out["state"], out["data"]
 
   def wait(self):
-    """Waits for the save in flight; a SaveError if it failed."""
+    """Waits for the save in flight; a SaveError if it failed. Logs the step saved, once."""
     try:
       self.manager.wait_until_finished()
     except Exception as e:  # pylint: disable=broad-except
       raise self._save_error(e) from e
+    if self._in_flight is not None and self._in_flight != self._reported:
+      self._reported = self._in_flight
+      logging.info("Saved checkpoint step %d: %s", self._in_flight, self.step_dir(self._in_flight))
 
   def _save_error(self, error):
     steps.mark_save_failed()  # What orbax's other writes report from now on is this failure again.

@@ -7,9 +7,9 @@ TensorBoard writer. Only process 0 writes, so every process may call it.
 `mfu` = model FLOPs of the step (its matmuls counted from the jaxpr, remat's
 recomputation not included: `flops.matmul_flops`) / step time / peak FLOP/s;
 `mfu_xla` uses XLA's FLOPs (`flops.step_flops`) where they are sane. The peak
-is the datasheet figure of devices.py for accelerators, and for CPUs a matmul
-timed at start on all local devices at once (see benchmarks/NOTES.md, section
-"Plan, bench, FLOPs, metrics").
+is the datasheet figure of devices.py for accelerators, and for CPUs the best matmul
+rate timed at start (on one device and on all at once) divided among the devices (see
+benchmarks/NOTES.md, section "Plan, bench, FLOPs, metrics").
 """
 import json
 import os
@@ -43,19 +43,32 @@ def matmul_rates(n, dtype="float32", reps=5, devs=None):
   return rates
 
 
+def cpu_machine_flops(dtype="float32", sizes=(256, 512, 1024), reps=5):
+  """The best matmul FLOP/s of this process's CPU devices together, in `dtype` (f32 too).
+
+  The best of a matmul on device 0 alone and one on every local device at once (sharded),
+  over `sizes` and `reps`: a shared machine only ever makes a call slower. Simulated CPU
+  devices share the cores and XLA's thread pool, so one device alone may already use every
+  core, or the devices at once may reach more; each way alone read low on some hosts (the
+  demo then logged MFU over 100%: benchmarks/NOTES.md, "CPU peak for MFU").
+  """
+  dtypes = {"float32", dtype}  # A bf16 model's f32 matmuls may run faster.
+  device_sets = [jax.local_devices()[:1], jax.local_devices()]
+  rates = [max(matmul_rates(n, d, reps, devs)) for d in dtypes for n in sizes
+           for devs in device_sets]
+  return max(rates)
+
+
 def peak_flops_per_device(dtype="bfloat16"):
   """Peak FLOP/s of one device for matmuls in `dtype`, or None when its kind is unknown.
 
-  CPU: the best matmul rate of all local devices together (in `dtype` and float32, the
-  faster), divided among them. The simulated CPU devices share the cores and XLA's thread
-  pool: only a matmul on all of them at once measures what they can do together. The best
-  over sizes and reps, because a shared machine only ever makes a call slower.
+  CPU: the whole machine's best matmul rate (cpu_machine_flops) divided among the local
+  devices, which run their shares of a step side by side on the same cores.
   """
   device = jax.local_devices()[0]
   dtype = "float32" if str(jnp.dtype(dtype)) == "float32" else "bfloat16"
-  if device.platform == "cpu":  # f32 too: a bf16 model's f32 matmuls may run faster.
-    return max(max(matmul_rates(n, d)) for d in {"float32", dtype}
-               for n in (256, 512, 1024)) / jax.local_device_count()
+  if device.platform == "cpu":
+    return cpu_machine_flops(dtype) / jax.local_device_count()
   # bf16: the usual MFU denominator; f32 runs at JAX's default precision (TF32 on GPUs).
   return devices.datasheet_peak(device, dtype)
 
@@ -74,6 +87,7 @@ class MetricWriter:
     self._active = jax.process_index() == 0
     self._tensorboard = tensorboard
     self._tb = None  # clu writer, created at the first write (see start_run).
+    self.also = []  # More writers of the same rows: write(step, row) (wandb_writer.Writer).
     if self._active:
       self.workdir.mkdir(parents=True, exist_ok=True)
 
@@ -87,9 +101,11 @@ class MetricWriter:
     if scalars and self._tensorboard:
       if self._tb is None:  # Created at the first write: after start_run's event file.
         from clu import metric_writers  # pylint: disable=g-import-not-at-top
-        self._tb = metric_writers.create_default_writer(
-            str(self.workdir), just_logging=False, asynchronous=False)
+        # TensorBoard only: clu's default writer would also log every row, a second progress line.
+        self._tb = metric_writers.SummaryWriter(str(self.workdir))
       self._tb.write_scalars(int(step), scalars)
+    for writer in self.also:
+      writer.write(step, row)
 
   def _rows(self):
     return read_metrics(self.workdir) if self._active else []
@@ -247,7 +263,8 @@ class Chrono:
 
 def progress_line(step, total_steps, m):
   """One human-readable line from the training metrics of a step."""
-  fmts = (("training_loss", "loss={:.4f}".format), ("learning_rate", "lr={:.3g}".format),
+  fmts = (("training_loss_avg", "loss_avg={:.4f}".format),
+          ("training_loss", "loss={:.4f}".format), ("learning_rate", "lr={:.3g}".format),
           ("grad_norm", "gnorm={:.3g}".format), ("img/sec", "{:.1f} img/s".format),
           ("step_time", lambda v: f"{v * 1000:.0f} ms/step"),
           ("mfu", lambda v: f"MFU={100 * v:.1f}%"),
@@ -260,8 +277,8 @@ def _hms(seconds):
   return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m{seconds % 60:02d}s"
 
 
-def log_parameter_overview(params):
-  """Logs a table of parameter names, shapes and counts (boxed params ok)."""
+def parameter_overview(params):
+  """(parameter count, a table of names, shapes and counts) of `params` (boxed params ok)."""
   from clu import parameter_overview  # pylint: disable=g-import-not-at-top
   from big_vit_lite import sharding  # pylint: disable=g-import-not-at-top
   params = sharding.unbox(params)
@@ -269,4 +286,4 @@ def log_parameter_overview(params):
   # ShapeDtypeStructs alike, and never gathers values to the host.
   text = parameter_overview.get_parameter_overview(params, include_stats=False)
   n = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
-  logging.info("Parameters (%s total):\n%s", f"{n:,}", text)
+  return n, text

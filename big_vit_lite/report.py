@@ -3,14 +3,17 @@ r"""A run report: `python -m big_vit_lite.report WORKDIR [WORKDIR...] [--out=DIR
 Writes report.html (one self-contained file: the plots are embedded PNGs,
 no scripts) and the PNGs to DIR, by default WORKDIR/report (several
 workdirs, overlaid for comparison, need --out):
-  training.png    training loss and learning rate against step and wall-clock time
-  evals.png       every eval metric against step
+  training.png    training loss (per logged step, and training_loss_avg: averaged over
+                  each logging interval) and learning rate against step and wall-clock time
+  evals.png       every eval metric against step, with those `evaluate` wrote into
+                  WORKDIR/eval (the command the trainer prints), as "evaluate/KEY"
   throughput.png  img/s, MFU (every key starting with "mfu") and core-hours
   other.png       every other numeric training metric (grad_norm, step_time, ...)
 Wall-clock time is each attempt's uptime, the attempts of a resumed run
-back to back; resumes are dashed vertical lines. Tables: per run its status, steps,
-epochs, time, img/s, MFU, device and attempts; final and best metrics; the
-config keys that differ between the runs. Only what the runs wrote is read
+back to back; resumes are dashed vertical lines. Tables: per run its status,
+step (the newest of the last logged step and the last checkpoint), epochs,
+time, img/s, MFU, device and attempts; final and best metrics; the config
+keys that differ between the runs. Only what the runs wrote is read
 (metrics.jsonl, config.json, summary.json, the checkpoint listing), so it
 works on a run in progress and on a bucket workdir (gs://...).
 `config.report = True` makes the trainer write it at each eval.
@@ -35,6 +38,10 @@ from big_vit_lite import summary
 
 INSTALL = "pip install 'big_vit_lite[report]'"
 _TRAINING = ("training_loss", "learning_rate")
+# Drawn in the panel of the key before it, not in a panel of its own.
+_OVERLAY = {"training_loss": "training_loss_avg"}
+EVAL_SUBDIR = "eval"  # Where the trainer's printed `evaluate` command writes.
+EVAL_PREFIX = "evaluate/"  # Its keys in the report, beside the trainer's own evals.
 _THROUGHPUT = ("img/sec", "mfu", "core_hours")  # key prefixes
 _OUT = None
 _CSS = ("body{font-family:sans-serif;margin:1.5em;max-width:1400px}"
@@ -58,6 +65,7 @@ def load(workdir):
   """One run's rows, hours, resumes, config and summary, as a dict."""
   wd = paths.resolve(workdir)
   rows = metrics.read_metrics(wd)
+  rows += _evaluate_rows(wd / EVAL_SUBDIR) if rows else []
   if not rows:
     raise ValueError(f"{wd} has no metrics.jsonl lines: pass a training or evaluate workdir "
                      "(a run writes its first line at its first logged step).")
@@ -76,35 +84,72 @@ def load(workdir):
   attempts = run["summary"].get("attempts", [])
   run["resume_steps"] = ([a["start_step"] for a in attempts[1:]] if attempts else
                          [s[0]["step"] for s in segments[1:]])
+  # Where the run is: a checkpoint (a preemption's) may be past the last logged step.
+  run["final_step"] = max(run["stats"]["step"], run["summary"].get("step") or 0,
+                          *run["checkpoints"][-1:])
   return run
 
 
+def _evaluate_rows(eval_dir):
+  """The rows `evaluate` wrote into the run's eval dir, keys prefixed with EVAL_PREFIX."""
+  rows = sorted(metrics.read_metrics(eval_dir), key=lambda r: r["step"])
+  return [{"step": r["step"], **{EVAL_PREFIX + k: v for k, v in r.items() if k != "step"}}
+          for r in rows]
+
+
+def _points(run, key, x, scale):
+  """(x, value) of `key` in `run`'s rows, against "step" or its wall-clock hours * scale."""
+  if x == "step":
+    return [(r["step"], r[key]) for r in run["rows"] if summary.numeric(r.get(key))]
+  return [(h * scale, r[key]) for r, h in zip(run["train_rows"], run["hours"])
+          if h is not None and summary.numeric(r.get(key))]
+
+
 def _plot(ax, runs, key, x):
-  """`key` of every run against "step" or "hours"/"minutes", resumes as dashed lines."""
+  """`key` of every run against "step" or "hours"/"minutes", resumes as dashed lines.
+
+  Its _OVERLAY key in the same panel (the loss averaged over each interval, bold, the
+  per-step loss thin); a single point gets a marker.
+  """
   scale = 60 if x == "minutes" else 1
+  overlay = _OVERLAY.get(key)
+  right = 0
   for i, run in enumerate(runs):
     color = f"C{i % 10}"
-    pts = ([(r["step"], r[key]) for r in run["rows"] if summary.numeric(r.get(key))]
-           if x == "step" else [(h * scale, r[key]) for r, h in zip(run["train_rows"], run["hours"])
-                                if h is not None and summary.numeric(r.get(key))])
+    pts = _points(run, key, x, scale)
+    avg = _points(run, overlay, x, scale) if overlay else []
     if pts:
-      ax.plot(*zip(*pts), color=color, label=run["name"], ms=3, lw=1.2,
-              marker="o" if key in run["eval_keys"] else None)
-    for j, at in enumerate(run["resume_steps"] if x == "step" else
-                           [h * scale for h in run["resume_hours"]]):
+      ax.plot(*zip(*pts), color=color, label=run["name"], ms=4, lw=0.8 if avg else 1.2,
+              alpha=0.45 if avg else 1.0,
+              marker="o" if key in run["eval_keys"] or len(pts) == 1 else None)
+    if avg:
+      ax.plot(*zip(*avg), color=color, label=f"{run['name']}: {overlay}", lw=1.8,
+              marker="o" if len(avg) == 1 else None, ms=4)
+    resumes = (run["resume_steps"] if x == "step" else [h * scale for h in run["resume_hours"]])
+    for j, at in enumerate(resumes):
       ax.axvline(at, color=color, ls="--", lw=0.8, alpha=0.8,
                  label=f"resumed ({run['name']})" if j == 0 else None)
-  ax.set_xlim(left=0)
+    right = max([right, *resumes, *(p[0] for p in pts + avg)])
+  # From 0, with room on the right: a last point or a resume line is not on the frame.
+  ax.set_xlim(0, right * 1.05 or 1)
   ax.set_title(key, fontsize=10)
   ax.set_xlabel(x if x == "step" else f"wall-clock {x} (attempts back to back)", fontsize=8)
   ax.tick_params(labelsize=8)
   ax.grid(alpha=0.3)
-  if len(runs) > 1 or any(run["resume_steps"] for run in runs):
+  if len(runs) > 1 or overlay or any(run["resume_steps"] for run in runs):
     ax.legend(fontsize=7)
 
 
+def plotted(fig):
+  """What `fig`'s panels show, read back from its lines: a dict per line (resume lines too)."""
+  return [dict(panel=ax.get_title(), x=ax.get_xlabel(), label=line.get_label(),
+               xs=[float(v) for v in line.get_xdata()], ys=[float(v) for v in line.get_ydata()],
+               marker=line.get_marker(), xlim=[float(v) for v in ax.get_xlim()])
+          for ax in fig.axes if ax.get_visible() for line in ax.get_lines()]
+
+
 def _figure(plt, runs, panels, cols):
-  """PNG bytes of a grid of (key, x) panels."""
+  """(PNG bytes, plotted(fig)) of a grid of (key, x) panels."""
   rows = math.ceil(len(panels) / cols)
   fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.1 * rows), squeeze=False)
   for ax in axes.flat[len(panels):]:
@@ -113,13 +158,14 @@ def _figure(plt, runs, panels, cols):
     _plot(ax, runs, key, x)
   fig.tight_layout()
   buf = io.BytesIO()
-  fig.savefig(buf, format="png", dpi=80)
+  fig.savefig(buf, format="png", dpi=100)
+  shown = plotted(fig)
   plt.close(fig)
-  return buf.getvalue()
+  return buf.getvalue(), shown
 
 
 def figures(plt, runs):
-  """{png name: (bytes, keys plotted)} for the runs overlaid."""
+  """{png name: (bytes, keys plotted, plotted(fig))} for the runs overlaid."""
   def keys(kind):
     return list(dict.fromkeys(k for run in runs for k in run[kind]))
   train_keys, eval_keys = keys("train_keys"), keys("eval_keys")
@@ -130,11 +176,17 @@ def figures(plt, runs):
       "training": ([(k, x) for k in _TRAINING if k in train_keys for x in ("step", time_x)], 2),
       "evals": ([(k, "step") for k in sorted(eval_keys)], 3),
       "throughput": ([(k, "step") for k in throughput], 3),
-      "other": ([(k, "step") for k in train_keys if k not in (*_TRAINING, *throughput)], 3),
+      "other": ([(k, "step") for k in train_keys
+                 if k not in (*_TRAINING, *_OVERLAY.values(), *throughput)], 3),
   }
-  return {name: (_figure(plt, runs, panels, min(cols, len(panels))),
-                 list(dict.fromkeys(k for k, _ in panels)))
-          for name, (panels, cols) in groups.items() if panels}
+  out = {}
+  for name, (panels, cols) in groups.items():
+    if not panels:
+      continue
+    png, shown = _figure(plt, runs, panels, min(cols, len(panels)))
+    keys = [k for key, _ in panels for k in (key, _OVERLAY.get(key)) if k in train_keys + eval_keys]
+    out[name] = (png, list(dict.fromkeys(keys)), shown)
+  return out
 
 
 def _fmt(v, pct=False):
@@ -155,7 +207,7 @@ def _runs_table(runs):
     s, st, dev = run["summary"], run["stats"], run["summary"].get("device")
     total, resumed = s.get("total_steps"), ", ".join(map(str, run["resume_steps"]))
     rows.append([
-        run["name"], s.get("status", "?"), f"{st['step']}" + (f" / {total}" if total else ""),
+        run["name"], s.get("status", "?"), f"{run['final_step']}" + (f" / {total}" if total else ""),
         _fmt(st["epochs"]), summary.duration(st["hours"]), _fmt(st["core_hours"]),
         _fmt(st["img_per_sec"]),
         ", ".join(f"{k} {_fmt(v, pct=True)}" for k, v in st["mfu"].items()) or "-",
@@ -167,7 +219,8 @@ def _runs_table(runs):
 
 
 def _metrics_table(runs):
-  keys = list(dict.fromkeys(k for run in runs for k in ["training_loss", *sorted(run["eval_keys"])]
+  keys = list(dict.fromkeys(k for run in runs
+                            for k in ["training_loss", "training_loss_avg", *sorted(run["eval_keys"])]
                             if k in run["stats"]["final"]))
   def cell(run, k):
     final, best = run["stats"]["final"].get(k), run["stats"]["best"].get(k)  # (No final, no best.)
@@ -198,9 +251,10 @@ def write(workdirs, out=None):
   now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
   # (The runs by name: an absolute workdir path says nothing to a reader of the page.)
   parts = [f"<h1>{html.escape(title)}</h1>", f"<p>{now}</p>",
-           "<h2>Runs</h2>", _runs_table(runs), "<h2>Metrics</h2>", _metrics_table(runs),
-           "<h2>Config</h2>", _config_table(runs)]
-  for name, (png, keys) in figures(plt, runs).items():
+           "<h2>Runs</h2>", _runs_table(runs), "<h2>Metrics</h2>", _metrics_table(runs)]
+  config = _config_table(runs)
+  parts += ["<h2>Config</h2>", config] if config else []  # (One run: nothing to compare.)
+  for name, (png, keys, _) in figures(plt, runs).items():
     (out / f"{name}.png").write_bytes(png)
     parts += [f"<h2>{name.capitalize()}</h2>",
               f'<img alt="{name}" src="data:image/png;base64,{base64.b64encode(png).decode()}">',

@@ -73,7 +73,7 @@ def stats(rows):
         continue
       final[k] = v
       sign = -1 if "loss" in k or "err" in k else 1  # Losses and errors at their lowest.
-      if (k in eval_keys or k == "training_loss") and (
+      if (k in eval_keys or k in ("training_loss", "training_loss_avg")) and (
           k not in best or sign * v > sign * best[k]["value"]):
         best[k] = dict(value=v, step=row["step"])
   train_rows = [r for r in rows if "training_loss" in r]
@@ -141,7 +141,8 @@ def block(s, path):
     head += f" ({s['epochs']:.3g} epochs)"
   if len(s.get("attempts", ())) > 1:
     head += f", {len(s['attempts'])} attempts"
-  lines = [f"==== Summary: {head} ===="] + ([f"  error: {s['error']}"] if s.get("error") else [])
+  # (No error line: the job's last line says it, once; summary.json keeps it.)
+  lines = [f"==== Summary: {head} ===="]
   for k, v in s.get("final", {}).items():
     b = s.get("best", {}).get(k)  # (An evaluate run has none: it shows every result.)
     if b or s["kind"] == "evaluate":
@@ -169,13 +170,14 @@ class TrainRun:
   Register `exit` on the run's ExitStack; set `status = "preempted"` before
   a preempted run returns. `evaluated()` after each eval rewrites the report
   with `report` (report.write, when config.report is set; passed in: report.py
-  reads this module). Process 0 only; the others do nothing.
+  reads this module). `on_end(summary)` when the run ends (wandb_writer.Writer.finish).
+  Process 0 only; the others do nothing.
   """
 
   def __init__(self, workdir, *, total_steps, start_step, checkpoint_dir, image_shape,
-               report=None):
+               report=None, on_end=None):
     self.active = jax.process_index() == 0
-    self.workdir, self.report = paths.resolve(workdir), report
+    self.workdir, self.report, self.on_end = paths.resolve(workdir), report, on_end
     self.status = "finished"
     if not self.active:
       return
@@ -229,6 +231,11 @@ class TrainRun:
       self.evaluated()
     except Exception as e:  # pylint: disable=broad-except
       logging.warning("Could not write %s: %s", self.workdir / FILE, e)
+    try:
+      if self.on_end:
+        self.on_end(self.summary)  # (config.wandb: the W&B run's summary; it ends.)
+    except Exception as e:  # pylint: disable=broad-except
+      logging.warning("Could not send the summary to the tracker: %s", e)
     return False
 
 

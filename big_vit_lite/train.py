@@ -17,7 +17,9 @@ full disk, a checkpoint save) ends in one line naming the last complete
 checkpoint, which a rerun resumes from.
 """
 if __name__ == "__main__":  # First, before jax and TF load: once more with huge pages.
+  from big_vit_lite import console  # pylint: disable=g-import-not-at-top
   from big_vit_lite import hostmem  # pylint: disable=g-import-not-at-top
+  console.quiet_startup()
   hostmem.use_huge_pages(__file__)
 
 import atexit
@@ -40,6 +42,7 @@ import optax
 
 from big_vit_lite import checkpoint as ckpt_lib
 from big_vit_lite import config_loading
+from big_vit_lite import console
 from big_vit_lite import distributed
 from big_vit_lite import ema as ema_lib
 from big_vit_lite import flops as flops_lib
@@ -67,9 +70,7 @@ TrainingInterrupted = train_loop.TrainingInterrupted  # Ctrl-C: saved; exit stat
 
 def main(argv):
   del argv
-  # Orbax logs every file it writes at INFO level: keep its warnings only.
-  logging.get_absl_handler().addFilter(
-      lambda r: r.levelno >= py_logging.WARNING or "/orbax/" not in r.pathname)
+  console.keep_log_readable()  # Other libraries' INFO lines (orbax: every file) when verbose.
   if _WORKDIR.value is None or _CONFIG.value is None:
     raise app.UsageError("--config and --workdir are required, e.g. --config=configs/demo.py "
                          "--workdir=workdirs/demo")
@@ -81,13 +82,14 @@ def main(argv):
   except jax.errors.JaxRuntimeError as e:
     if not oom.is_oom(e):
       raise
-    logging.error("%s", e)  # XLA's own report (what it tried to allocate) stays in the log.
+    logging.debug("%s", e)  # XLA's own report (what it tried to allocate), with --verbosity=1.
     cfg = _CONFIG.value
     msg = oom.message(e, what="training", batch_size=cfg.get("input", {}).get("batch_size"),
                       grad_accum_steps=cfg.get("grad_accum_steps"))
     sys.exit(f"big_vit_lite.train: error: {msg} Checkpoints already written are intact.")
   except (ValueError, TypeError, TrainingError) as e:  # (UnreadConfigKeyError is a ValueError.)
-    logging.error("%s", e, exc_info=isinstance(e, TypeError))
+    # The error once (the line below); a TypeError's traceback with --verbosity=1.
+    logging.debug("Traceback:", exc_info=isinstance(e, TypeError))
     sys.exit(f"big_vit_lite.train: error: {e}")
 
 
@@ -148,14 +150,12 @@ def _setup(config, workdir, cleanup):
     # that stops on a bad config must not overwrite the config of the run
     # that made this workdir.
     resume.prepare_workdir(workdir, cleanup)
-  logging.info("big_vit_lite.train: process %d/%d, %d devices (%s), workdir %s",
-               jax.process_index(), jax.process_count(), jax.device_count(),
-               jax.devices()[0].device_kind, workdir)
-  logging.info("Host memory for XLA buffers: %s", hostmem.status())
+  logging.debug("big_vit_lite.train: process %d/%d", jax.process_index(), jax.process_count())
+  logging.debug("Host memory for XLA buffers: %s", hostmem.status())
   writer = metrics_lib.MetricWriter(workdir)
   mesh = sharding.make_mesh(config.get("mesh", None))
   rules = sharding.make_rules(config.get("sharding_rules", None), mesh)
-  logging.info("Mesh %s; rules %s", dict(mesh.shape), rules)
+  logging.debug("Mesh %s; rules %s", dict(mesh.shape), rules)
   return train_setup.Run(workdir, int(config.get("seed", 0)), writer, mesh, rules,
                          repl=sharding.replicated(mesh), batch_sh=sharding.batch_sharding(mesh))
 
@@ -234,10 +234,10 @@ def _lay_out_state(config, run, parts):
   parts.state_abstract = jax.tree.map(
       lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state_abstract,
       parts.state_sh)
-  metrics_lib.log_parameter_overview(params_abstract)
-  logging.info("Per-device bytes: params %s, optimizer state %s",
-               f"{sharding.describe(params_sh, params_abstract):,}",
-               f"{sharding.describe(parts.opt_sh, opt_abstract):,}")
+  num_params, table = metrics_lib.parameter_overview(params_abstract)
+  console.header(workdir=run.workdir, mesh=run.mesh, num_params=num_params, table=table,
+                 params_bytes=sharding.describe(params_sh, params_abstract),
+                 opt_bytes=sharding.describe(parts.opt_sh, opt_abstract))
 
 
 def _make_update(run, parts):
@@ -354,9 +354,13 @@ def _compile(run, parts, update, resume_step):
   model_flops = flops_lib.model_flops(traced) / run.mesh.size  # Matmuls in the jaxpr: `mfu`.
   xla_flops = flops_lib.step_flops(traced, compiled, num_devices=run.mesh.size)  # `mfu_xla`.
   peak = metrics_lib.peak_flops_per_device(dtype=parts.model.dtype_mm)
-  logging.info("Train step: %.6g model GFLOP per device (XLA: %s); device peak %s GFLOP/s",
-               model_flops / 1e9, None if xla_flops is None else f"{xla_flops / 1e9:.4g}",
-               None if peak is None else f"{peak / 1e9:.6g}")
+  memory = compiled.memory_analysis()  # (None where the backend does not say.)
+  temp = getattr(memory, "temp_size_in_bytes", None)
+  logging.info("Train step: %.6g model GFLOP per device (XLA: %s); device peak %s "
+               "GFLOP/s; XLA temporaries %s MiB per device", model_flops / 1e9,
+               None if xla_flops is None else f"{xla_flops / 1e9:.4g}",
+               None if peak is None else f"{peak / 1e9:.6g}",
+               None if temp is None else f"{temp / 2**20:.1f}")
   return compiled, dict(step_flops=model_flops, peak_flops_total=peak,
                         xla_step_flops=flops_lib.sane_xla_flops(xla_flops, model_flops))
 

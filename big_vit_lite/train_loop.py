@@ -8,11 +8,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from big_vit_lite import checkpoint as ckpt_lib
+from big_vit_lite import console
 from big_vit_lite import distributed
 from big_vit_lite import metrics as metrics_lib
 from big_vit_lite import profiling
 from big_vit_lite import report as report_lib
 from big_vit_lite import summary as summary_lib
+from big_vit_lite import wandb_writer
 from big_vit_lite.data import device as device_lib
 from big_vit_lite.resume import TrainingError
 
@@ -37,6 +39,9 @@ class Loop:
     # Drops what a killed earlier attempt logged after the resumed step (or
     # all of it, for a fresh start), in metrics.jsonl and in TensorBoard.
     run.writer.start_run(resume_step)
+    # config.wandb: the same rows to Weights & Biases, and the summary at the end.
+    self.tracker = wandb_writer.start(settings.wandb, run.workdir, raw_config)
+    run.writer.also += [self.tracker] if self.tracker else []
     # Device prefetch; its get_state() is the position after the last batch *returned*.
     self.batches = device_lib.prefetch(run.train_iter, run.prefetch_size, run.mesh)
     cleanup.callback(self.batches.close)  # (Idempotent; on an error its thread must stop too.)
@@ -45,9 +50,11 @@ class Loop:
     self.summary = summary_lib.TrainRun(
         run.workdir, total_steps=run.total_steps, start_step=resume_step,
         checkpoint_dir=checkpointer.directory, image_shape=parts.image_shape,
-        report=report_lib.write if settings.report else None)
+        report=report_lib.write if settings.report else None,
+        on_end=self.tracker.finish if self.tracker else None)
     cleanup.push(self.summary.exit)
     # core_hours counts the earlier attempts too (their lines up to the checkpoint are kept).
+    self.progress = console.Progress()  # The loss over the interval; lines on time.
     self.chrono = metrics_lib.Chrono(
         total_steps=run.total_steps, global_batch=run.batch_size,
         core_hours_before=run.writer.last_value("core_hours"), **flops)
@@ -79,9 +86,12 @@ class Loop:
       if pending_loss is not None:  # Checked one step late to keep the pipeline full.
         self._check_finite(*pending_loss)
       pending_loss = (step, measured["training_loss"])
+      self.progress.add(measured["training_loss"])
       final = step == run.total_steps
       if step % run.log_steps == 0 or final:
         self._log(step, measured)
+      elif self.progress.due():  # Between logged steps: the log only.
+        self._print_progress(step, measured)
       chrono.pause()
       preempted = self.preemption.reached(step)
       if preempted or final or (run.ckpt_steps and step % run.ckpt_steps == 0):
@@ -107,11 +117,22 @@ class Loop:
     return self.state["params"]
 
   def _log(self, step, measured):
+    """A metrics.jsonl row (training_loss_avg: over the steps since the last row) and a line."""
     m = jax.device_get(measured)
     self._check_finite(step, m["training_loss"])
     m = {k: float(v) for k, v in m.items()} | self.chrono.tick(step)
     m["epoch"] = step / self.run_.steps_per_epoch
+    line_avg = self.progress.line_mean()  # In the log: since its previous progress line.
+    m["training_loss_avg"] = self.progress.logged_mean()
     self.run_.writer.write(step, m)
+    if jax.process_index() == 0:
+      line = m | {"training_loss_avg": line_avg}
+      logging.info("%s", metrics_lib.progress_line(step, self.run_.total_steps, line))
+
+  def _print_progress(self, step, measured):
+    """A progress line between logged steps (loss_avg: since the last line), not in metrics."""
+    m = {k: float(v) for k, v in jax.device_get(measured).items()} | self.chrono.tick(step)
+    m["training_loss_avg"] = self.progress.line_mean()
     if jax.process_index() == 0:
       logging.info("%s", metrics_lib.progress_line(step, self.run_.total_steps, m))
 

@@ -13,6 +13,7 @@ from big_vit_lite import grad_accum
 from big_vit_lite import metrics as metrics_lib
 from big_vit_lite import profiling
 from big_vit_lite import sharding
+from big_vit_lite import wandb_writer
 from big_vit_lite.data import input_pipeline
 from big_vit_lite.data import mixup as mixup_lib
 
@@ -149,6 +150,7 @@ class Settings:
   hang_timeout: float | None
   report: bool  # WORKDIR/report/report.html at each eval.
   profile_steps: tuple = ()  # Steps traced by jax.profiler (profiling.py).
+  wandb: object = None  # config.wandb (wandb_writer.py), checked.
 
 
 def read_settings(config, run, parts):
@@ -160,7 +162,9 @@ def read_settings(config, run, parts):
       ckpt_async=bool(config.get("ckpt_async", True)), hang_timeout=config.get("hang_timeout_s"),
       dont_load=tuple(model_load.get("dont_load", ()) or ()),
       eval_at_start=bool(config.get("eval_at_start", False)),
-      profile_steps=profiling.parse_steps(config.get("profile_steps", None)))
+      profile_steps=profiling.parse_steps(config.get("profile_steps", None)),
+      wandb=config.consume("wandb", None))
+  wandb_writer.check(settings.wandb)  # A bad one: one line now, not after the compile.
   if settings.report:
     from big_vit_lite import report as report_lib  # pylint: disable=g-import-not-at-top
     report_lib.require_matplotlib()  # Missing: one line now, not at the first eval.

@@ -13,6 +13,15 @@ import sys
 
 TIMING = ("step_time", "img/sec", "img/sec/device", "eta_hours", "core_hours", "uptime_hours",
           "mfu", "mfu_xla")
+# Keys newer runs add (compared when both runs have them): a run from before them still compares.
+ADDED = ("training_loss_avg",)
+
+
+def _comparable(x, y):
+  """Rows x and y without the keys in ADDED that only one of them has."""
+  one_sided = [k for k in ADDED if (k in x) != (k in y)]
+  return ({k: v for k, v in x.items() if k not in one_sided},
+          {k: v for k, v in y.items() if k not in one_sided})
 
 
 def metrics_rows(workdir):
@@ -39,8 +48,8 @@ def differences(a, b):
   rows_a, rows_b = metrics_rows(a), metrics_rows(b)
   if len(rows_a) != len(rows_b):
     out.append(f"metrics.jsonl: {len(rows_a)} vs {len(rows_b)} lines")
-  out += [f"metrics.jsonl line {i + 1}: {x} vs {y}"
-          for i, (x, y) in enumerate(zip(rows_a, rows_b)) if x != y][:5]
+  pairs = [_comparable(x, y) for x, y in zip(rows_a, rows_b)]
+  out += [f"metrics.jsonl line {i + 1}: {x} vs {y}" for i, (x, y) in enumerate(pairs) if x != y][:5]
   sums_a, sums_b = checksums(a), checksums(b)
   for step in sorted(set(sums_a) & set(sums_b)):
     leaves = [k for k in sorted(set(sums_a[step]) | set(sums_b[step]))

@@ -211,3 +211,59 @@ def test_one_line_errors(tmp_path, tfds_data_dir):
   assert p.returncode == 1
   assert p.stderr.strip().splitlines()[-1].endswith("pip install 'big_vit_lite[report]'")
   assert not (workdir / "metrics.jsonl").exists()  # Before the first step, not at the first eval.
+
+
+def _series_from_file(workdir, key, prefix=""):
+  """(steps, values) of `key` read straight from metrics.jsonl (WORKDIR/eval's with a prefix)."""
+  path = os.path.join(workdir, "metrics.jsonl")
+  rows = [json.loads(line) for line in open(path) if line.strip()]
+  pairs = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
+  return [float(s) for s, _ in pairs], [float(v) for _, v in pairs]
+
+
+def _check_plotted_series(workdir, name):
+  """Each panel against step draws its own metric's values (and training_loss_avg its own)."""
+  plt = report.require_matplotlib()
+  shown = [line for _, _, lines in report.figures(plt, [report.load(workdir)]).values()
+           for line in lines if line["x"] == "step" and not line["label"].startswith("resumed")]
+  assert shown
+  for line in shown:
+    key = (report._OVERLAY[line["panel"]] if line["label"].endswith(": training_loss_avg")  # pylint: disable=protected-access
+           else line["panel"])
+    assert line["label"].startswith(name), line["label"]
+    if key.startswith(report.EVAL_PREFIX):
+      want = _series_from_file(os.path.join(workdir, "eval"), key[len(report.EVAL_PREFIX):])
+    else:
+      want = _series_from_file(workdir, key)
+    assert (line["xs"], line["ys"]) == want, key
+  return shown
+
+
+def test_the_figures_plot_each_metrics_own_values(tmp_path):
+  run = tmp_path / "run"
+  _write_run(run)
+  rows = [json.loads(line) for line in open(run / "metrics.jsonl")]
+  for r in rows:  # The loss averaged over each interval, as the trainer logs it.
+    if "training_loss" in r:
+      r["training_loss_avg"] = r["training_loss"] + 0.25
+  (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+  (run / "eval").mkdir()  # What `evaluate --workdir=WORKDIR/eval` writes.
+  (run / "eval" / "metrics.jsonl").write_text(json.dumps(
+      {"step": 8, "fewshot/mnist10k_10shot": 0.625, "linear_probe/prec@1": 0.75}) + "\n")
+  shown = _check_plotted_series(str(run), "run")
+  panels = {line["panel"] for line in shown}
+  assert {"training_loss", "learning_rate", "img/sec", "mfu_xla", "val/prec@1",
+          "evaluate/fewshot/mnist10k_10shot", "evaluate/linear_probe/prec@1"} <= panels
+  assert "training_loss_avg" not in panels  # Drawn over the loss, not in a panel of its own.
+  for line in shown:
+    if len(line["xs"]) == 1:  # A single point has a marker, away from the frame.
+      assert line["marker"] == "o" and line["xs"][0] < line["xlim"][1] * 0.97, line
+  # Resume lines (at step 4) inside the frame too.
+  page = report.write([str(run)]).read_text()
+  assert "<h2>Config</h2>" not in page  # One run: no empty section.
+  assert "evaluate/fewshot/mnist10k_10shot" in page
+  # The step the run is at: summary.json's (a preemption saves steps it did not log).
+  summary_path = run / "summary.json"
+  s = json.loads(summary_path.read_text())
+  summary_path.write_text(json.dumps(dict(s, step=9, total_steps=10)))
+  assert "<td>9 / 10</td>" in report.write([str(run)]).read_text()

@@ -17,7 +17,7 @@ STEPS = 12
 
 
 def _per_device_param_bytes(stderr):
-  return int(re.search(r"Per-device bytes: params ([\d,]+)", stderr).group(1).replace(",", ""))
+  return int(re.search(r"per-device bytes: params ([\d,]+)", stderr).group(1).replace(",", ""))
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +65,7 @@ def test_num_cpu_devices_splits_the_cpu_and_matches_one(one_device, tfds_data_di
   r = run_train(tfds_data_dir, workdir, f"--config.total_steps={STEPS}",
                 "--config.num_cpu_devices=2", devices=1)
   assert r.returncode == 0, r.stderr[-3000:]
-  assert "2 devices (cpu)" in r.stderr and "{'data': 2}" in r.stderr
+  assert "devices: 2 x cpu" in r.stderr and "{'data': 2}" in r.stderr
   losses = read_losses(workdir)
   np.testing.assert_allclose([losses[s] for s in sorted(losses)],
                              [ref_losses[s] for s in sorted(ref_losses)], rtol=2e-5)

@@ -3,7 +3,8 @@ r"""A tiny training config for the trainer's tests (not a test module itself).
   python -m big_vit_lite.train --config=tests/train_config_tiny.py:mesh=fsdp --workdir=/tmp/w
 
 Args: mesh=data|fsdp|model (default data; model = data x 2-way tensor parallel),
-evals (add a classification eval), init=SRC (model_init from SRC, head not loaded).
+evals (add a classification eval), init=SRC (model_init from SRC, head not loaded),
+wandb (config.wandb, offline: written under the workdir).
 A 1-block width-16 ViT on 28x28 Fashion-MNIST, batch 16: steps take milliseconds,
 so the tests measure the trainer's behaviour, not the model.
 """
@@ -44,6 +45,8 @@ def get_config(arg=None):
   if "init" in args:
     config.model_init = args["init"]
     config.model_load = dict(dont_load=["head/.*"])
+  if "wandb" in args:
+    config.wandb = dict(project="bvl-tests", mode="offline")
   if "evals" in args:
     config.evals = dict(val=dict(
         type="classification", data=dict(name="fashion_mnist", split="test[:200]"),

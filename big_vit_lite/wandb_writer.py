@@ -1,0 +1,82 @@
+"""Weights & Biases for a training run: `config.wandb = dict(project="NAME", ...)`.
+
+The same rows as metrics.jsonl (against their "step"), the config, and at the end the
+summary (status, final and best metrics, img/s, MFU) go to one W&B run. Its id is kept in
+WORKDIR/wandb_id.txt, so a resumed run (the same command again) continues the same W&B run;
+the steps it trains again after the checkpoint are logged again, charted against "step".
+Keys of config.wandb: project (required), and entity, name, group, tags, notes, mode
+("online", "offline": written under WORKDIR/wandb for `wandb sync`, "disabled"); the
+environment (WANDB_MODE, WANDB_API_KEY, ...) works as usual. Process 0 only.
+Needs wandb: pip install 'big_vit_lite[wandb]'.
+"""
+import secrets
+
+from absl import logging
+import jax
+
+from big_vit_lite import paths
+from big_vit_lite import summary as summary_lib
+
+INSTALL = "pip install 'big_vit_lite[wandb]'"
+KEYS = ("project", "entity", "name", "group", "tags", "notes", "mode")
+ID_FILE = "wandb_id.txt"
+
+
+def _plain(cfg):
+  return cfg.to_dict() if hasattr(cfg, "to_dict") else dict(cfg)
+
+
+def check(cfg):
+  """A one-line ValueError for a config.wandb that cannot work (before the compile)."""
+  if cfg is None:
+    return
+  cfg = _plain(cfg)
+  unknown = sorted(set(cfg) - set(KEYS))
+  if unknown:
+    raise ValueError(f"config.wandb has unknown keys {unknown}: use {', '.join(KEYS)}.")
+  if not cfg.get("project"):
+    raise ValueError("config.wandb needs a project, e.g. --config.wandb.project=my-vits.")
+  try:
+    import wandb  # pylint: disable=g-import-not-at-top,unused-import
+  except ImportError:
+    raise ValueError(f"config.wandb needs wandb, which is not installed: {INSTALL}") from None
+
+
+class Writer:
+  """One W&B run: `write` a metrics row, `finish` with the run's summary.json."""
+
+  def __init__(self, run):
+    self.run = run
+
+  def write(self, step, row):
+    scalars = {k: v for k, v in row.items() if k != "step" and summary_lib.numeric(v)}
+    if scalars:
+      self.run.log({"step": int(step), **scalars})
+
+  def finish(self, summary):
+    """The summary's status and final/best values into the W&B run's summary; ends the run."""
+    best = {f"best/{k}": b["value"] for k, b in summary.get("best", {}).items()}
+    speed = {k: summary.get(k) for k in ("img_per_sec", "hours", "core_hours")}
+    speed |= {f"median/{k}": v for k, v in (summary.get("mfu") or {}).items()}
+    self.run.summary.update({
+        "status": summary["status"], "step": summary.get("step"), **summary.get("final", {}),
+        **best, **{k: v for k, v in speed.items() if v is not None}})
+    self.run.finish(exit_code=0 if summary["status"] in ("finished", "preempted") else 1)
+
+
+def start(cfg, workdir, raw_config):
+  """The Writer of config.wandb (checked), or None: not configured, or not process 0."""
+  if cfg is None or jax.process_index() != 0:
+    return None
+  import wandb  # pylint: disable=g-import-not-at-top
+  workdir = paths.resolve(workdir)
+  id_path = workdir / ID_FILE
+  run_id = id_path.read_text().strip() if id_path.exists() else secrets.token_hex(6)
+  id_path.write_text(run_id + "\n")
+  # wandb writes its files locally: into the workdir, unless that is a bucket.
+  local_dir = None if paths.is_uri(workdir) else str(workdir)
+  run = wandb.init(id=run_id, resume="allow", dir=local_dir, config=raw_config.to_dict(),
+                   settings=wandb.Settings(console="off", quiet=True), **_plain(cfg))
+  run.define_metric("*", step_metric="step")
+  logging.info("Weights & Biases: run %s (%s), id in %s", run.name, run.url or "offline", id_path)
+  return Writer(run)
