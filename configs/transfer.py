@@ -31,6 +31,12 @@ Args (comma-separated after the file name, e.g. `configs/transfer.py:data=animal
   opt=sgd|adamw SGD momentum 0.9 (default, the paper's) or AdamW (b2=0.999, wd 1e-4, decoupled).
   lr=LR         base learning rate (default 0.1 for sgd, 1e-3 for adamw).
   steps=N       training steps (default 500), batch=B (default 64).
+  aug=A         train-time augmentation: crop_flip (an inception crop at res, then a
+                left-right flip, as big_vision's and the paper's fine-tuning), crop (the crop
+                only) or none (resize only). Default: none for the sets in FLIP_CHANGES_CLASS
+                (digits: a flip or a 5%-area crop changes or loses the class), crop_flip for
+                every other dataset and for folders; pass aug=none for text, digits or any
+                images whose mirror image is another class.
   mixup         mixup (alpha 0.2) in the step.
   scratch       the same model and recipe from random init (the baseline).
   runlocal      a few steps on slices of the data, for tests and smoke runs.
@@ -98,6 +104,12 @@ def _from_checkpoint(src):
   return model, res, int(kernel.shape[2])
 
 
+# Datasets whose class a left-right flip (or losing most of the image) can change: digits.
+FLIP_CHANGES_CLASS = ("mnist", "mnist10k", "emnist", "kmnist", "svhn_cropped", "binarized_mnist")
+TRAIN_AUG = dict(crop_flip="inception_crop({res})|flip_lr", crop="inception_crop({res})",
+                 none="resize({res})")
+
+
 def _num_classes(data, folder, data_dir):
   if folder:
     return len({c for split in os.listdir(folder) if os.path.isdir(os.path.join(folder, split))
@@ -114,9 +126,13 @@ def _num_classes(data, folder, data_dir):
 def get_config(arg=None):
   args = presets.parse_arg(arg, init="workdirs/demo", data="mnist10k", folder="", res=0,
                            channels=0, classes=0, opt="sgd", lr=0.0, steps=500, batch=64,
-                           mixup=False, scratch=False, runlocal=False)
+                           aug="", mixup=False, scratch=False, runlocal=False)
   if args["opt"] not in ("sgd", "adamw"):
     raise ValueError(f"Config arg opt={args['opt']!r}: use opt=sgd or opt=adamw.")
+  digits = not args["folder"] and args["data"] in FLIP_CHANGES_CLASS
+  aug = args["aug"] or ("none" if digits else "crop_flip")
+  if aug not in TRAIN_AUG:
+    raise ValueError(f"Config arg aug={aug!r}: use aug=crop_flip, aug=crop or aug=none.")
   runlocal = args["runlocal"]
   model, res, channels = _from_checkpoint(args["init"])
   model, res, channels = model or dict(DEMO_MODEL), res or 28, channels or 1
@@ -131,9 +147,14 @@ def get_config(arg=None):
   else:
     data = dict(name=args["data"], data_dir=config_dict.placeholder(str))
   decode = f"decode(channels={channels})|resize({res})|value_range(-1, 1)"
+  train_decode = "|".join([
+      f"decode(channels={channels})",
+      TRAIN_AUG[aug].format(res=res),
+      "value_range(-1, 1)",
+  ])
   labels = f"onehot({classes}, key='label', key_result='labels')|keep('image', 'labels')"
   config.input = dict(data=dict(data, split="train"), batch_size=args["batch"],
-                      pp=f"{decode}|{labels}", shuffle_buffer_size=10_000)
+                      pp=f"{train_decode}|{labels}", shuffle_buffer_size=10_000)
   config.num_cpu_devices = 2  # As configs/demo.py: 2 CPU devices; nothing changes on a GPU/TPU.
   config.mesh = (("data", -1),)
   # The checkpoint's model with a new zero-initialised head (head_zeroinit) and no
