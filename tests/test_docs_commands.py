@@ -1,95 +1,168 @@
-"""Every command shown in README.md and docs/*.md runs: a documented command that fails is red CI.
+"""Every documented command runs for real: a command in the docs that fails is red CI.
 
-How: each fenced block tagged bash/sh/shell is cut into commands (backslash continuations
-joined, `#` comments dropped); an `export A=B` line sets the environment of the block's later
-commands, a leading `A=B` that of its own command. Each command is looked up in COMMANDS by the
-longest prefix of its words (after leading assignments) and then, by the row's mode:
-  run   it runs as written, from the repository root, with its --workdir/--out/--data_dir moved
-        into a temporary directory and the row's `extra` arguments appended (tiny overrides), or
-        `args` in place of its own; it must exit 0;
-  help  its program runs with only `--help` (absl programs print their flags and exit 1, the
-        scripts exit 0): for commands that need a GPU, hosts, a cluster or real ImageNet;
-  tpu   (launch/tpu_vm.sh) it runs as written against tests/test_launch.py's fake gcloud,
-        which rejects the flags and images the real one rejects;
-  pip   `pip install ...` runs with --dry-run (it resolves; nothing is installed);
-  env   `export ...`: sets the environment, nothing to run.
+Where commands are found: the fenced blocks tagged bash/sh/shell/console of README.md and
+docs/*.md (indented fences in lists too; backslash continuations joined, `#` comments dropped),
+and the commands at the top of each config's docstring (configs/*.py: the indented lines that
+start with `python`, `bash` or `for`). An `export A=B` line sets the environment of its block's
+later commands, a leading `A=B` that of its own command.
+
+Each command is looked up in COMMANDS by the longest prefix of its words (after leading
+assignments; a prefix's last word ending in `=`, `:` or `,` also matches a longer word, and a
+`--config=FILE` word also matches that file with args, `--config=FILE:ARGS`) and run
+by the row's mode:
+  run    as written, from the repository root, with tiny settings where it would take long:
+         --workdir/--out/--data_dir and the like move into a temporary directory; inputs the
+         docs name `workdirs/NAME` (`init=`, `--config.model_init=`, `--model=`, `--src=`, a
+         report's workdirs) are a tiny trained workdir made once per module (`demo:runlocal`,
+         a few steps: the `trained` fixture), `workdirs/NAME/checkpoints/N` its newest step;
+         `runlocal=True` adds the `runlocal` config arg (tiny data and steps); `subs` replaces
+         text (e.g. a documented image folder by a tiny one), `extra` appends arguments (later
+         absl flags win), `args` replaces them. It must exit 0.
+  shell  the same, the documented line run by bash as it is (loops).
+  help   `PROGRAM --help` (or `help=`) instead, only where a real run needs what CI has not:
+         a GPU, TPU, hosts, a cluster, a cloud account or data that cannot be downloaded here.
+         The row says why (`why=`), and a test holds that every help row does.
+  tpu    (launch/tpu_vm.sh) as written against tests/test_launch.py's fake gcloud, which
+         rejects the flags and images the real one rejects.
+  pip    `pip install ...` with --dry-run (it resolves; nothing is installed).
+  env    `export ...`: sets the environment, nothing to run.
 A command no row matches FAILS (so does a fence without a language: tag it ```text when it is
-not a command), so documenting a command means adding its row here, e.g.
-  Cmd("python -m big_vit_lite.predict", "help"),
-  Cmd("python -m big_vit_lite.report --workdir=", "run", extra=["--out=report.html"], slow=True),
+not a command), so documenting a command means adding its row here, in the block of its area.
 Rows with slow=True (over ~30 s) carry @pytest.mark.slow.
+
+Error texts the docs quote are compared with what the program prints: QUOTED_ERRORS holds each
+with the command that produces it, and every ```text line or `inline` quote in the docs that
+reads like an error (`error:`, `did you mean`) must be one of them.
 """
+import ast
 import dataclasses
 import glob
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
+import textwrap
 
+import numpy as np
 import pytest
+from PIL import Image
 
 from test_launch import FAKE_GCLOUD
 from test_packaging import build_tree
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DOCS = ["README.md"] + sorted(os.path.relpath(p, REPO) for p in glob.glob(os.path.join(REPO, "docs", "*.md")))
+DOCS = ["README.md"] + sorted(
+    os.path.relpath(p, REPO) for p in glob.glob(os.path.join(REPO, "docs", "*.md")))
+CONFIGS = sorted(os.path.relpath(p, REPO) for p in glob.glob(os.path.join(REPO, "configs", "*.py")))
 SHELL = {"bash", "sh", "shell", "console"}
+SHARED = "shared dir"  # The `trained` fixture's steps: few, so that every command on it is quick.
 
 
 @dataclasses.dataclass
 class Cmd:
   prefix: str              # the command's first words (matched word by word, longest wins)
-  mode: str                # run | help | tpu | pip | env
+  mode: str                # run | shell | help | tpu | pip | env
   extra: tuple = ()        # run: appended arguments (later absl flags win over earlier ones)
   args: tuple = None       # run: these arguments instead of the documented ones
   help: tuple = None       # help: the command to run instead of `PROGRAM --help`
+  why: str = ""            # help: what a real run needs that CI has not
+  runlocal: bool = False   # run: add the `runlocal` arg to --config
+  subs: tuple = ()         # run: (documented text, its stand-in) pairs; {images} {folder} {tmp}
   copy: bool = False       # run: give it a copy of the sources to build in, as {tmp}/src
   slow: bool = False
   timeout: int = 300
 
 
 COMMANDS = [
-    # README: the two commands (each sets up the machine first: --help here, since the suite runs
-    # inside the very .venv they would reinstall; CI runs scripts/test.sh itself).
-    Cmd("bash scripts/demo.sh", "help"),
-    Cmd("bash scripts/test.sh", "help"),
-    Cmd("bash scripts/setup.sh", "help"),
-    Cmd("bash scripts/wheel_smoke.sh", "help"),
+    # README: the two commands. Each sets up the machine first (apt, a new .venv): the suite
+    # runs inside the very .venv they would reinstall, so --help here; CI runs scripts/test.sh
+    # itself, and scripts/demo.sh's last line is the demo row below.
+    Cmd("bash scripts/demo.sh", "help", why="reinstalls the .venv the suite runs in"),
+    Cmd("bash scripts/test.sh", "help", why="CI's own entry point: it runs this suite"),
+    Cmd("bash scripts/setup.sh", "help", why="reinstalls the .venv the suite runs in"),
+    Cmd("bash scripts/wheel_smoke.sh", "help", why="a second venv from PyPI: CI runs it apart"),
     # Installing.
     Cmd("pip install", "pip", slow=True),
-    Cmd("python -m build", "run", args=("--wheel", "--outdir", "{tmp}/dist", "{tmp}/src"), copy=True),
+    Cmd("python -m build", "run", args=("--wheel", "--outdir", "{tmp}/dist", "{tmp}/src"),
+        copy=True, slow=True),
     Cmd("export", "env"),
-    # The jobs. A line with placeholders (FILE, DIR, ...) is syntax: --help.
-    Cmd("python -m big_vit_lite.train", "help"),
-    Cmd("python -m big_vit_lite.train --config=configs/demo.py:runlocal", "run", slow=True),
-    Cmd("python -m big_vit_lite.train --config=demo:runlocal", "run", slow=True),
-    Cmd("python -m big_vit_lite.evaluate", "help"),
-    Cmd("python -m big_vit_lite.export", "help"),
-    # Seeing a run: the report runs on a real trainer workdir in tests/test_report.py.
-    Cmd("python -m big_vit_lite.report", "help"),
-    Cmd("python -m big_vit_lite.predict", "help"),  # runs on a real checkpoint in test_predict.py
-    Cmd("tensorboard --logdir=", "help", help=("tensorboard", "--helpfull")),
-    Cmd("python -m big_vit_lite.plan", "run"),
-    Cmd("python -m big_vit_lite.bench", "run", extra=("--batch=2", "--res=32", "--steps=1", "--warmup=0"),
-        slow=True),
     Cmd("python -c", "run"),
     Cmd("python scripts/code_size.py", "run"),
-    Cmd("python -m big_vit_lite.data.prepare fashion_mnist", "run", extra=("--data_dir={data}",)),
-    Cmd("python -m big_vit_lite.data.prepare mnist10k", "run", extra=("--data_dir={data}",)),
-    Cmd("python -m big_vit_lite.data.prepare animal_mnist", "run", extra=("--data_dir={data}",)),
-    Cmd("python -m big_vit_lite.data.prepare imagenet21k", "help"),
+    # Training (README, docs/training.md, configs/demo.py).
+    Cmd("python -m big_vit_lite.train --config=configs/demo.py", "run", runlocal=True,
+        extra=("--config.total_steps=6",), slow=True),  # (runlocal's steps, over a documented N)
+    Cmd("python -m big_vit_lite.train --config=demo:runlocal", "run", slow=True),
+    Cmd("for ds in", "shell", slow=True),  # configs/demo.py: prepare the three offline sets
+    Cmd("python -m big_vit_lite.train --config=configs/vit_b16.py:data=folder:", "run",
+        runlocal=True, subs=(("/data/my_images", "{folder}"),), slow=True),
+    Cmd("python -m big_vit_lite.train --config=configs/vit_l16.py", "help",
+        why="ImageNet-21k (tests/test_configs.py trains its runlocal on tfds mock data)"),
+    Cmd("python -m big_vit_lite.train --config=configs/vit_b16.py", "help",
+        why="ImageNet-21k (tests/test_configs.py trains its runlocal on tfds mock data)"),
+    Cmd("python -m big_vit_lite.train --config=configs/vit_s16_i1k.py", "help",
+        why="ImageNet-1k (tests/test_configs.py trains its runlocal on tfds mock data)"),
+    # Fine-tuning (README, docs/training.md, configs/transfer.py): on the tiny trained workdir.
+    Cmd("python -m big_vit_lite.train --config=configs/transfer.py", "run", runlocal=True,
+        slow=True),
+    # Evaluation, predict, export, report (README, docs/evaluation.md, docs/models.md, configs).
+    Cmd("python -m big_vit_lite.evaluate --config=configs/fewshot.py", "run", runlocal=True,
+        slow=True),
+    Cmd("python -m big_vit_lite.evaluate --config=configs/linear_probe.py", "run",
+        runlocal=True, slow=True),
+    Cmd("python -m big_vit_lite.evaluate --config=configs/classify.py", "run", runlocal=True,
+        slow=True),
+    Cmd("python -m big_vit_lite.predict", "run", slow=True,
+        subs=(("my_images/", "{images}/"), ("a.png", "{images}/a.png"),
+              ("b.jpg", "{images}/b.jpg"))),
+    Cmd("python -m big_vit_lite.export", "run", slow=True),
+    Cmd("python -m big_vit_lite.report", "run", slow=True),
+    Cmd("tensorboard --logdir=", "help", help=("tensorboard", "--helpfull"),
+        why="a server that runs until stopped"),
+    # Data (docs/data.md, configs/vit_*.py).
+    Cmd("python -m big_vit_lite.data.prepare fashion_mnist", "run", extra=("--data_dir={data}",),
+        slow=True),
+    Cmd("python -m big_vit_lite.data.prepare mnist10k", "run", extra=("--data_dir={data}",),
+        slow=True),
+    Cmd("python -m big_vit_lite.data.prepare animal_mnist", "run", extra=("--data_dir={data}",),
+        slow=True),
+    Cmd("python -m big_vit_lite.data.prepare imagenet21k", "help",
+        why="ImageNet-21k's tar files (image-net.org account)"),
+    # Speed and planning (docs/performance.md, docs/scale_out.md).
+    Cmd("python -m big_vit_lite.plan", "run"),
+    Cmd("python -m big_vit_lite.bench", "run",
+        extra=("--batch=2", "--res=32", "--steps=1", "--warmup=0"), slow=True),
+    Cmd("bash benchmarks/gpu_bench.sh", "run", args=("--smoke",), slow=True),
     # Scaling out (docs/scale_out.md, docs/gpu.md, docs/tpu.md).
     Cmd("launch/local.sh", "run", slow=True, timeout=600),
-    Cmd("launch/multi_gpu.sh", "help"),
-    Cmd("sbatch", "help", help=("bash", "launch/slurm.sbatch", "--help")),
+    Cmd("launch/multi_gpu.sh", "help", why="several GPU hosts"),
+    Cmd("sbatch", "help", help=("bash", "launch/slurm.sbatch", "--help"), why="a SLURM cluster"),
     Cmd("launch/tpu_vm.sh", "tpu"),
-    Cmd("bash benchmarks/gpu_bench.sh", "run", args=("--smoke",), slow=True),
+    Cmd("python -m big_vit_lite.train --config=vit_b16", "help", why="a GPU host (docs/gpu.md)"),
+    Cmd("python -m big_vit_lite.train --config=vit_l16", "help", why="a GPU host (docs/gpu.md)"),
+]
+
+
+# The error texts the docs quote, each with the command that prints it. The quote may wrap over
+# lines in the docs; whitespace is compared as one space.
+QUOTED_ERRORS = [
+    ("big_vit_lite.train: error: --config.schedule.warmup_step: the config file has no key "
+     "'schedule.warmup_step' (did you mean 'warmup_steps'?). Fix the spelling, or add the key to "
+     "the config file (a key whose default is None as config_dict.placeholder(TYPE)).",
+     ["-m", "big_vit_lite.train", "--config=configs/demo.py:runlocal", "--workdir={tmp}/w",
+      "--config.schedule.warmup_step=1"]),
+    ("the config file has no key 'schedule.warmup_step' (did you mean 'warmup_steps'?)",
+     ["-m", "big_vit_lite.train", "--config=configs/demo.py:runlocal", "--workdir={tmp}/w",
+      "--config.schedule.warmup_step=1"]),
+    ("unknown pp op 'value_rang' in 'value_rang(-1, 1)'; did you mean 'value_range'?",
+     ["-m", "big_vit_lite.train", "--config=configs/demo.py:runlocal", "--workdir={tmp}/w",
+      "--config.input.pp=decode(channels=1)|value_rang(-1, 1)|onehot(10, key_result='labels')"]),
 ]
 
 
 def _commands(text):
-  """[(line, words)] of the shell commands in `text` (one fenced block)."""
+  """[(line, words, raw)] of the shell commands in `text` (one fenced block or docstring part)."""
   out, pending, start = [], "", 0
   for i, line in enumerate(text.splitlines()):
     if not pending:
@@ -100,29 +173,58 @@ def _commands(text):
       continue
     words = shlex.split(pending, comments=True)
     if words:
-      out.append((start, words))
+      out.append((start, words, pending.split(" #")[0].strip()))
     pending = ""
   return out
 
 
-def documented():
-  """Every documented command: (file, line, words, block env), and the fences with no language.
+def _doc_commands(doc):
+  """(commands, untagged fences) of one markdown file; a command is (doc, line, words, env, raw)."""
+  cmds, untagged = [], []
+  text = open(os.path.join(REPO, doc), encoding="utf-8").read()
+  fence = r"^( *)```(\S*)[^\n]*\n(.*?)^\1```"
+  for m in re.finditer(fence, text, re.S | re.M):
+    line = text[:m.start()].count("\n") + 2
+    if not m.group(2):
+      untagged.append(f"{doc}:{line - 1}")
+    elif m.group(2) in SHELL:
+      exported = {}
+      for i, words, raw in _commands(textwrap.dedent(m.group(3))):
+        cmds.append((doc, line + i, words, dict(exported), raw))
+        if words[0] == "export":
+          exported.update(_split_env(words[1:])[0])
+  return cmds, untagged
 
-  The block env: what the block's `export` lines before the command set.
-  """
+
+def _config_commands(path):
+  """The commands at the top of a config's docstring (indented lines: python, bash, for)."""
+  source = open(os.path.join(REPO, path), encoding="utf-8").read()
+  doc = ast.get_docstring(ast.parse(source), clean=False) or ""
+  first = source.index(doc.splitlines()[0]) if doc else 0
+  offset = source[:first].count("\n") + 1
+  lines, cmds = doc.splitlines(), []
+  i = 0
+  while i < len(lines):
+    if re.match(r"^ +(python|bash|for) ", lines[i]):
+      block = [lines[i].strip()]
+      while block[-1].endswith("\\") and i + 1 < len(lines):
+        i += 1
+        block.append(lines[i].strip())
+      for _, words, raw in _commands("\n".join(block)):
+        cmds.append((path, offset + i - len(block) + 1, words, {}, raw))
+    i += 1
+  return cmds
+
+
+def documented():
+  """Every documented command (doc, line, words, env, raw), and the fences with no language."""
   cmds, untagged = [], []
   for doc in DOCS:
-    text = open(os.path.join(REPO, doc), encoding="utf-8").read()
-    for m in re.finditer(r"^```(\S*)[^\n]*\n(.*?)^```", text, re.S | re.M):
-      line = text[:m.start()].count("\n") + 2
-      if not m.group(1):
-        untagged.append(f"{doc}:{line - 1}")
-      elif m.group(1) in SHELL:
-        exported = {}
-        for i, words in _commands(m.group(2)):
-          cmds.append((doc, line + i, words, dict(exported)))
-          if words[0] == "export":
-            exported.update(_split_env(words[1:])[0])
+    c, u = _doc_commands(doc)
+    cmds += c
+    untagged += u
+  for path in CONFIGS:
+    cmds += _config_commands(path)
   return cmds, untagged
 
 
@@ -134,17 +236,19 @@ def _split_env(words):
   return env, words
 
 
+def _matches(prefix_words, words):
+  if len(prefix_words) > len(words) or words[:len(prefix_words) - 1] != prefix_words[:-1]:
+    return False
+  last, word = prefix_words[-1], words[len(prefix_words) - 1]
+  return (word == last or word.startswith(last + ":")  # a --config file takes args after ':'
+          or (last[-1] in "=:," and word.startswith(last)))
+
+
 def lookup(words):
-  """The COMMANDS row whose prefix matches most words, or None."""
+  """The COMMANDS row whose prefix matches most words (then most characters), or None."""
   _, words = _split_env(words)
-  best = None
-  for row in COMMANDS:
-    p = row.prefix.split()
-    if words[:len(p)] == p or (len(p) <= len(words) and words[:len(p) - 1] == p[:-1]
-                               and words[len(p) - 1].startswith(p[-1]) and p[-1].endswith("=")):
-      if best is None or len(p) > len(best.prefix.split()):
-        best = row
-  return best
+  matching = [row for row in COMMANDS if _matches(row.prefix.split(), words)]
+  return max(matching, key=lambda row: (len(row.prefix.split()), len(row.prefix)), default=None)
 
 
 CMDS, UNTAGGED = documented()
@@ -155,28 +259,37 @@ def test_every_fence_has_a_language():
 
 
 def test_every_documented_command_is_in_the_table():
-  unknown = [f"{d}:{l}: {shlex.join(w)}" for d, l, w, _ in CMDS if lookup(w) is None]
+  unknown = [f"{d}:{l}: {shlex.join(w)}" for d, l, w, _, _ in CMDS if lookup(w) is None]
   assert not unknown, ("documented commands with no row in tests/test_docs_commands.py's COMMANDS "
                        "(add one, see the docstring): " + "; ".join(unknown))
 
 
+def test_config_docstring_commands_are_found():
+  """The scan of the config docstrings sees their commands (a scan that finds none checks none)."""
+  found = {d for d, _, _, _, _ in CMDS if d.startswith("configs/")}
+  missing = set(CONFIGS) - found
+  assert not missing, f"configs whose docstring command was not found: {missing}"
+
+
+def test_every_help_row_says_why():
+  vague = [row.prefix for row in COMMANDS if row.mode == "help" and not row.why]
+  assert not vague, f"rows that only run --help without saying why a real run cannot: {vague}"
+
+
 def _params():
   out = []
-  for doc, line, words, block_env in CMDS:
+  for doc, line, words, block_env, raw in CMDS:
     row = lookup(words)
     if row is None or row.mode == "env":
       continue
     marks = [pytest.mark.slow] if row.slow else []
-    out.append(pytest.param(doc, line, words, block_env, row, id=f"{doc}:{line}:{' '.join(words)[:50]}", marks=marks))
+    out.append(pytest.param(doc, line, words, block_env, raw, row,
+                            id=f"{doc}:{line}:{' '.join(words)[:50]}", marks=marks))
   return out
 
 
-def _fill(arg, tmp, data):
-  return arg.replace("{tmp}", str(tmp)).replace("{data}", data)
-
-
 def _redirect(words, tmp):
-  """--workdir / --out / --data_dir / --manual_dir values moved under `tmp` (paths kept distinct)."""
+  """--workdir / --out / --data_dir / --manual_dir values moved under `tmp` (kept distinct)."""
   out = []
   for w in words:
     m = re.fullmatch(r"(--(?:workdir|out|outdir|data_dir|manual_dir))=(.+)", w)
@@ -186,7 +299,20 @@ def _redirect(words, tmp):
   return out
 
 
-_RUNS = {}
+def _inputs(words, trained):
+  """`workdirs/NAME[/checkpoints/N]` inputs -> the trained workdir (its newest step)."""
+  root, step = trained
+  words = [re.sub(r"workdirs/\w+/checkpoints/\d+", f"{root}/checkpoints/{step}", w) for w in words]
+  return [re.sub(r"workdirs/\w+", root, w) for w in words]
+
+
+def _with_runlocal(words):
+  out = []
+  for w in words:
+    if w.startswith("--config=") and "runlocal" not in w:
+      w += ",runlocal" if ":" in w else ":runlocal"
+    out.append(w)
+  return out
 
 
 @pytest.fixture(scope="module")
@@ -198,42 +324,148 @@ def fake_gcloud(tmp_path_factory):
   return d
 
 
-@pytest.mark.parametrize("doc,line,words,block_env,row", _params())
-def test_documented_command_runs(doc, line, words, block_env, row, tmp_path, fake_gcloud, tfds_data_dir):
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, tfds_data_dir):
+  """(workdir, newest step) of a real `demo:runlocal` training run: the docs' `workdirs/NAME`."""
+  root = tmp_path_factory.mktemp("workdirs") / "demo"
+  env = dict(os.environ, TFDS_DATA_DIR=tfds_data_dir)
+  cmd = [sys.executable, "-m", "big_vit_lite.train", "--config=configs/demo.py:runlocal",
+         f"--workdir={root}"]
+  proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+                        check=False)
+  assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+  steps = [int(d) for d in os.listdir(root / "checkpoints") if d.isdigit()]
+  return str(root), max(steps)
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory):
+  """A folder of a few small images (a PNG and a JPEG among them): the docs' `my_images/`."""
+  d = tmp_path_factory.mktemp("images")
+  rng = np.random.default_rng(0)
+  for name in ("a.png", "b.jpg", "c.png"):
+    Image.fromarray(rng.integers(0, 256, (28, 28), dtype=np.uint8)).save(d / name)
+  return str(d)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+  """An image folder ROOT/{train,val}/CLASS/*.jpg of 10 classes: the docs' `/data/my_images`."""
+  root = tmp_path_factory.mktemp("my_images")
+  rng = np.random.default_rng(0)
+  for split, n in (("train", 3), ("val", 2)):
+    for c in range(10):
+      os.makedirs(root / split / f"class{c}")
+      for i in range(n):
+        pixels = rng.integers(0, 256, (40, 40, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(root / split / f"class{c}" / f"{i}.jpg")
+  return str(root)
+
+
+_RUNS = {}
+
+
+def _command(row, words, raw, tmp_path, request, data):
+  """The argv to run for a documented command."""
+  n = len(row.prefix.split())
+  if row.mode == "help":
+    return list(row.help) if row.help else words[:n] + ["--help"]
+  if row.mode == "pip":
+    return [sys.executable, "-m", "pip", "install", "--dry-run", "-q"] + words[2:]
+  if row.mode == "shell":
+    return ["bash", "-c", raw]
+  rest = list(row.args) if row.args is not None else words[n:] + list(row.extra)
+  cmd = _redirect(words[:n] + rest, tmp_path)
+  if row.runlocal:
+    cmd = _with_runlocal(cmd)
+  if any("workdirs/" in w for w in cmd):
+    cmd = _inputs(cmd, request.getfixturevalue("trained"))
+  fill = {"{tmp}": str(tmp_path), "{data}": data}
+  for old, new in row.subs:
+    for key in ("images", "folder"):
+      if "{" + key + "}" in new:
+        fill["{" + key + "}"] = request.getfixturevalue(key)
+    cmd = [w.replace(old, new) for w in cmd]
+  for key, value in fill.items():
+    cmd = [w.replace(key, value) for w in cmd]
+  return cmd
+
+
+@pytest.mark.parametrize("doc,line,words,block_env,raw,row", _params())
+def test_documented_command_runs(doc, line, words, block_env, raw, row, tmp_path, fake_gcloud,
+                                 tfds_data_dir, request):
   env_vars, words = _split_env(words)
   env = dict(os.environ, TFDS_DATA_DIR=tfds_data_dir)
   env.update(block_env)
   env.update(env_vars)
   env["PATH"] = f"{os.path.dirname(sys.executable)}:{env['PATH']}"  # `python` = this venv's
-  n = len(row.prefix.split())
+  (tmp_path / "out").mkdir()  # where --out / --workdir go (a file's folder must exist)
   if row.copy:
     build_tree((tmp_path / "src").mkdir() or tmp_path / "src")
-  if row.mode == "help":
-    cmd = list(row.help) if row.help else words[:n] + ["--help"]
-  elif row.mode == "pip":
-    cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "-q"] + words[2:]
-  else:
-    rest = list(row.args) if row.args is not None else words[n:] + list(row.extra)
-    cmd = _redirect(words[:n] + [_fill(a, tmp_path, tfds_data_dir) for a in rest], tmp_path)
+  cmd = _command(row, words, raw, tmp_path, request, tfds_data_dir)
   if row.mode == "tpu":
-    env.update(PATH=f"{fake_gcloud / 'bin'}:{env['PATH']}", FAKE_GCLOUD_LOG=str(tmp_path / "gcloud.log"),
-               HOME=str(tmp_path / "home"), TPU_NAME=env.get("TPU_NAME", "docs-test"),
-               ZONE=env.get("ZONE", "us-central2-b"))
+    env.update(PATH=f"{fake_gcloud / 'bin'}:{env['PATH']}",
+               FAKE_GCLOUD_LOG=str(tmp_path / "gcloud.log"), HOME=str(tmp_path / "home"),
+               TPU_NAME=env.get("TPU_NAME", "docs-test"), ZONE=env.get("ZONE", "us-central2-b"))
   env.setdefault("OUT", str(tmp_path))  # benchmarks/gpu_bench.sh writes its JSON there
   if cmd[0] == "python":
     cmd[0] = sys.executable
   elif cmd[0].endswith(".sh") or cmd[0].endswith(".sbatch"):
     cmd = ["bash"] + cmd
-  once = row.mode in ("help", "pip")  # the same --help or pip line documented twice runs once
-  proc = _RUNS.get(tuple(cmd)) if once else None
+  # The same command documented twice runs once (the help and pip lines, and identical runs).
+  key = (row.mode, tuple(words)) if row.mode in ("run", "shell") else tuple(cmd)
+  proc = _RUNS.get(key) if row.mode != "tpu" else None
   if proc is None:
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=row.timeout, check=False)
-    if once:
-      _RUNS[tuple(cmd)] = proc
+    _RUNS[key] = proc
   out = proc.stdout + proc.stderr
   where = f"{doc}:{line}: {shlex.join(cmd)}\n{out[-3000:]}"
   if row.mode == "help" and cmd[-1] == "--help" and cmd[0] == sys.executable:
-    assert proc.returncode in (0, 1) and "Traceback" not in out and "--" in out, where  # absl exits 1
+    assert proc.returncode in (0, 1) and "Traceback" not in out and "--" in out, where  # absl: 1
   else:
     assert proc.returncode == 0, where
+
+
+# -- Quoted error texts.
+
+def _norm(text):
+  return " ".join(text.split())
+
+
+def _quotes_like_errors():
+  """(doc, text) of each quoted error-like text: ```text lines and `inline` spans."""
+  out = []
+  for doc in DOCS:
+    text = open(os.path.join(REPO, doc), encoding="utf-8").read()
+    for m in re.finditer(r"^ *```text[^\n]*\n(.*?)^ *```", text, re.S | re.M):
+      out += [(doc, line.strip()) for line in m.group(1).splitlines()
+              if re.search(r"error:|did you mean", line)]
+    prose = re.sub(r"^ *```.*?^ *```", "", text, flags=re.S | re.M)
+    for m in re.finditer(r"`([^`]+)`", prose, re.S):
+      if re.search(r"error:|did you mean", m.group(1)):
+        out.append((doc, _norm(m.group(1))))
+  return out
+
+
+def test_every_quoted_error_is_checked():
+  known = [_norm(quote) for quote, _ in QUOTED_ERRORS]
+  unchecked = [f"{doc}: {q}" for doc, q in _quotes_like_errors() if _norm(q) not in known]
+  assert not unchecked, ("error texts quoted in the docs with no QUOTED_ERRORS entry (add the "
+                         "command that prints it): " + "; ".join(unchecked))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("quote,argv", QUOTED_ERRORS, ids=[q[:40] for q, _ in QUOTED_ERRORS])
+def test_quoted_error_is_what_the_program_prints(quote, argv, tmp_path, tfds_data_dir):
+  docs = _norm(" ".join(open(os.path.join(REPO, d), encoding="utf-8").read() for d in DOCS))
+  assert _norm(quote) in docs, f"no doc quotes {quote!r} any more: drop its QUOTED_ERRORS entry"
+  cmd = [sys.executable] + [a.replace("{tmp}", str(tmp_path)) for a in argv]
+  key = tuple(argv)
+  proc = _RUNS.get(key)
+  if proc is None:
+    proc = subprocess.run(cmd, cwd=REPO, env=dict(os.environ, TFDS_DATA_DIR=tfds_data_dir),
+                          capture_output=True, text=True, timeout=300, check=False)
+    _RUNS[key] = proc
+  out = _norm(proc.stdout + proc.stderr)
+  assert proc.returncode != 0 and _norm(quote) in out, (shlex.join(cmd), out[-2000:])

@@ -100,7 +100,9 @@ def test_transfer_config_reads_the_model_off_an_npz(tmp_path, tfds_data_dir, mon
       24, 2, 48, 3, 4, "tok")
   assert m.num_classes == 10 and m.rep_size is False and m.head_zeroinit  # the dataset's classes
   assert config.model_init == npz and list(config.model_load.dont_load) == ["head/.*"]
-  assert "decode(channels=3)|resize(20)" in config.input.pp  # its own resolution and channels
+  # Its own resolution and channels; Animal-MNIST (28-px silhouettes, flip-safe) on flips only.
+  assert config.input.pp.startswith("decode(channels=3)|resize(20)|flip_lr|value_range")
+  assert config.evals.val.pp.startswith("decode(channels=3)|resize(20)|value_range")
   assert config.optax_name == "momentum" and config.grad_clip_norm == 1.0
   st = str(tmp_path / "pre.safetensors")  # timm's layout: the same model read off it
   flat = {k: v for k, v in layout.to_numpy_flat(params).items() if "pre_logits" not in k}
@@ -115,8 +117,19 @@ def test_transfer_config_reads_the_model_off_an_npz(tmp_path, tfds_data_dir, mon
     os.makedirs(tmp_path / "pets" / d)
   config = transfer.get_config(f"init={npz},folder={tmp_path}/pets")
   assert config.model.num_classes == 2 and config.input.data.name == "imagefolder"
+  assert "|inception_crop(20)|flip_lr|" in config.input.pp  # a folder: natural images by default
   assert config.evals.val.data.to_dict() == dict(name="imagefolder", data_dir=str(tmp_path / "pets"),
                                                  split="test")
+  digits = transfer.get_config(f"init={npz},data=mnist10k,classes=10")  # a flip changes a digit
+  assert digits.input.pp.startswith("decode(channels=3)|resize(20)|value_range")
+  natural = transfer.get_config(f"init={npz},data=cifar10,classes=10")  # the paper's recipe
+  assert natural.input.pp.startswith("decode(channels=3)|inception_crop(20)|flip_lr|value_range")
+  crop = transfer.get_config(f"init={npz},data=animal_mnist,aug=crop,res=32")
+  assert crop.input.pp.startswith("decode(channels=3)|inception_crop(32)|value_range")
+  assert transfer.get_config(f"init={npz},data=mnist10k,aug=crop_flip").input.pp.startswith(
+      "decode(channels=3)|inception_crop(20)|flip_lr|")
+  with pytest.raises(ValueError, match="aug=crop_flip, aug=crop, aug=flip or aug=none"):
+    transfer.get_config(f"init={npz},aug=rotate")
   with pytest.raises(ValueError, match="opt=sgd or opt=adamw"):
     transfer.get_config("opt=lamb")
   with pytest.raises(ValueError, match="Unknown config arg"):
