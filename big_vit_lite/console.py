@@ -52,9 +52,11 @@ def config_argument(argv=None):
 
 
 def header(*, workdir, mesh, num_params, params_bytes, opt_bytes, table):
-  """Logs the run's header and writes the parameter table to WORKDIR/params.txt."""
+  """Logs the run's header and writes the parameter table to WORKDIR/params.txt (once)."""
   device = jax.devices()[0]
-  if jax.process_index() == 0:
+  # Once per workdir: a resumed run has the same params, and a rerun with another model (that
+  # will fail on the checkpoint) must not replace the table of the run that made the workdir.
+  if jax.process_index() == 0 and not (workdir / PARAMS_FILE).exists():
     (workdir / PARAMS_FILE).write_text(table + "\n")
   lines = [
       f"==== big_vit_lite.train: {config_argument() or 'config given in Python'} ====",

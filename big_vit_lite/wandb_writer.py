@@ -9,6 +9,7 @@ Keys of config.wandb: project (required), and entity, name, group, tags, notes, 
 environment (WANDB_MODE, WANDB_API_KEY, ...) works as usual. Process 0 only.
 Needs wandb: pip install 'big_vit_lite[wandb]'.
 """
+import os
 import secrets
 
 from absl import logging
@@ -76,7 +77,9 @@ def start(cfg, workdir, raw_config):
   # wandb writes its files locally: into the workdir, unless that is a bucket.
   local_dir = None if paths.is_uri(workdir) else str(workdir)
   run = wandb.init(id=run_id, resume="allow", dir=local_dir, config=raw_config.to_dict(),
-                   settings=wandb.Settings(console="off", quiet=True), **_plain(cfg))
+                   settings=wandb.Settings(console="off", silent=True), **_plain(cfg))
   run.define_metric("*", step_metric="step")
-  logging.info("Weights & Biases: run %s (%s), id in %s", run.name, run.url or "offline", id_path)
+  where = (f"offline; upload with: wandb sync {os.path.dirname(run.dir)}" if run.offline
+           else run.url)
+  logging.info("Weights & Biases: run %s (%s); its id is kept in %s", run.id, where, id_path)
   return Writer(run)
