@@ -1,7 +1,8 @@
 """timm safetensors checkpoints (models/timm.py).
 
-Export checked against a numpy transcription of timm's forward, import, timm's model names,
-non-square and non-divisible sizes, head counts, timm's own files, files on a bucket.
+Export checked against a numpy transcription of timm's forward and against real timm (torch,
+CPU; tests/timm_reference.py), import, timm's model names, non-square and non-divisible sizes,
+head counts, timm's own files, files on a bucket.
 """
 import os
 import subprocess
