@@ -20,11 +20,11 @@ import tensorflow_datasets as tfds
 
 from big_vit_lite.data import config_dict
 
-# Registers mnist10k, animal_mnist and imagenet21k with tfds.
+# Registers mnist10k, animal_mnist, mnist_multilabel and imagenet21k with tfds.
 from big_vit_lite.data import builders  # noqa: F401
 
 # Names `python -m big_vit_lite.data.prepare` knows how to build offline.
-OFFLINE_DATASETS = ("fashion_mnist", "mnist10k", "animal_mnist")
+OFFLINE_DATASETS = ("fashion_mnist", "mnist10k", "animal_mnist", "mnist_multilabel")
 
 
 def resolve_data_dir(data_dir):
