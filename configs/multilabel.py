@@ -44,22 +44,22 @@ def get_config(arg=None):
   config.loss = "sigmoid_xent"
   config.init_head_bias = -10.0
   config.grad_accum_steps = 1
-  config.total_steps = 2000
+  config.total_steps = 6000
   config.optax_name = "scale_by_adam"
   config.optax = dict(b1=0.9, b2=0.999)
   config.lr = 1e-3
   config.wd = 1e-4  # Decoupled (not multiplied by lr), see optim.py.
-  config.schedule = dict(warmup_steps=200, decay_type="cosine")
+  config.schedule = dict(warmup_steps=500, decay_type="cosine")
   config.grad_clip_norm = 1.0
   config.num_cpu_devices = 2
   config.mesh = (("data", -1),)
   config.log_training_steps = 200
-  config.ckpt_steps = 1000
+  config.ckpt_steps = 2000
   config.evals = ml_collections.ConfigDict()
   config.evals.multilabel = dict(
       type="multilabel",
       data=dict(name="mnist_multilabel", split="test", data_dir=config_dict.placeholder(str)),
-      pp=PP, batch_size=500, log_steps=1000)
+      pp=PP, batch_size=500, log_steps=2000)
   if "runlocal" in args:
     config.input.batch_size = 32
     config.input.shuffle_buffer_size = 100
