@@ -10,7 +10,13 @@ cross-entropy, a zero-initialised head whose bias starts at init_head_bias = -10
 per class at the start, the vit_l16 value), and the `multilabel` evaluator (mAP, ReaL-style
 prec@1, per-class precision/recall) on the test split.
 
-Expected result: RESULT_PLACEHOLDER
+Expected result (measured once, seed 0, on the shared 2-core VM, where it took 28 minutes):
+on the 4,000 test images, "multilabel/mAP" is 0.9764 and ReaL-style prec@1 is 0.9898 after
+6,000 steps (16 epochs at batch 64). Macro precision/recall at p > 0.5 is 0.940 / 0.926.
+At step 2,000 mAP was 0.934, at 4,000 it was 0.973. The bag-of-pixels baseline,
+`python benchmarks/multilabel_baseline.py` (one logistic regression per class on the raw
+pixels), reaches mAP 0.8397 and prec@1 0.9263. Details: benchmarks/NOTES.md, section
+"JFT-scale data (issue 33)".
 
 Args (comma-separated after the file name, e.g. `configs/multilabel.py:runlocal`):
   runlocal   a few steps of a tinier model, for tests and smoke runs.
