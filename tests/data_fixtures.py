@@ -25,8 +25,8 @@ class BvlTinyIds(tfds.core.GeneratorBasedBuilder, skip_registration=True):
       yield i, {"image": rng.integers(0, 256, (8, 8, 1), dtype=np.uint8), "label": i % 10, "id": i}
 
 
-def prepare_tiny_ids(data_dir):
-  builder = BvlTinyIds(data_dir=data_dir)
+def prepare_tiny_ids(data_dir, file_format="tfrecord"):
+  builder = BvlTinyIds(data_dir=data_dir, file_format=file_format)
   if not builder.is_prepared():
     # Several files per split, so file-order shuffling and piece slicing are exercised.
     builder.download_and_prepare(download_config=tfds.download.DownloadConfig(num_shards=4))

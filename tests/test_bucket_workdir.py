@@ -107,3 +107,23 @@ def test_model_init_npz_on_a_bucket(fake_bucket):
   np.testing.assert_array_equal(flat["head/kernel"], np.full((2, 3), 2.0))
   with pytest.raises(ValueError, match="does not exist"):
     formats.read_params("gs://missing_init.npz")
+
+
+def test_tfds_data_dir_on_a_bucket_is_found_and_listed_through_epath(fake_bucket, tmp_path):
+  """TFDS_DATA_DIR=gs://... (docs/tpu.md): the dataset's metadata, splits and file pieces
+  are read through epath, and the pieces the pipeline opens are the bucket's files. The
+  records themselves are read by tf.data's own GCS filesystem, which no local fake reaches."""
+  import shutil  # pylint: disable=import-outside-toplevel
+  import data_fixtures  # pylint: disable=import-outside-toplevel
+  from big_vit_lite.data import sources  # pylint: disable=import-outside-toplevel
+  local = tmp_path / "local_tfds"
+  data_fixtures.prepare_tiny_ids(str(local))
+  shutil.copytree(local, fake_bucket / "b" / "tfds")
+  source = sources.TfdsSource("bvl_tiny_ids", "train[10:]", "gs://b/tfds")
+  assert source.num_examples == 990
+  pieces = source._pieces_in(0, 990)  # pylint: disable=protected-access
+  assert [os.fspath(f).startswith("gs://b/tfds/bvl_tiny_ids/1.0.0/") for f, _, _ in pieces] == [
+      True] * 4
+  assert sum(take for _, _, take in pieces) == 990 and pieces[0][1] == 10
+  with pytest.raises(ValueError, match="not prepared in gs://b/tfds"):
+    sources.TfdsSource("mnist10k", "train", "gs://b/tfds")

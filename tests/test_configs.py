@@ -26,7 +26,7 @@ from big_vit_lite import metrics
 from big_vit_lite import train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONFIGS = ("demo", "vit_l16", "vit_b16", "vit_s16_i1k")
+CONFIGS = ("demo", "vit_l16", "vit_b16", "vit_s16_i1k", "multilabel")
 
 
 def _load(name):

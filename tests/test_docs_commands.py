@@ -134,6 +134,16 @@ COMMANDS = [
     Cmd("python -m big_vit_lite.bench", "run",
         extra=("--batch=2", "--res=32", "--steps=1", "--warmup=0"), slow=True),
     Cmd("bash benchmarks/gpu_bench.sh", "run", args=("--smoke",), slow=True),
+    # JFT-scale data (docs/jft_scale.md): its --data_dir is moved to a fresh dir.
+    Cmd("python -m big_vit_lite.data.prepare mnist10k --file_format=array_record", "run", slow=True),
+    Cmd("python -m big_vit_lite.data.prepare mnist_multilabel", "run", extra=("--data_dir={data}",),
+        slow=True, timeout=900),  # (a fresh dir: ~2 min on 2 quiet cores)
+    Cmd("python -m big_vit_lite.train --config=configs/multilabel.py:runlocal", "run", slow=True),
+    Cmd("python -m big_vit_lite.train --config=configs/multilabel.py", "run", runlocal=True,
+        slow=True),
+    Cmd("python benchmarks/resume_seek.py", "help", why="a benchmark of minutes (200k records)"),
+    Cmd("python benchmarks/jpeg_formats.py", "help", why="a benchmark of minutes"),
+    Cmd("python benchmarks/multilabel_baseline.py", "help", why="a benchmark of minutes"),
     # Scaling out (docs/scale_out.md, docs/gpu.md, docs/tpu.md).
     Cmd("launch/local.sh", "run", slow=True, timeout=600),
     Cmd("launch/multi_gpu.sh", "help", why="several GPU hosts"),

