@@ -199,3 +199,40 @@ def test_bad_option_values_are_one_line_errors():
                     (dict(norm="batchnorm"), ("norm='batchnorm'", "rmsnorm")),
                     (dict(reg_tokens=-1), ("reg_tokens=-1",))):
     checks.one_line_error(lambda: checks.vit_shapes(**kw), *words)
+
+
+def _hand_train_flops(*, batch, res, patch, width, depth, mlp_dim, classes, tokens, mlp_mats):
+  """2 x multiply-adds of a train step (forward, and backward 2x it less the image's gradient):
+  per block q/k/v/out 4 T D^2, MLP mlp_mats T D M (SwiGLU: gate, value and out: 3), scores and
+  weighted sum 2 T^2 D; patch embedding P^2 C D per patch; head D K."""
+  block = 2 * (4 * tokens * width ** 2 + mlp_mats * tokens * width * mlp_dim
+               + 2 * tokens ** 2 * width)
+  embed = 2 * (res // patch) ** 2 * patch * patch * 3 * width
+  return batch * (3 * (depth * block + embed + 2 * width * classes) - embed)
+
+
+@pytest.mark.parametrize("opts", ONE_BY_ONE + [dict(ALL, pool_type="gap")],
+                         ids=lambda o: ",".join(o))
+def test_model_flops_of_each_option_are_the_hand_count(opts):
+  import test_flops  # pylint: disable=import-outside-toplevel
+  from big_vit_lite import flops  # pylint: disable=import-outside-toplevel
+  model = checks.tiny_vit(**opts)
+  jaxpr, _ = test_flops._train_step_jaxpr(model, 2, 16, 10)  # pylint: disable=protected-access
+  tokens = 16 + (opts.get("pool_type", "tok") == "tok") + opts.get("reg_tokens", 0)
+  want = _hand_train_flops(batch=2, res=16, patch=4, width=32, depth=2, mlp_dim=64, classes=10,
+                           tokens=tokens, mlp_mats=3 if opts.get("mlp") == "swiglu" else 2)
+  assert flops.matmul_flops(jaxpr)[0] == want  # what bench and the trainer count for MFU
+  arch = dict(model.arch(), mlp=model.mlp)
+  assert flops.vit_train_flops(arch, batch=2, tokens=tokens, patches=16, num_classes=10) == want
+
+
+def test_plan_counts_registers_and_swiglu():
+  import test_plan  # pylint: disable=import-outside-toplevel
+  from big_vit_lite import plan  # pylint: disable=import-outside-toplevel
+  config = test_plan._big_config("mu/16", 8)  # pylint: disable=protected-access
+  config.model.update(reg_tokens=4, mlp="swiglu", remat_policy=None)
+  p = plan.plan(config, {"data": 1}, "h100")
+  assert p["tokens"] == 196 + 1 + 4
+  assert p["flops_per_step"] == _hand_train_flops(
+      batch=8, res=224, patch=16, width=32, depth=1, mlp_dim=128, classes=1000, tokens=201,
+      mlp_mats=3)
