@@ -139,6 +139,7 @@ def test_register_tokens_count_in_the_sequence_and_pooling_ignores_them():
   np.testing.assert_array_equal(out["head_input"], out["encoded"][:, 0])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("opts", [ALL, dict(ALL, parallel_block=False, pool_type="map")],
                          ids=["parallel", "serial_map"])
 def test_options_under_scan_remat_attention_kinds_and_npz(tmp_path, opts):
