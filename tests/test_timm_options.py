@@ -64,7 +64,8 @@ def test_timm_names_of_the_options():
                "blocks.1.ls1.gamma", "blocks.1.ls2.gamma", "blocks.1.mlp.fc1_g.weight",
                "blocks.1.mlp.fc1_x.weight"):
     assert name in sd, name
-  assert not any(k.endswith("bias") for k in sd if k.startswith("blocks.")) and "norm.bias" not in sd
+  assert not any(k.endswith("bias") for k in sd if k.startswith("blocks."))
+  assert "norm.bias" not in sd
   assert (kwargs["mlp_layer"], kwargs["act_layer"], kwargs["norm_layer"]) == ("SwiGLU", "silu",
                                                                                 "rmsnorm")
   # pos_embed: cls row, a zero row per register, the grid (timm adds it to the registers too).

@@ -183,8 +183,10 @@ def test_new_params_carry_logical_axis_names(scan):
 
 def test_options_leave_the_tree_they_do_not_touch():
   base = set(layout.flatten(checks.vit_shapes()))
-  added = {"reg_tokens": ("reg",), "layerscale_init": ("/LayerScale_0/scale", "/LayerScale_1/scale"),
-           "qk_norm": ("/query_norm/scale", "/query_norm/bias", "/key_norm/scale", "/key_norm/bias"),
+  added = {"reg_tokens": ("reg",),
+           "layerscale_init": ("/LayerScale_0/scale", "/LayerScale_1/scale"),
+           "qk_norm": ("/query_norm/scale", "/query_norm/bias", "/key_norm/scale",
+                       "/key_norm/bias"),
            "mlp": ("/Dense_gate/kernel", "/Dense_gate/bias")}
   for opts in ONE_BY_ONE:
     (name, _), = opts.items()

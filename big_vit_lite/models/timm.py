@@ -37,7 +37,8 @@ def _timm_options(sd) -> dict:
   """The same facts of a timm VisionTransformer state dict (block 0 tells for all)."""
   b = "blocks.0."
   parallel = f"{b}in_proj.weight" in sd
-  return dict(reg="reg_token" in sd, qk_norm=f"{b}attn.q_norm.weight" in sd or f"{b}q_norm.weight" in sd,
+  qk_norm = f"{b}attn.q_norm.weight" in sd or f"{b}q_norm.weight" in sd
+  return dict(reg="reg_token" in sd, qk_norm=qk_norm,
               ls=f"{b}ls1.gamma" in sd or f"{b}ls.gamma" in sd, swiglu=f"{b}mlp.fc1_g.weight" in sd,
               rms=f"{b}{'in_norm' if parallel else 'norm1'}.bias" not in sd, parallel=parallel,
               bias=f"{b}{'in_proj' if parallel else 'attn.qkv'}.bias" in sd)
