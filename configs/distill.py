@@ -8,8 +8,10 @@ r"""Distillation on the offline data: a small ViT student taught by a demo-confi
   python -m big_vit_lite.train --config=configs/distill.py --workdir=workdirs/student_scratch
 
 Expected result (benchmarks/NOTES.md, section "Model options and distillation"):
-Fashion-MNIST test prec@1 ("val/prec@1" in metrics.jsonl) of the distilled student above
-the from-scratch student's at the same 1,000 steps (measured: see NOTES.md).
+Fashion-MNIST test prec@1 ("val/prec@1" in metrics.jsonl): teacher 0.773 after 1,500 steps;
+at 1,000 steps the distilled student 0.708, the same student from scratch 0.693
+(deterministic on a given machine; 2 CPU cores: the teacher's steps ~9 min, each student's
+1-3 min depending on the load).
 
 Args (comma-separated after the file name):
   teacher=SRC   distil from SRC (a workdir, step dir, .npz or .safetensors); without it the
@@ -48,6 +50,7 @@ def get_config(arg=None):
   # The student: a quarter of the teacher's width and half its depth (~1/20 of its FLOPs).
   config.model.update(width=64, depth=2, mlp_dim=256, num_heads=2)
   if "teacher" in args:
-    # KL to the teacher's softened logits on the same augmented batch, mixed with the labels.
-    config.distill = dict(teacher=args["teacher"], weight=0.75, temperature=2.0)
+    # KL to the teacher's logits on the same augmented batch only (weight 1: no labels),
+    # as big_vision's "consistent" distillation; weight 0.75 at T=2 gained less (NOTES.md).
+    config.distill = dict(teacher=args["teacher"], weight=1.0, temperature=1.0)
   return config
