@@ -35,6 +35,19 @@ CASES = {
     "tiny_map_learn": (dict(variant=None, width=64, depth=2, mlp_dim=96, num_heads=2,
                             patch_size=4, num_classes=5, pool_type="map"), 16, None),
 }
+# The block options (tests/test_timm_options.py), alone and together, on random params.
+_TINY = dict(variant=None, width=64, depth=2, mlp_dim=96, num_heads=4, patch_size=8, num_classes=7)
+_OPTIONS = dict(reg=dict(reg_tokens=2), qk_norm=dict(qk_norm=True),
+                layerscale=dict(layerscale_init=0.5), swiglu=dict(mlp="swiglu"),
+                rmsnorm=dict(norm="rmsnorm"), parallel=dict(parallel_block=True),
+                no_bias=dict(use_bias=False),
+                all_serial=dict(reg_tokens=2, qk_norm=True, layerscale_init=0.5, mlp="swiglu",
+                                norm="rmsnorm", use_bias=False),
+                all_parallel_map=dict(reg_tokens=1, qk_norm=True, layerscale_init=0.5,
+                                      norm="rmsnorm", parallel_block=True, use_bias=False,
+                                      pool_type="map"))
+CASES.update({f"opt_{k}": (dict(_TINY, **v), 32, None) for k, v in _OPTIONS.items()})
+OPTION_CASES = [f"opt_{k}" for k in _OPTIONS]
 
 
 def _install_torchvision_standin():
@@ -89,7 +102,9 @@ def timm_side(workdir, cases):
       kwargs = json.loads(f.metadata()["timm_kwargs"])
     if timm_name:
       model = timm.create_model(timm_name, pretrained=False, num_classes=kwargs["num_classes"])
-    else:
+    else:  # A class-valued kwarg (mlp_layer, block_fn) is stored as its name.
+      classes = {"mlp_layer": timm.layers, "block_fn": timm.models.vision_transformer}
+      kwargs.update({k: getattr(m, kwargs[k]) for k, m in classes.items() if k in kwargs})
       model = VisionTransformer(**kwargs)
     model.load_state_dict(safetensors.torch.load_file(path), strict=True)
     model.eval()
@@ -99,6 +114,13 @@ def timm_side(workdir, cases):
     np.save(os.path.join(workdir, f"{name}_timm.npy"), logits)
     results[name] = list(logits.shape)
   print(json.dumps({"timm": timm.__version__, "torch": torch.__version__, "shapes": results}))
+
+
+def _keys(tree, seed):
+  """One PRNG key per leaf of `tree`, in a tree of its structure."""
+  import jax  # pylint: disable=g-import-not-at-top
+  leaves, treedef = jax.tree.flatten(tree)
+  return jax.tree.unflatten(treedef, list(jax.random.split(jax.random.key(seed), len(leaves))))
 
 
 def timm_python(flag=None):
@@ -143,6 +165,9 @@ def main():
       model = vit.Model(**kw, head_zeroinit=False, gelu="exact")
       images = np.asarray(jax.random.uniform(jax.random.key(i), (2, res, res, 3), minval=-1, maxval=1))
       params = jax.jit(model.init)(jax.random.key(100 + i), images)["params"]
+      if name in OPTION_CASES:  # ones, zeros and LayerScale inits would hide swapped params
+        params = jax.tree.map(lambda a, k: a + 0.1 * jax.random.normal(k, a.shape),
+                              params, _keys(params, 300 + i))
       ours[name] = np.asarray(jax.jit(lambda p, x: model.apply({"params": p}, x)[0])(params, images))
       timm.write_timm(params, os.path.join(workdir, f"{name}.safetensors"), image_size=res)
       np.save(os.path.join(workdir, f"{name}_images.npy"), images)

@@ -102,6 +102,7 @@ def infer_model_cfg(flat):
   cfg = dict(variant=None, width=a["width"], depth=a["depth"], mlp_dim=a["mlp_dim"],
              num_heads=a["heads"], patch_size=a["patch"], pool_type=a["pool_type"],
              posemb="learn" if any(k.endswith("pos_embedding") for k in flat) else "sincos2d")
+  cfg.update(layout.model_options(flat))
   if "pre_logits/kernel" in flat:
     cfg["rep_size"] = int(flat["pre_logits/kernel"].shape[1])
   stem = []  # The conv stem's output channels, if any.

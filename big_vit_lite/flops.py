@@ -181,9 +181,13 @@ def vit_forward_flops(arch: dict, *, tokens: int, patches: int, channels: int = 
   weighted sum 2 T^2 D; patch embedding P^2 C D per patch; head D K. FLOPs = 2 x multiply-adds.
   A training step is 3x the forward (backward = 2x) less `embed` once: the image needs no
   gradient. (Class-token pooling; MAP heads and rep_size layers are not included.)
+  Block options: arch["mlp"] = "swiglu" makes the MLP 3 T D M (gate, value, out); register
+  tokens count in `tokens`; qk_norm, LayerScale, RMSNorm, parallel blocks and biases add no
+  matmul.
   """
   t, d, m, p = tokens, arch["width"], arch["mlp_dim"], arch["patch_size"]
-  blocks = arch["depth"] * 2 * (4 * t * d * d + 2 * t * d * m + 2 * t * t * d)
+  mlp_matmuls = 3 if arch.get("mlp") == "swiglu" else 2
+  blocks = arch["depth"] * 2 * (4 * t * d * d + mlp_matmuls * t * d * m + 2 * t * t * d)
   return dict(blocks=blocks, embed=2 * patches * p * p * channels * d, head=2 * d * num_classes)
 
 

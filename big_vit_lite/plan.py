@@ -225,10 +225,11 @@ def plan(config, mesh: dict, device: str, res: int | None = None) -> dict:
   n_dev = math.prod(mesh.values())
   batch, local_batch, accum = _batch_split(config, mesh)
   model, boxed, params, _, opt_state = abstract_state(config, res)
-  arch = model.arch()
+  arch = dict(model.arch(), mlp=model.mlp)  # (SwiGLU's third MLP matmul counts)
   num_classes = int(config.model.get("num_classes", 0) or 0)
   # From the model object, so that the model's own defaults count for keys the config omits.
-  tokens = (res // arch["patch_size"]) ** 2 + (1 if model.pool_type == "tok" else 0)
+  tokens = ((res // arch["patch_size"]) ** 2 + (1 if model.pool_type == "tok" else 0)
+            + model.reg_tokens)
   remat = model.remat_policy not in (None, "none")
   mm_bytes = jnp.dtype(model.dtype_mm).itemsize
   channels = image_channels(config)

@@ -48,6 +48,7 @@ from big_vit_lite import ema as ema_lib
 from big_vit_lite import flops as flops_lib
 from big_vit_lite import grad_accum
 from big_vit_lite import hostmem
+from big_vit_lite import distill as distill_lib
 from big_vit_lite import losses
 from big_vit_lite import metrics as metrics_lib
 from big_vit_lite import oom
@@ -173,6 +174,7 @@ class _Parts:
   batch_spec: dict
   image_shape: tuple
   init_params: object  # rng -> boxed params (logical axis names attached).
+  distill: object = None  # distill.Teacher (config.distill) or None
   # Set by _lay_out_state, inside the mesh:
   rng_init: object = None
   rng_train: object = None
@@ -211,7 +213,9 @@ def _make_model(config, run):
                 init_head_bias=config.get("init_head_bias"),
                 mixup_fn=train_setup.make_mixup(config.consume("mixup", None)),
                 device_aug_fn=device_aug_lib.make(config.consume("device_aug", None)),
-                batch_spec=batch_spec, image_shape=image_shape, init_params=init_params)
+                batch_spec=batch_spec, image_shape=image_shape, init_params=init_params,
+                distill=distill_lib.from_config(config.consume("distill", None), run.mesh,
+                                                run.rules, labels.shape[-1], image_shape))
 
 
 def _lay_out_state(config, run, parts):
@@ -244,7 +248,7 @@ def _make_update(run, parts):
   """The step: (state, batch) -> (state, measurements); its random numbers come from the step."""
   model, opt, ema = parts.model, parts.opt, parts.ema
 
-  def update(state, batch):
+  def update(state, batch, teacher_params=None):
     step = state["step"]
     rng_step = jax.random.fold_in(state["rng"], step)
     rng_mix, rng_drop = jax.random.split(rng_step)
@@ -253,13 +257,17 @@ def _make_update(run, parts):
       images = parts.device_aug_fn(jax.random.fold_in(rng_step, 1), images)
     if parts.mixup_fn is not None:
       images, labels = parts.mixup_fn(rng_mix, images, labels)
+    # Distillation: the teacher's logits on these very (augmented) images join the batch.
+    teacher = parts.distill.targets(teacher_params, images) if parts.distill else {}
 
     def loss_of(params, batch, rng):
       logits, _ = model.apply({"params": params}, batch["image"], train=True, rngs={"dropout": rng})
-      return parts.loss_fn(logits, batch["labels"])
+      loss = parts.loss_fn(logits, batch["labels"])
+      return parts.distill.loss(loss, logits, batch) if parts.distill else loss
 
     loss, grads = grad_accum.value_and_grad(
-        loss_of, state["params"], {"image": images, "labels": labels}, rng_drop, run.accum_steps,
+        loss_of, state["params"], {"image": images, "labels": labels, **teacher}, rng_drop,
+        run.accum_steps,
         batch_sharding=run.batch_sh, param_shardings=parts.params_sh)
     params, opt_state = opt.apply(state["params"], grads, state["opt_state"])
     measurements = {"training_loss": loss, "grad_norm": optax.global_norm(grads),
@@ -347,9 +355,11 @@ def _compile(run, parts, update, resume_step):
   batch_abstract = {k: jax.ShapeDtypeStruct((run.batch_size,) + v.shape[1:], v.dtype,
                                             sharding=run.batch_sh)
                     for k, v in parts.batch_spec.items()}
-  traced = jax.jit(update, in_shardings=(parts.state_sh, run.batch_sh),
-                   out_shardings=(parts.state_sh, run.repl),
-                   donate_argnums=(0,)).trace(parts.state_abstract, batch_abstract)
+  args, in_sh = (parts.state_abstract, batch_abstract), (parts.state_sh, run.batch_sh)
+  if parts.distill:  # The teacher's params: a third argument, so never in the saved state.
+    args, in_sh = args + (parts.distill.abstract(),), in_sh + (None,)
+  traced = jax.jit(update, in_shardings=in_sh, out_shardings=(parts.state_sh, run.repl),
+                   donate_argnums=(0,)).trace(*args)
   compiled = traced.lower().compile()
   model_flops = flops_lib.model_flops(traced) / run.mesh.size  # Matmuls in the jaxpr: `mfu`.
   xla_flops = flops_lib.step_flops(traced, compiled, num_devices=run.mesh.size)  # `mfu_xla`.
@@ -361,6 +371,8 @@ def _compile(run, parts, update, resume_step):
                None if xla_flops is None else f"{xla_flops / 1e9:.4g}",
                None if peak is None else f"{peak / 1e9:.6g}",
                None if temp is None else f"{temp / 2**20:.1f}")
+  if parts.distill:
+    compiled = parts.distill.bind(compiled)
   return compiled, dict(step_flops=model_flops, peak_flops_total=peak,
                         xla_step_flops=flops_lib.sane_xla_flops(xla_flops, model_flops))
 

@@ -172,6 +172,27 @@ def arch(flat) -> dict:
   return facts
 
 
+_OPTION_DEFAULTS = dict(reg_tokens=0, qk_norm=False, layerscale_init=None, mlp="gelu",
+                       norm="layernorm", parallel_block=False, use_bias=True)
+
+
+def model_options(flat) -> dict:
+  """vit.Model's block options (those not at their default) of loop-layout params `flat`.
+
+  layerscale_init comes back as 1.0 where there is LayerScale: the init is not in the params.
+  """
+  b = "Transformer/encoderblock_0/"
+  attn = f"{b}MultiHeadDotProductAttention_0/"
+  opts = dict(reg_tokens=int(flat["reg"].shape[1]) if "reg" in flat else 0,
+              qk_norm=f"{attn}query_norm/scale" in flat,
+              layerscale_init=1.0 if f"{b}LayerScale_0/scale" in flat else None,
+              mlp="swiglu" if f"{b}MlpBlock_0/Dense_gate/kernel" in flat else "gelu",
+              norm="rmsnorm" if f"{b}LayerNorm_0/bias" not in flat else "layernorm",
+              parallel_block=f"{b}LayerNorm_1/scale" not in flat,
+              use_bias=f"{attn}query/bias" in flat)
+  return {k: v for k, v in opts.items() if v != _OPTION_DEFAULTS[k]}
+
+
 def _arch_difference(src_flat, tgt_loop) -> str:
   """" (another architecture...; checkpoint vs model: width 768 vs 192, ...)" or "" if alike."""
   src, tgt = arch(src_flat), arch(tgt_loop)

@@ -138,3 +138,10 @@ def _layer_norm_bwd(_eps, res, dy):
 
 
 layer_norm.defvjp(_layer_norm_fwd, _layer_norm_bwd)
+
+
+def rms_norm(x, scale, eps=1e-6):
+  """x / sqrt(mean(x^2) + eps) * scale over the last axis, in float32 or wider (timm's RmsNorm)."""
+  x = x.astype(jnp.promote_types(x.dtype, jnp.float32))
+  rstd = jax.lax.rsqrt(jnp.mean(jnp.square(x), axis=-1, keepdims=True) + eps)
+  return x * rstd * scale.astype(x.dtype)

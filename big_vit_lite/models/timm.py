@@ -25,34 +25,75 @@ _FROM_TIMM = {"copy": lambda y, d, n: y, "T": lambda y, d, n: y.T,
 _POOLS = {"tok": "token", "gap": "avg", "map": "map"}  # our pool_type -> timm's global_pool
 
 
-def _names(depth, cls, map_head, head):
+def _our_options(flat) -> dict:
+  """The block options of loop-layout params, in the terms of `_timm_options`."""
+  m = layout.model_options(flat)
+  return dict(reg="reg_tokens" in m, qk_norm="qk_norm" in m, ls="layerscale_init" in m,
+              swiglu="mlp" in m, rms="norm" in m, parallel="parallel_block" in m,
+              bias="use_bias" not in m)
+
+
+def _timm_options(sd) -> dict:
+  """The same facts of a timm VisionTransformer state dict (block 0 tells for all)."""
+  b = "blocks.0."
+  parallel = f"{b}in_proj.weight" in sd
+  qk_norm = f"{b}attn.q_norm.weight" in sd or f"{b}q_norm.weight" in sd
+  return dict(reg="reg_token" in sd, qk_norm=qk_norm,
+              ls=f"{b}ls1.gamma" in sd or f"{b}ls.gamma" in sd, swiglu=f"{b}mlp.fc1_g.weight" in sd,
+              rms=f"{b}{'in_norm' if parallel else 'norm1'}.bias" not in sd, parallel=parallel,
+              bias=f"{b}{'in_proj' if parallel else 'attn.qkv'}.bias" in sd)
+
+
+def _names(depth, cls, map_head, head, o):
   """[(timm name, our names, kind)] of every param but the posemb, for both directions.
 
-  A timm tensor is the concatenation (axis 0) of our arrays, each in timm's form by its kind.
+  A timm tensor is the concatenation (axis 0) of our arrays, each in timm's form by its kind
+  (one kind, or one per array). `o`: the block options (`_our_options`).
   """
-  def ln(t, o):
-    return [(f"{t}.weight", [f"{o}/scale"], "copy"), (f"{t}.bias", [f"{o}/bias"], "copy")]
+  def ln(t, o_name, rms=o["rms"]):
+    return [(f"{t}.weight", [f"{o_name}/scale"], "copy")] + (
+        [] if rms else [(f"{t}.bias", [f"{o_name}/bias"], "copy")])
 
-  def mlp(t, o):
-    return [(f"{t}.fc{i + 1}.{w}", [f"{o}/Dense_{i}/{k}"], kind) for i in (0, 1)
-            for w, k, kind in (("weight", "kernel", "T"), ("bias", "bias", "copy"))]
+  def dense(t, ours, kinds, bias=True):  # kinds: of the kernel parts, then of the bias parts
+    w = [(f"{t}.weight", [f"{n}/kernel" for n in ours], kinds[0])]
+    return w + ([(f"{t}.bias", [f"{n}/bias" for n in ours], kinds[1])] if bias else [])
 
-  def attn(t, o, fused=True):  # timm's AttentionPoolLatent: separate q and fused kv.
+  def mlp(t, o_name, swiglu=False, bias=True):
+    fc1 = [("fc1_g", "Dense_gate"), ("fc1_x", "Dense_0")] if swiglu else [("fc1", "Dense_0")]
+    return [n for tn, on in fc1 + [("fc2", "Dense_1")]
+            for n in dense(f"{t}.{tn}", [f"{o_name}/{on}"], ("T", "copy"), bias)]
+
+  def attn(t, o_name, fused=True, bias=True):  # timm's AttentionPoolLatent: q and fused kv.
     groups = {"qkv": ("query", "key", "value")} if fused else {"q": ("query",),
                                                                "kv": ("key", "value")}
-    names = [(f"{t}.{g}.{w}", [f"{o}/{n}/{k}" for n in ours], kind) for g, ours in groups.items()
-             for w, k, kind in (("weight", "kernel", "heads_in"), ("bias", "bias", "heads_bias"))]
-    return names + [(f"{t}.proj.weight", [f"{o}/out/kernel"], "heads_out"),
-                    (f"{t}.proj.bias", [f"{o}/out/bias"], "copy")]
+    names = [n for g, ours in groups.items() for n in dense(
+        f"{t}.{g}", [f"{o_name}/{k}" for k in ours], ("heads_in", "heads_bias"), bias)]
+    return names + dense(f"{t}.proj", [f"{o_name}/out"], ("heads_out", "copy"), bias)
+
+  def qk_norm(t, o_name):
+    return ln(f"{t}.q_norm", f"{o_name}/query_norm") + ln(f"{t}.k_norm", f"{o_name}/key_norm")
 
   names = [("patch_embed.proj.weight", ["embedding/kernel"], "conv"),
            ("patch_embed.proj.bias", ["embedding/bias"], "copy")]
   names += [("cls_token", ["cls"], "copy")] if cls else []
+  names += [("reg_token", ["reg"], "copy")] if o["reg"] else []
   for i in range(depth):
-    t, o = f"blocks.{i}", f"Transformer/encoderblock_{i}"
-    names += (ln(f"{t}.norm1", f"{o}/LayerNorm_0")
-              + attn(f"{t}.attn", f"{o}/MultiHeadDotProductAttention_0")
-              + ln(f"{t}.norm2", f"{o}/LayerNorm_1") + mlp(f"{t}.mlp", f"{o}/MlpBlock_0"))
+    t, b = f"blocks.{i}", f"Transformer/encoderblock_{i}"
+    a, m, bias = f"{b}/MultiHeadDotProductAttention_0", f"{b}/MlpBlock_0", o["bias"]
+    names += qk_norm(t if o["parallel"] else f"{t}.attn", a) if o["qk_norm"] else []
+    if o["parallel"]:  # timm's ParallelScalingBlock: MLP fc1 and qkv fused into in_proj.
+      ours = [f"{m}/Dense_0"] + [f"{a}/{k}" for k in ("query", "key", "value")]
+      names += (ln(f"{t}.in_norm", f"{b}/LayerNorm_0")
+                + dense(f"{t}.in_proj", ours, (["T"] + ["heads_in"] * 3,
+                                               ["copy"] + ["heads_bias"] * 3), bias)
+                + dense(f"{t}.attn_out_proj", [f"{a}/out"], ("heads_out", "copy"), bias)
+                + dense(f"{t}.mlp_out_proj", [f"{m}/Dense_1"], ("T", "copy"), bias))
+      names += [(f"{t}.ls.gamma", [f"{b}/LayerScale_0/scale"], "copy")] if o["ls"] else []
+      continue
+    names += (ln(f"{t}.norm1", f"{b}/LayerNorm_0") + attn(f"{t}.attn", a, bias=bias)
+              + ln(f"{t}.norm2", f"{b}/LayerNorm_1") + mlp(f"{t}.mlp", m, o["swiglu"], bias))
+    names += [(f"{t}.ls{j + 1}.gamma", [f"{b}/LayerScale_{j}/scale"], "copy")
+              for j in range(2 if o["ls"] else 0)]
   names += ln("norm", "Transformer/encoder_norm")
   if map_head:
     names += ([("attn_pool.latent", ["MAPHead_0/probe"], "copy")]
@@ -61,6 +102,17 @@ def _names(depth, cls, map_head, head):
               + mlp("attn_pool.mlp", "MAPHead_0/MlpBlock_0"))
   return names + ([("head.weight", ["head/kernel"], "T"), ("head.bias", ["head/bias"], "copy")]
                   if head else [])
+
+
+def _kinds(kind, n):
+  return [kind] * n if isinstance(kind, str) else kind
+
+
+def _split(y, kinds, d):
+  """A timm tensor cut into our arrays' parts: d rows per head-split part, the rest to the other."""
+  known = [d if k.startswith("heads") else None for k in kinds]
+  rest = (y.shape[0] - sum(k for k in known if k)) // max(1, known.count(None))
+  return np.split(y, np.cumsum([k or rest for k in known])[:-1])
 
 
 def image_hw(image_size):
@@ -87,13 +139,19 @@ def to_timm(params, image_size=None) -> tuple[dict, dict]:
   if any(k.startswith(("pre_logits/", "stem/")) for k in flat):
     raise ValueError("timm's VisionTransformer has no pre-logits layer (rep_size) and no "
                      "convolutional stem (stem_channels): export a model without them.")
-  a = layout.arch(flat)
+  a, o = layout.arch(flat), _our_options(flat)
+  if o["parallel"] and o["swiglu"]:
+    raise ValueError("timm's ParallelScalingBlock has a GELU MLP only: export a parallel_block "
+                     "model with mlp='gelu'.")
   try:
     p, d, cls = a["patch"], a["width"], "cls" in flat
-    names = _names(a["depth"], cls, a["pool_type"] == "map", "head/kernel" in flat)
-    sd = {t: np.concatenate([_TO_TIMM[kind](flat[o]) for o in ours]) for t, ours, kind in names}
+    names = _names(a["depth"], cls, a["pool_type"] == "map", "head/kernel" in flat, o)
+    sd = {t: np.concatenate([_TO_TIMM[k](flat[n]) for n, k in zip(ours, _kinds(kind, len(ours)))])
+          for t, ours, kind in names}
   except KeyError as e:
     raise ValueError(f"These params lack {e}: not a ViT in a supported layout.") from None
+  if o["parallel"] and not o["bias"]:  # timm keeps an MLP bias where in_proj has none
+    sd.update({f"blocks.{i}.mlp_bias": np.zeros(a["mlp_dim"]) for i in range(a["depth"])})
   hw = image_hw(image_size)
   grid = None if hw is None else (hw[0] // p, hw[1] // p)
   if posemb.PARAM in flat:
@@ -110,16 +168,28 @@ def to_timm(params, image_size=None) -> tuple[dict, dict]:
                      "(--res) so the fixed embedding can be written for timm.")
   else:
     pe = posemb.sincos_2d(*grid, d, num_prefix=int(cls))
+  n_reg = flat["reg"].shape[1] if o["reg"] else 0
+  if n_reg:  # timm adds pos_embed to the registers too: zero rows (ours have none).
+    pe = np.concatenate([pe[:, :int(cls)], np.zeros((1, n_reg, d), pe.dtype), pe[:, int(cls):]], 1)
   sd = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in dict(sd, pos_embed=pe).items()}
   # The size given (timm, like us, drops the pixels past the last whole patch:
   # So400m/14 runs at 384), else the grid's.
   img_size = hw or (grid[0] * p, grid[1] * p)
   img_size = img_size[0] if img_size[0] == img_size[1] else img_size
   num_classes = flat["head/kernel"].shape[1] if "head/kernel" in flat else 0
-  return sd, dict(img_size=img_size, patch_size=p, in_chans=a["channels"], embed_dim=d,
-                  depth=a["depth"], num_heads=a["heads"], mlp_ratio=a["mlp_dim"] / d,
-                  num_classes=num_classes, global_pool=_POOLS[a["pool_type"]], class_token=cls,
-                  fc_norm=False)
+  kwargs = dict(img_size=img_size, patch_size=p, in_chans=a["channels"], embed_dim=d,
+                depth=a["depth"], num_heads=a["heads"], mlp_ratio=a["mlp_dim"] / d,
+                num_classes=num_classes, global_pool=_POOLS[a["pool_type"]], class_token=cls,
+                fc_norm=False)
+  # The block options, only where on (a plain ViT's kwargs stay as they were).
+  no_bias = None if o["bias"] else False
+  options = dict(reg_tokens=n_reg or None, qk_norm=o["qk_norm"] or None,
+                 init_values=1.0 if o["ls"] else None, qkv_bias=no_bias, proj_bias=no_bias,
+                 norm_layer="rmsnorm" if o["rms"] else None,
+                 mlp_layer="SwiGLU" if o["swiglu"] else None,
+                 act_layer="silu" if o["swiglu"] else None,
+                 block_fn="ParallelScalingBlock" if o["parallel"] else None)
+  return sd, dict(kwargs, **{k: v for k, v in options.items() if v is not None})
 
 
 # timm's registered plain ViTs: their size names (by ours), and the (patch, image size)
@@ -133,6 +203,10 @@ _TIMM_NAMED = {"tiny": {(16, 224), (16, 384)},
                "huge": {(14, 224)}, "giant": {(14, 224)}, "gigantic": {(14, 224)}}
 
 
+# The kwargs whose value is a timm class: its module, where the kwargs (JSON) hold its name.
+TIMM_CLASSES = {"mlp_layer": "timm.layers.", "block_fn": "timm.models.vision_transformer."}
+
+
 def timm_model_name(kwargs: Mapping[str, Any]) -> Optional[str]:
   """timm's registered name for the architecture of `to_timm`'s kwargs, or None.
 
@@ -140,6 +214,8 @@ def timm_model_name(kwargs: Mapping[str, Any]) -> Optional[str]:
   the others load with `VisionTransformer(**kwargs)`.
   """
   d = kwargs["embed_dim"]
+  if set(kwargs) & set(TIMM_CLASSES) or "reg_tokens" in kwargs or "qkv_bias" in kwargs:
+    return None  # Block options: only VisionTransformer(**kwargs) says them all.
   size = _TIMM_SIZES.get(size_name(d, kwargs["depth"], round(kwargs["mlp_ratio"] * d),
                                    kwargs["num_heads"]))
   if (size is None or kwargs["in_chans"] != 3 or kwargs["global_pool"] != "token"
@@ -158,7 +234,8 @@ def timm_usage(kwargs: Mapping[str, Any], path) -> str:
     # leaves a random one without a word.
     return (f'timm.create_model("{name}", pretrained=True, num_classes={n}, '
             f'pretrained_cfg_overlay=dict(file="{os.fspath(path)}", num_classes={n}))')
-  args = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
+  args = ", ".join(f"{k}={TIMM_CLASSES[k]}{v}" if k in TIMM_CLASSES else f"{k}={v!r}"
+                   for k, v in kwargs.items())
   return ("m = timm.models.vision_transformer.VisionTransformer(" + args + "); "
           f'm.load_state_dict(safetensors.torch.load_file("{os.fspath(path)}"), strict=True)')
 
@@ -216,17 +293,32 @@ def from_timm(sd: Mapping[str, np.ndarray], num_heads: int,
   """
   sd = {k: np.asarray(v) for k, v in sd.items()}
   d = sd["patch_embed.proj.weight"].shape[0]
-  depth = next(i for i in itertools.count() if f"blocks.{i}.norm1.weight" not in sd)
-  names = _names(depth, "cls_token" in sd, "attn_pool.latent" in sd, "head.weight" in sd)
+  depth = next(i for i in itertools.count() if f"blocks.{i}.norm1.weight" not in sd
+               and f"blocks.{i}.in_norm.weight" not in sd)
+  o = _timm_options(sd)
+  for i in range(depth):  # ParallelScalingBlock's MLP bias where in_proj has none: zeros only
+    if np.any(sd.pop(f"blocks.{i}.mlp_bias", 0)):
+      raise ValueError(f"timm state dict has a non-zero blocks.{i}.mlp_bias without "
+                       "qkv_bias: this ViT's use_bias=False has no MLP bias to hold it.")
+  names = _names(depth, "cls_token" in sd, "attn_pool.latent" in sd, "head.weight" in sd, o)
   flat = {}
   for t, ours, kind in names:
     if t not in sd:
       raise ValueError(f"timm state dict has no {t!r}.")
-    flat.update((o, _FROM_TIMM[kind](y, d, num_heads))
-                for o, y in zip(ours, np.split(sd[t], len(ours))))
+    kinds = _kinds(kind, len(ours))
+    flat.update((n, _FROM_TIMM[k](y, d, num_heads))
+                for n, k, y in zip(ours, kinds, _split(sd[t], kinds, d)))
   if "pos_embed" in sd:
     pe = sd["pos_embed"]
+    n_cls, n_reg = int("cls_token" in sd), flat["reg"].shape[1] if o["reg"] else 0
     n = pe.shape[1]
+    if n_reg and (n - n_cls - n_reg == grid_tokens if grid_tokens
+                  else posemb.square_grid(n - n_cls - n_reg) is not None):
+      # Register rows (no_embed_class=False): a register is a constant token, its posemb row
+      # folds into it.
+      flat["reg"] = flat["reg"] + pe[:, n_cls:n_cls + n_reg]
+      pe = np.concatenate([pe[:, :n_cls], pe[:, n_cls + n_reg:]], 1)
+      n = pe.shape[1]
     grid_only = n == grid_tokens if grid_tokens else posemb.square_grid(n) is not None
     if "cls_token" in sd and grid_only:
       # timm's no_embed_class models (DeiT III, ...): the grid rows only, the class

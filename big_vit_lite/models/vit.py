@@ -35,6 +35,8 @@ as in timm; `gelu="tanh"` is the original code's approximation.
 Attention, LayerNorm and GELU are hand-written in `ops` (why, with
 measurements: benchmarks/NOTES.md, section "Model (models/)").
 """
+import dataclasses
+import functools
 from typing import Any, Optional, Sequence, Union
 
 import flax.linen as nn
@@ -45,7 +47,7 @@ import numpy as np
 
 from big_vit_lite.models.ops import (  # noqa: F401  (re-exported: vit.dot_product_attention, ...)
     CUDNN_SEQ_MULTIPLE, attention_fn, dot_product_attention, gelu_exact, layer_norm,
-    padded_attention)
+    padded_attention, rms_norm)
 from big_vit_lite.models.posemb import sincos_2d as posemb_sincos_2d
 from big_vit_lite.models.variants import VARIANTS, decode_variant  # noqa: F401  (vit.VARIANTS)
 
@@ -61,11 +63,23 @@ def _on_cuda() -> bool:
           and "cuda" in jex_backend.get_backend().platform_version.lower())
 
 
+@dataclasses.dataclass(frozen=True)
+class BlockOptions:
+  """The block options of `Model` (see its docstring), handed down as one hashable value."""
+  qk_norm: bool = False
+  layerscale_init: Optional[float] = None
+  mlp: str = "gelu"
+  norm: str = "layernorm"
+  parallel_block: bool = False
+  use_bias: bool = True
+
+
 class _Heads(nn.Module):
   """One attention projection: (..., D) -> (..., H, D/H) (query/key/value) or back (`out`)."""
   num_heads: int
   dtype_mm: Any
   out: bool = False
+  use_bias: bool = True
 
   @nn.compact
   def __call__(self, x):
@@ -76,11 +90,14 @@ class _Heads(nn.Module):
     def init(key, shape, dtype):  # as the (d, d) matrix the kernel really is: right fan-in/out
       return nn.initializers.xavier_uniform()(key, (d, d), dtype).reshape(shape)
     kernel = self.param("kernel", _partitioned(init, names), shape, jnp.float32)
+    x, kernel = x.astype(self.dtype_mm), kernel.astype(self.dtype_mm)
+    y = jnp.einsum("btnh,nhd->btd" if self.out else "btd,dnh->btnh", x, kernel)
+    if not self.use_bias:
+      return y
     cut = 2 if self.out else 1  # The bias has the output's axes.
     bias = self.param("bias", _partitioned(nn.initializers.zeros, names[cut:]), shape[cut:],
                       jnp.float32)
-    x, kernel, bias = (a.astype(self.dtype_mm) for a in (x, kernel, bias))
-    return jnp.einsum("btnh,nhd->btd" if self.out else "btd,dnh->btnh", x, kernel) + bias
+    return y + bias.astype(self.dtype_mm)
 
 
 class MultiHeadDotProductAttention(nn.Module):
@@ -88,48 +105,81 @@ class MultiHeadDotProductAttention(nn.Module):
   num_heads: int
   dtype_mm: Any = jnp.float32
   attention: str = "custom"  # resolved: custom | xla | cudnn (see Model.attention)
+  opts: BlockOptions = BlockOptions()
 
   @nn.compact
   def __call__(self, x_q, x_kv):
     if x_q.shape[-1] % self.num_heads:
       raise ValueError(f"Width {x_q.shape[-1]} is not divisible by num_heads={self.num_heads}.")
     names = ("batch", "seq", "heads", "kv")
-    q, k, v = (nn.with_logical_constraint(_Heads(self.num_heads, self.dtype_mm, name=n)(x), names)
+    heads = functools.partial(_Heads, self.num_heads, self.dtype_mm, use_bias=self.opts.use_bias)
+    q, k, v = (nn.with_logical_constraint(heads(name=n)(x), names)
                for n, x in (("query", x_q), ("key", x_kv), ("value", x_kv)))
+    if self.opts.qk_norm:  # Each head's q and k normalised over its D/H features (ViT-22B).
+      q, k = (LayerNorm(kind=self.opts.norm, axis_name="kv", name=f"{n}_norm")(a).astype(a.dtype)
+              for n, a in (("query", q), ("key", k)))
     y = nn.with_logical_constraint(attention_fn(self.attention)(q, k, v), names)
-    return _Heads(self.num_heads, self.dtype_mm, out=True, name="out")(y)
+    return heads(out=True, name="out")(y)
 
 
 class MlpBlock(nn.Module):
-  """Dense -> GELU -> dropout -> Dense -> dropout (vision_transformer's MlpBlock)."""
+  """Dense -> GELU -> dropout -> Dense -> dropout (vision_transformer's MlpBlock).
+
+  mlp="swiglu": Dense_1(silu(Dense_gate(x)) * Dense_0(x)), both of width mlp_dim (timm's
+  SwiGLU with hidden_features=mlp_dim).
+  """
   mlp_dim: int
   dropout: float = 0.0
   dtype_mm: Any = jnp.float32
   gelu: str = "exact"
+  mlp: str = "gelu"
+  use_bias: bool = True
 
   @nn.compact
   def __call__(self, x, deterministic: bool = True):
-    def dense(features, names):
-      return nn.Dense(features, dtype=self.dtype_mm,
+    def dense(features, names, name):
+      return nn.Dense(features, dtype=self.dtype_mm, use_bias=self.use_bias, name=name,
                       kernel_init=_partitioned(nn.initializers.xavier_uniform(), names),
                       bias_init=_partitioned(nn.initializers.normal(stddev=1e-6), names[1:]))
     d = x.shape[-1]
-    x = nn.with_logical_constraint(_gelu(self.gelu)(dense(self.mlp_dim, ("embed", "mlp"))(x)),
-                                   ("batch", "seq", "mlp"))
+    hidden = dense(self.mlp_dim, ("embed", "mlp"), "Dense_0")(x)
+    if self.mlp == "swiglu":
+      hidden = nn.silu(dense(self.mlp_dim, ("embed", "mlp"), "Dense_gate")(x)) * hidden
+    else:
+      hidden = _gelu(self.gelu)(hidden)
+    x = nn.with_logical_constraint(hidden, ("batch", "seq", "mlp"))
     x = nn.Dropout(rate=self.dropout)(x, deterministic)
-    return nn.Dropout(rate=self.dropout)(dense(d, ("mlp", "embed"))(x), deterministic)
+    return nn.Dropout(rate=self.dropout)(dense(d, ("mlp", "embed"), "Dense_1")(x), deterministic)
 
 
 class LayerNorm(nn.Module):
-  """flax.linen.LayerNorm's params (`scale`, `bias`) and math, with `layer_norm`'s backward pass."""
+  """flax.linen.LayerNorm's params (`scale`, `bias`) and math, with `layer_norm`'s backward pass.
+
+  kind="rmsnorm": `scale` only, x / rms(x) * scale (timm's RmsNorm).
+  """
   epsilon: float = 1e-6
+  kind: str = "layernorm"
+  axis_name: str = "embed"
 
   @nn.compact
   def __call__(self, x):
-    d = x.shape[-1]
-    scale = self.param("scale", _partitioned(nn.initializers.ones, ("embed",)), (d,), jnp.float32)
-    bias = self.param("bias", _partitioned(nn.initializers.zeros, ("embed",)), (d,), jnp.float32)
+    d, names = x.shape[-1], (self.axis_name,)
+    scale = self.param("scale", _partitioned(nn.initializers.ones, names), (d,), jnp.float32)
+    if self.kind == "rmsnorm":
+      return rms_norm(x, scale, self.epsilon)
+    bias = self.param("bias", _partitioned(nn.initializers.zeros, names), (d,), jnp.float32)
     return layer_norm(x, scale, bias, self.epsilon)
+
+
+class LayerScale(nn.Module):
+  """y * scale, one learned factor per channel, all `init` at first (CaiT; timm's LayerScale)."""
+  init: float
+
+  @nn.compact
+  def __call__(self, y):
+    scale = self.param("scale", _partitioned(nn.initializers.constant(self.init), ("embed",)),
+                       (y.shape[-1],), jnp.float32)
+    return y * scale.astype(y.dtype)
 
 
 class Encoder1DBlock(nn.Module):
@@ -142,8 +192,11 @@ class Encoder1DBlock(nn.Module):
   dtype_mm: Any = jnp.float32
   gelu: str = "exact"
   attention: str = "custom"
+  opts: BlockOptions = BlockOptions()
 
-  def _drop_path(self, y, rate):
+  def _drop_path(self, y, rate, layer_scale: str):
+    if self.opts.layerscale_init is not None:
+      y = LayerScale(self.opts.layerscale_init, name=layer_scale)(y)
     if self.deterministic or not self.drop_path:
       return y
     # One keep/drop decision per example: the branch is skipped for the whole image.
@@ -153,15 +206,20 @@ class Encoder1DBlock(nn.Module):
 
   @nn.compact
   def __call__(self, x, drop_path_rate):
-    y = LayerNorm(name="LayerNorm_0")(x)
-    y = MultiHeadDotProductAttention(self.num_heads, self.dtype_mm, self.attention,
-                                     name="MultiHeadDotProductAttention_0")(y, y)
-    y = nn.Dropout(rate=self.dropout)(y, self.deterministic)
-    x = x + self._drop_path(y, drop_path_rate).astype(x.dtype)
-    y = LayerNorm(name="LayerNorm_1")(x)
-    y = MlpBlock(self.mlp_dim, self.dropout, self.dtype_mm, self.gelu,
-                 name="MlpBlock_0")(y, self.deterministic)
-    x = x + self._drop_path(y, drop_path_rate).astype(x.dtype)
+    norm = self.opts.norm
+    y = LayerNorm(kind=norm, name="LayerNorm_0")(x)
+    mlp = MlpBlock(self.mlp_dim, self.dropout, self.dtype_mm, self.gelu, self.opts.mlp,
+                   self.opts.use_bias, name="MlpBlock_0")
+    y_attn = MultiHeadDotProductAttention(self.num_heads, self.dtype_mm, self.attention,
+                                          self.opts, name="MultiHeadDotProductAttention_0")(y, y)
+    y_attn = nn.Dropout(rate=self.dropout)(y_attn, self.deterministic)
+    if self.opts.parallel_block:  # ViT-22B: x + attn(norm(x)) + mlp(norm(x)), one LayerScale.
+      y = y_attn + mlp(y, self.deterministic)
+      x = x + self._drop_path(y, drop_path_rate, "LayerScale_0").astype(x.dtype)
+    else:
+      x = x + self._drop_path(y_attn, drop_path_rate, "LayerScale_0").astype(x.dtype)
+      y = mlp(LayerNorm(kind=norm, name="LayerNorm_1")(x), self.deterministic)
+      x = x + self._drop_path(y, drop_path_rate, "LayerScale_1").astype(x.dtype)
     x = nn.with_logical_constraint(x, ("batch", "seq", "embed"))
     return x, x
 
@@ -190,13 +248,17 @@ class Encoder(nn.Module):
   gelu: str = "exact"
   attention: str = "custom"
   dtype_act: Any = jnp.float32
+  opts: BlockOptions = BlockOptions()
 
   @nn.compact
-  def __call__(self, x, grid_hw, num_prefix: int, train: bool):
+  def __call__(self, x, grid_hw, num_prefix: int, train: bool, registers=None):
     if self.posemb == "learn":
       x = AddPositionEmbs(name="posembed_input")(x)
     else:  # sincos2d: fixed; the prefix (cls) token gets none, as in big_vision.
       x = x + posemb_sincos_2d(*grid_hw, x.shape[-1], num_prefix=num_prefix)
+    if registers is not None:  # After the prefix (cls) token, with no posemb (timm's order).
+      registers = jnp.broadcast_to(registers, (x.shape[0],) + registers.shape[1:]).astype(x.dtype)
+      x = jnp.concatenate([x[:, :num_prefix], registers, x[:, num_prefix:]], axis=1)
     x = nn.with_logical_constraint(x.astype(self.dtype_act), ("batch", "seq", "embed"))
     out = {"with_posemb": x}
     x = nn.Dropout(rate=self.dropout)(x, not train)
@@ -208,7 +270,8 @@ class Encoder(nn.Module):
                            policy=getattr(jax.checkpoint_policies, self.remat_policy))
     block_kw = dict(mlp_dim=self.mlp_dim, num_heads=self.num_heads, dropout=self.dropout,
                     drop_path=self.drop_path > 0, deterministic=not train,
-                    dtype_mm=self.dtype_mm, gelu=self.gelu, attention=self.attention)
+                    dtype_mm=self.dtype_mm, gelu=self.gelu, attention=self.attention,
+                    opts=self.opts)
     # Stochastic-depth rate of each block: linear from 0 (first) to drop_path (last).
     rates = np.linspace(0.0, self.drop_path, self.depth, dtype=np.float32)
     if self.scan:
@@ -221,7 +284,7 @@ class Encoder(nn.Module):
       for i in range(self.depth):
         block = block_cls(name=f"encoderblock_{i}", **block_kw)
         x, out[f"block{i:02d}"] = block(x, float(rates[i]))
-    return LayerNorm(name="encoder_norm")(x), out
+    return LayerNorm(kind=self.opts.norm, name="encoder_norm")(x), out
 
 
 class MAPHead(nn.Module):
@@ -231,6 +294,7 @@ class MAPHead(nn.Module):
   dtype_mm: Any = jnp.float32
   gelu: str = "exact"
   attention: str = "custom"
+  norm: str = "layernorm"
 
   @nn.compact
   def __call__(self, x):
@@ -240,7 +304,7 @@ class MAPHead(nn.Module):
     x = MultiHeadDotProductAttention(self.num_heads, self.dtype_mm, self.attention,
                                      name="MultiHeadDotProductAttention_0")(
                                          jnp.broadcast_to(probe, (n, 1, d)), x)
-    y = LayerNorm(name="LayerNorm_0")(x)
+    y = LayerNorm(kind=self.norm, name="LayerNorm_0")(x)
     x = x + MlpBlock(self.mlp_dim, 0.0, self.dtype_mm, self.gelu, name="MlpBlock_0")(y)
     return x[:, 0]
 
@@ -269,6 +333,14 @@ class Model(nn.Module):
   `out` holds "stem" (patch embeddings), "with_posemb", "block00".."blockNN"
   (each block's output), "encoded" (all tokens after the final LayerNorm),
   "head_input" (pooled), "pre_logits" (after rep_size) and "logits".
+
+  Block options (all off by default; docs/vit_options.md): `reg_tokens` N learned register
+  tokens after the class token, without posemb, dropped after the encoder ("encoded" and
+  pooling never see them); `qk_norm` normalises each head's q and k; `layerscale_init`: a
+  per-channel scale on each residual branch, initialised to this value (None: none);
+  `mlp`: "gelu" | "swiglu"; `norm`: "layernorm" | "rmsnorm" (every norm of the model);
+  `parallel_block`: x + attn(norm(x)) + mlp(norm(x)), ViT-22B's block; `use_bias`: False
+  drops the biases of the blocks' q/k/v/out and MLP projections.
   """
   num_classes: int
   variant: Optional[str] = "B/16"
@@ -290,6 +362,16 @@ class Model(nn.Module):
   stem_channels: Sequence[int] = ()
   attention: str = "auto"
   dtype_act: str = "float32"
+  reg_tokens: int = 0
+  qk_norm: bool = False
+  layerscale_init: Optional[float] = None
+  mlp: str = "gelu"
+  norm: str = "layernorm"
+  parallel_block: bool = False
+  use_bias: bool = True
+
+  def block_options(self) -> BlockOptions:
+    return BlockOptions(**{f.name: getattr(self, f.name) for f in dataclasses.fields(BlockOptions)})
 
   def resolved_attention(self) -> str:
     """The attention kind this model runs here: custom | xla | cudnn ("auto" decided)."""
@@ -311,10 +393,13 @@ class Model(nn.Module):
   def _check(self):
     for name, allowed in (("posemb", ("learn", "sincos2d")), ("pool_type", ("tok", "gap", "map")),
                           ("gelu", ("exact", "tanh")), ("dtype_act", ("float32", "bfloat16")),
-                          ("attention", ("auto", "custom", "xla", "cudnn"))):
+                          ("attention", ("auto", "custom", "xla", "cudnn")),
+                          ("mlp", ("gelu", "swiglu")), ("norm", ("layernorm", "rmsnorm"))):
       if getattr(self, name) not in allowed:
         raise ValueError(f"Unknown ViT {name}={getattr(self, name)!r}: use one of "
                          f"{', '.join(allowed)}.")
+    if not isinstance(self.reg_tokens, int) or self.reg_tokens < 0:
+      raise ValueError(f"reg_tokens={self.reg_tokens!r}: use a count of register tokens >= 0.")
     if self.remat_policy not in (None, "none") and not hasattr(jax.checkpoint_policies,
                                                                str(self.remat_policy)):
       raise ValueError(f"Unknown remat_policy={self.remat_policy!r}: use None or a "
@@ -338,11 +423,20 @@ class Model(nn.Module):
       cls = self.param("cls", _partitioned(nn.initializers.zeros, (None, None, "embed")),
                        (1, 1, d), jnp.float32)
       x = jnp.concatenate([jnp.broadcast_to(cls, (b, 1, d)).astype(x.dtype), x], axis=1)
+    num_prefix = int(self.pool_type == "tok")
+    registers = None
+    if self.reg_tokens:
+      registers = self.param("reg", _partitioned(nn.initializers.normal(stddev=1e-6),
+                                                 (None, None, "embed")),
+                             (1, self.reg_tokens, d), jnp.float32)
     x, enc_out = Encoder(depth=a["depth"], mlp_dim=a["mlp_dim"], num_heads=a["num_heads"],
                          posemb=self.posemb, dropout=self.dropout, drop_path=self.drop_path,
                          remat_policy=self.remat_policy, scan=self.scan, dtype_mm=dtype_mm,
                          gelu=self.gelu, attention=attention, dtype_act=jnp.dtype(self.dtype_act),
-                         name="Transformer")(x, (gh, gw), int(self.pool_type == "tok"), train)
+                         opts=self.block_options(),
+                         name="Transformer")(x, (gh, gw), num_prefix, train, registers)
+    if self.reg_tokens:
+      x = jnp.concatenate([x[:, :num_prefix], x[:, num_prefix + self.reg_tokens:]], axis=1)
     out.update(enc_out, encoded=x)
 
     if self.pool_type == "tok":
@@ -352,7 +446,8 @@ class Model(nn.Module):
     else:
       # One query: cuDNN's padding would be all waste, so the probe takes the custom path.
       x = MAPHead(mlp_dim=a["mlp_dim"], num_heads=a["num_heads"], dtype_mm=dtype_mm, gelu=self.gelu,
-                  attention="custom" if attention == "cudnn" else attention, name="MAPHead_0")(x)
+                  attention="custom" if attention == "cudnn" else attention, norm=self.norm,
+                  name="MAPHead_0")(x)
     out["head_input"] = x
     if self.rep_size:
       rep = d if self.rep_size is True else int(self.rep_size)
