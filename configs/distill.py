@@ -17,6 +17,7 @@ Args (comma-separated after the file name):
   teacher=SRC   distil from SRC (a workdir, step dir, .npz or .safetensors); without it the
                 student trains from scratch on the labels alone.
   teacher_run   train the teacher instead: the demo model for 1,500 steps.
+  runlocal      a few steps on configs/demo.py's runlocal data (tests, smoke runs).
 """
 import importlib.util
 import os
@@ -24,24 +25,32 @@ import os
 from ml_collections import config_dict
 
 
-def _demo_config():
+def _demo_config(arg):
   """configs/demo.py's config (read from beside this file: configs/ is no package)."""
   path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "demo.py")
   spec = importlib.util.spec_from_file_location("_demo_config", path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
-  return module.get_config()
+  return module.get_config(arg)
 
 
 def get_config(arg=None):
   args = dict(a.split("=", 1) if "=" in a else (a, True) for a in (arg or "").split(",") if a)
-  if unknown := sorted(set(args) - {"teacher", "teacher_run"}):
-    raise ValueError(f"Unknown config arg {unknown[0]!r}: use teacher=SRC or teacher_run.")
-  config = _demo_config()
+  unknown = sorted(set(args) - {"teacher", "teacher_run", "runlocal"})
+  if unknown:
+    raise ValueError(f"Unknown config arg {unknown[0]!r}: use teacher=SRC, teacher_run or "
+                     "runlocal.")
+  runlocal = "runlocal" in args
+  config = _demo_config("runlocal" if runlocal else None)
   config.total_epochs = config_dict.placeholder(float)
-  config.total_steps = 1500 if "teacher_run" in args else 1000
-  config.schedule.warmup_steps = 200
-  config.log_training_steps = 100
+  if runlocal:
+    config.total_steps = 3
+  elif "teacher_run" in args:
+    config.total_steps = 1500
+  else:
+    config.total_steps = 1000
+  config.schedule.warmup_steps = 1 if runlocal else 200
+  config.log_training_steps = 1 if runlocal else 100
   config.ckpt_steps = config.total_steps
   config.evals.val.log_steps = config.total_steps
   del config.evals["fewshot"]

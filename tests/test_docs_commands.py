@@ -141,6 +141,10 @@ COMMANDS = [
     Cmd("python -m big_vit_lite.train --config=configs/multilabel.py:runlocal", "run", slow=True),
     Cmd("python -m big_vit_lite.train --config=configs/multilabel.py", "run", runlocal=True,
         slow=True),
+    # Distillation (docs/distillation.md, configs/distill.py): the teacher is the tiny trained
+    # workdir (`workdirs/teacher` -> the `trained` fixture).
+    Cmd("python -m big_vit_lite.train --config=configs/distill.py", "run", runlocal=True,
+        slow=True),
     Cmd("python benchmarks/resume_seek.py", "help", why="a benchmark of minutes (200k records)"),
     Cmd("python benchmarks/jpeg_formats.py", "help", why="a benchmark of minutes"),
     Cmd("python benchmarks/multilabel_baseline.py", "help", why="a benchmark of minutes"),
