@@ -55,7 +55,11 @@ def get_config(arg=None):
   config.model = dict(variant="S/16", num_classes=1000, pool_type="gap", posemb="sincos2d",
                       rep_size=False, head_zeroinit=True,
                       # No remat (None): S/16 fits without it (see `plan`); it costs ~20%.
-                      remat_policy=config_dict.placeholder(str))
+                      remat_policy=config_dict.placeholder(str),
+                      # Accelerator knobs (--config.model.KEY=VALUE). dtype_mm="auto": bfloat16
+                      # matmuls wherever the backend is not the CPU, float32 on the CPU.
+                      dtype_mm="auto", dtype_act="float32", scan=False, attention="auto",
+                      drop_path=0.0, gelu="exact")
   config.loss = "softmax_xent"
   # Start from another run / an .npz instead of random init: --config.model_init=SRC
   # (a training workdir, a checkpoint step dir or a vision_transformer .npz);
