@@ -102,8 +102,12 @@ def slice_devices(tpu_slice: Slice):
   # backend and keeps the lock): compiling needs no TPU, so share it.
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
+  # A v4 VM runs its chips' two cores as one JAX device (megacore); the topology's default
+  # is a device per core.
+  megacore = {"chip_config_name": "megacore"} if tpu_slice.topology.startswith("v4:") else {}
   try:
-    desc = topologies.get_topology_desc(platform="tpu", topology_name=tpu_slice.topology)
+    desc = topologies.get_topology_desc(platform="tpu", topology_name=tpu_slice.topology,
+                                        **megacore)
   except Exception as e:  # pylint: disable=broad-except  # libtpu's own error types
     reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     raise ValueError(f"--topology={tpu_slice.name}: libtpu refused topology "
@@ -207,9 +211,13 @@ def compiled_stats(config, mesh: dict, res: int, channels: int, abstract, tpu_sl
   peak_b = mem_b["argument"] + mem_b["output"] + mem_b["temp"] - mem_b["alias"]
   cost = compiled.cost_analysis() or {}
   raw_flops = float(cost.get("flops", 0.0))
-  # XLA counts a loop body (nn.scan's layers, the microbatches) once: scale its flops and time.
+  # XLA counts a loop body (nn.scan's layers, the microbatches) once: scale its flops, and its
+  # time by the same ratio. Rough: the time outside the loops (the optimizer update, large for
+  # replicated params) is scaled too; without loops (scan=False, no grad_accum) it is exact.
   flops = flops_lib.step_flops(traced, compiled, tpu_slice.devices) or raw_flops
-  est_s = float(cost.get("optimal_seconds", 0.0)) * (flops / raw_flops if raw_flops else 1.0)
+  loop_scale = flops / raw_flops if raw_flops else 1.0
+  # Some programs get no estimate (optimal_seconds <= 0: seen for a scanned S/16 on v5e).
+  est_s = max(0.0, float(cost.get("optimal_seconds", 0.0))) * loop_scale
   model_flops = float(flops_lib.model_flops(traced))
   batch = int(config.input.batch_size)
   return dict(
@@ -222,7 +230,8 @@ def compiled_stats(config, mesh: dict, res: int, channels: int, abstract, tpu_sl
       tpu_hbm_spare=1.0 - peak_b / spec.hbm_bytes,
       tpu_flops_per_device=flops,
       tpu_model_flops=model_flops,
-      tpu_est_step_s=est_s,
+      tpu_est_step_s=est_s or None,
+      tpu_loop_scale=loop_scale,
       tpu_est_img_per_s_per_chip=batch / est_s / tpu_slice.chips if est_s else None,
       tpu_est_mfu=model_flops / tpu_slice.devices / est_s / spec.bf16_flops if est_s else None,
       tpu_collectives=collectives(compiled.as_text()))
@@ -246,6 +255,9 @@ def format_lines(p: dict) -> list:
     return [f"TPU compiler, {p['tpu_topology']} ({p['tpu_chips']} chips, {p['devices']} "
             f"devices): does NOT fit, the compiler refused the step: {p['tpu_refused']}"]
   est_s = p["tpu_est_step_s"]
+  estimate = (f"step {est_s * 1e3:.1f} ms, {p['tpu_est_img_per_s_per_chip']:.1f} img/s per chip, "
+              f"MFU {p['tpu_est_mfu']:.1%} (model FLOPs {p['tpu_model_flops']:.3e}/step)"
+              if est_s else "none for this program")
   lines = [
       f"TPU compiler, {p['tpu_topology']} ({p['tpu_chips']} chips, {p['devices']} devices), "
       f"per device: arguments {p['tpu_argument_bytes'] / GIB:.2f} GiB, outputs "
@@ -253,9 +265,11 @@ def format_lines(p: dict) -> list:
       f"temporaries {p['tpu_temp_bytes'] / GIB:.2f} GiB",
       f"  total {p['tpu_peak_bytes'] / GIB:.2f} of {p['tpu_hbm_bytes'] / GIB:.0f} GiB HBM -> "
       f"fits: {'yes' if p['tpu_fits'] else 'NO'} ({p['tpu_hbm_spare']:.0%} spare)",
-      f"  estimated by the compiler's cost model: step {est_s * 1e3:.1f} ms"
-      + (f", {p['tpu_est_img_per_s_per_chip']:.1f} img/s per chip, MFU "
-         f"{p['tpu_est_mfu']:.1%} (model FLOPs {p['tpu_model_flops']:.3e}/step)" if est_s else "")]
+      f"  estimated by the compiler's cost model: {estimate}"]
+  if est_s and p["tpu_loop_scale"] > 1.01:
+    lines.append(f"  (loops in the program, nn.scan or grad_accum: the cost model's time is scaled "
+                 f"by their FLOPs, x{p['tpu_loop_scale']:.1f}, a rough figure; scan=False and "
+                 "grad_accum_steps=1 give an unscaled one)")
   for op, c in p["tpu_collectives"].items():
     if c["count"]:
       lines.append(f"  {op}: {c['count']} in the program, {c['bytes'] / GIB:.3f} GiB")

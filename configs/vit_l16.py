@@ -16,6 +16,16 @@ I21k); upstream, minival prec@1 (one of 21k labels) is roughly 45-50% at the
 end. It needs a TPU v3-64 / 8xA100-class machine for days: pick a mesh with
 --config.mesh and e.g. FSDP for memory (`python -m big_vit_lite.plan` first).
 
+Accelerators: meant for a TPU v5p-256 slice (128 chips; the default mesh data:-1 is 32 images
+per chip) or a v4-256 (plan: 21.9 of 32 GiB per chip on data:32,fsdp:4). Matmuls run in
+bfloat16 wherever the backend is not the CPU (model.dtype_mm="auto", float32 on the CPU); what
+else an accelerator user tunes is in ACCELERATOR_KNOBS below (--config.model.scan=True, ...).
+The TPU compiler's figures on v5p-256 (`python -m big_vit_lite.plan --topology=v5p-256
+--config=configs/vit_l16.py --compile`, libtpu 0.0.42.1, with model.scan=True; estimates of its
+cost model, benchmarks/NOTES.md "TPU compiler, 2026-12-05"): 14.3 of 95 GiB HBM per chip (85%
+spare); with --config.mesh="[('fsdp', -1)]" 8.5 GiB, est. 81 ms per step, ~400 img/s per chip,
+MFU ~32% (short of the 50% target: the CPU-tuned attention and f32 LayerNorm/softmax remain).
+
 Weight decay: the paper's "0.1" was flax.optim's decay (p -= lr * 0.1 * p);
 here `wd` is decoupled from lr (big_vision convention, see optim.py), so the
 same decay is wd = 0.1 * lr.

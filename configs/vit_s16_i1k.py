@@ -12,6 +12,11 @@ dropout, no stochastic depth. 1% of the train split is held out as minival.
 Expected result (paper: 76.5% ImageNet val top-1 after 90 epochs, ~7h on a
 TPU v3-8): "val/prec@1" ~ 0.765. On CPU only `runlocal` is practical.
 
+Accelerators: meant for a TPU v3-8 (8 TensorCores, 128 images each), as in the paper.
+bfloat16 matmuls wherever the backend is not the CPU (model.dtype_mm="auto"); the other
+accelerator knobs are config.model's dtype_act, scan, remat_policy, attention, drop_path, gelu.
+`python -m big_vit_lite.plan --topology=v3-8 --config=configs/vit_s16_i1k.py` sizes it.
+
 Args: runlocal (3 steps, 32x32 images, tiny model, batch 8; the tests run it
 under tfds.testing.mock_data since ImageNet is not on the machine).
 """

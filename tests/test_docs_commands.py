@@ -71,6 +71,10 @@ COMMANDS = [
     Cmd("python -m big_vit_lite.predict", "help"),  # runs on a real checkpoint in test_predict.py
     Cmd("tensorboard --logdir=", "help", help=("tensorboard", "--helpfull")),
     Cmd("python -m big_vit_lite.plan", "run"),
+    # The TPU compiler (docs/tpu.md): a big model on a big slice takes minutes; the same path on
+    # a tiny config and slice (the later --topology wins).
+    Cmd("python -m big_vit_lite.plan --topology=", "run", slow=True,
+        args=("--config=configs/demo.py:runlocal", "--topology=v5e:2x2", "--compile")),
     Cmd("python -m big_vit_lite.bench", "run", extra=("--batch=2", "--res=32", "--steps=1", "--warmup=0"),
         slow=True),
     Cmd("python -c", "run"),

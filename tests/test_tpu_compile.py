@@ -9,6 +9,7 @@ import pytest
 
 from big_vit_lite import plan
 from big_vit_lite import tpu_compile
+from big_vit_lite.models import vit
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 needs_libtpu = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
@@ -159,3 +160,37 @@ def test_cli_prints_the_report_and_one_line_errors():
   assert proc.returncode == 1
   assert proc.stderr.strip().splitlines()[-1].startswith(
       "plan: mesh data:8 does not match --topology=v4-32 (16 devices)")
+
+
+def _shipped(name, arg=None):
+  path = os.path.join(REPO, "configs", f"{name}.py")
+  spec = importlib.util.spec_from_file_location(f"shipped_{name}", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(arg)
+
+
+@pytest.mark.parametrize("name", ["vit_l16", "vit_b16", "vit_s16_i1k"])
+def test_training_configs_expose_the_accelerator_knobs(name):
+  """--config.model.KEY=... needs the key in the config; "auto" is bf16 off the CPU only."""
+  model = _shipped(name).model
+  for key in ("dtype_mm", "dtype_act", "scan", "remat_policy", "attention", "drop_path"):
+    assert key in model, key
+  assert model.dtype_mm == "auto"
+  assert vit.Model(**model.to_dict()).resolved_dtype_mm() == "float32"  # this CPU
+  assert [vit.resolve_dtype_mm("auto", p) for p in ("cpu", "gpu", "tpu")] == [
+      "float32", "bfloat16", "bfloat16"]
+  assert vit.resolve_dtype_mm("float32", "tpu") == "float32"
+
+
+@pytest.mark.parametrize("arg, name, classes", [
+    ("", "imagenet21k", 21841),
+    ("data=i21k_fall11", "imagenet21k/fall11", 21841),
+    ("data=i21k_winter21", "imagenet21k/winter21", 19167),  # the builder's winter21 synsets
+])
+def test_the_imagenet21k_release_is_an_arg(arg, name, classes):
+  for config_name in ("vit_l16", "vit_b16"):
+    config = _shipped(config_name, arg)
+    assert config.input.data.name == config.evals.minival.data.name == name
+    assert config.model.num_classes == classes
+    assert f"onehot({classes}," in config.input.pp and f"onehot({classes}," in config.evals.minival.pp
