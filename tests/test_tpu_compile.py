@@ -193,4 +193,5 @@ def test_the_imagenet21k_release_is_an_arg(arg, name, classes):
     config = _shipped(config_name, arg)
     assert config.input.data.name == config.evals.minival.data.name == name
     assert config.model.num_classes == classes
-    assert f"onehot({classes}," in config.input.pp and f"onehot({classes}," in config.evals.minival.pp
+    for pp in (config.input.pp, config.evals.minival.pp):
+      assert f"onehot({classes}," in pp
