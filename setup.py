@@ -28,17 +28,21 @@ INSTALL_REQUIRES = [
 
 REPORT = ["matplotlib>=3.11.2"]
 WANDB = ["wandb>=0.31.0,<0.32"]  # config.wandb (wandb_writer.py)
+TPU = ["jax[tpu]>=0.10.2,<0.13"]
 
 EXTRAS = {
     # jax's own CUDA wheels (CUDA, cuDNN and NCCL come as pip packages; only the NVIDIA driver
     # is needed on the host): cuda = CUDA 12 (driver >= 525), cuda13 = CUDA 13 (driver >= 580).
     "cuda": ["jax[cuda12]>=0.10.2,<0.13"],
     "cuda13": ["jax[cuda13]>=0.10.2,<0.13"],
-    "tpu": ["jax[tpu]>=0.10.2,<0.13"],  # libtpu, for Cloud TPU VMs
+    # libtpu (the TPU runtime and compiler; jax[tpu] pins the one matching jax): for Cloud TPU
+    # VMs, and on any CPU machine for `plan --topology=SLICE --compile` (the TPU compiler).
+    "tpu": TPU,
     "report": REPORT,
     "wandb": WANDB,
+    # TPU: tests/test_tpu_compile.py compiles for a TPU slice on the CPU.
     "test": ["pytest>=9.2.0", "pytest-timeout>=2.4.0", "pytest-xdist>=3.8.0",
-             "scikit-learn>=1.9.1", "build>=1.6.1"] + REPORT + WANDB,
+             "scikit-learn>=1.9.1", "build>=1.6.1"] + REPORT + WANDB + TPU,
 }
 
 with open("README.md", encoding="utf-8") as f:

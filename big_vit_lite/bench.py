@@ -13,7 +13,8 @@ against the devices' datasheet peak (devices.py, or --peak_tflops), or where non
 (CPU) against a square matmul of the same dtype timed right before the case
 (`calib_gflops`); `mfu_basis` says which. `mfu_calib` is always against the timed matmul,
 `mfu_xla` uses XLA's FLOPs. The training step is the real thing minus the input pipeline:
-forward, softmax cross-entropy, backward, AdamW, with the train state donated.
+forward, softmax cross-entropy, backward, AdamW, with the train state donated: the trainer's
+own step (train_step.make_update_fn) with a fixed AdamW.
 """
 if __name__ == "__main__":  # First, before jax and TF load: once more with huge pages.
   from big_vit_lite import hostmem  # pylint: disable=g-import-not-at-top
@@ -42,9 +43,10 @@ from big_vit_lite import losses
 from big_vit_lite import metrics
 from big_vit_lite import oom
 from big_vit_lite import sharding
+from big_vit_lite import train_step
 
-# Defined when run as a command, not on import: plan imports train_step from here and has flags
-# of the same names (--mesh, --res).
+# Defined when run as a command, not on import: plan imports this module and has flags of the
+# same names (--mesh, --res).
 def _define_flags():
   flags.DEFINE_list("variant", ["Ti/16"], "ViT variant(s), e.g. Ti/16,S/16.")
   flags.DEFINE_list("batch", ["32"], "Global batch size(s).")
@@ -140,45 +142,49 @@ def _results(prefix, timing, *, batch, n_dev, peak, calib_gflops):
   return {f"{prefix}_{k}": v for k, v in out.items()}
 
 
-def train_step(model, update, *, accum=1, batch_sh=None, params_sh=None):
-  """The trainer's step minus the input pipeline, (state, images, labels) -> (state, loss):
-  forward, softmax cross-entropy, backward (accum > 1: its microbatch scan), then
-  update(state, grads) -> state. state[0] is the params; dropout only needs *a* key."""
-  def step(state, images, labels):
-    def loss_fn(p, b, rng):
-      logits, _ = model.apply({"params": p}, b["image"], train=True, rngs={"dropout": rng})
-      return losses.softmax_xent(logits, b["labels"])
+class _AdamW:
+  """A fixed AdamW with optim.make's interface (apply, lr_fn), for train_step.make_update_fn."""
 
-    loss, grads = grad_accum.value_and_grad(
-        loss_fn, state[0], {"image": images, "labels": labels}, jax.random.PRNGKey(0), accum,
-        batch_sharding=batch_sh, param_shardings=params_sh)
-    return update(state, grads), loss
-  return step
+  def __init__(self, lr=1e-3, weight_decay=1e-4):
+    self.lr = lr
+    self.tx = optax.adamw(lr, weight_decay=weight_decay)
+
+  def apply(self, params, grads, opt_state):
+    updates, opt_state = self.tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state
+
+  def lr_fn(self, step):
+    del step
+    return jnp.float32(self.lr)
 
 
 def _time_train(model, params, x, labels, *, accum, batch_sh, params_sh, warmup, steps,
                 trace_dir):
-  """Times the training step (AdamW); returns (timing for _results, the params it trained)."""
-  tx = optax.adamw(1e-3, weight_decay=1e-4)
-
-  def update(state, grads):
-    updates, opt_state = tx.update(grads, state[1], state[0])
-    return optax.apply_updates(state[0], updates), opt_state
-
-  step = train_step(model, update, accum=accum, batch_sh=batch_sh, params_sh=params_sh)
-  state = (params, jax.jit(tx.init)(params))
-  traced, compiled, compile_s = _compile(jax.jit(step, donate_argnums=0), state, x, labels)
+  """Times the trainer's step (train_step.py) with softmax xent and AdamW; returns (timing for
+  _results, the params it trained)."""
+  opt = _AdamW()
+  step = train_step.make_update_fn(
+      model=model,
+      opt=opt,
+      loss_fn=losses.softmax_xent,
+      accum_steps=accum,
+      batch_sharding=batch_sh,
+      param_shardings=params_sh)
+  state = dict(params=params, opt_state=jax.jit(opt.tx.init)(params),
+               step=jnp.zeros([], jnp.int32), rng=jax.random.PRNGKey(0))
+  batch = {"image": x, "labels": labels}
+  traced, compiled, compile_s = _compile(jax.jit(step, donate_argnums=0), state, batch)
 
   def run():
     nonlocal state
-    state, loss = compiled(state, x, labels)
-    loss.block_until_ready()
+    state, measurements = compiled(state, batch)
+    measurements["training_loss"].block_until_ready()
 
   time_calls(run, warmup, 0)
   with (jax.profiler.trace(trace_dir, create_perfetto_trace=True) if trace_dir
         else contextlib.nullcontext()):
     times = time_calls(run, 0, steps)
-  return (traced, compiled, compile_s, *times), state[0]
+  return (traced, compiled, compile_s, *times), state["params"]
 
 
 def bench_model(model, *, batch, res, num_classes, mode=("train", "infer"), mesh=None,

@@ -10,9 +10,18 @@ analytic, fitted to XLA's compiled memory analysis. With config.grad_accum_steps
 activations are those of a microbatch (local_batch / k), plus a float32 gradient accumulator
 when k > 1; the gradient reductions happen once per microbatch.
 
---compile also compiles the real train step against abstract inputs on simulated CPU devices
-in a subprocess (any mesh size works on one machine) and adds XLA's memory analysis and FLOPs
-(compiled_* fields), what tests/test_plan.py checks the formulas against.
+--compile also compiles the trainer's step (train_step.py) against abstract inputs on
+simulated CPU devices in a subprocess (any mesh size works on one machine) and adds XLA's
+memory analysis and FLOPs (compiled_* fields), what tests/test_plan.py checks the formulas
+against.
+
+--topology=SLICE (v5p-256, v4-32, v5litepod-16, v5p:8x8x8) plans for a TPU slice: its chips'
+HBM and peak, a -1 mesh axis sized to its devices, dtype_mm="auto" as bfloat16. With --compile
+the TPU compiler (libtpu, the [tpu] extra) compiles the trainer's step for the slice on this
+CPU machine and adds its figures (tpu_* fields: memory per device, fits, the cost model's step
+time, img/s per chip and MFU, collectives): tpu_compile.py, docs/tpu.md.
+
+  python -m big_vit_lite.plan --config=configs/vit_l16.py --topology=v5p-256 --compile
 
 With --json the last line is the plan as one JSON object (its keys: `plan`'s dict, and
 `compiled_stats`'). How the formulas were fitted, and their known gaps: benchmarks/NOTES.md,
@@ -37,11 +46,11 @@ from ml_collections import config_flags
 
 from big_vit_lite import bench
 from big_vit_lite import config_loading
-from big_vit_lite import ema as ema_lib
 from big_vit_lite import flops as flops_lib
 from big_vit_lite import grad_accum
 from big_vit_lite import optim
 from big_vit_lite import sharding
+from big_vit_lite import tpu_compile
 from big_vit_lite.data import pp as pp_lib
 from big_vit_lite.devices import DEVICES, GIB
 from big_vit_lite.models import vit
@@ -231,7 +240,7 @@ def plan(config, mesh: dict, device: str, res: int | None = None) -> dict:
   tokens = ((res // arch["patch_size"]) ** 2 + (1 if model.pool_type == "tok" else 0)
             + model.reg_tokens)
   remat = model.remat_policy not in (None, "none")
-  mm_bytes = jnp.dtype(model.dtype_mm).itemsize
+  mm_bytes = jnp.dtype(model.resolved_dtype_mm()).itemsize
   channels = image_channels(config)
   rules = dict(_rules(config, mesh))
   tp = _axes_size(rules.get("mlp"), mesh)
@@ -262,7 +271,7 @@ def plan(config, mesh: dict, device: str, res: int | None = None) -> dict:
       variant=config.model.get("variant"), arch=dict(arch), res=res, tokens=tokens, mesh=mesh,
       devices=n_dev, device=spec.name, global_batch=batch, local_batch=local_batch,
       grad_accum_steps=accum, micro_batch=local_batch // accum, remat=remat,
-      dtype_mm=str(model.dtype_mm), num_params=int(n_params),
+      dtype_mm=str(model.resolved_dtype_mm()), num_params=int(n_params),
       **{f"{k}_bytes_per_device": int(b) for k, b in state_b.items()},
       grad_accum_bytes_per_device=int(accum_b), act_bytes_per_device=int(act_b),
       batch_bytes_per_device=int(batch_b), fsdp_gather_bytes_per_device=int(gathered_b),
@@ -277,33 +286,11 @@ def plan(config, mesh: dict, device: str, res: int | None = None) -> dict:
 
 
 def compiled_stats(config, mesh: dict, res: int) -> dict:
-  """XLA memory analysis + FLOPs of the train step compiled for `mesh` (in this process)."""
+  """XLA memory analysis + FLOPs of the trainer's step compiled for `mesh` (CPU devices)."""
   n_dev = math.prod(mesh.values())
-  jmesh = sharding.make_mesh(list(mesh.items()), jax.devices()[:n_dev])
-  rules = _rules(config, mesh)
-  model, boxed, params, opt, opt_state = abstract_state(config, res)
-  param_sh, opt_sh = state_shardings(boxed, params, opt_state, jmesh, rules, unsplit=[])
-  ema = ema_lib.from_config(config)
-  state_sh = (param_sh, opt_sh) + ((param_sh,) if ema else ())
-  state = jax.tree.map(lambda l, s: jax.ShapeDtypeStruct(l.shape, l.dtype, sharding=s),
-                       (params, opt_state) + ((params,) if ema else ()), state_sh)
-  batch, _, accum = _batch_split(config, mesh)
-  batch_sh = sharding.batch_sharding(jmesh)
-  images = jax.ShapeDtypeStruct((batch, res, res, image_channels(config)), jnp.float32,
-                                sharding=batch_sh)
-  labels = jax.ShapeDtypeStruct((batch, int(config.model.get("num_classes", 0) or 0)),
-                                jnp.float32, sharding=batch_sh)
-
-  def update(state, grads):
-    params, opt_state = opt.apply(state[0], grads, state[1])
-    return (params, opt_state) + ((ema.update(state[2], params, 0),) if ema else ())
-
-  step = bench.train_step(model, update, accum=accum, batch_sh=batch_sh, params_sh=param_sh)
-  with jax.set_mesh(jmesh), nn.logical_axis_rules(rules):
-    traced = jax.jit(step, in_shardings=(state_sh, batch_sh, batch_sh),
-                     out_shardings=(state_sh, sharding.replicated(jmesh)),
-                     donate_argnums=(0,)).trace(state, images, labels)
-    compiled = traced.lower().compile()
+  abstract = abstract_state(config, res)
+  traced, compiled = tpu_compile.compile_step(config, mesh, jax.devices()[:n_dev], res,
+                                              image_channels(config), abstract)
   mem = compiled.memory_analysis()
   return dict({f"compiled_{k}_bytes": int(getattr(mem, f"{k}_size_in_bytes"))
                for k in ("argument", "output", "alias", "temp")},
@@ -311,6 +298,25 @@ def compiled_stats(config, mesh: dict, res: int) -> dict:
               compiled_peak_bytes=bench.program_bytes(compiled),
               # XLA's count with the loops' (layer scan, microbatch scan) other iterations added.
               compiled_flops_per_device=float(flops_lib.step_flops(traced, compiled, n_dev) or 0))
+
+
+def plan_on_slice(config, mesh_spec, topology: str, res: int | None = None,
+                  compile_step: bool = False) -> dict:
+  """plan() for a TPU slice (`plan --topology=SLICE [--compile]`): its chips, a -1 mesh axis
+  sized to its devices, dtype_mm="auto" as bfloat16; with compile_step, the TPU compiler's
+  figures for the trainer's step (tpu_compile.compiled_stats: the tpu_* fields)."""
+  tpu_slice = tpu_compile.parse_slice(topology)
+  pairs = sharding.parse_mesh(mesh_spec) if isinstance(mesh_spec, str) else mesh_spec
+  sizes = tpu_compile.resolve_mesh(pairs, tpu_slice.devices, f"--topology={topology}")
+  mesh = parse_mesh(list(sizes.items()))
+  if config.model.get("dtype_mm") == "auto":
+    config.model.dtype_mm = vit.resolve_dtype_mm("auto", platform="tpu")
+  p = plan(config, mesh, tpu_slice.device_key, res)
+  if compile_step:
+    abstract = abstract_state(config, p["res"])
+    p.update(tpu_compile.compiled_stats(config, mesh, p["res"], image_channels(config),
+                                        abstract, tpu_slice))
+  return p
 
 
 def compiled_stats_subprocess(config_arg: str, overrides: list[str], mesh: dict, res: int):
@@ -378,6 +384,8 @@ def format_report(p: dict) -> str:
   if p["unsplit_params"]:
     lines.append(f"note: param dims not divisible by their mesh axes (split as in training): "
                  f"{'; '.join(p['unsplit_params'])}")
+  if "tpu_topology" in p:
+    lines += tpu_compile.format_lines(p)
   if "compiled_temp_bytes" in p:
     lines.append(
         f"compiled on {p['devices']} simulated CPU devices: arguments "
@@ -396,8 +404,11 @@ def _define_flags():
                       f"Device kind for peak FLOP/s and memory: {', '.join(DEVICES)}.")
   flags.DEFINE_integer("res", None, "Training image side (default: from input.pp).")
   flags.DEFINE_bool("json", False, "Print the plan as one JSON object on the last line.")
-  flags.DEFINE_bool("compile", False, "Also AOT-compile the step on simulated CPU devices and "
-                    "report XLA's memory analysis (slow for big models).")
+  flags.DEFINE_string("topology", None, "A TPU slice (v5p-256, v4-32, v5litepod-16, "
+                      "v5p:8x8x8): plan for its chips; with --compile, the TPU compiler's figures.")
+  flags.DEFINE_bool("compile", False, "Also AOT-compile the trainer's step (on simulated CPU "
+                    "devices, or for --topology with the TPU compiler) and report the compiler's "
+                    "memory analysis (slow for big models).")
   flags.DEFINE_bool("compiled_only", False, "Internal: print only the compiled stats (subprocess).")
 
 
@@ -408,15 +419,19 @@ def main(argv):
     config = config_loading.loaded(f.config)
     if config is None:
       raise app.UsageError("--config=configs/FILE.py[:arg] is required")
-    mesh = parse_mesh(f.mesh or config.get("mesh") or [("data", 1)])
-    if f.compiled_only:
-      print(json.dumps(compiled_stats(config, mesh, image_res(config, f.res))))
-      return
-    p = plan(config, mesh, f.device, f.res)
-    if f.compile:
-      overrides = [a for a in sys.argv[1:] if a.startswith("--config.")]
-      p.update(compiled_stats_subprocess(config_flags.get_config_filename(f["config"]),
-                                         overrides, mesh, p["res"]))
+    mesh_spec = f.mesh or config.get("mesh") or [("data", 1)]
+    if f.topology:
+      p = plan_on_slice(config, mesh_spec, f.topology, f.res, compile_step=f.compile)
+    else:
+      mesh = parse_mesh(mesh_spec)
+      if f.compiled_only:
+        print(json.dumps(compiled_stats(config, mesh, image_res(config, f.res))))
+        return
+      p = plan(config, mesh, f.device, f.res)
+      if f.compile:
+        overrides = [a for a in sys.argv[1:] if a.startswith("--config.")]
+        p.update(compiled_stats_subprocess(config_flags.get_config_filename(f["config"]),
+                                           overrides, mesh, p["res"]))
   except ValueError as e:
     sys.exit(f"plan: {e}")
   print(format_report(p))

@@ -38,7 +38,6 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from jax.experimental import multihost_utils
-import optax
 
 from big_vit_lite import checkpoint as ckpt_lib
 from big_vit_lite import config_loading
@@ -46,7 +45,6 @@ from big_vit_lite import console
 from big_vit_lite import distributed
 from big_vit_lite import ema as ema_lib
 from big_vit_lite import flops as flops_lib
-from big_vit_lite import grad_accum
 from big_vit_lite import hostmem
 from big_vit_lite import distill as distill_lib
 from big_vit_lite import losses
@@ -58,6 +56,7 @@ from big_vit_lite import resume
 from big_vit_lite import sharding
 from big_vit_lite import train_loop
 from big_vit_lite import train_setup
+from big_vit_lite import train_step
 from big_vit_lite.data import device_aug as device_aug_lib
 
 # The flags, defined only when run as a command (at the end): importing this module (tests,
@@ -245,39 +244,18 @@ def _lay_out_state(config, run, parts):
 
 
 def _make_update(run, parts):
-  """The step: (state, batch) -> (state, measurements); its random numbers come from the step."""
-  model, opt, ema = parts.model, parts.opt, parts.ema
-
-  def update(state, batch, teacher_params=None):
-    step = state["step"]
-    rng_step = jax.random.fold_in(state["rng"], step)
-    rng_mix, rng_drop = jax.random.split(rng_step)
-    images, labels = batch["image"], batch["labels"]
-    if parts.device_aug_fn is not None:  # its own key: mixup and dropout keep theirs
-      images = parts.device_aug_fn(jax.random.fold_in(rng_step, 1), images)
-    if parts.mixup_fn is not None:
-      images, labels = parts.mixup_fn(rng_mix, images, labels)
-    # Distillation: the teacher's logits on these very (augmented) images join the batch.
-    teacher = parts.distill.targets(teacher_params, images) if parts.distill else {}
-
-    def loss_of(params, batch, rng):
-      logits, _ = model.apply({"params": params}, batch["image"], train=True, rngs={"dropout": rng})
-      loss = parts.loss_fn(logits, batch["labels"])
-      return parts.distill.loss(loss, logits, batch) if parts.distill else loss
-
-    loss, grads = grad_accum.value_and_grad(
-        loss_of, state["params"], {"image": images, "labels": labels, **teacher}, rng_drop,
-        run.accum_steps,
-        batch_sharding=run.batch_sh, param_shardings=parts.params_sh)
-    params, opt_state = opt.apply(state["params"], grads, state["opt_state"])
-    measurements = {"training_loss": loss, "grad_norm": optax.global_norm(grads),
-                    "learning_rate": opt.lr_fn(step)}
-    new_state = dict(params=params, opt_state=opt_state, step=step + 1, rng=state["rng"])
-    if ema:
-      new_state[ema_lib.KEY] = ema.update(state[ema_lib.KEY], params, step)
-    return new_state, measurements
-
-  return update
+  """The step (train_step.py): (state, batch) -> (state, measurements)."""
+  return train_step.make_update_fn(
+      model=parts.model,
+      opt=parts.opt,
+      loss_fn=parts.loss_fn,
+      accum_steps=run.accum_steps,
+      mixup_fn=parts.mixup_fn,
+      device_aug_fn=parts.device_aug_fn,
+      ema=parts.ema,
+      distill=parts.distill,
+      batch_sharding=run.batch_sh,
+      param_shardings=parts.params_sh)
 
 
 def _restore_or_init(raw_config, run, parts, settings, cleanup):
@@ -363,7 +341,7 @@ def _compile(run, parts, update, resume_step):
   compiled = traced.lower().compile()
   model_flops = flops_lib.model_flops(traced) / run.mesh.size  # Matmuls in the jaxpr: `mfu`.
   xla_flops = flops_lib.step_flops(traced, compiled, num_devices=run.mesh.size)  # `mfu_xla`.
-  peak = metrics_lib.peak_flops_per_device(dtype=parts.model.dtype_mm)
+  peak = metrics_lib.peak_flops_per_device(dtype=parts.model.resolved_dtype_mm())
   memory = compiled.memory_analysis()  # (None where the backend does not say.)
   temp = getattr(memory, "temp_size_in_bytes", None)
   logging.info("Train step: %.6g model GFLOP per device (XLA: %s); device peak %s "

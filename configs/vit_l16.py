@@ -16,6 +16,16 @@ I21k); upstream, minival prec@1 (one of 21k labels) is roughly 45-50% at the
 end. It needs a TPU v3-64 / 8xA100-class machine for days: pick a mesh with
 --config.mesh and e.g. FSDP for memory (`python -m big_vit_lite.plan` first).
 
+Accelerators: meant for a TPU v5p-256 slice (128 chips; the default mesh data:-1 is 32 images
+per chip) or a v4-256 (plan: 21.9 of 32 GiB per chip on data:32,fsdp:4). Matmuls run in
+bfloat16 wherever the backend is not the CPU (model.dtype_mm="auto", float32 on the CPU); what
+else an accelerator user tunes is in ACCELERATOR_KNOBS below (--config.model.scan=True, ...).
+The TPU compiler's figures on v5p-256 (`python -m big_vit_lite.plan --topology=v5p-256
+--config=configs/vit_l16.py --compile`, libtpu 0.0.42.1, with model.scan=True; estimates of its
+cost model, benchmarks/NOTES.md "TPU compiler, 2026-12-05"): 14.3 of 95 GiB HBM per chip (85%
+spare); with --config.mesh="[('fsdp', -1)]" 8.5 GiB, est. 81 ms per step, ~400 img/s per chip,
+MFU ~32% (short of the 50% target: the CPU-tuned attention and f32 LayerNorm/softmax remain).
+
 Weight decay: the paper's "0.1" was flax.optim's decay (p -= lr * 0.1 * p);
 here `wd` is decoupled from lr (big_vision convention, see optim.py), so the
 same decay is wd = 0.1 * lr.
@@ -29,7 +39,9 @@ Other data (see big_vit_lite/data and the README's data section):
 
 Args (comma-separated, e.g. `configs/vit_l16.py:variant=H/14,data=i1k`):
   variant=L/16  any ViT variant ("B/16", "H/14", ...).
-  data=i21k|i1k|folder:ROOT   training data (default i21k); folders also need classes=N.
+  data=i21k|i21k_fall11|i21k_winter21|i1k|folder:ROOT   training data (default i21k, the
+                fall11 release: 21,841 classes; i21k_winter21: the 2021 release, 19,167
+                classes; num_classes and the pp's onehot follow); folders also need classes=N.
   runlocal      3 steps at 32x32 with a tiny model and batch 8 (tests run it
                 under tfds.testing.mock_data when the data is not on the machine).
 """
@@ -38,9 +50,24 @@ from ml_collections import config_dict
 
 DATA = {
     # name, train split, minival split, classes
-    "i21k": ("imagenet21k", "full[51200:]", "full[:51200]", 21841),
+    "i21k": ("imagenet21k", "full[51200:]", "full[:51200]", 21841),  # = i21k_fall11
+    "i21k_fall11": ("imagenet21k/fall11", "full[51200:]", "full[:51200]", 21841),
+    "i21k_winter21": ("imagenet21k/winter21", "full[51200:]", "full[:51200]", 19167),
     "i1k": ("imagenet2012", "train[:99%]", "train[99%:]", 1000),
 }
+
+
+# What an accelerator user tunes, settable as --config.model.KEY=VALUE (vit.Model's fields).
+# The rule: dtype_mm="auto" runs the matmuls in bfloat16 wherever the backend is not the CPU
+# (GPU, TPU) and in float32 on the CPU; params, LayerNorm and softmax stay float32.
+ACCELERATOR_KNOBS = dict(
+    dtype_mm="auto",  # "auto" | "float32" | "bfloat16"
+    dtype_act="float32",  # the residual stream between blocks; "bfloat16" halves its traffic
+    scan=False,  # True: the blocks under nn.scan (compiles one block; params stacked)
+    attention="auto",  # "auto" | "custom" | "xla" | "cudnn" (vit.py's docstring)
+    drop_path=0.0,  # stochastic depth of the last block (linear from 0 in depth)
+    gelu="exact",  # "exact" | "tanh"
+)
 
 
 def parse_args(arg, **defaults):
@@ -108,7 +135,8 @@ def get_config(arg=None):
                       # No remat: at 16 images per device (v4-256) L/16 needs 13.5 of 32 GiB
                       # without it (plan), and remat costs ~20% of the step. With more images
                       # per device `plan` says when 'nothing_saveable' is needed.
-                      remat_policy=config_dict.placeholder(str))
+                      remat_policy=config_dict.placeholder(str),
+                      **ACCELERATOR_KNOBS)
   config.loss = "sigmoid_xent"
   # Start from another run / an .npz instead of random init: --config.model_init=SRC
   # (a training workdir, a checkpoint step dir or a vision_transformer .npz);

@@ -131,6 +131,10 @@ COMMANDS = [
         why="ImageNet-21k's tar files (image-net.org account)"),
     # Speed and planning (docs/performance.md, docs/scale_out.md).
     Cmd("python -m big_vit_lite.plan", "run"),
+    # The TPU compiler (docs/tpu.md): a big model on a big slice takes minutes; the same path on
+    # a tiny config and slice (the later --topology wins).
+    Cmd("python -m big_vit_lite.plan --topology=", "run", slow=True,
+        args=("--config=configs/demo.py:runlocal", "--topology=v5e:2x2", "--compile")),
     Cmd("python -m big_vit_lite.bench", "run",
         extra=("--batch=2", "--res=32", "--steps=1", "--warmup=0"), slow=True),
     Cmd("bash benchmarks/gpu_bench.sh", "run", args=("--smoke",), slow=True),

@@ -63,6 +63,16 @@ def _on_cuda() -> bool:
           and "cuda" in jex_backend.get_backend().platform_version.lower())
 
 
+def resolve_dtype_mm(dtype_mm, platform=None) -> str:
+  """dtype_mm="auto" -> "float32" on the CPU, "bfloat16" on accelerators (GPU, TPU); else as is.
+
+  platform: the backend the model will run on (default: jax's default backend).
+  """
+  if dtype_mm != "auto":
+    return dtype_mm
+  return "float32" if (platform or jax.default_backend()) == "cpu" else "bfloat16"
+
+
 @dataclasses.dataclass(frozen=True)
 class BlockOptions:
   """The block options of `Model` (see its docstring), handed down as one hashable value."""
@@ -324,8 +334,9 @@ class Model(nn.Module):
   `attention`: "auto" | "custom" | "xla" | "cudnn" (module docstring).
   `dtype_act`: dtype of the residual stream between blocks (default float32). "bfloat16"
   halves its memory traffic; LayerNorm statistics stay float32. Changes numerics (~1e-2).
-  `dtype_mm`: dtype of matmul inputs ("bfloat16" for fast matmuls); params and
-  LayerNorm/softmax stay float32.
+  `dtype_mm`: dtype of matmul inputs ("bfloat16" for fast matmuls; "auto": float32 on the
+  CPU, bfloat16 on accelerators, see resolve_dtype_mm); params and LayerNorm/softmax stay
+  float32.
   `stem_channels`: () for the paper's plain patchify; else a convolutional stem
   before it, one 3x3 stride-1 conv + GELU per entry (its output channels). Such
   models do not export to timm.
@@ -380,8 +391,13 @@ class Model(nn.Module):
     arch = self.arch()
     head_dim = arch["width"] // arch["num_heads"]
     # What cuDNN flash attention takes: bf16/fp16 matmuls, a head dim in 8, 16, ..., 256.
-    fits = jnp.dtype(self.dtype_mm) in (jnp.bfloat16, jnp.float16) and head_dim in range(8, 257, 8)
+    dtype_mm = jnp.dtype(self.resolved_dtype_mm())
+    fits = dtype_mm in (jnp.bfloat16, jnp.float16) and head_dim in range(8, 257, 8)
     return "cudnn" if fits and _on_cuda() else "custom"
+
+  def resolved_dtype_mm(self) -> str:
+    """The matmul dtype this model runs with here ("auto" decided by the backend)."""
+    return resolve_dtype_mm(self.dtype_mm)
 
   def arch(self) -> dict:
     """The resolved width/depth/mlp_dim/num_heads/patch_size of this model."""
@@ -409,7 +425,7 @@ class Model(nn.Module):
   def __call__(self, image, *, train: bool = False):
     self._check()
     a, attention = self.arch(), self.resolved_attention()
-    dtype_mm = jnp.dtype(self.dtype_mm)
+    dtype_mm = jnp.dtype(self.resolved_dtype_mm())
     b, h, w, _ = image.shape
     p, d = a["patch_size"], a["width"]
     gh, gw = h // p, w // p
