@@ -33,6 +33,20 @@ def _parse_args(arg):
   return set(args)
 
 
+# The block options of 2026 (docs/vit_options.md), all off here; settable as
+# --config.model.KEY=VALUE: register tokens, QK-norm, LayerScale, SwiGLU MLP, RMSNorm,
+# parallel attention+MLP blocks (ViT-22B), bias-free projections.
+BLOCK_OPTIONS = dict(
+    reg_tokens=0,
+    qk_norm=False,
+    layerscale_init=config_dict.placeholder(float),  # None: no LayerScale; e.g. 1e-5
+    mlp="gelu",  # "gelu" | "swiglu"
+    norm="layernorm",  # "layernorm" | "rmsnorm"
+    parallel_block=False,
+    use_bias=True,
+)
+
+
 def get_config(arg=None):
   args = _parse_args(arg)
   runlocal = "runlocal" in args
@@ -63,7 +77,8 @@ def get_config(arg=None):
                       num_heads=2, patch_size=7, posemb="learn", pool_type="gap", num_classes=10,
                       # No remat (None): a model this small fits anywhere; remat would only
                       # recompute each block's forward (~1/3 more block FLOPs).
-                      remat_policy=config_dict.placeholder(str), stem_channels=())
+                      remat_policy=config_dict.placeholder(str), stem_channels=(),
+                      **BLOCK_OPTIONS)
   config.loss = "softmax_xent"
   # Start from another run / an .npz instead of random init: --config.model_init=SRC
   # (a training workdir, a checkpoint step dir or a vision_transformer .npz);

@@ -69,6 +69,19 @@ ACCELERATOR_KNOBS = dict(
     gelu="exact",  # "exact" | "tanh"
 )
 
+# The block options of 2026 (docs/vit_options.md), all off here; settable as
+# --config.model.KEY=VALUE: register tokens, QK-norm, LayerScale, SwiGLU MLP, RMSNorm,
+# parallel attention+MLP blocks (ViT-22B), bias-free projections.
+BLOCK_OPTIONS = dict(
+    reg_tokens=0,
+    qk_norm=False,
+    layerscale_init=config_dict.placeholder(float),  # None: no LayerScale; e.g. 1e-5
+    mlp="gelu",  # "gelu" | "swiglu"
+    norm="layernorm",  # "layernorm" | "rmsnorm"
+    parallel_block=False,
+    use_bias=True,
+)
+
 
 def parse_args(arg, **defaults):
   """'a=1,b' -> {"a": "1", "b": True} over `defaults`; unknown names are errors."""
@@ -136,7 +149,8 @@ def get_config(arg=None):
                       # without it (plan), and remat costs ~20% of the step. With more images
                       # per device `plan` says when 'nothing_saveable' is needed.
                       remat_policy=config_dict.placeholder(str),
-                      **ACCELERATOR_KNOBS)
+                      **ACCELERATOR_KNOBS,
+                      **BLOCK_OPTIONS)
   config.loss = "sigmoid_xent"
   # Start from another run / an .npz instead of random init: --config.model_init=SRC
   # (a training workdir, a checkpoint step dir or a vision_transformer .npz);

@@ -26,6 +26,20 @@ import ml_collections
 from ml_collections import config_dict
 
 
+# The block options of 2026 (docs/vit_options.md), all off here; settable as
+# --config.model.KEY=VALUE: register tokens, QK-norm, LayerScale, SwiGLU MLP, RMSNorm,
+# parallel attention+MLP blocks (ViT-22B), bias-free projections.
+BLOCK_OPTIONS = dict(
+    reg_tokens=0,
+    qk_norm=False,
+    layerscale_init=config_dict.placeholder(float),  # None: no LayerScale; e.g. 1e-5
+    mlp="gelu",  # "gelu" | "swiglu"
+    norm="layernorm",  # "layernorm" | "rmsnorm"
+    parallel_block=False,
+    use_bias=True,
+)
+
+
 def get_config(arg=None):
   args = [a for a in (arg or "").split(",") if a]
   for a in args:
@@ -66,7 +80,8 @@ def get_config(arg=None):
                       # Accelerator knobs (--config.model.KEY=VALUE). dtype_mm="auto": bfloat16
                       # matmuls wherever the backend is not the CPU, float32 on the CPU.
                       dtype_mm="auto", dtype_act="float32", scan=False, attention="auto",
-                      drop_path=0.0, gelu="exact")
+                      drop_path=0.0, gelu="exact",
+                      **BLOCK_OPTIONS)
   config.loss = "softmax_xent"
   # Start from another run / an .npz instead of random init: --config.model_init=SRC
   # (a training workdir, a checkpoint step dir or a vision_transformer .npz);
