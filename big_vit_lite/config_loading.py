@@ -335,3 +335,19 @@ def get_steps(name, cfg, *, steps_per_epoch=None, batch_size=None, total_steps=N
   if unit == "epochs":
     return int(math.ceil(value * per))
   return int(math.ceil(value / per)) if unit == "examples" else int(round(value / 100 * per))
+
+
+def vit_block_options():
+  """vit.Model's block options at their off values, for a training config's model dict, so that
+  the command line can set each (--config.model.qk_norm=True): register tokens, QK-norm,
+  LayerScale, SwiGLU MLP, RMSNorm, parallel attention+MLP blocks (ViT-22B), bias-free
+  projections (docs/vit_options.md)."""
+  return dict(
+      reg_tokens=0,
+      qk_norm=False,
+      layerscale_init=config_dict.placeholder(float),  # None: no LayerScale; e.g. 1e-5
+      mlp="gelu",  # "gelu" | "swiglu"
+      norm="layernorm",  # "layernorm" | "rmsnorm"
+      parallel_block=False,
+      use_bias=True,
+  )

@@ -15,7 +15,6 @@ import json
 import os
 import time
 
-from absl import logging
 import jax
 import jax.numpy as jnp
 import numpy as np

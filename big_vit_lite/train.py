@@ -27,7 +27,6 @@ import contextlib
 import dataclasses
 import functools
 import importlib
-import logging as py_logging
 import os
 import sys
 

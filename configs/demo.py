@@ -17,6 +17,8 @@ Args (comma-separated after the file name, e.g. `configs/demo.py:runlocal`):
 import ml_collections
 from ml_collections import config_dict
 
+from big_vit_lite import config_loading
+
 # No random ops here: the shifts and flips run on device (config.device_aug).
 TRAIN_PP = ("decode(channels=1)|value_range(-1, 1)"
             "|onehot(10, key='label', key_result='labels')|keep('image', 'labels')")
@@ -32,19 +34,6 @@ def _parse_args(arg):
       raise ValueError(f"Unknown config arg '{a}': use one of {', '.join(sorted(known))}.")
   return set(args)
 
-
-# The block options of 2026 (docs/vit_options.md), all off here; settable as
-# --config.model.KEY=VALUE: register tokens, QK-norm, LayerScale, SwiGLU MLP, RMSNorm,
-# parallel attention+MLP blocks (ViT-22B), bias-free projections.
-BLOCK_OPTIONS = dict(
-    reg_tokens=0,
-    qk_norm=False,
-    layerscale_init=config_dict.placeholder(float),  # None: no LayerScale; e.g. 1e-5
-    mlp="gelu",  # "gelu" | "swiglu"
-    norm="layernorm",  # "layernorm" | "rmsnorm"
-    parallel_block=False,
-    use_bias=True,
-)
 
 
 def get_config(arg=None):
@@ -78,7 +67,7 @@ def get_config(arg=None):
                       # No remat (None): a model this small fits anywhere; remat would only
                       # recompute each block's forward (~1/3 more block FLOPs).
                       remat_policy=config_dict.placeholder(str), stem_channels=(),
-                      **BLOCK_OPTIONS)
+                      **config_loading.vit_block_options())
   config.loss = "softmax_xent"
   # Start from another run / an .npz instead of random init: --config.model_init=SRC
   # (a training workdir, a checkpoint step dir or a vision_transformer .npz);

@@ -48,6 +48,8 @@ Args (comma-separated, e.g. `configs/vit_l16.py:variant=H/14,data=i1k`):
 import ml_collections
 from ml_collections import config_dict
 
+from big_vit_lite import config_loading
+
 DATA = {
     # name, train split, minival split, classes
     "i21k": ("imagenet21k", "full[51200:]", "full[:51200]", 21841),  # = i21k_fall11
@@ -67,19 +69,6 @@ ACCELERATOR_KNOBS = dict(
     attention="auto",  # "auto" | "custom" | "xla" | "cudnn" (vit.py's docstring)
     drop_path=0.0,  # stochastic depth of the last block (linear from 0 in depth)
     gelu="exact",  # "exact" | "tanh"
-)
-
-# The block options of 2026 (docs/vit_options.md), all off here; settable as
-# --config.model.KEY=VALUE: register tokens, QK-norm, LayerScale, SwiGLU MLP, RMSNorm,
-# parallel attention+MLP blocks (ViT-22B), bias-free projections.
-BLOCK_OPTIONS = dict(
-    reg_tokens=0,
-    qk_norm=False,
-    layerscale_init=config_dict.placeholder(float),  # None: no LayerScale; e.g. 1e-5
-    mlp="gelu",  # "gelu" | "swiglu"
-    norm="layernorm",  # "layernorm" | "rmsnorm"
-    parallel_block=False,
-    use_bias=True,
 )
 
 
@@ -150,7 +139,7 @@ def get_config(arg=None):
                       # per device `plan` says when 'nothing_saveable' is needed.
                       remat_policy=config_dict.placeholder(str),
                       **ACCELERATOR_KNOBS,
-                      **BLOCK_OPTIONS)
+                      **config_loading.vit_block_options())
   config.loss = "sigmoid_xent"
   # Start from another run / an .npz instead of random init: --config.model_init=SRC
   # (a training workdir, a checkpoint step dir or a vision_transformer .npz);

@@ -25,19 +25,8 @@ under tfds.testing.mock_data since ImageNet is not on the machine).
 import ml_collections
 from ml_collections import config_dict
 
+from big_vit_lite import config_loading
 
-# The block options of 2026 (docs/vit_options.md), all off here; settable as
-# --config.model.KEY=VALUE: register tokens, QK-norm, LayerScale, SwiGLU MLP, RMSNorm,
-# parallel attention+MLP blocks (ViT-22B), bias-free projections.
-BLOCK_OPTIONS = dict(
-    reg_tokens=0,
-    qk_norm=False,
-    layerscale_init=config_dict.placeholder(float),  # None: no LayerScale; e.g. 1e-5
-    mlp="gelu",  # "gelu" | "swiglu"
-    norm="layernorm",  # "layernorm" | "rmsnorm"
-    parallel_block=False,
-    use_bias=True,
-)
 
 
 def get_config(arg=None):
@@ -81,7 +70,7 @@ def get_config(arg=None):
                       # matmuls wherever the backend is not the CPU, float32 on the CPU.
                       dtype_mm="auto", dtype_act="float32", scan=False, attention="auto",
                       drop_path=0.0, gelu="exact",
-                      **BLOCK_OPTIONS)
+                      **config_loading.vit_block_options())
   config.loss = "softmax_xent"
   # Start from another run / an .npz instead of random init: --config.model_init=SRC
   # (a training workdir, a checkpoint step dir or a vision_transformer .npz);
