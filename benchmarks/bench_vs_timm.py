@@ -18,6 +18,7 @@ Setting up the timm venv (never in the project's .venv):
   /work/venv-timm/bin/pip install torch==2.13.0      # CPU wheel
   /work/venv-timm/bin/pip install timm --no-deps huggingface_hub safetensors pyyaml pillow
 """
+
 import argparse
 import datetime
 import json
@@ -38,8 +39,14 @@ def cpu_name():
   try:
     with open("/proc/cpuinfo") as f:
       info = f.read()
-    model = next((l.split(":", 1)[1].strip() for l in info.splitlines()
-                  if l.startswith("model name")), platform.processor())
+    model = next(
+        (
+            l.split(":", 1)[1].strip()
+            for l in info.splitlines()
+            if l.startswith("model name")
+        ),
+        platform.processor(),
+    )
     isa = "AVX-512" if "avx512f" in info else ("AVX2" if "avx2" in info else "")
     return f"{model} ({isa}), {os.cpu_count()} cores"
   except OSError:
@@ -50,12 +57,23 @@ def _last_json(stdout, what):
   for line in reversed(stdout.strip().splitlines()):
     if line.startswith("{"):
       return json.loads(line)
-  raise RuntimeError(f"{what} printed no JSON result; its output ended with:\n{stdout[-2000:]}")
+  raise RuntimeError(
+      f"{what} printed no JSON result; its output ended with:\n{stdout[-2000:]}"
+  )
 
 
 def run_ours(variant, batch, res, steps, warmup, extra):
-  cmd = [sys.executable, "-m", "big_vit_lite.bench", f"--variant={variant}", f"--batch={batch}",
-         f"--res={res}", f"--steps={steps}", f"--warmup={warmup}", *extra]
+  cmd = [
+      sys.executable,
+      "-m",
+      "big_vit_lite.bench",
+      f"--variant={variant}",
+      f"--batch={batch}",
+      f"--res={res}",
+      f"--steps={steps}",
+      f"--warmup={warmup}",
+      *extra,
+  ]
   p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
   if p.returncode:
     raise RuntimeError(f"{shlex.join(cmd)} failed:\n{p.stderr[-3000:]}")
@@ -65,11 +83,19 @@ def run_ours(variant, batch, res, steps, warmup, extra):
 def run_timm(python, variant, batch, res, steps, warmup, threads, extra_env=()):
   env = dict(os.environ)
   env.update(kv.split("=", 1) for kv in extra_env)
-  # timm imports torchvision at import time; a ViT never uses it (see timm_standin/).
+  # timm imports torchvision at import time; a ViT never uses it (see
+  # timm_standin/).
   env["PYTHONPATH"] = os.path.join(HERE, "timm_standin")
-  cmd = [python, os.path.join(HERE, "timm_vit_bench.py"), f"--variant={variant}",
-         f"--batch={batch}", f"--res={res}", f"--steps={steps}", f"--warmup={warmup}",
-         f"--threads={threads}"]
+  cmd = [
+      python,
+      os.path.join(HERE, "timm_vit_bench.py"),
+      f"--variant={variant}",
+      f"--batch={batch}",
+      f"--res={res}",
+      f"--steps={steps}",
+      f"--warmup={warmup}",
+      f"--threads={threads}",
+  ]
   p = subprocess.run(cmd, cwd=HERE, capture_output=True, text=True, env=env)
   if p.returncode:
     raise RuntimeError(f"{shlex.join(cmd)} failed:\n{p.stderr[-3000:]}")
@@ -98,16 +124,29 @@ def summarize(rounds, flops_train, flops_infer):
     # timm's MFU: the same step FLOPs (same model and step) at timm's speed,
     # against torch's matmul timed in timm's process.
     for mode, flops in (("train", flops_train), ("infer", flops_infer)):
-      s[f"timm_{mode}_mfu"] = _med([flops / r["timm"][f"{mode}_step_s"] / 1e9 /
-                                    r["timm"]["calib_gflops"] for r in rounds])
-      ratios = [r["ours"][f"{mode}_img_per_s"] / r["timm"][f"{mode}_img_per_s"] for r in rounds]
+      s[f"timm_{mode}_mfu"] = _med(
+          [
+              flops
+              / r["timm"][f"{mode}_step_s"]
+              / 1e9
+              / r["timm"]["calib_gflops"]
+              for r in rounds
+          ]
+      )
+      ratios = [
+          r["ours"][f"{mode}_img_per_s"] / r["timm"][f"{mode}_img_per_s"]
+          for r in rounds
+      ]
       s[f"{mode}_ratio"] = statistics.median(ratios)
       s[f"{mode}_ratio_min"] = min(ratios)
       s[f"{mode}_ratio_max"] = max(ratios)
       # CPU seconds per step (timm's / ours): what each framework costs the
       # machine, far less sensitive to the neighbours' load than wall time.
-      cpu = [r["timm"][f"{mode}_cpu_s"] / r["ours"][f"{mode}_cpu_s"] for r in rounds
-             if r["timm"].get(f"{mode}_cpu_s") and r["ours"].get(f"{mode}_cpu_s")]
+      cpu = [
+          r["timm"][f"{mode}_cpu_s"] / r["ours"][f"{mode}_cpu_s"]
+          for r in rounds
+          if r["timm"].get(f"{mode}_cpu_s") and r["ours"].get(f"{mode}_cpu_s")
+      ]
       if cpu:
         s[f"{mode}_cpu_ratio"] = statistics.median(cpu)
     s["timm_calib_gflops"] = _med([r["timm"]["calib_gflops"] for r in rounds])
@@ -122,10 +161,25 @@ def render_markdown(records):
   """RESULTS.md from results.jsonl: the latest record per (label, config)."""
   latest = {}
   for r in records:
-    key = (r["label"], r["variant"], r["batch"], r["res"], r["dtype"], r["machine"])
+    key = (
+        r["label"],
+        r["variant"],
+        r["batch"],
+        r["res"],
+        r["dtype"],
+        r["machine"],
+    )
     latest[key] = r
-  rows = sorted(latest.values(), key=lambda r: (r["machine"], r["variant"], r["batch"], r["res"],
-                                                r["date"]))
+  rows = sorted(
+      latest.values(),
+      key=lambda r: (
+          r["machine"],
+          r["variant"],
+          r["batch"],
+          r["res"],
+          r["date"],
+      ),
+  )
   out = [
       "# Benchmark results",
       "",
@@ -153,14 +207,19 @@ def render_markdown(records):
   for r in rows:
     s = r["summary"]
     cfg = f"{r['variant']} b{r['batch']} {r['res']}px {r['dtype']}"
-    ratio = lambda m: (f"{_fmt(s.get(m + '_ratio'))} ({_fmt(s.get(m + '_ratio_min'))}-"
-                       f"{_fmt(s.get(m + '_ratio_max'))})" if s.get(m + "_ratio") else "-")
+    ratio = lambda m: (
+        f"{_fmt(s.get(m + '_ratio'))} ({_fmt(s.get(m + '_ratio_min'))}-"
+        f"{_fmt(s.get(m + '_ratio_max'))})"
+        if s.get(m + "_ratio")
+        else "-"
+    )
     out.append(
         f"| {r['label']} | {r['machine']} | {cfg} | {_fmt(s.get('ours_train_img_per_s'))} | "
         f"{_fmt(s.get('timm_train_img_per_s'))} | {ratio('train')} | {_fmt(s.get('train_cpu_ratio'))} | "
         f"{_fmt(s.get('ours_infer_img_per_s'))} | {_fmt(s.get('timm_infer_img_per_s'))} | "
         f"{ratio('infer')} | {_fmt(s.get('ours_train_mfu'), '.0%')} | "
-        f"{_fmt(s.get('timm_train_mfu'), '.0%')} | {r['rounds']} | {r['date'][:16]} |")
+        f"{_fmt(s.get('timm_train_mfu'), '.0%')} | {r['rounds']} | {r['date'][:16]} |"
+    )
   out += ["", "## Commands", ""]
   seen = set()
   for r in rows:
@@ -173,25 +232,49 @@ def render_markdown(records):
 
 def main():
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("--variant", default="Ti/16", help="comma-separated, e.g. Ti/16,S/16")
+  p.add_argument(
+      "--variant", default="Ti/16", help="comma-separated, e.g. Ti/16,S/16"
+  )
   p.add_argument("--batch", default="32", help="comma-separated batch sizes")
   p.add_argument("--res", type=int, default=224)
   p.add_argument("--rounds", type=int, default=3)
   p.add_argument("--steps", type=int, default=5)
   p.add_argument("--warmup", type=int, default=2)
-  p.add_argument("--threads", type=int, default=2, help="torch threads for timm")
-  p.add_argument("--timm_python", default=os.environ.get("TIMM_PYTHON",
-                                                         "/work/venv-timm/bin/python"),
-                 help="python of a venv with torch + timm, or 'none' to skip timm")
-  p.add_argument("--timm_env", action="append", default=[],
-                 help="KEY=VALUE for timm's process (repeatable), e.g. OMP_WAIT_POLICY=PASSIVE: "
-                      "on a shared CPU, OpenMP's default spin-waiting makes torch 3-4x slower")
-  p.add_argument("--ours_args", default="",
-                 help="extra flags for big_vit_lite.bench, e.g. '--calib_n=64 --model_kw=...'")
-  p.add_argument("--label", default="default", help="names this configuration in RESULTS.md")
-  p.add_argument("--no_write", action="store_true", help="print only; leave results files alone")
-  p.add_argument("--render_only", action="store_true",
-                 help="measure nothing: regenerate RESULTS.md from results.jsonl")
+  p.add_argument(
+      "--threads", type=int, default=2, help="torch threads for timm"
+  )
+  p.add_argument(
+      "--timm_python",
+      default=os.environ.get("TIMM_PYTHON", "/work/venv-timm/bin/python"),
+      help="python of a venv with torch + timm, or 'none' to skip timm",
+  )
+  p.add_argument(
+      "--timm_env",
+      action="append",
+      default=[],
+      help="KEY=VALUE for timm's process (repeatable), e.g. OMP_WAIT_POLICY=PASSIVE: "
+      "on a shared CPU, OpenMP's default spin-waiting makes torch 3-4x slower",
+  )
+  p.add_argument(
+      "--ours_args",
+      default="",
+      help="extra flags for big_vit_lite.bench, e.g. '--calib_n=64 --model_kw=...'",
+  )
+  p.add_argument(
+      "--label",
+      default="default",
+      help="names this configuration in RESULTS.md",
+  )
+  p.add_argument(
+      "--no_write",
+      action="store_true",
+      help="print only; leave results files alone",
+  )
+  p.add_argument(
+      "--render_only",
+      action="store_true",
+      help="measure nothing: regenerate RESULTS.md from results.jsonl",
+  )
   args = p.parse_args()
   if args.render_only:
     write_markdown()
@@ -199,8 +282,10 @@ def main():
 
   with_timm = args.timm_python.lower() != "none"
   if with_timm and not os.path.exists(args.timm_python):
-    sys.exit(f"timm python {args.timm_python} not found: set up the timm venv (see this "
-             "script's docstring), pass --timm_python=PATH, or --timm_python=none")
+    sys.exit(
+        f"timm python {args.timm_python} not found: set up the timm venv (see this "
+        "script's docstring), pass --timm_python=PATH, or --timm_python=none"
+    )
   extra = shlex.split(args.ours_args)
   machine = cpu_name()
   command = shlex.join(["python", "benchmarks/bench_vs_timm.py", *sys.argv[1:]])
@@ -208,25 +293,55 @@ def main():
     for batch in (int(b) for b in args.batch.split(",")):
       rounds = []
       for i in range(args.rounds):
-        ours = run_ours(variant, batch, args.res, args.steps, args.warmup, extra)
-        timm = (run_timm(args.timm_python, variant, batch, args.res, args.steps, args.warmup,
-                         args.threads, args.timm_env) if with_timm else None)
+        ours = run_ours(
+            variant, batch, args.res, args.steps, args.warmup, extra
+        )
+        timm = (
+            run_timm(
+                args.timm_python,
+                variant,
+                batch,
+                args.res,
+                args.steps,
+                args.warmup,
+                args.threads,
+                args.timm_env,
+            )
+            if with_timm
+            else None
+        )
         rounds.append(dict(ours=ours, timm=timm))
-        msg = (f"[{variant} b{batch} round {i + 1}/{args.rounds}] ours train "
-               f"{ours['train_img_per_s']:.2f} infer {ours['infer_img_per_s']:.2f} img/s "
-               f"(MFU {ours['train_mfu']:.0%}, calib {ours['calib_gflops']:.0f} GFLOP/s)")
+        msg = (
+            f"[{variant} b{batch} round {i + 1}/{args.rounds}] ours train "
+            f"{ours['train_img_per_s']:.2f} infer {ours['infer_img_per_s']:.2f} img/s "
+            f"(MFU {ours['train_mfu']:.0%}, calib {ours['calib_gflops']:.0f} GFLOP/s)"
+        )
         if timm:
-          msg += (f" | timm train {timm['train_img_per_s']:.2f} infer "
-                  f"{timm['infer_img_per_s']:.2f} | ratio train "
-                  f"{ours['train_img_per_s'] / timm['train_img_per_s']:.2f} infer "
-                  f"{ours['infer_img_per_s'] / timm['infer_img_per_s']:.2f}")
+          msg += (
+              f" | timm train {timm['train_img_per_s']:.2f} infer "
+              f"{timm['infer_img_per_s']:.2f} | ratio train "
+              f"{ours['train_img_per_s'] / timm['train_img_per_s']:.2f} infer "
+              f"{ours['infer_img_per_s'] / timm['infer_img_per_s']:.2f}"
+          )
         print(msg, flush=True)
-      summary = summarize(rounds, rounds[0]["ours"]["train_step_flops"],
-                          rounds[0]["ours"]["infer_step_flops"])
-      record = dict(label=args.label, variant=variant, batch=batch, res=args.res,
-                    dtype=rounds[0]["ours"]["dtype"], machine=machine, rounds=len(rounds),
-                    date=datetime.datetime.now(datetime.timezone.utc).isoformat(),
-                    command=command, summary=summary, raw=rounds)
+      summary = summarize(
+          rounds,
+          rounds[0]["ours"]["train_step_flops"],
+          rounds[0]["ours"]["infer_step_flops"],
+      )
+      record = dict(
+          label=args.label,
+          variant=variant,
+          batch=batch,
+          res=args.res,
+          dtype=rounds[0]["ours"]["dtype"],
+          machine=machine,
+          rounds=len(rounds),
+          date=datetime.datetime.now(datetime.timezone.utc).isoformat(),
+          command=command,
+          summary=summary,
+          raw=rounds,
+      )
       print(json.dumps(dict(record, raw=None)), flush=True)
       if not args.no_write:
         with open(RESULTS_JSONL, "a") as f:
@@ -238,16 +353,20 @@ def main():
 def write_markdown():
   with open(RESULTS_JSONL) as f:
     records = [json.loads(l) for l in f if l.strip()]
-  for r in records:  # summaries from the raw rounds, so new summary fields show up
+  # summaries from the raw rounds, so new summary fields show up
+  for r in records:
     if r.get("raw"):
-      r["summary"] = summarize(r["raw"], r["raw"][0]["ours"]["train_step_flops"],
-                               r["raw"][0]["ours"]["infer_step_flops"])
+      r["summary"] = summarize(
+          r["raw"],
+          r["raw"][0]["ours"]["train_step_flops"],
+          r["raw"][0]["ours"]["infer_step_flops"],
+      )
   # The GPU section (appended by gpu_bench.py) is kept as it is.
   gpu = ""
   if os.path.exists(RESULTS_MD):
     text = open(RESULTS_MD).read()
     marker = "\n## GPU runs"
-    gpu = text[text.index(marker):] if marker in text else ""
+    gpu = text[text.index(marker) :] if marker in text else ""
   with open(RESULTS_MD, "w") as f:
     f.write(render_markdown(records) + gpu)
   print(f"wrote {RESULTS_MD}")

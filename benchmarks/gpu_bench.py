@@ -20,6 +20,7 @@ model FLOPs (big_vit_lite/flops.py, our step's jaxpr; timm at the same FLOPs per
 the datasheet peak (devices.py). Prints elapsed time per case, a summary table, appends it
 to benchmarks/RESULTS.md, and writes JSON lines (and the table) to $OUT/ when OUT is set.
 """
+
 import argparse
 import datetime
 import json
@@ -31,14 +32,16 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path.insert(0, ROOT)  # no install needed: `import big_vit_lite` from the checkout
+# no install needed: `import big_vit_lite` from the checkout
+sys.path.insert(0, ROOT)
 
 # XLA GPU flag presets for the A/B (XLA_FLAGS of a separate process).
 FLAG_PRESETS = {
     "cublas_gemms": "--xla_gpu_enable_triton_gemm=false",
     "latency_hiding": "--xla_gpu_enable_latency_hiding_scheduler=true",
 }
-# Seconds a case takes, compile included (H200 estimates), for the deadline decisions.
+# Seconds a case takes, compile included (H200 estimates), for the deadline
+# decisions.
 ESTIMATE_S = {"B/16": 45, "L/16": 80, "timm eager": 25, "timm compile": 75}
 SMOKE_VARIANTS = {"B/16": "mu/8", "L/16": "mu/16"}
 
@@ -52,7 +55,9 @@ def _one_line(e):
   return f"{type(e).__name__}: {text[0][:300] if text else ''}"
 
 
-# ------------------------------------------------------------------------------ JAX worker
+# ------------------------------------------------------------------------------
+# JAX worker
+
 
 def numerics(batch=4):
   """Padded attention == unpadded (XLA); cuDNN vs XLA attention, op and 2-block model."""
@@ -60,6 +65,7 @@ def numerics(batch=4):
   import jax.numpy as jnp
   from big_vit_lite.models import vit
   from big_vit_lite.models import ops
+
   out = dict(kind="numerics")
   keys = jax.random.split(jax.random.PRNGKey(0), 4)
   shape = (batch, 197, 12, 64)  # B/16: 197 tokens, 12 heads of 64
@@ -73,23 +79,45 @@ def numerics(batch=4):
     a, b = (jnp.asarray(x, jnp.float32) for x in (a, b))
     return float(jnp.max(jnp.abs(a - b)) / (jnp.max(jnp.abs(b)) + 1e-30))
 
-  xla = jax.jit(lambda *a: vjp(lambda q, k, v: jax.nn.dot_product_attention(
-      q, k, v, implementation="xla"), *a))
-  padded = jax.jit(lambda *a: vjp(lambda q, k, v: vit.padded_attention(
-      q, k, v, implementation="xla"), *a))
-  out["padded_xla_vs_xla_rel_err"] = max(rel(a, b) for a, b in zip(padded(q, k, v), xla(q, k, v)))
+  xla = jax.jit(
+      lambda *a: vjp(
+          lambda q, k, v: jax.nn.dot_product_attention(
+              q, k, v, implementation="xla"
+          ),
+          *a,
+      )
+  )
+  padded = jax.jit(
+      lambda *a: vjp(
+          lambda q, k, v: vit.padded_attention(q, k, v, implementation="xla"),
+          *a,
+      )
+  )
+  out["padded_xla_vs_xla_rel_err"] = max(
+      rel(a, b) for a, b in zip(padded(q, k, v), xla(q, k, v))
+  )
   if not vit._on_cuda():  # pylint: disable=protected-access
     out["cudnn"] = f"skipped: no CUDA GPU (backend {jax.default_backend()})"
     # The model-level comparison all the same, of the two attentions a CPU has.
-    out.update(compare_models("custom", "xla", "float32", keys[0], batch, res=64))
+    out.update(
+        compare_models("custom", "xla", "float32", keys[0], batch, res=64)
+    )
     return out
   qb, kb, vb = (x.astype(jnp.bfloat16) for x in (q, k, v))
   ref = xla(qb, kb, vb)
   for multiple in dict.fromkeys((ops.CUDNN_SEQ_MULTIPLE, 64)):
     try:
-      cudnn = jax.jit(lambda *a, m=multiple: vjp(lambda q, k, v: vit.padded_attention(
-          q, k, v, implementation="cudnn", multiple=m), *a))
-      out["cudnn_vs_xla_attention_rel_err"] = max(rel(a, b) for a, b in zip(cudnn(qb, kb, vb), ref))
+      cudnn = jax.jit(
+          lambda *a, m=multiple: vjp(
+              lambda q, k, v: vit.padded_attention(
+                  q, k, v, implementation="cudnn", multiple=m
+              ),
+              *a,
+          )
+      )
+      out["cudnn_vs_xla_attention_rel_err"] = max(
+          rel(a, b) for a, b in zip(cudnn(qb, kb, vb), ref)
+      )
       out["seq_multiple"] = ops.CUDNN_SEQ_MULTIPLE = multiple
       break
     except Exception as e:  # pylint: disable=broad-except  # cuDNN refused this padding
@@ -97,8 +125,14 @@ def numerics(batch=4):
   if "seq_multiple" not in out:
     return out
   out.update(compare_models("cudnn", "xla", "bfloat16", keys[0], batch))
-  out["pass"] = max(out["cudnn_vs_xla_attention_rel_err"], out["model_loss_rel_err"],
-                    out["model_grad_rel_err"]) < 3e-2
+  out["pass"] = (
+      max(
+          out["cudnn_vs_xla_attention_rel_err"],
+          out["model_loss_rel_err"],
+          out["model_grad_rel_err"],
+      )
+      < 3e-2
+  )
   return out
 
 
@@ -107,23 +141,50 @@ def compare_models(kind, ref_kind, dtype_mm, key, batch, res=224):
   import jax
   import jax.numpy as jnp
   from big_vit_lite.models import vit
-  kw = dict(num_classes=10, variant=None, width=768, depth=2, mlp_dim=3072, num_heads=12,
-            patch_size=16, dtype_mm=dtype_mm)
+
+  kw = dict(
+      num_classes=10,
+      variant=None,
+      width=768,
+      depth=2,
+      mlp_dim=3072,
+      num_heads=12,
+      patch_size=16,
+      dtype_mm=dtype_mm,
+  )
   images = jax.random.normal(key, (batch, res, res, 3))
-  params = vit.Model(**kw, attention=ref_kind).init(jax.random.PRNGKey(1), images)["params"]
+  params = vit.Model(**kw, attention=ref_kind).init(
+      jax.random.PRNGKey(1), images
+  )["params"]
   results = {}
   for attention in (kind, ref_kind):
     model = vit.Model(**kw, attention=attention)
-    fn = lambda p, m=model: jnp.sum(m.apply({"params": p}, images, train=True)[1]["encoded"] ** 2)
+    fn = lambda p, m=model: jnp.sum(
+        m.apply({"params": p}, images, train=True)[1]["encoded"] ** 2
+    )
     results[attention] = jax.jit(jax.value_and_grad(fn))(params)
   (loss, grads), (loss_ref, grads_ref) = results[kind], results[ref_kind]
-  norm = lambda t: float(jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32)))
-                                      for x in jax.tree.leaves(t))))
-  # All gradients as one vector: |a - b| / |b| (a leaf-wise max would weigh tiny ones).
-  diff = jax.tree.map(lambda a, b: a.astype(jnp.float32) - b.astype(jnp.float32), grads, grads_ref)
-  return dict(model_compared=f"{kind} vs {ref_kind}",
-              model_loss_rel_err=abs(float(loss) - float(loss_ref)) / abs(float(loss_ref)),
-              model_grad_rel_err=norm(diff) / norm(grads_ref))
+  norm = lambda t: float(
+      jnp.sqrt(
+          sum(
+              jnp.sum(jnp.square(x.astype(jnp.float32)))
+              for x in jax.tree.leaves(t)
+          )
+      )
+  )
+  # All gradients as one vector: |a - b| / |b| (a leaf-wise max would weigh tiny
+  # ones).
+  diff = jax.tree.map(
+      lambda a, b: a.astype(jnp.float32) - b.astype(jnp.float32),
+      grads,
+      grads_ref,
+  )
+  return dict(
+      model_compared=f"{kind} vs {ref_kind}",
+      model_loss_rel_err=abs(float(loss) - float(loss_ref))
+      / abs(float(loss_ref)),
+      model_grad_rel_err=norm(diff) / norm(grads_ref),
+  )
 
 
 def worker_ours(args):
@@ -132,11 +193,19 @@ def worker_ours(args):
   from big_vit_lite import devices
   from big_vit_lite.models import vit
   from big_vit_lite.models import ops
+
   dev = jax.devices()[0]
   peak = devices.datasheet_peak(dev, args.dtype)
-  emit(dict(kind="device", device_kind=dev.device_kind, platform=dev.platform,
-            jax_version=jax.__version__, xla_flags=os.environ.get("XLA_FLAGS", ""),
-            datasheet_peak_tflops=peak / 1e12 if peak else None))
+  emit(
+      dict(
+          kind="device",
+          device_kind=dev.device_kind,
+          platform=dev.platform,
+          jax_version=jax.__version__,
+          xla_flags=os.environ.get("XLA_FLAGS", ""),
+          datasheet_peak_tflops=peak / 1e12 if peak else None,
+      )
+  )
   if args.seq_multiple:  # what an earlier worker's numerics check found
     ops.CUDNN_SEQ_MULTIPLE = args.seq_multiple
   if args.no_cudnn:
@@ -162,13 +231,33 @@ def worker_ours(args):
     t0 = time.time()
     ops.CUDNN_SEQ_MULTIPLE = case.get("seq_multiple") or default_multiple
     try:
-      model = bench.build_model(case["variant"], args.num_classes, args.dtype, "none", False,
-                                case["model_kw"])
-      out = bench.bench_model(model, batch=args.batch, res=args.res,
-                              num_classes=args.num_classes, mode=("train",), steps=args.steps,
-                              warmup=args.warmup, calib_gflops=calib, peak_flops=peak)
-      out.update(base, attention=model.resolved_attention(), seq_multiple=ops.CUDNN_SEQ_MULTIPLE,
-                 calib_gflops=calib, device_kind=dev.device_kind, **bench.peak_memory())
+      model = bench.build_model(
+          case["variant"],
+          args.num_classes,
+          args.dtype,
+          "none",
+          False,
+          case["model_kw"],
+      )
+      out = bench.bench_model(
+          model,
+          batch=args.batch,
+          res=args.res,
+          num_classes=args.num_classes,
+          mode=("train",),
+          steps=args.steps,
+          warmup=args.warmup,
+          calib_gflops=calib,
+          peak_flops=peak,
+      )
+      out.update(
+          base,
+          attention=model.resolved_attention(),
+          seq_multiple=ops.CUDNN_SEQ_MULTIPLE,
+          calib_gflops=calib,
+          device_kind=dev.device_kind,
+          **bench.peak_memory(),
+      )
     except Exception as e:  # pylint: disable=broad-except  # OOM, a refused kernel, ...
       out = dict(base, error=_one_line(e))
       jax.clear_caches()
@@ -176,15 +265,26 @@ def worker_ours(args):
     emit(out)
 
 
-# ------------------------------------------------------------------------------ driver
+# ------------------------------------------------------------------------------
+# driver
+
 
 def run_group(name, cmd, env, deadline, log):
   """Runs one worker until it exits or the deadline (+30 s grace) passes; its JSON lines."""
-  print(f"== {name}: {' '.join(cmd[1:3])}... ({deadline - time.time():.0f} s left)", flush=True)
+  print(
+      f"== {name}: {' '.join(cmd[1:3])}... ({deadline - time.time():.0f} s left)",
+      flush=True,
+  )
   t0 = time.time()
   try:
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, cwd=ROOT)
+    proc = subprocess.Popen(
+        cmd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
   except OSError as e:
     return [dict(kind=name, error=_one_line(e))]
   lines, err = [], []
@@ -196,8 +296,10 @@ def run_group(name, cmd, env, deadline, log):
         lines.append(d)
         log(d)
 
-  threads = [threading.Thread(target=read_out), threading.Thread(
-      target=lambda: err.extend(proc.stderr))]
+  threads = [
+      threading.Thread(target=read_out),
+      threading.Thread(target=lambda: err.extend(proc.stderr)),
+  ]
   for t in threads:
     t.start()
   try:
@@ -208,12 +310,19 @@ def run_group(name, cmd, env, deadline, log):
     log(lines[-1])
   for t in threads:
     t.join()
-  if os.environ.get("OUT"):  # the worker's log, for a closer look at what went wrong
-    with open(os.path.join(os.environ["OUT"], f"gpu_bench_{name}.log"), "w") as f:
+  # the worker's log, for a closer look at what went wrong
+  if os.environ.get("OUT"):
+    with open(
+        os.path.join(os.environ["OUT"], f"gpu_bench_{name}.log"), "w"
+    ) as f:
       f.writelines(err)
-  if proc.returncode and not any(d.get("kind") in ("ours", "timm") for d in lines):
+  if proc.returncode and not any(
+      d.get("kind") in ("ours", "timm") for d in lines
+  ):
     tail = [l.strip() for l in err if l.strip()][-1:] or ["?"]
-    lines.append(dict(kind=name, error=f"exit {proc.returncode}: {tail[0][:300]}"))
+    lines.append(
+        dict(kind=name, error=f"exit {proc.returncode}: {tail[0][:300]}")
+    )
     log(lines[-1])
   print(f"   {name}: {time.time() - t0:.0f} s", flush=True)
   return lines
@@ -228,12 +337,18 @@ def _log_line(d):
   elif "skipped" in d:
     msg = f"skipped ({d['skipped']})"
   elif d.get("kind") == "numerics":
-    msg = ", ".join(f"{k}={v:.2g}" if isinstance(v, float) else f"{k}={v}"
-                    for k, v in d.items() if k != "kind")
+    msg = ", ".join(
+        f"{k}={v:.2g}" if isinstance(v, float) else f"{k}={v}"
+        for k, v in d.items()
+        if k != "kind"
+    )
   elif "train_img_per_s" in d:
     mfu = d.get("train_mfu")
-    msg = (f"{d['train_img_per_s']:.1f} img/s" + (f", model MFU {mfu:.1%}" if mfu else "")
-           + f" [{d.get('elapsed_s', 0):.0f} s]")
+    msg = (
+        f"{d['train_img_per_s']:.1f} img/s"
+        + (f", model MFU {mfu:.1%}" if mfu else "")
+        + f" [{d.get('elapsed_s', 0):.0f} s]"
+    )
   else:
     msg = json.dumps(d)[:200]
   print(f"   {what}: {msg}", flush=True)
@@ -245,11 +360,18 @@ def summarize(rows):
   peak = (device.get("datasheet_peak_tflops") or 0) * 1e12
   ours = [r for r in rows if r.get("kind") == "ours" and "train_img_per_s" in r]
   defaults = {r["variant"]: r for r in ours if r.get("default")}
-  timm = {(r["variant"], r["mode"]): r for r in rows
-          if r.get("kind") == "timm" and "train_img_per_s" in r}
-  flops_per_img = {r["variant"]: r["train_step_flops"] / r["batch"] for r in ours}
-  out = ["| case | train img/s | model MFU | vs timm compile | vs timm eager | vs our default |",
-         "|---|---|---|---|---|---|"]
+  timm = {
+      (r["variant"], r["mode"]): r
+      for r in rows
+      if r.get("kind") == "timm" and "train_img_per_s" in r
+  }
+  flops_per_img = {
+      r["variant"]: r["train_step_flops"] / r["batch"] for r in ours
+  }
+  out = [
+      "| case | train img/s | model MFU | vs timm compile | vs timm eager | vs our default |",
+      "|---|---|---|---|---|---|",
+  ]
   fmt = lambda x, spec: "" if x is None else format(x, spec)
   for r in rows:
     kind = r.get("kind")
@@ -258,50 +380,102 @@ def summarize(rows):
     name = r["name"] if kind == "ours" else f"timm {r['variant']} {r['mode']}"
     variant = r.get("variant")
     if "train_img_per_s" not in r:
-      out.append(f"| {name} | {r.get('error') or 'skipped: ' + str(r.get('skipped'))} "
-                 "| | | | |")
+      out.append(
+          f"| {name} | {r.get('error') or 'skipped: ' + str(r.get('skipped'))} "
+          "| | | | |"
+      )
       continue
     img_s = r["train_img_per_s"]
-    mfu = r.get("train_mfu") if kind == "ours" else (
-        img_s * flops_per_img[variant] / peak if peak and variant in flops_per_img else None)
-    ratio = lambda mode: (img_s / timm[variant, mode]["train_img_per_s"]
-                          if kind == "ours" and (variant, mode) in timm else None)
+    mfu = (
+        r.get("train_mfu")
+        if kind == "ours"
+        else (
+            img_s * flops_per_img[variant] / peak
+            if peak and variant in flops_per_img
+            else None
+        )
+    )
+    ratio = lambda mode: (
+        img_s / timm[variant, mode]["train_img_per_s"]
+        if kind == "ours" and (variant, mode) in timm
+        else None
+    )
     default = defaults.get(variant)
-    vs_default = img_s / default["train_img_per_s"] if kind == "ours" and default else None
-    out.append(f"| {name} | {img_s:.1f} | {fmt(mfu, '.1%')} | {fmt(ratio('compile'), '.2f')} "
-               f"| {fmt(ratio('eager'), '.2f')} | {fmt(vs_default, '.3f')} |")
-  for r in ours:  # model FLOPs must not depend on remat, attention kind or flags
+    vs_default = (
+        img_s / default["train_img_per_s"]
+        if kind == "ours" and default
+        else None
+    )
+    out.append(
+        f"| {name} | {img_s:.1f} | {fmt(mfu, '.1%')} | {fmt(ratio('compile'), '.2f')} "
+        f"| {fmt(ratio('eager'), '.2f')} | {fmt(vs_default, '.3f')} |"
+    )
+  # model FLOPs must not depend on remat, attention kind or flags
+  for r in ours:
     default = defaults.get(r["variant"])
-    if (default and not r.get("seq_multiple")
-        and r["train_step_flops"] != default["train_step_flops"]):
-      out.append(f"\nnote: {r['name']}: model FLOPs {r['train_step_flops']:.4e} differ from the "
-                 f"default's {default['train_step_flops']:.4e}")
+    if (
+        default
+        and not r.get("seq_multiple")
+        and r["train_step_flops"] != default["train_step_flops"]
+    ):
+      out.append(
+          f"\nnote: {r['name']}: model FLOPs {r['train_step_flops']:.4e} differ from the "
+          f"default's {default['train_step_flops']:.4e}"
+      )
   num = next((r for r in rows if r.get("kind") == "numerics"), None)
   if num:
-    out += ["", "numerics: " + ", ".join(
-        f"{k}={v:.2g}" if isinstance(v, float) else f"{k}={v}"
-        for k, v in num.items() if k not in ("kind", "elapsed_s"))]
+    out += [
+        "",
+        "numerics: "
+        + ", ".join(
+            f"{k}={v:.2g}" if isinstance(v, float) else f"{k}={v}"
+            for k, v in num.items()
+            if k not in ("kind", "elapsed_s")
+        ),
+    ]
   return "\n".join(out)
 
 
 def append_results(md_path, rows, table):
   device = next((r for r in rows if r.get("kind") == "device"), {})
-  timm = next((r for r in rows if r.get("kind") == "timm" and r.get("torch_version")), {})
+  timm = next(
+      (r for r in rows if r.get("kind") == "timm" and r.get("torch_version")),
+      {},
+  )
   date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")
-  head = (f"### {date} UTC: {device.get('device_kind', '?')}, jax {device.get('jax_version', '?')}"
-          + (f", torch {timm['torch_version']} / timm {timm['timm_version']}" if timm else ""))
-  text = open(md_path).read() if os.path.exists(md_path) else "# Benchmark results\n"
+  head = (
+      f"### {date} UTC: {device.get('device_kind', '?')}, jax {device.get('jax_version', '?')}"
+      + (
+          f", torch {timm['torch_version']} / timm {timm['timm_version']}"
+          if timm
+          else ""
+      )
+  )
+  text = (
+      open(md_path).read()
+      if os.path.exists(md_path)
+      else "# Benchmark results\n"
+  )
   if GPU_SECTION not in text:
-    text = text.rstrip("\n") + "\n\n" + GPU_SECTION + "\n\n" + GPU_SECTION_INTRO + "\n"
+    text = (
+        text.rstrip("\n")
+        + "\n\n"
+        + GPU_SECTION
+        + "\n\n"
+        + GPU_SECTION_INTRO
+        + "\n"
+    )
   with open(md_path, "w") as f:
     f.write(text.rstrip("\n") + f"\n\n{head}\n\n{table}\n")
 
 
 GPU_SECTION = "## GPU runs (benchmarks/gpu_bench.py)"
-GPU_SECTION_INTRO = ("Appended by `bash benchmarks/gpu_bench.sh`: training step (fwd, softmax "
-                     "xent, bwd, AdamW), batch 256, 224 px, bf16 matmuls; timm with bf16 "
-                     "autocast and fused AdamW in the same run. Model MFU: the matmul FLOPs of "
-                     "our step's jaxpr (timm: the same per image) over the datasheet peak.")
+GPU_SECTION_INTRO = (
+    "Appended by `bash benchmarks/gpu_bench.sh`: training step (fwd, softmax "
+    "xent, bwd, AdamW), batch 256, 224 px, bf16 matmuls; timm with bf16 "
+    "autocast and fused AdamW in the same run. Model MFU: the matmul FLOPs of "
+    "our step's jaxpr (timm: the same per image) over the datasheet peak."
+)
 
 
 def main():
@@ -309,13 +483,22 @@ def main():
   p.add_argument("--worker", choices=["ours"], help=argparse.SUPPRESS)
   p.add_argument("--cases", help=argparse.SUPPRESS)
   p.add_argument("--numerics", action="store_true", help=argparse.SUPPRESS)
-  p.add_argument("--deadline", type=float, default=float("inf"), help=argparse.SUPPRESS)
+  p.add_argument(
+      "--deadline", type=float, default=float("inf"), help=argparse.SUPPRESS
+  )
   p.add_argument("--seq_multiple", type=int, default=0, help=argparse.SUPPRESS)
   p.add_argument("--no_cudnn", action="store_true", help=argparse.SUPPRESS)
-  p.add_argument("--budget_s", type=float, default=450,
-                 help="whole run, seconds (a worker past its deadline is killed 30 s later)")
-  p.add_argument("--only", default="numerics,main,timm,ab,flags",
-                 help="groups to run, of numerics,main,timm,ab,flags")
+  p.add_argument(
+      "--budget_s",
+      type=float,
+      default=450,
+      help="whole run, seconds (a worker past its deadline is killed 30 s later)",
+  )
+  p.add_argument(
+      "--only",
+      default="numerics,main,timm,ab,flags",
+      help="groups to run, of numerics,main,timm,ab,flags",
+  )
   p.add_argument("--batch", type=int, default=256)
   p.add_argument("--res", type=int, default=224)
   p.add_argument("--num_classes", type=int, default=1000)
@@ -323,17 +506,33 @@ def main():
   p.add_argument("--steps", type=int, default=10)
   p.add_argument("--warmup", type=int, default=3)
   p.add_argument("--calib_n", type=int, default=8192)
-  p.add_argument("--flags", default="cublas_gemms", help=f"XLA flag preset: {list(FLAG_PRESETS)}")
-  p.add_argument("--timm_python", default=sys.executable, help="python with torch + timm")
-  p.add_argument("--results_md", default=None,
-                 help="markdown file the summary is appended to ('none': no file; default "
-                      "benchmarks/RESULTS.md, none with --smoke)")
-  p.add_argument("--render", help="append the run saved in this JSONL file to --results_md")
-  p.add_argument("--smoke", action="store_true", help="tiny variants on a CPU: checks the script")
+  p.add_argument(
+      "--flags",
+      default="cublas_gemms",
+      help=f"XLA flag preset: {list(FLAG_PRESETS)}",
+  )
+  p.add_argument(
+      "--timm_python", default=sys.executable, help="python with torch + timm"
+  )
+  p.add_argument(
+      "--results_md",
+      default=None,
+      help="markdown file the summary is appended to ('none': no file; default "
+      "benchmarks/RESULTS.md, none with --smoke)",
+  )
+  p.add_argument(
+      "--render", help="append the run saved in this JSONL file to --results_md"
+  )
+  p.add_argument(
+      "--smoke",
+      action="store_true",
+      help="tiny variants on a CPU: checks the script",
+  )
   args = p.parse_args()
   if args.worker:
     return worker_ours(args)
-  if args.results_md is None:  # A --smoke run checks the script: its CPU figures stay out.
+  # A --smoke run checks the script: its CPU figures stay out.
+  if args.results_md is None:
     args.results_md = "none" if args.smoke else os.path.join(HERE, "RESULTS.md")
   if args.render:
     rows = [json.loads(l) for l in open(args.render) if l.strip()]
@@ -341,36 +540,65 @@ def main():
     return print(f"appended {args.render} to {args.results_md}")
 
   if args.smoke:
-    args.batch, args.res, args.steps, args.warmup, args.calib_n = 4, 32, 1, 1, 256
+    args.batch, args.res, args.steps, args.warmup, args.calib_n = (
+        4,
+        32,
+        1,
+        1,
+        256,
+    )
   variant = lambda v: SMOKE_VARIANTS[v] if args.smoke else v
   estimate = lambda key: 10 if args.smoke else ESTIMATE_S[key]
   case = lambda name, v, model_kw=None, seq_multiple=None, default=False: dict(
-      name=name.replace(v, variant(v)), variant=variant(v), model_kw=model_kw or {},
+      name=name.replace(v, variant(v)),
+      variant=variant(v),
+      model_kw=model_kw or {},
       seq_multiple=seq_multiple,
-      estimate_s=estimate(v), default=default)
-  main_cases = [case("ours B/16", "B/16", default=True), case("ours L/16", "L/16", default=True)]
-  ab_cases = [case("ours B/16 remat=nothing_saveable", "B/16",
-                   {"remat_policy": "nothing_saveable"}),
-              case("ours B/16 attention=custom", "B/16", {"attention": "custom"}),
-              case("ours B/16 dtype_act=bfloat16", "B/16", {"dtype_act": "bfloat16"}),
-              case("ours B/16 attention=xla", "B/16", {"attention": "xla"}),
-              case("ours B/16 cuDNN padding 64", "B/16", seq_multiple=64)]
+      estimate_s=estimate(v),
+      default=default,
+  )
+  main_cases = [
+      case("ours B/16", "B/16", default=True),
+      case("ours L/16", "L/16", default=True),
+  ]
+  ab_cases = [
+      case(
+          "ours B/16 remat=nothing_saveable",
+          "B/16",
+          {"remat_policy": "nothing_saveable"},
+      ),
+      case("ours B/16 attention=custom", "B/16", {"attention": "custom"}),
+      case("ours B/16 dtype_act=bfloat16", "B/16", {"dtype_act": "bfloat16"}),
+      case("ours B/16 attention=xla", "B/16", {"attention": "xla"}),
+      case("ours B/16 cuDNN padding 64", "B/16", seq_multiple=64),
+  ]
   flags_cases = [case(f"ours B/16 XLA_FLAGS={args.flags}", "B/16")]
   groups = set(args.only.split(","))
   # Seconds per group (what one leaves goes to the next), in run order.
   share = dict(main=200, timm=195, ab=40, flags=15)
 
-  env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
-             TF_CPP_MIN_LOG_LEVEL="2")
+  env = dict(
+      os.environ,
+      PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
+      TF_CPP_MIN_LOG_LEVEL="2",
+  )
   env.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.9")
-  common = [f"--batch={args.batch}", f"--res={args.res}", f"--num_classes={args.num_classes}",
-            f"--dtype={args.dtype}", f"--steps={args.steps}", f"--warmup={args.warmup}",
-            f"--calib_n={args.calib_n}"]
+  common = [
+      f"--batch={args.batch}",
+      f"--res={args.res}",
+      f"--num_classes={args.num_classes}",
+      f"--dtype={args.dtype}",
+      f"--steps={args.steps}",
+      f"--warmup={args.warmup}",
+      f"--calib_n={args.calib_n}",
+  ]
   t_end = time.time() + args.budget_s
   spent_until = time.time()
   rows = []
   out_dir = os.environ.get("OUT")
-  jsonl = open(os.path.join(out_dir, "gpu_bench.jsonl"), "a") if out_dir else None
+  jsonl = (
+      open(os.path.join(out_dir, "gpu_bench.jsonl"), "a") if out_dir else None
+  )
 
   def log(d):
     _log_line(d)
@@ -382,8 +610,14 @@ def main():
     nonlocal spent_until
     deadline = min(t_end, max(time.time(), spent_until) + share[group])
     spent_until = deadline
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker=ours",
-           f"--cases={json.dumps(cases)}", f"--deadline={deadline}", *common]
+    cmd = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--worker=ours",
+        f"--cases={json.dumps(cases)}",
+        f"--deadline={deadline}",
+        *common,
+    ]
     if numerics_too:
       cmd.append("--numerics")
     num = next((r for r in rows if r.get("kind") == "numerics"), {})
@@ -391,7 +625,9 @@ def main():
       cmd.append(f"--seq_multiple={num['seq_multiple']}")
     if num.get("auto_attention"):
       cmd.append("--no_cudnn")
-    rows.extend(run_group(group, cmd, dict(env, **(extra_env or {})), deadline, log))
+    rows.extend(
+        run_group(group, cmd, dict(env, **(extra_env or {})), deadline, log)
+    )
 
   start = time.time()
   if groups & {"numerics", "main"}:
@@ -399,30 +635,74 @@ def main():
   if "timm" in groups:
     deadline = min(t_end, max(time.time(), spent_until) + share["timm"])
     spent_until = deadline
-    probe = subprocess.run([args.timm_python, "-c", "import torch, timm"], capture_output=True,
-                           text=True, env=dict(env, PYTHONPATH=os.path.join(HERE, "timm_standin")))
+    probe = subprocess.run(
+        [args.timm_python, "-c", "import torch, timm"],
+        capture_output=True,
+        text=True,
+        env=dict(env, PYTHONPATH=os.path.join(HERE, "timm_standin")),
+    )
     if probe.returncode:
-      print(f"timm: skipped (torch/timm not importable by {args.timm_python})", flush=True)
+      print(
+          f"timm: skipped (torch/timm not importable by {args.timm_python})",
+          flush=True,
+      )
     else:
       from big_vit_lite.models import vit  # pylint: disable=g-import-not-at-top
+
       arch = {}
       for v in ("B/16", "L/16"):
         a = vit.decode_variant(variant(v))
-        arch[variant(v)] = [a["width"], a["depth"], a["mlp_dim"], a["num_heads"], a["patch_size"]]
-      cmd = [args.timm_python, os.path.join(HERE, "timm_gpu_bench.py"),
-             f"--arch={json.dumps(arch)}", f"--batch={args.batch}", f"--res={args.res}",
-             f"--steps={args.steps}", f"--warmup={args.warmup}", f"--deadline={deadline}",
-             "--estimates=" + json.dumps({m: estimate(f"timm {m}") for m in ("eager", "compile")})]
-      # timm imports torchvision, which a ViT never uses: the stand-in (timm_standin/) if absent.
-      has_tv = subprocess.run([args.timm_python, "-c", "import torchvision"],
-                              capture_output=True).returncode == 0
-      timm_env = dict(env) if has_tv else dict(env, PYTHONPATH=os.path.join(HERE, "timm_standin"))
+        arch[variant(v)] = [
+            a["width"],
+            a["depth"],
+            a["mlp_dim"],
+            a["num_heads"],
+            a["patch_size"],
+        ]
+      cmd = [
+          args.timm_python,
+          os.path.join(HERE, "timm_gpu_bench.py"),
+          f"--arch={json.dumps(arch)}",
+          f"--batch={args.batch}",
+          f"--res={args.res}",
+          f"--steps={args.steps}",
+          f"--warmup={args.warmup}",
+          f"--deadline={deadline}",
+          "--estimates="
+          + json.dumps(
+              {m: estimate(f"timm {m}") for m in ("eager", "compile")}
+          ),
+      ]
+      # timm imports torchvision, which a ViT never uses: the stand-in
+      # (timm_standin/) if absent.
+      has_tv = (
+          subprocess.run(
+              [args.timm_python, "-c", "import torchvision"],
+              capture_output=True,
+          ).returncode
+          == 0
+      )
+      timm_env = (
+          dict(env)
+          if has_tv
+          else dict(env, PYTHONPATH=os.path.join(HERE, "timm_standin"))
+      )
       rows.extend(run_group("timm", cmd, timm_env, deadline, log))
   if "ab" in groups:
     ours(ab_cases, False, group="ab")
   if "flags" in groups:
-    ours(flags_cases, False, {"XLA_FLAGS": (env.get("XLA_FLAGS", "") + " "
-                                            + FLAG_PRESETS[args.flags]).strip()}, group="flags")
+    ours(
+        flags_cases,
+        False,
+        {
+            "XLA_FLAGS": (
+                (
+                    env.get("XLA_FLAGS", "") + " " + FLAG_PRESETS[args.flags]
+                ).strip()
+            )
+        },
+        group="flags",
+    )
   table = summarize(rows)
   print(f"\n{table}\n\ntotal {time.time() - start:.0f} s", flush=True)
   if out_dir:

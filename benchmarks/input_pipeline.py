@@ -12,6 +12,7 @@ tf.data pipeline doing the same work side by side (the machine is noisy:
 compare within one run). With --prepare it also times preparing the three
 offline datasets into a fresh temporary data dir. Prints one JSON line.
 """
+
 import argparse
 import json
 import os
@@ -39,10 +40,18 @@ def write_jpegs(root, n, seed=0):
     cls = f"class_{i % 10}"
     os.makedirs(os.path.join(root, "train", cls), exist_ok=True)
     fx, fy, ph = rng.uniform(0.005, 0.05, 3)
-    base = np.stack([np.sin(xx * fx + c + ph * 100) * np.cos(yy * fy + c) for c in range(3)], -1)
+    base = np.stack(
+        [
+            np.sin(xx * fx + c + ph * 100) * np.cos(yy * fy + c)
+            for c in range(3)
+        ],
+        -1,
+    )
     img = 127 + 90 * base + rng.normal(0, 12, (375, 500, 3))
     path = os.path.join(root, "train", cls, f"{i:05d}.jpg")
-    Image.fromarray(np.clip(img, 0, 255).astype(np.uint8)).save(path, "JPEG", quality=75)
+    Image.fromarray(np.clip(img, 0, 255).astype(np.uint8)).save(
+        path, "JPEG", quality=75
+    )
     sizes.append(os.path.getsize(path))
   return float(np.mean(sizes))
 
@@ -63,14 +72,22 @@ def bare_tf_data(root, batch):
   def fn(path):
     img = tf.io.decode_jpeg(tf.io.read_file(path), channels=3)
     begin, size, _ = tf.image.sample_distorted_bounding_box(
-        tf.shape(img), tf.zeros([0, 0, 4]), area_range=(0.05, 1.0),
-        aspect_ratio_range=(3 / 4, 4 / 3), use_image_if_no_bounding_boxes=True)
+        tf.shape(img),
+        tf.zeros([0, 0, 4]),
+        area_range=(0.05, 1.0),
+        aspect_ratio_range=(3 / 4, 4 / 3),
+        use_image_if_no_bounding_boxes=True,
+    )
     img = tf.image.resize(tf.slice(img, begin, size), (224, 224))
     img = tf.image.random_flip_left_right(img)
     return img / 127.5 - 1
 
   ds = tf.data.Dataset.from_tensor_slices(files).shuffle(len(files)).repeat()
-  ds = ds.map(fn, num_parallel_calls=tf.data.AUTOTUNE).batch(batch).prefetch(tf.data.AUTOTUNE)
+  ds = (
+      ds.map(fn, num_parallel_calls=tf.data.AUTOTUNE)
+      .batch(batch)
+      .prefetch(tf.data.AUTOTUNE)
+  )
   return iter(ds)
 
 
@@ -79,8 +96,17 @@ def prepare_times():
   with tempfile.TemporaryDirectory() as d:
     for name in ("fashion_mnist", "mnist10k", "animal_mnist"):
       t0 = time.perf_counter()
-      subprocess.run([sys.executable, "-m", "big_vit_lite.data.prepare", name, f"--data_dir={d}"],
-                     check=True, capture_output=True)
+      subprocess.run(
+          [
+              sys.executable,
+              "-m",
+              "big_vit_lite.data.prepare",
+              name,
+              f"--data_dir={d}",
+          ],
+          check=True,
+          capture_output=True,
+      )
       out[name] = round(time.perf_counter() - t0, 1)
   return out
 
@@ -98,15 +124,26 @@ def main():
     result["jpeg_kb"] = round(write_jpegs(root, args.images) / 1024, 1)
     data = dict(name="imagefolder", data_dir=root, split="train")
     pps = {
-        "pipeline_img_per_s": "decode|inception_crop(224)|flip_lr|value_range(-1, 1)|"
-                              "keep('image', 'label')",
-        "pipeline_fused_img_per_s": "decode_jpeg_and_inception_crop(224)|flip_lr|"
-                                    "value_range(-1, 1)|keep('image', 'label')",
+        "pipeline_img_per_s": (
+            "decode|inception_crop(224)|flip_lr|value_range(-1, 1)|"
+            "keep('image', 'label')"
+        ),
+        "pipeline_fused_img_per_s": (
+            "decode_jpeg_and_inception_crop(224)|flip_lr|"
+            "value_range(-1, 1)|keep('image', 'label')"
+        ),
     }
-    iters = {k: ip.make_train_iterator(dict(data=data, batch_size=args.batch, pp=v,
-                                            shuffle_buffer_size=1000),
-                                       seed=0, process_index=0, process_count=1)
-             for k, v in pps.items()}
+    iters = {
+        k: ip.make_train_iterator(
+            dict(
+                data=data, batch_size=args.batch, pp=v, shuffle_buffer_size=1000
+            ),
+            seed=0,
+            process_index=0,
+            process_count=1,
+        )
+        for k, v in pps.items()
+    }
     iters["bare_tf_data_img_per_s"] = bare_tf_data(root, args.batch)
     runs = {k: [] for k in iters}
     for _ in range(args.repeats):  # interleaved, so drift hits all alike
@@ -114,12 +151,17 @@ def main():
         runs[k].append(time_iterator(it, args.batch, args.steps))
     for k, v in runs.items():
       result[k] = round(statistics.median(v), 1)
-      result[k.replace("img_per_s", "min_max")] = [round(min(v), 1), round(max(v), 1)]
-    # Ratios within each repeat (side by side) are steadier than the raw figures.
+      result[k.replace("img_per_s", "min_max")] = [
+          round(min(v), 1),
+          round(max(v), 1),
+      ]
+    # Ratios within each repeat (side by side) are steadier than the raw
+    # figures.
     bare = runs["bare_tf_data_img_per_s"]
     for k in pps:
-      result[k.replace("img_per_s", "vs_bare")] = round(statistics.median(
-          a / b for a, b in zip(runs[k], bare)), 2)
+      result[k.replace("img_per_s", "vs_bare")] = round(
+          statistics.median(a / b for a, b in zip(runs[k], bare)), 2
+      )
   if args.prepare:
     result["prepare_s"] = prepare_times()
   print(json.dumps(result))

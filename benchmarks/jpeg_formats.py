@@ -10,6 +10,7 @@ permutation), the two interleaved `--repeats` times. Prints one JSON line with t
 img/s per CPU core (tf.data uses every core of the process's machine). The machine is shared:
 compare within one run. Figures: benchmarks/NOTES.md, "Input throughput by file format".
 """
+
 import argparse
 import json
 import os
@@ -36,10 +37,15 @@ class BvlJpegBench(tfds.core.GeneratorBasedBuilder, skip_registration=True):
   folder = None
 
   def _info(self):
-    return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict({
-        "image": tfds.features.Image(encoding_format="jpeg"),
-        "label": tfds.features.ClassLabel(num_classes=10),
-    }))
+    return tfds.core.DatasetInfo(
+        builder=self,
+        features=tfds.features.FeaturesDict(
+            {
+                "image": tfds.features.Image(encoding_format="jpeg"),
+                "label": tfds.features.ClassLabel(num_classes=10),
+            }
+        ),
+    )
 
   def _split_generators(self, dl_manager):
     del dl_manager
@@ -62,22 +68,33 @@ def main():
   cores = len(os.sched_getaffinity(0))
   result = {"cores": cores, "batch": args.batch}
   with tempfile.TemporaryDirectory() as root:
-    result["jpeg_kb"] = round(folder_bench.write_jpegs(os.path.join(root, "folder"),
-                                                       args.images) / 1024, 1)
+    result["jpeg_kb"] = round(
+        folder_bench.write_jpegs(os.path.join(root, "folder"), args.images)
+        / 1024,
+        1,
+    )
     BvlJpegBench.folder = os.path.join(root, "folder")
     iters = {}
     for file_format, buf in (("tfrecord", 1000), ("array_record", 1000)):
       data_dir = os.path.join(root, file_format)
-      BvlJpegBench(data_dir=data_dir, file_format=file_format).download_and_prepare(
-          download_config=tfds.download.DownloadConfig(num_shards=4))
+      BvlJpegBench(
+          data_dir=data_dir, file_format=file_format
+      ).download_and_prepare(
+          download_config=tfds.download.DownloadConfig(num_shards=4)
+      )
       iters[file_format] = ip.make_train_iterator(
-          dict(data=dict(name="bvl_jpeg_bench", split="train", data_dir=data_dir),
-               batch_size=args.batch,
-               pp=PP,
-               shuffle_buffer_size=buf),
+          dict(
+              data=dict(
+                  name="bvl_jpeg_bench", split="train", data_dir=data_dir
+              ),
+              batch_size=args.batch,
+              pp=PP,
+              shuffle_buffer_size=buf,
+          ),
           seed=0,
           process_index=0,
-          process_count=1)
+          process_count=1,
+      )
     runs = {k: [] for k in iters}
     for _ in range(args.repeats):  # interleaved, so drift hits both alike
       for k, it in iters.items():

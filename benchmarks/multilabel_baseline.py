@@ -8,6 +8,7 @@ metrics: mAP (macro average_precision_score over the 10 classes) and ReaL-style 
 top-scoring class is one of the image's digits). The figure configs/multilabel.py must beat.
 Prints one JSON line.
 """
+
 import argparse
 import json
 import os
@@ -25,7 +26,9 @@ from big_vit_lite.data import builders  # noqa: F401,E402  (registers mnist_mult
 
 
 def load(split, data_dir, limit):
-  ds = tfds.load("mnist_multilabel", split=f"{split}[:{limit}]", data_dir=data_dir)
+  ds = tfds.load(
+      "mnist_multilabel", split=f"{split}[:{limit}]", data_dir=data_dir
+  )
   images, khot = [], []
   for ex in tfds.as_numpy(ds):
     images.append(ex["image"].reshape(-1) / 255.0)
@@ -44,17 +47,33 @@ def main():
   x_train, y_train = load("train", args.data_dir, args.train)
   x_test, y_test = load("test", args.data_dir, 4_000)
   t0 = time.time()
-  scores = np.stack([
-      linear_model.LogisticRegression(C=1 / args.l2, max_iter=300).fit(
-          x_train, y_train[:, c]).decision_function(x_test)
-      for c in range(10)], axis=1)
+  scores = np.stack(
+      [
+          linear_model.LogisticRegression(C=1 / args.l2, max_iter=300)
+          .fit(x_train, y_train[:, c])
+          .decision_function(x_test)
+          for c in range(10)
+      ],
+      axis=1,
+  )
   top1 = y_test[np.arange(len(y_test)), np.argmax(scores, axis=1)]
-  print(json.dumps({
-      "train_examples": len(x_train),
-      "mAP": round(float(metrics.average_precision_score(y_test, scores, average="macro")), 4),
-      "prec@1": round(float(top1.mean()), 4),
-      "fit_seconds": round(time.time() - t0),
-  }))
+  print(
+      json.dumps(
+          {
+              "train_examples": len(x_train),
+              "mAP": round(
+                  float(
+                      metrics.average_precision_score(
+                          y_test, scores, average="macro"
+                      )
+                  ),
+                  4,
+              ),
+              "prec@1": round(float(top1.mean()), 4),
+              "fit_seconds": round(time.time() - t0),
+          }
+      )
+  )
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ ordinary pp `decode|value_range|keep`, batch 256, the default 10,000-record shuf
 resumed at 0% and at 95% of the epoch. Prints one JSON line of median seconds; the machine is
 shared and noisy, so compare within one run. Figures: benchmarks/NOTES.md, "Resume".
 """
+
 import argparse
 import json
 import os
@@ -33,10 +34,15 @@ class BvlResumeBench(tfds.core.GeneratorBasedBuilder, skip_registration=True):
   num_records = 200_000
 
   def _info(self):
-    return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict({
-        "image": tfds.features.Image(shape=(8, 8, 1)),
-        "id": tfds.features.Scalar(np.int64),
-    }))
+    return tfds.core.DatasetInfo(
+        builder=self,
+        features=tfds.features.FeaturesDict(
+            {
+                "image": tfds.features.Image(shape=(8, 8, 1)),
+                "id": tfds.features.Scalar(np.int64),
+            }
+        ),
+    )
 
   def _split_generators(self, dl_manager):
     del dl_manager
@@ -45,7 +51,10 @@ class BvlResumeBench(tfds.core.GeneratorBasedBuilder, skip_registration=True):
   def _generate_examples(self):  # pylint: disable=arguments-differ
     rng = np.random.default_rng(0)
     for i in range(self.num_records):
-      yield i, {"image": rng.integers(0, 256, (8, 8, 1), dtype=np.uint8), "id": i}
+      yield i, {
+          "image": rng.integers(0, 256, (8, 8, 1), dtype=np.uint8),
+          "id": i,
+      }
 
 
 def prepare(data_dir, file_format, records):
@@ -53,22 +62,32 @@ def prepare(data_dir, file_format, records):
   builder = BvlResumeBench(data_dir=data_dir, file_format=file_format)
   if not builder.is_prepared():
     t0 = time.time()
-    builder.download_and_prepare(download_config=tfds.download.DownloadConfig(num_shards=8))
-    print(f"wrote {records} records as {file_format} in {time.time() - t0:.0f}s", flush=True)
+    builder.download_and_prepare(
+        download_config=tfds.download.DownloadConfig(num_shards=8)
+    )
+    print(
+        f"wrote {records} records as {file_format} in {time.time() - t0:.0f}s",
+        flush=True,
+    )
   return int(builder.info.splits["train"].num_examples)
 
 
 def time_resume(data_dir, num_examples, fraction):
   t0 = time.perf_counter()
   it = ip.make_train_iterator(
-      dict(data=dict(name="bvl_resume_bench", split="train", data_dir=data_dir),
-           batch_size=256,
-           pp="decode|value_range(-1, 1)|keep('image', 'id')",
-           num_shards=1),
+      dict(
+          data=dict(name="bvl_resume_bench", split="train", data_dir=data_dir),
+          batch_size=256,
+          pp="decode|value_range(-1, 1)|keep('image', 'id')",
+          num_shards=1,
+      ),
       seed=0,
       process_index=0,
-      process_count=1)
-  it.set_state({**it.get_state(), "examples_per_shard": int(fraction * num_examples)})
+      process_count=1,
+  )
+  it.set_state(
+      {**it.get_state(), "examples_per_shard": int(fraction * num_examples)}
+  )
   next(it)
   return time.perf_counter() - t0
 
@@ -87,8 +106,9 @@ def main():
     time_resume(data_dir, n, 0.0)  # warm-up: source, tf function tracing
     for fraction in (0.0, 0.95):
       runs = [time_resume(data_dir, n, fraction) for _ in range(args.repeats)]
-      out[f"{file_format}_resume_at_{int(fraction * 100)}pct_s"] = round(statistics.median(runs),
-                                                                         3)
+      out[f"{file_format}_resume_at_{int(fraction * 100)}pct_s"] = round(
+          statistics.median(runs), 3
+      )
   print(json.dumps(out))
 
 

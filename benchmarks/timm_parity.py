@@ -15,6 +15,7 @@ project's: `pip install torch==2.13.0` (CPU wheel), `timm --no-deps`,
 safetensors, numpy. timm imports torchvision, which a ViT never uses: a
 stand-in module is installed in that interpreter for the run.
 """
+
 import argparse
 import json
 import os
@@ -25,28 +26,96 @@ import tempfile
 import numpy as np
 
 CASES = {
-    # name: (our Model kwargs, image size, timm model name or None for VisionTransformer(**kw))
-    "vit_base_patch16_224": (dict(variant="B/16", num_classes=1000), 224, "vit_base_patch16_224"),
-    "tiny_tok_learn": (dict(variant=None, width=64, depth=2, mlp_dim=128, num_heads=4,
-                            patch_size=8, num_classes=7), 32, None),
-    "tiny_gap_sincos2d": (dict(variant=None, width=64, depth=2, mlp_dim=128, num_heads=4,
-                               patch_size=8, num_classes=7, pool_type="gap", posemb="sincos2d"),
-                          32, None),
-    "tiny_map_learn": (dict(variant=None, width=64, depth=2, mlp_dim=96, num_heads=2,
-                            patch_size=4, num_classes=5, pool_type="map"), 16, None),
+    # name: (our Model kwargs, image size, timm model name or None for
+    # VisionTransformer(**kw))
+    "vit_base_patch16_224": (
+        dict(variant="B/16", num_classes=1000),
+        224,
+        "vit_base_patch16_224",
+    ),
+    "tiny_tok_learn": (
+        dict(
+            variant=None,
+            width=64,
+            depth=2,
+            mlp_dim=128,
+            num_heads=4,
+            patch_size=8,
+            num_classes=7,
+        ),
+        32,
+        None,
+    ),
+    "tiny_gap_sincos2d": (
+        dict(
+            variant=None,
+            width=64,
+            depth=2,
+            mlp_dim=128,
+            num_heads=4,
+            patch_size=8,
+            num_classes=7,
+            pool_type="gap",
+            posemb="sincos2d",
+        ),
+        32,
+        None,
+    ),
+    "tiny_map_learn": (
+        dict(
+            variant=None,
+            width=64,
+            depth=2,
+            mlp_dim=96,
+            num_heads=2,
+            patch_size=4,
+            num_classes=5,
+            pool_type="map",
+        ),
+        16,
+        None,
+    ),
 }
-# The block options (tests/test_timm_options.py), alone and together, on random params.
-_TINY = dict(variant=None, width=64, depth=2, mlp_dim=96, num_heads=4, patch_size=8, num_classes=7)
-_OPTIONS = dict(reg=dict(reg_tokens=2), qk_norm=dict(qk_norm=True),
-                layerscale=dict(layerscale_init=0.5), swiglu=dict(mlp="swiglu"),
-                rmsnorm=dict(norm="rmsnorm"), parallel=dict(parallel_block=True),
-                no_bias=dict(use_bias=False),
-                all_serial=dict(reg_tokens=2, qk_norm=True, layerscale_init=0.5, mlp="swiglu",
-                                norm="rmsnorm", use_bias=False),
-                all_parallel_map=dict(reg_tokens=1, qk_norm=True, layerscale_init=0.5,
-                                      norm="rmsnorm", parallel_block=True, use_bias=False,
-                                      pool_type="map"))
-CASES.update({f"opt_{k}": (dict(_TINY, **v), 32, None) for k, v in _OPTIONS.items()})
+# The block options (tests/test_timm_options.py), alone and together, on random
+# params.
+_TINY = dict(
+    variant=None,
+    width=64,
+    depth=2,
+    mlp_dim=96,
+    num_heads=4,
+    patch_size=8,
+    num_classes=7,
+)
+_OPTIONS = dict(
+    reg=dict(reg_tokens=2),
+    qk_norm=dict(qk_norm=True),
+    layerscale=dict(layerscale_init=0.5),
+    swiglu=dict(mlp="swiglu"),
+    rmsnorm=dict(norm="rmsnorm"),
+    parallel=dict(parallel_block=True),
+    no_bias=dict(use_bias=False),
+    all_serial=dict(
+        reg_tokens=2,
+        qk_norm=True,
+        layerscale_init=0.5,
+        mlp="swiglu",
+        norm="rmsnorm",
+        use_bias=False,
+    ),
+    all_parallel_map=dict(
+        reg_tokens=1,
+        qk_norm=True,
+        layerscale_init=0.5,
+        norm="rmsnorm",
+        parallel_block=True,
+        use_bias=False,
+        pool_type="map",
+    ),
+)
+CASES.update(
+    {f"opt_{k}": (dict(_TINY, **v), 32, None) for k, v in _OPTIONS.items()}
+)
 OPTION_CASES = [f"opt_{k}" for k in _OPTIONS]
 
 
@@ -56,19 +125,23 @@ def _install_torchvision_standin():
   import importlib.machinery  # pylint: disable=g-import-not-at-top
   import types  # pylint: disable=g-import-not-at-top
 
-  class _Placeholder(type):  # a class whose attributes are placeholders too (enum-like use)
+  # a class whose attributes are placeholders too (enum-like use)
+  class _Placeholder(type):
+
     def __getattr__(cls, name):
       if name.startswith("__"):
         raise AttributeError(name)
       return f"{cls.__name__}.{name}"
 
   class _Module(types.ModuleType):
+
     def __getattr__(self, name):
       if name.startswith("__"):
         raise AttributeError(name)
       return _Placeholder(name, (), {})
 
   class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+
     def find_spec(self, fullname, path, target=None):
       if fullname == "torchvision" or fullname.startswith("torchvision."):
         return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
@@ -93,6 +166,7 @@ def timm_side(workdir, cases):
   import timm  # pylint: disable=g-import-not-at-top
   import torch  # pylint: disable=g-import-not-at-top
   from timm.models.vision_transformer import VisionTransformer  # pylint: disable=g-import-not-at-top
+
   torch.set_num_threads(2)
   results = {}
   for name in cases:
@@ -101,26 +175,46 @@ def timm_side(workdir, cases):
     with safetensors.safe_open(path, "np") as f:
       kwargs = json.loads(f.metadata()["timm_kwargs"])
     if timm_name:
-      model = timm.create_model(timm_name, pretrained=False, num_classes=kwargs["num_classes"])
+      model = timm.create_model(
+          timm_name, pretrained=False, num_classes=kwargs["num_classes"]
+      )
     else:  # A class-valued kwarg (mlp_layer, block_fn) is stored as its name.
-      classes = {"mlp_layer": timm.layers, "block_fn": timm.models.vision_transformer}
-      kwargs.update({k: getattr(m, kwargs[k]) for k, m in classes.items() if k in kwargs})
+      classes = {
+          "mlp_layer": timm.layers,
+          "block_fn": timm.models.vision_transformer,
+      }
+      kwargs.update(
+          {k: getattr(m, kwargs[k]) for k, m in classes.items() if k in kwargs}
+      )
       model = VisionTransformer(**kwargs)
     model.load_state_dict(safetensors.torch.load_file(path), strict=True)
     model.eval()
     images = np.load(os.path.join(workdir, f"{name}_images.npy"))
     with torch.no_grad():
-      logits = model(torch.from_numpy(images).permute(0, 3, 1, 2).contiguous()).numpy()
+      logits = model(
+          torch.from_numpy(images).permute(0, 3, 1, 2).contiguous()
+      ).numpy()
     np.save(os.path.join(workdir, f"{name}_timm.npy"), logits)
     results[name] = list(logits.shape)
-  print(json.dumps({"timm": timm.__version__, "torch": torch.__version__, "shapes": results}))
+  print(
+      json.dumps(
+          {
+              "timm": timm.__version__,
+              "torch": torch.__version__,
+              "shapes": results,
+          }
+      )
+  )
 
 
 def _keys(tree, seed):
   """One PRNG key per leaf of `tree`, in a tree of its structure."""
   import jax  # pylint: disable=g-import-not-at-top
+
   leaves, treedef = jax.tree.flatten(tree)
-  return jax.tree.unflatten(treedef, list(jax.random.split(jax.random.key(seed), len(leaves))))
+  return jax.tree.unflatten(
+      treedef, list(jax.random.split(jax.random.key(seed), len(leaves)))
+  )
 
 
 def timm_python(flag=None):
@@ -130,6 +224,7 @@ def timm_python(flag=None):
   try:
     import timm  # pylint: disable=g-import-not-at-top,unused-import
     import torch  # pylint: disable=g-import-not-at-top,unused-import
+
     return sys.executable
   except ImportError:
     return None
@@ -139,8 +234,11 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--timm_python", default=None)
   parser.add_argument("--tol", type=float, default=1e-4)
-  parser.add_argument("--cases", default=",".join(CASES),
-                      help=f"comma-separated subset of {', '.join(CASES)}")
+  parser.add_argument(
+      "--cases",
+      default=",".join(CASES),
+      help=f"comma-separated subset of {', '.join(CASES)}",
+  )
   parser.add_argument("--timm_side", default=None, help=argparse.SUPPRESS)
   args = parser.parse_args()
   cases = args.cases.split(",")
@@ -152,8 +250,10 @@ def main():
 
   python = timm_python(args.timm_python)
   if python is None:
-    sys.exit("timm_parity: torch/timm are not importable here; pass --timm_python=PY or set "
-             "TIMM_PYTHON to an interpreter that has them (see shared/PERF.md).")
+    sys.exit(
+        "timm_parity: torch/timm are not importable here; pass --timm_python=PY or set "
+        "TIMM_PYTHON to an interpreter that has them (see shared/PERF.md)."
+    )
   import jax  # pylint: disable=g-import-not-at-top
   from big_vit_lite.models import timm  # pylint: disable=g-import-not-at-top
   from big_vit_lite.models import vit  # pylint: disable=g-import-not-at-top
@@ -163,27 +263,56 @@ def main():
     for i, name in enumerate(cases):
       kw, res, _ = CASES[name]
       model = vit.Model(**kw, head_zeroinit=False, gelu="exact")
-      images = np.asarray(jax.random.uniform(jax.random.key(i), (2, res, res, 3), minval=-1, maxval=1))
+      images = np.asarray(
+          jax.random.uniform(
+              jax.random.key(i), (2, res, res, 3), minval=-1, maxval=1
+          )
+      )
       params = jax.jit(model.init)(jax.random.key(100 + i), images)["params"]
-      if name in OPTION_CASES:  # ones, zeros and LayerScale inits would hide swapped params
-        params = jax.tree.map(lambda a, k: a + 0.1 * jax.random.normal(k, a.shape),
-                              params, _keys(params, 300 + i))
-      ours[name] = np.asarray(jax.jit(lambda p, x: model.apply({"params": p}, x)[0])(params, images))
-      timm.write_timm(params, os.path.join(workdir, f"{name}.safetensors"), image_size=res)
+      # ones, zeros and LayerScale inits would hide swapped params
+      if name in OPTION_CASES:
+        params = jax.tree.map(
+            lambda a, k: a + 0.1 * jax.random.normal(k, a.shape),
+            params,
+            _keys(params, 300 + i),
+        )
+      ours[name] = np.asarray(
+          jax.jit(lambda p, x: model.apply({"params": p}, x)[0])(params, images)
+      )
+      timm.write_timm(
+          params, os.path.join(workdir, f"{name}.safetensors"), image_size=res
+      )
       np.save(os.path.join(workdir, f"{name}_images.npy"), images)
-    run = subprocess.run([python, os.path.abspath(__file__),
-                          f"--timm_side={workdir}", f"--cases={','.join(cases)}"],
-                         capture_output=True, text=True)
+    run = subprocess.run(
+        [
+            python,
+            os.path.abspath(__file__),
+            f"--timm_side={workdir}",
+            f"--cases={','.join(cases)}",
+        ],
+        capture_output=True,
+        text=True,
+    )
     if run.returncode:
-      sys.exit(f"timm side failed: {run.stderr.strip().splitlines()[-1] if run.stderr else run.returncode}")
+      sys.exit(
+          f"timm side failed: {run.stderr.strip().splitlines()[-1] if run.stderr else run.returncode}"
+      )
     print(run.stdout.strip())
     worst = 0.0
     for name in cases:
       theirs = np.load(os.path.join(workdir, f"{name}_timm.npy"))
       diff = float(np.abs(theirs - ours[name]).max())
       worst = max(worst, diff)
-      print(json.dumps({"case": name, "max_abs_diff": diff,
-                        "max_abs_logit": float(np.abs(ours[name]).max()), "tol": args.tol}))
+      print(
+          json.dumps(
+              {
+                  "case": name,
+                  "max_abs_diff": diff,
+                  "max_abs_logit": float(np.abs(ours[name]).max()),
+                  "tol": args.tol,
+              }
+          )
+      )
   sys.exit(0 if worst <= args.tol else 1)
 
 

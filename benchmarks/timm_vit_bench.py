@@ -11,6 +11,7 @@ calib_gflops from a torch matmul timed in this process). The training step is
 the same work as ours: forward, softmax cross-entropy on one-hot labels,
 backward, AdamW update, f32.
 """
+
 import argparse
 import json
 import statistics
@@ -31,7 +32,9 @@ _TIMM_NAMES = {
 def timm_name(variant, res):
   width, patch = variant.split("/")
   if width not in _TIMM_NAMES:
-    raise ValueError(f"variant {variant!r}: timm comparison knows {sorted(_TIMM_NAMES)} widths")
+    raise ValueError(
+        f"variant {variant!r}: timm comparison knows {sorted(_TIMM_NAMES)} widths"
+    )
   return _TIMM_NAMES[width].format(p=patch, r=res)
 
 
@@ -71,12 +74,22 @@ def main():
   torch.manual_seed(0)
   name = timm_name(args.variant, args.res)
   # img_size passed explicitly so that non-default resolutions work.
-  model = timm.create_model(name, num_classes=args.num_classes, img_size=args.res)
+  model = timm.create_model(
+      name, num_classes=args.num_classes, img_size=args.res
+  )
   x = torch.randn(args.batch, 3, args.res, args.res)
   y = torch.randint(0, args.num_classes, (args.batch,))
-  res = dict(impl="timm", timm_model=name, timm_version=timm.__version__,
-             torch_version=torch.__version__, threads=args.threads,
-             variant=args.variant, batch=args.batch, res=args.res, dtype="float32")
+  res = dict(
+      impl="timm",
+      timm_model=name,
+      timm_version=timm.__version__,
+      torch_version=torch.__version__,
+      threads=args.threads,
+      variant=args.variant,
+      batch=args.batch,
+      res=args.res,
+      dtype="float32",
+  )
   res["calib_gflops"] = calib_gflops()
   modes = args.mode.split(",")
 
@@ -94,8 +107,13 @@ def main():
     cpu = []
     ts = _times(step, args.warmup, args.steps, cpu)
     med = statistics.median(ts)
-    res.update(train_cpu_s=statistics.median(cpu), train_step_s=med, train_step_s_min=min(ts),
-               train_step_s_max=max(ts), train_img_per_s=args.batch / med)
+    res.update(
+        train_cpu_s=statistics.median(cpu),
+        train_step_s=med,
+        train_step_s_min=min(ts),
+        train_step_s_max=max(ts),
+        train_img_per_s=args.batch / med,
+    )
 
   if "infer" in modes:
     model.eval()
@@ -107,8 +125,13 @@ def main():
     cpu = []
     ts = _times(infer, args.warmup, args.steps, cpu)
     med = statistics.median(ts)
-    res.update(infer_cpu_s=statistics.median(cpu), infer_step_s=med, infer_step_s_min=min(ts),
-               infer_step_s_max=max(ts), infer_img_per_s=args.batch / med)
+    res.update(
+        infer_cpu_s=statistics.median(cpu),
+        infer_step_s=med,
+        infer_step_s_min=min(ts),
+        infer_step_s_max=max(ts),
+        infer_img_per_s=args.batch / med,
+    )
 
   res["calib_gflops_after"] = calib_gflops()
   print(json.dumps(res), flush=True)

@@ -1,4 +1,5 @@
 """big_vit_lite: pretrain Vision Transformers with JAX/Flax at any scale."""
+
 import glob
 import importlib.util
 import os
@@ -16,7 +17,10 @@ def _skip_tpu_probe_without_tpu():
   (v2-v4) or /dev/vfio/N (v5e and later); a user's JAX_PLATFORMS always wins, and a host with
   jax's CUDA plugin is left to jax.
   """
-  if os.environ.get("JAX_PLATFORMS") or importlib.util.find_spec("libtpu") is None:
+  if (
+      os.environ.get("JAX_PLATFORMS")
+      or importlib.util.find_spec("libtpu") is None
+  ):
     return
   if glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"):
     return

@@ -16,8 +16,11 @@ against the devices' datasheet peak (devices.py, or --peak_tflops), or where non
 forward, softmax cross-entropy, backward, AdamW, with the train state donated: the trainer's
 own step (train_step.make_update_fn) with a fixed AdamW.
 """
-if __name__ == "__main__":  # First, before jax and TF load: once more with huge pages.
+
+# First, before jax and TF load: once more with huge pages.
+if __name__ == "__main__":
   from big_vit_lite import hostmem  # pylint: disable=g-import-not-at-top
+
   hostmem.use_huge_pages(__file__)
 
 import contextlib
@@ -45,32 +48,61 @@ from big_vit_lite import oom
 from big_vit_lite import sharding
 from big_vit_lite import train_step
 
-# Defined when run as a command, not on import: plan imports this module and has flags of the
-# same names (--mesh, --res).
+
+# Defined when run as a command, not on import: plan imports this module and has
+# flags of the same names (--mesh, --res).
 def _define_flags():
   flags.DEFINE_list("variant", ["Ti/16"], "ViT variant(s), e.g. Ti/16,S/16.")
   flags.DEFINE_list("batch", ["32"], "Global batch size(s).")
   flags.DEFINE_integer("res", 224, "Image resolution (square).")
   flags.DEFINE_integer("num_classes", 1000, "Classifier head size.")
-  flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"],
-                    "Matmul dtype (Model dtype_mm); params stay float32.")
-  flags.DEFINE_list("remat", ["none"], "Model remat_policy(s): 'none' or jax.checkpoint_policies "
-                    "names, e.g. none,nothing_saveable to report both.")
+  flags.DEFINE_enum(
+      "dtype",
+      "float32",
+      ["float32", "bfloat16"],
+      "Matmul dtype (Model dtype_mm); params stay float32.",
+  )
+  flags.DEFINE_list(
+      "remat",
+      ["none"],
+      "Model remat_policy(s): 'none' or jax.checkpoint_policies "
+      "names, e.g. none,nothing_saveable to report both.",
+  )
   flags.DEFINE_bool("scan", False, "Run the encoder blocks under nn.scan.")
-  flags.DEFINE_string("model_kw", "{}",
-                      "JSON dict of extra vit.Model kwargs, e.g. '{\"gelu\": \"tanh\"}'.")
-  flags.DEFINE_string("mesh", "", "Mesh as axis:size pairs, e.g. 'data:-1' or 'data:2,fsdp:4' "
-                      "(-1 = the remaining devices). Empty: one device, plain jit.")
-  flags.DEFINE_integer("grad_accum", 1, "Training step as this many sequential microbatches "
-                       "(config.grad_accum_steps).")
+  flags.DEFINE_string(
+      "model_kw",
+      "{}",
+      'JSON dict of extra vit.Model kwargs, e.g. \'{"gelu": "tanh"}\'.',
+  )
+  flags.DEFINE_string(
+      "mesh",
+      "",
+      "Mesh as axis:size pairs, e.g. 'data:-1' or 'data:2,fsdp:4' "
+      "(-1 = the remaining devices). Empty: one device, plain jit.",
+  )
+  flags.DEFINE_integer(
+      "grad_accum",
+      1,
+      "Training step as this many sequential microbatches "
+      "(config.grad_accum_steps).",
+  )
   flags.DEFINE_list("mode", ["train", "infer"], "Which steps to time.")
   flags.DEFINE_integer("steps", 5, "Timed steps per measurement.")
   flags.DEFINE_integer("warmup", 2, "Untimed steps after compilation.")
-  flags.DEFINE_integer("calib_n", 2048, "Side of the square calibration matmul.")
-  flags.DEFINE_float("peak_tflops", None,
-                     "Datasheet peak of one device for --dtype (else looked up).")
-  flags.DEFINE_integer("num_cpu_devices", None, "Split the CPU into this many JAX devices (as the "
-                       "trainer's config.num_cpu_devices); use with --mesh=data:-1.")
+  flags.DEFINE_integer(
+      "calib_n", 2048, "Side of the square calibration matmul."
+  )
+  flags.DEFINE_float(
+      "peak_tflops",
+      None,
+      "Datasheet peak of one device for --dtype (else looked up).",
+  )
+  flags.DEFINE_integer(
+      "num_cpu_devices",
+      None,
+      "Split the CPU into this many JAX devices (as the "
+      "trainer's config.num_cpu_devices); use with --mesh=data:-1.",
+  )
 
 
 def time_calls(fn, warmup, steps):
@@ -99,15 +131,25 @@ def calibrate_matmul(n=2048, dtype="float32", reps=5):
   device_sets = [jax.devices()[:1]]
   if jax.devices()[0].platform == "cpu":
     device_sets.append(jax.local_devices())
-  return max(max(metrics.matmul_rates(n, dtype, reps, devs)) for devs in device_sets) / 1e9
+  return (
+      max(
+          max(metrics.matmul_rates(n, dtype, reps, devs))
+          for devs in device_sets
+      )
+      / 1e9
+  )
 
 
 def program_bytes(compiled):
   """Peak bytes the compiled program needs: args + outputs + temps - aliased."""
   try:
     m = compiled.memory_analysis()
-    return int(m.argument_size_in_bytes + m.output_size_in_bytes
-               + m.temp_size_in_bytes - m.alias_size_in_bytes)
+    return int(
+        m.argument_size_in_bytes
+        + m.output_size_in_bytes
+        + m.temp_size_in_bytes
+        - m.alias_size_in_bytes
+    )
   except Exception:  # pylint: disable=broad-except  # not every backend implements it
     return None
 
@@ -128,15 +170,27 @@ def _results(prefix, timing, *, batch, n_dev, peak, calib_gflops):
   xla = flops_lib.step_flops(traced, compiled, num_devices=n_dev)
   xla = float("nan") if xla is None else xla * n_dev
   out = {
-      "cpu_s": statistics.median(cpu_times), "compile_s": compile_s, "step_s": med,
-      "step_s_min": min(times), "step_s_max": max(times), "img_per_s": batch / med,
-      "step_flops": float(model), "hw_step_flops": float(hw), "xla_step_flops": xla,
-      "achieved_gflops": model / med / 1e9, "program_bytes": program_bytes(compiled)}
+      "cpu_s": statistics.median(cpu_times),
+      "compile_s": compile_s,
+      "step_s": med,
+      "step_s_min": min(times),
+      "step_s_max": max(times),
+      "img_per_s": batch / med,
+      "step_flops": float(model),
+      "hw_step_flops": float(hw),
+      "xla_step_flops": xla,
+      "achieved_gflops": model / med / 1e9,
+      "program_bytes": program_bytes(compiled),
+  }
   if peak:
-    # XLA's figure only where it is sane (on GPU it misses the cuBLAS/cuDNN calls).
+    # XLA's figure only where it is sane (on GPU it misses the cuBLAS/cuDNN
+    # calls).
     sane = flops_lib.sane_xla_flops(xla, model)
-    out.update(mfu=model / med / peak, mfu_hw=hw / med / peak,
-               mfu_xla=sane / med / peak if sane else None)
+    out.update(
+        mfu=model / med / peak,
+        mfu_hw=hw / med / peak,
+        mfu_xla=sane / med / peak if sane else None,
+    )
   if calib_gflops:
     out["mfu_calib"] = model / med / 1e9 / calib_gflops
   return {f"{prefix}_{k}": v for k, v in out.items()}
@@ -158,8 +212,19 @@ class _AdamW:
     return jnp.float32(self.lr)
 
 
-def _time_train(model, params, x, labels, *, accum, batch_sh, params_sh, warmup, steps,
-                trace_dir):
+def _time_train(
+    model,
+    params,
+    x,
+    labels,
+    *,
+    accum,
+    batch_sh,
+    params_sh,
+    warmup,
+    steps,
+    trace_dir,
+):
   """Times the trainer's step (train_step.py) with softmax xent and AdamW; returns (timing for
   _results, the params it trained)."""
   opt = _AdamW()
@@ -169,11 +234,18 @@ def _time_train(model, params, x, labels, *, accum, batch_sh, params_sh, warmup,
       loss_fn=losses.softmax_xent,
       accum_steps=accum,
       batch_sharding=batch_sh,
-      param_shardings=params_sh)
-  state = dict(params=params, opt_state=jax.jit(opt.tx.init)(params),
-               step=jnp.zeros([], jnp.int32), rng=jax.random.PRNGKey(0))
+      param_shardings=params_sh,
+  )
+  state = dict(
+      params=params,
+      opt_state=jax.jit(opt.tx.init)(params),
+      step=jnp.zeros([], jnp.int32),
+      rng=jax.random.PRNGKey(0),
+  )
   batch = {"image": x, "labels": labels}
-  traced, compiled, compile_s = _compile(jax.jit(step, donate_argnums=0), state, batch)
+  traced, compiled, compile_s = _compile(
+      jax.jit(step, donate_argnums=0), state, batch
+  )
 
   def run():
     nonlocal state
@@ -181,15 +253,30 @@ def _time_train(model, params, x, labels, *, accum, batch_sh, params_sh, warmup,
     measurements["training_loss"].block_until_ready()
 
   time_calls(run, warmup, 0)
-  with (jax.profiler.trace(trace_dir, create_perfetto_trace=True) if trace_dir
-        else contextlib.nullcontext()):
+  with (
+      jax.profiler.trace(trace_dir, create_perfetto_trace=True)
+      if trace_dir
+      else contextlib.nullcontext()
+  ):
     times = time_calls(run, 0, steps)
   return (traced, compiled, compile_s, *times), state["params"]
 
 
-def bench_model(model, *, batch, res, num_classes, mode=("train", "infer"), mesh=None,
-                steps=5, warmup=2, calib_gflops=None, peak_flops=None, grad_accum_steps=1,
-                trace_dir=None):
+def bench_model(
+    model,
+    *,
+    batch,
+    res,
+    num_classes,
+    mode=("train", "infer"),
+    mesh=None,
+    steps=5,
+    warmup=2,
+    calib_gflops=None,
+    peak_flops=None,
+    grad_accum_steps=1,
+    trace_dir=None,
+):
   """Times one model's train and/or inference step; returns the JSON-able result dict.
 
   model: a flax module whose apply(..., train=) returns (logits, out).
@@ -205,53 +292,111 @@ def bench_model(model, *, batch, res, num_classes, mode=("train", "infer"), mesh
   x = jax.random.normal(rng, (batch, res, res, 3), jnp.float32)
   labels = jax.nn.one_hot(jnp.arange(batch) % num_classes, num_classes)
   params_sh = batch_sh = None
-  if mesh is not None:  # Param and batch shardings from the model's logical axis names.
+  # Param and batch shardings from the model's logical axis names.
+  if mesh is not None:
     abstract = jax.eval_shape(lambda: model.init(rng, x))["params"]
-    params_sh = sharding.logical_shardings(abstract, mesh, sharding.make_rules(None, mesh))
+    params_sh = sharding.logical_shardings(
+        abstract, mesh, sharding.make_rules(None, mesh)
+    )
     batch_sh = sharding.batch_sharding(mesh)
     x, labels = jax.device_put((x, labels), batch_sh)
-  params = jax.jit(lambda r, x: sharding.unbox(model.init(r, x)["params"]),
-                   out_shardings=params_sh)(rng, x)
-  out = dict(batch=batch, res=res, params=int(sum(p.size for p in jax.tree.leaves(params))))
-  kw = dict(batch=batch, n_dev=mesh.size if mesh is not None else 1, calib_gflops=calib_gflops,
-            peak=peak_flops or (calib_gflops * 1e9 if calib_gflops else None))
+  params = jax.jit(
+      lambda r, x: sharding.unbox(model.init(r, x)["params"]),
+      out_shardings=params_sh,
+  )(rng, x)
+  out = dict(
+      batch=batch,
+      res=res,
+      params=int(sum(p.size for p in jax.tree.leaves(params))),
+  )
+  kw = dict(
+      batch=batch,
+      n_dev=mesh.size if mesh is not None else 1,
+      calib_gflops=calib_gflops,
+      peak=peak_flops or (calib_gflops * 1e9 if calib_gflops else None),
+  )
   if "train" in mode:
-    timing, params = _time_train(model, params, x, labels, accum=grad_accum_steps,
-                                 batch_sh=batch_sh, params_sh=params_sh, warmup=warmup,
-                                 steps=steps, trace_dir=trace_dir)
+    timing, params = _time_train(
+        model,
+        params,
+        x,
+        labels,
+        accum=grad_accum_steps,
+        batch_sh=batch_sh,
+        params_sh=params_sh,
+        warmup=warmup,
+        steps=steps,
+        trace_dir=trace_dir,
+    )
     out.update(_results("train", timing, **kw))
   if "infer" in mode:
-    predict = jax.jit(lambda p, x: model.apply({"params": p}, x, train=False)[0])
+    predict = jax.jit(
+        lambda p, x: model.apply({"params": p}, x, train=False)[0]
+    )
     traced, compiled, compile_s = _compile(predict, params, x)
-    times = time_calls(lambda: compiled(params, x).block_until_ready(), warmup, steps)
+    times = time_calls(
+        lambda: compiled(params, x).block_until_ready(), warmup, steps
+    )
     out.update(_results("infer", (traced, compiled, compile_s, *times), **kw))
   # Contract keys: step_flops / mfu refer to the training step when timed.
   main = "train" if "train" in mode else "infer"
-  for key in ("step_flops", "xla_step_flops", "achieved_gflops", "mfu", "mfu_xla"):
+  for key in (
+      "step_flops",
+      "xla_step_flops",
+      "achieved_gflops",
+      "mfu",
+      "mfu_xla",
+  ):
     out[key] = out.get(f"{main}_{key}")
-  out["mfu_basis"] = "datasheet" if peak_flops else "calib" if calib_gflops else None
+  out["mfu_basis"] = (
+      "datasheet" if peak_flops else "calib" if calib_gflops else None
+  )
   return out
 
 
 def peak_memory():
   """Peak device bytes (where the backend reports it) and peak host RSS."""
   stats = jax.devices()[0].memory_stats() or {}
-  rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
-  return dict(peak_device_bytes=stats.get("peak_bytes_in_use"), peak_host_rss_bytes=rss)
+  # KiB on Linux
+  rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+  return dict(
+      peak_device_bytes=stats.get("peak_bytes_in_use"), peak_host_rss_bytes=rss
+  )
 
 
 def build_model(variant, num_classes, dtype, remat, scan, model_kw):
   """vit.Model for the flags: remat 'none' (no remat) or a policy name."""
-  from big_vit_lite.models import vit  # imported late: bench flags parse without it
-  return vit.Model(**{"num_classes": num_classes, "variant": variant, "dtype_mm": dtype,
-                      "remat_policy": None if remat == "none" else remat, "scan": scan,
-                      **model_kw})
+  # imported late: bench flags parse without it
+  from big_vit_lite.models import vit
+
+  return vit.Model(
+      **{
+          "num_classes": num_classes,
+          "variant": variant,
+          "dtype_mm": dtype,
+          "remat_policy": None if remat == "none" else remat,
+          "scan": scan,
+          **model_kw,
+      }
+  )
 
 
-def check_args(variants, batches, remats, model_kw, *, res, mesh=None, accum=1, num_classes=10,
-               dtype="float32", scan=False):
+def check_args(
+    variants,
+    batches,
+    remats,
+    model_kw,
+    *,
+    res,
+    mesh=None,
+    accum=1,
+    num_classes=10,
+    dtype="float32",
+    scan=False,
+):
   """One-line ValueErrors for flags that could only fail later, mid-run: a batch the mesh and
-  --grad_accum cannot split, a model the flags cannot build (its init traced, not run)."""
+  --grad_accum cannot split, a model the flags cannot build (its init traced, not run).
+  """
   for batch in batches:
     try:
       grad_accum.check(accum, batch, sharding.batch_devices(mesh))
@@ -260,8 +405,11 @@ def check_args(variants, batches, remats, model_kw, *, res, mesh=None, accum=1, 
   for variant, remat in itertools.product(variants, remats):
     try:
       model = build_model(variant, num_classes, dtype, remat, scan, model_kw)
-      jax.eval_shape(model.init, jax.random.PRNGKey(0),
-                     jax.ShapeDtypeStruct((1, res, res, 3), jnp.float32))
+      jax.eval_shape(
+          model.init,
+          jax.random.PRNGKey(0),
+          jax.ShapeDtypeStruct((1, res, res, 3), jnp.float32),
+      )
     except (ValueError, TypeError) as e:
       raise ValueError(f"{variant}: {e}") from None
 
@@ -275,41 +423,87 @@ def main(argv):
       model_kw = dict(json.loads(f.model_kw))
       batches = [int(b) for b in f.batch]
     except (ValueError, TypeError) as e:
-      raise ValueError(f"--model_kw must be a JSON dict and --batch integers ({e})") from None
+      raise ValueError(
+          f"--model_kw must be a JSON dict and --batch integers ({e})"
+      ) from None
     mesh = sharding.make_mesh(sharding.parse_mesh(f.mesh)) if f.mesh else None
-    check_args(f.variant, batches, f.remat, model_kw, res=f.res, mesh=mesh, accum=f.grad_accum,
-               num_classes=f.num_classes, dtype=f.dtype, scan=f.scan)
+    check_args(
+        f.variant,
+        batches,
+        f.remat,
+        model_kw,
+        res=f.res,
+        mesh=mesh,
+        accum=f.grad_accum,
+        num_classes=f.num_classes,
+        dtype=f.dtype,
+        scan=f.scan,
+    )
   except ValueError as e:
     sys.exit(f"bench: {e}")
   dev = jax.devices()[0]
-  peak = f.peak_tflops * 1e12 if f.peak_tflops else devices.datasheet_peak(dev, f.dtype)
+  peak = (
+      f.peak_tflops * 1e12
+      if f.peak_tflops
+      else devices.datasheet_peak(dev, f.dtype)
+  )
   n_dev = mesh.size if mesh is not None else 1
 
   for variant, batch, remat in itertools.product(f.variant, batches, f.remat):
-    model = build_model(variant, f.num_classes, f.dtype, remat, f.scan, model_kw)
-    # Device 0's matmul rate times the device count; CPU devices share the cores, and one
-    # device's matmul already uses them all: there it is the whole machine's.
+    model = build_model(
+        variant, f.num_classes, f.dtype, remat, f.scan, model_kw
+    )
+    # Device 0's matmul rate times the device count; CPU devices share the
+    # cores, and one device's matmul already uses them all: there it is the
+    # whole machine's.
     calib_before = calibrate_matmul(f.calib_n, f.dtype)
     try:
       with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
-        res = bench_model(model, batch=batch, res=f.res, num_classes=f.num_classes,
-                          mode=tuple(f.mode), mesh=mesh, steps=f.steps, warmup=f.warmup,
-                          calib_gflops=calib_before * (1 if dev.platform == "cpu" else n_dev),
-                          peak_flops=peak * n_dev if peak else None,
-                          grad_accum_steps=f.grad_accum)
+        res = bench_model(
+            model,
+            batch=batch,
+            res=f.res,
+            num_classes=f.num_classes,
+            mode=tuple(f.mode),
+            mesh=mesh,
+            steps=f.steps,
+            warmup=f.warmup,
+            calib_gflops=calib_before * (1 if dev.platform == "cpu" else n_dev),
+            peak_flops=peak * n_dev if peak else None,
+            grad_accum_steps=f.grad_accum,
+        )
     except jax.errors.JaxRuntimeError as e:
       if not oom.is_oom(e):
         raise
-      sys.exit(f"bench: {variant}: " + oom.message(
-          e, what="the benchmark", batch_size=batch, devices=sharding.batch_devices(mesh),
-          grad_accum_steps=f.grad_accum))
-    line = dict(variant=variant, dtype=f.dtype, remat=remat,
-                attention=model.resolved_attention(), scan=f.scan,
-                grad_accum_steps=f.grad_accum, mesh=f.mesh or None, model_kw=model_kw,
-                host_malloc=hostmem.status(), device_kind=dev.device_kind, num_devices=n_dev,
-                jax_version=jax.__version__, calib_gflops=calib_before,
-                calib_gflops_after=calibrate_matmul(f.calib_n, f.dtype),
-                datasheet_peak_tflops=peak / 1e12 if peak else None, **res, **peak_memory())
+      sys.exit(
+          f"bench: {variant}: "
+          + oom.message(
+              e,
+              what="the benchmark",
+              batch_size=batch,
+              devices=sharding.batch_devices(mesh),
+              grad_accum_steps=f.grad_accum,
+          )
+      )
+    line = dict(
+        variant=variant,
+        dtype=f.dtype,
+        remat=remat,
+        attention=model.resolved_attention(),
+        scan=f.scan,
+        grad_accum_steps=f.grad_accum,
+        mesh=f.mesh or None,
+        model_kw=model_kw,
+        host_malloc=hostmem.status(),
+        device_kind=dev.device_kind,
+        num_devices=n_dev,
+        jax_version=jax.__version__,
+        calib_gflops=calib_before,
+        calib_gflops_after=calibrate_matmul(f.calib_n, f.dtype),
+        datasheet_peak_tflops=peak / 1e12 if peak else None,
+        **res,
+        **peak_memory(),
+    )
     print(json.dumps(line), flush=True)
 
 

@@ -17,6 +17,7 @@ Reading params back (`load_params`, `resolve_step_dir`, checksums) is in
 `big_vit_lite.models.steps`, re-exported here. Workdirs may be local or on a
 bucket (gs://...): paths are etils.epath paths, which orbax takes as they are.
 """
+
 import contextlib
 import errno
 import json
@@ -31,8 +32,15 @@ import orbax.checkpoint as ocp
 from big_vit_lite import paths
 from big_vit_lite.models import steps
 from big_vit_lite.models.steps import (  # noqa: F401  (the names callers use)
-    CKPT_SUBDIR, checksums, complete_steps, error_reason, load_npz, load_params,
-    resolve_step_dir, unusable_path_reason)
+    CKPT_SUBDIR,
+    checksums,
+    complete_steps,
+    error_reason,
+    load_npz,
+    load_params,
+    resolve_step_dir,
+    unusable_path_reason,
+)
 
 
 class SaveError(RuntimeError):
@@ -49,15 +57,23 @@ class Checkpointer:
   def __init__(self, workdir, *, keep=3, keep_every=None, async_save=True):
     self.directory = paths.resolve(workdir) / CKPT_SUBDIR
     options = ocp.CheckpointManagerOptions(
-        max_to_keep=keep,  # The last `keep` checkpoints, plus every step divisible by keep_every.
-        keep_period=keep_every, enable_async_checkpointing=async_save,
-        cleanup_tmp_directories=True)  # (Leftovers of a save interrupted by a kill.)
+        # The last `keep` checkpoints, plus every step divisible by keep_every.
+        max_to_keep=keep,
+        keep_period=keep_every,
+        enable_async_checkpointing=async_save,
+        # (Leftovers of a save interrupted by a kill.)
+        cleanup_tmp_directories=True,
+    )
     self.manager = ocp.CheckpointManager(
-        self.directory, options=options, item_names=("state", "data", "config", "checksums"))
+        self.directory,
+        options=options,
+        item_names=("state", "data", "config", "checksums"),
+    )
     self._closed = False
     self._in_flight = None  # The step of the last save started.
     self._reported = None  # The last step logged as saved.
-    steps.drop_abandoned_read_reports()  # (Writes too: a failed save abandons the others.)
+    # (Writes too: a failed save abandons the others.)
+    steps.drop_abandoned_read_reports()
 
   def all_steps(self):
     return list(self.manager.all_steps())
@@ -73,12 +89,21 @@ class Checkpointer:
     otherwise fail deep inside orbax with a message about its internals.
     dtypes may differ (orbax casts on restore, e.g. a changed mu_dtype).
     """
-    saved = {p: tuple(m.shape)
-             for p, m in steps.flatten_metadata(steps.state_tree(self.step_dir(step)))}
-    wanted = {"/".join(steps.key_name(k) for k in path): tuple(x.shape)
-              for path, x in jax.tree_util.tree_flatten_with_path(abstract_state)[0]}
-    # Params first: a changed model shows as a param, not as its optimizer moments.
-    for path in sorted(set(saved) | set(wanted), key=lambda p: (not p.startswith("params/"), p)):
+    saved = {
+        p: tuple(m.shape)
+        for p, m in steps.flatten_metadata(
+            steps.state_tree(self.step_dir(step))
+        )
+    }
+    wanted = {
+        "/".join(steps.key_name(k) for k in path): tuple(x.shape)
+        for path, x in jax.tree_util.tree_flatten_with_path(abstract_state)[0]
+    }
+    # Params first: a changed model shows as a param, not as its optimizer
+    # moments.
+    for path in sorted(
+        set(saved) | set(wanted), key=lambda p: (not p.startswith("params/"), p)
+    ):
       if path not in saved:
         return f"'{path}' is not in the checkpoint"
       if path not in wanted:
@@ -90,14 +115,20 @@ class Checkpointer:
   def save(self, step, state, data_state, config=None):
     """Starts an (async) save of `state` (pytree), `data_state` (JSON dict) and `config`."""
     items = ocp.args.Composite(
-        state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state or {}),
-        config=ocp.args.JsonSave(json.loads(config.to_json_best_effort()) if config else {}),
-        checksums=ocp.args.JsonSave(checksums(state)))
-    # A failed earlier (async) save is reported as that step, before this one starts.
+        state=ocp.args.StandardSave(state),
+        data=ocp.args.JsonSave(data_state or {}),
+        config=ocp.args.JsonSave(
+            json.loads(config.to_json_best_effort()) if config else {}
+        ),
+        checksums=ocp.args.JsonSave(checksums(state)),
+    )
+    # A failed earlier (async) save is reported as that step, before this one
+    # starts.
     self.wait()
     self._in_flight = int(step)
     try:
-      # force=True: the caller decides when to save (ckpt_steps, end, preemption).
+      # force=True: the caller decides when to save (ckpt_steps, end,
+      # preemption).
       self.manager.save(int(step), args=items, force=True)
     except Exception as e:  # pylint: disable=broad-except
       raise self._save_error(e) from e
@@ -109,8 +140,13 @@ class Checkpointer:
     orbax reads each device's slice, so a checkpoint from 8 FSDP devices
     restores onto 1 device and back.
     """
-    out = self.manager.restore(int(step), args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
+    out = self.manager.restore(
+        int(step),
+        args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(abstract_state),
+            data=ocp.args.JsonRestore(),
+        ),
+    )
     steps.verify_checksums(self.step_dir(step), out["state"])
     return out["state"], out["data"]
 
@@ -122,14 +158,24 @@ class Checkpointer:
       raise self._save_error(e) from e
     if self._in_flight is not None and self._in_flight != self._reported:
       self._reported = self._in_flight
-      logging.info("Saved checkpoint step %d: %s", self._in_flight, self.step_dir(self._in_flight))
+      logging.info(
+          "Saved checkpoint step %d: %s",
+          self._in_flight,
+          self.step_dir(self._in_flight),
+      )
 
   def _save_error(self, error):
-    steps.mark_save_failed()  # What orbax's other writes report from now on is this failure again.
-    # (When the disk is full, tensorstore's reason names orbax's temporary files, twice.)
-    reason = "No space left on device" if disk_full(error) else error_reason(error)
-    return SaveError(f"Saving checkpoint step {self._in_flight} to {self.directory} failed "
-                     f"({reason})")
+    # What orbax's other writes report from now on is this failure again.
+    steps.mark_save_failed()
+    # (When the disk is full, tensorstore's reason names orbax's temporary
+    # files, twice.)
+    reason = (
+        "No space left on device" if disk_full(error) else error_reason(error)
+    )
+    return SaveError(
+        f"Saving checkpoint step {self._in_flight} to {self.directory} failed "
+        f"({reason})"
+    )
 
   def close(self):
     """Waits for a save in flight (it commits), then releases orbax's threads. Idempotent.
@@ -142,21 +188,26 @@ class Checkpointer:
     try:
       self.wait()
     finally:
-      with contextlib.suppress(Exception):  # A failed save again: orbax's close waits too.
+      # A failed save again: orbax's close waits too.
+      with contextlib.suppress(Exception):
         self.manager.close()
 
 
 def disk_full(error):
   """Whether `error` (Python's, orbax's, TensorFlow's writing TensorBoard events) is ENOSPC."""
   text = f"{error} {error_reason(error)}"
-  return (getattr(error, "errno", None) in (errno.ENOSPC, errno.EDQUOT)
-          or "No space left on device" in text or "Disk quota exceeded" in text)
+  return (
+      getattr(error, "errno", None) in (errno.ENOSPC, errno.EDQUOT)
+      or "No space left on device" in text
+      or "Disk quota exceeded" in text
+  )
 
 
 # --------------------------------------------------------------------------
 # Preemption: SIGTERM -> save at the next step boundary and exit 0.
 # Ctrl-C (SIGINT) -> the same save, then the trainer exits 130; a second
 # Ctrl-C stops at once (Python's default KeyboardInterrupt).
+
 
 class PreemptionWatcher:
   """Notices SIGTERM (how schedulers and TPU VMs announce preemption) and Ctrl-C.
@@ -175,7 +226,10 @@ class PreemptionWatcher:
     self.interrupted = False
     self._multi = jax.process_count() > 1
     self._previous = {}
-    if not self._multi and threading.current_thread() is threading.main_thread():
+    if (
+        not self._multi
+        and threading.current_thread() is threading.main_thread()
+    ):
       for sig in (signal.SIGTERM, signal.SIGINT):
         self._previous[sig] = signal.signal(sig, self._handle)
 
@@ -183,9 +237,14 @@ class PreemptionWatcher:
     if signum == signal.SIGINT:
       self.interrupted = True
       # A second Ctrl-C (e.g. while the save runs) stops at once.
-      signal.signal(signal.SIGINT, self._previous.get(signal.SIGINT, signal.default_int_handler))
-      logging.warning("Ctrl-C: saving a checkpoint at the next step, then stopping "
-                      "(press Ctrl-C again to stop without saving).")
+      signal.signal(
+          signal.SIGINT,
+          self._previous.get(signal.SIGINT, signal.default_int_handler),
+      )
+      logging.warning(
+          "Ctrl-C: saving a checkpoint at the next step, then stopping "
+          "(press Ctrl-C again to stop without saving)."
+      )
     else:
       logging.warning("SIGTERM received: saving a checkpoint at the next step.")
     self._flag.set()
@@ -195,7 +254,8 @@ class PreemptionWatcher:
       return self._flag.is_set()
     try:
       return multihost_utils.reached_preemption_sync_point(int(step))
-    except RuntimeError:  # Preemption service not running (e.g. no coordinator).
+    # Preemption service not running (e.g. no coordinator).
+    except RuntimeError:
       return False
 
   def close(self):

@@ -14,6 +14,7 @@ Durations (total, warmup, cooldown, ...) can be given in steps, epochs,
 examples or percent of the total, as `NAME_steps`, `NAME_epochs`,
 `NAME_examples`, `NAME_percent`; `get_steps` turns them into steps.
 """
+
 import difflib
 import math
 import os
@@ -27,8 +28,11 @@ from ml_collections import config_flags
 from ml_collections.config_flags import config_flags as config_flags_impl
 
 
-def define_config_flag(name="config", help_string="Training configuration file (FILE.py[:arg]).",
-                       flag_values=flags.FLAGS):
+def define_config_flag(
+    name="config",
+    help_string="Training configuration file (FILE.py[:arg]).",
+    flag_values=flags.FLAGS,
+):
   """The --config flag; a key set to None in the file must be a `config_dict.placeholder(TYPE)`.
 
   ml_collections parses `--config.key=value` with the type of the value in
@@ -36,8 +40,9 @@ def define_config_flag(name="config", help_string="Training configuration file (
   and carries the type. The value may also name a shipped config (`vit_l16`,
   `demo:runlocal`): see `resolve_config_path`.
   """
-  holder = config_flags.DEFINE_config_file(name, None, help_string, flag_values=flag_values,
-                                           lock_config=True)
+  holder = config_flags.DEFINE_config_file(
+      name, None, help_string, flag_values=flag_values, lock_config=True
+  )
   flag_values[name].parser = _ShippedConfigParser(name=name, lock_config=True)
   return holder
 
@@ -49,7 +54,10 @@ def shipped_configs_dir():
   an editable install reads configs/ beside the package.
   """
   here = os.path.dirname(os.path.abspath(__file__))
-  for d in (os.path.join(here, "configs"), os.path.join(os.path.dirname(here), "configs")):
+  for d in (
+      os.path.join(here, "configs"),
+      os.path.join(os.path.dirname(here), "configs"),
+  ):
     if os.path.isfile(os.path.join(d, "demo.py")):
       return d
   return None
@@ -58,7 +66,9 @@ def shipped_configs_dir():
 def shipped_config_names():
   d = shipped_configs_dir()
   files = os.listdir(d) if d else []
-  return sorted(f[:-3] for f in files if f.endswith(".py") and not f.startswith("_"))
+  return sorted(
+      f[:-3] for f in files if f.endswith(".py") and not f.startswith("_")
+  )
 
 
 def resolve_config_path(value):
@@ -77,9 +87,11 @@ def resolve_config_path(value):
     return os.path.join(shipped_configs_dir(), name + ".py") + colon + arg
   if head:
     return value
-  raise ValueError(f"'{path}' {_NOT_SHIPPED} (shipped: "
-                   f"{', '.join(shipped_config_names()) or 'none found'}); give a path to a .py "
-                   "file or one of those names.")
+  raise ValueError(
+      f"'{path}' {_NOT_SHIPPED} (shipped: "
+      f"{', '.join(shipped_config_names()) or 'none found'}); give a path to a .py "
+      "file or one of those names."
+  )
 
 
 _NOT_SHIPPED = "is neither a config file nor a shipped config"
@@ -98,22 +110,34 @@ class _ShippedConfigParser(config_flags_impl.ConfigFileFlagParser):
     try:
       config = super().parse(path)
     except SyntaxError as e:
-      raise _ConfigFileError(f"the config file {file} does not parse: {e.msg} at line "
-                             f"{e.lineno}: {(e.text or '').strip()}") from None
+      raise _ConfigFileError(
+          f"the config file {file} does not parse: {e.msg} at line "
+          f"{e.lineno}: {(e.text or '').strip()}"
+      ) from None
     except Exception as e:  # pylint: disable=broad-except
-      e = e.__context__ if "Error whilst parsing config file" in str(e) else e  # (Re-raised.)
+      # (Re-raised.)
+      e = e.__context__ if "Error whilst parsing config file" in str(e) else e
       if isinstance(e, AttributeError) and "get_config" in str(e):
-        raise _ConfigFileError(f"the config file {file} has no get_config() function: define "
-                               "get_config(arg=None).") from None
-      lines = [f.lineno for f in traceback.extract_tb(e.__traceback__)
-               if os.path.abspath(f.filename) == os.path.abspath(file)]
+        raise _ConfigFileError(
+            f"the config file {file} has no get_config() function: define "
+            "get_config(arg=None)."
+        ) from None
+      lines = [
+          f.lineno
+          for f in traceback.extract_tb(e.__traceback__)
+          if os.path.abspath(f.filename) == os.path.abspath(file)
+      ]
       where = f" (line {lines[-1]})" if lines else ""
-      raise _ConfigFileError(f"the config file {path} failed: {type(e).__name__}: {e}"
-                             f"{where}") from None
+      raise _ConfigFileError(
+          f"the config file {path} failed: {type(e).__name__}: {e}" f"{where}"
+      ) from None
     if config is None:
-      raise _ConfigFileError(f"--{self.name}: get_config() in {file} returned None (a missing "
-                             "return statement?).")
-    self.config = config  # (For _no_such_key: the flag has no value yet when an override fails.)
+      raise _ConfigFileError(
+          f"--{self.name}: get_config() in {file} returned None (a missing "
+          "return statement?)."
+      )
+    # (For _no_such_key: the flag has no value yet when an override fails.)
+    self.config = config
     return config
 
 
@@ -133,7 +157,9 @@ def loaded(config, flag="--config"):
 
 
 def _load_error(flag, error):
-  lines = [l.strip() for l in str(error.__cause__ or error).splitlines() if l.strip()]
+  lines = [
+      l.strip() for l in str(error.__cause__ or error).splitlines() if l.strip()
+  ]
   return f"Cannot load the {flag} file: {lines[-1] if lines else error}"
 
 
@@ -156,23 +182,37 @@ def _flag_error(e, argv, flag_values):
   """The one line for `e`, raised while parsing `argv`; None for an error to raise as it is."""
   if isinstance(e, _ConfigFileError):
     return str(e)
-  if isinstance(e, OSError):  # --config.KEY=V on a config file that cannot be loaded.
+  # --config.KEY=V on a config file that cannot be loaded.
+  if isinstance(e, OSError):
     return _load_error("--config", e)
-  # ml_collections registers each --config.KEY of sys.argv as a flag; a KEY the file lacks
-  # fails when it is applied (AttributeError / KeyError) or is an unknown flag.
-  names = ([e.flagname] if isinstance(e, flags.UnrecognizedFlagError) else
-           [a.lstrip("-").split("=", 1)[0] for a in argv[1:] if a.startswith("-")])
+  # ml_collections registers each --config.KEY of sys.argv as a flag; a KEY the
+  # file lacks fails when it is applied (AttributeError / KeyError) or is an
+  # unknown flag.
+  names = (
+      [e.flagname]
+      if isinstance(e, flags.UnrecognizedFlagError)
+      else [
+          a.lstrip("-").split("=", 1)[0] for a in argv[1:] if a.startswith("-")
+      ]
+  )
   for name in names:
     if "." in name and (message := _no_such_key(name, flag_values)):
       return message
   if not isinstance(e, flags.Error):
     return None
-  unsupported = re.match(r"Type <class '([\w.]+)'> of field (\S+) is not supported", str(e))
-  if unsupported:  # ml_collections lists its types; a user needs what to change.
-    return (f"--{unsupported.group(2)}: its type ({unsupported.group(1)}) cannot be set from the "
-            "command line: make it a config_dict.placeholder(TYPE) (a list: a tuple) in the file.")
+  unsupported = re.match(
+      r"Type <class '([\w.]+)'> of field (\S+) is not supported", str(e)
+  )
+  # ml_collections lists its types; a user needs what to change.
+  if unsupported:
+    return (
+        f"--{unsupported.group(2)}: its type ({unsupported.group(1)}) cannot be set from the "
+        "command line: make it a config_dict.placeholder(TYPE) (a list: a tuple) in the file."
+    )
   # resolve_config_path's line already says what to give.
-  return str(e) if _NOT_SHIPPED in str(e) else f"{e} (--helpfull lists the flags)"
+  return (
+      str(e) if _NOT_SHIPPED in str(e) else f"{e} (--helpfull lists the flags)"
+  )
 
 
 def _no_such_key(flag_name, flag_values):
@@ -181,16 +221,24 @@ def _no_such_key(flag_name, flag_values):
   None if the file has every key of the dotted path.
   """
   flag, *path = flag_name.split(".")
-  node = getattr(flag_values[flag].parser, "config", None) if flag in flag_values else None
+  node = (
+      getattr(flag_values[flag].parser, "config", None)
+      if flag in flag_values
+      else None
+  )
   for i, part in enumerate(path):
     if not isinstance(node, config_dict.ConfigDict):
       return None
     if part not in node:
-      close = difflib.get_close_matches(part, list(node.keys()), n=1, cutoff=0.8)
+      close = difflib.get_close_matches(
+          part, list(node.keys()), n=1, cutoff=0.8
+      )
       hint = f" (did you mean '{close[0]}'?)" if close else ""
-      return (f"--{flag_name}: the config file has no key '{'.'.join(path[:i + 1])}'{hint}. Fix "
-              "the spelling, or add the key to the config file (a key whose default is None as "
-              "config_dict.placeholder(TYPE)).")
+      return (
+          f"--{flag_name}: the config file has no key '{'.'.join(path[:i + 1])}'{hint}. Fix "
+          "the spelling, or add the key to the config file (a key whose default is None as "
+          "config_dict.placeholder(TYPE))."
+      )
     node = node[part]
   return None
 
@@ -208,15 +256,20 @@ class TrackedConfig:
   """
 
   def __init__(self, cfg, _prefix="", _log=None, _asked=None):
-    # (__setattr__ refuses.) _asked: every key the code asked for, present or not: the
-    # candidates for "did you mean".
-    self.__dict__.update(_cfg=cfg, _prefix=_prefix, _log=set() if _log is None else _log,
-                         _asked=set() if _asked is None else _asked)
+    # (__setattr__ refuses.) _asked: every key the code asked for, present or
+    # not: the candidates for "did you mean".
+    self.__dict__.update(
+        _cfg=cfg,
+        _prefix=_prefix,
+        _log=set() if _log is None else _log,
+        _asked=set() if _asked is None else _asked,
+    )
 
   # -- reading
   def _wrap(self, name, value):
     path = self._prefix + name
-    if isinstance(value, config_dict.ConfigDict):  # Not read as a whole: its leaves count.
+    # Not read as a whole: its leaves count.
+    if isinstance(value, config_dict.ConfigDict):
       return TrackedConfig(value, path + ".", self._log, self._asked)
     self._log.add(path)
     return value
@@ -228,15 +281,18 @@ class TrackedConfig:
       return self[name]
     except KeyError:
       raise AttributeError(
-          f"Config key '{self._prefix}{name}' is missing: add it to the config file.") from None
+          f"Config key '{self._prefix}{name}' is missing: add it to the config file."
+      ) from None
 
   def __getitem__(self, name):
     self._asked.add(self._prefix + name)
     return self._wrap(name, self._cfg[name])
 
   def __setattr__(self, name, value):
-    raise TypeError("TrackedConfig is read-only; change the config file or pass "
-                    "--config.KEY=VALUE.")
+    raise TypeError(
+        "TrackedConfig is read-only; change the config file or pass "
+        "--config.KEY=VALUE."
+    )
 
   def get(self, name, default=None):
     value = self[name] if name in self else None
@@ -266,7 +322,9 @@ class TrackedConfig:
   def to_dict(self):
     """A plain dict of this subtree, all of it marked read."""
     cfg = self.consume()
-    return cfg.to_dict() if isinstance(cfg, config_dict.ConfigDict) else dict(cfg)
+    return (
+        cfg.to_dict() if isinstance(cfg, config_dict.ConfigDict) else dict(cfg)
+    )
 
   @property
   def raw(self):
@@ -274,23 +332,36 @@ class TrackedConfig:
 
   # -- checking
   def unread_keys(self):
-    return [p for p in _leaf_paths(self._cfg, self._prefix) if not self._is_read(p)]
+    return [
+        p for p in _leaf_paths(self._cfg, self._prefix) if not self._is_read(p)
+    ]
 
   def _is_read(self, path):
     if path in self._log or "*" in self._log:
       return True
     parts = path.split(".")
-    return any(".".join(parts[:i]) + ".*" in self._log for i in range(1, len(parts) + 1))
+    return any(
+        ".".join(parts[:i]) + ".*" in self._log
+        for i in range(1, len(parts) + 1)
+    )
 
   def check_all_read(self):
     if unread := self.unread_keys():
-      more = f" (and {len(unread) - 1} more: {', '.join(unread[1:4])})" if len(unread) > 1 else ""
-      raise UnreadConfigKeyError(f"Config key '{unread[0]}' is set but nothing reads "
-                                 f"it{self.hint(unread[0])}{more}: remove it or fix its spelling.")
+      more = (
+          f" (and {len(unread) - 1} more: {', '.join(unread[1:4])})"
+          if len(unread) > 1
+          else ""
+      )
+      raise UnreadConfigKeyError(
+          f"Config key '{unread[0]}' is set but nothing reads "
+          f"it{self.hint(unread[0])}{more}: remove it or fix its spelling."
+      )
 
   def hint(self, path):
-    """" (did you mean 'X'?)" for a near miss of a key the code asked for."""
-    close = difflib.get_close_matches(path, sorted(self._asked - {path}), n=1, cutoff=0.8)
+    """ " (did you mean 'X'?)" for a near miss of a key the code asked for."""
+    close = difflib.get_close_matches(
+        path, sorted(self._asked - {path}), n=1, cutoff=0.8
+    )
     return f" (did you mean '{close[0]}'?)" if close else ""
 
 
@@ -305,8 +376,16 @@ def _leaf_paths(cfg, prefix=""):
 _UNITS = ("steps", "epochs", "examples", "percent")
 
 
-def get_steps(name, cfg, *, steps_per_epoch=None, batch_size=None, total_steps=None,
-              default=None, required=False):
+def get_steps(
+    name,
+    cfg,
+    *,
+    steps_per_epoch=None,
+    batch_size=None,
+    total_steps=None,
+    default=None,
+    required=False,
+):
   """`NAME_steps|_epochs|_examples|_percent` in `cfg` -> a number of steps.
 
   For `name == "total"`, `total_steps` wins over the others (so that
@@ -319,22 +398,32 @@ def get_steps(name, cfg, *, steps_per_epoch=None, batch_size=None, total_steps=N
     given = {"steps": given["steps"]}
   if len(given) > 1:
     keys = ", ".join(f"{name}_{u}" for u in given)
-    raise ValueError(f"Set only one of {keys}: they are different ways to give the same duration.")
+    raise ValueError(
+        f"Set only one of {keys}: they are different ways to give the same duration."
+    )
   if not given:
     if required:
-      raise ValueError(f"Set one of {name}_steps or {name}_epochs in the config.")
+      raise ValueError(
+          f"Set one of {name}_steps or {name}_epochs in the config."
+      )
     return default
-  (unit, value), = given.items()
+  ((unit, value),) = given.items()
   if unit == "steps":
     return int(value)
-  per, what = dict(epochs=(steps_per_epoch, "the dataset size"),
-                   examples=(batch_size, "the batch size"),
-                   percent=(total_steps, "the total step count"))[unit]
+  per, what = dict(
+      epochs=(steps_per_epoch, "the dataset size"),
+      examples=(batch_size, "the batch size"),
+      percent=(total_steps, "the total step count"),
+  )[unit]
   if not per:
     raise ValueError(f"{name}_{unit} needs {what}; give {name}_steps instead.")
   if unit == "epochs":
     return int(math.ceil(value * per))
-  return int(math.ceil(value / per)) if unit == "examples" else int(round(value / 100 * per))
+  return (
+      int(math.ceil(value / per))
+      if unit == "examples"
+      else int(round(value / 100 * per))
+  )
 
 
 def vit_block_options():
@@ -345,7 +434,8 @@ def vit_block_options():
   return dict(
       reg_tokens=0,
       qk_norm=False,
-      layerscale_init=config_dict.placeholder(float),  # None: no LayerScale; e.g. 1e-5
+      # None: no LayerScale; e.g. 1e-5
+      layerscale_init=config_dict.placeholder(float),
       mlp="gelu",  # "gelu" | "swiglu"
       norm="layernorm",  # "layernorm" | "rmsnorm"
       parallel_block=False,

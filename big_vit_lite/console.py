@@ -7,6 +7,7 @@ errors once. Other libraries' INFO lines (tfds, jax, orbax) and TensorFlow's C++
 start-up banner are left out; their warnings and errors are kept. `--verbosity=1`
 shows everything, the parameter table included (always written to WORKDIR/params.txt).
 """
+
 import logging as py_logging
 import os
 import sys
@@ -17,7 +18,8 @@ import jax
 import numpy as np
 
 PARAMS_FILE = "params.txt"
-# A progress line at least this often, between the logged steps (log_training_steps).
+# A progress line at least this often, between the logged steps
+# (log_training_steps).
 PRINT_EVERY_S = 30.0
 
 
@@ -35,7 +37,11 @@ def quiet_startup():
 def _shown(record):
   """Whether the absl handler shows `record`: ours, any warning, or anything when verbose."""
   ours = f"{os.sep}big_vit_lite{os.sep}" in record.pathname
-  return ours or record.levelno >= py_logging.WARNING or logging.get_verbosity() > logging.INFO
+  return (
+      ours
+      or record.levelno >= py_logging.WARNING
+      or logging.get_verbosity() > logging.INFO
+  )
 
 
 def keep_log_readable():
@@ -54,8 +60,9 @@ def config_argument(argv=None):
 def header(*, workdir, mesh, num_params, params_bytes, opt_bytes, table):
   """Logs the run's header and writes the parameter table to WORKDIR/params.txt (once)."""
   device = jax.devices()[0]
-  # Once per workdir: a resumed run has the same params, and a rerun with another model (that
-  # will fail on the checkpoint) must not replace the table of the run that made the workdir.
+  # Once per workdir: a resumed run has the same params, and a rerun with
+  # another model (that will fail on the checkpoint) must not replace the table
+  # of the run that made the workdir.
   if jax.process_index() == 0 and not (workdir / PARAMS_FILE).exists():
     (workdir / PARAMS_FILE).write_text(table + "\n")
   lines = [
@@ -92,7 +99,10 @@ class Progress:
       self._last_print = time.monotonic()
 
   def due(self):
-    return self._last_print is not None and time.monotonic() - self._last_print >= self.every_s
+    return (
+        self._last_print is not None
+        and time.monotonic() - self._last_print >= self.every_s
+    )
 
   def line_mean(self):
     values = np.asarray(jax.device_get(self._losses), np.float64)

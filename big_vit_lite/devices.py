@@ -25,6 +25,7 @@ tensor cores at half the bf16 rate.
 CPUs have no entry: their rate depends on cores, SIMD width and neighbours,
 so MFU on CPU is against a matmul timed in the same process (metrics.py).
 """
+
 import dataclasses
 import re
 
@@ -34,28 +35,56 @@ GIB = 1024**3
 @dataclasses.dataclass(frozen=True)
 class DeviceSpec:
   name: str
-  kinds: tuple  # lower-case substrings of jax's `device.device_kind` that mean this device
+  # lower-case substrings of jax's `device.device_kind` that mean this device
+  kinds: tuple
   bf16_flops: float  # dense peak, per JAX device
   f32_flops: float  # at JAX's default matmul precision
   hbm_bytes: int
-  link_bytes_per_s: float  # one direction, per device, of the links data/fsdp collectives use
+  # one direction, per device, of the links data/fsdp collectives use
+  link_bytes_per_s: float
 
 
 # Order matters for matching: the first entry with a substring of the
 # device_kind wins, so more specific names come first ("tpu v5 lite" before
 # "tpu v5").
 DEVICES = {
-    "tpu_v2": DeviceSpec("TPU v2 (per core)", ("tpu v2",), 22.5e12, 22.5e12, 8 * GIB, 496e9 / 8),
-    "tpu_v3": DeviceSpec("TPU v3 (per core)", ("tpu v3",), 61.5e12, 61.5e12, 16 * GIB, 656e9 / 8),
-    "tpu_v4": DeviceSpec("TPU v4", ("tpu v4",), 275e12, 275e12, 32 * GIB, 2400e9 / 8),
-    "tpu_v5e": DeviceSpec("TPU v5e", ("tpu v5 lite", "tpu v5e"), 197e12, 197e12, 16 * GIB,
-                          1600e9 / 8),
-    "tpu_v5p": DeviceSpec("TPU v5p", ("tpu v5p", "tpu v5"), 459e12, 459e12, 95 * GIB, 4800e9 / 8),
-    "tpu_v6e": DeviceSpec("TPU v6e", ("tpu v6 lite", "tpu v6e"), 918e12, 918e12, 32 * GIB,
-                          3584e9 / 8),
-    "a100": DeviceSpec("A100 SXM 80GB", ("a100",), 312e12, 156e12, 80 * 10**9, 600e9 / 2),
-    "h100": DeviceSpec("H100 SXM", ("h100",), 989e12, 494.5e12, 80 * 10**9, 900e9 / 2),
-    "h200": DeviceSpec("H200 SXM", ("h200",), 989e12, 494.5e12, 141 * 10**9, 900e9 / 2),
+    "tpu_v2": DeviceSpec(
+        "TPU v2 (per core)", ("tpu v2",), 22.5e12, 22.5e12, 8 * GIB, 496e9 / 8
+    ),
+    "tpu_v3": DeviceSpec(
+        "TPU v3 (per core)", ("tpu v3",), 61.5e12, 61.5e12, 16 * GIB, 656e9 / 8
+    ),
+    "tpu_v4": DeviceSpec(
+        "TPU v4", ("tpu v4",), 275e12, 275e12, 32 * GIB, 2400e9 / 8
+    ),
+    "tpu_v5e": DeviceSpec(
+        "TPU v5e",
+        ("tpu v5 lite", "tpu v5e"),
+        197e12,
+        197e12,
+        16 * GIB,
+        1600e9 / 8,
+    ),
+    "tpu_v5p": DeviceSpec(
+        "TPU v5p", ("tpu v5p", "tpu v5"), 459e12, 459e12, 95 * GIB, 4800e9 / 8
+    ),
+    "tpu_v6e": DeviceSpec(
+        "TPU v6e",
+        ("tpu v6 lite", "tpu v6e"),
+        918e12,
+        918e12,
+        32 * GIB,
+        3584e9 / 8,
+    ),
+    "a100": DeviceSpec(
+        "A100 SXM 80GB", ("a100",), 312e12, 156e12, 80 * 10**9, 600e9 / 2
+    ),
+    "h100": DeviceSpec(
+        "H100 SXM", ("h100",), 989e12, 494.5e12, 80 * 10**9, 900e9 / 2
+    ),
+    "h200": DeviceSpec(
+        "H200 SXM", ("h200",), 989e12, 494.5e12, 141 * 10**9, 900e9 / 2
+    ),
     "l4": DeviceSpec("L4", ("nvidia l4",), 121e12, 60e12, 24 * 10**9, 64e9 / 2),
 }
 
@@ -63,8 +92,17 @@ DEVICES = {
 def lookup(device_kind):
   """The DeviceSpec whose kinds match `device_kind` (e.g. 'NVIDIA H200'), or None."""
   # A name must not run on into more letters/digits: "nvidia l4" is not an L40S.
-  return next((spec for spec in DEVICES.values() if any(
-      re.search(re.escape(k) + r"(?![0-9a-z])", device_kind.lower()) for k in spec.kinds)), None)
+  return next(
+      (
+          spec
+          for spec in DEVICES.values()
+          if any(
+              re.search(re.escape(k) + r"(?![0-9a-z])", device_kind.lower())
+              for k in spec.kinds
+          )
+      ),
+      None,
+  )
 
 
 def datasheet_peak(device, dtype="bfloat16"):

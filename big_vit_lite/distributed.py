@@ -18,6 +18,7 @@ in a collective with no timeout. Two detectors turn that into a bounded, non-zer
     seconds it prints the step it was stuck after and every thread's stack, and exits the
     process with HANG_EXIT_CODE.
 """
+
 from __future__ import annotations
 
 import faulthandler
@@ -30,14 +31,17 @@ import time
 from absl import logging
 import jax
 
-# EX_TEMPFAIL from sysexits.h: "temporary failure, retrying may help" (restart resumes).
+# EX_TEMPFAIL from sysexits.h: "temporary failure, retrying may help" (restart
+# resumes).
 HANG_EXIT_CODE = 75
 
-# Environment read by initialize(); launch/local.sh and the launch scripts set them.
+# Environment read by initialize(); launch/local.sh and the launch scripts set
+# them.
 ENV_COORDINATOR = "JAX_COORDINATOR_ADDRESS"
 ENV_NUM_PROCESSES = "JAX_NUM_PROCESSES"
 ENV_PROCESS_ID = "JAX_PROCESS_ID"
-# "auto": let jax detect the cluster (Cloud TPU VM pods, SLURM, Open MPI, k8s); "off": never join.
+# "auto": let jax detect the cluster (Cloud TPU VM pods, SLURM, Open MPI, k8s);
+# "off": never join.
 ENV_MODE = "BVL_DISTRIBUTED"
 ENV_HEARTBEAT = "BVL_HEARTBEAT_TIMEOUT_S"
 ENV_HANG_TIMEOUT = "BVL_HANG_TIMEOUT_S"
@@ -46,8 +50,13 @@ ENV_INIT_TIMEOUT = "BVL_INIT_TIMEOUT_S"
 # How long initialize() waits for every process to join (jax's own default).
 DEFAULT_INIT_TIMEOUT_S = 300.0
 
-_SLURM_VARS = ("SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS", "SLURM_PROCID",
-               "SLURM_LOCALID")
+_SLURM_VARS = (
+    "SLURM_JOB_ID",
+    "SLURM_STEP_NODELIST",
+    "SLURM_NTASKS",
+    "SLURM_PROCID",
+    "SLURM_LOCALID",
+)
 
 
 def _env_number(name: str, env, kind=float, default=None):
@@ -66,20 +75,36 @@ def describe_environment(env=None) -> dict | None:
   if mode == "off":
     return None
   if mode not in ("", "auto"):
-    raise ValueError(f"{ENV_MODE}={env[ENV_MODE]!r}: expected 'auto', 'off' or unset")
-  num, pid = _env_number(ENV_NUM_PROCESSES, env, int), _env_number(ENV_PROCESS_ID, env, int)
+    raise ValueError(
+        f"{ENV_MODE}={env[ENV_MODE]!r}: expected 'auto', 'off' or unset"
+    )
+  num, pid = _env_number(ENV_NUM_PROCESSES, env, int), _env_number(
+      ENV_PROCESS_ID, env, int
+  )
   if num is not None or pid is not None:
     coord = env.get(ENV_COORDINATOR)
     if num is None or pid is None or not coord:
-      raise ValueError(f"multi-process run needs all of {ENV_COORDINATOR}, {ENV_NUM_PROCESSES} and "
-                       f"{ENV_PROCESS_ID}; got {ENV_COORDINATOR}={coord!r}, "
-                       f"{ENV_NUM_PROCESSES}={num}, {ENV_PROCESS_ID}={pid}")
+      raise ValueError(
+          f"multi-process run needs all of {ENV_COORDINATOR}, {ENV_NUM_PROCESSES} and "
+          f"{ENV_PROCESS_ID}; got {ENV_COORDINATOR}={coord!r}, "
+          f"{ENV_NUM_PROCESSES}={num}, {ENV_PROCESS_ID}={pid}"
+      )
     if num < 1 or not 0 <= pid < num:
-      raise ValueError(f"need 0 <= {ENV_PROCESS_ID} < {ENV_NUM_PROCESSES}; got {pid} and {num}")
-    return None if num == 1 else dict(coordinator_address=coord, num_processes=num, process_id=pid)
-  # {}: jax detects the rest: SLURM (coordinator = first node of the step), or with
-  # BVL_DISTRIBUTED=auto a Cloud TPU pod / Open MPI / k8s (one host: a 1-process job).
-  if all(v in env for v in _SLURM_VARS) and (_env_number("SLURM_NTASKS", env, int) or 1) > 1:
+      raise ValueError(
+          f"need 0 <= {ENV_PROCESS_ID} < {ENV_NUM_PROCESSES}; got {pid} and {num}"
+      )
+    return (
+        None
+        if num == 1
+        else dict(coordinator_address=coord, num_processes=num, process_id=pid)
+    )
+  # {}: jax detects the rest: SLURM (coordinator = first node of the step), or
+  # with BVL_DISTRIBUTED=auto a Cloud TPU pod / Open MPI / k8s (one host: a
+  # 1-process job).
+  if (
+      all(v in env for v in _SLURM_VARS)
+      and (_env_number("SLURM_NTASKS", env, int) or 1) > 1
+  ):
     return {}
   return {} if mode == "auto" else None
 
@@ -94,13 +119,17 @@ def set_cpu_devices(n) -> None:
   if n is None:
     return
   if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-    raise ValueError(f"num_cpu_devices={n!r}: use a positive integer, or leave it unset.")
+    raise ValueError(
+        f"num_cpu_devices={n!r}: use a positive integer, or leave it unset."
+    )
   try:
     jax.config.update("jax_num_cpu_devices", n)
   except RuntimeError:
-    raise ValueError(f"num_cpu_devices={n} cannot take effect: JAX already started its CPU "
-                     f"backend with {jax.local_device_count('cpu')} device(s). Run the job "
-                     "in a fresh process.") from None
+    raise ValueError(
+        f"num_cpu_devices={n} cannot take effect: JAX already started its CPU "
+        f"backend with {jax.local_device_count('cpu')} device(s). Run the job "
+        "in a fresh process."
+    ) from None
 
 
 def initialize(*, heartbeat_timeout_s: float | None = None) -> bool:
@@ -116,39 +145,54 @@ def initialize(*, heartbeat_timeout_s: float | None = None) -> bool:
   heartbeat_timeout_s (or $BVL_HEARTBEAT_TIMEOUT_S; jax's default 100): after this many seconds
   without a heartbeat from a process the coordination service declares it dead and the others exit.
   """
-  # gloo for CPU collectives: jax 0.10's default already; explicit so that another default
-  # ("none") never means no CPU collectives across processes.
+  # gloo for CPU collectives: jax 0.10's default already; explicit so that
+  # another default ("none") never means no CPU collectives across processes.
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
   kwargs = describe_environment()
   if kwargs is None:
     return False
-  heartbeat = _env_number(ENV_HEARTBEAT, os.environ, default=heartbeat_timeout_s)
+  heartbeat = _env_number(
+      ENV_HEARTBEAT, os.environ, default=heartbeat_timeout_s
+  )
   if heartbeat is not None:
     kwargs["heartbeat_timeout_seconds"] = max(1, int(round(heartbeat)))
   if jax.distributed.is_initialized():
     return True
   if kwargs.get("process_id") == 0:
     _check_port_free(kwargs["coordinator_address"])
-  timeout = _env_number(ENV_INIT_TIMEOUT, os.environ, default=DEFAULT_INIT_TIMEOUT_S)
-  # jax's own limit a little later than ours: past it, its coordination client aborts the
-  # process with a C++ stack trace; ours says in one line what to check.
+  timeout = _env_number(
+      ENV_INIT_TIMEOUT, os.environ, default=DEFAULT_INIT_TIMEOUT_S
+  )
+  # jax's own limit a little later than ours: past it, its coordination client
+  # aborts the process with a C++ stack trace; ours says in one line what to
+  # check.
   kwargs["initialization_timeout"] = int(timeout) + 30
   joined = threading.Event()
-  threading.Thread(target=_join_watchdog, args=(joined, timeout, kwargs), name="JoinWatchdog",
-                   daemon=True).start()
+  threading.Thread(
+      target=_join_watchdog,
+      args=(joined, timeout, kwargs),
+      name="JoinWatchdog",
+      daemon=True,
+  ).start()
   try:
     jax.distributed.initialize(**kwargs)
   except jax.errors.JaxRuntimeError as e:
     where = kwargs.get("coordinator_address", "the detected coordinator")
     first = (str(e).strip().splitlines() or ["?"])[0]
-    raise ValueError(f"jax.distributed could not start or reach the coordinator at {where} "
-                     f"({first}); check {ENV_COORDINATOR} (is the port free on process 0's "
-                     "host?)") from None
+    raise ValueError(
+        f"jax.distributed could not start or reach the coordinator at {where} "
+        f"({first}); check {ENV_COORDINATOR} (is the port free on process 0's "
+        "host?)"
+    ) from None
   finally:
     joined.set()
-  logging.info("jax.distributed: process %d of %d, %d local / %d global devices",
-               jax.process_index(), jax.process_count(), jax.local_device_count(),
-               jax.device_count())
+  logging.info(
+      "jax.distributed: process %d of %d, %d local / %d global devices",
+      jax.process_index(),
+      jax.process_count(),
+      jax.local_device_count(),
+      jax.device_count(),
+  )
   return True
 
 
@@ -164,17 +208,22 @@ def _check_port_free(coord: str) -> None:
     except OSError:  # e.g. IPv6 disabled on this host
       continue
     with sock:
-      sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC: TIME_WAIT is fine
+      # as gRPC: TIME_WAIT is fine
+      sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
       try:
         sock.bind((any_host, port))
       except OSError as e:
-        raise ValueError(f"{ENV_COORDINATOR}={coord}: process 0 cannot serve on port {port} of "
-                         f"this host ({e.strerror}); another job or a leftover process holds "
-                         "it: pick another port for every process") from None
+        raise ValueError(
+            f"{ENV_COORDINATOR}={coord}: process 0 cannot serve on port {port} of "
+            f"this host ({e.strerror}); another job or a leftover process holds "
+            "it: pick another port for every process"
+        ) from None
     return
 
 
-def _join_watchdog(joined: threading.Event, timeout: float, kwargs: dict) -> None:
+def _join_watchdog(
+    joined: threading.Event, timeout: float, kwargs: dict
+) -> None:
   """Ends the process with one line if jax.distributed.initialize has not returned in time."""
   if joined.wait(timeout):
     return
@@ -185,9 +234,11 @@ def _join_watchdog(joined: threading.Event, timeout: float, kwargs: dict) -> Non
       f"\njax.distributed: {who} waited {timeout:.0f} s for all processes to join at {coord}; "
       f"check that every one of them was started with the same {ENV_COORDINATOR} and "
       f"{ENV_NUM_PROCESSES}, each with its own {ENV_PROCESS_ID}, and that process 0's host is "
-      f"reachable on that port (limit: ${ENV_INIT_TIMEOUT}).\n")
+      f"reachable on that port (limit: ${ENV_INIT_TIMEOUT}).\n"
+  )
   sys.stderr.flush()
-  os._exit(1)  # The main thread is blocked in jax's C++ client: nothing else unwinds it.
+  # The main thread is blocked in jax's C++ client: nothing else unwinds it.
+  os._exit(1)
 
 
 class HangGuard:
@@ -199,30 +250,45 @@ class HangGuard:
   <= 0) costs nothing and does nothing.
   """
 
-  def __init__(self, timeout_s: float | None, *, startup_timeout_s: float | None = None,
-               exit_code: int = HANG_EXIT_CODE, stream=None):
+  def __init__(
+      self,
+      timeout_s: float | None,
+      *,
+      startup_timeout_s: float | None = None,
+      exit_code: int = HANG_EXIT_CODE,
+      stream=None,
+  ):
     self.timeout_s = timeout_s if timeout_s and timeout_s > 0 else None
     if self.timeout_s is not None and startup_timeout_s is None:
       startup_timeout_s = max(self.timeout_s, 900.0)
     if startup_timeout_s is not None and startup_timeout_s <= 0:
-      startup_timeout_s = float("inf")  # 0 turns the startup limit off, as 0 does the guard.
+      # 0 turns the startup limit off, as 0 does the guard.
+      startup_timeout_s = float("inf")
     self.startup_timeout_s, self.exit_code = startup_timeout_s, exit_code
     self._stream = stream if stream is not None else sys.stderr
     self._last, self._step, self._started = time.monotonic(), None, False
     self._stop, self._thread = threading.Event(), None
     if self.timeout_s is not None:
-      self._thread = threading.Thread(target=self._watch, name="HangGuard", daemon=True)
+      self._thread = threading.Thread(
+          target=self._watch, name="HangGuard", daemon=True
+      )
       self._thread.start()
 
   @classmethod
-  def from_env(cls, timeout_s: float | None = None, *, multi_process_only: bool = True,
-               **kwargs) -> "HangGuard":
+  def from_env(
+      cls,
+      timeout_s: float | None = None,
+      *,
+      multi_process_only: bool = True,
+      **kwargs,
+  ) -> "HangGuard":
     """$BVL_HANG_TIMEOUT_S (0 disables) overrides `timeout_s`; $BVL_HANG_STARTUP_TIMEOUT_S the
     startup limit. With multi_process_only, a single-process run gets a disabled guard: it has no
     peer to wait for."""
     timeout_s = _env_number(ENV_HANG_TIMEOUT, os.environ, default=timeout_s)
-    kwargs["startup_timeout_s"] = _env_number(ENV_HANG_STARTUP, os.environ,
-                                              default=kwargs.get("startup_timeout_s"))
+    kwargs["startup_timeout_s"] = _env_number(
+        ENV_HANG_STARTUP, os.environ, default=kwargs.get("startup_timeout_s")
+    )
     if multi_process_only and jax.process_count() == 1:
       timeout_s = None
     return cls(timeout_s, **kwargs)
@@ -254,7 +320,11 @@ class HangGuard:
       limit = self.timeout_s if self._started else self.startup_timeout_s
       if idle <= limit:
         continue
-      where = f"after step {self._step}" if self._step is not None else "before the first step"
+      where = (
+          f"after step {self._step}"
+          if self._step is not None
+          else "before the first step"
+      )
       try:
         proc = f"process {jax.process_index()} of {jax.process_count()}"
       except Exception:  # pylint: disable=broad-except  (never let the message itself hang/fail)
@@ -263,14 +333,15 @@ class HangGuard:
           f"\nHangGuard: {proc} made no progress for {idle:.0f} s (limit {limit:.0f} s) {where}; "
           f"a peer process is probably dead or stopped, or this one is stuck (stacks below). "
           f"Exiting with status {self.exit_code}; restart the job to resume from the last "
-          f"checkpoint (limit: ${ENV_HANG_TIMEOUT} or config.hang_timeout_s).\n")
+          f"checkpoint (limit: ${ENV_HANG_TIMEOUT} or config.hang_timeout_s).\n"
+      )
       self._stream.flush()
       try:
         faulthandler.dump_traceback(file=self._stream, all_threads=True)
       except Exception:  # pylint: disable=broad-except  (e.g. a stream without fileno)
         pass
       self._stream.flush()
-      # os._exit: the main thread is blocked inside a C++ collective, so an exception or
-      # sys.exit() from here could never unwind it, and atexit hooks (jax.distributed.shutdown)
-      # would wait for the dead peer.
+      # os._exit: the main thread is blocked inside a C++ collective, so an
+      # exception or sys.exit() from here could never unwind it, and atexit
+      # hooks (jax.distributed.shutdown) would wait for the dead peer.
       os._exit(self.exit_code)

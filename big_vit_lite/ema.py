@@ -12,6 +12,7 @@ saved in the checkpoint as `ema` beside `params` (so kill/resume stays bit
 exact) and is what an eval with `use_ema=True` scores; `evaluate` and
 `export` read it with `--config.use_ema=True` / `--params=ema`.
 """
+
 import jax
 import jax.numpy as jnp
 import optax
@@ -28,7 +29,9 @@ class Ema:
   @staticmethod
   def init(params, shardings):
     """A copy of `params` in their own buffers (the step donates both trees)."""
-    return jax.tree.map(lambda x, s: jax.device_put(x, s, may_alias=False), params, shardings)
+    return jax.tree.map(
+        lambda x, s: jax.device_put(x, s, may_alias=False), params, shardings
+    )
 
   def update(self, ema, params, step):
     t = jnp.asarray(step, jnp.float32)
@@ -41,7 +44,8 @@ def from_config(config):
   """An Ema for config.ema_decay, or None when it is unset."""
   decay = config.get("ema_decay", None)
   if decay is not None and not 0 <= float(decay) < 1:
-    raise ValueError(f"config.ema_decay={decay} must be in [0, 1), e.g. 0.9999 (1 would never "
-                     "move the average; unset: no EMA).")
+    raise ValueError(
+        f"config.ema_decay={decay} must be in [0, 1), e.g. 0.9999 (1 would never "
+        "move the average; unset: no EMA)."
+    )
   return None if decay is None else Ema(decay)
-

@@ -17,6 +17,7 @@ status 130) keeps the results of those that finished and says which. OUT/summary
 it ended (unless OUT holds a training run's, which stays). Why some things are done the way they
 are: benchmarks/NOTES.md, section "Evaluators, evaluate, predict, export".
 """
+
 import functools
 import gc
 import math
@@ -30,19 +31,27 @@ import types
 
 
 def _exit_interrupted(reason):
-  # Not sys.exit: tearing down the interpreter after an interrupted XLA dispatch or
-  # tf.data pipeline can crash (a segfault, exit status -11) instead of exiting 130.
+  # Not sys.exit: tearing down the interpreter after an interrupted XLA dispatch
+  # or tf.data pipeline can crash (a segfault, exit status -11) instead of
+  # exiting 130.
   print(f"big_vit_lite.evaluate: {reason}", file=sys.stderr, flush=True)
   sys.stdout.flush()
   os._exit(130)  # pylint: disable=protected-access
 
 
 if __name__ == "__main__":
-  # Ctrl-C during the imports (seconds of them) or the config parsing: no traceback.
-  signal.signal(signal.SIGINT, lambda *_: _exit_interrupted(
-      "interrupted (Ctrl-C) while starting; nothing was written."))  # main() sets its own.
+  # Ctrl-C during the imports (seconds of them) or the config parsing: no
+  # traceback.
+  signal.signal(
+      signal.SIGINT,
+      lambda *_: _exit_interrupted(
+          # main() sets its own.
+          "interrupted (Ctrl-C) while starting; nothing was written."
+      ),
+  )
   # First, before jax and TF load: once more with huge pages.
   from big_vit_lite import hostmem  # pylint: disable=g-import-not-at-top
+
   hostmem.use_huge_pages(__file__)
 
 from absl import app
@@ -68,11 +77,15 @@ from big_vit_lite.models import vit
 _CONFIG = _WORKDIR = None  # flag holders, defined by _define_flags()
 
 
-def _define_flags():  # Only when run as a command: no clash with other CLIs' flags.
+# Only when run as a command: no clash with other CLIs' flags.
+def _define_flags():
   global _CONFIG, _WORKDIR
   _CONFIG = config_loading.define_config_flag(
-      help_string="Evaluation config file (FILE.py[:arg]), e.g. configs/fewshot.py.")
-  _WORKDIR = flags.DEFINE_string("workdir", None, "Where metrics.jsonl and TensorBoard go.")
+      help_string="Evaluation config file (FILE.py[:arg]), e.g. configs/fewshot.py."
+  )
+  _WORKDIR = flags.DEFINE_string(
+      "workdir", None, "Where metrics.jsonl and TensorBoard go."
+  )
 
 
 def read_source(src, key="params"):
@@ -84,9 +97,12 @@ def read_source(src, key="params"):
   src = paths.resolve(src)  # Local or on a bucket (gs://...).
   if not src.is_dir():
     if key != "params":
-      raise ValueError(f"{src} is a file holding one set of params, no EMA: pass a training "
-                       "workdir or step directory to read a run's EMA weights.")
-    return formats.read_params(src), None, 0  # (canonical, whatever wrote the file)
+      raise ValueError(
+          f"{src} is a file holding one set of params, no EMA: pass a training "
+          "workdir or step directory to read a run's EMA weights."
+      )
+    # (canonical, whatever wrote the file)
+    return formats.read_params(src), None, 0
   src = steps.resolve_step_dir(src)
   params, config = steps.load_params(src, key)
   flat = layout.canonicalize(layout.to_numpy_flat(params))
@@ -98,10 +114,21 @@ def infer_model_cfg(flat):
   flat = layout.canonicalize(flat)
   a = layout.arch(flat)
   if not {"patch", "heads", "mlp_dim"} <= a.keys():
-    raise ValueError("model_init holds no ViT params (no patch embedding, attention or MLP).")
-  cfg = dict(variant=None, width=a["width"], depth=a["depth"], mlp_dim=a["mlp_dim"],
-             num_heads=a["heads"], patch_size=a["patch"], pool_type=a["pool_type"],
-             posemb="learn" if any(k.endswith("pos_embedding") for k in flat) else "sincos2d")
+    raise ValueError(
+        "model_init holds no ViT params (no patch embedding, attention or MLP)."
+    )
+  cfg = dict(
+      variant=None,
+      width=a["width"],
+      depth=a["depth"],
+      mlp_dim=a["mlp_dim"],
+      num_heads=a["heads"],
+      patch_size=a["patch"],
+      pool_type=a["pool_type"],
+      posemb="learn"
+      if any(k.endswith("pos_embedding") for k in flat)
+      else "sincos2d",
+  )
   cfg.update(layout.model_options(flat))
   if "pre_logits/kernel" in flat:
     cfg["rep_size"] = int(flat["pre_logits/kernel"].shape[1])
@@ -123,44 +150,71 @@ def native_input_shape(flat, saved_config, hw=None):
   flat = layout.canonicalize(flat)
   patch = flat["embedding/kernel"].shape[0]
   # The image goes into the stem, if any.
-  channels = int(flat.get("stem/conv_0/kernel", flat["embedding/kernel"]).shape[2])
+  channels = int(
+      flat.get("stem/conv_0/kernel", flat["embedding/kernel"]).shape[2]
+  )
   from_pp = hw is None
   hw = hw or steps.trained_hw(saved_config, flat)
   if hw and hw[0] != hw[1]:
-    # A 4x9 grid has as many tokens as a 6x6 one: run square, its posemb would be scrambled.
-    said = f"its pp: {str(saved_config.input.pp)!r}" if from_pp else "its timm metadata"
-    raise ValueError(f"The checkpoint was trained on {hw[0]}x{hw[1]} images ({said}): evaluate "
-                     "runs square images only.")
+    # A 4x9 grid has as many tokens as a 6x6 one: run square, its posemb would
+    # be scrambled.
+    said = (
+        f"its pp: {str(saved_config.input.pp)!r}"
+        if from_pp
+        else "its timm metadata"
+    )
+    raise ValueError(
+        f"The checkpoint was trained on {hw[0]}x{hw[1]} images ({said}): evaluate "
+        "runs square images only."
+    )
   posemb = flat.get("Transformer/posembed_input/pos_embedding")
-  if posemb is None:  # sincos posemb has no params: the training pp's size, if known.
+  # sincos posemb has no params: the training pp's size, if known.
+  if posemb is None:
     return (hw[0] if hw else None), channels
   tokens = posemb.shape[1] - ("cls" in flat)  # canonical: a cls row iff a cls
   side = math.isqrt(tokens)
   if side * side != tokens:
-    raise ValueError(f"The checkpoint's position embedding has {tokens} patch tokens, not a "
-                     "square grid: evaluate runs square images only.")
+    raise ValueError(
+        f"The checkpoint's position embedding has {tokens} patch tokens, not a "
+        "square grid: evaluate runs square images only."
+    )
   if hw and hw[0] // patch == side:
-    return hw[0], channels  # Also when the patch does not divide it (So400m/14, 384).
+    # Also when the patch does not divide it (So400m/14, 384).
+    return hw[0], channels
   return side * patch, channels
 
 
 def build_model(config, flat, saved_config):
   """(vit.Model, kwargs) from the saved run config or the param shapes + overrides."""
   if saved_config is not None and "model" in saved_config:
-    model_cfg, source = saved_config.model.to_dict(), "the checkpoint's saved config"
+    model_cfg, source = (
+        saved_config.model.to_dict(),
+        "the checkpoint's saved config",
+    )
   else:
     model_cfg = infer_model_cfg(flat)
     source = "the param shapes"
-  # big_vision's eval configs say model_name="vit" too: read, not an unread-key error.
+  # big_vision's eval configs say model_name="vit" too: read, not an unread-key
+  # error.
   if config.get("model_name", "vit") != "vit":
-    raise ValueError(f"model_name={config.model_name!r}: only 'vit' is supported.")
-  overrides = {k: v for k, v in config.consume("model", {}).items() if v is not None}
+    raise ValueError(
+        f"model_name={config.model_name!r}: only 'vit' is supported."
+    )
+  overrides = {
+      k: v for k, v in config.consume("model", {}).items() if v is not None
+  }
   model_cfg.update(overrides)
-  model_cfg["num_classes"] = int(flat["head/kernel"].shape[1]) if "head/kernel" in flat else 0
+  model_cfg["num_classes"] = (
+      int(flat["head/kernel"].shape[1]) if "head/kernel" in flat else 0
+  )
   # Evaluation never uses dropout or remat.
   model_cfg.update(dropout=0.0, drop_path=0.0, remat_policy=None)
-  logging.info("Model from %s%s: %s", source,
-               f" with overrides {overrides}" if overrides else "", model_cfg)
+  logging.info(
+      "Model from %s%s: %s",
+      source,
+      f" with overrides {overrides}" if overrides else "",
+      model_cfg,
+  )
   try:
     return vit.Model(**model_cfg), model_cfg
   except TypeError as e:
@@ -173,15 +227,30 @@ def make_predict_fn(model, res, channels, patch=1):
   Images must have `channels` and, unless res is None, the patch grid of res x res
   images (a /14 model made for 384 px takes 378 to 391 px).
   """
+
   def predict_fn(params, images):
     _, h, w, c = images.shape
-    if c != channels or (res is not None and (h // patch, w // patch) != (res // patch,) * 2):
-      want = (f"{channels} channels:" if res is None else
-              f"{res}x{res}x{channels}: resize to {res} and")
-      example = f"channels={channels}" if res is None else f"res={res},channels={channels}"
-      raise ValueError(f"The eval pp gives {h}x{w}x{c} images but the model takes {want} decode "
-                       f"with channels={channels} in the pp (e.g. configs/fewshot.py:{example}).")
-    return model.apply({"params": params}, images.astype(jnp.float32), train=False)
+    if c != channels or (
+        res is not None and (h // patch, w // patch) != (res // patch,) * 2
+    ):
+      want = (
+          f"{channels} channels:"
+          if res is None
+          else f"{res}x{res}x{channels}: resize to {res} and"
+      )
+      example = (
+          f"channels={channels}"
+          if res is None
+          else f"res={res},channels={channels}"
+      )
+      raise ValueError(
+          f"The eval pp gives {h}x{w}x{c} images but the model takes {want} decode "
+          f"with channels={channels} in the pp (e.g. configs/fewshot.py:{example})."
+      )
+    return model.apply(
+        {"params": params}, images.astype(jnp.float32), train=False
+    )
+
   return predict_fn
 
 
@@ -195,23 +264,42 @@ def load_model(src, key, config, mesh, rules, default_res=None):
   """
   flat, saved_config, step = read_source(src, key)
   model, model_cfg = build_model(config, flat, saved_config)
-  timm_hw = timm.timm_image_size(src) if str(src).endswith(".safetensors") else None
+  timm_hw = (
+      timm.timm_image_size(src) if str(src).endswith(".safetensors") else None
+  )
   res, channels = native_input_shape(flat, saved_config, timm_hw)
   res = res or default_res
-  logging.info("Model input: %sx%sx%d; checkpoint step %d.", res or "any", res or "any",
-               channels, step)
+  logging.info(
+      "Model input: %sx%sx%d; checkpoint step %d.",
+      res or "any",
+      res or "any",
+      channels,
+      step,
+  )
   patch = int(flat["embedding/kernel"].shape[0])
-  init_res = res or patch  # (sincos2d of unknown size: no size-dependent params)
-  abstract = jax.eval_shape(lambda: model.init(
-      jax.random.PRNGKey(0), jnp.zeros((1, init_res, init_res, channels)))["params"])
+  # (sincos2d of unknown size: no size-dependent params)
+  init_res = res or patch
+  abstract = jax.eval_shape(
+      lambda: model.init(
+          jax.random.PRNGKey(0), jnp.zeros((1, init_res, init_res, channels))
+      )["params"]
+  )
   try:  # The params read above, not the source again (see read_source).
     loaded = layout.merge(abstract, flat)
   except ValueError as e:
     raise ValueError(f"Cannot load {src}: {e}") from None
-  params = jax.device_put(nn.meta.unbox(loaded), sharding.logical_shardings(abstract, mesh, rules))
+  params = jax.device_put(
+      nn.meta.unbox(loaded), sharding.logical_shardings(abstract, mesh, rules)
+  )
   return types.SimpleNamespace(
-      params=params, predict_fn=make_predict_fn(model, res, channels, patch), model_cfg=model_cfg,
-      res=res, channels=channels, step=step, saved_config=saved_config)
+      params=params,
+      predict_fn=make_predict_fn(model, res, channels, patch),
+      model_cfg=model_cfg,
+      res=res,
+      channels=channels,
+      step=step,
+      saved_config=saved_config,
+  )
 
 
 def format_table(results):
@@ -228,9 +316,14 @@ def format_table(results):
     if shots:
       cols = sorted({s for d in shots.values() for s in d})
       width = max(len("dataset"), *map(len, shots))
-      lines.append(f"  {'dataset':<{width}}" + "".join(f"{f'{s}-shot':>9}" for s in cols))
+      lines.append(
+          f"  {'dataset':<{width}}" + "".join(f"{f'{s}-shot':>9}" for s in cols)
+      )
       for ds, by_shot in shots.items():
-        cells = "".join(f"{100 * by_shot[s]:8.2f}%" if s in by_shot else f"{'-':>9}" for s in cols)
+        cells = "".join(
+            f"{100 * by_shot[s]:8.2f}%" if s in by_shot else f"{'-':>9}"
+            for s in cols
+        )
         lines.append(f"  {ds:<{width}}{cells}")
   return "\n".join(lines)
 
@@ -245,6 +338,7 @@ class _CtrlC:
   Inside a garbage-collection callback (jax has one) or a __del__, Python would swallow
   the exception: there it only sets `pressed`, which the evals check between evals.
   """
+
   pressed = False
 
   def __call__(self, _, frame):
@@ -272,7 +366,10 @@ def _drop_earlier_results(workdir, step, keys):
   """
   rows = metrics.read_metrics(workdir)
   if any(r["step"] == step and keys & r.keys() for r in rows):
-    rows = [{k: v for k, v in r.items() if r["step"] != step or k not in keys} for r in rows]
+    rows = [
+        {k: v for k, v in r.items() if r["step"] != step or k not in keys}
+        for r in rows
+    ]
     metrics.rewrite_metrics(workdir, [r for r in rows if len(r) > 1])
 
 
@@ -290,7 +387,10 @@ def write_results(workdir, step, results):
     writer.close()
   finally:
     if main:  # (None: a handler not set from Python.)
-      signal.signal(signal.SIGINT, signal.default_int_handler if previous is None else previous)
+      signal.signal(
+          signal.SIGINT,
+          signal.default_int_handler if previous is None else previous,
+      )
   return writer.path
 
 
@@ -300,13 +400,17 @@ def _eval_entries(cfg):
   for name in cfg.raw.evals:
     entry = cfg.evals[name]
     if not isinstance(entry, config_loading.TrackedConfig):
-      raise ValueError(f"evals.{name} must be a dict of the eval's settings, e.g. "
-                       f"dict(type='fewshot', ...), got {entry!r}.")
+      raise ValueError(
+          f"evals.{name} must be a dict of the eval's settings, e.g. "
+          f"dict(type='fewshot', ...), got {entry!r}."
+      )
     ecfg = entry.to_dict()  # marks the whole entry read
     # Like big_vision, an entry named after a type needs no `type`.
     etype = ecfg.pop("type", name if name in evaluators.available() else None)
     if etype is None:
-      raise ValueError(f"evals.{name} needs a `type` (one of {', '.join(evaluators.available())}).")
+      raise ValueError(
+          f"evals.{name} needs a `type` (one of {', '.join(evaluators.available())})."
+      )
     # log_steps / _epochs / _percent ...: only the trainer schedules evals.
     ecfg = {k: v for k, v in ecfg.items() if not k.startswith("log_")}
     entries[name] = (evaluators.get_evaluator_cls(etype), etype, ecfg)
@@ -315,7 +419,8 @@ def _eval_entries(cfg):
 
 def _make_evaluators(entries, model, mesh, cfg):
   """{name: Evaluator} on the model's predict_fn; a config mistake names its entry."""
-  cfg.check_all_read()  # Before the evaluators read any data (fewshot reads its labels).
+  # Before the evaluators read any data (fewshot reads its labels).
+  cfg.check_all_read()
   out = {}
   for name, (cls, etype, ecfg) in entries.items():
     try:
@@ -334,46 +439,75 @@ def _run_evals(evaluators_by_name, model, mesh, rules, workdir, src):
         _CTRL_C.check()
         running = name
         logging.info("Running eval %s ...", name)
-        results[name] = {k: float(v) for k, v in evaluator.run(model.params).items()}
+        results[name] = {
+            k: float(v) for k, v in evaluator.run(model.params).items()
+        }
         running = None
       _CTRL_C.check()
   except BaseException as e:  # Keep what finished; say so in the one line.
-    done = (f"the results of {', '.join(results)} were written to "
-            f"{write_results(workdir, step, results)}" if results else
-            f"nothing was written to {paths.resolve(workdir) / 'metrics.jsonl'}")
+    done = (
+        f"the results of {', '.join(results)} were written to "
+        f"{write_results(workdir, step, results)}"
+        if results
+        else f"nothing was written to {paths.resolve(workdir) / 'metrics.jsonl'}"
+    )
     error = f"evals.{running}: {e}" if running else str(e) or type(e).__name__
-    summary.write_evaluate(workdir, source=src, step=step, results=results, error=error,
-                   seconds=time.time() - t0, interrupted=isinstance(e, KeyboardInterrupt))
+    summary.write_evaluate(
+        workdir,
+        source=src,
+        step=step,
+        results=results,
+        error=error,
+        seconds=time.time() - t0,
+        interrupted=isinstance(e, KeyboardInterrupt),
+    )
     if isinstance(e, KeyboardInterrupt):
       where = f" during evals.{running}" if running else ""
       raise Interrupted(f"interrupted (Ctrl-C){where}; {done}.") from None
     if isinstance(e, ValueError) and running:
-      raise ValueError(f"evals.{running}: {str(e).rstrip('.')}; {done}.") from None
+      raise ValueError(
+          f"evals.{running}: {str(e).rstrip('.')}; {done}."
+      ) from None
     logging.error("evals.%s failed; %s.", running, done)
     raise
   write_results(workdir, step, results)
-  summary.write_evaluate(workdir, source=src, step=step, results=results, seconds=time.time() - t0)
+  summary.write_evaluate(
+      workdir, source=src, step=step, results=results, seconds=time.time() - t0
+  )
   return results
 
 
 def evaluate(config, workdir):
   """Runs every evaluator of `config.evals` on `config.model_init`; returns {name: results}."""
   from big_vit_lite import distributed  # pylint: disable=g-import-not-at-top
-  distributed.initialize()  # Multi-process runs (launch/local.sh, pods): before any backend use.
+  # Multi-process runs (launch/local.sh, pods): before any backend use.
+  distributed.initialize()
   cfg = config_loading.TrackedConfig(config)
   if not (src := cfg.get("model_init")):
-    raise ValueError("Set the checkpoint to evaluate: --config.model_init=SRC (a training "
-                     "workdir, a checkpoint step directory or an .npz).")
+    raise ValueError(
+        "Set the checkpoint to evaluate: --config.model_init=SRC (a training "
+        "workdir, a checkpoint step directory or an .npz)."
+    )
   if "evals" not in cfg or not len(cfg.raw.evals):
     raise ValueError("The config has no `evals`: nothing to evaluate.")
-  if jax.process_index() == 0:  # Now, not after the evals: an OUT that cannot be written.
+  # Now, not after the evals: an OUT that cannot be written.
+  if jax.process_index() == 0:
     metrics.MetricWriter(workdir).path.open("a").close()
   # The entries first: a mistake there stops before a large checkpoint is read.
   entries = _eval_entries(cfg)
   mesh = sharding.make_mesh(cfg.get("mesh"))
   rules = sharding.make_rules(cfg.get("sharding_rules"), mesh)
-  model = load_model(src, "ema" if cfg.get("use_ema", False) else "params", cfg, mesh, rules)
-  return _run_evals(_make_evaluators(entries, model, mesh, cfg), model, mesh, rules, workdir, src)
+  model = load_model(
+      src, "ema" if cfg.get("use_ema", False) else "params", cfg, mesh, rules
+  )
+  return _run_evals(
+      _make_evaluators(entries, model, mesh, cfg),
+      model,
+      mesh,
+      rules,
+      workdir,
+      src,
+  )
 
 
 def main(argv):
@@ -383,26 +517,41 @@ def main(argv):
     raise app.UsageError("--config=configs/FILE.py is required.")
   if not _WORKDIR.value:
     raise app.UsageError("--workdir=OUT is required.")
-  # Ctrl-C from here on raises KeyboardInterrupt, so the evals can keep what finished.
+  # Ctrl-C from here on raises KeyboardInterrupt, so the evals can keep what
+  # finished.
   signal.signal(signal.SIGINT, _CTRL_C)
   try:
     results = evaluate(config_loading.loaded(_CONFIG.value), _WORKDIR.value)
   except (Interrupted, KeyboardInterrupt) as e:
-    _exit_interrupted(str(e) if isinstance(e, Interrupted) else
-                      "interrupted (Ctrl-C); nothing was written.")
-  except (ValueError, OSError, config_loading.UnreadConfigKeyError,
-          jax.errors.JaxRuntimeError) as e:
+    _exit_interrupted(
+        str(e)
+        if isinstance(e, Interrupted)
+        else "interrupted (Ctrl-C); nothing was written."
+    )
+  except (
+      ValueError,
+      OSError,
+      config_loading.UnreadConfigKeyError,
+      jax.errors.JaxRuntimeError,
+  ) as e:
     if isinstance(e, jax.errors.JaxRuntimeError) and not oom.is_oom(e):
       raise
     # One line on stderr and a non-zero exit; the full traceback only at -v 1.
     logging.debug("evaluate failed", exc_info=True)
     if oom.is_oom(e):
       e = oom.message(e, what="evaluation", advice=oom.EVAL_ADVICE)
-    print(f"big_vit_lite.evaluate: error: {' '.join(str(e).split())}", file=sys.stderr)
+    print(
+        f"big_vit_lite.evaluate: error: {' '.join(str(e).split())}",
+        file=sys.stderr,
+    )
     sys.exit(1)
   # The results are written; no traceback from the exit either.
-  signal.signal(signal.SIGINT, lambda *_: _exit_interrupted(
-      "interrupted (Ctrl-C) after the results were written."))
+  signal.signal(
+      signal.SIGINT,
+      lambda *_: _exit_interrupted(
+          "interrupted (Ctrl-C) after the results were written."
+      ),
+  )
   if jax.process_index() == 0:
     print(format_table(results))
     print(f"(written to {paths.resolve(_WORKDIR.value) / 'metrics.jsonl'})")
@@ -410,5 +559,9 @@ def main(argv):
 
 if __name__ == "__main__":
   _define_flags()
-  app.run(main, flags_parser=functools.partial(config_loading.parse_flags,
-                                               prog="big_vit_lite.evaluate"))
+  app.run(
+      main,
+      flags_parser=functools.partial(
+          config_loading.parse_flags, prog="big_vit_lite.evaluate"
+      ),
+  )

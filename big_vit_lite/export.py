@@ -26,6 +26,7 @@ copy) and for an .npz of a model trained on non-square images (a 4x9 patch
 grid has as many posemb rows as a 6x6 one); a training workdir or step
 directory, or a .safetensors this tool wrote, says its image size itself.
 """
+
 import json
 import os
 import sys
@@ -43,16 +44,32 @@ from big_vit_lite.models import timm
 def _define_flags():
   # Defined only when run as a command, so that importing this module (tests,
   # other tools) does not clash with other CLIs' flags in one process.
-  flags.DEFINE_string("src", None, "Params to export: .npz, training workdir, step dir or our "
-                      ".safetensors.")
+  flags.DEFINE_string(
+      "src",
+      None,
+      "Params to export: .npz, training workdir, step dir or our "
+      ".safetensors.",
+  )
   flags.DEFINE_string("out", None, "Output file (.npz or .safetensors).")
-  flags.DEFINE_enum("format", None, ["npz", "timm"],
-                    "Output layout; default: from --out's suffix (.npz or .safetensors).")
-  flags.DEFINE_enum("params", "params", ["params", "ema"],
-                    "Which weights of a training checkpoint: its params or their EMA "
-                    "(runs with config.ema_decay).")
-  flags.DEFINE_string("res", None, "Image size, N or HxW; for timm export of sincos2d models "
-                      "and of non-square .npz models.")
+  flags.DEFINE_enum(
+      "format",
+      None,
+      ["npz", "timm"],
+      "Output layout; default: from --out's suffix (.npz or .safetensors).",
+  )
+  flags.DEFINE_enum(
+      "params",
+      "params",
+      ["params", "ema"],
+      "Which weights of a training checkpoint: its params or their EMA "
+      "(runs with config.ema_decay).",
+  )
+  flags.DEFINE_string(
+      "res",
+      None,
+      "Image size, N or HxW; for timm export of sincos2d models "
+      "and of non-square .npz models.",
+  )
 
 
 _SUFFIX = {"npz": ".npz", "timm": ".safetensors"}
@@ -65,26 +82,40 @@ def export(src: str, out: str, fmt=None, res=None, key="params") -> dict:
   EMA of the weights (config.ema_decay) instead of its params. The suffix must match
   the format: `vit.load` and `evaluate` tell the two apart by it.
   """
-  by_suffix = next((f for f, suffix in _SUFFIX.items() if str(out).endswith(suffix)), None)
+  by_suffix = next(
+      (f for f, suffix in _SUFFIX.items() if str(out).endswith(suffix)), None
+  )
   fmt = fmt or by_suffix
   if fmt not in _SUFFIX or by_suffix != fmt:
-    raise ValueError(f"--out={out}: name it *{_SUFFIX.get(fmt, '.npz or *.safetensors')} "
-                     f"for --format={fmt or 'npz|timm'} (the loaders go by the suffix).")
+    raise ValueError(
+        f"--out={out}: name it *{_SUFFIX.get(fmt, '.npz or *.safetensors')} "
+        f"for --format={fmt or 'npz|timm'} (the loaders go by the suffix)."
+    )
   if not os.path.isdir(parent := os.path.dirname(os.path.abspath(out))):
     raise ValueError(f"--out={out}: the directory {parent} does not exist.")
   flat, config, _ = evaluate.read_source(src, key)
   res = _parse_res(res)
-  if res is None and fmt == "timm":  # Our timm file or a run's config says its image size.
-    res = (timm.timm_image_size(src) if str(src).endswith(".safetensors") else
-           steps.trained_hw(config, flat))
+  # Our timm file or a run's config says its image size.
+  if res is None and fmt == "timm":
+    res = (
+        timm.timm_image_size(src)
+        if str(src).endswith(".safetensors")
+        else steps.trained_hw(config, flat)
+    )
   try:
     kwargs = formats.save(flat, out, image_size=res)
-  except safetensors.SafetensorError as e:  # (not an OSError: a read-only or full disk, ...)
+  # (not an OSError: a read-only or full disk, ...)
+  except safetensors.SafetensorError as e:
     raise OSError(f"--out={out}: cannot write it: {e}") from e
   if fmt == "npz":
     return {"out": out, "format": "npz", "num_params": len(flat)}
-  return {"out": out, "format": "timm", "timm_kwargs": kwargs,
-          "timm_name": timm.timm_model_name(kwargs), "timm_usage": timm.timm_usage(kwargs, out)}
+  return {
+      "out": out,
+      "format": "timm",
+      "timm_kwargs": kwargs,
+      "timm_name": timm.timm_model_name(kwargs),
+      "timm_usage": timm.timm_usage(kwargs, out),
+  }
 
 
 def _parse_res(res):
@@ -93,7 +124,9 @@ def _parse_res(res):
     return res
   parts = res.lower().split("x")
   if len(parts) not in (1, 2) or not all(p.strip().isdigit() for p in parts):
-    raise ValueError(f"--res={res}: use an image size N or HxW, e.g. 224 or 160x320.")
+    raise ValueError(
+        f"--res={res}: use an image size N or HxW, e.g. 224 or 160x320."
+    )
   return int(parts[0]) if len(parts) == 1 else (int(parts[0]), int(parts[1]))
 
 

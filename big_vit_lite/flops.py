@@ -17,6 +17,7 @@ holds it. A program without scans gets exactly XLA's figure; `while` loops
 with a data-dependent trip count stay at one iteration, as in XLA.
 Measurements: benchmarks/NOTES.md, section "Plan, bench, FLOPs, metrics".
 """
+
 from __future__ import annotations
 
 import math
@@ -28,14 +29,23 @@ from jax.extend import core as jex_core
 def _dot_flops(eqn):
   (lhs_contract, _), _ = eqn.params["dimension_numbers"]
   lhs_shape = eqn.invars[0].aval.shape
-  return 2 * math.prod(eqn.outvars[0].aval.shape) * math.prod(lhs_shape[d] for d in lhs_contract)
+  return (
+      2
+      * math.prod(eqn.outvars[0].aval.shape)
+      * math.prod(lhs_shape[d] for d in lhs_contract)
+  )
 
 
 def _valid_taps(in_size, out_size, k, stride, pad_lo, lhs_dil, rhs_dil):
   """Kernel taps that land inside the (dilated) input, summed over one dim's output positions."""
   last = (in_size - 1) * lhs_dil
-  return sum(1 for o in range(out_size) for j in range(k)
-             if 0 <= (i := o * stride - pad_lo + j * rhs_dil) <= last and i % lhs_dil == 0)
+  return sum(
+      1
+      for o in range(out_size)
+      for j in range(k)
+      if 0 <= (i := o * stride - pad_lo + j * rhs_dil) <= last
+      and i % lhs_dil == 0
+  )
 
 
 def _conv_flops(eqn):
@@ -47,22 +57,51 @@ def _conv_flops(eqn):
   spatial = len(dn.lhs_spec) - 2
   lhs_dil = p.get("lhs_dilation") or (1,) * spatial
   rhs_dil = p.get("rhs_dilation") or (1,) * spatial
-  taps = math.prod(_valid_taps(lhs.shape[dn.lhs_spec[2 + d]], out.shape[dn.out_spec[2 + d]],
-                               rhs.shape[dn.rhs_spec[2 + d]], p["window_strides"][d],
-                               p["padding"][d][0], lhs_dil[d], rhs_dil[d]) for d in range(spatial))
+  taps = math.prod(
+      _valid_taps(
+          lhs.shape[dn.lhs_spec[2 + d]],
+          out.shape[dn.out_spec[2 + d]],
+          rhs.shape[dn.rhs_spec[2 + d]],
+          p["window_strides"][d],
+          p["padding"][d][0],
+          lhs_dil[d],
+          rhs_dil[d],
+      )
+      for d in range(spatial)
+  )
   out_spatial = math.prod(out.shape[dn.out_spec[2 + d]] for d in range(spatial))
-  per_tap = math.prod(out.shape) // out_spatial * rhs.shape[dn.rhs_spec[1]]  # x in-features/group
+  # x in-features/group
+  per_tap = math.prod(out.shape) // out_spatial * rhs.shape[dn.rhs_spec[1]]
   return 2 * per_tap * taps
 
 
 _MATMULS = {"dot_general": _dot_flops, "conv_general_dilated": _conv_flops}
 
 
-# Arithmetic XLA's cost analysis counts as one FLOP per output element (per input element for
-# reductions). Transcendentals (exp, tanh, rsqrt, ...) it reports apart, not as FLOPs.
-_ELEMENTWISE = frozenset({"add", "add_any", "sub", "mul", "div", "max", "min", "neg", "abs",
-                          "square", "integer_pow", "select_n", "clamp", "sign"})
-_REDUCTIONS = frozenset({"reduce_sum", "reduce_max", "reduce_min", "argmax", "argmin"})
+# Arithmetic XLA's cost analysis counts as one FLOP per output element (per
+# input element for reductions). Transcendentals (exp, tanh, rsqrt, ...) it
+# reports apart, not as FLOPs.
+_ELEMENTWISE = frozenset(
+    {
+        "add",
+        "add_any",
+        "sub",
+        "mul",
+        "div",
+        "max",
+        "min",
+        "neg",
+        "abs",
+        "square",
+        "integer_pow",
+        "select_n",
+        "clamp",
+        "sign",
+    }
+)
+_REDUCTIONS = frozenset(
+    {"reduce_sum", "reduce_max", "reduce_min", "argmax", "argmin"}
+)
 
 
 def _scan_copies(length, unroll, all_iterations):
@@ -71,15 +110,20 @@ def _scan_copies(length, unroll, all_iterations):
   if all_iterations or unroll is True or int(unroll) >= length:
     return length
   unroll = max(1, int(unroll))
-  return unroll + length % unroll  # the unrolled loop body plus the remainder outside it
+  # the unrolled loop body plus the remainder outside it
+  return unroll + length % unroll
 
 
-# cuDNN fused attention (jax.nn.dot_product_attention(implementation="cudnn")): one primitive
-# per direction, no dot_general inside. Forward: Q K^T and P V; backward: dP, dS, dQ, dK, dV,
-# 4 matmuls of model work plus Q K^T recomputed (flash attention keeps no probabilities).
-_CUDNN_ATTENTION = {"dot_product_attention_fwd_wrapper": (2, 0),
-                    "dot_product_attention_bwd_wrapper": (4, 1),
-                    "dot_product_attention_fwd": (2, 0), "dot_product_attention_bwd": (4, 1)}
+# cuDNN fused attention (jax.nn.dot_product_attention(implementation="cudnn")):
+# one primitive per direction, no dot_general inside. Forward: Q K^T and P V;
+# backward: dP, dS, dQ, dK, dV, 4 matmuls of model work plus Q K^T recomputed
+# (flash attention keeps no probabilities).
+_CUDNN_ATTENTION = {
+    "dot_product_attention_fwd_wrapper": (2, 0),
+    "dot_product_attention_bwd_wrapper": (4, 1),
+    "dot_product_attention_fwd": (2, 0),
+    "dot_product_attention_bwd": (4, 1),
+}
 _REMAT = ("remat2", "checkpoint", "remat")
 
 
@@ -87,7 +131,8 @@ def _attention_flops(eqn):
   """(model, recomputed) FLOPs of a cuDNN attention call, from q's and k's shapes."""
   matmuls, recomputed = _CUDNN_ATTENTION[eqn.primitive.name]
   q, k = eqn.invars[0].aval.shape, eqn.invars[1].aval.shape
-  # q: (batch, heads, T, head dim) in layout 1 (BNTH), else BTNH; S (keys) where T is in q.
+  # q: (batch, heads, T, head dim) in layout 1 (BNTH), else BTNH; S (keys) where
+  # T is in q.
   one = 2 * math.prod(q) * k[2 if eqn.params.get("layout", 0) == 1 else 1]
   return matmuls * one, recomputed * one
 
@@ -107,7 +152,11 @@ def _recompute_mask(jaxpr):
       d |= deps.get(v, 0) if not isinstance(v, jex_core.Literal) else 0
     eqn_deps.append(d)
     deps.update(dict.fromkeys(eqn.outvars, d))
-  outs = [deps.get(v, 0) for v in jaxpr.outvars if not isinstance(v, jex_core.Literal)]
+  outs = [
+      deps.get(v, 0)
+      for v in jaxpr.outvars
+      if not isinstance(v, jex_core.Literal)
+  ]
   n = len(jaxpr.invars)
   ct = 0
   for k in range(1, n + 1):
@@ -130,7 +179,10 @@ def _eqn_flops(eqn, xla, all_iterations):
     model, recomputed = _attention_flops(eqn)
     return model + recomputed, recomputed
   if name == "cond":  # one branch runs: the costliest
-    return max((_count(b, xla, all_iterations) for b in eqn.params["branches"]), default=(0, 0))
+    return max(
+        (_count(b, xla, all_iterations) for b in eqn.params["branches"]),
+        default=(0, 0),
+    )
   total = recomputed = 0
   for j in jex_core.jaxprs_in_params(eqn.params):
     if name in _REMAT and eqn.params.get("differentiated"):
@@ -141,7 +193,9 @@ def _eqn_flops(eqn, xla, all_iterations):
       t, r = _count(j, xla, all_iterations)
       total, recomputed = total + t, recomputed + r
   if name == "scan":
-    n = _scan_copies(eqn.params["length"], eqn.params.get("unroll", 1), all_iterations)
+    n = _scan_copies(
+        eqn.params["length"], eqn.params.get("unroll", 1), all_iterations
+    )
     total, recomputed = total * n, recomputed * n
   return total, recomputed
 
@@ -153,7 +207,10 @@ def _count(jaxpr, xla=False, all_iterations=True):
   False) the bodies XLA's loop program holds: one, or `unroll` (plus the remainder) for a
   partly unrolled scan. `while` bodies count once (their trip count is data); `cond` its
   costliest branch."""
-  counts = [_eqn_flops(eqn, xla, all_iterations) for eqn in getattr(jaxpr, "jaxpr", jaxpr).eqns]
+  counts = [
+      _eqn_flops(eqn, xla, all_iterations)
+      for eqn in getattr(jaxpr, "jaxpr", jaxpr).eqns
+  ]
   return sum(t for t, _ in counts), sum(r for _, r in counts)
 
 
@@ -173,8 +230,14 @@ def model_flops(traced: jax.stages.Traced) -> int:
   return matmul_flops(traced.jaxpr)[0]
 
 
-def vit_forward_flops(arch: dict, *, tokens: int, patches: int, channels: int = 3,
-                      num_classes: int = 0) -> dict:
+def vit_forward_flops(
+    arch: dict,
+    *,
+    tokens: int,
+    patches: int,
+    channels: int = 3,
+    num_classes: int = 0,
+) -> dict:
   """Analytic matmul FLOPs of one image's forward pass through a ViT, by part.
 
   Per block: q/k/v/out projections 4 T D^2 and MLP 2 T D M multiply-adds, attention scores and
@@ -187,8 +250,16 @@ def vit_forward_flops(arch: dict, *, tokens: int, patches: int, channels: int = 
   """
   t, d, m, p = tokens, arch["width"], arch["mlp_dim"], arch["patch_size"]
   mlp_matmuls = 3 if arch.get("mlp") == "swiglu" else 2
-  blocks = arch["depth"] * 2 * (4 * t * d * d + mlp_matmuls * t * d * m + 2 * t * t * d)
-  return dict(blocks=blocks, embed=2 * patches * p * p * channels * d, head=2 * d * num_classes)
+  blocks = (
+      arch["depth"]
+      * 2
+      * (4 * t * d * d + mlp_matmuls * t * d * m + 2 * t * t * d)
+  )
+  return dict(
+      blocks=blocks,
+      embed=2 * patches * p * p * channels * d,
+      head=2 * d * num_classes,
+  )
 
 
 def vit_train_flops(arch: dict, *, batch: int, **kw) -> int:
@@ -206,8 +277,11 @@ def sane_xla_flops(xla, model):
   return xla if xla and model and xla >= 0.9 * model else None
 
 
-def step_flops(traced: jax.stages.Traced, compiled: jax.stages.Compiled,
-               num_devices: int = 1) -> float | None:
+def step_flops(
+    traced: jax.stages.Traced,
+    compiled: jax.stages.Compiled,
+    num_devices: int = 1,
+) -> float | None:
   """XLA's FLOPs of one call of `compiled` on one device (its SPMD view), loops counted in full.
 
   The hardware figure XLA reports (elementwise work included, remat's recomputation too);
@@ -223,6 +297,8 @@ def step_flops(traced: jax.stages.Traced, compiled: jax.stages.Compiled,
     return None
   if not cost or "flops" not in cost:
     return None
-  missed = (_count(traced.jaxpr, xla=True, all_iterations=True)[0]
-            - _count(traced.jaxpr, xla=True, all_iterations=False)[0])
+  missed = (
+      _count(traced.jaxpr, xla=True, all_iterations=True)[0]
+      - _count(traced.jaxpr, xla=True, all_iterations=False)[0]
+  )
   return float(cost["flops"]) + missed / max(1, num_devices)

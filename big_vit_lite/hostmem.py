@@ -15,6 +15,7 @@ transparent-huge-page mode is `madvise` (with `always` such blocks get huge
 pages anyway; with `never` they cannot), when GLIBC_TUNABLES does not set the
 tunable already (to either value), and unless BIG_VIT_LITE_HUGE_PAGES=0.
 """
+
 import os
 import platform
 import re
@@ -37,14 +38,20 @@ def thp_mode():
 def _setting():
   """The `glibc.malloc.hugetlb=...` entry of GLIBC_TUNABLES, or None."""
   tunables = os.environ.get("GLIBC_TUNABLES", "")
-  return next((t for t in tunables.split(":") if t.startswith(TUNABLE + "=")), None)
+  return next(
+      (t for t in tunables.split(":") if t.startswith(TUNABLE + "=")), None
+  )
 
 
 def supported():
   """Linux, glibc >= 2.35 (older ones ignore the tunable) and THP in `madvise` mode."""
   libc, version = platform.libc_ver()
-  return (sys.platform == "linux" and libc == "glibc"
-          and tuple(int(p) for p in version.split(".")[:2]) >= (2, 35) and thp_mode() == "madvise")
+  return (
+      sys.platform == "linux"
+      and libc == "glibc"
+      and tuple(int(p) for p in version.split(".")[:2]) >= (2, 35)
+      and thp_mode() == "madvise"
+  )
 
 
 def status():
@@ -52,8 +59,11 @@ def status():
   if _setting():
     return f"{_setting()} (transparent huge pages: {thp_mode()})"
   off = os.environ.get(OPT_OUT) == "0"
-  return f"default malloc ({OPT_OUT}=0)" if off else (
-      f"default malloc (transparent huge pages: {thp_mode()})")
+  return (
+      f"default malloc ({OPT_OUT}=0)"
+      if off
+      else (f"default malloc (transparent huge pages: {thp_mode()})")
+  )
 
 
 def use_huge_pages(main_file):
@@ -64,15 +74,25 @@ def use_huge_pages(main_file):
   Returns when there is nothing to do; otherwise the process image is
   replaced and the same command starts again.
   """
-  if (os.path.realpath(sys.argv[0]) != os.path.realpath(main_file)  # e.g. runpy from elsewhere
-      or os.environ.get(OPT_OUT) == "0" or _setting() or not supported()):
-    return  # (_setting: already set, by us or by the user, who may have set it to 0.)
+  # e.g. runpy from elsewhere
+  if (
+      os.path.realpath(sys.argv[0]) != os.path.realpath(main_file)
+      or os.environ.get(OPT_OUT) == "0"
+      or _setting()
+      or not supported()
+  ):
+    # (_setting: already set, by us or by the user, who may have set it to 0.)
+    return
   tunables = (os.environ.get("GLIBC_TUNABLES"), f"{TUNABLE}=1")
   env = dict(os.environ, GLIBC_TUNABLES=":".join(t for t in tunables if t))
   sys.stdout.flush()
   sys.stderr.flush()
   try:
     os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
-  except OSError as e:  # Keep going without huge pages rather than fail the job.
-    print(f"big_vit_lite: could not re-execute with {TUNABLE}=1 ({e}); "
-          f"continuing with the default malloc.", file=sys.stderr)
+  # Keep going without huge pages rather than fail the job.
+  except OSError as e:
+    print(
+        f"big_vit_lite: could not re-execute with {TUNABLE}=1 ({e}); "
+        f"continuing with the default malloc.",
+        file=sys.stderr,
+    )

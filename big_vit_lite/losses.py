@@ -5,6 +5,7 @@ Label smoothing is done by the pp op `onehot(..., on=0.9, off=...)`, mixup
 by the trainer before the model: both produce soft labels, which these
 losses take as they are.
 """
+
 import jax
 import jax.numpy as jnp
 import optax
@@ -12,7 +13,9 @@ import optax
 
 def softmax_xent(logits, labels):
   """Mean over the batch of -sum_c labels_c * log softmax(logits)_c."""
-  return -jnp.mean(jnp.sum(labels * jax.nn.log_softmax(logits.astype(jnp.float32)), axis=-1))
+  return -jnp.mean(
+      jnp.sum(labels * jax.nn.log_softmax(logits.astype(jnp.float32)), axis=-1)
+  )
 
 
 def sigmoid_xent(logits, labels):
@@ -21,7 +24,9 @@ def sigmoid_xent(logits, labels):
   Summed (not averaged) over classes as in big_vision, so its scale does not
   shrink with the number of classes (21k for ImageNet-21k).
   """
-  per_class = optax.sigmoid_binary_cross_entropy(logits.astype(jnp.float32), labels)
+  per_class = optax.sigmoid_binary_cross_entropy(
+      logits.astype(jnp.float32), labels
+  )
   return jnp.mean(jnp.sum(per_class, axis=-1))
 
 

@@ -11,6 +11,7 @@ is the datasheet figure of devices.py for accelerators, and for CPUs the best ma
 rate timed at start (on one device and on all at once) divided among the devices (see
 benchmarks/NOTES.md, section "Plan, bench, FLOPs, metrics").
 """
+
 import json
 import os
 import time
@@ -25,13 +26,20 @@ from big_vit_lite import paths
 
 def matmul_rates(n, dtype="float32", reps=5, devs=None):
   """FLOP/s of each of `reps` timed calls of an n x n x n matmul in `dtype`, one per device of
-  `devs` (default: all local devices) at the same time, after one untimed call."""
+  `devs` (default: all local devices) at the same time, after one untimed call.
+  """
   devs = devs or jax.local_devices()
   mesh = jax.sharding.Mesh(np.array(devs), ("d",))
-  x = np.random.default_rng(0).standard_normal((len(devs), n, n)).astype(jnp.dtype(dtype))
+  x = (
+      np.random.default_rng(0)
+      .standard_normal((len(devs), n, n))
+      .astype(jnp.dtype(dtype))
+  )
   # This process's devices only, also inside a multi-process run's global mesh.
   with jax.set_mesh(mesh):
-    x = jax.device_put(x, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("d")))
+    x = jax.device_put(
+        x, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("d"))
+    )
     mm = jax.jit(lambda a: jnp.matmul(a, a, preferred_element_type=jnp.float32))
     mm(x).block_until_ready()
     rates = []
@@ -53,8 +61,12 @@ def cpu_machine_flops(dtype="float32", sizes=(256, 512, 1024), reps=5):
   """
   dtypes = {"float32", dtype}  # A bf16 model's f32 matmuls may run faster.
   device_sets = [jax.local_devices()[:1], jax.local_devices()]
-  rates = [max(matmul_rates(n, d, reps, devs)) for d in dtypes for n in sizes
-           for devs in device_sets]
+  rates = [
+      max(matmul_rates(n, d, reps, devs))
+      for d in dtypes
+      for n in sizes
+      for devs in device_sets
+  ]
   return max(rates)
 
 
@@ -68,7 +80,8 @@ def peak_flops_per_device(dtype="bfloat16"):
   dtype = "float32" if str(jnp.dtype(dtype)) == "float32" else "bfloat16"
   if device.platform == "cpu":
     return cpu_machine_flops(dtype) / jax.local_device_count()
-  # bf16: the usual MFU denominator; f32 runs at JAX's default precision (TF32 on GPUs).
+  # bf16: the usual MFU denominator; f32 runs at JAX's default precision (TF32
+  # on GPUs).
   return devices.datasheet_peak(device, dtype)
 
 
@@ -86,7 +99,8 @@ class MetricWriter:
     self._active = jax.process_index() == 0
     self._tensorboard = tensorboard
     self._tb = None  # clu writer, created at the first write (see start_run).
-    self.also = []  # More writers of the same rows: write(step, row) (wandb_writer.Writer).
+    # More writers of the same rows: write(step, row) (wandb_writer.Writer).
+    self.also = []
     if self._active:
       self.workdir.mkdir(parents=True, exist_ok=True)
 
@@ -96,11 +110,17 @@ class MetricWriter:
     row = {"step": int(step), **{k: _to_python(v) for k, v in metrics.items()}}
     with self.path.open("a") as f:
       f.write(json.dumps(row) + "\n")
-    scalars = {k: v for k, v in row.items() if k != "step" and isinstance(v, (int, float))}
+    scalars = {
+        k: v
+        for k, v in row.items()
+        if k != "step" and isinstance(v, (int, float))
+    }
     if scalars and self._tensorboard:
-      if self._tb is None:  # Created at the first write: after start_run's event file.
+      # Created at the first write: after start_run's event file.
+      if self._tb is None:
         from clu import metric_writers  # pylint: disable=g-import-not-at-top
-        # TensorBoard only: clu's default writer would also log every row, a second progress line.
+        # TensorBoard only: clu's default writer would also log every row, a
+        # second progress line.
         self._tb = metric_writers.SummaryWriter(str(self.workdir))
       self._tb.write_scalars(int(step), scalars)
     for writer in self.also:
@@ -111,7 +131,9 @@ class MetricWriter:
 
   def logged_keys(self, step):
     """The keys metrics.jsonl holds for `step` (empty on processes other than 0)."""
-    return {k for r in self._rows() if r["step"] == step for k in r if k != "step"}
+    return {
+        k for r in self._rows() if r["step"] == step for k in r if k != "step"
+    }
 
   def last_value(self, key):
     """`key`'s value in the last line of metrics.jsonl that has it (None: none, or process > 0)."""
@@ -130,12 +152,18 @@ class MetricWriter:
     if not self._active:
       return
     keep_through = -1 if resumed_step is None else int(resumed_step)
-    if self.path.exists():  # (read_metrics skips a torn last line from a kill mid-write.)
-      rewrite_metrics(self.workdir, [r for r in read_metrics(self.workdir)
-                                     if r["step"] <= keep_through])
+    # (read_metrics skips a torn last line from a kill mid-write.)
+    if self.path.exists():
+      rewrite_metrics(
+          self.workdir,
+          [r for r in read_metrics(self.workdir) if r["step"] <= keep_through],
+      )
     if self._tensorboard:
-      _write_tensorboard_start(self.workdir, keep_through + 1,
-                               after_second=max(_event_file_seconds(self.workdir), default=0))
+      _write_tensorboard_start(
+          self.workdir,
+          keep_through + 1,
+          after_second=max(_event_file_seconds(self.workdir), default=0),
+      )
 
   def close(self):
     if self._tb is not None:
@@ -165,12 +193,19 @@ def _write_tensorboard_start(workdir, step, after_second):
   """
   from tensorboard.compat.proto import event_pb2  # pylint: disable=g-import-not-at-top
   from tensorboard.summary.writer import event_file_writer  # pylint: disable=g-import-not-at-top
+
   _wait_past(after_second)
-  writer = event_file_writer.EventFileWriter(str(workdir), filename_suffix=".start")
+  writer = event_file_writer.EventFileWriter(
+      str(workdir), filename_suffix=".start"
+  )
   created = int(time.time())  # >= the second in the file's name.
-  writer.add_event(event_pb2.Event(
-      wall_time=time.time(), step=int(step),
-      session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START)))
+  writer.add_event(
+      event_pb2.Event(
+          wall_time=time.time(),
+          step=int(step),
+          session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START),
+      )
+  )
   writer.close()
   _wait_past(created)
 
@@ -212,8 +247,16 @@ class Chrono:
   `peak_flops_total`.
   """
 
-  def __init__(self, *, total_steps, global_batch, step_flops=None, peak_flops_total=None,
-               core_hours_before=0.0, xla_step_flops=None):
+  def __init__(
+      self,
+      *,
+      total_steps,
+      global_batch,
+      step_flops=None,
+      peak_flops_total=None,
+      core_hours_before=0.0,
+      xla_step_flops=None,
+  ):
     self.total_steps, self.global_batch = total_steps, global_batch
     self.core_hours_before = float(core_hours_before or 0.0)
     self.flops = {"mfu": step_flops, "mfu_xla": xla_step_flops}
@@ -225,8 +268,11 @@ class Chrono:
     self.train_seconds = 0.0
     self.num_devices = jax.device_count()
     # Cores a run occupies, for core-hours: devices, or CPU cores on CPU.
-    self.num_cores = ((os.cpu_count() or 1) * jax.process_count()
-                      if jax.devices()[0].platform == "cpu" else self.num_devices)
+    self.num_cores = (
+        (os.cpu_count() or 1) * jax.process_count()
+        if jax.devices()[0].platform == "cpu"
+        else self.num_devices
+    )
 
   def pause(self):
     self._pause_start = time.perf_counter()
@@ -242,7 +288,8 @@ class Chrono:
     last = self._last
     dt = now - last[0] - self._paused if last else 0.0
     self._last, self._paused = (now, step), 0.0
-    if not last or step <= last[1] or dt <= 0:  # The first tick (compilation included) starts.
+    # The first tick (compilation included) starts.
+    if not last or step <= last[1] or dt <= 0:
       return {}
     self.train_seconds += dt
     step_time = dt / (step - last[1])
@@ -252,23 +299,37 @@ class Chrono:
         "img/sec": img_s,
         "img/sec/device": img_s / self.num_devices,
         "eta_hours": (self.total_steps - step) * step_time / 3600,
-        "core_hours": self.core_hours_before + self.train_seconds * self.num_cores / 3600,
+        "core_hours": (
+            self.core_hours_before + self.train_seconds * self.num_cores / 3600
+        ),
         "uptime_hours": (now - self.start) / 3600,
     }
     if self.peak_flops_total:
-      out.update({k: f / step_time / self.peak_flops_total for k, f in self.flops.items() if f})
+      out.update(
+          {
+              k: f / step_time / self.peak_flops_total
+              for k, f in self.flops.items()
+              if f
+          }
+      )
     return out
 
 
 def progress_line(step, total_steps, m):
   """One human-readable line from the training metrics of a step."""
-  fmts = (("training_loss_avg", "loss_avg={:.4f}".format),
-          ("training_loss", "loss={:.4f}".format), ("learning_rate", "lr={:.3g}".format),
-          ("grad_norm", "gnorm={:.3g}".format), ("img/sec", "{:.1f} img/s".format),
-          ("step_time", lambda v: f"{v * 1000:.0f} ms/step"),
-          ("mfu", lambda v: f"MFU={100 * v:.1f}%"),
-          ("eta_hours", lambda v: f"ETA {_hms(v * 3600)}"))
-  return " ".join([f"[{step}/{total_steps}]"] + [fmt(m[k]) for k, fmt in fmts if k in m])
+  fmts = (
+      ("training_loss_avg", "loss_avg={:.4f}".format),
+      ("training_loss", "loss={:.4f}".format),
+      ("learning_rate", "lr={:.3g}".format),
+      ("grad_norm", "gnorm={:.3g}".format),
+      ("img/sec", "{:.1f} img/s".format),
+      ("step_time", lambda v: f"{v * 1000:.0f} ms/step"),
+      ("mfu", lambda v: f"MFU={100 * v:.1f}%"),
+      ("eta_hours", lambda v: f"ETA {_hms(v * 3600)}"),
+  )
+  return " ".join(
+      [f"[{step}/{total_steps}]"] + [fmt(m[k]) for k, fmt in fmts if k in m]
+  )
 
 
 def _hms(seconds):
@@ -280,6 +341,7 @@ def parameter_overview(params):
   """(parameter count, a table of names, shapes and counts) of `params` (boxed params ok)."""
   from clu import parameter_overview  # pylint: disable=g-import-not-at-top
   from big_vit_lite import sharding  # pylint: disable=g-import-not-at-top
+
   params = sharding.unbox(params)
   # Without stats only shapes are read: works on sharded arrays and
   # ShapeDtypeStructs alike, and never gathers values to the host.

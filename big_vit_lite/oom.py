@@ -6,19 +6,35 @@ on GPU/TPU, "INTERNAL: ... Out of memory allocating N bytes" on CPU), buried in
 a long traceback. The job entry points turn it into one line that says how
 much was asked for and which config keys trade memory for something else.
 """
+
 import re
 
 import jax
 
 _OOM = re.compile(r"out of memory|resource_exhausted", re.IGNORECASE)
-_BYTES = re.compile(r"allocat\w*\s+([\d.]+)\s*([KMGT]i?B|bytes|B)?", re.IGNORECASE)
-_UNITS = {"": 1, "b": 1, "bytes": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_BYTES = re.compile(
+    r"allocat\w*\s+([\d.]+)\s*([KMGT]i?B|bytes|B)?", re.IGNORECASE
+)
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "bytes": 1,
+    "kb": 1e3,
+    "mb": 1e6,
+    "gb": 1e9,
+    "tb": 1e12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
 
 
 def is_oom(err: BaseException) -> bool:
   """True for XLA's out-of-memory runtime errors (any backend)."""
-  return isinstance(err, jax.errors.JaxRuntimeError) and bool(_OOM.search(str(err)))
+  return isinstance(err, jax.errors.JaxRuntimeError) and bool(
+      _OOM.search(str(err))
+  )
 
 
 def requested_bytes(err: BaseException):
@@ -31,17 +47,31 @@ TRAIN_ADVICE = (
     "Lower input.batch_size or raise grad_accum_steps (same batch in sequential "
     "microbatches), set model.remat_policy='nothing_saveable', or split params and optimizer "
     "state with an fsdp mesh axis; `python -m big_vit_lite.plan --config=... --mesh=...` "
-    "estimates the memory per device without running.")
-EVAL_ADVICE = ("Lower the evals' batch_size (--config.evals.NAME.batch_size=...) or evaluate on "
-               "more devices.")
+    "estimates the memory per device without running."
+)
+EVAL_ADVICE = (
+    "Lower the evals' batch_size (--config.evals.NAME.batch_size=...) or evaluate on "
+    "more devices."
+)
 
 
-def message(err: BaseException, *, what: str, batch_size=None, devices=None,
-            grad_accum_steps=None, advice=TRAIN_ADVICE) -> str:
+def message(
+    err: BaseException,
+    *,
+    what: str,
+    batch_size=None,
+    devices=None,
+    grad_accum_steps=None,
+    advice=TRAIN_ADVICE,
+) -> str:
   """One line: what ran out of memory, how much was asked, and the knobs that help."""
   asked = requested_bytes(err)
   asked = f" (an allocation of {asked / 2**30:.2f} GiB failed)" if asked else ""
-  detail = [f"{batch_size // devices:,} per device"] if batch_size and devices else []
+  detail = (
+      [f"{batch_size // devices:,} per device"]
+      if batch_size and devices
+      else []
+  )
   if batch_size and (grad_accum_steps or 1) > 1:
     detail.append(f"{grad_accum_steps} microbatches")
   where = f" at input.batch_size={batch_size}" if batch_size else ""

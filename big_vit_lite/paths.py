@@ -10,6 +10,7 @@ directory is later.
 `lock_workdir` keeps a second trainer out of a workdir that one is using
 (both would write the same checkpoint steps and interleave metrics.jsonl).
 """
+
 import contextlib
 import fcntl
 import os
@@ -28,13 +29,17 @@ def is_uri(path):
 def resolve(path):
   """A workdir / checkpoint source -> epath.Path (URIs as given, local paths absolute)."""
   if not os.fspath(path):
-    raise ValueError("Got an empty path: pass a directory, e.g. --workdir=workdirs/run.")
+    raise ValueError(
+        "Got an empty path: pass a directory, e.g. --workdir=workdirs/run."
+    )
   if is_uri(path):
     try:
       return epath.Path(path)
     except KeyError:  # epath knows gs://, s3://, az://, hf://.
-      raise ValueError(f"Unsupported filesystem in {os.fspath(path)!r}: use a local path or "
-                       "gs://, s3://, az://.") from None
+      raise ValueError(
+          f"Unsupported filesystem in {os.fspath(path)!r}: use a local path or "
+          "gs://, s3://, az://."
+      ) from None
   return epath.Path(os.path.abspath(os.path.expanduser(os.fspath(path))))
 
 
@@ -51,20 +56,32 @@ def lock_workdir(workdir):
   path = os.path.join(os.fspath(workdir), ".lock")
   try:
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-  except OSError as e:  # E.g. a read-only mount: nothing could be saved there either.
-    raise ValueError(f"Cannot write to --workdir {workdir}: {e.strerror or e}.") from None
+  # E.g. a read-only mount: nothing could be saved there either.
+  except OSError as e:
+    raise ValueError(
+        f"Cannot write to --workdir {workdir}: {e.strerror or e}."
+    ) from None
   try:
     try:
       fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-      holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
-      raise ValueError(f"Another trainer ({holder}) is using --workdir {workdir}: wait for it "
-                       "to finish or stop it, or pass another --workdir.") from None
+      holder = (
+          os.pread(fd, 200, 0).decode(errors="replace").strip()
+          or "another process"
+      )
+      raise ValueError(
+          f"Another trainer ({holder}) is using --workdir {workdir}: wait for it "
+          "to finish or stop it, or pass another --workdir."
+      ) from None
     except OSError as e:  # A filesystem without locks (some network mounts).
-      logging.warning("Cannot lock %s (%s); not guarding against a second trainer.", path, e)
+      logging.warning(
+          "Cannot lock %s (%s); not guarding against a second trainer.", path, e
+      )
     else:
       os.ftruncate(fd, 0)
-      os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+      os.pwrite(
+          fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0
+      )
     yield
   finally:
     os.close(fd)

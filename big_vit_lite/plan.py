@@ -27,6 +27,7 @@ With --json the last line is the plan as one JSON object (its keys: `plan`'s dic
 `compiled_stats`'). How the formulas were fitted, and their known gaps: benchmarks/NOTES.md,
 section "Plan, bench, FLOPs, metrics".
 """
+
 from __future__ import annotations
 
 import functools
@@ -52,27 +53,45 @@ from big_vit_lite import optim
 from big_vit_lite import sharding
 from big_vit_lite import tpu_compile
 from big_vit_lite.data import pp as pp_lib
-from big_vit_lite.devices import DEVICES, GIB
+from big_vit_lite.devices import DEVICES
 from big_vit_lite.models import vit
+from big_vit_lite.plan_formulas import USABLE_FRACTION
+from big_vit_lite.plan_formulas import _gather_bytes
+from big_vit_lite.plan_formulas import _step_time
+from big_vit_lite.plan_formulas import activation_bytes
+from big_vit_lite.plan_formulas import train_flops
+from big_vit_lite.plan_report import format_report
 
-# XLA needs room beyond live buffers (fragmentation, collective and conv scratch, program):
-# a plan "fits" if its peak is under this fraction of the device memory.
-USABLE_FRACTION = 0.9
-
-# Image side used when input.pp names none (datasets decoded at their native size).
-_NATIVE_RES = {"fashion_mnist": 28, "mnist": 28, "mnist10k": 28, "animal_mnist": 28,
-               "cifar10": 32, "cifar100": 32}
+# Image side used when input.pp names none (datasets decoded at their native
+# size).
+_NATIVE_RES = {
+    "fashion_mnist": 28,
+    "mnist": 28,
+    "mnist10k": 28,
+    "animal_mnist": 28,
+    "cifar10": 32,
+    "cifar100": 32,
+}
 
 
 def parse_mesh(spec) -> dict:
   """--mesh 'data:64,fsdp:4' or config.mesh [("data", 64), ("fsdp", 4)] -> {'data': 64, ...}."""
-  pairs = sharding.parse_mesh(spec) if isinstance(spec, str) else [tuple(a) for a in spec]
+  pairs = (
+      sharding.parse_mesh(spec)
+      if isinstance(spec, str)
+      else [tuple(a) for a in spec]
+  )
   mesh = dict(pairs)
-  if (len(mesh) != len(pairs) or not set(mesh) <= set(sharding.MESH_AXES)
-      or not all(isinstance(size, int) and size >= 1 for size in mesh.values())):
-    raise ValueError(f"mesh {spec!r}: the planner needs distinct {'/'.join(sharding.MESH_AXES)} "
-                     "axes with positive sizes (it cannot count devices for -1): pass e.g. "
-                     "--mesh=data:64,fsdp:4")
+  if (
+      len(mesh) != len(pairs)
+      or not set(mesh) <= set(sharding.MESH_AXES)
+      or not all(isinstance(size, int) and size >= 1 for size in mesh.values())
+  ):
+    raise ValueError(
+        f"mesh {spec!r}: the planner needs distinct {'/'.join(sharding.MESH_AXES)} "
+        "axes with positive sizes (it cannot count devices for -1): pass e.g. "
+        "--mesh=data:64,fsdp:4"
+    )
   return mesh
 
 
@@ -81,13 +100,21 @@ def image_res(config, override: int | None = None) -> int:
   if override is not None:
     return int(override)
   pp = str(config.input.get("pp", ""))
-  hw = pp_lib.output_hw(pp, channels=image_channels(config)) if pp.strip() else None
+  hw = (
+      pp_lib.output_hw(pp, channels=image_channels(config))
+      if pp.strip()
+      else None
+  )
   if hw and hw[0] != hw[1]:
-    raise ValueError(f"input.pp={pp!r} gives {hw[0]}x{hw[1]} images; the planner models "
-                     "square ones: pass --res=N")
+    raise ValueError(
+        f"input.pp={pp!r} gives {hw[0]}x{hw[1]} images; the planner models "
+        "square ones: pass --res=N"
+    )
   name = str(config.input.data.get("name", "")).split(":")[0].split("/")[0]
   if not hw and name not in _NATIVE_RES:
-    raise ValueError(f"cannot tell the training image size from input.pp={pp!r}; pass --res=N")
+    raise ValueError(
+        f"cannot tell the training image size from input.pp={pp!r}; pass --res=N"
+    )
   return hw[0] if hw else _NATIVE_RES[name]
 
 
@@ -109,7 +136,9 @@ def _rules(config, mesh: dict):
 def state_shardings(boxed, params, opt_state, mesh, rules, unsplit=None):
   """(param, opt-state) shardings as the trainer makes them; `mesh` may be an AbstractMesh."""
   param_sh = sharding.logical_shardings(boxed, mesh, rules, unsplit=unsplit)
-  return param_sh, sharding.like_params_shardings(opt_state, params, param_sh, mesh)
+  return param_sh, sharding.like_params_shardings(
+      opt_state, params, param_sh, mesh
+  )
 
 
 def _axes_size(axes, mesh: dict) -> int:
@@ -120,53 +149,23 @@ def _axes_size(axes, mesh: dict) -> int:
 def abstract_state(config, res: int):
   """(model, boxed abstract params, params, optimizer, abstract opt state) via eval_shape."""
   model = vit.Model(**config.model.to_dict())
-  images = jax.ShapeDtypeStruct((1, res, res, image_channels(config)), jnp.float32)
-  boxed = jax.eval_shape(lambda x: model.init(jax.random.PRNGKey(0), x)["params"], images)
+  images = jax.ShapeDtypeStruct(
+      (1, res, res, image_channels(config)), jnp.float32
+  )
+  boxed = jax.eval_shape(
+      lambda x: model.init(jax.random.PRNGKey(0), x)["params"], images
+  )
   params = nn.meta.unbox(boxed)
-  # The schedule changes no shape; epoch-based configs (total_steps None) get a stand-in.
-  opt = optim.make(config, params, total_steps=int(config.get("total_steps") or 10**9),
-                   steps_per_epoch=10**6, batch_size=config.input.batch_size)
+  # The schedule changes no shape; epoch-based configs (total_steps None) get a
+  # stand-in.
+  opt = optim.make(
+      config,
+      params,
+      total_steps=int(config.get("total_steps") or 10**9),
+      steps_per_epoch=10**6,
+      batch_size=config.input.batch_size,
+  )
   return model, boxed, params, opt, jax.eval_shape(opt.tx.init, params)
-
-
-def activation_bytes(arch: dict, *, local_batch: int, tokens: int, remat: bool, mm_bytes: int,
-                     tp: int = 1, num_classes: int = 0, image_numel: int = 0,
-                     dropout: bool = False) -> int:
-  """Peak bytes of activations kept for the backward pass on one device.
-
-  Per block and example, with T tokens, width D, MLP width M and H heads (M and H divided by
-  the tensor-parallel degree tp where it divides them) and mm B the matmul dtype's bytes:
-      T*D * (3.4 x 4 B + 2 x mm B) + T*M * (1.9 x 4 B + 1.85 x mm B) + H*T^2 * 1.85 x 4 B,
-  plus 8 B per element of the three dropped tensors with dropout. With remat only each block's
-  input (T*D f32) is kept, plus one block recomputed at a time. The coefficients are fitted to
-  XLA's compiled memory analysis (see benchmarks/NOTES.md, section "Plan, bench, FLOPs,
-  metrics").
-  """
-  t, d = tokens, arch["width"]
-  m = arch["mlp_dim"] / tp if arch["mlp_dim"] % tp == 0 else arch["mlp_dim"]
-  h = arch["num_heads"] // tp if arch["num_heads"] % tp == 0 else arch["num_heads"]
-  per_block = (t * d * (3.4 * 4 + 2 * mm_bytes) + t * m * (1.9 * 4 + 1.85 * mm_bytes)
-               + 1.85 * 4 * h * t * t)
-  if dropout:
-    per_block += 8 * (t * m + 2 * t * d)
-  per_example = arch["depth"] * t * d * 4 + per_block if remat else arch["depth"] * per_block
-  # Outside the blocks: the patchified image, embeddings (+ posemb), final LayerNorm, logits.
-  per_example += image_numel * 4 + 6 * t * d * 4 + num_classes * 4 * 2
-  return int(local_batch * per_example)
-
-
-def train_flops(arch: dict, *, batch: int, res: int, num_classes: int, tokens: int,
-                remat: bool, channels: int = 3) -> tuple[float, float]:
-  """(model FLOPs, hardware FLOPs) of one train step on the global batch.
-
-  Model FLOPs: the matmuls of forward + backward (flops.vit_train_flops), what bench and the
-  trainer count from the step's jaxpr for MFU. Hardware: plus remat's recomputation.
-  """
-  kw = dict(tokens=tokens, patches=(res // arch["patch_size"]) ** 2, channels=channels,
-            num_classes=num_classes)
-  model = flops_lib.vit_train_flops(arch, batch=batch, **kw)
-  blocks = flops_lib.vit_forward_flops(arch, **kw)["blocks"]
-  return float(model), float(model + (blocks * batch if remat else 0))
 
 
 def resolve_device(device: str) -> str:
@@ -175,50 +174,51 @@ def resolve_device(device: str) -> str:
   for key in (name, f"tpu_{name}"):
     if key in DEVICES:
       return key
-  raise ValueError(f"--device={device!r}: known devices are {', '.join(DEVICES)}")
+  raise ValueError(
+      f"--device={device!r}: known devices are {', '.join(DEVICES)}"
+  )
 
 
 def _batch_split(config, mesh: dict):
   """(global batch, per-device batch, microbatches), checked as the trainer checks them."""
   batch = int(config.input.batch_size)
-  # The trainer splits its input batch over the mesh's data and fsdp axes (sharding.py).
+  # The trainer splits its input batch over the mesh's data and fsdp axes
+  # (sharding.py).
   dp = sharding.batch_devices(_abstract_mesh(mesh))
-  return batch, batch // dp, grad_accum.check(config.get("grad_accum_steps", 1), batch, dp)
+  return (
+      batch,
+      batch // dp,
+      grad_accum.check(config.get("grad_accum_steps", 1), batch, dp),
+  )
 
 
 def _state_bytes(config, mesh, boxed, params, opt_state):
   """Per-device bytes of params, optimizer state, gradients and EMA; the unsplit param dims."""
-  unsplit = []  # The trainer's own shardings: a dim its mesh axes do not divide stays whole.
-  param_sh, opt_sh = state_shardings(boxed, params, opt_state, _abstract_mesh(mesh),
-                                     _rules(config, mesh), unsplit)
+  # The trainer's own shardings: a dim its mesh axes do not divide stays whole.
+  unsplit = []
+  param_sh, opt_sh = state_shardings(
+      boxed,
+      params,
+      opt_state,
+      _abstract_mesh(mesh),
+      _rules(config, mesh),
+      unsplit,
+  )
   params_b = sharding.describe(param_sh, params)
-  grads = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, jnp.float32), params)
+  grads = jax.tree.map(
+      lambda x: jax.ShapeDtypeStruct(x.shape, jnp.float32), params
+  )
   # The EMA of the weights (ema.py) is a copy of the params, sharded like them.
   ema_b = params_b if config.get("ema_decay", None) is not None else 0
-  return (dict(params=params_b, opt=sharding.describe(opt_sh, opt_state),
-               grad=sharding.describe(param_sh, grads), ema=ema_b), unsplit)
-
-
-def _gather_bytes(n_params, depth, tp, fsdp, remat):
-  """FSDP's all-gathered (unsharded / tp) weights alive at once: all of them without remat
-  (XLA keeps them from forward to backward), about two blocks' worth with remat."""
-  if fsdp == 1:
-    return 0
-  return int((2 * n_params / max(1, depth) if remat else n_params) * 4 / tp)
-
-
-def _step_time(spec, peak, hw_flops, n_dev, n_params, mesh, tp, fsdp, accum):
-  """(compute s, collectives s) of a step at peak FLOP/s and link bandwidth.
-
-  With FSDP the params are all-gathered for forward and backward (once per step: XLA hoists
-  them out of the microbatch loop) and the grads reduce-scattered, over the data axis the
-  grad shards all-reduced; the gradient reductions happen once per microbatch.
-  """
-  full_param_b = n_params * 4 / tp
-  comm_b = (2 + accum) * full_param_b * (fsdp - 1) / fsdp
-  data = mesh.get("data", 1)
-  comm_b += accum * 2 * (full_param_b / fsdp) * (data - 1) / data
-  return hw_flops / n_dev / peak, comm_b / spec.link_bytes_per_s
+  return (
+      dict(
+          params=params_b,
+          opt=sharding.describe(opt_sh, opt_state),
+          grad=sharding.describe(param_sh, grads),
+          ema=ema_b,
+      ),
+      unsplit,
+  )
 
 
 def plan(config, mesh: dict, device: str, res: int | None = None) -> dict:
@@ -236,180 +236,239 @@ def plan(config, mesh: dict, device: str, res: int | None = None) -> dict:
   model, boxed, params, _, opt_state = abstract_state(config, res)
   arch = dict(model.arch(), mlp=model.mlp)  # (SwiGLU's third MLP matmul counts)
   num_classes = int(config.model.get("num_classes", 0) or 0)
-  # From the model object, so that the model's own defaults count for keys the config omits.
-  tokens = ((res // arch["patch_size"]) ** 2 + (1 if model.pool_type == "tok" else 0)
-            + model.reg_tokens)
+  # From the model object, so that the model's own defaults count for keys the
+  # config omits.
+  tokens = (
+      (res // arch["patch_size"]) ** 2
+      + (1 if model.pool_type == "tok" else 0)
+      + model.reg_tokens
+  )
   remat = model.remat_policy not in (None, "none")
   mm_bytes = jnp.dtype(model.resolved_dtype_mm()).itemsize
   channels = image_channels(config)
   rules = dict(_rules(config, mesh))
   tp = _axes_size(rules.get("mlp"), mesh)
   fsdp = _axes_size(rules.get("embed"), mesh)
-  fsdp = 1 if arch["width"] % fsdp else fsdp  # Weights it does not divide stay whole.
+  # Weights it does not divide stay whole.
+  fsdp = 1 if arch["width"] % fsdp else fsdp
   n_params = sum(math.prod(x.shape) for x in jax.tree.leaves(params))
   state_b, unsplit = _state_bytes(config, mesh, boxed, params, opt_state)
-  # One microbatch's activations alive at a time (grad_accum's lax.scan), and a float32
-  # running sum of the gradients sharded like the params.
-  act = functools.partial(activation_bytes, arch, local_batch=local_batch // accum,
-                          tokens=tokens, mm_bytes=mm_bytes, tp=tp, num_classes=num_classes,
-                          image_numel=res * res * channels, dropout=model.dropout > 0)
+  # One microbatch's activations alive at a time (grad_accum's lax.scan), and a
+  # float32 running sum of the gradients sharded like the params.
+  act = functools.partial(
+      activation_bytes,
+      arch,
+      local_batch=local_batch // accum,
+      tokens=tokens,
+      mm_bytes=mm_bytes,
+      tp=tp,
+      num_classes=num_classes,
+      image_numel=res * res * channels,
+      dropout=model.dropout > 0,
+  )
   act_b, accum_b = act(remat=remat), state_b["grad"] if accum > 1 else 0
   batch_b = local_batch * (res * res * channels + num_classes) * 4
   gathered_b = _gather_bytes(n_params, arch["depth"], tp, fsdp, remat)
   total_b = sum(state_b.values()) + accum_b + act_b + batch_b + gathered_b
   usable = USABLE_FRACTION * spec.hbm_bytes
-  remat_total_b = None  # Without remat and too big: what remat (nothing_saveable) would need.
+  # Without remat and too big: what remat (nothing_saveable) would need.
+  remat_total_b = None
   if not remat and total_b > usable:
-    remat_total_b = (total_b - act_b + act(remat=True) - gathered_b
-                     + _gather_bytes(n_params, arch["depth"], tp, fsdp, True))
-  model_flops, hw_flops = train_flops(arch, batch=batch, res=res, num_classes=num_classes,
-                                      tokens=tokens, remat=remat, channels=channels)
+    remat_total_b = (
+        total_b
+        - act_b
+        + act(remat=True)
+        - gathered_b
+        + _gather_bytes(n_params, arch["depth"], tp, fsdp, True)
+    )
+  model_flops, hw_flops = train_flops(
+      arch,
+      batch=batch,
+      res=res,
+      num_classes=num_classes,
+      tokens=tokens,
+      remat=remat,
+      channels=channels,
+  )
   peak = spec.bf16_flops if mm_bytes == 2 else spec.f32_flops
-  compute_s, comm_s = _step_time(spec, peak, hw_flops, n_dev, n_params, mesh, tp, fsdp, accum)
+  compute_s, comm_s = _step_time(
+      spec, peak, hw_flops, n_dev, n_params, mesh, tp, fsdp, accum
+  )
   step_s = max(compute_s, comm_s)  # XLA overlaps the collectives with compute.
   return dict(
-      variant=config.model.get("variant"), arch=dict(arch), res=res, tokens=tokens, mesh=mesh,
-      devices=n_dev, device=spec.name, global_batch=batch, local_batch=local_batch,
-      grad_accum_steps=accum, micro_batch=local_batch // accum, remat=remat,
-      dtype_mm=str(model.resolved_dtype_mm()), num_params=int(n_params),
+      variant=config.model.get("variant"),
+      arch=dict(arch),
+      res=res,
+      tokens=tokens,
+      mesh=mesh,
+      devices=n_dev,
+      device=spec.name,
+      global_batch=batch,
+      local_batch=local_batch,
+      grad_accum_steps=accum,
+      micro_batch=local_batch // accum,
+      remat=remat,
+      dtype_mm=str(model.resolved_dtype_mm()),
+      num_params=int(n_params),
       **{f"{k}_bytes_per_device": int(b) for k, b in state_b.items()},
-      grad_accum_bytes_per_device=int(accum_b), act_bytes_per_device=int(act_b),
-      batch_bytes_per_device=int(batch_b), fsdp_gather_bytes_per_device=int(gathered_b),
-      total_bytes_per_device=int(total_b), hbm_bytes=int(spec.hbm_bytes),
+      grad_accum_bytes_per_device=int(accum_b),
+      act_bytes_per_device=int(act_b),
+      batch_bytes_per_device=int(batch_b),
+      fsdp_gather_bytes_per_device=int(gathered_b),
+      total_bytes_per_device=int(total_b),
+      hbm_bytes=int(spec.hbm_bytes),
       fits=bool(total_b <= usable),
-      fits_with_remat=None if remat_total_b is None else bool(remat_total_b <= usable),
-      total_bytes_with_remat=remat_total_b, flops_per_step=model_flops,
-      hw_flops_per_step=hw_flops, compute_time_s=compute_s, comm_time_s=comm_s,
-      step_time_s=step_s, mfu_bound=model_flops / n_dev / peak / step_s, unsplit_params=unsplit,
-      # The patchify (a VALID strided conv, as in big_vision) ignores the last res % patch px.
-      ignored_px=res % arch["patch_size"])
+      fits_with_remat=None
+      if remat_total_b is None
+      else bool(remat_total_b <= usable),
+      total_bytes_with_remat=remat_total_b,
+      flops_per_step=model_flops,
+      hw_flops_per_step=hw_flops,
+      compute_time_s=compute_s,
+      comm_time_s=comm_s,
+      step_time_s=step_s,
+      mfu_bound=model_flops / n_dev / peak / step_s,
+      unsplit_params=unsplit,
+      # The patchify (a VALID strided conv, as in big_vision) ignores the last
+      # res % patch px.
+      ignored_px=res % arch["patch_size"],
+  )
 
 
 def compiled_stats(config, mesh: dict, res: int) -> dict:
   """XLA memory analysis + FLOPs of the trainer's step compiled for `mesh` (CPU devices)."""
   n_dev = math.prod(mesh.values())
   abstract = abstract_state(config, res)
-  traced, compiled = tpu_compile.compile_step(config, mesh, jax.devices()[:n_dev], res,
-                                              image_channels(config), abstract)
+  traced, compiled = tpu_compile.compile_step(
+      config, mesh, jax.devices()[:n_dev], res, image_channels(config), abstract
+  )
   mem = compiled.memory_analysis()
-  return dict({f"compiled_{k}_bytes": int(getattr(mem, f"{k}_size_in_bytes"))
-               for k in ("argument", "output", "alias", "temp")},
-              compiled_model_flops=float(flops_lib.model_flops(traced)),
-              compiled_peak_bytes=bench.program_bytes(compiled),
-              # XLA's count with the loops' (layer scan, microbatch scan) other iterations added.
-              compiled_flops_per_device=float(flops_lib.step_flops(traced, compiled, n_dev) or 0))
+  return dict(
+      {
+          f"compiled_{k}_bytes": int(getattr(mem, f"{k}_size_in_bytes"))
+          for k in ("argument", "output", "alias", "temp")
+      },
+      compiled_model_flops=float(flops_lib.model_flops(traced)),
+      compiled_peak_bytes=bench.program_bytes(compiled),
+      # XLA's count with the loops' (layer scan, microbatch scan) other
+      # iterations added.
+      compiled_flops_per_device=float(
+          flops_lib.step_flops(traced, compiled, n_dev) or 0
+      ),
+  )
 
 
-def plan_on_slice(config, mesh_spec, topology: str, res: int | None = None,
-                  compile_step: bool = False) -> dict:
+def plan_on_slice(
+    config,
+    mesh_spec,
+    topology: str,
+    res: int | None = None,
+    compile_step: bool = False,
+) -> dict:
   """plan() for a TPU slice (`plan --topology=SLICE [--compile]`): its chips, a -1 mesh axis
   sized to its devices, dtype_mm="auto" as bfloat16; with compile_step, the TPU compiler's
-  figures for the trainer's step (tpu_compile.compiled_stats: the tpu_* fields)."""
+  figures for the trainer's step (tpu_compile.compiled_stats: the tpu_* fields).
+  """
   tpu_slice = tpu_compile.parse_slice(topology)
-  pairs = sharding.parse_mesh(mesh_spec) if isinstance(mesh_spec, str) else mesh_spec
-  sizes = tpu_compile.resolve_mesh(pairs, tpu_slice.devices, f"--topology={topology}")
+  pairs = (
+      sharding.parse_mesh(mesh_spec)
+      if isinstance(mesh_spec, str)
+      else mesh_spec
+  )
+  sizes = tpu_compile.resolve_mesh(
+      pairs, tpu_slice.devices, f"--topology={topology}"
+  )
   mesh = parse_mesh(list(sizes.items()))
   if config.model.get("dtype_mm") == "auto":
     config.model.dtype_mm = vit.resolve_dtype_mm("auto", platform="tpu")
   p = plan(config, mesh, tpu_slice.device_key, res)
   if compile_step:
     abstract = abstract_state(config, p["res"])
-    p.update(tpu_compile.compiled_stats(config, mesh, p["res"], image_channels(config),
-                                        abstract, tpu_slice))
+    p.update(
+        tpu_compile.compiled_stats(
+            config, mesh, p["res"], image_channels(config), abstract, tpu_slice
+        )
+    )
   return p
 
 
-def compiled_stats_subprocess(config_arg: str, overrides: list[str], mesh: dict, res: int):
+def compiled_stats_subprocess(
+    config_arg: str, overrides: list[str], mesh: dict, res: int
+):
   """compiled_stats in a fresh python with prod(mesh) simulated CPU devices."""
   n_dev = math.prod(mesh.values())
-  # The memory-minimising scheduler (not the default concurrency-optimised one) is what
-  # accelerator backends approximate; its peak is the meaningful one to compare with.
-  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=(
-      os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={n_dev}"
-      " --xla_cpu_enable_concurrency_optimized_scheduler=false").strip())
+  # The memory-minimising scheduler (not the default concurrency-optimised one)
+  # is what accelerator backends approximate; its peak is the meaningful one to
+  # compare with.
+  env = dict(
+      os.environ,
+      JAX_PLATFORMS="cpu",
+      XLA_FLAGS=(
+          os.environ.get("XLA_FLAGS", "")
+          + f" --xla_force_host_platform_device_count={n_dev}"
+          " --xla_cpu_enable_concurrency_optimized_scheduler=false"
+      ).strip(),
+  )
   mesh_str = ",".join(f"{k}:{v}" for k, v in mesh.items())
-  cmd = [sys.executable, "-m", "big_vit_lite.plan", f"--config={config_arg}", *overrides,
-         f"--mesh={mesh_str}", f"--res={res}", "--compiled_only", "--json"]
-  proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800, check=False)
-  if proc.returncode != 0:  # Its last line: the "plan: ..." message, or the exception's.
+  cmd = [
+      sys.executable,
+      "-m",
+      "big_vit_lite.plan",
+      f"--config={config_arg}",
+      *overrides,
+      f"--mesh={mesh_str}",
+      f"--res={res}",
+      "--compiled_only",
+      "--json",
+  ]
+  proc = subprocess.run(
+      cmd, env=env, capture_output=True, text=True, timeout=1800, check=False
+  )
+  # Its last line: the "plan: ..." message, or the exception's.
+  if proc.returncode != 0:
     last = ((proc.stderr or proc.stdout).strip().splitlines() or ["?"])[-1]
-    raise ValueError(f"compiling the step on {n_dev} simulated CPU devices failed: {last}")
+    raise ValueError(
+        f"compiling the step on {n_dev} simulated CPU devices failed: {last}"
+    )
   return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-def _fmt_bytes(b: float) -> str:
-  return f"{b / GIB:8.2f} GiB"
-
-
-def format_report(p: dict) -> str:
-  """The plan as the CLI prints it."""
-  k, micro, a = p["grad_accum_steps"], p["micro_batch"], p["arch"]
-  lines = [
-      f"ViT {p['variant'] or 'custom'} (width {a['width']}, depth {a['depth']}, MLP "
-      f"{a['mlp_dim']}, {a['num_heads']} heads, patch {a['patch_size']}) @ {p['res']}px "
-      f"({p['tokens']} tokens), {p['num_params'] / 1e6:.1f}M params, global batch "
-      f"{p['global_batch']} ({p['local_batch']}/device"
-      f"{f' in {k} microbatches of {micro}' if k > 1 else ''}), remat={p['remat']}, "
-      f"matmuls in {p['dtype_mm']}",
-      f"mesh {','.join(f'{n}:{v}' for n, v in p['mesh'].items())} = {p['devices']} x "
-      f"{p['device']} ({p['hbm_bytes'] / GIB:.0f} GiB each)",
-      "per device:"]
-  for name, key, note in (
-      ("params", "params", ""), ("optimizer state", "opt", ""), ("gradients", "grad", ""),
-      ("EMA of params", "ema", "(config.ema_decay)"),
-      ("accumulator", "grad_accum", f"(f32 gradient sum over the {k} microbatches)"),
-      ("activations", "act", "(peak, kept for backward"
-       + (f", per microbatch of {micro})" if k > 1 else ")")),
-      ("input batch", "batch", ""), ("fsdp gathers", "fsdp_gather", "(unsharded weights in use)")):
-    b = p[f"{key}_bytes_per_device"]
-    if b or key not in ("ema", "grad_accum"):
-      lines.append(f"  {name:<15} {_fmt_bytes(b)}  {note}".rstrip())
-  lines.append(f"  total           {_fmt_bytes(p['total_bytes_per_device'])}  -> fits: "
-               f"{'yes' if p['fits'] else 'NO'} (limit {USABLE_FRACTION:.0%} of HBM)")
-  if p["fits_with_remat"] is not None:
-    lines.append(f"  with remat      {_fmt_bytes(p['total_bytes_with_remat'])}  -> " + (
-        "fits with --config.model.remat_policy=nothing_saveable (each block's forward "
-        "recomputed: ~1/3 more block FLOPs)" if p["fits_with_remat"] else
-        "does not fit with remat either"))
-  lines += [
-      f"FLOPs per step: {p['flops_per_step']:.3e} model (matmuls, as MFU counts them), "
-      f"{p['hw_flops_per_step']:.3e} with remat's recomputation",
-      f"step time >= {p['step_time_s'] * 1e3:.1f} ms (compute at peak "
-      f"{p['compute_time_s'] * 1e3:.1f} ms, collectives {p['comm_time_s'] * 1e3:.1f} ms); "
-      f"MFU bound {p['mfu_bound']:.2f}"]
-  if p["ignored_px"]:
-    lines.append(f"note: {p['res']} px is not a multiple of the patch size "
-                 f"{a['patch_size']}: the patchify ignores the last {p['ignored_px']} "
-                 "px rows and columns of every image")
-  if p["unsplit_params"]:
-    lines.append(f"note: param dims not divisible by their mesh axes (split as in training): "
-                 f"{'; '.join(p['unsplit_params'])}")
-  if "tpu_topology" in p:
-    lines += tpu_compile.format_lines(p)
-  if "compiled_temp_bytes" in p:
-    lines.append(
-        f"compiled on {p['devices']} simulated CPU devices: arguments "
-        f"{_fmt_bytes(p['compiled_argument_bytes'])}, temporaries "
-        f"{_fmt_bytes(p['compiled_temp_bytes'])}, peak {_fmt_bytes(p['compiled_peak_bytes'])}; "
-        f"FLOPs/device {p['compiled_flops_per_device']:.3e} (XLA), model FLOPs/step "
-        f"{p['compiled_model_flops']:.3e} (jaxpr)")
-  return "\n".join(lines)
 
 
 def _define_flags():
   config_loading.define_config_flag()
-  flags.DEFINE_string("mesh", None,
-                      "Mesh as axis:size pairs, e.g. data:64,fsdp:4 (default: config.mesh).")
-  flags.DEFINE_string("device", "tpu_v4",
-                      f"Device kind for peak FLOP/s and memory: {', '.join(DEVICES)}.")
-  flags.DEFINE_integer("res", None, "Training image side (default: from input.pp).")
-  flags.DEFINE_bool("json", False, "Print the plan as one JSON object on the last line.")
-  flags.DEFINE_string("topology", None, "A TPU slice (v5p-256, v4-32, v5litepod-16, "
-                      "v5p:8x8x8): plan for its chips; with --compile, the TPU compiler's figures.")
-  flags.DEFINE_bool("compile", False, "Also AOT-compile the trainer's step (on simulated CPU "
-                    "devices, or for --topology with the TPU compiler) and report the compiler's "
-                    "memory analysis (slow for big models).")
-  flags.DEFINE_bool("compiled_only", False, "Internal: print only the compiled stats (subprocess).")
+  flags.DEFINE_string(
+      "mesh",
+      None,
+      "Mesh as axis:size pairs, e.g. data:64,fsdp:4 (default: config.mesh).",
+  )
+  flags.DEFINE_string(
+      "device",
+      "tpu_v4",
+      f"Device kind for peak FLOP/s and memory: {', '.join(DEVICES)}.",
+  )
+  flags.DEFINE_integer(
+      "res", None, "Training image side (default: from input.pp)."
+  )
+  flags.DEFINE_bool(
+      "json", False, "Print the plan as one JSON object on the last line."
+  )
+  flags.DEFINE_string(
+      "topology",
+      None,
+      "A TPU slice (v5p-256, v4-32, v5litepod-16, "
+      "v5p:8x8x8): plan for its chips; with --compile, the TPU compiler's figures.",
+  )
+  flags.DEFINE_bool(
+      "compile",
+      False,
+      "Also AOT-compile the trainer's step (on simulated CPU "
+      "devices, or for --topology with the TPU compiler) and report the compiler's "
+      "memory analysis (slow for big models).",
+  )
+  flags.DEFINE_bool(
+      "compiled_only",
+      False,
+      "Internal: print only the compiled stats (subprocess).",
+  )
 
 
 def main(argv):
@@ -421,17 +480,27 @@ def main(argv):
       raise app.UsageError("--config=configs/FILE.py[:arg] is required")
     mesh_spec = f.mesh or config.get("mesh") or [("data", 1)]
     if f.topology:
-      p = plan_on_slice(config, mesh_spec, f.topology, f.res, compile_step=f.compile)
+      p = plan_on_slice(
+          config, mesh_spec, f.topology, f.res, compile_step=f.compile
+      )
     else:
       mesh = parse_mesh(mesh_spec)
       if f.compiled_only:
-        print(json.dumps(compiled_stats(config, mesh, image_res(config, f.res))))
+        print(
+            json.dumps(compiled_stats(config, mesh, image_res(config, f.res)))
+        )
         return
       p = plan(config, mesh, f.device, f.res)
       if f.compile:
         overrides = [a for a in sys.argv[1:] if a.startswith("--config.")]
-        p.update(compiled_stats_subprocess(config_flags.get_config_filename(f["config"]),
-                                           overrides, mesh, p["res"]))
+        p.update(
+            compiled_stats_subprocess(
+                config_flags.get_config_filename(f["config"]),
+                overrides,
+                mesh,
+                p["res"],
+            )
+        )
   except ValueError as e:
     sys.exit(f"plan: {e}")
   print(format_report(p))
@@ -441,4 +510,7 @@ def main(argv):
 
 if __name__ == "__main__":
   _define_flags()
-  app.run(main, flags_parser=functools.partial(config_loading.parse_flags, prog="plan"))
+  app.run(
+      main,
+      flags_parser=functools.partial(config_loading.parse_flags, prog="plan"),
+  )

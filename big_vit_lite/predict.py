@@ -16,6 +16,7 @@ the image folder's class folders), else the class numbers. Batches are
 sharded over all devices. A file that is no readable image is skipped with
 a one-line reason on stderr and counted; exit status 1 if none was read.
 """
+
 import csv
 import json
 import os
@@ -38,15 +39,32 @@ from big_vit_lite.evaluators import features
 
 
 def _define_flags():
-  flags.DEFINE_string("model", None, "Checkpoint: workdir, step dir, .npz or .safetensors.")
-  flags.DEFINE_list("images", None, "Image files and/or folders (read recursively).")
+  flags.DEFINE_string(
+      "model", None, "Checkpoint: workdir, step dir, .npz or .safetensors."
+  )
+  flags.DEFINE_list(
+      "images", None, "Image files and/or folders (read recursively)."
+  )
   flags.DEFINE_integer("top_k", 5, "How many classes per image.")
   flags.DEFINE_enum("format", "jsonl", ["jsonl", "csv"], "Output format.")
   flags.DEFINE_string("out", None, "Output file (default: stdout).")
-  flags.DEFINE_string("labels", None, "Class names, one per line (default: the run's dataset).")
-  flags.DEFINE_enum("params", "params", ["params", "ema"], "A training checkpoint's params or EMA.")
-  flags.DEFINE_integer("batch_size", 64, "Images per batch (split over the devices).")
-  flags.DEFINE_string("pp", None, "Preprocessing of one image (default: decode, resize, [-1, 1]).")
+  flags.DEFINE_string(
+      "labels", None, "Class names, one per line (default: the run's dataset)."
+  )
+  flags.DEFINE_enum(
+      "params",
+      "params",
+      ["params", "ema"],
+      "A training checkpoint's params or EMA.",
+  )
+  flags.DEFINE_integer(
+      "batch_size", 64, "Images per batch (split over the devices)."
+  )
+  flags.DEFINE_string(
+      "pp",
+      None,
+      "Preprocessing of one image (default: decode, resize, [-1, 1]).",
+  )
 
 
 _hidden = imagefolder._hidden  # pylint: disable=protected-access  (".x", "__MACOSX")
@@ -61,8 +79,11 @@ def image_files(items):
     if os.path.isdir(item):
       for root, dirs, names in os.walk(item):
         dirs[:] = sorted(d for d in dirs if not _hidden(d))
-        files += [os.path.join(root, n) for n in sorted(names)
-                  if not _hidden(n) and n.lower().endswith(imagefolder.EXTENSIONS)]
+        files += [
+            os.path.join(root, n)
+            for n in sorted(names)
+            if not _hidden(n) and n.lower().endswith(imagefolder.EXTENSIONS)
+        ]
     elif os.path.exists(item):
       files.append(item)
     else:
@@ -77,21 +98,35 @@ def class_names(labels_file, saved_config, num_classes):
     with open(os.path.expanduser(labels_file)) as f:
       names = [line.strip() for line in f if line.strip()]
     if len(names) != num_classes:
-      raise ValueError(f"--labels={labels_file} has {len(names)} names, but the model has "
-                       f"{num_classes} classes: give one name per line, one per class.")
+      raise ValueError(
+          f"--labels={labels_file} has {len(names)} names, but the model has "
+          f"{num_classes} classes: give one name per line, one per class."
+      )
     return names
-  data = saved_config.get("input", {}).get("data", {}) if saved_config is not None else {}
+  data = (
+      saved_config.get("input", {}).get("data", {})
+      if saved_config is not None
+      else {}
+  )
   try:
     if data.get("name") == "imagefolder":
-      source = imagefolder.ImageFolderSource(data["data_dir"], data.get("split", "train"))
+      source = imagefolder.ImageFolderSource(
+          data["data_dir"], data.get("split", "train")
+      )
       names = source.class_names
     elif data.get("name"):
       import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-      builder = tfds.builder(data["name"].split(":")[0], data_dir=data.get("data_dir"))
+
+      builder = tfds.builder(
+          data["name"].split(":")[0], data_dir=data.get("data_dir")
+      )
       names = builder.info.features["label"].names
   except Exception as e:  # pylint: disable=broad-except
-    logging.warning("No class names from the run's dataset %s (%s): printing class numbers.",
-                    data.get("name"), e)
+    logging.warning(
+        "No class names from the run's dataset %s (%s): printing class numbers.",
+        data.get("name"),
+        e,
+    )
   ok = names is not None and len(names) == num_classes
   return list(names) if ok else [str(i) for i in range(num_classes)]
 
@@ -101,7 +136,8 @@ def _read(path, preprocess, tmp_dir):
   status, reason = imagefolder.check_file(path)
   if status == "bad":
     return None, reason
-  if status == "convert":  # A format tf decodes wrong: through Pillow to PNG first.
+  # A format tf decodes wrong: through Pillow to PNG first.
+  if status == "convert":
     path, reason = _try_convert(path, tmp_dir, abs(hash(path)))
     if path is None:
       return None, reason
@@ -109,29 +145,57 @@ def _read(path, preprocess, tmp_dir):
     with open(path, "rb") as f:
       data = f.read()
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    return np.asarray(preprocess({"image": tf.constant(data)})["image"], np.float32), None
+
+    return (
+        np.asarray(
+            preprocess({"image": tf.constant(data)})["image"], np.float32
+        ),
+        None,
+    )
   except Exception as e:  # pylint: disable=broad-except
     return None, checkpoint.error_reason(e)
 
 
-def predict(model_src, items, *, top_k=5, labels_file=None, key="params", batch_size=64,
-            pp=None, on_skip=None):
+def predict(
+    model_src,
+    items,
+    *,
+    top_k=5,
+    labels_file=None,
+    key="params",
+    batch_size=64,
+    pp=None,
+    on_skip=None,
+):
   """Yields (file, [(class, label, prob), ...]) per readable image; on_skip(file, reason)."""
   import tempfile  # pylint: disable=g-import-not-at-top
   from big_vit_lite.data import pp as pp_lib  # pylint: disable=g-import-not-at-top
+
   if not (files := image_files(items)):
-    raise ValueError(f"--images={','.join(items)} holds no image files "
-                     f"({', '.join(imagefolder.EXTENSIONS[:5])}, ...).")
+    raise ValueError(
+        f"--images={','.join(items)} holds no image files "
+        f"({', '.join(imagefolder.EXTENSIONS[:5])}, ...)."
+    )
   mesh = sharding.make_mesh(None)
-  model = evaluate.load_model(model_src, key, config_loading.TrackedConfig(
-      ml_collections.ConfigDict()), mesh, sharding.make_rules(None, mesh), default_res=224)
+  model = evaluate.load_model(
+      model_src,
+      key,
+      config_loading.TrackedConfig(ml_collections.ConfigDict()),
+      mesh,
+      sharding.make_rules(None, mesh),
+      default_res=224,
+  )
   if not (num_classes := model.model_cfg["num_classes"]):
-    raise ValueError(f"{model_src} has no classification head (num_classes=0): nothing to "
-                     "predict; fine-tune it first (configs/transfer.py).")
+    raise ValueError(
+        f"{model_src} has no classification head (num_classes=0): nothing to "
+        "predict; fine-tune it first (configs/transfer.py)."
+    )
   names = class_names(labels_file, model.saved_config, num_classes)
   top_k = max(1, min(int(top_k), num_classes))
   preprocess = pp_lib.get_preprocess_fn(
-      pp or f"decode(channels={model.channels})|resize({model.res})|value_range(-1, 1)")
+      pp
+      or f"decode(channels={model.channels})|resize({model.res})|value_range(-1, 1)"
+  )
 
   @jax.jit
   def top(params, batch):
@@ -154,10 +218,16 @@ def predict(model_src, items, *, top_k=5, labels_file=None, key="params", batch_
         yield {"image": np.stack(images), "_mask": np.ones(len(images), bool)}
         good, images = [], []
 
-  with tempfile.TemporaryDirectory(prefix="bvl-predict-") as tmp_dir, jax.set_mesh(mesh):
-    for probs, idx in features.map_batches(top, model.params, batches(tmp_dir), mesh):
+  with tempfile.TemporaryDirectory(
+      prefix="bvl-predict-"
+  ) as tmp_dir, jax.set_mesh(mesh):
+    for probs, idx in features.map_batches(
+        top, model.params, batches(tmp_dir), mesh
+    ):
       for i, path in enumerate(pending.pop(0)):
-        yield path, [(int(c), names[int(c)], float(p)) for c, p in zip(idx[i], probs[i])]
+        yield path, [
+            (int(c), names[int(c)], float(p)) for c, p in zip(idx[i], probs[i])
+        ]
 
 
 def main(argv):
@@ -166,9 +236,11 @@ def main(argv):
   if not f.model or not items:
     raise app.UsageError("pass --model=CKPT and --images=DIR_OR_FILES.")
   skipped = []
+
   def on_skip(path, reason):
     skipped.append(path)
     print(f"predict: skipped {path}: {reason}", file=sys.stderr, flush=True)
+
   try:  # Before the model loads: a bad --out fails in a second.
     out = open(f.out, "w", newline="") if f.out else sys.stdout
   except OSError as e:
@@ -178,20 +250,43 @@ def main(argv):
     writer = csv.writer(out) if f.format == "csv" else None
     if writer:
       writer.writerow(["file", "rank", "class", "label", "prob"])
-    for path, preds in predict(f.model, items, top_k=f.top_k, labels_file=f.labels,
-                               key=f.params, batch_size=f.batch_size, pp=f.pp, on_skip=on_skip):
+    for path, preds in predict(
+        f.model,
+        items,
+        top_k=f.top_k,
+        labels_file=f.labels,
+        key=f.params,
+        batch_size=f.batch_size,
+        pp=f.pp,
+        on_skip=on_skip,
+    ):
       count += 1
       if writer:
-        writer.writerows([path, r + 1, c, n, f"{p:.6f}"] for r, (c, n, p) in enumerate(preds))
+        writer.writerows(
+            [path, r + 1, c, n, f"{p:.6f}"] for r, (c, n, p) in enumerate(preds)
+        )
       else:
-        out.write(json.dumps({"file": path, "predictions": [
-            {"class": c, "label": n, "prob": round(p, 6)} for c, n, p in preds]}) + "\n")
+        out.write(
+            json.dumps(
+                {
+                    "file": path,
+                    "predictions": [
+                        {"class": c, "label": n, "prob": round(p, 6)}
+                        for c, n, p in preds
+                    ],
+                }
+            )
+            + "\n"
+        )
   except (ValueError, OSError) as e:
     sys.exit(f"predict: error: {' '.join(str(e).split())}")
   finally:
     if f.out:
       out.close()
-  print(f"predict: {count} images predicted, {len(skipped)} skipped", file=sys.stderr)
+  print(
+      f"predict: {count} images predicted, {len(skipped)} skipped",
+      file=sys.stderr,
+  )
   if not count:
     sys.exit(1)
 

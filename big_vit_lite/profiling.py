@@ -12,16 +12,27 @@ key, e.g. to `config_dict.placeholder(tuple)`.)
 Step N is the update that makes the state's step N (metrics.jsonl's "step": N). Trace a few
 steps after the first (step 1 waits for the compile and the input pipeline to fill).
 """
+
 from absl import logging
 import jax
 
 
 def parse_steps(value):
   """config.profile_steps (None, an int or a list of ints >= 1) -> a sorted tuple."""
-  steps = () if value is None else tuple(value) if isinstance(value, (list, tuple)) else (value,)
-  if not all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in steps):
-    raise ValueError(f"config.profile_steps={value!r}: give training step numbers >= 1, e.g. "
-                     "[10, 11, 12] (each run of consecutive steps is one trace).")
+  steps = (
+      ()
+      if value is None
+      else tuple(value)
+      if isinstance(value, (list, tuple))
+      else (value,)
+  )
+  if not all(
+      isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in steps
+  ):
+    raise ValueError(
+        f"config.profile_steps={value!r}: give training step numbers >= 1, e.g. "
+        "[10, 11, 12] (each run of consecutive steps is one trace)."
+    )
   return tuple(sorted(set(steps)))
 
 
@@ -35,8 +46,9 @@ class StepProfiler:
   def before(self, step):
     """Call before computing `step` (the state's step + 1)."""
     if step in self.steps and not self.tracing:
-      # A folder per trace: jax names a trace by the second it starts, so two traces in
-      # one second would share a folder and the second overwrite the first.
+      # A folder per trace: jax names a trace by the second it starts, so two
+      # traces in one second would share a folder and the second overwrite the
+      # first.
       self.tracing = f"{self.workdir}/profile/step_{step}"
       jax.profiler.start_trace(self.tracing, create_perfetto_trace=True)
 
@@ -45,7 +57,9 @@ class StepProfiler:
     if self.tracing and step + 1 not in self.steps:
       jax.block_until_ready(outputs)
       jax.profiler.stop_trace()
-      logging.info("Profiler trace up to step %d written under %s", step, self.tracing)
+      logging.info(
+          "Profiler trace up to step %d written under %s", step, self.tracing
+      )
       self.tracing = None
 
   def close(self):

@@ -19,6 +19,7 @@ works on a run in progress and on a bucket workdir (gs://...).
 `config.report = True` makes the trainer write it at each eval.
 Needs matplotlib: pip install 'big_vit_lite[report]'.
 """
+
 import base64
 import datetime
 import html
@@ -41,13 +42,16 @@ _TRAINING = ("training_loss", "learning_rate")
 # Drawn in the panel of the key before it, not in a panel of its own.
 _OVERLAY = {"training_loss": "training_loss_avg"}
 EVAL_SUBDIR = "eval"  # Where the trainer's printed `evaluate` command writes.
-EVAL_PREFIX = "evaluate/"  # Its keys in the report, beside the trainer's own evals.
+# Its keys in the report, beside the trainer's own evals.
+EVAL_PREFIX = "evaluate/"
 _THROUGHPUT = ("img/sec", "mfu", "core_hours")  # key prefixes
 _OUT = None
-_CSS = ("body{font-family:sans-serif;margin:1.5em;max-width:1400px}"
-        "table{border-collapse:collapse;font-size:13px}img{max-width:100%}"
-        "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}"
-        "td:first-child,th:first-child,.cfg td{text-align:left}.keys{color:#666;font-size:12px}")
+_CSS = (
+    "body{font-family:sans-serif;margin:1.5em;max-width:1400px}"
+    "table{border-collapse:collapse;font-size:13px}img{max-width:100%}"
+    "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}"
+    "td:first-child,th:first-child,.cfg td{text-align:left}.keys{color:#666;font-size:12px}"
+)
 
 
 def require_matplotlib():
@@ -55,9 +59,12 @@ def require_matplotlib():
   try:
     import matplotlib  # pylint: disable=g-import-not-at-top
   except ImportError:
-    raise ValueError(f"The report needs matplotlib, which is not installed: {INSTALL}") from None
+    raise ValueError(
+        f"The report needs matplotlib, which is not installed: {INSTALL}"
+    ) from None
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
   return plt
 
 
@@ -67,42 +74,74 @@ def load(workdir):
   rows = metrics.read_metrics(wd)
   rows += _evaluate_rows(wd / EVAL_SUBDIR) if rows else []
   if not rows:
-    raise ValueError(f"{wd} has no metrics.jsonl lines: pass a training or evaluate workdir "
-                     "(a run writes its first line at its first logged step).")
+    raise ValueError(
+        f"{wd} has no metrics.jsonl lines: pass a training or evaluate workdir "
+        "(a run writes its first line at its first logged step)."
+    )
   config = wd / "config.json"
-  run = dict(workdir=wd, name=wd.name, rows=rows, summary=summary.read(wd),
-             stats=summary.stats(rows), checkpoints=ckpt_lib.complete_steps(wd),
-             config=dict(summary.flat_config(json.loads(config.read_text())))
-             if config.exists() else {}, train_rows=[], hours=[], resume_hours=[])
+  run = dict(
+      workdir=wd,
+      name=wd.name,
+      rows=rows,
+      summary=summary.read(wd),
+      stats=summary.stats(rows),
+      checkpoints=ckpt_lib.complete_steps(wd),
+      config=dict(summary.flat_config(json.loads(config.read_text())))
+      if config.exists()
+      else {},
+      train_rows=[],
+      hours=[],
+      resume_hours=[],
+  )
   run["train_keys"], run["eval_keys"] = summary.split_keys(rows)
   segments, offset = summary.segments(rows), 0.0
-  for i, seg in enumerate(segments):  # Hours: each attempt's uptime after those before it.
+  # Hours: each attempt's uptime after those before it.
+  for i, seg in enumerate(segments):
     run["resume_hours"] += [offset] if i else []
     run["train_rows"] += seg
-    run["hours"] += [offset + r["uptime_hours"] if "uptime_hours" in r else None for r in seg]
+    run["hours"] += [
+        offset + r["uptime_hours"] if "uptime_hours" in r else None for r in seg
+    ]
     offset += max([r.get("uptime_hours", 0.0) for r in seg])
   attempts = run["summary"].get("attempts", [])
-  run["resume_steps"] = ([a["start_step"] for a in attempts[1:]] if attempts else
-                         [s[0]["step"] for s in segments[1:]])
-  # Where the run is: a checkpoint (a preemption's) may be past the last logged step.
-  run["final_step"] = max(run["stats"]["step"], run["summary"].get("step") or 0,
-                          *run["checkpoints"][-1:])
+  run["resume_steps"] = (
+      [a["start_step"] for a in attempts[1:]]
+      if attempts
+      else [s[0]["step"] for s in segments[1:]]
+  )
+  # Where the run is: a checkpoint (a preemption's) may be past the last logged
+  # step.
+  run["final_step"] = max(
+      run["stats"]["step"],
+      run["summary"].get("step") or 0,
+      *run["checkpoints"][-1:],
+  )
   return run
 
 
 def _evaluate_rows(eval_dir):
   """The rows `evaluate` wrote into the run's eval dir, keys prefixed with EVAL_PREFIX."""
   rows = sorted(metrics.read_metrics(eval_dir), key=lambda r: r["step"])
-  return [{"step": r["step"], **{EVAL_PREFIX + k: v for k, v in r.items() if k != "step"}}
-          for r in rows]
+  return [
+      {
+          "step": r["step"],
+          **{EVAL_PREFIX + k: v for k, v in r.items() if k != "step"},
+      }
+      for r in rows
+  ]
 
 
 def _points(run, key, x, scale):
   """(x, value) of `key` in `run`'s rows, against "step" or its wall-clock hours * scale."""
   if x == "step":
-    return [(r["step"], r[key]) for r in run["rows"] if summary.numeric(r.get(key))]
-  return [(h * scale, r[key]) for r, h in zip(run["train_rows"], run["hours"])
-          if h is not None and summary.numeric(r.get(key))]
+    return [
+        (r["step"], r[key]) for r in run["rows"] if summary.numeric(r.get(key))
+    ]
+  return [
+      (h * scale, r[key])
+      for r, h in zip(run["train_rows"], run["hours"])
+      if h is not None and summary.numeric(r.get(key))
+  ]
 
 
 def _plot(ax, runs, key, x):
@@ -119,21 +158,47 @@ def _plot(ax, runs, key, x):
     pts = _points(run, key, x, scale)
     avg = _points(run, overlay, x, scale) if overlay else []
     if pts:
-      ax.plot(*zip(*pts), color=color, label=run["name"], ms=4, lw=0.8 if avg else 1.2,
-              alpha=0.45 if avg else 1.0,
-              marker="o" if key in run["eval_keys"] or len(pts) == 1 else None)
+      ax.plot(
+          *zip(*pts),
+          color=color,
+          label=run["name"],
+          ms=4,
+          lw=0.8 if avg else 1.2,
+          alpha=0.45 if avg else 1.0,
+          marker="o" if key in run["eval_keys"] or len(pts) == 1 else None,
+      )
     if avg:
-      ax.plot(*zip(*avg), color=color, label=f"{run['name']}: {overlay}", lw=1.8,
-              marker="o" if len(avg) == 1 else None, ms=4)
-    resumes = (run["resume_steps"] if x == "step" else [h * scale for h in run["resume_hours"]])
+      ax.plot(
+          *zip(*avg),
+          color=color,
+          label=f"{run['name']}: {overlay}",
+          lw=1.8,
+          marker="o" if len(avg) == 1 else None,
+          ms=4,
+      )
+    resumes = (
+        run["resume_steps"]
+        if x == "step"
+        else [h * scale for h in run["resume_hours"]]
+    )
     for j, at in enumerate(resumes):
-      ax.axvline(at, color=color, ls="--", lw=0.8, alpha=0.8,
-                 label=f"resumed ({run['name']})" if j == 0 else None)
+      ax.axvline(
+          at,
+          color=color,
+          ls="--",
+          lw=0.8,
+          alpha=0.8,
+          label=f"resumed ({run['name']})" if j == 0 else None,
+      )
     right = max([right, *resumes, *(p[0] for p in pts + avg)])
-  # From 0, with room on the right: a last point or a resume line is not on the frame.
+  # From 0, with room on the right: a last point or a resume line is not on the
+  # frame.
   ax.set_xlim(0, right * 1.05 or 1)
   ax.set_title(key, fontsize=10)
-  ax.set_xlabel(x if x == "step" else f"wall-clock {x} (attempts back to back)", fontsize=8)
+  ax.set_xlabel(
+      x if x == "step" else f"wall-clock {x} (attempts back to back)",
+      fontsize=8,
+  )
   ax.tick_params(labelsize=8)
   ax.grid(alpha=0.3)
   if len(runs) > 1 or overlay or any(run["resume_steps"] for run in runs):
@@ -142,17 +207,29 @@ def _plot(ax, runs, key, x):
 
 def plotted(fig):
   """What `fig`'s panels show, read back from its lines: a dict per line (resume lines too)."""
-  return [dict(panel=ax.get_title(), x=ax.get_xlabel(), label=line.get_label(),
-               xs=[float(v) for v in line.get_xdata()], ys=[float(v) for v in line.get_ydata()],
-               marker=line.get_marker(), xlim=[float(v) for v in ax.get_xlim()])
-          for ax in fig.axes if ax.get_visible() for line in ax.get_lines()]
+  return [
+      dict(
+          panel=ax.get_title(),
+          x=ax.get_xlabel(),
+          label=line.get_label(),
+          xs=[float(v) for v in line.get_xdata()],
+          ys=[float(v) for v in line.get_ydata()],
+          marker=line.get_marker(),
+          xlim=[float(v) for v in ax.get_xlim()],
+      )
+      for ax in fig.axes
+      if ax.get_visible()
+      for line in ax.get_lines()
+  ]
 
 
 def _figure(plt, runs, panels, cols):
   """(PNG bytes, plotted(fig)) of a grid of (key, x) panels."""
   rows = math.ceil(len(panels) / cols)
-  fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.1 * rows), squeeze=False)
-  for ax in axes.flat[len(panels):]:
+  fig, axes = plt.subplots(
+      rows, cols, figsize=(4.6 * cols, 3.1 * rows), squeeze=False
+  )
+  for ax in axes.flat[len(panels) :]:
     ax.set_visible(False)
   for ax, (key, x) in zip(axes.flat, panels):
     _plot(ax, runs, key, x)
@@ -166,25 +243,48 @@ def _figure(plt, runs, panels, cols):
 
 def figures(plt, runs):
   """{png name: (bytes, keys plotted, plotted(fig))} for the runs overlaid."""
+
   def keys(kind):
     return list(dict.fromkeys(k for run in runs for k in run[kind]))
+
   train_keys, eval_keys = keys("train_keys"), keys("eval_keys")
   throughput = [k for k in train_keys if k.startswith(_THROUGHPUT)]
-  longest = max((h for run in runs for h in run["hours"] if h is not None), default=0)
+  longest = max(
+      (h for run in runs for h in run["hours"] if h is not None), default=0
+  )
   time_x = "hours" if longest > 2 else "minutes"
   groups = {
-      "training": ([(k, x) for k in _TRAINING if k in train_keys for x in ("step", time_x)], 2),
+      "training": (
+          [
+              (k, x)
+              for k in _TRAINING
+              if k in train_keys
+              for x in ("step", time_x)
+          ],
+          2,
+      ),
       "evals": ([(k, "step") for k in sorted(eval_keys)], 3),
       "throughput": ([(k, "step") for k in throughput], 3),
-      "other": ([(k, "step") for k in train_keys
-                 if k not in (*_TRAINING, *_OVERLAY.values(), *throughput)], 3),
+      "other": (
+          [
+              (k, "step")
+              for k in train_keys
+              if k not in (*_TRAINING, *_OVERLAY.values(), *throughput)
+          ],
+          3,
+      ),
   }
   out = {}
   for name, (panels, cols) in groups.items():
     if not panels:
       continue
     png, shown = _figure(plt, runs, panels, min(cols, len(panels)))
-    keys = [k for key, _ in panels for k in (key, _OVERLAY.get(key)) if k in train_keys + eval_keys]
+    keys = [
+        k
+        for key, _ in panels
+        for k in (key, _OVERLAY.get(key))
+        if k in train_keys + eval_keys
+    ]
     out[name] = (png, list(dict.fromkeys(keys)), shown)
   return out
 
@@ -192,41 +292,97 @@ def figures(plt, runs):
 def _fmt(v, pct=False):
   if v is None:
     return "-"
-  return f"{100 * v:.1f}%" if pct else f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.4g}"
+  return (
+      f"{100 * v:.1f}%"
+      if pct
+      else f"{v:,.0f}"
+      if abs(v) >= 1000
+      else f"{v:.4g}"
+  )
 
 
 def _table(head, rows):
   cell = lambda tag, v: f"<{tag}>{html.escape(str(v))}</{tag}>"
-  return ("<table><tr>" + "".join(cell("th", h) for h in head) + "</tr>" +
-          "".join("<tr>" + "".join(cell("td", v) for v in r) + "</tr>" for r in rows) + "</table>")
+  return (
+      "<table><tr>"
+      + "".join(cell("th", h) for h in head)
+      + "</tr>"
+      + "".join(
+          "<tr>" + "".join(cell("td", v) for v in r) + "</tr>" for r in rows
+      )
+      + "</table>"
+  )
 
 
 def _runs_table(runs):
   rows = []
   for run in runs:
     s, st, dev = run["summary"], run["stats"], run["summary"].get("device")
-    total, resumed = s.get("total_steps"), ", ".join(map(str, run["resume_steps"]))
-    rows.append([
-        run["name"], s.get("status", "?"), f"{run['final_step']}" + (f" / {total}" if total else ""),
-        _fmt(st["epochs"]), summary.duration(st["hours"]), _fmt(st["core_hours"]),
-        _fmt(st["img_per_sec"]),
-        ", ".join(f"{k} {_fmt(v, pct=True)}" for k, v in st["mfu"].items()) or "-",
-        f"{dev['devices']} x {dev['device_kind']}" if dev else "-",
-        f"{max(len(s.get('attempts', [])), 1)}" + (f" (resumed at {resumed})" if resumed else ""),
-        ", ".join(map(str, run["checkpoints"][-3:])) or "-"])
-  return _table(["run", "status", "step", "epochs", "training time", "core-hours", "img/s (median)",
-                 "MFU (median)", "device", "attempts", "checkpoints"], rows)
+    total, resumed = s.get("total_steps"), ", ".join(
+        map(str, run["resume_steps"])
+    )
+    rows.append(
+        [
+            run["name"],
+            s.get("status", "?"),
+            f"{run['final_step']}" + (f" / {total}" if total else ""),
+            _fmt(st["epochs"]),
+            summary.duration(st["hours"]),
+            _fmt(st["core_hours"]),
+            _fmt(st["img_per_sec"]),
+            ", ".join(f"{k} {_fmt(v, pct=True)}" for k, v in st["mfu"].items())
+            or "-",
+            f"{dev['devices']} x {dev['device_kind']}" if dev else "-",
+            f"{max(len(s.get('attempts', [])), 1)}"
+            + (f" (resumed at {resumed})" if resumed else ""),
+            ", ".join(map(str, run["checkpoints"][-3:])) or "-",
+        ]
+    )
+  return _table(
+      [
+          "run",
+          "status",
+          "step",
+          "epochs",
+          "training time",
+          "core-hours",
+          "img/s (median)",
+          "MFU (median)",
+          "device",
+          "attempts",
+          "checkpoints",
+      ],
+      rows,
+  )
 
 
 def _metrics_table(runs):
-  keys = list(dict.fromkeys(k for run in runs
-                            for k in ["training_loss", "training_loss_avg", *sorted(run["eval_keys"])]
-                            if k in run["stats"]["final"]))
+  keys = list(
+      dict.fromkeys(
+          k
+          for run in runs
+          for k in [
+              "training_loss",
+              "training_loss_avg",
+              *sorted(run["eval_keys"]),
+          ]
+          if k in run["stats"]["final"]
+      )
+  )
+
   def cell(run, k):
-    final, best = run["stats"]["final"].get(k), run["stats"]["best"].get(k)  # (No final, no best.)
-    return f"{_fmt(final)} (best {_fmt(best['value'])} at {best['step']})" if best else _fmt(final)
-  return _table(["metric: final (best at step)", *(run["name"] for run in runs)],
-                [[k, *(cell(run, k) for run in runs)] for k in keys])
+    # (No final, no best.)
+    final, best = run["stats"]["final"].get(k), run["stats"]["best"].get(k)
+    return (
+        f"{_fmt(final)} (best {_fmt(best['value'])} at {best['step']})"
+        if best
+        else _fmt(final)
+    )
+
+  return _table(
+      ["metric: final (best at step)", *(run["name"] for run in runs)],
+      [[k, *(cell(run, k) for run in runs)] for k in keys],
+  )
 
 
 def _config_table(runs):
@@ -234,35 +390,60 @@ def _config_table(runs):
   differ = [k for k in keys if len({run["config"].get(k) for run in runs}) > 1]
   if not differ:
     return "<p>The runs have the same config.</p>" if len(runs) > 1 else ""
-  return '<div class="cfg">' + _table(
-      ["config key", *(run["name"] for run in runs)],
-      [[k, *(run["config"].get(k, "(unset)") for run in runs)] for k in differ]) + "</div>"
+  return (
+      '<div class="cfg">'
+      + _table(
+          ["config key", *(run["name"] for run in runs)],
+          [
+              [k, *(run["config"].get(k, "(unset)") for run in runs)]
+              for k in differ
+          ],
+      )
+      + "</div>"
+  )
 
 
 def write(workdirs, out=None):
   """Writes report.html and the PNGs for `workdirs` to `out` (default WORKDIR/report); its path."""
   plt = require_matplotlib()
   if out is None and len(workdirs) > 1:
-    raise ValueError("Several workdirs: pass --out=DIR for the comparison report.")
+    raise ValueError(
+        "Several workdirs: pass --out=DIR for the comparison report."
+    )
   runs = [load(w) for w in workdirs]
   out = paths.resolve(out) if out else runs[0]["workdir"] / "report"
   out.mkdir(parents=True, exist_ok=True)
   title = "Run report: " + ", ".join(run["name"] for run in runs)
-  now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-  # (The runs by name: an absolute workdir path says nothing to a reader of the page.)
-  parts = [f"<h1>{html.escape(title)}</h1>", f"<p>{now}</p>",
-           "<h2>Runs</h2>", _runs_table(runs), "<h2>Metrics</h2>", _metrics_table(runs)]
+  now = datetime.datetime.now(datetime.timezone.utc).strftime(
+      "%Y-%m-%d %H:%M UTC"
+  )
+  # (The runs by name: an absolute workdir path says nothing to a reader of the
+  # page.)
+  parts = [
+      f"<h1>{html.escape(title)}</h1>",
+      f"<p>{now}</p>",
+      "<h2>Runs</h2>",
+      _runs_table(runs),
+      "<h2>Metrics</h2>",
+      _metrics_table(runs),
+  ]
   config = _config_table(runs)
-  parts += ["<h2>Config</h2>", config] if config else []  # (One run: nothing to compare.)
+  # (One run: nothing to compare.)
+  parts += ["<h2>Config</h2>", config] if config else []
   for name, (png, keys, _) in figures(plt, runs).items():
     (out / f"{name}.png").write_bytes(png)
-    parts += [f"<h2>{name.capitalize()}</h2>",
-              f'<img alt="{name}" src="data:image/png;base64,{base64.b64encode(png).decode()}">',
-              f'<p class="keys">{html.escape(", ".join(keys))}</p>']
+    parts += [
+        f"<h2>{name.capitalize()}</h2>",
+        f'<img alt="{name}" src="data:image/png;base64,{base64.b64encode(png).decode()}">',
+        f'<p class="keys">{html.escape(", ".join(keys))}</p>',
+    ]
   # (The empty icon: no request for a favicon.ico that is not there.)
-  page = ('<!doctype html>\n<html><head><meta charset="utf-8"><link rel="icon" href="data:,">'
-          f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>\n"
-          + "\n".join(parts) + "\n</body></html>\n")
+  page = (
+      '<!doctype html>\n<html><head><meta charset="utf-8"><link rel="icon" href="data:,">'
+      f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>\n"
+      + "\n".join(parts)
+      + "\n</body></html>\n"
+  )
   path = out / "report.html"
   (out / "report.html.tmp").write_text(page)
   (out / "report.html.tmp").replace(path)
@@ -272,7 +453,9 @@ def write(workdirs, out=None):
 
 def main(argv):
   if len(argv) < 2:
-    raise app.UsageError("Pass one or more workdirs: WORKDIR [WORKDIR...] [--out=DIR]")
+    raise app.UsageError(
+        "Pass one or more workdirs: WORKDIR [WORKDIR...] [--out=DIR]"
+    )
   try:
     print(write(argv[1:], _OUT.value))
   except (ValueError, OSError) as e:  # (OSError: --out cannot be written)
@@ -280,6 +463,9 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  _OUT = flags.DEFINE_string("out", None, "Where report.html and the PNGs go (default "
-                             "WORKDIR/report).")
+  _OUT = flags.DEFINE_string(
+      "out",
+      None,
+      "Where report.html and the PNGs go (default " "WORKDIR/report).",
+  )
   app.run(main)

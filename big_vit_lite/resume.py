@@ -2,6 +2,7 @@
 
 Also the workdir (created and locked) and the line naming the last complete checkpoint.
 """
+
 import json
 
 from absl import logging
@@ -17,8 +18,12 @@ class TrainingError(RuntimeError):
 
 def with_opt_layout(state_abstract, opt, clipped):
   """`state_abstract` with the optimizer state laid out for a chain with(out) the clip."""
-  return dict(state_abstract, opt_state=optim.clip_relayout(state_abstract["opt_state"],
-                                                            opt.clipped, clipped))
+  return dict(
+      state_abstract,
+      opt_state=optim.clip_relayout(
+          state_abstract["opt_state"], opt.clipped, clipped
+      ),
+  )
 
 
 def check_resumable(checkpointer, step, state_abstract, opt, config=None):
@@ -32,39 +37,61 @@ def check_resumable(checkpointer, step, state_abstract, opt, config=None):
     mismatch = checkpointer.state_mismatch(step, state_abstract)
     saved_clipped = opt.clipped
     if mismatch and not checkpointer.state_mismatch(
-        step, with_opt_layout(state_abstract, opt, not opt.clipped)):
+        step, with_opt_layout(state_abstract, opt, not opt.clipped)
+    ):
       mismatch, saved_clipped = None, not opt.clipped
-      logging.info("The checkpoint at step %d was saved %s gradient clipping; this run %s "
-                   "(config.grad_clip_norm): its optimizer state carries over as it is.", step,
-                   "with" if saved_clipped else "without",
-                   "clips" if opt.clipped else "does not clip")
+      logging.info(
+          "The checkpoint at step %d was saved %s gradient clipping; this run %s "
+          "(config.grad_clip_norm): its optimizer state carries over as it is.",
+          step,
+          "with" if saved_clipped else "without",
+          "clips" if opt.clipped else "does not clip",
+      )
   except Exception as e:  # pylint: disable=broad-except
     raise TrainingError(damaged(checkpointer, step, e)) from e
   if mismatch:
     step_dir = checkpointer.step_dir(step)
     changed = changed_keys(step_dir, config)
-    # Params of another shape cannot initialise this model either: model_init is no way out.
-    fix = ("Use a new --workdir" if mismatch.startswith("'params/") else
-           f"Use a new --workdir with config.model_init={step_dir} to start from its params")
-    raise TrainingError(f"Cannot resume from {step_dir}: it was written for another model or "
-                        f"optimizer ({mismatch}; {changed}). {fix}, or undo the change.")
+    # Params of another shape cannot initialise this model either: model_init is
+    # no way out.
+    fix = (
+        "Use a new --workdir"
+        if mismatch.startswith("'params/")
+        else f"Use a new --workdir with config.model_init={step_dir} to start from its params"
+    )
+    raise TrainingError(
+        f"Cannot resume from {step_dir}: it was written for another model or "
+        f"optimizer ({mismatch}; {changed}). {fix}, or undo the change."
+    )
   return saved_clipped
 
 
 # The config keys that shape the train state (params, optimizer state, EMA).
-_STATE_KEYS = ("model.", "model_name", "optax_name", "optax.", "ema_decay", "schedule")
+_STATE_KEYS = (
+    "model.",
+    "model_name",
+    "optax_name",
+    "optax.",
+    "ema_decay",
+    "schedule",
+)
 
 
 def changed_keys(step_dir, config):
   """'config keys changed since the checkpoint: model.width 16 -> 32, ...' (those that shape
-  the state), from the config saved with the checkpoint; a note where none is known."""
+  the state), from the config saved with the checkpoint; a note where none is known.
+  """
   path = step_dir / "config" / "metadata"
   if config is None or not path.is_file():
     return "the checkpoint holds no config to compare with"
-  saved, now = _flat(json.loads(path.read_text())), _flat(json.loads(config.to_json_best_effort()))
-  changed = [f"{k} {saved.get(k, '(unset)')} -> {now.get(k, '(unset)')}"
-             for k in sorted(set(saved) | set(now))
-             if k.startswith(_STATE_KEYS) and saved.get(k) != now.get(k)]
+  saved, now = _flat(json.loads(path.read_text())), _flat(
+      json.loads(config.to_json_best_effort())
+  )
+  changed = [
+      f"{k} {saved.get(k, '(unset)')} -> {now.get(k, '(unset)')}"
+      for k in sorted(set(saved) | set(now))
+      if k.startswith(_STATE_KEYS) and saved.get(k) != now.get(k)
+  ]
   if not changed:
     return "no config key that shapes the state changed: the code did"
   return "config keys changed since the checkpoint: " + ", ".join(changed)
@@ -103,10 +130,15 @@ def damaged(checkpointer, step, error):
   reason = reason[:300] + "..." if len(reason) > 300 else reason
   older = sorted(s for s in checkpointer.all_steps() if s < step)
   step_dir = checkpointer.step_dir(step)
-  where = (f"(e.g. to {step_dir}.damaged) to resume from step {older[-1]}" if older else
-           "to start afresh")
-  return (f"Cannot read checkpoint {step_dir} ({reason}); if it is damaged, move it out of "
-          f"{checkpointer.directory} {where}.")
+  where = (
+      f"(e.g. to {step_dir}.damaged) to resume from step {older[-1]}"
+      if older
+      else "to start afresh"
+  )
+  return (
+      f"Cannot read checkpoint {step_dir} ({reason}); if it is damaged, move it out of "
+      f"{checkpointer.directory} {where}."
+  )
 
 
 def last_checkpoint(workdir, todo=None):
@@ -115,15 +147,21 @@ def last_checkpoint(workdir, todo=None):
   steps = ckpt_lib.complete_steps(workdir)
   where = f" in {paths.resolve(workdir) / ckpt_lib.CKPT_SUBDIR}"
   if steps:
-    return (f"the last complete checkpoint is step {steps[-1]}{where}: {todo} the same command "
-            "to resume")
-  return f"no checkpoint was saved{where}: {todo} the same command to start again"
+    return (
+        f"the last complete checkpoint is step {steps[-1]}{where}: {todo} the same command "
+        "to resume"
+    )
+  return (
+      f"no checkpoint was saved{where}: {todo} the same command to start again"
+  )
 
 
 def prepare_workdir(workdir, cleanup):
   """Creates `workdir` and locks it against a second trainer (process 0 only)."""
   reason = ckpt_lib.unusable_path_reason(workdir)
   if reason:
-    raise ValueError(f"--workdir {workdir} has {reason}: use a directory name without it.")
+    raise ValueError(
+        f"--workdir {workdir} has {reason}: use a directory name without it."
+    )
   workdir.mkdir(parents=True, exist_ok=True)
   cleanup.enter_context(paths.lock_workdir(workdir))

@@ -18,6 +18,7 @@ the names it leaves out keep their defaults. A param dim that its mesh axes do
 not divide is not split along them: FSDP's axes move to another dim of that
 param they divide, the others leave it whole, and a warning says which (fit_spec).
 """
+
 import difflib
 import math
 import operator
@@ -54,8 +55,10 @@ def parse_mesh(spec):
   try:
     return [(name.strip(), int(size)) for name, _, size in pairs]
   except ValueError:
-    raise ValueError(f"mesh {spec!r}: expected axis:size pairs, e.g. 'data:-1' or "
-                     "'data:2,fsdp:-1'") from None
+    raise ValueError(
+        f"mesh {spec!r}: expected axis:size pairs, e.g. 'data:-1' or "
+        "'data:2,fsdp:-1'"
+    ) from None
 
 
 def make_mesh(mesh_cfg=(("data", -1),), devices=None):
@@ -67,24 +70,41 @@ def make_mesh(mesh_cfg=(("data", -1),), devices=None):
   devices = jax.devices() if devices is None else devices
   mesh_cfg = parse_mesh(mesh_cfg) if isinstance(mesh_cfg, str) else mesh_cfg
   try:
-    mesh_cfg = [(name, operator.index(size)) for name, size in mesh_cfg or (("data", -1),)]
+    mesh_cfg = [
+        (name, operator.index(size))
+        for name, size in mesh_cfg or (("data", -1),)
+    ]
   except (TypeError, ValueError):
-    raise ValueError(f"mesh {mesh_cfg!r}: use (axis, integer size) pairs, e.g. (('data', -1),) "
-                     "(one axis needs the trailing comma) or (('data', 2), ('fsdp', -1)).") from None
+    raise ValueError(
+        f"mesh {mesh_cfg!r}: use (axis, integer size) pairs, e.g. (('data', -1),) "
+        "(one axis needs the trailing comma) or (('data', 2), ('fsdp', -1))."
+    ) from None
   names, sizes = [a for a, _ in mesh_cfg], [s for _, s in mesh_cfg]
-  if (not set(names) <= set(MESH_AXES) or len(set(names)) < len(names) or sizes.count(-1) > 1
-      or any(s < 1 and s != -1 for s in sizes)):
-    raise ValueError(f"mesh {mesh_cfg}: use distinct axes of {', '.join(MESH_AXES)} (an unknown "
-                     "or repeated one is not) with positive sizes, or -1 for at most one axis.")
+  if (
+      not set(names) <= set(MESH_AXES)
+      or len(set(names)) < len(names)
+      or sizes.count(-1) > 1
+      or any(s < 1 and s != -1 for s in sizes)
+  ):
+    raise ValueError(
+        f"mesh {mesh_cfg}: use distinct axes of {', '.join(MESH_AXES)} (an unknown "
+        "or repeated one is not) with positive sizes, or -1 for at most one axis."
+    )
   n = len(devices)
   if -1 in sizes:
     sizes[sizes.index(-1)] = n // math.prod(s for s in sizes if s != -1)
   if math.prod(sizes) != n:
-    raise ValueError(f"mesh {mesh_cfg} does not fit the {n} devices (sizes {sizes}): use -1 for "
-                     "one axis to take the rest (on CPU, config.num_cpu_devices splits the CPU "
-                     "into more devices).")
-  return jax.make_mesh(tuple(sizes), tuple(names), devices=devices,
-                       axis_types=(jax.sharding.AxisType.Auto,) * len(names))
+    raise ValueError(
+        f"mesh {mesh_cfg} does not fit the {n} devices (sizes {sizes}): use -1 for "
+        "one axis to take the rest (on CPU, config.num_cpu_devices splits the CPU "
+        "into more devices)."
+    )
+  return jax.make_mesh(
+      tuple(sizes),
+      tuple(names),
+      devices=devices,
+      axis_types=(jax.sharding.AxisType.Auto,) * len(names),
+  )
 
 
 def batch_axes(mesh):
@@ -94,7 +114,9 @@ def batch_axes(mesh):
 
 def batch_devices(mesh):
   """How many ways the batch is split: the product of the batch axes (1 without a mesh)."""
-  return 1 if mesh is None else math.prod(mesh.shape[a] for a in batch_axes(mesh))
+  return (
+      1 if mesh is None else math.prod(mesh.shape[a] for a in batch_axes(mesh))
+  )
 
 
 def batch_sharding(mesh):
@@ -107,23 +129,40 @@ def replicated(mesh):
 
 def _rule_pairs(rules_cfg):
   """config.sharding_rules (pairs, or a dict) -> [(logical, axes tuple or None)], checked."""
-  rules_cfg = list(rules_cfg.items()) if hasattr(rules_cfg, "items") else rules_cfg
+  rules_cfg = (
+      list(rules_cfg.items()) if hasattr(rules_cfg, "items") else rules_cfg
+  )
   try:
-    pairs = [(logical, (axes,) if isinstance(axes, str) else axes) for logical, axes in rules_cfg]
+    pairs = [
+        (logical, (axes,) if isinstance(axes, str) else axes)
+        for logical, axes in rules_cfg
+    ]
   except (TypeError, ValueError):
-    raise ValueError(f"sharding_rules={rules_cfg!r}: use (logical axis, mesh axes) pairs, e.g. "
-                     "(('embed', 'fsdp'),) (one rule needs the trailing comma).") from None
+    raise ValueError(
+        f"sharding_rules={rules_cfg!r}: use (logical axis, mesh axes) pairs, e.g. "
+        "(('embed', 'fsdp'),) (one rule needs the trailing comma)."
+    ) from None
   for logical, axes in pairs:
     if logical not in _LOGICAL_NAMES:
       near = difflib.get_close_matches(str(logical), _LOGICAL_NAMES, n=1)
-      raise ValueError(f"sharding_rules: unknown logical axis {logical!r}"
-                       f"{f' (did you mean {near[0]!r}?)' if near else ''}; the model's logical "
-                       f"axes are {', '.join(_LOGICAL_NAMES)}.")
-    if axes is not None and (not isinstance(axes, (list, tuple)) or len(set(axes)) < len(axes)
-                             or not set(axes) <= set(MESH_AXES)):
-      raise ValueError(f"sharding_rules: {logical!r} maps to {axes!r}; use a mesh axis "
-                       f"({', '.join(MESH_AXES)}), a tuple of distinct ones, or None.")
-  return [(logical, None if axes is None else tuple(axes)) for logical, axes in pairs]
+      raise ValueError(
+          f"sharding_rules: unknown logical axis {logical!r}"
+          f"{f' (did you mean {near[0]!r}?)' if near else ''}; the model's logical "
+          f"axes are {', '.join(_LOGICAL_NAMES)}."
+      )
+    if axes is not None and (
+        not isinstance(axes, (list, tuple))
+        or len(set(axes)) < len(axes)
+        or not set(axes) <= set(MESH_AXES)
+    ):
+      raise ValueError(
+          f"sharding_rules: {logical!r} maps to {axes!r}; use a mesh axis "
+          f"({', '.join(MESH_AXES)}), a tuple of distinct ones, or None."
+      )
+  return [
+      (logical, None if axes is None else tuple(axes))
+      for logical, axes in pairs
+  ]
 
 
 def make_rules(rules_cfg, mesh):
@@ -141,9 +180,19 @@ def make_rules(rules_cfg, mesh):
   out = []
   for logical, default in DEFAULT_RULES:
     for axes in named.get(logical, [default]):
-      axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
-      axes = tuple(a for a in axes if a in mesh.axis_names and mesh.shape[a] > 1)
-      out.append((logical, axes if len(axes) > 1 else (axes[0] if axes else None)))
+      axes = (
+          ()
+          if axes is None
+          else (axes,)
+          if isinstance(axes, str)
+          else tuple(axes)
+      )
+      axes = tuple(
+          a for a in axes if a in mesh.axis_names and mesh.shape[a] > 1
+      )
+      out.append(
+          (logical, axes if len(axes) > 1 else (axes[0] if axes else None))
+      )
   return tuple(out)
 
 
@@ -154,8 +203,12 @@ def unbox(tree):
   ShapeDtypeStructs under `jax.set_mesh`.)
   """
   return jax.tree.map(
-      lambda x: x.unbox(apply_constraint=False) if isinstance(x, nn.meta.AxisMetadata) else x,
-      tree, is_leaf=lambda x: isinstance(x, nn.meta.AxisMetadata))
+      lambda x: x.unbox(apply_constraint=False)
+      if isinstance(x, nn.meta.AxisMetadata)
+      else x,
+      tree,
+      is_leaf=lambda x: isinstance(x, nn.meta.AxisMetadata),
+  )
 
 
 def logical_shardings(boxed_abstract, mesh, rules, *, unsplit=None):
@@ -170,15 +223,25 @@ def logical_shardings(boxed_abstract, mesh, rules, *, unsplit=None):
   found = []
 
   def fit(path, spec, x):
-    spec = fit_spec(spec, x.shape, mesh.shape, found, "/".join(_dict_keys(path)))
+    spec = fit_spec(
+        spec, x.shape, mesh.shape, found, "/".join(_dict_keys(path))
+    )
     return NamedSharding(mesh, spec)
+
   out = jax.tree_util.tree_map_with_path(
-      fit, mesh_specs, unbox(boxed_abstract), is_leaf=lambda s: isinstance(s, P) or s is None)
+      fit,
+      mesh_specs,
+      unbox(boxed_abstract),
+      is_leaf=lambda s: isinstance(s, P) or s is None,
+  )
   found = _summarize(found)
   if unsplit is not None:
     unsplit.extend(found)
   elif found:
-    logging.warning("Sharding: param dims not divisible by their mesh axes: %s", "; ".join(found))
+    logging.warning(
+        "Sharding: param dims not divisible by their mesh axes: %s",
+        "; ".join(found),
+    )
   return out
 
 
@@ -187,9 +250,11 @@ def _summarize(found):
   groups = {}
   for name, size, axes, n, moved in found:
     groups.setdefault((size, axes, n, moved is not None), []).append(name)
-  return [f"size {size} over {axes} ({n}): {len(names)} param(s) "
-          f"{'split along another dim' if moved else 'whole'}, e.g. {names[0]}"
-          for (size, axes, n, moved), names in groups.items()]
+  return [
+      f"size {size} over {axes} ({n}): {len(names)} param(s) "
+      f"{'split along another dim' if moved else 'whole'}, e.g. {names[0]}"
+      for (size, axes, n, moved), names in groups.items()
+  ]
 
 
 def fit_spec(spec, shape, axis_sizes, unsplit=None, name="array"):
@@ -213,9 +278,19 @@ def fit_spec(spec, shape, axis_sizes, unsplit=None, name="array"):
       dims[i] = None
       dropped.append((i, axes, names, size))
   for i, axes, names, size in dropped:
-    free = [j for j in range(len(shape))
-            if j != i and dims[j] is None and shape[j] >= size and shape[j] % size == 0]
-    moved = max(free, key=lambda j: shape[j]) if free and "model" not in names else None
+    free = [
+        j
+        for j in range(len(shape))
+        if j != i
+        and dims[j] is None
+        and shape[j] >= size
+        and shape[j] % size == 0
+    ]
+    moved = (
+        max(free, key=lambda j: shape[j])
+        if free and "model" not in names
+        else None
+    )
     if moved is not None:
       dims[moved] = axes
     if unsplit is not None:
@@ -223,15 +298,22 @@ def fit_spec(spec, shape, axis_sizes, unsplit=None, name="array"):
   return P(*dims)
 
 
-def like_params_shardings(tree_abstract, params_abstract, params_shardings, mesh):
+def like_params_shardings(
+    tree_abstract, params_abstract, params_shardings, mesh
+):
   """Shardings for a tree that mirrors the params somewhere inside (optimizer state).
 
   A leaf whose dict-key path ends with a param's path and has the param's
   shape (Adam's mu/nu, momentum) gets that param's sharding; everything else
   (step counters, Adafactor's factored row/column statistics) is replicated.
   """
-  by_path = {_dict_keys(p): (tuple(x.shape), s) for (p, x), s in zip(
-      jax.tree_util.tree_leaves_with_path(params_abstract), jax.tree.leaves(params_shardings))}
+  by_path = {
+      _dict_keys(p): (tuple(x.shape), s)
+      for (p, x), s in zip(
+          jax.tree_util.tree_leaves_with_path(params_abstract),
+          jax.tree.leaves(params_shardings),
+      )
+  }
 
   def pick(path, leaf):
     keys = _dict_keys(path)
@@ -240,6 +322,7 @@ def like_params_shardings(tree_abstract, params_abstract, params_shardings, mesh
       if hit is not None and hit[0] == tuple(leaf.shape):
         return hit[1]
     return replicated(mesh)
+
   return jax.tree_util.tree_map_with_path(pick, tree_abstract)
 
 
@@ -249,5 +332,7 @@ def _dict_keys(path):
 
 def describe(shardings, abstract):
   """Per-device bytes of a tree under its shardings (for the log / tests)."""
-  return sum(int(np.prod(s.shard_shape(tuple(x.shape)))) * np.dtype(x.dtype).itemsize
-             for s, x in zip(jax.tree.leaves(shardings), jax.tree.leaves(abstract)))
+  return sum(
+      int(np.prod(s.shard_shape(tuple(x.shape)))) * np.dtype(x.dtype).itemsize
+      for s, x in zip(jax.tree.leaves(shardings), jax.tree.leaves(abstract))
+  )

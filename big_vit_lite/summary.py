@@ -13,6 +13,7 @@ run with its first step, so resumes can be shown (report.py). An evaluate
 run writes its own (kind "evaluate"); in a training workdir under the name
 EVAL_FILE, so that the trainer's stays.
 """
+
 import datetime
 import json
 import os
@@ -55,7 +56,8 @@ def segments(rows):
   """Training rows split into attempts, where `uptime_hours` starts again from 0."""
   out, last = [], 0.0
   for row in (r for r in rows if "training_loss" in r):
-    up = row.get("uptime_hours", last)  # (A line without timing: the attempt goes on.)
+    # (A line without timing: the attempt goes on.)
+    up = row.get("uptime_hours", last)
     if not out or up < last:
       out.append([])
     out[-1].append(row)
@@ -72,19 +74,30 @@ def stats(rows):
       if k == "step" or not numeric(v):
         continue
       final[k] = v
-      sign = -1 if "loss" in k or "err" in k else 1  # Losses and errors at their lowest.
+      # Losses and errors at their lowest.
+      sign = -1 if "loss" in k or "err" in k else 1
       if (k in eval_keys or k in ("training_loss", "training_loss_avg")) and (
-          k not in best or sign * v > sign * best[k]["value"]):
+          k not in best or sign * v > sign * best[k]["value"]
+      ):
         best[k] = dict(value=v, step=row["step"])
   train_rows = [r for r in rows if "training_loss" in r]
-  median = lambda k: (statistics.median(vals) if (vals := [r[k] for r in train_rows
-                                                            if numeric(r.get(k))]) else None)
+  median = lambda k: (
+      statistics.median(vals)
+      if (vals := [r[k] for r in train_rows if numeric(r.get(k))])
+      else None
+  )
   return dict(
-      step=train_rows[-1]["step"] if train_rows else max((r["step"] for r in rows), default=0),
-      epochs=final.get("epoch"), final=final, best=best,
+      step=train_rows[-1]["step"]
+      if train_rows
+      else max((r["step"] for r in rows), default=0),
+      epochs=final.get("epoch"),
+      final=final,
+      best=best,
       hours=sum(s[-1].get("uptime_hours", 0.0) for s in segments(rows)) or None,
-      core_hours=final.get("core_hours"), img_per_sec=median("img/sec"),
-      mfu={k: median(k) for k in train_keys if k.startswith("mfu")})
+      core_hours=final.get("core_hours"),
+      img_per_sec=median("img/sec"),
+      mfu={k: median(k) for k in train_keys if k.startswith("mfu")},
+  )
 
 
 def duration(hours):
@@ -92,7 +105,13 @@ def duration(hours):
   if hours is None:
     return "-"
   sec = hours * 3600
-  return f"{sec:.0f} s" if sec < 120 else f"{sec / 60:.1f} min" if sec < 7200 else f"{hours:.2f} h"
+  return (
+      f"{sec:.0f} s"
+      if sec < 120
+      else f"{sec / 60:.1f} min"
+      if sec < 7200
+      else f"{hours:.2f} h"
+  )
 
 
 def flat_config(tree, prefix=""):
@@ -106,18 +125,26 @@ def flat_config(tree, prefix=""):
 
 def command(module):
   """The command line that started this process when it runs `python -m MODULE`, else None."""
-  ran = sys.argv and sys.argv[0].endswith(os.path.join(*module.split(".")) + ".py")
+  ran = sys.argv and sys.argv[0].endswith(
+      os.path.join(*module.split(".")) + ".py"
+  )
   return shlex.join(["python", "-m", module, *sys.argv[1:]]) if ran else None
 
 
 def _now():
-  return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+  return datetime.datetime.now(datetime.timezone.utc).isoformat(
+      timespec="seconds"
+  )
 
 
 def _device():
   d = jax.devices()[0]
-  return dict(platform=d.platform, device_kind=d.device_kind, devices=jax.device_count(),
-              processes=jax.process_count())
+  return dict(
+      platform=d.platform,
+      device_kind=d.device_kind,
+      devices=jax.device_count(),
+      processes=jax.process_count(),
+  )
 
 
 def write(workdir, summary, name=FILE):
@@ -144,22 +171,38 @@ def block(s, path):
   # (No error line: the job's last line says it, once; summary.json keeps it.)
   lines = [f"==== Summary: {head} ===="]
   for k, v in s.get("final", {}).items():
-    b = s.get("best", {}).get(k)  # (An evaluate run has none: it shows every result.)
+    # (An evaluate run has none: it shows every result.)
+    b = s.get("best", {}).get(k)
     if b or s["kind"] == "evaluate":
       best = f"   best {b['value']:.4g} at step {b['step']}" if b else ""
       lines.append(f"  {k:<32} {v:.4g}{best}")
-  speed = [f"{duration(s['hours'])} of training and evals" if s.get("hours") else None,
-           f"{s['core_hours']:.3g} core-hours" if s.get("core_hours") else None,
-           f"{s['img_per_sec']:,.0f} img/s (median)" if s.get("img_per_sec") else None,
-           f"{s['seconds']:.1f} s" if s.get("seconds") else None]
-  speed = [x for x in speed if x] + [f"{k} {100 * v:.1f}%" for k, v in (s.get("mfu") or {}).items()
-                                     if v is not None]
+  speed = [
+      f"{duration(s['hours'])} of training and evals"
+      if s.get("hours")
+      else None,
+      f"{s['core_hours']:.3g} core-hours" if s.get("core_hours") else None,
+      f"{s['img_per_sec']:,.0f} img/s (median)"
+      if s.get("img_per_sec")
+      else None,
+      f"{s['seconds']:.1f} s" if s.get("seconds") else None,
+  ]
+  speed = [x for x in speed if x] + [
+      f"{k} {100 * v:.1f}%"
+      for k, v in (s.get("mfu") or {}).items()
+      if v is not None
+  ]
   lines += ["  " + ", ".join(speed)] if speed else []
   if dev := s.get("device"):
-    lines.append(f"  device: {dev['devices']} x {dev['device_kind']} ({dev['processes']} "
-                 f"process{'es' if dev['processes'] > 1 else ''})")
-  lines += [f"  {key}: {s[key]}" for key in ("checkpoint", "source") if s.get(key)]
-  lines += [f"  {name}: {cmd}" for name, cmd in s.get("commands", {}).items() if cmd]
+    lines.append(
+        f"  device: {dev['devices']} x {dev['device_kind']} ({dev['processes']} "
+        f"process{'es' if dev['processes'] > 1 else ''})"
+    )
+  lines += [
+      f"  {key}: {s[key]}" for key in ("checkpoint", "source") if s.get(key)
+  ]
+  lines += [
+      f"  {name}: {cmd}" for name, cmd in s.get("commands", {}).items() if cmd
+  ]
   lines += [f"  report: {s['report']}"] if s.get("report") else []
   return "\n".join(lines + [f"  summary: {path}"])
 
@@ -174,38 +217,74 @@ class TrainRun:
   Process 0 only; the others do nothing.
   """
 
-  def __init__(self, workdir, *, total_steps, start_step, checkpoint_dir, image_shape,
-               report=None, on_end=None):
+  def __init__(
+      self,
+      workdir,
+      *,
+      total_steps,
+      start_step,
+      checkpoint_dir,
+      image_shape,
+      report=None,
+      on_end=None,
+  ):
     self.active = jax.process_index() == 0
-    self.workdir, self.report, self.on_end = paths.resolve(workdir), report, on_end
+    self.workdir, self.report, self.on_end = (
+        paths.resolve(workdir),
+        report,
+        on_end,
+    )
     self.status = "finished"
     if not self.active:
       return
     previous = read(workdir).get("attempts", []) if start_step else []
     for a in previous:  # An attempt that never wrote its end was killed.
-      a["status"] = "killed" if a.get("status") == "running" else a.get("status")
+      a["status"] = (
+          "killed" if a.get("status") == "running" else a.get("status")
+      )
     self.summary = dict(
-        kind="train", status="running", workdir=str(self.workdir), total_steps=total_steps,
-        device=_device(), checkpoint_dir=str(checkpoint_dir), commands={},
-        attempts=previous + [dict(start_step=start_step or 0, started=_now(), status="running")])
-    self._evaluate = shlex.join([
-        "python", "-m", "big_vit_lite.evaluate",
-        f"--config=configs/fewshot.py:res={image_shape[0]},channels={image_shape[-1]}",
-        f"--workdir={self.workdir / 'eval'}", f"--config.model_init={self.workdir}"])
+        kind="train",
+        status="running",
+        workdir=str(self.workdir),
+        total_steps=total_steps,
+        device=_device(),
+        checkpoint_dir=str(checkpoint_dir),
+        commands={},
+        attempts=previous
+        + [dict(start_step=start_step or 0, started=_now(), status="running")],
+    )
+    self._evaluate = shlex.join(
+        [
+            "python",
+            "-m",
+            "big_vit_lite.evaluate",
+            f"--config=configs/fewshot.py:res={image_shape[0]},channels={image_shape[-1]}",
+            f"--workdir={self.workdir / 'eval'}",
+            f"--config.model_init={self.workdir}",
+        ]
+    )
     self._write("running")
 
   def _write(self, status, error=None):
     s = self.summary
-    s.update(stats(metrics.read_metrics(self.workdir)), status=status, error=error, updated=_now())
+    s.update(
+        stats(metrics.read_metrics(self.workdir)),
+        status=status,
+        error=error,
+        updated=_now(),
+    )
     steps = ckpt_lib.complete_steps(self.workdir)
     s["checkpoint"] = f"{s['checkpoint_dir']}/{steps[-1]}" if steps else None
-    s["step"] = max(s["step"], steps[-1] if steps else 0)  # A preemption saves unlogged steps.
+    # A preemption saves unlogged steps.
+    s["step"] = max(s["step"], steps[-1] if steps else 0)
     s["attempts"][-1].update(status=status, end_step=s["step"])
     s["report"] = str(self.workdir / REPORT) if self.report else None
-    # The same command resumes a run that did not finish (it also trains on a finished
-    # one whose total_steps was raised).
-    s["commands"] = dict(resume=command("big_vit_lite.train") if status != "finished" else None,
-                         evaluate=self._evaluate if steps else None)
+    # The same command resumes a run that did not finish (it also trains on a
+    # finished one whose total_steps was raised).
+    s["commands"] = dict(
+        resume=command("big_vit_lite.train") if status != "finished" else None,
+        evaluate=self._evaluate if steps else None,
+    )
     write(self.workdir, s)
 
   def evaluated(self):
@@ -223,7 +302,10 @@ class TrainRun:
       return False
     status, error = self.status, None
     if exc_type is not None:
-      interrupted = issubclass(exc_type, KeyboardInterrupt) or "Interrupted" in exc_type.__name__
+      interrupted = (
+          issubclass(exc_type, KeyboardInterrupt)
+          or "Interrupted" in exc_type.__name__
+      )
       status = "interrupted" if interrupted else "failed"
       error = (str(exc).strip().splitlines() or [exc_type.__name__])[0][:300]
     try:
@@ -233,13 +315,16 @@ class TrainRun:
       logging.warning("Could not write %s: %s", self.workdir / FILE, e)
     try:
       if self.on_end:
-        self.on_end(self.summary)  # (config.wandb: the W&B run's summary; it ends.)
+        # (config.wandb: the W&B run's summary; it ends.)
+        self.on_end(self.summary)
     except Exception as e:  # pylint: disable=broad-except
       logging.warning("Could not send the summary to the tracker: %s", e)
     return False
 
 
-def write_evaluate(workdir, *, source, step, results, seconds, error=None, interrupted=False):
+def write_evaluate(
+    workdir, *, source, step, results, seconds, error=None, interrupted=False
+):
   """summary.json of an evaluate run (process 0): its results, source checkpoint and time.
 
   In a training workdir (its summary.json is a training run's) it is EVAL_FILE instead.
@@ -248,10 +333,19 @@ def write_evaluate(workdir, *, source, step, results, seconds, error=None, inter
     return
   workdir = paths.resolve(workdir)
   status = "interrupted" if interrupted else "failed" if error else "finished"
-  s = dict(kind="evaluate", status=status, workdir=str(workdir), step=step, source=str(source),
-           final={f"{n}/{k}": v for n, r in results.items() for k, v in r.items()}, seconds=seconds,
-           device=_device(), error=None if error is None else str(error).splitlines()[0][:300],
-           commands=dict(again=command("big_vit_lite.evaluate")), updated=_now())
+  s = dict(
+      kind="evaluate",
+      status=status,
+      workdir=str(workdir),
+      step=step,
+      source=str(source),
+      final={f"{n}/{k}": v for n, r in results.items() for k, v in r.items()},
+      seconds=seconds,
+      device=_device(),
+      error=None if error is None else str(error).splitlines()[0][:300],
+      commands=dict(again=command("big_vit_lite.evaluate")),
+      updated=_now(),
+  )
   name = EVAL_FILE if read(workdir).get("kind") == "train" else FILE
   try:
     workdir.mkdir(parents=True, exist_ok=True)

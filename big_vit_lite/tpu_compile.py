@@ -13,6 +13,7 @@ Slices are named as Cloud TPU names them (`v5p-256`, `v4-32`, `v5litepod-16`, `v
 TensorCores for v2, v3, v4 and v5p, chips for v5e and v6e) or as topologies (`v5p:8x8x8`,
 `v5e:2x2`). A JAX device is a TensorCore on v2/v3 (two per chip) and a chip from v4 on.
 """
+
 import dataclasses
 import importlib.util
 import math
@@ -32,8 +33,8 @@ from big_vit_lite import train_step
 from big_vit_lite.data import device_aug as device_aug_lib
 from big_vit_lite.devices import DEVICES, GIB
 
-# Generation (as in accelerator names) -> (topology prefix, counted in cores, devices.py key,
-# topology dims).
+# Generation (as in accelerator names) -> (topology prefix, counted in cores,
+# devices.py key, topology dims).
 _GENERATIONS = {
     "v2": ("v2", True, "tpu_v2", 2),
     "v3": ("v3", True, "tpu_v3", 2),
@@ -43,10 +44,31 @@ _GENERATIONS = {
     "v5e": ("v5e", False, "tpu_v5e", 2),
     "v6e": ("v6e", False, "tpu_v6e", 2),
 }
-_PREFIXES = {prefix: gen for gen, (prefix, *_) in reversed(_GENERATIONS.items())}
-_DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2,
-                "f32": 4, "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8}
-COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
+_PREFIXES = {
+    prefix: gen for gen, (prefix, *_) in reversed(_GENERATIONS.items())
+}
+_DTYPE_BYTES = {
+    "pred": 1,
+    "s8": 1,
+    "u8": 1,
+    "bf16": 2,
+    "f16": 2,
+    "s16": 2,
+    "u16": 2,
+    "f32": 4,
+    "s32": 4,
+    "u32": 4,
+    "f64": 8,
+    "s64": 8,
+    "u64": 8,
+}
+COLLECTIVES = (
+    "all-gather",
+    "reduce-scatter",
+    "all-reduce",
+    "all-to-all",
+    "collective-permute",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,8 +91,10 @@ def _shape(chips, dims):
 
 def parse_slice(name: str) -> Slice:
   """'v5p-256' | 'v5litepod-16' | 'v4-32' | 'v5p:8x8x8' -> Slice; one-line ValueError if unknown."""
-  known = ("accelerator names like v5p-256, v4-32, v5litepod-16, v6e-256 or topologies like "
-           "v5p:8x8x8, v5e:2x2")
+  known = (
+      "accelerator names like v5p-256, v4-32, v5litepod-16, v6e-256 or topologies like "
+      "v5p:8x8x8, v5e:2x2"
+  )
   text = name.strip().lower()
   match_acc = re.fullmatch(r"(v\d\w*?)-(\d+)", text)
   match_topo = re.fullmatch(r"(v\d\w*?):(\d+(?:x\d+){1,2})", text)
@@ -79,8 +103,10 @@ def parse_slice(name: str) -> Slice:
     count = int(match_acc.group(2))
     chips = count // 2 if in_cores else count
     if chips < 1 or chips & (chips - 1) or (in_cores and count % 2):
-      raise ValueError(f"--topology={name}: {count} is not a slice size (a power of two "
-                       f"{'cores' if in_cores else 'chips'}); use {known}.")
+      raise ValueError(
+          f"--topology={name}: {count} is not a slice size (a power of two "
+          f"{'cores' if in_cores else 'chips'}); use {known}."
+      )
     topology = f"{prefix}:{_shape(chips, dims)}"
   elif match_topo and match_topo.group(1) in _PREFIXES:
     prefix, topology = match_topo.group(1), text
@@ -95,27 +121,42 @@ def parse_slice(name: str) -> Slice:
 def slice_devices(tpu_slice: Slice):
   """The slice's abstract TPU devices (nothing runs on them); one-line errors."""
   if importlib.util.find_spec("libtpu") is None:
-    raise ValueError("the TPU compiler needs libtpu: pip install 'big_vit_lite[tpu]'")
-  # Without it libtpu asks a GCE metadata server (absent here) for the VM's TPU and waits.
+    raise ValueError(
+        "the TPU compiler needs libtpu: pip install 'big_vit_lite[tpu]'"
+    )
+  # Without it libtpu asks a GCE metadata server (absent here) for the VM's TPU
+  # and waits.
   os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
-  # Any other jax process on this host holds libtpu's lockfile (each one tries to start a TPU
-  # backend and keeps the lock): compiling needs no TPU, so share it.
+  # Any other jax process on this host holds libtpu's lockfile (each one tries
+  # to start a TPU backend and keeps the lock): compiling needs no TPU, so share
+  # it.
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
-  # A v4 VM runs its chips' two cores as one JAX device (megacore); the topology's default
-  # is a device per core.
-  megacore = {"chip_config_name": "megacore"} if tpu_slice.topology.startswith("v4:") else {}
+  # A v4 VM runs its chips' two cores as one JAX device (megacore); the
+  # topology's default is a device per core.
+  megacore = (
+      {"chip_config_name": "megacore"}
+      if tpu_slice.topology.startswith("v4:")
+      else {}
+  )
   try:
-    desc = topologies.get_topology_desc(platform="tpu", topology_name=tpu_slice.topology,
-                                        **megacore)
+    desc = topologies.get_topology_desc(
+        platform="tpu", topology_name=tpu_slice.topology, **megacore
+    )
   except Exception as e:  # pylint: disable=broad-except  # libtpu's own error types
-    reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    raise ValueError(f"--topology={tpu_slice.name}: libtpu refused topology "
-                     f"{tpu_slice.topology}: {reason}") from None
+    reason = (
+        str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    )
+    raise ValueError(
+        f"--topology={tpu_slice.name}: libtpu refused topology "
+        f"{tpu_slice.topology}: {reason}"
+    ) from None
   devices = list(desc.devices)
   if len(devices) != tpu_slice.devices:
-    raise ValueError(f"--topology={tpu_slice.name}: topology {tpu_slice.topology} gave "
-                     f"{len(devices)} devices, expected {tpu_slice.devices}")
+    raise ValueError(
+        f"--topology={tpu_slice.name}: topology {tpu_slice.topology} gave "
+        f"{len(devices)} devices, expected {tpu_slice.devices}"
+    )
   return devices
 
 
@@ -123,17 +164,28 @@ def resolve_mesh(mesh: list, n_devices: int, what: str) -> dict:
   """[(axis, size)] with at most one -1 -> {axis: size} covering exactly n_devices."""
   pairs = [(str(axis), int(size)) for axis, size in mesh]
   known = math.prod(size for _, size in pairs if size != -1)
-  if sum(size == -1 for _, size in pairs) == 1 and known and n_devices % known == 0:
-    pairs = [(axis, n_devices // known if size == -1 else size) for axis, size in pairs]
+  if (
+      sum(size == -1 for _, size in pairs) == 1
+      and known
+      and n_devices % known == 0
+  ):
+    pairs = [
+        (axis, n_devices // known if size == -1 else size)
+        for axis, size in pairs
+    ]
   sizes = dict(pairs)
   if math.prod(sizes.values()) != n_devices or min(sizes.values()) < 1:
     text = ",".join(f"{axis}:{size}" for axis, size in pairs)
-    raise ValueError(f"mesh {text} does not match {what} ({n_devices} devices): pass e.g. "
-                     f"--mesh=data:{n_devices} or --mesh=data:-1,fsdp:{min(n_devices, 8)}")
+    raise ValueError(
+        f"mesh {text} does not match {what} ({n_devices} devices): pass e.g. "
+        f"--mesh=data:{n_devices} or --mesh=data:-1,fsdp:{min(n_devices, 8)}"
+    )
   return sizes
 
 
-def compile_step(config, mesh: dict, devices, res: int, channels: int, abstract):
+def compile_step(
+    config, mesh: dict, devices, res: int, channels: int, abstract
+):
   """(traced, compiled) of the trainer's step (train_step.make_update_fn) for `mesh` over
   `devices` (real CPU devices or a TPU slice's abstract ones); `abstract` is plan's
   abstract_state(config, res). The batch: float images and one-hot float labels, as the
@@ -144,20 +196,31 @@ def compile_step(config, mesh: dict, devices, res: int, channels: int, abstract)
   params_sh = sharding.logical_shardings(boxed, jmesh, rules, unsplit=[])
   opt_sh = sharding.like_params_shardings(opt_state, params, params_sh, jmesh)
   repl, batch_sh = sharding.replicated(jmesh), sharding.batch_sharding(jmesh)
-  state = dict(params=params, opt_state=opt_state, step=jax.ShapeDtypeStruct((), jnp.int32),
-               rng=jax.ShapeDtypeStruct((2,), jnp.uint32))
+  state = dict(
+      params=params,
+      opt_state=opt_state,
+      step=jax.ShapeDtypeStruct((), jnp.int32),
+      rng=jax.ShapeDtypeStruct((2,), jnp.uint32),
+  )
   state_sh = dict(params=params_sh, opt_state=opt_sh, step=repl, rng=repl)
   ema = ema_lib.from_config(config)
   if ema:
     state[ema_lib.KEY], state_sh[ema_lib.KEY] = params, params_sh
-  state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                       state, state_sh)
+  state = jax.tree.map(
+      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+      state,
+      state_sh,
+  )
   batch_size = int(config.input.batch_size)
   num_classes = int(config.model.get("num_classes", 0) or 0)
   batch = dict(
-      image=jax.ShapeDtypeStruct((batch_size, res, res, channels), jnp.float32,
-                                 sharding=batch_sh),
-      labels=jax.ShapeDtypeStruct((batch_size, num_classes), jnp.float32, sharding=batch_sh))
+      image=jax.ShapeDtypeStruct(
+          (batch_size, res, res, channels), jnp.float32, sharding=batch_sh
+      ),
+      labels=jax.ShapeDtypeStruct(
+          (batch_size, num_classes), jnp.float32, sharding=batch_sh
+      ),
+  )
   update = train_step.make_update_fn(
       model=model,
       opt=opt,
@@ -167,10 +230,15 @@ def compile_step(config, mesh: dict, devices, res: int, channels: int, abstract)
       device_aug_fn=device_aug_lib.make(config.get("device_aug", None)),
       ema=ema,
       batch_sharding=batch_sh,
-      param_shardings=params_sh)
+      param_shardings=params_sh,
+  )
   with jax.set_mesh(jmesh), nn.logical_axis_rules(rules):
-    traced = jax.jit(update, in_shardings=(state_sh, batch_sh), out_shardings=(state_sh, repl),
-                     donate_argnums=(0,)).trace(state, batch)
+    traced = jax.jit(
+        update,
+        in_shardings=(state_sh, batch_sh),
+        out_shardings=(state_sh, repl),
+        donate_argnums=(0,),
+    ).trace(state, batch)
     return traced, traced.lower().compile()
 
 
@@ -187,36 +255,53 @@ def collectives(hlo_text: str) -> dict:
     if not match:
       continue
     shapes = re.findall(r"\b([a-z]+\d*)\[([\d,]*)\]", match.group(1))
-    sizes = [_DTYPE_BYTES.get(dt, 4) * math.prod(int(d) for d in dims.split(",") if d)
-             for dt, dims in shapes]
-    is_pair = match.group(3) and match.group(2) in ("all-gather", "collective-permute")
+    sizes = [
+        _DTYPE_BYTES.get(dt, 4)
+        * math.prod(int(d) for d in dims.split(",") if d)
+        for dt, dims in shapes
+    ]
+    is_pair = match.group(3) and match.group(2) in (
+        "all-gather",
+        "collective-permute",
+    )
     found[match.group(2)]["count"] += 1
-    found[match.group(2)]["bytes"] += max(sizes, default=0) if is_pair else sum(sizes)
+    found[match.group(2)]["bytes"] += (
+        max(sizes, default=0) if is_pair else sum(sizes)
+    )
   return found
 
 
-def compiled_stats(config, mesh: dict, res: int, channels: int, abstract, tpu_slice: Slice):
+def compiled_stats(
+    config, mesh: dict, res: int, channels: int, abstract, tpu_slice: Slice
+):
   """The TPU compiler's figures for the trainer's step on `tpu_slice` (plan's tpu_* fields)."""
   devices = slice_devices(tpu_slice)
   spec = DEVICES[tpu_slice.device_key]
   try:
-    traced, compiled = compile_step(config, mesh, devices, res, channels, abstract)
-  except jax.errors.JaxRuntimeError as e:  # The compiler refuses a program over the HBM.
+    traced, compiled = compile_step(
+        config, mesh, devices, res, channels, abstract
+    )
+  # The compiler refuses a program over the HBM.
+  except jax.errors.JaxRuntimeError as e:
     if "RESOURCE_EXHAUSTED" not in str(e):
       raise
     return _refused(str(e), tpu_slice, spec)
   mem = compiled.memory_analysis()
-  mem_b = {k: int(getattr(mem, f"{k}_size_in_bytes"))
-           for k in ("argument", "output", "alias", "temp")}
+  mem_b = {
+      k: int(getattr(mem, f"{k}_size_in_bytes"))
+      for k in ("argument", "output", "alias", "temp")
+  }
   peak_b = mem_b["argument"] + mem_b["output"] + mem_b["temp"] - mem_b["alias"]
   cost = compiled.cost_analysis() or {}
   raw_flops = float(cost.get("flops", 0.0))
-  # XLA counts a loop body (nn.scan's layers, the microbatches) once: scale its flops, and its
-  # time by the same ratio. Rough: the time outside the loops (the optimizer update, large for
-  # replicated params) is scaled too; without loops (scan=False, no grad_accum) it is exact.
+  # XLA counts a loop body (nn.scan's layers, the microbatches) once: scale its
+  # flops, and its time by the same ratio. Rough: the time outside the loops
+  # (the optimizer update, large for replicated params) is scaled too; without
+  # loops (scan=False, no grad_accum) it is exact.
   flops = flops_lib.step_flops(traced, compiled, tpu_slice.devices) or raw_flops
   loop_scale = flops / raw_flops if raw_flops else 1.0
-  # Some programs get no estimate (optimal_seconds <= 0: seen for a scanned S/16 on v5e).
+  # Some programs get no estimate (optimal_seconds <= 0: seen for a scanned S/16
+  # on v5e).
   est_s = max(0.0, float(cost.get("optimal_seconds", 0.0))) * loop_scale
   model_flops = float(flops_lib.model_flops(traced))
   batch = int(config.input.batch_size)
@@ -232,32 +317,48 @@ def compiled_stats(config, mesh: dict, res: int, channels: int, abstract, tpu_sl
       tpu_model_flops=model_flops,
       tpu_est_step_s=est_s or None,
       tpu_loop_scale=loop_scale,
-      tpu_est_img_per_s_per_chip=batch / est_s / tpu_slice.chips if est_s else None,
-      tpu_est_mfu=model_flops / tpu_slice.devices / est_s / spec.bf16_flops if est_s else None,
-      tpu_collectives=collectives(compiled.as_text()))
+      tpu_est_img_per_s_per_chip=batch / est_s / tpu_slice.chips
+      if est_s
+      else None,
+      tpu_est_mfu=model_flops / tpu_slice.devices / est_s / spec.bf16_flops
+      if est_s
+      else None,
+      tpu_collectives=collectives(compiled.as_text()),
+  )
 
 
 def _refused(message, tpu_slice, spec):
   """plan's tpu_* fields for a step the compiler refused as too big for the HBM."""
   first = message.strip().splitlines()[0]
-  # "... the total memory required for HLO temporaries (395.57G) exceeds available HBM ..."
+  # "... the total memory required for HLO temporaries (395.57G) exceeds
+  # available HBM ..."
   sizes = re.findall(r"\(([\d.]+)([KMGT])\)", first)
   units = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
   needed = int(float(sizes[0][0]) * units[sizes[0][1]]) if sizes else None
-  return dict(tpu_topology=tpu_slice.topology, tpu_chips=tpu_slice.chips,
-              tpu_hbm_bytes=int(spec.hbm_bytes), tpu_fits=False, tpu_refused=first,
-              tpu_needed_bytes=needed)
+  return dict(
+      tpu_topology=tpu_slice.topology,
+      tpu_chips=tpu_slice.chips,
+      tpu_hbm_bytes=int(spec.hbm_bytes),
+      tpu_fits=False,
+      tpu_refused=first,
+      tpu_needed_bytes=needed,
+  )
 
 
 def format_lines(p: dict) -> list:
   """plan's report lines for the tpu_* fields."""
   if "tpu_refused" in p:
-    return [f"TPU compiler, {p['tpu_topology']} ({p['tpu_chips']} chips, {p['devices']} "
-            f"devices): does NOT fit, the compiler refused the step: {p['tpu_refused']}"]
+    return [
+        f"TPU compiler, {p['tpu_topology']} ({p['tpu_chips']} chips, {p['devices']} "
+        f"devices): does NOT fit, the compiler refused the step: {p['tpu_refused']}"
+    ]
   est_s = p["tpu_est_step_s"]
-  estimate = (f"step {est_s * 1e3:.1f} ms, {p['tpu_est_img_per_s_per_chip']:.1f} img/s per chip, "
-              f"MFU {p['tpu_est_mfu']:.1%} (model FLOPs {p['tpu_model_flops']:.3e}/step)"
-              if est_s else "none for this program")
+  estimate = (
+      f"step {est_s * 1e3:.1f} ms, {p['tpu_est_img_per_s_per_chip']:.1f} img/s per chip, "
+      f"MFU {p['tpu_est_mfu']:.1%} (model FLOPs {p['tpu_model_flops']:.3e}/step)"
+      if est_s
+      else "none for this program"
+  )
   lines = [
       f"TPU compiler, {p['tpu_topology']} ({p['tpu_chips']} chips, {p['devices']} devices), "
       f"per device: arguments {p['tpu_argument_bytes'] / GIB:.2f} GiB, outputs "
@@ -265,12 +366,17 @@ def format_lines(p: dict) -> list:
       f"temporaries {p['tpu_temp_bytes'] / GIB:.2f} GiB",
       f"  total {p['tpu_peak_bytes'] / GIB:.2f} of {p['tpu_hbm_bytes'] / GIB:.0f} GiB HBM -> "
       f"fits: {'yes' if p['tpu_fits'] else 'NO'} ({p['tpu_hbm_spare']:.0%} spare)",
-      f"  estimated by the compiler's cost model: {estimate}"]
+      f"  estimated by the compiler's cost model: {estimate}",
+  ]
   if est_s and p["tpu_loop_scale"] > 1.01:
-    lines.append(f"  (loops in the program, nn.scan or grad_accum: the cost model's time is scaled "
-                 f"by their FLOPs, x{p['tpu_loop_scale']:.1f}, a rough figure; scan=False and "
-                 "grad_accum_steps=1 give an unscaled one)")
+    lines.append(
+        f"  (loops in the program, nn.scan or grad_accum: the cost model's time is scaled "
+        f"by their FLOPs, x{p['tpu_loop_scale']:.1f}, a rough figure; scan=False and "
+        "grad_accum_steps=1 give an unscaled one)"
+    )
   for op, c in p["tpu_collectives"].items():
     if c["count"]:
-      lines.append(f"  {op}: {c['count']} in the program, {c['bytes'] / GIB:.3f} GiB")
+      lines.append(
+          f"  {op}: {c['count']} in the program, {c['bytes'] / GIB:.3f} GiB"
+      )
   return lines

@@ -1,4 +1,5 @@
 """The training loop: steps, logging, checkpoints, evals and preemption, until total_steps."""
+
 import math
 
 from absl import logging
@@ -24,40 +25,77 @@ class TrainingInterrupted(TrainingError):
 
 
 # Whether every leaf of a tree is finite (one device->host bool).
-_all_finite = jax.jit(lambda t: jnp.all(jnp.stack([jnp.all(jnp.isfinite(x))
-                                                   for x in jax.tree.leaves(t)])))
+_all_finite = jax.jit(
+    lambda t: jnp.all(
+        jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(t)])
+    )
+)
 
 
 class Loop:
   """The training loop with what it carries: state, data position, last saved step, evals."""
 
-  def __init__(self, raw_config, run, parts, settings, compiled, flops, state, resume_step,
-               checkpointer, cleanup):
-    self.raw_config, self.run_, self.settings, self.compiled = raw_config, run, settings, compiled
-    self.state, self.resume_step, self.checkpointer = state, resume_step, checkpointer
+  def __init__(
+      self,
+      raw_config,
+      run,
+      parts,
+      settings,
+      compiled,
+      flops,
+      state,
+      resume_step,
+      checkpointer,
+      cleanup,
+  ):
+    self.raw_config, self.run_, self.settings, self.compiled = (
+        raw_config,
+        run,
+        settings,
+        compiled,
+    )
+    self.state, self.resume_step, self.checkpointer = (
+        state,
+        resume_step,
+        checkpointer,
+    )
     self.last_saved, self.data_state = resume_step, None
     # Drops what a killed earlier attempt logged after the resumed step (or
     # all of it, for a fresh start), in metrics.jsonl and in TensorBoard.
     run.writer.start_run(resume_step)
-    # config.wandb: the same rows to Weights & Biases, and the summary at the end.
+    # config.wandb: the same rows to Weights & Biases, and the summary at the
+    # end.
     self.tracker = wandb_writer.start(settings.wandb, run.workdir, raw_config)
     run.writer.also += [self.tracker] if self.tracker else []
-    # Device prefetch; its get_state() is the position after the last batch *returned*.
-    self.batches = device_lib.prefetch(run.train_iter, run.prefetch_size, run.mesh)
-    cleanup.callback(self.batches.close)  # (Idempotent; on an error its thread must stop too.)
+    # Device prefetch; its get_state() is the position after the last batch
+    # *returned*.
+    self.batches = device_lib.prefetch(
+        run.train_iter, run.prefetch_size, run.mesh
+    )
+    # (Idempotent; on an error its thread must stop too.)
+    cleanup.callback(self.batches.close)
     self.first_step = int(jax.device_get(state["step"]))
-    # summary.json now ("running") and however the run ends, with the log's summary block.
+    # summary.json now ("running") and however the run ends, with the log's
+    # summary block.
     self.summary = summary_lib.TrainRun(
-        run.workdir, total_steps=run.total_steps, start_step=resume_step,
-        checkpoint_dir=checkpointer.directory, image_shape=parts.image_shape,
+        run.workdir,
+        total_steps=run.total_steps,
+        start_step=resume_step,
+        checkpoint_dir=checkpointer.directory,
+        image_shape=parts.image_shape,
         report=report_lib.write if settings.report else None,
-        on_end=self.tracker.finish if self.tracker else None)
+        on_end=self.tracker.finish if self.tracker else None,
+    )
     cleanup.push(self.summary.exit)
-    # core_hours counts the earlier attempts too (their lines up to the checkpoint are kept).
-    self.progress = console.Progress()  # The loss over the interval; lines on time.
+    # core_hours counts the earlier attempts too (their lines up to the
+    # checkpoint are kept). The loss over the interval; lines on time.
+    self.progress = console.Progress()
     self.chrono = metrics_lib.Chrono(
-        total_steps=run.total_steps, global_batch=run.batch_size,
-        core_hours_before=run.writer.last_value("core_hours"), **flops)
+        total_steps=run.total_steps,
+        global_batch=run.batch_size,
+        core_hours_before=run.writer.last_value("core_hours"),
+        **flops,
+    )
     self.preemption = ckpt_lib.PreemptionWatcher()
     cleanup.callback(self.preemption.close)
     self.guard = distributed.HangGuard.from_env(timeout_s=settings.hang_timeout)
@@ -83,7 +121,8 @@ class Loop:
       self.data_state = batches.get_state()
       step += 1
       self.guard.tick(step)
-      if pending_loss is not None:  # Checked one step late to keep the pipeline full.
+      # Checked one step late to keep the pipeline full.
+      if pending_loss is not None:
         self._check_finite(*pending_loss)
       pending_loss = (step, measured["training_loss"])
       self.progress.add(measured["training_loss"])
@@ -107,8 +146,10 @@ class Loop:
     run.writer.close()
     where = self.checkpointer.directory
     if preempted and self.preemption.interrupted:
-      raise TrainingInterrupted(f"interrupted (Ctrl-C): saved step {step} to {where}; run the "
-                                "same command to resume.")
+      raise TrainingInterrupted(
+          f"interrupted (Ctrl-C): saved step {step} to {where}; run the "
+          "same command to resume."
+      )
     if preempted:
       logging.warning("Preempted: saved step %d to %s; exiting.", step, where)
       self.summary.status = "preempted"
@@ -122,74 +163,123 @@ class Loop:
     self._check_finite(step, m["training_loss"])
     m = {k: float(v) for k, v in m.items()} | self.chrono.tick(step)
     m["epoch"] = step / self.run_.steps_per_epoch
-    line_avg = self.progress.line_mean()  # In the log: since its previous progress line.
+    # In the log: since its previous progress line.
+    line_avg = self.progress.line_mean()
     m["training_loss_avg"] = self.progress.logged_mean()
     self.run_.writer.write(step, m)
     if jax.process_index() == 0:
       line = m | {"training_loss_avg": line_avg}
-      logging.info("%s", metrics_lib.progress_line(step, self.run_.total_steps, line))
+      logging.info(
+          "%s", metrics_lib.progress_line(step, self.run_.total_steps, line)
+      )
 
   def _print_progress(self, step, measured):
     """A progress line between logged steps (loss_avg: since the last line), not in metrics."""
-    m = {k: float(v) for k, v in jax.device_get(measured).items()} | self.chrono.tick(step)
+    m = {
+        k: float(v) for k, v in jax.device_get(measured).items()
+    } | self.chrono.tick(step)
     m["training_loss_avg"] = self.progress.line_mean()
     if jax.process_index() == 0:
-      logging.info("%s", metrics_lib.progress_line(step, self.run_.total_steps, m))
+      logging.info(
+          "%s", metrics_lib.progress_line(step, self.run_.total_steps, m)
+      )
 
   def _non_finite(self, what, todo):
     """A TrainingError naming the last good checkpoint (once the save in flight is done)."""
     self.checkpointer.wait()
-    where = (f"the last good checkpoint is step {self.last_saved} in {self.checkpointer.directory}"
-             if self.last_saved is not None else "no checkpoint was saved before it")
+    where = (
+        f"the last good checkpoint is step {self.last_saved} in {self.checkpointer.directory}"
+        if self.last_saved is not None
+        else "no checkpoint was saved before it"
+    )
     return TrainingError(f"Non-finite {what}; {where}. {todo}")
 
   def _check_finite(self, step, loss):
     value = float(jax.device_get(loss))
     if not math.isfinite(value):
-      raise self._non_finite(f"training loss ({value}) at step {step}",
-                             "Lower config.lr, add warmup or set config.grad_clip_norm.")
+      raise self._non_finite(
+          f"training loss ({value}) at step {step}",
+          "Lower config.lr, add warmup or set config.grad_clip_norm.",
+      )
 
   def _save(self, step):
     # Never replace a good checkpoint with a poisoned one.
     if not bool(jax.device_get(_all_finite(self.state["params"]))):
-      raise self._non_finite(f"parameters after step {step}",
-                             "Lower config.lr or set config.grad_clip_norm.")
+      raise self._non_finite(
+          f"parameters after step {step}",
+          "Lower config.lr or set config.grad_clip_norm.",
+      )
     self.checkpointer.save(step, self.state, self.data_state, self.raw_config)
     self.last_saved = step
 
   def _run_evals(self, step, final, only=None):
     ran = False
     for name, (evaluator, every, key) in self.settings.evaluators.items():
-      if (only is None or name in only) and (final or (every and step % every == 0)):
+      if (only is None or name in only) and (
+          final or (every and step % every == 0)
+      ):
         ran = True
         results = evaluator.run(self.state[key])
-        self.run_.writer.write(step, {f"{name}/{k}": v for k, v in results.items()})
-        logging.info("[%d] %s: %s", step, name, ", ".join(
-            f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in results.items()))
+        self.run_.writer.write(
+            step, {f"{name}/{k}": v for k, v in results.items()}
+        )
+        logging.info(
+            "[%d] %s: %s",
+            step,
+            name,
+            ", ".join(
+                f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                for k, v in results.items()
+            ),
+        )
     if ran and not final:  # (The run's end writes the last one.)
-      self.summary.evaluated()  # The report (config.report), with this step's evals.
+      # The report (config.report), with this step's evals.
+      self.summary.evaluated()
 
   def _catch_up_evals(self):
     """The evals at step 0 (config.eval_at_start) or those a stopped attempt did not log."""
-    evaluators, first, total = self.settings.evaluators, self.first_step, self.run_.total_steps
+    evaluators, first, total = (
+        self.settings.evaluators,
+        self.first_step,
+        self.run_.total_steps,
+    )
     if first == 0 and evaluators and self.settings.eval_at_start:
       self._run_evals(0, final=False)
-    due = [name for name, (_, every, _) in evaluators.items()
-           if first == total or (every and first and first % every == 0)]
+    due = [
+        name
+        for name, (_, every, _) in evaluators.items()
+        if first == total or (every and first and first % every == 0)
+    ]
     if self.resume_step is not None and due:
       # The run that saved this checkpoint was stopped (killed, preempted,
       # Ctrl-C) before the evals due at its step had all logged.
-      missing = [n for n in evals_not_logged(self.run_.writer, evaluators, first) if n in due]
+      missing = [
+          n
+          for n in evals_not_logged(self.run_.writer, evaluators, first)
+          if n in due
+      ]
       if missing:
-        logging.info("Running the evals due at step %d that the previous attempt did not log: %s",
-                     first, missing)
+        logging.info(
+            "Running the evals due at step %d that the previous attempt did not log: %s",
+            first,
+            missing,
+        )
         self._run_evals(first, final=first == total, only=missing)
 
 
 def evals_not_logged(writer, evaluators, step):
   """Names of `evaluators` with no line at `step` in metrics.jsonl (process 0 decides for all)."""
   logged = writer.logged_keys(step)
-  mask = np.array([not any(k.startswith(f"{name}/") for k in logged) for name in evaluators],
-                  np.int32)
+  mask = np.array(
+      [
+          not any(k.startswith(f"{name}/") for k in logged)
+          for name in evaluators
+      ],
+      np.int32,
+  )
   # Every process must run the same evals (collectives): process 0's mask.
-  return [name for name, m in zip(evaluators, multihost_utils.broadcast_one_to_all(mask)) if m]
+  return [
+      name
+      for name, m in zip(evaluators, multihost_utils.broadcast_one_to_all(mask))
+      if m
+  ]

@@ -1,4 +1,5 @@
 """The trainer's config read into what it runs: step counts, mixup, evaluators, other knobs."""
+
 import dataclasses
 import functools
 
@@ -21,20 +22,23 @@ from big_vit_lite.data import mixup as mixup_lib
 @dataclasses.dataclass
 class Run:
   """Where and how long: the workdir, mesh, training data and step counts."""
+
   workdir: object
   seed: int
   writer: metrics_lib.MetricWriter
   mesh: jax.sharding.Mesh
   rules: object
   repl: jax.sharding.Sharding  # Replicated over the mesh.
-  batch_sh: jax.sharding.Sharding  # The batch dimension split over the batch devices.
+  # The batch dimension split over the batch devices.
+  batch_sh: jax.sharding.Sharding
   train_iter: object = None
   batch_size: int = 0
   accum_steps: int = 1
   steps_per_epoch: float = 0.0
   total_steps: int = 0
   log_steps: int = 0
-  ckpt_steps: int | None = None  # None or 0: only at the end (and on preemption).
+  # None or 0: only at the end (and on preemption).
+  ckpt_steps: int | None = None
   keep_ckpts: int = 0
   keep_every: int | None = None
   prefetch_size: int = 2
@@ -42,8 +46,11 @@ class Run:
   @property
   def dur(self):
     """What config_loading.get_steps needs to turn epochs/examples/percent into steps."""
-    return dict(steps_per_epoch=self.steps_per_epoch, batch_size=self.batch_size,
-                total_steps=self.total_steps)
+    return dict(
+        steps_per_epoch=self.steps_per_epoch,
+        batch_size=self.batch_size,
+        total_steps=self.total_steps,
+    )
 
 
 def read_input_and_schedule(config, run):
@@ -52,42 +59,79 @@ def read_input_and_schedule(config, run):
   batch_size = (input_cfg or {}).get("batch_size")
   for key, value in (("input", input_cfg), ("input.batch_size", batch_size)):
     if value is None:
-      raise ValueError(f"The config sets no config.{key}: the training data needs config.input = "
-                       "dict(data=dict(name=..., split=...), batch_size=..., pp=...), as in "
-                       "configs/demo.py.")
+      raise ValueError(
+          f"The config sets no config.{key}: the training data needs config.input = "
+          "dict(data=dict(name=..., split=...), batch_size=..., pp=...), as in "
+          "configs/demo.py."
+      )
   run.batch_size = batch_size = int(input_cfg.batch_size)
-  # Also checks the batch divides over the batch devices (its message says what to use).
-  run.accum_steps = grad_accum.check(config.get("grad_accum_steps", 1), batch_size,
-                                     sharding.batch_devices(run.mesh))
+  # Also checks the batch divides over the batch devices (its message says what
+  # to use).
+  run.accum_steps = grad_accum.check(
+      config.get("grad_accum_steps", 1),
+      batch_size,
+      sharding.batch_devices(run.mesh),
+  )
   run.train_iter = input_pipeline.make_train_iterator(input_cfg, seed=run.seed)
   run.steps_per_epoch = run.train_iter.num_examples / batch_size
-  run.total_steps = positive("total_steps", config_loading.get_steps(
-      "total", config, steps_per_epoch=run.steps_per_epoch, batch_size=batch_size, required=True))
+  run.total_steps = positive(
+      "total_steps",
+      config_loading.get_steps(
+          "total",
+          config,
+          steps_per_epoch=run.steps_per_epoch,
+          batch_size=batch_size,
+          required=True,
+      ),
+  )
   for other in ("total_epochs", "total_examples", "total_percent"):
     if config.get("total_steps") is not None and config.get(other) is not None:
-      logging.info("config.total_steps=%d wins over config.%s=%s.", run.total_steps, other,
-                   config.get(other))
-  run.log_steps = positive("log_training_steps", config_loading.get_steps(
-      "log_training", config, default=50, **run.dur))
+      logging.info(
+          "config.total_steps=%d wins over config.%s=%s.",
+          run.total_steps,
+          other,
+          config.get(other),
+      )
+  run.log_steps = positive(
+      "log_training_steps",
+      config_loading.get_steps("log_training", config, default=50, **run.dur),
+  )
   # None or 0: only at the end (and on preemption).
-  run.ckpt_steps = config_loading.get_steps("ckpt", config, default=None, **run.dur)
-  run.keep_ckpts = positive("keep_ckpts", int(config.get("keep_ckpts", 3)))  # Last N
-  # ... plus every step divisible by keep_ckpt_steps (and by ckpt_steps: only saved steps).
-  run.keep_every = positive("keep_ckpt_steps", config_loading.get_steps(
-      "keep_ckpt", config, default=None, **run.dur), allow_none=True)
-  run.prefetch_size = 2 if input_cfg.get("prefetch", None) is None else input_cfg.prefetch
-  logging.info("Training %d steps (%.2f epochs of %d examples), batch %d%s.",
-               run.total_steps, run.total_steps / run.steps_per_epoch, run.train_iter.num_examples,
-               batch_size, f" in {run.accum_steps} microbatches of {batch_size // run.accum_steps}"
-               if run.accum_steps > 1 else "")
+  run.ckpt_steps = config_loading.get_steps(
+      "ckpt", config, default=None, **run.dur
+  )
+  # Last N
+  run.keep_ckpts = positive("keep_ckpts", int(config.get("keep_ckpts", 3)))
+  # ... plus every step divisible by keep_ckpt_steps (and by ckpt_steps: only
+  # saved steps).
+  run.keep_every = positive(
+      "keep_ckpt_steps",
+      config_loading.get_steps("keep_ckpt", config, default=None, **run.dur),
+      allow_none=True,
+  )
+  run.prefetch_size = (
+      2 if input_cfg.get("prefetch", None) is None else input_cfg.prefetch
+  )
+  logging.info(
+      "Training %d steps (%.2f epochs of %d examples), batch %d%s.",
+      run.total_steps,
+      run.total_steps / run.steps_per_epoch,
+      run.train_iter.num_examples,
+      batch_size,
+      f" in {run.accum_steps} microbatches of {batch_size // run.accum_steps}"
+      if run.accum_steps > 1
+      else "",
+  )
 
 
 def positive(name, value, allow_none=False):
   """`value` (the steps of config key `name`) if >= 1; else a one-line ValueError."""
   if (value is None and allow_none) or (value is not None and value >= 1):
     return value
-  raise ValueError(f"config.{name} must be a positive number of steps, got {value}"
-                   f"{' (leave it unset for none)' if allow_none else ''}.")
+  raise ValueError(
+      f"config.{name} must be a positive number of steps, got {value}"
+      f"{' (leave it unset for none)' if allow_none else ''}."
+  )
 
 
 def make_mixup(mixup_cfg):
@@ -125,12 +169,17 @@ def make_evaluators(config, model, mesh, ema=None, **dur):
     # As in big_vision: an entry named after an evaluator type needs no `type`.
     type_name = cfg.get("type", None) or name
     every = config_loading.get_steps("log", cfg, **dur)
-    kwargs = {k: (v.to_dict() if hasattr(v, "to_dict") else v) for k, v in cfg.consume().items()
-              if k != "type" and not k.startswith("log_")}
+    kwargs = {
+        k: v.to_dict() if hasattr(v, "to_dict") else v
+        for k, v in cfg.consume().items()
+        if k != "type" and not k.startswith("log_")
+    }
     key = ema_lib.KEY if kwargs.pop("use_ema", False) else "params"
     if key == ema_lib.KEY and ema is None:
-      raise ValueError(f"config.evals.{name}.use_ema=True, but the run keeps no EMA of the "
-                       "weights: set config.ema_decay (e.g. 0.9999).")
+      raise ValueError(
+          f"config.evals.{name}.use_ema=True, but the run keeps no EMA of the "
+          "weights: set config.ema_decay (e.g. 0.9999)."
+      )
     try:
       cls = evaluators_lib.get_evaluator_cls(type_name)
       out[name] = cls(predict_fn, mesh=mesh, **kwargs), every, key
@@ -142,6 +191,7 @@ def make_evaluators(config, model, mesh, ema=None, **dur):
 @dataclasses.dataclass
 class Settings:
   """The evaluators and the remaining knobs: the last of the config that the run reads."""
+
   evaluators: dict  # {name: (Evaluator, every_n_steps, "params" or "ema")}
   model_init: str | None
   dont_load: tuple
@@ -155,19 +205,27 @@ class Settings:
 
 def read_settings(config, run, parts):
   """Builds the evaluators, reads the rest of the config and fails on keys nothing read."""
-  evaluators = make_evaluators(config, parts.model, run.mesh, ema=parts.ema, **run.dur)
+  evaluators = make_evaluators(
+      config, parts.model, run.mesh, ema=parts.ema, **run.dur
+  )
   model_load = config.consume("model_load", {}) or {}
   settings = Settings(
-      evaluators, model_init=config.get("model_init"), report=bool(config.get("report", False)),
-      ckpt_async=bool(config.get("ckpt_async", True)), hang_timeout=config.get("hang_timeout_s"),
+      evaluators,
+      model_init=config.get("model_init"),
+      report=bool(config.get("report", False)),
+      ckpt_async=bool(config.get("ckpt_async", True)),
+      hang_timeout=config.get("hang_timeout_s"),
       dont_load=tuple(model_load.get("dont_load", ()) or ()),
       eval_at_start=bool(config.get("eval_at_start", False)),
       profile_steps=profiling.parse_steps(config.get("profile_steps", None)),
-      wandb=config.consume("wandb", None))
-  wandb_writer.check(settings.wandb)  # A bad one: one line now, not after the compile.
+      wandb=config.consume("wandb", None),
+  )
+  # A bad one: one line now, not after the compile.
+  wandb_writer.check(settings.wandb)
   if settings.report:
     from big_vit_lite import report as report_lib  # pylint: disable=g-import-not-at-top
-    report_lib.require_matplotlib()  # Missing: one line now, not at the first eval.
+    # Missing: one line now, not at the first eval.
+    report_lib.require_matplotlib()
   # Everything the run uses has been read by now (before the slow compile):
   # a key left unread is a typo or a leftover, and an error.
   config.check_all_read()

@@ -8,6 +8,7 @@ labels) with one-hot float labels. Every random number is a function of (state["
 state["step"]): device augmentation, mixup and dropout each draw from their own key, so a
 resumed run draws the same numbers as an uninterrupted one.
 """
+
 import jax
 import optax
 
@@ -15,8 +16,19 @@ from big_vit_lite import ema as ema_lib
 from big_vit_lite import grad_accum
 
 
-def make_update_fn(*, model, opt, loss_fn, accum_steps=1, mixup_fn=None, device_aug_fn=None,
-                   ema=None, distill=None, batch_sharding=None, param_shardings=None):
+def make_update_fn(
+    *,
+    model,
+    opt,
+    loss_fn,
+    accum_steps=1,
+    mixup_fn=None,
+    device_aug_fn=None,
+    ema=None,
+    distill=None,
+    batch_sharding=None,
+    param_shardings=None
+):
   """(state, batch[, teacher_params]) -> (new state, measurements): forward, loss, backward,
   optimizer, EMA.
 
@@ -33,7 +45,9 @@ def make_update_fn(*, model, opt, loss_fn, accum_steps=1, mixup_fn=None, device_
   """
 
   def loss_of(params, batch, rng):
-    logits, _ = model.apply({"params": params}, batch["image"], train=True, rngs={"dropout": rng})
+    logits, _ = model.apply(
+        {"params": params}, batch["image"], train=True, rngs={"dropout": rng}
+    )
     loss = loss_fn(logits, batch["labels"])
     if distill:
       loss = distill.loss(loss, logits, batch)
@@ -49,7 +63,8 @@ def make_update_fn(*, model, opt, loss_fn, accum_steps=1, mixup_fn=None, device_
     if mixup_fn is not None:
       images, labels = mixup_fn(rng_mix, images, labels)
     step_batch = {"image": images, "labels": labels}
-    if distill:  # The teacher's logits on these very (augmented) images join the batch.
+    # The teacher's logits on these very (augmented) images join the batch.
+    if distill:
       step_batch.update(distill.targets(teacher_params, images))
     loss, grads = grad_accum.value_and_grad(
         loss_of,
@@ -58,11 +73,17 @@ def make_update_fn(*, model, opt, loss_fn, accum_steps=1, mixup_fn=None, device_
         rng_drop,
         accum_steps,
         batch_sharding=batch_sharding,
-        param_shardings=param_shardings)
+        param_shardings=param_shardings,
+    )
     params, opt_state = opt.apply(state["params"], grads, state["opt_state"])
-    measurements = {"training_loss": loss, "grad_norm": optax.global_norm(grads),
-                    "learning_rate": opt.lr_fn(step)}
-    new_state = dict(params=params, opt_state=opt_state, step=step + 1, rng=state["rng"])
+    measurements = {
+        "training_loss": loss,
+        "grad_norm": optax.global_norm(grads),
+        "learning_rate": opt.lr_fn(step),
+    }
+    new_state = dict(
+        params=params, opt_state=opt_state, step=step + 1, rng=state["rng"]
+    )
     if ema:
       new_state[ema_lib.KEY] = ema.update(state[ema_lib.KEY], params, step)
     return new_state, measurements

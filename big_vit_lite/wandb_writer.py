@@ -9,6 +9,7 @@ Keys of config.wandb: project (required), and entity, name, group, tags, notes, 
 environment (WANDB_MODE, WANDB_API_KEY, ...) works as usual. Process 0 only.
 Needs wandb: pip install 'big_vit_lite[wandb]'.
 """
+
 import os
 import secrets
 
@@ -34,13 +35,19 @@ def check(cfg):
   cfg = _plain(cfg)
   unknown = sorted(set(cfg) - set(KEYS))
   if unknown:
-    raise ValueError(f"config.wandb has unknown keys {unknown}: use {', '.join(KEYS)}.")
+    raise ValueError(
+        f"config.wandb has unknown keys {unknown}: use {', '.join(KEYS)}."
+    )
   if not cfg.get("project"):
-    raise ValueError("config.wandb needs a project, e.g. --config.wandb.project=my-vits.")
+    raise ValueError(
+        "config.wandb needs a project, e.g. --config.wandb.project=my-vits."
+    )
   try:
     import wandb  # pylint: disable=g-import-not-at-top,unused-import
   except ImportError:
-    raise ValueError(f"config.wandb needs wandb, which is not installed: {INSTALL}") from None
+    raise ValueError(
+        f"config.wandb needs wandb, which is not installed: {INSTALL}"
+    ) from None
 
 
 class Writer:
@@ -50,7 +57,9 @@ class Writer:
     self.run = run
 
   def write(self, step, row):
-    scalars = {k: v for k, v in row.items() if k != "step" and summary_lib.numeric(v)}
+    scalars = {
+        k: v for k, v in row.items() if k != "step" and summary_lib.numeric(v)
+    }
     if scalars:
       self.run.log({"step": int(step), **scalars})
 
@@ -59,10 +68,18 @@ class Writer:
     best = {f"best/{k}": b["value"] for k, b in summary.get("best", {}).items()}
     speed = {k: summary.get(k) for k in ("img_per_sec", "hours", "core_hours")}
     speed |= {f"median/{k}": v for k, v in (summary.get("mfu") or {}).items()}
-    self.run.summary.update({
-        "status": summary["status"], "step": summary.get("step"), **summary.get("final", {}),
-        **best, **{k: v for k, v in speed.items() if v is not None}})
-    self.run.finish(exit_code=0 if summary["status"] in ("finished", "preempted") else 1)
+    self.run.summary.update(
+        {
+            "status": summary["status"],
+            "step": summary.get("step"),
+            **summary.get("final", {}),
+            **best,
+            **{k: v for k, v in speed.items() if v is not None},
+        }
+    )
+    self.run.finish(
+        exit_code=0 if summary["status"] in ("finished", "preempted") else 1
+    )
 
 
 def start(cfg, workdir, raw_config):
@@ -70,16 +87,33 @@ def start(cfg, workdir, raw_config):
   if cfg is None or jax.process_index() != 0:
     return None
   import wandb  # pylint: disable=g-import-not-at-top
+
   workdir = paths.resolve(workdir)
   id_path = workdir / ID_FILE
-  run_id = id_path.read_text().strip() if id_path.exists() else secrets.token_hex(6)
+  run_id = (
+      id_path.read_text().strip() if id_path.exists() else secrets.token_hex(6)
+  )
   id_path.write_text(run_id + "\n")
   # wandb writes its files locally: into the workdir, unless that is a bucket.
   local_dir = None if paths.is_uri(workdir) else str(workdir)
-  run = wandb.init(id=run_id, resume="allow", dir=local_dir, config=raw_config.to_dict(),
-                   settings=wandb.Settings(console="off", silent=True), **_plain(cfg))
+  run = wandb.init(
+      id=run_id,
+      resume="allow",
+      dir=local_dir,
+      config=raw_config.to_dict(),
+      settings=wandb.Settings(console="off", silent=True),
+      **_plain(cfg),
+  )
   run.define_metric("*", step_metric="step")
-  where = (f"offline; upload with: wandb sync {os.path.dirname(run.dir)}" if run.offline
-           else run.url)
-  logging.info("Weights & Biases: run %s (%s); its id is kept in %s", run.id, where, id_path)
+  where = (
+      f"offline; upload with: wandb sync {os.path.dirname(run.dir)}"
+      if run.offline
+      else run.url
+  )
+  logging.info(
+      "Weights & Biases: run %s (%s); its id is kept in %s",
+      run.id,
+      where,
+      id_path,
+  )
   return Writer(run)

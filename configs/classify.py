@@ -19,6 +19,7 @@ Args (after ':', comma separated):
   runlocal     the first 200 examples of the split.
 --config.use_ema=True scores the EMA of the weights of a run with config.ema_decay.
 """
+
 import ml_collections
 from ml_collections import config_dict
 
@@ -26,13 +27,25 @@ from big_vit_lite.evaluators import presets
 
 
 def get_config(arg=None):
-  args = presets.parse_arg(arg, data="mnist10k", split="test", folder="", res=28, channels=1,
-                           runlocal=False)
+  args = presets.parse_arg(
+      arg,
+      data="mnist10k",
+      split="test",
+      folder="",
+      res=28,
+      channels=1,
+      runlocal=False,
+  )
   config = ml_collections.ConfigDict()
-  config.model_init = config_dict.placeholder(str)  # A workdir, step dir, .npz or .safetensors.
+  # A workdir, step dir, .npz or .safetensors.
+  config.model_init = config_dict.placeholder(str)
   config.use_ema = False
-  config.model = ml_collections.ConfigDict(dict(
-      gelu=config_dict.placeholder(str), dtype_mm=config_dict.placeholder(str)))
+  config.model = ml_collections.ConfigDict(
+      dict(
+          gelu=config_dict.placeholder(str),
+          dtype_mm=config_dict.placeholder(str),
+      )
+  )
   config.mesh = (("data", -1),)
   if args["folder"]:
     data = dict(presets.folder_datasets(args["folder"]).popitem()[1])
@@ -40,6 +53,10 @@ def get_config(arg=None):
     data = dict(name=args["data"], data_dir=config_dict.placeholder(str))
   data["split"] = args["split"] + ("[:200]" if args["runlocal"] else "")
   config.evals = ml_collections.ConfigDict()
-  config.evals.classify = dict(type="classification", data=data, batch_size=500,
-                               pp=presets.eval_pp(args["res"], args["channels"]))
+  config.evals.classify = dict(
+      type="classification",
+      data=data,
+      batch_size=500,
+      pp=presets.eval_pp(args["res"], args["channels"]),
+  )
   return config

@@ -14,16 +14,21 @@ variants tried: benchmarks/NOTES.md, section "Config, optimizer, sharding, distr
 Args (comma-separated after the file name, e.g. `configs/demo.py:runlocal`):
   runlocal   a few steps on a small batch, for tests and smoke runs.
 """
+
 import ml_collections
 from ml_collections import config_dict
 
 from big_vit_lite import config_loading
 
 # No random ops here: the shifts and flips run on device (config.device_aug).
-TRAIN_PP = ("decode(channels=1)|value_range(-1, 1)"
-            "|onehot(10, key='label', key_result='labels')|keep('image', 'labels')")
-EVAL_PP = ("decode(channels=1)|value_range(-1, 1)"
-           "|onehot(10, key='label', key_result='labels')|keep('image', 'labels')")
+TRAIN_PP = (
+    "decode(channels=1)|value_range(-1, 1)"
+    "|onehot(10, key='label', key_result='labels')|keep('image', 'labels')"
+)
+EVAL_PP = (
+    "decode(channels=1)|value_range(-1, 1)"
+    "|onehot(10, key='label', key_result='labels')|keep('image', 'labels')"
+)
 
 
 def _parse_args(arg):
@@ -31,9 +36,10 @@ def _parse_args(arg):
   known = {"runlocal"}
   for a in args:
     if a not in known:
-      raise ValueError(f"Unknown config arg '{a}': use one of {', '.join(sorted(known))}.")
+      raise ValueError(
+          f"Unknown config arg '{a}': use one of {', '.join(sorted(known))}."
+      )
   return set(args)
-
 
 
 def get_config(arg=None):
@@ -43,43 +49,64 @@ def get_config(arg=None):
   config.seed = 0
 
   config.input = dict(
-      data=dict(name="fashion_mnist", split="train", data_dir=config_dict.placeholder(str)),
+      data=dict(
+          name="fashion_mnist",
+          split="train",
+          data_dir=config_dict.placeholder(str),
+      ),
       batch_size=64,  # 32 per CPU device: small enough to stay in cache.
       pp=TRAIN_PP,
       shuffle_buffer_size=20_000,
-      cache="raw",  # 60k tiny PNGs: keep the raw records in memory after epoch 1.
-      num_shards=config_dict.placeholder(int),  # Default: one per process (data order: README).
+      # 60k tiny PNGs: keep the raw records in memory after epoch 1.
+      cache="raw",
+      # Default: one per process (data order: README).
+      num_shards=config_dict.placeholder(int),
   )
   # 28x28 images, 7x7 patches -> 16 tokens: on CPU attention over many short
   # heads is slow, so few tokens and a moderately wide model train fastest.
   # Shifts of up to 2 px and left-right flips (with 32 epochs the model overfits
-  # without them): the pp ops "pad(2)|random_crop(28)|flip_lr" (-1.0 is black after
-  # value_range(-1, 1)), inside the jitted step, cheaper than per example in tf.data.
+  # without them): the pp ops "pad(2)|random_crop(28)|flip_lr" (-1.0 is black
+  # after value_range(-1, 1)), inside the jitted step, cheaper than per example
+  # in tf.data.
   config.device_aug = dict(translate=2, fill=-1.0, flip_lr=True)
   config.model_name = "vit"
   # Data parallel over 2 CPU devices (each runs its half of the batch on its own
-  # thread): faster than one device for a model this small (distributed.set_cpu_devices).
-  # On a GPU/TPU machine this changes nothing.
+  # thread): faster than one device for a model this small
+  # (distributed.set_cpu_devices). On a GPU/TPU machine this changes nothing.
   config.num_cpu_devices = 2
   config.mesh = (("data", -1),)
-  config.model = dict(variant=config_dict.placeholder(str), width=128, depth=4, mlp_dim=512,
-                      num_heads=2, patch_size=7, posemb="learn", pool_type="gap", num_classes=10,
-                      # No remat (None): a model this small fits anywhere; remat would only
-                      # recompute each block's forward (~1/3 more block FLOPs).
-                      remat_policy=config_dict.placeholder(str), stem_channels=(),
-                      **config_loading.vit_block_options())
+  config.model = dict(
+      variant=config_dict.placeholder(str),
+      width=128,
+      depth=4,
+      mlp_dim=512,
+      num_heads=2,
+      patch_size=7,
+      posemb="learn",
+      pool_type="gap",
+      num_classes=10,
+      # No remat (None): a model this small fits anywhere; remat
+      # would only recompute each block's forward (~1/3 more
+      # block FLOPs).
+      remat_policy=config_dict.placeholder(str),
+      stem_channels=(),
+      **config_loading.vit_block_options(),
+  )
   config.loss = "softmax_xent"
-  # Start from another run / an .npz instead of random init: --config.model_init=SRC
-  # (a training workdir, a checkpoint step dir or a vision_transformer .npz);
-  # dont_load: regexes of params to keep from init, e.g. "('head/.*',)".
+  # Start from another run / an .npz instead of random init:
+  # --config.model_init=SRC (a training workdir, a checkpoint step dir or a
+  # vision_transformer .npz); dont_load: regexes of params to keep from init,
+  # e.g. "('head/.*',)".
   config.model_init = config_dict.placeholder(str)
   config.model_load = dict(dont_load=())
 
-  # Gradient accumulation: the batch runs as N sequential microbatches per step (same update,
-  # ~1/N of the activation memory): --config.grad_accum_steps=4 when the batch does not fit.
+  # Gradient accumulation: the batch runs as N sequential microbatches per step
+  # (same update, ~1/N of the activation memory): --config.grad_accum_steps=4
+  # when the batch does not fit.
   config.grad_accum_steps = 1
-  # 32 epochs = 30,000 steps at batch 64. In epochs, so that --config.total_epochs=E works
-  # too (a total_steps set here would win over it); --config.total_steps=N wins over both.
+  # 32 epochs = 30,000 steps at batch 64. In epochs, so that
+  # --config.total_epochs=E works too (a total_steps set here would win over
+  # it); --config.total_steps=N wins over both.
   config.total_steps = config_dict.placeholder(int)
   config.total_epochs = 32.0
   config.optax_name = "scale_by_adam"
@@ -92,28 +119,46 @@ def get_config(arg=None):
   config.log_training_steps = 500
   config.ckpt_steps = 4000
   config.keep_ckpt_steps = config_dict.placeholder(int)
-  # Trainer knobs, spelled out so the command line can set them (--config.keep_ckpts=5).
-  config.keep_ckpts = 3  # The last N checkpoints, plus every keep_ckpt_steps-th.
+  # Trainer knobs, spelled out so the command line can set them
+  # (--config.keep_ckpts=5). The last N checkpoints, plus every
+  # keep_ckpt_steps-th.
+  config.keep_ckpts = 3
   config.ckpt_async = True  # Save in the background while training goes on.
   config.eval_at_start = False  # Also run the evals at step 0.
-  config.report = False  # True: plots in WORKDIR/report/report.html at each eval.
-  config.hang_timeout_s = config_dict.placeholder(float)  # Stop a process stuck this long.
+  # True: plots in WORKDIR/report/report.html at each eval.
+  config.report = False
+  # Stop a process stuck this long.
+  config.hang_timeout_s = config_dict.placeholder(float)
 
   config.evals = ml_collections.ConfigDict()
   config.evals.val = dict(
       type="classification",
-      data=dict(name="fashion_mnist", split="test", data_dir=config_dict.placeholder(str)),
-      pp=EVAL_PP, batch_size=500, log_steps=4000)
+      data=dict(
+          name="fashion_mnist",
+          split="test",
+          data_dir=config_dict.placeholder(str),
+      ),
+      pp=EVAL_PP,
+      batch_size=500,
+      log_steps=4000,
+  )
   # The ViT paper's few-shot linear probe on the other offline datasets.
   config.evals.fewshot = dict(
-      type="fewshot", datasets=dict(mnist10k=dict(name="mnist10k"),
-                                    animal_mnist=dict(name="animal_mnist")),
+      type="fewshot",
+      datasets=dict(
+          mnist10k=dict(name="mnist10k"), animal_mnist=dict(name="animal_mnist")
+      ),
       pp="decode(channels=1)|value_range(-1, 1)|keep('image', 'label')",
-      shots=(10,), num_seeds=3, batch_size=500, log_steps=30_000)
+      shots=(10,),
+      num_seeds=3,
+      batch_size=500,
+      log_steps=30_000,
+  )
 
   if runlocal:
     config.input.batch_size = 32
-    config.num_cpu_devices = config_dict.placeholder(int)  # Tests choose their device count.
+    # Tests choose their device count.
+    config.num_cpu_devices = config_dict.placeholder(int)
     config.input.shuffle_buffer_size = 100
     config.input.cache = config_dict.placeholder(str)
     config.model.depth = 2

@@ -19,6 +19,7 @@ Args (comma-separated after the file name):
   teacher_run   train the teacher instead: the demo model for 1,500 steps.
   runlocal      a few steps on configs/demo.py's runlocal data (tests, smoke runs).
 """
+
 import importlib.util
 import os
 
@@ -35,11 +36,17 @@ def _demo_config(arg):
 
 
 def get_config(arg=None):
-  args = dict(a.split("=", 1) if "=" in a else (a, True) for a in (arg or "").split(",") if a)
+  args = dict(
+      a.split("=", 1) if "=" in a else (a, True)
+      for a in (arg or "").split(",")
+      if a
+  )
   unknown = sorted(set(args) - {"teacher", "teacher_run", "runlocal"})
   if unknown:
-    raise ValueError(f"Unknown config arg {unknown[0]!r}: use teacher=SRC, teacher_run or "
-                     "runlocal.")
+    raise ValueError(
+        f"Unknown config arg {unknown[0]!r}: use teacher=SRC, teacher_run or "
+        "runlocal."
+    )
   runlocal = "runlocal" in args
   config = _demo_config("runlocal" if runlocal else None)
   config.total_epochs = config_dict.placeholder(float)
@@ -56,10 +63,12 @@ def get_config(arg=None):
   del config.evals["fewshot"]
   if "teacher_run" in args:
     return config
-  # The student: a quarter of the teacher's width and half its depth (~1/20 of its FLOPs).
+  # The student: a quarter of the teacher's width and half its depth (~1/20 of
+  # its FLOPs).
   config.model.update(width=64, depth=2, mlp_dim=256, num_heads=2)
   if "teacher" in args:
-    # KL to the teacher's logits on the same augmented batch only (weight 1: no labels),
-    # as big_vision's "consistent" distillation; weight 0.75 at T=2 gained less (NOTES.md).
+    # KL to the teacher's logits on the same augmented batch only (weight 1: no
+    # labels), as big_vision's "consistent" distillation; weight 0.75 at T=2
+    # gained less (NOTES.md).
     config.distill = dict(teacher=args["teacher"], weight=1.0, temperature=1.0)
   return config

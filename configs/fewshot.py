@@ -33,27 +33,43 @@ Every setting can be set on the command line, e.g.
 For an .npz of another model, e.g. ViT-B/16 at 224:
   --config=configs/fewshot.py:res=224,channels=3 --config.model_init=ViT-B_16.npz
 """
+
 import ml_collections
 
 from big_vit_lite.evaluators import presets
 
 
 def get_config(arg=None):
-  args = presets.parse_arg(arg, res=28, channels=1, folder="", layer="pre_logits",
-                           pool="mean", runlocal=False)
+  args = presets.parse_arg(
+      arg,
+      res=28,
+      channels=1,
+      folder="",
+      layer="pre_logits",
+      pool="mean",
+      runlocal=False,
+  )
   config = ml_collections.ConfigDict()
   # SRC: a training workdir, a checkpoint step dir or an .npz.
   config.model_init = ml_collections.config_dict.placeholder(str)
   config.use_ema = False  # True: a run's EMA of the weights (config.ema_decay).
   # Overrides of the checkpoint's model config (None: keep it), e.g. gelu="tanh"
   # for the original paper's .npz files.
-  config.model = ml_collections.ConfigDict(dict(
-      gelu=ml_collections.config_dict.placeholder(str),
-      dtype_mm=ml_collections.config_dict.placeholder(str)))
-  config.mesh = (("data", -1),)  # A tuple, not a list: only tuples take --config.mesh="[...]".
+  config.model = ml_collections.ConfigDict(
+      dict(
+          gelu=ml_collections.config_dict.placeholder(str),
+          dtype_mm=ml_collections.config_dict.placeholder(str),
+      )
+  )
+  # A tuple, not a list: only tuples take --config.mesh="[...]".
+  config.mesh = (("data", -1),)
   config.evals = ml_collections.ConfigDict()
   config.evals.fewshot = presets.fewshot(
-      res=args["res"], channels=args["channels"], folder=args["folder"] or None,
-      representation_layer=args["layer"], token_pool=args["pool"],
-      runlocal=args["runlocal"])
+      res=args["res"],
+      channels=args["channels"],
+      folder=args["folder"] or None,
+      representation_layer=args["layer"],
+      token_pool=args["pool"],
+      runlocal=args["runlocal"],
+  )
   return config

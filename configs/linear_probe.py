@@ -26,25 +26,41 @@ Args (after ':', comma separated):
 Every setting of the probe can be set on the command line, e.g.
   --config.evals.linear_probe.l2_regs='(1e-4, 1e-3)' --config.evals.linear_probe.max_iter=500
 """
+
 import ml_collections
 
 from big_vit_lite.evaluators import presets
 
 
 def get_config(arg=None):
-  args = presets.parse_arg(arg, res=28, channels=1, folder="", layer="pre_logits",
-                           pool="mean", runlocal=False)
+  args = presets.parse_arg(
+      arg,
+      res=28,
+      channels=1,
+      folder="",
+      layer="pre_logits",
+      pool="mean",
+      runlocal=False,
+  )
   config = ml_collections.ConfigDict()
   # SRC: a training workdir, a checkpoint step dir or an .npz.
   config.model_init = ml_collections.config_dict.placeholder(str)
   config.use_ema = False  # True: a run's EMA of the weights (config.ema_decay).
-  config.model = ml_collections.ConfigDict(dict(
-      gelu=ml_collections.config_dict.placeholder(str),
-      dtype_mm=ml_collections.config_dict.placeholder(str)))
-  config.mesh = (("data", -1),)  # A tuple, not a list: only tuples take --config.mesh="[...]".
+  config.model = ml_collections.ConfigDict(
+      dict(
+          gelu=ml_collections.config_dict.placeholder(str),
+          dtype_mm=ml_collections.config_dict.placeholder(str),
+      )
+  )
+  # A tuple, not a list: only tuples take --config.mesh="[...]".
+  config.mesh = (("data", -1),)
   config.evals = ml_collections.ConfigDict()
   config.evals.linear_probe = presets.linear_probe(
-      res=args["res"], channels=args["channels"], folder=args["folder"] or None,
-      representation_layer=args["layer"], token_pool=args["pool"],
-      runlocal=args["runlocal"])
+      res=args["res"],
+      channels=args["channels"],
+      folder=args["folder"] or None,
+      representation_layer=args["layer"],
+      token_pool=args["pool"],
+      runlocal=args["runlocal"],
+  )
   return config

@@ -21,11 +21,14 @@ pixels), reaches mAP 0.8397 and prec@1 0.9263. Details: benchmarks/NOTES.md, sec
 Args (comma-separated after the file name, e.g. `configs/multilabel.py:runlocal`):
   runlocal   a few steps of a tinier model, for tests and smoke runs.
 """
+
 import ml_collections
 from ml_collections import config_dict
 
-PP = ("decode(channels=1)|value_range(-1, 1)"
-      "|onehot(10, key='labels', key_result='labels')|keep('image', 'labels')")
+PP = (
+    "decode(channels=1)|value_range(-1, 1)"
+    "|onehot(10, key='labels', key_result='labels')|keep('image', 'labels')"
+)
 
 
 def get_config(arg=None):
@@ -36,17 +39,30 @@ def get_config(arg=None):
   config = ml_collections.ConfigDict()
   config.seed = 0
   config.input = dict(
-      data=dict(name="mnist_multilabel", split="train", data_dir=config_dict.placeholder(str)),
+      data=dict(
+          name="mnist_multilabel",
+          split="train",
+          data_dir=config_dict.placeholder(str),
+      ),
       batch_size=64,
       pp=PP,
       shuffle_buffer_size=10_000,
   )
   config.model_name = "vit"
   # 56x56 images, 14x14 patches: 16 tokens, one digit cell = 2x2 patches.
-  config.model = dict(variant=config_dict.placeholder(str), width=128, depth=4, mlp_dim=512,
-                      num_heads=2, patch_size=14, posemb="learn", pool_type="gap",
-                      num_classes=10, head_zeroinit=True,
-                      remat_policy=config_dict.placeholder(str))
+  config.model = dict(
+      variant=config_dict.placeholder(str),
+      width=128,
+      depth=4,
+      mlp_dim=512,
+      num_heads=2,
+      patch_size=14,
+      posemb="learn",
+      pool_type="gap",
+      num_classes=10,
+      head_zeroinit=True,
+      remat_policy=config_dict.placeholder(str),
+  )
   config.loss = "sigmoid_xent"
   config.init_head_bias = -10.0
   config.grad_accum_steps = 1
@@ -64,8 +80,15 @@ def get_config(arg=None):
   config.evals = ml_collections.ConfigDict()
   config.evals.multilabel = dict(
       type="multilabel",
-      data=dict(name="mnist_multilabel", split="test", data_dir=config_dict.placeholder(str)),
-      pp=PP, batch_size=500, log_steps=2000)
+      data=dict(
+          name="mnist_multilabel",
+          split="test",
+          data_dir=config_dict.placeholder(str),
+      ),
+      pp=PP,
+      batch_size=500,
+      log_steps=2000,
+  )
   if "runlocal" in args:
     config.input.batch_size = 32
     config.input.shuffle_buffer_size = 100

@@ -60,6 +60,7 @@ Args (comma-separated after the file name, e.g. `configs/transfer.py:data=animal
 Also settable: --config.layer_decay=0.75 (layer-wise lr decay), --config.ema_decay=0.999
 (EMA of the weights; --config.evals.val.use_ema=True scores it), --config.grad_clip_norm.
 """
+
 import json
 import os
 import re
@@ -69,9 +70,18 @@ from ml_collections import config_dict
 
 from big_vit_lite.evaluators import presets
 
-# The demo's architecture: the model when `init` does not exist (yet): training then stops on it.
-DEMO_MODEL = dict(variant=None, width=128, depth=4, mlp_dim=512, num_heads=2, patch_size=7,
-                  posemb="learn", pool_type="gap")
+# The demo's architecture: the model when `init` does not exist (yet): training
+# then stops on it.
+DEMO_MODEL = dict(
+    variant=None,
+    width=128,
+    depth=4,
+    mlp_dim=512,
+    num_heads=2,
+    patch_size=7,
+    posemb="learn",
+    pool_type="gap",
+)
 
 
 def _from_checkpoint(src):
@@ -85,8 +95,11 @@ def _from_checkpoint(src):
   if os.path.isdir(src):
     step_dir = src
     if not os.path.isdir(os.path.join(src, "config")):
-      ckpts = os.path.join(src, "checkpoints") if os.path.isdir(
-          os.path.join(src, "checkpoints")) else src
+      ckpts = (
+          os.path.join(src, "checkpoints")
+          if os.path.isdir(os.path.join(src, "checkpoints"))
+          else src
+      )
       steps = [int(d) for d in os.listdir(ckpts) if d.isdigit()]
       if not steps:
         return None, None, None
@@ -102,14 +115,19 @@ def _from_checkpoint(src):
     res = None
     if pp:
       from big_vit_lite.data import pp as pp_lib  # pylint: disable=g-import-not-at-top
+
       hw = pp_lib.output_hw(pp, channels=channels)
       res = hw[0] if hw else None
-    model = {k: tuple(v) if isinstance(v, list) else v for k, v in saved["model"].items()}
+    model = {
+        k: tuple(v) if isinstance(v, list) else v
+        for k, v in saved["model"].items()
+    }
     return model, res, channels
   if not os.path.isfile(src):
     return None, None, None
   from big_vit_lite import evaluate  # pylint: disable=g-import-not-at-top
   from big_vit_lite.models import formats  # pylint: disable=g-import-not-at-top
+
   flat = formats.read_params(src)
   model = evaluate.infer_model_cfg(flat)
   kernel = flat.get("stem/conv_0/kernel", flat["embedding/kernel"])
@@ -121,33 +139,74 @@ def _from_checkpoint(src):
   return model, res, int(kernel.shape[2])
 
 
-# Datasets whose class a left-right flip changes (digits, letters): no augmentation by default.
-FLIP_CHANGES_CLASS = ("mnist", "mnist10k", "emnist", "kmnist", "svhn_cropped", "binarized_mnist")
-# 28-px silhouettes: a flip keeps the class, an inception crop loses the object (the docstring).
+# Datasets whose class a left-right flip changes (digits, letters): no
+# augmentation by default.
+FLIP_CHANGES_CLASS = (
+    "mnist",
+    "mnist10k",
+    "emnist",
+    "kmnist",
+    "svhn_cropped",
+    "binarized_mnist",
+)
+# 28-px silhouettes: a flip keeps the class, an inception crop loses the object
+# (the docstring).
 SMALL_IMAGES = ("fashion_mnist", "animal_mnist")
-TRAIN_AUG = dict(crop_flip="inception_crop({res})|flip_lr", crop="inception_crop({res})",
-                 flip="resize({res})|flip_lr", none="resize({res})")
+TRAIN_AUG = dict(
+    crop_flip="inception_crop({res})|flip_lr",
+    crop="inception_crop({res})",
+    flip="resize({res})|flip_lr",
+    none="resize({res})",
+)
 
 
 def _num_classes(data, folder, data_dir):
   if folder:
-    return len({c for split in os.listdir(folder) if os.path.isdir(os.path.join(folder, split))
-                for c in os.listdir(os.path.join(folder, split))
-                if not c.startswith(".") and os.path.isdir(os.path.join(folder, split, c))})
+    return len(
+        {
+            c
+            for split in os.listdir(folder)
+            if os.path.isdir(os.path.join(folder, split))
+            for c in os.listdir(os.path.join(folder, split))
+            if not c.startswith(".")
+            and os.path.isdir(os.path.join(folder, split, c))
+        }
+    )
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+
   try:
-    return tfds.builder(data, data_dir=data_dir).info.features["label"].num_classes
+    return (
+        tfds.builder(data, data_dir=data_dir).info.features["label"].num_classes
+    )
   except Exception as e:  # pylint: disable=broad-except
-    raise ValueError(f"configs/transfer.py: cannot read the classes of data={data} ({e}); "
-                     "prepare it (python -m big_vit_lite.data.prepare NAME) or pass classes=K.")
+    raise ValueError(
+        f"configs/transfer.py: cannot read the classes of data={data} ({e}); "
+        "prepare it (python -m big_vit_lite.data.prepare NAME) or pass classes=K."
+    )
 
 
 def get_config(arg=None):
-  args = presets.parse_arg(arg, init="workdirs/demo", data="mnist10k", folder="", res=0,
-                           channels=0, classes=0, opt="sgd", lr=0.0, steps=500, batch=64,
-                           aug="", mixup=False, scratch=False, runlocal=False)
+  args = presets.parse_arg(
+      arg,
+      init="workdirs/demo",
+      data="mnist10k",
+      folder="",
+      res=0,
+      channels=0,
+      classes=0,
+      opt="sgd",
+      lr=0.0,
+      steps=500,
+      batch=64,
+      aug="",
+      mixup=False,
+      scratch=False,
+      runlocal=False,
+  )
   if args["opt"] not in ("sgd", "adamw"):
-    raise ValueError(f"Config arg opt={args['opt']!r}: use opt=sgd or opt=adamw.")
+    raise ValueError(
+        f"Config arg opt={args['opt']!r}: use opt=sgd or opt=adamw."
+    )
   data_name = "" if args["folder"] else args["data"]
   default_aug = "crop_flip"
   if data_name in FLIP_CHANGES_CLASS:
@@ -156,12 +215,18 @@ def get_config(arg=None):
     default_aug = "flip"
   aug = args["aug"] or default_aug
   if aug not in TRAIN_AUG:
-    raise ValueError(f"Config arg aug={aug!r}: use aug=crop_flip, aug=crop, aug=flip or aug=none.")
+    raise ValueError(
+        f"Config arg aug={aug!r}: use aug=crop_flip, aug=crop, aug=flip or aug=none."
+    )
   runlocal = args["runlocal"]
   model, res, channels = _from_checkpoint(args["init"])
   model, res, channels = model or dict(DEMO_MODEL), res or 28, channels or 1
   res, channels = args["res"] or res, args["channels"] or channels
-  folder = os.path.abspath(os.path.expanduser(args["folder"])) if args["folder"] else ""
+  folder = (
+      os.path.abspath(os.path.expanduser(args["folder"]))
+      if args["folder"]
+      else ""
+  )
   classes = args["classes"] or _num_classes(args["data"], folder, None)
 
   config = ml_collections.ConfigDict()
@@ -171,37 +236,50 @@ def get_config(arg=None):
   else:
     data = dict(name=args["data"], data_dir=config_dict.placeholder(str))
   decode = f"decode(channels={channels})|resize({res})|value_range(-1, 1)"
-  train_decode = "|".join([
-      f"decode(channels={channels})",
-      TRAIN_AUG[aug].format(res=res),
-      "value_range(-1, 1)",
-  ])
+  train_decode = "|".join(
+      [
+          f"decode(channels={channels})",
+          TRAIN_AUG[aug].format(res=res),
+          "value_range(-1, 1)",
+      ]
+  )
   labels = f"onehot({classes}, key='label', key_result='labels')|keep('image', 'labels')"
-  config.input = dict(data=dict(data, split="train"), batch_size=args["batch"],
-                      pp=f"{train_decode}|{labels}", shuffle_buffer_size=10_000)
-  config.num_cpu_devices = 2  # As configs/demo.py: 2 CPU devices; nothing changes on a GPU/TPU.
+  config.input = dict(
+      data=dict(data, split="train"),
+      batch_size=args["batch"],
+      pp=f"{train_decode}|{labels}",
+      shuffle_buffer_size=10_000,
+  )
+  # As configs/demo.py: 2 CPU devices; nothing changes on a GPU/TPU.
+  config.num_cpu_devices = 2
   config.mesh = (("data", -1),)
-  # The checkpoint's model with a new zero-initialised head (head_zeroinit) and no
-  # pre_logits layer (as the ViT paper fine-tunes), at this resolution.
+  # The checkpoint's model with a new zero-initialised head (head_zeroinit) and
+  # no pre_logits layer (as the ViT paper fine-tunes), at this resolution.
   model.update(num_classes=classes, rep_size=False, head_zeroinit=True)
   config.model_name = "vit"
   config.model = model
-  config.model_init = config_dict.placeholder(str) if args["scratch"] else args["init"]
-  config.model_load = dict(dont_load=("head/.*",))  # The posemb is resampled by the loader.
+  config.model_init = (
+      config_dict.placeholder(str) if args["scratch"] else args["init"]
+  )
+  # The posemb is resampled by the loader.
+  config.model_load = dict(dont_load=("head/.*",))
 
   config.total_steps = args["steps"]
   config.loss = "softmax_xent"
   if args["opt"] == "sgd":
     config.optax_name = "momentum"
     config.optax = dict(momentum=0.9)
-    config.lr = args["lr"] or 0.1  # The best of 0.01..0.3 on MNIST-10k (benchmarks/NOTES.md).
+    # The best of 0.01..0.3 on MNIST-10k (benchmarks/NOTES.md).
+    config.lr = args["lr"] or 0.1
     config.wd = 0.0
   else:
     config.optax_name = "adamw"
     config.optax = dict(b1=0.9, b2=0.999)
     config.lr = args["lr"] or 1e-3
     config.wd = 1e-4  # Decoupled (not multiplied by lr), see optim.py.
-  config.schedule = dict(warmup_steps=max(1, args["steps"] // 10), decay_type="cosine")
+  config.schedule = dict(
+      warmup_steps=max(1, args["steps"] // 10), decay_type="cosine"
+  )
   config.grad_clip_norm = 1.0
   config.layer_decay = config_dict.placeholder(float)
   config.ema_decay = config_dict.placeholder(float)
@@ -213,11 +291,17 @@ def get_config(arg=None):
   config.keep_ckpts = 1
   config.evals = ml_collections.ConfigDict()
   config.evals.val = dict(
-      type="classification", data=dict(data, split="test"), pp=f"{decode}|{labels}",
-      batch_size=500, use_ema=False, log_steps=config_dict.placeholder(int))
+      type="classification",
+      data=dict(data, split="test"),
+      pp=f"{decode}|{labels}",
+      batch_size=500,
+      use_ema=False,
+      log_steps=config_dict.placeholder(int),
+  )
 
   if runlocal:
-    config.num_cpu_devices = config_dict.placeholder(int)  # Tests choose their device count.
+    # Tests choose their device count.
+    config.num_cpu_devices = config_dict.placeholder(int)
     config.input.batch_size = min(args["batch"], 16)
     if not folder:  # (An image folder for a smoke run is small already.)
       config.input.data.split = "train[:256]"

@@ -45,6 +45,7 @@ Args (comma-separated, e.g. `configs/vit_l16.py:variant=H/14,data=i1k`):
   runlocal      3 steps at 32x32 with a tiny model and batch 8 (tests run it
                 under tfds.testing.mock_data when the data is not on the machine).
 """
+
 import ml_collections
 from ml_collections import config_dict
 
@@ -52,22 +53,38 @@ from big_vit_lite import config_loading
 
 DATA = {
     # name, train split, minival split, classes
-    "i21k": ("imagenet21k", "full[51200:]", "full[:51200]", 21841),  # = i21k_fall11
-    "i21k_fall11": ("imagenet21k/fall11", "full[51200:]", "full[:51200]", 21841),
-    "i21k_winter21": ("imagenet21k/winter21", "full[51200:]", "full[:51200]", 19167),
+    # = i21k_fall11
+    "i21k": ("imagenet21k", "full[51200:]", "full[:51200]", 21841),
+    "i21k_fall11": (
+        "imagenet21k/fall11",
+        "full[51200:]",
+        "full[:51200]",
+        21841,
+    ),
+    "i21k_winter21": (
+        "imagenet21k/winter21",
+        "full[51200:]",
+        "full[:51200]",
+        19167,
+    ),
     "i1k": ("imagenet2012", "train[:99%]", "train[99%:]", 1000),
 }
 
 
-# What an accelerator user tunes, settable as --config.model.KEY=VALUE (vit.Model's fields).
-# The rule: dtype_mm="auto" runs the matmuls in bfloat16 wherever the backend is not the CPU
-# (GPU, TPU) and in float32 on the CPU; params, LayerNorm and softmax stay float32.
+# What an accelerator user tunes, settable as --config.model.KEY=VALUE
+# (vit.Model's fields). The rule: dtype_mm="auto" runs the matmuls in bfloat16
+# wherever the backend is not the CPU (GPU, TPU) and in float32 on the CPU;
+# params, LayerNorm and softmax stay float32.
 ACCELERATOR_KNOBS = dict(
     dtype_mm="auto",  # "auto" | "float32" | "bfloat16"
-    dtype_act="float32",  # the residual stream between blocks; "bfloat16" halves its traffic
-    scan=False,  # True: the blocks under nn.scan (compiles one block; params stacked)
-    attention="auto",  # "auto" | "custom" | "xla" | "cudnn" (vit.py's docstring)
-    drop_path=0.0,  # stochastic depth of the last block (linear from 0 in depth)
+    # the residual stream between blocks; "bfloat16" halves its traffic
+    dtype_act="float32",
+    # True: the blocks under nn.scan (compiles one block; params stacked)
+    scan=False,
+    # "auto" | "custom" | "xla" | "cudnn" (vit.py's docstring)
+    attention="auto",
+    # stochastic depth of the last block (linear from 0 in depth)
+    drop_path=0.0,
     gelu="exact",  # "exact" | "tanh"
 )
 
@@ -80,7 +97,9 @@ def parse_args(arg, **defaults):
       continue
     key, sep, value = item.partition("=")
     if key not in out:
-      raise ValueError(f"Unknown config arg '{key}': use one of {', '.join(sorted(out))}.")
+      raise ValueError(
+          f"Unknown config arg '{key}': use one of {', '.join(sorted(out))}."
+      )
     out[key] = value if sep else True
   return out
 
@@ -89,22 +108,39 @@ def data_source(data, classes=None):
   """(train data dict, minival data dict, num_classes) for the `data` arg."""
   if data.startswith("folder:"):
     if not classes:
-      raise ValueError("data=folder:ROOT needs classes=N (the number of class folders).")
+      raise ValueError(
+          "data=folder:ROOT needs classes=N (the number of class folders)."
+      )
     root = data.split(":", 1)[1]
-    return (dict(name="imagefolder", split="train", data_dir=root),
-            dict(name="imagefolder", split="val", data_dir=root), int(classes))
+    return (
+        dict(name="imagefolder", split="train", data_dir=root),
+        dict(name="imagefolder", split="val", data_dir=root),
+        int(classes),
+    )
   if data not in DATA:
-    raise ValueError(f"Unknown data '{data}': use one of {', '.join(DATA)} or folder:ROOT.")
+    raise ValueError(
+        f"Unknown data '{data}': use one of {', '.join(DATA)} or folder:ROOT."
+    )
   name, train_split, minival_split, classes = DATA[data]
   # data_dir: a placeholder (None: $TFDS_DATA_DIR, else tfds' default) so that
-  # --config.input.data.data_dir=DIR can set it (a plain None cannot be overridden).
-  return (dict(name=name, split=train_split, data_dir=config_dict.placeholder(str)),
-          dict(name=name, split=minival_split, data_dir=config_dict.placeholder(str)), classes)
+  # --config.input.data.data_dir=DIR can set it (a plain None cannot be
+  # overridden).
+  return (
+      dict(name=name, split=train_split, data_dir=config_dict.placeholder(str)),
+      dict(
+          name=name, split=minival_split, data_dir=config_dict.placeholder(str)
+      ),
+      classes,
+  )
 
 
 def get_config(arg=None):
-  args = parse_args(arg, variant="L/16", data="i21k", classes=None, runlocal=False)
-  train_data, minival_data, num_classes = data_source(args["data"], args["classes"])
+  args = parse_args(
+      arg, variant="L/16", data="i21k", classes=None, runlocal=False
+  )
+  train_data, minival_data, num_classes = data_source(
+      args["data"], args["classes"]
+  )
   res = 224
   config = ml_collections.ConfigDict()
   config.seed = 0
@@ -112,41 +148,58 @@ def get_config(arg=None):
   config.input = dict(
       data=train_data,
       batch_size=4096,
-      pp=(f"decode_jpeg_and_inception_crop({res})|flip_lr|value_range(-1, 1)"
-          f"|onehot({num_classes}, key='label', key_result='labels')|keep('image', 'labels')"),
+      pp=(
+          f"decode_jpeg_and_inception_crop({res})|flip_lr|value_range(-1, 1)"
+          f"|onehot({num_classes}, key='label', key_result='labels')|keep('image', 'labels')"
+      ),
       shuffle_buffer_size=250_000,
   )
-  # Gradient accumulation: the batch runs as N sequential microbatches per step (same update,
-  # ~1/N of the activation memory): --config.grad_accum_steps=4 when the batch does not fit.
+  # Gradient accumulation: the batch runs as N sequential microbatches per step
+  # (same update, ~1/N of the activation memory): --config.grad_accum_steps=4
+  # when the batch does not fit.
   config.grad_accum_steps = 1
   config.total_steps = config_dict.placeholder(int)  # None: counted in epochs.
   config.total_epochs = 90.0  # float: --config.total_epochs=0.5 works too.
   config.log_training_steps = 50
   config.ckpt_steps = 1000
   config.keep_ckpt_steps = 50_000
-  # Trainer knobs, spelled out so the command line can set them (--config.keep_ckpts=5).
-  config.keep_ckpts = 3  # The last N checkpoints, plus every keep_ckpt_steps-th.
+  # Trainer knobs, spelled out so the command line can set them
+  # (--config.keep_ckpts=5). The last N checkpoints, plus every
+  # keep_ckpt_steps-th.
+  config.keep_ckpts = 3
   config.ckpt_async = True  # Save in the background while training goes on.
   config.eval_at_start = False  # Also run the evals at step 0.
-  config.report = False  # True: plots in WORKDIR/report/report.html at each eval.
-  config.hang_timeout_s = config_dict.placeholder(float)  # Stop a process stuck this long.
+  # True: plots in WORKDIR/report/report.html at each eval.
+  config.report = False
+  # Stop a process stuck this long.
+  config.hang_timeout_s = config_dict.placeholder(float)
 
   config.model_name = "vit"
-  config.model = dict(variant=args["variant"], num_classes=num_classes, pool_type="tok",
-                      posemb="learn", rep_size=True, dropout=0.1, head_zeroinit=True,
-                      # No remat: at 16 images per device (v4-256) L/16 needs 13.5 of 32 GiB
-                      # without it (plan), and remat costs ~20% of the step. With more images
-                      # per device `plan` says when 'nothing_saveable' is needed.
-                      remat_policy=config_dict.placeholder(str),
-                      **ACCELERATOR_KNOBS,
-                      **config_loading.vit_block_options())
+  config.model = dict(
+      variant=args["variant"],
+      num_classes=num_classes,
+      pool_type="tok",
+      posemb="learn",
+      rep_size=True,
+      dropout=0.1,
+      head_zeroinit=True,
+      # No remat: at 16 images per device (v4-256) L/16 needs
+      # 13.5 of 32 GiB without it (plan), and remat costs ~20%
+      # of the step. With more images per device `plan` says
+      # when 'nothing_saveable' is needed.
+      remat_policy=config_dict.placeholder(str),
+      **ACCELERATOR_KNOBS,
+      **config_loading.vit_block_options(),
+  )
   config.loss = "sigmoid_xent"
-  # Start from another run / an .npz instead of random init: --config.model_init=SRC
-  # (a training workdir, a checkpoint step dir or a vision_transformer .npz);
-  # dont_load: regexes of params to keep from init, e.g. "('head/.*',)".
+  # Start from another run / an .npz instead of random init:
+  # --config.model_init=SRC (a training workdir, a checkpoint step dir or a
+  # vision_transformer .npz); dont_load: regexes of params to keep from init,
+  # e.g. "('head/.*',)".
   config.model_init = config_dict.placeholder(str)
   config.model_load = dict(dont_load=())
-  config.init_head_bias = -10.0  # Sigmoid heads start at p ~ 5e-5 per class: stable start.
+  # Sigmoid heads start at p ~ 5e-5 per class: stable start.
+  config.init_head_bias = -10.0
 
   config.optax_name = "scale_by_adam"
   config.optax = dict(b1=0.9, b2=0.999)
@@ -155,25 +208,41 @@ def get_config(arg=None):
   config.schedule = dict(warmup_steps=10_000, decay_type="linear")
   config.grad_clip_norm = 1.0
 
-  eval_pp = (f"decode|resize_small({res * 8 // 7})|central_crop({res})|value_range(-1, 1)"
-             f"|onehot({num_classes}, key='label', key_result='labels')|keep('image', 'labels')")
+  eval_pp = (
+      f"decode|resize_small({res * 8 // 7})|central_crop({res})|value_range(-1, 1)"
+      f"|onehot({num_classes}, key='label', key_result='labels')|keep('image', 'labels')"
+  )
   config.evals = ml_collections.ConfigDict()
-  config.evals.minival = dict(type="classification", data=minival_data, pp=eval_pp,
-                              batch_size=1024, loss_name="sigmoid_xent", log_steps=10_000)
+  config.evals.minival = dict(
+      type="classification",
+      data=minival_data,
+      pp=eval_pp,
+      batch_size=1024,
+      loss_name="sigmoid_xent",
+      log_steps=10_000,
+  )
   # The paper's few-shot linear probe; here on the offline datasets (swap in
   # any tfds datasets with `datasets=dict(NAME=dict(name=...))`).
   config.evals.fewshot = dict(
-      type="fewshot", datasets=dict(mnist10k=dict(name="mnist10k"),
-                                    animal_mnist=dict(name="animal_mnist")),
+      type="fewshot",
+      datasets=dict(
+          mnist10k=dict(name="mnist10k"), animal_mnist=dict(name="animal_mnist")
+      ),
       pp=f"decode(channels=3)|resize({res})|value_range(-1, 1)|keep('image', 'label')",
-      shots=(1, 5, 10, 25), batch_size=1024, log_steps=25_000)
+      shots=(1, 5, 10, 25),
+      batch_size=1024,
+      log_steps=25_000,
+  )
 
   # One global batch of 4096 needs many devices: data parallel over all of them
   # by default; switch to FSDP (params + optimizer state split) for memory with
-  # --config.mesh="[('data', -1), ('fsdp', 8)]" (see `python -m big_vit_lite.plan`).
-  config.mesh = (("data", -1),)  # A tuple, not a list: only tuples take --config.mesh="[...]".
+  # --config.mesh="[('data', -1), ('fsdp', 8)]" (see `python -m
+  # big_vit_lite.plan`). A tuple, not a list: only tuples take
+  # --config.mesh="[...]".
+  config.mesh = (("data", -1),)
   # None: sharding.DEFAULT_RULES; override with e.g.
-  # --config.sharding_rules="(('embed', 'fsdp'), ('mlp', 'model'), ('heads', 'model'))".
+  # --config.sharding_rules="(('embed', 'fsdp'), ('mlp', 'model'), ('heads',
+  # 'model'))".
   config.sharding_rules = config_dict.placeholder(tuple)
 
   if args["runlocal"]:
@@ -186,19 +255,24 @@ def _runlocal(config, num_classes):
   res = 32
   config.input.batch_size = 8
   config.input.shuffle_buffer_size = 16
-  config.input.pp = (f"decode_jpeg_and_inception_crop({res})|flip_lr|value_range(-1, 1)"
-                     f"|onehot({num_classes}, key='label', key_result='labels')"
-                     "|keep('image', 'labels')")
+  config.input.pp = (
+      f"decode_jpeg_and_inception_crop({res})|flip_lr|value_range(-1, 1)"
+      f"|onehot({num_classes}, key='label', key_result='labels')"
+      "|keep('image', 'labels')"
+  )
   config.model.variant = "mu/16"
-  config.total_epochs = config_dict.placeholder(float)  # Unset, still overridable.
+  # Unset, still overridable.
+  config.total_epochs = config_dict.placeholder(float)
   config.total_steps = 3
   config.log_training_steps = 1
   config.ckpt_steps = 3
   config.keep_ckpt_steps = config_dict.placeholder(int)
   config.schedule.warmup_steps = 1
-  config.evals.minival.pp = (f"decode|resize({res})|value_range(-1, 1)"
-                             f"|onehot({num_classes}, key='label', key_result='labels')"
-                             "|keep('image', 'labels')")
+  config.evals.minival.pp = (
+      f"decode|resize({res})|value_range(-1, 1)"
+      f"|onehot({num_classes}, key='label', key_result='labels')"
+      "|keep('image', 'labels')"
+  )
   config.evals.minival.batch_size = 8
   config.evals.minival.log_steps = 3
   config.evals.fewshot.pp = f"decode(channels=3)|resize({res})|value_range(-1, 1)|keep('image', 'label')"

@@ -22,11 +22,11 @@ The TPU compiler (`python -m big_vit_lite.plan --topology=v3-8 --config=configs/
 Args: runlocal (3 steps, 32x32 images, tiny model, batch 8; the tests run it
 under tfds.testing.mock_data since ImageNet is not on the machine).
 """
+
 import ml_collections
 from ml_collections import config_dict
 
 from big_vit_lite import config_loading
-
 
 
 def get_config(arg=None):
@@ -40,41 +40,65 @@ def get_config(arg=None):
   config.seed = 0
 
   config.input = dict(
-      data=dict(name="imagenet2012", split="train[:99%]", data_dir=config_dict.placeholder(str)),
+      data=dict(
+          name="imagenet2012",
+          split="train[:99%]",
+          data_dir=config_dict.placeholder(str),
+      ),
       batch_size=1024,
-      pp=(f"decode_jpeg_and_inception_crop({res})|flip_lr|randaug(2, 10)|value_range(-1, 1)"
-          "|onehot(1000, key='label', key_result='labels')|keep('image', 'labels')"),
+      pp=(
+          f"decode_jpeg_and_inception_crop({res})|flip_lr|randaug(2, 10)|value_range(-1, 1)"
+          "|onehot(1000, key='label', key_result='labels')|keep('image', 'labels')"
+      ),
       shuffle_buffer_size=250_000,
   )
-  # Gradient accumulation: the batch runs as N sequential microbatches per step (same update,
-  # ~1/N of the activation memory): --config.grad_accum_steps=4 when the batch does not fit.
+  # Gradient accumulation: the batch runs as N sequential microbatches per step
+  # (same update, ~1/N of the activation memory): --config.grad_accum_steps=4
+  # when the batch does not fit.
   config.grad_accum_steps = 1
   config.total_steps = config_dict.placeholder(int)  # None: counted in epochs.
   config.total_epochs = 90.0  # float: --config.total_epochs=0.5 works too.
   config.log_training_steps = 50
   config.ckpt_steps = 1000
   config.keep_ckpt_steps = 10_000
-  # Trainer knobs, spelled out so the command line can set them (--config.keep_ckpts=5).
-  config.keep_ckpts = 3  # The last N checkpoints, plus every keep_ckpt_steps-th.
+  # Trainer knobs, spelled out so the command line can set them
+  # (--config.keep_ckpts=5). The last N checkpoints, plus every
+  # keep_ckpt_steps-th.
+  config.keep_ckpts = 3
   config.ckpt_async = True  # Save in the background while training goes on.
   config.eval_at_start = False  # Also run the evals at step 0.
-  config.report = False  # True: plots in WORKDIR/report/report.html at each eval.
-  config.hang_timeout_s = config_dict.placeholder(float)  # Stop a process stuck this long.
+  # True: plots in WORKDIR/report/report.html at each eval.
+  config.report = False
+  # Stop a process stuck this long.
+  config.hang_timeout_s = config_dict.placeholder(float)
 
   config.model_name = "vit"
-  config.model = dict(variant="S/16", num_classes=1000, pool_type="gap", posemb="sincos2d",
-                      rep_size=False, head_zeroinit=True,
-                      # No remat (None): S/16 fits without it (see `plan`); it costs ~20%.
-                      remat_policy=config_dict.placeholder(str),
-                      # Accelerator knobs (--config.model.KEY=VALUE). dtype_mm="auto": bfloat16
-                      # matmuls wherever the backend is not the CPU, float32 on the CPU.
-                      dtype_mm="auto", dtype_act="float32", scan=False, attention="auto",
-                      drop_path=0.0, gelu="exact",
-                      **config_loading.vit_block_options())
+  config.model = dict(
+      variant="S/16",
+      num_classes=1000,
+      pool_type="gap",
+      posemb="sincos2d",
+      rep_size=False,
+      head_zeroinit=True,
+      # No remat (None): S/16 fits without it (see `plan`); it
+      # costs ~20%.
+      remat_policy=config_dict.placeholder(str),
+      # Accelerator knobs (--config.model.KEY=VALUE).
+      # dtype_mm="auto": bfloat16 matmuls wherever the backend
+      # is not the CPU, float32 on the CPU.
+      dtype_mm="auto",
+      dtype_act="float32",
+      scan=False,
+      attention="auto",
+      drop_path=0.0,
+      gelu="exact",
+      **config_loading.vit_block_options(),
+  )
   config.loss = "softmax_xent"
-  # Start from another run / an .npz instead of random init: --config.model_init=SRC
-  # (a training workdir, a checkpoint step dir or a vision_transformer .npz);
-  # dont_load: regexes of params to keep from init, e.g. "('head/.*',)".
+  # Start from another run / an .npz instead of random init:
+  # --config.model_init=SRC (a training workdir, a checkpoint step dir or a
+  # vision_transformer .npz); dont_load: regexes of params to keep from init,
+  # e.g. "('head/.*',)".
   config.model_init = config_dict.placeholder(str)
   config.model_load = dict(dont_load=())
   config.mixup = dict(mixup_alpha=0.2)
@@ -86,22 +110,34 @@ def get_config(arg=None):
   config.schedule = dict(warmup_steps=10_000, decay_type="cosine")
   config.grad_clip_norm = 1.0
 
-  eval_pp = (f"decode|resize_small({res * 8 // 7})|central_crop({res})|value_range(-1, 1)"
-             "|onehot(1000, key='label', key_result='labels')|keep('image', 'labels')")
+  eval_pp = (
+      f"decode|resize_small({res * 8 // 7})|central_crop({res})|value_range(-1, 1)"
+      "|onehot(1000, key='label', key_result='labels')|keep('image', 'labels')"
+  )
   config.evals = ml_collections.ConfigDict()
-  config.evals.minival = dict(type="classification",
-                              data=dict(name="imagenet2012", split="train[99%:]"),
-                              pp=eval_pp, batch_size=1024, log_steps=2500)
-  config.evals.val = dict(type="classification",
-                          data=dict(name="imagenet2012", split="validation"),
-                          pp=eval_pp, batch_size=1024, log_steps=2500)
-  config.mesh = (("data", -1),)  # A tuple, not a list: only tuples take --config.mesh="[...]".
+  config.evals.minival = dict(
+      type="classification",
+      data=dict(name="imagenet2012", split="train[99%:]"),
+      pp=eval_pp,
+      batch_size=1024,
+      log_steps=2500,
+  )
+  config.evals.val = dict(
+      type="classification",
+      data=dict(name="imagenet2012", split="validation"),
+      pp=eval_pp,
+      batch_size=1024,
+      log_steps=2500,
+  )
+  # A tuple, not a list: only tuples take --config.mesh="[...]".
+  config.mesh = (("data", -1),)
 
   if runlocal:
     config.input.batch_size = 8
     config.input.shuffle_buffer_size = 16
     config.model.variant = "mu/16"
-    config.total_epochs = config_dict.placeholder(float)  # Unset, still overridable.
+    # Unset, still overridable.
+    config.total_epochs = config_dict.placeholder(float)
     config.total_steps = 3
     config.log_training_steps = 1
     config.ckpt_steps = 3

@@ -7,21 +7,33 @@ checksums of all saved leaves (params, optimizer state, EMA: each step's checksu
 
 Usage: python scripts/same_bits.py WORKDIR_A WORKDIR_B   (exit 0: identical, 1: different)
 """
+
 import json
 import os
 import sys
 
-TIMING = ("step_time", "img/sec", "img/sec/device", "eta_hours", "core_hours", "uptime_hours",
-          "mfu", "mfu_xla")
-# Keys newer runs add (compared when both runs have them): a run from before them still compares.
+TIMING = (
+    "step_time",
+    "img/sec",
+    "img/sec/device",
+    "eta_hours",
+    "core_hours",
+    "uptime_hours",
+    "mfu",
+    "mfu_xla",
+)
+# Keys newer runs add (compared when both runs have them): a run from before
+# them still compares.
 ADDED = ("training_loss_avg",)
 
 
 def _comparable(x, y):
   """Rows x and y without the keys in ADDED that only one of them has."""
   one_sided = [k for k in ADDED if (k in x) != (k in y)]
-  return ({k: v for k, v in x.items() if k not in one_sided},
-          {k: v for k, v in y.items() if k not in one_sided})
+  return (
+      {k: v for k, v in x.items() if k not in one_sided},
+      {k: v for k, v in y.items() if k not in one_sided},
+  )
 
 
 def metrics_rows(workdir):
@@ -49,13 +61,22 @@ def differences(a, b):
   if len(rows_a) != len(rows_b):
     out.append(f"metrics.jsonl: {len(rows_a)} vs {len(rows_b)} lines")
   pairs = [_comparable(x, y) for x, y in zip(rows_a, rows_b)]
-  out += [f"metrics.jsonl line {i + 1}: {x} vs {y}" for i, (x, y) in enumerate(pairs) if x != y][:5]
+  out += [
+      f"metrics.jsonl line {i + 1}: {x} vs {y}"
+      for i, (x, y) in enumerate(pairs)
+      if x != y
+  ][:5]
   sums_a, sums_b = checksums(a), checksums(b)
   for step in sorted(set(sums_a) & set(sums_b)):
-    leaves = [k for k in sorted(set(sums_a[step]) | set(sums_b[step]))
-              if sums_a[step].get(k) != sums_b[step].get(k)]
+    leaves = [
+        k
+        for k in sorted(set(sums_a[step]) | set(sums_b[step]))
+        if sums_a[step].get(k) != sums_b[step].get(k)
+    ]
     if leaves:
-      out.append(f"checkpoint {step}: {len(leaves)} leaves differ, e.g. {leaves[0]}")
+      out.append(
+          f"checkpoint {step}: {len(leaves)} leaves differ, e.g. {leaves[0]}"
+      )
   if not set(sums_a) & set(sums_b):
     out.append("no checkpoint step saved by both runs")
   return out
@@ -66,9 +87,12 @@ def main(argv):
     print(__doc__)
     return 0 if argv and argv[0] in ("-h", "--help") else 2
   diff = differences(*argv)
-  print("\n".join(diff) if diff else
-        f"same bits: {len(metrics_rows(argv[0]))} metrics lines, checkpoints "
-        f"{sorted(checksums(argv[0]))} with {len(next(iter(checksums(argv[0]).values())))} leaves")
+  print(
+      "\n".join(diff)
+      if diff
+      else f"same bits: {len(metrics_rows(argv[0]))} metrics lines, checkpoints "
+      f"{sorted(checksums(argv[0]))} with {len(next(iter(checksums(argv[0]).values())))} leaves"
+  )
   return 1 if diff else 0
 
 

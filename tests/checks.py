@@ -1,4 +1,5 @@
 """Helpers shared by the test files (not tests themselves)."""
+
 import numpy as np
 import pytest
 
@@ -35,23 +36,37 @@ def assert_same_params(a, b):
     np.testing.assert_array_equal(fa[k], fb[k], err_msg=k)
 
 
-# A tiny ViT for the model and checkpoint-format tests (test_vit, test_npz, test_timm, ...).
-TINY_VIT = dict(variant=None, width=32, depth=2, mlp_dim=64, num_heads=2, patch_size=4,
-                head_zeroinit=False, remat_policy=None)
+# A tiny ViT for the model and checkpoint-format tests (test_vit, test_npz,
+# test_timm, ...).
+TINY_VIT = dict(
+    variant=None,
+    width=32,
+    depth=2,
+    mlp_dim=64,
+    num_heads=2,
+    patch_size=4,
+    head_zeroinit=False,
+    remat_policy=None,
+)
 POSEMB = "Transformer/posembed_input/pos_embedding"
 
 
 def tiny_vit(**kw):
   """vit.Model of TINY_VIT with 10 classes; kw override."""
   from big_vit_lite.models import vit  # pylint: disable=import-outside-toplevel
+
   return vit.Model(**{"num_classes": 10, **TINY_VIT, **kw})
 
 
 def vit_shapes(hw=(16, 16), channels=3, **kw):
   """tiny_vit(**kw)'s abstract params (jax.ShapeDtypeStruct leaves, boxed) for hw images."""
   import jax  # pylint: disable=import-outside-toplevel
-  return jax.eval_shape(tiny_vit(**kw).init, jax.random.key(0),
-                        jax.numpy.zeros((1, *hw, channels)))["params"]
+
+  return jax.eval_shape(
+      tiny_vit(**kw).init,
+      jax.random.key(0),
+      jax.numpy.zeros((1, *hw, channels)),
+  )["params"]
 
 
 def vit_params(hw=(16, 16), seed=0, channels=3, boxed=False, **kw):
@@ -59,10 +74,15 @@ def vit_params(hw=(16, 16), seed=0, channels=3, boxed=False, **kw):
   as init returns them."""
   import flax.linen as nn  # pylint: disable=import-outside-toplevel
   import jax  # pylint: disable=import-outside-toplevel
+
   rng = np.random.default_rng(seed)
   params = jax.tree.map(
-      lambda box: box.replace_boxed(rng.normal(0, 0.1, box.value.shape).astype(box.value.dtype)),
-      vit_shapes(hw, channels, **kw), is_leaf=lambda x: isinstance(x, nn.Partitioned))
+      lambda box: box.replace_boxed(
+          rng.normal(0, 0.1, box.value.shape).astype(box.value.dtype)
+      ),
+      vit_shapes(hw, channels, **kw),
+      is_leaf=lambda x: isinstance(x, nn.Partitioned),
+  )
   return params if boxed else nn.meta.unbox(params)
 
 
@@ -70,6 +90,7 @@ def tracked_config(**kw):
   """config_loading.TrackedConfig of a ConfigDict of kw (a config that reports unread keys)."""
   import ml_collections  # pylint: disable=import-outside-toplevel
   from big_vit_lite import config_loading  # pylint: disable=import-outside-toplevel
+
   return config_loading.TrackedConfig(ml_collections.ConfigDict(kw))
 
 
@@ -79,9 +100,14 @@ def tiny_train_params():
   import jax  # pylint: disable=import-outside-toplevel
   from big_vit_lite.models import vit  # pylint: disable=import-outside-toplevel
   import train_config_tiny  # pylint: disable=import-outside-toplevel
+
   model = vit.Model(**train_config_tiny.get_config().model)
-  shapes = jax.eval_shape(model.init, jax.random.key(0), jax.numpy.zeros((1, 28, 28, 1)))["params"]
-  return jax.tree.map(lambda s: jax.numpy.full(s.shape, 0.5, s.dtype), nn.meta.unbox(shapes))
+  shapes = jax.eval_shape(
+      model.init, jax.random.key(0), jax.numpy.zeros((1, 28, 28, 1))
+  )["params"]
+  return jax.tree.map(
+      lambda s: jax.numpy.full(s.shape, 0.5, s.dtype), nn.meta.unbox(shapes)
+  )
 
 
 def _linear_weights(old, new):

@@ -11,6 +11,7 @@ shared with the trainer subprocesses and xdist workers through the
 environment): the kill/resume tests start the same tiny run several times,
 and each start compiled the same programs again (~7 s of a ~22 s start).
 """
+
 import atexit
 import fcntl
 import os
@@ -24,18 +25,25 @@ OFFLINE = ("fashion_mnist", "mnist10k", "animal_mnist")
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
   _cache = tempfile.mkdtemp(prefix="bvl-test-jax-cache-")
   atexit.register(shutil.rmtree, _cache, ignore_errors=True)
-  os.environ.update(JAX_COMPILATION_CACHE_DIR=_cache, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-                    JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+  os.environ.update(
+      JAX_COMPILATION_CACHE_DIR=_cache,
+      JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+      JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
+  )
 
 
 def _test_data_dir():
-  return os.path.expanduser(os.environ.get("BVL_TEST_DATA_DIR") or os.environ.get("TFDS_DATA_DIR")
-                            or "~/tensorflow_datasets")
+  return os.path.expanduser(
+      os.environ.get("BVL_TEST_DATA_DIR")
+      or os.environ.get("TFDS_DATA_DIR")
+      or "~/tensorflow_datasets"
+  )
 
 
 @pytest.fixture(scope="session")
 def tfds_data_dir():
   from big_vit_lite.data import prepare  # pylint: disable=import-outside-toplevel
+
   data_dir = _test_data_dir()
   os.makedirs(data_dir, exist_ok=True)
   # Several pytest runs may share the dir: one prepares, the others wait.

@@ -1,12 +1,21 @@
 """Test data for the evaluators: a small image folder with easy classes, a tiny ViT."""
+
 import os
 
 import numpy as np
 from PIL import Image
 
 CLASSES = ("bars", "disc", "corner")
-TINY_VIT = dict(variant=None, width=32, depth=1, mlp_dim=64, num_heads=2, patch_size=7,
-                pool_type="gap", remat_policy=None)
+TINY_VIT = dict(
+    variant=None,
+    width=32,
+    depth=1,
+    mlp_dim=64,
+    num_heads=2,
+    patch_size=7,
+    pool_type="gap",
+    remat_policy=None,
+)
 
 
 def save_tiny_npz(directory):
@@ -14,6 +23,7 @@ def save_tiny_npz(directory):
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   from big_vit_lite.models import vit  # pylint: disable=import-outside-toplevel
+
   model = vit.Model(num_classes=5, **TINY_VIT)
   params = model.init(jax.random.key(0), jnp.zeros((1, 28, 28, 3)))["params"]
   path = os.path.join(str(directory), "tiny.npz")
@@ -28,7 +38,7 @@ def _pattern(cls, rng, size=28):
   if cls == "bars":
     img = ((x + dx) // 3) % 2 * 200.0
   elif cls == "disc":
-    img = (((y - 14 - dy)**2 + (x - 14 - dx)**2) < 49) * 220.0
+    img = (((y - 14 - dy) ** 2 + (x - 14 - dx) ** 2) < 49) * 220.0
   else:
     img = ((y < 12 + dy) & (x < 12 + dx)) * 230.0
   img = img + rng.normal(0, 20, img.shape)
@@ -52,7 +62,12 @@ def random_params(model):
   import flax.linen as nn  # pylint: disable=import-outside-toplevel
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-  abstract = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, 28, 28, 1)))
+
+  abstract = jax.eval_shape(
+      model.init, jax.random.key(0), jnp.zeros((1, 28, 28, 1))
+  )
   rng = np.random.default_rng(0)
-  return jax.tree.map(lambda a: jnp.asarray(rng.normal(0, 0.1, a.shape), a.dtype),
-                      nn.meta.unbox(abstract["params"]))
+  return jax.tree.map(
+      lambda a: jnp.asarray(rng.normal(0, 0.1, a.shape), a.dtype),
+      nn.meta.unbox(abstract["params"]),
+  )

@@ -3,6 +3,7 @@
 The ImageNet configs run on `tfds.testing.mock_data` (random examples for the
 real builders), the demo on the offline Fashion-MNIST. In-process, tiny.
 """
+
 import contextlib
 import importlib.util
 import math
@@ -59,8 +60,9 @@ def test_total_steps_override_wins_over_epochs(name):
   tracked = config_loading.TrackedConfig(config)
   assert config_loading.get_steps("total", tracked, steps_per_epoch=1000.0) == 7
   config.total_steps = None
-  assert config_loading.get_steps("total", config_loading.TrackedConfig(config),
-                                  steps_per_epoch=1000.0) == math.ceil(config.total_epochs * 1000)
+  assert config_loading.get_steps(
+      "total", config_loading.TrackedConfig(config), steps_per_epoch=1000.0
+  ) == math.ceil(config.total_epochs * 1000)
 
 
 def _run_runlocal(config, workdir):
@@ -94,12 +96,14 @@ def _mock_data_confined_to_this_thread(**kwargs):
         if threading.get_ident() == owner:
           return fn(original_fn, *args, **kw)
         return original_fn(*args, **kw)
+
       return maybe_redirect
 
     return original(**{name: confine(fn) for name, fn in fns.items()})
 
-  with mock.patch.object(tfds_test_utils, "mock_gfile", confined_mock_gfile), \
-       tfds.testing.mock_data(**kwargs):
+  with mock.patch.object(
+      tfds_test_utils, "mock_gfile", confined_mock_gfile
+  ), tfds.testing.mock_data(**kwargs):
     yield
 
 
@@ -111,14 +115,21 @@ def test_imagenet_configs_runlocal_train_on_mock_data(name, tmp_path):
   assert config.get("ckpt_async", True)  # Async saves, as in real runs.
   with _mock_data_confined_to_this_thread(num_examples=16):
     rows = _run_runlocal(config, tmp_path)
-  eval_keys = {k for r in rows for k in r if "/" in k and not k.startswith("img/")}
+  eval_keys = {
+      k for r in rows for k in r if "/" in k and not k.startswith("img/")
+  }
   for eval_name in config.evals:
-    assert any(k.startswith(f"{eval_name}/") for k in eval_keys), (eval_name, eval_keys)
+    assert any(k.startswith(f"{eval_name}/") for k in eval_keys), (
+        eval_name,
+        eval_keys,
+    )
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_demo_runlocal_trains_on_offline_data(tfds_data_dir, tmp_path, monkeypatch):
+def test_demo_runlocal_trains_on_offline_data(
+    tfds_data_dir, tmp_path, monkeypatch
+):
   monkeypatch.setenv("TFDS_DATA_DIR", tfds_data_dir)
   config = _load("demo").get_config("runlocal")
   rows = _run_runlocal(config, tmp_path)
@@ -136,8 +147,13 @@ def test_demo_runlocal_trains_on_offline_data(tfds_data_dir, tmp_path, monkeypat
 
 CLI_CONFIGS = CONFIGS + ("fewshot", "linear_probe")
 # A command-line value per field type, and what the config must then hold.
-CLI_VALUES = {int: ("7", 7), float: ("0.5", 0.5), str: ("some/dir", "some/dir"),
-              bool: ("true", True), tuple: ("(('embed', 'fsdp'),)", (("embed", "fsdp"),))}
+CLI_VALUES = {
+    int: ("7", 7),
+    float: ("0.5", 0.5),
+    str: ("some/dir", "some/dir"),
+    bool: ("true", True),
+    tuple: ("(('embed', 'fsdp'),)", (("embed", "fsdp"),)),
+}
 
 
 def _parse_cli(config_arg, *overrides):
@@ -145,7 +161,8 @@ def _parse_cli(config_arg, *overrides):
   flag_values = flags.FlagValues()
   config_loading.define_config_flag(flag_values=flag_values)
   argv = ["prog", f"--config={config_arg}", *overrides]
-  with mock.patch.object(sys, "argv", argv):  # config_flags reads the overrides from sys.argv.
+  # config_flags reads the overrides from sys.argv.
+  with mock.patch.object(sys, "argv", argv):
     flag_values(argv)
   return flag_values.config
 
@@ -188,47 +205,74 @@ def _none_keys_not_overridable(config_arg):
 @pytest.mark.parametrize("arg", ["", ":runlocal"])
 @pytest.mark.parametrize("name", CLI_CONFIGS)
 def test_none_valued_keys_can_be_overridden_from_the_command_line(name, arg):
-  failures = _none_keys_not_overridable(os.path.join(ROOT, "configs", f"{name}.py{arg}"))
-  assert not failures, (f"configs/{name}.py{arg}: None-valued keys that --config.KEY=VALUE "
-                        f"cannot set (use config_dict.placeholder(TYPE)): {failures}")
+  failures = _none_keys_not_overridable(
+      os.path.join(ROOT, "configs", f"{name}.py{arg}")
+  )
+  assert not failures, (
+      f"configs/{name}.py{arg}: None-valued keys that --config.KEY=VALUE "
+      f"cannot set (use config_dict.placeholder(TYPE)): {failures}"
+  )
 
 
 def test_the_override_check_catches_a_plain_none(tmp_path):
   path = tmp_path / "cfg.py"
-  path.write_text("from ml_collections import config_dict\n"
-                  "def get_config():\n"
-                  "  return config_dict.ConfigDict(dict(\n"
-                  "      plain=None, typed=config_dict.placeholder(int), sub=dict(d=None)))\n")
-  assert [f.split(" ")[0] for f in _none_keys_not_overridable(str(path))] == ["plain", "sub.d"]
+  path.write_text(
+      "from ml_collections import config_dict\n"
+      "def get_config():\n"
+      "  return config_dict.ConfigDict(dict(\n"
+      "      plain=None, typed=config_dict.placeholder(int), sub=dict(d=None)))\n"
+  )
+  assert [f.split(" ")[0] for f in _none_keys_not_overridable(str(path))] == [
+      "plain",
+      "sub.d",
+  ]
 
 
 @pytest.mark.parametrize("name", ["vit_l16", "vit_b16", "vit_s16_i1k"])
 def test_total_steps_from_the_command_line_on_epoch_configs(name):
   path = os.path.join(ROOT, "configs", f"{name}.py")
   assert _parse_cli(path).total_steps is None
-  config = _parse_cli(path, "--config.total_steps=5", "--config.total_epochs=0.5")
+  config = _parse_cli(
+      path, "--config.total_steps=5", "--config.total_epochs=0.5"
+  )
   assert (config.total_steps, config.total_epochs) == (5, 0.5)
-  assert config_loading.get_steps("total", config_loading.TrackedConfig(config),
-                                  steps_per_epoch=100.0) == 5
+  assert (
+      config_loading.get_steps(
+          "total", config_loading.TrackedConfig(config), steps_per_epoch=100.0
+      )
+      == 5
+  )
 
 
-@pytest.mark.parametrize("name", [n for n in CLI_CONFIGS if n != "demo"])  # demo sets no mesh.
+# demo sets no mesh.
+@pytest.mark.parametrize("name", [n for n in CLI_CONFIGS if n != "demo"])
 def test_mesh_from_the_command_line(name):
   # The form docs/scale_out.md and the configs document; ml_collections only
   # parses it into a field that holds a tuple (a list field rejects overrides).
-  config = _parse_cli(os.path.join(ROOT, "configs", f"{name}.py"),
-                      "--config.mesh=[('data', -1), ('fsdp', 2)]")
+  config = _parse_cli(
+      os.path.join(ROOT, "configs", f"{name}.py"),
+      "--config.mesh=[('data', -1), ('fsdp', 2)]",
+  )
   assert [tuple(a) for a in config.mesh] == [("data", -1), ("fsdp", 2)]
 
 
-@pytest.mark.parametrize("extra,hint", [
-    (dict(schedule=dict(decay_type="cosine", warmup_step=5)), "(did you mean 'schedule.warmup_steps'?)"),
-    (dict(lr_mult=[("head/.*", 10.0)]), "(did you mean 'lr_mults'?)"),
-    (dict(zzz_unrelated=1), ": remove it"),                                  # no hint invented
-])
+@pytest.mark.parametrize(
+    "extra,hint",
+    [
+        (
+            dict(schedule=dict(decay_type="cosine", warmup_step=5)),
+            "(did you mean 'schedule.warmup_steps'?)",
+        ),
+        (dict(lr_mult=[("head/.*", 10.0)]), "(did you mean 'lr_mults'?)"),
+        # no hint invented
+        (dict(zzz_unrelated=1), ": remove it"),
+    ],
+)
 def test_unread_key_error_names_what_was_meant(extra, hint):
   """The optimizer reads its keys through the tracked config; what it never read is named."""
-  raw = ml_collections.ConfigDict(dict(lr=1e-3, wd=1e-4, schedule=dict(decay_type="cosine")))
+  raw = ml_collections.ConfigDict(
+      dict(lr=1e-3, wd=1e-4, schedule=dict(decay_type="cosine"))
+  )
   for k, v in extra.items():
     if isinstance(v, dict):
       raw[k].update(v)
@@ -247,18 +291,36 @@ def test_unread_key_error_names_what_was_meant(extra, hint):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("cli,extra", [("big_vit_lite.plan", ["--mesh=data:8"]),
-                                       ("big_vit_lite.evaluate", ["--workdir=UNUSED"])])
+@pytest.mark.parametrize(
+    "cli,extra",
+    [
+        ("big_vit_lite.plan", ["--mesh=data:8"]),
+        ("big_vit_lite.evaluate", ["--workdir=UNUSED"]),
+    ],
+)
 def test_other_clis_say_config_file_mistakes_in_one_line(cli, extra, tmp_path):
   import subprocess  # pylint: disable=g-import-not-at-top
+
   cfg = "configs/vit_l16.py" if cli.endswith("plan") else "configs/fewshot.py"
   extra = [a.replace("UNUSED", str(tmp_path / "out")) for a in extra]
-  cases = [([f"--config={tmp_path}/nope.py"], "Cannot load the --config file: [Errno 2]"),
-           ([f"--config={cfg}", "--config.model_int=x"], "--config.model_int: the config file "
-            "has no key 'model_int'"),]
+  cases = [
+      (
+          [f"--config={tmp_path}/nope.py"],
+          "Cannot load the --config file: [Errno 2]",
+      ),
+      (
+          [f"--config={cfg}", "--config.model_int=x"],
+          "--config.model_int: the config file " "has no key 'model_int'",
+      ),
+  ]
   for args, want in cases:
-    p = subprocess.run([sys.executable, "-m", cli, *args, *extra], cwd=ROOT,
-                       capture_output=True, text=True, timeout=100)
+    p = subprocess.run(
+        [sys.executable, "-m", cli, *args, *extra],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
     assert p.returncode == 1, p.stderr[-2000:]
     assert "Traceback" not in p.stderr
     assert want in p.stderr.strip().splitlines()[-1], p.stderr[-500:]

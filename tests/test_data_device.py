@@ -1,4 +1,5 @@
 """Device side: global arrays from host batches, prefetch state, mixup/cutmix."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -8,8 +9,9 @@ from big_vit_lite.data import device, mixup
 
 
 def _mesh():
-  return jax.make_mesh((jax.device_count(),), ("data",),
-                       axis_types=(jax.sharding.AxisType.Auto,))
+  return jax.make_mesh(
+      (jax.device_count(),), ("data",), axis_types=(jax.sharding.AxisType.Auto,)
+  )
 
 
 class _Counter:
@@ -33,8 +35,9 @@ class _Counter:
 
 def test_put_batch_shards_on_batch_axes():
   mesh = _mesh()
-  out = device.put_batch({"image": np.ones((4, 2, 2, 3), np.float32),
-                          "labels": np.arange(4)}, mesh)
+  out = device.put_batch(
+      {"image": np.ones((4, 2, 2, 3), np.float32), "labels": np.arange(4)}, mesh
+  )
   assert out["image"].shape == (4, 2, 2, 3)
   assert out["image"].sharding.spec == jax.sharding.PartitionSpec(("data",))
   np.testing.assert_array_equal(np.asarray(out["labels"]), np.arange(4))
@@ -59,11 +62,13 @@ def test_prefetch_reraises_source_errors():
   def bad():
     yield {"x": np.zeros((jax.device_count(),), np.float32)}
     raise RuntimeError("disk on fire")
+
   pf = device.prefetch(bad(), 2, _mesh())
   next(pf)
   with pytest.raises(RuntimeError, match="disk on fire"):
     next(pf)
-  with pytest.raises(RuntimeError, match="disk on fire"):  # again, instead of hanging
+  # again, instead of hanging
+  with pytest.raises(RuntimeError, match="disk on fire"):
     next(pf)
 
 
@@ -75,8 +80,14 @@ def test_mixup_and_cutmix_mix_labels_consistently():
   @jax.jit  # one program for all three (compiles dominate on CPU)
   def run(rng, images, labels):
     cut_rng = jax.random.fold_in(rng, 3)
-    return (mixup.mixup(rng, images, labels), mixup.cutmix(cut_rng, images, labels),
-            mixup.mixup_or_cutmix(rng, images, labels, mixup_alpha=0.2, cutmix_alpha=1.0))
+    return (
+        mixup.mixup(rng, images, labels),
+        mixup.cutmix(cut_rng, images, labels),
+        mixup.mixup_or_cutmix(
+            rng, images, labels, mixup_alpha=0.2, cutmix_alpha=1.0
+        ),
+    )
+
   (mi, ml), (ci, cl), (_, bl) = run(rng, images, labels)
   np.testing.assert_allclose(ml.sum(-1), 1, atol=1e-6)
   lam = float(ml[1, 1])

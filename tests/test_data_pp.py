@@ -1,4 +1,5 @@
 """The preprocessing language: parsing, errors, and every op's output."""
+
 import io
 
 import numpy as np
@@ -28,25 +29,31 @@ def run(pp_string, seed=0, **data):
 
 
 def test_full_imagenet_style_string():
-  out = run("decode|inception_crop(32)|flip_lr|value_range(-1, 1)|"
-            "onehot(10, key='label', key_result='labels')|keep('image', 'labels')",
-            image=_encode(IMG, "JPEG"), label=3)
+  out = run(
+      "decode|inception_crop(32)|flip_lr|value_range(-1, 1)|"
+      "onehot(10, key='label', key_result='labels')|keep('image', 'labels')",
+      image=_encode(IMG, "JPEG"),
+      label=3,
+  )
   assert set(out) == {"image", "labels", "_rng"}
   assert out["image"].shape == (32, 32, 3) and out["image"].dtype == np.float32
   assert -1 <= out["image"].min() and out["image"].max() <= 1
   np.testing.assert_array_equal(out["labels"], np.eye(10)[3])
 
 
-@pytest.mark.parametrize("bad, words", [
-    ("decode|nosuchop(3)", ["nosuchop", "known ops"]),
-    ("resize(1, 2, 3, 4, 5, 6)", ["resize", "bad arguments"]),
-    ("value_range(x)", ["value_range(x)", "literals"]),
-    ("decode(", ["decode(", "syntax"]),
-    ("onehot(10, colour='red')", ["onehot", "colour"]),
-    ("", ["non-empty"]),
-    ("decod|value_range(-1, 1)", ["did you mean 'decode'"]),
-    ("decode,value_range(-1, 1)", ["separate ops with '|'"]),
-])
+@pytest.mark.parametrize(
+    "bad, words",
+    [
+        ("decode|nosuchop(3)", ["nosuchop", "known ops"]),
+        ("resize(1, 2, 3, 4, 5, 6)", ["resize", "bad arguments"]),
+        ("value_range(x)", ["value_range(x)", "literals"]),
+        ("decode(", ["decode(", "syntax"]),
+        ("onehot(10, colour='red')", ["onehot", "colour"]),
+        ("", ["non-empty"]),
+        ("decod|value_range(-1, 1)", ["did you mean 'decode'"]),
+        ("decode,value_range(-1, 1)", ["separate ops with '|'"]),
+    ],
+)
 def test_bad_pp_strings_are_one_line_errors_naming_the_op(bad, words):
   with pytest.raises(ValueError) as e:
     pp.get_preprocess_fn(bad)
@@ -56,16 +63,33 @@ def test_bad_pp_strings_are_one_line_errors_naming_the_op(bad, words):
     assert w in msg
 
 
-@pytest.mark.parametrize("fmt, mode, channels", [
-    ("JPEG", "RGB", 3), ("PNG", "RGB", 3), ("PNG", "L", 3), ("JPEG", "CMYK", 3),
-    ("PNG", "RGBA", 3), ("PNG", "L", 1),
-    # tf cannot decode these to that channel count itself (was a mid-run crash):
-    ("GIF", "L", 1), ("WEBP", "RGB", 1), ("BMP", "RGB", 1), ("JPEG", "RGB", 4)])
+@pytest.mark.parametrize(
+    "fmt, mode, channels",
+    [
+        ("JPEG", "RGB", 3),
+        ("PNG", "RGB", 3),
+        ("PNG", "L", 3),
+        ("JPEG", "CMYK", 3),
+        ("PNG", "RGBA", 3),
+        ("PNG", "L", 1),
+        # tf cannot decode these to that channel count itself (was a mid-run crash):
+        ("GIF", "L", 1),
+        ("WEBP", "RGB", 1),
+        ("BMP", "RGB", 1),
+        ("JPEG", "RGB", 4),
+    ],
+)
 def test_decode_formats_and_channels(fmt, mode, channels):
-  raw = _encode(np.asarray(Image.fromarray(IMG).convert(mode)), fmt) if mode != "CMYK" else \
-      _encode_cmyk(IMG)
+  raw = (
+      _encode(np.asarray(Image.fromarray(IMG).convert(mode)), fmt)
+      if mode != "CMYK"
+      else _encode_cmyk(IMG)
+  )
   out = run(f"decode(channels={channels})", image=raw)
-  assert out["image"].shape == (40, 60, channels) and out["image"].dtype == np.uint8
+  assert (
+      out["image"].shape == (40, 60, channels)
+      and out["image"].dtype == np.uint8
+  )
   if fmt == "PNG" and mode == "RGB":
     np.testing.assert_array_equal(out["image"], IMG)
 
@@ -87,13 +111,22 @@ def test_decode_passes_through_decoded_grey_and_to_rgb():
   np.testing.assert_array_equal(out["image"], IMG)
 
 
-@pytest.mark.parametrize("op, shape", [
-    ("resize(16)", (16, 16, 3)), ("resize((10, 20))", (10, 20, 3)),
-    ("resize_small(20)", (20, 30, 3)), ("central_crop(24)", (24, 24, 3)),
-    ("central_crop((10, 50))", (10, 50, 3)), ("random_crop(12)", (12, 12, 3)),
-    ("inception_crop(8)", (8, 8, 3)), ("flip_lr", (40, 60, 3)), ("pad(2)", (44, 64, 3)),
-    ("pad((1, 3))", (42, 66, 3)),
-    ("randaug(2, 10)", (40, 60, 3))])
+@pytest.mark.parametrize(
+    "op, shape",
+    [
+        ("resize(16)", (16, 16, 3)),
+        ("resize((10, 20))", (10, 20, 3)),
+        ("resize_small(20)", (20, 30, 3)),
+        ("central_crop(24)", (24, 24, 3)),
+        ("central_crop((10, 50))", (10, 50, 3)),
+        ("random_crop(12)", (12, 12, 3)),
+        ("inception_crop(8)", (8, 8, 3)),
+        ("flip_lr", (40, 60, 3)),
+        ("pad(2)", (44, 64, 3)),
+        ("pad((1, 3))", (42, 66, 3)),
+        ("randaug(2, 10)", (40, 60, 3)),
+    ],
+)
 def test_image_op_shapes_keep_uint8(op, shape):
   out = run(op, image=IMG)
   assert out["image"].shape == shape and out["image"].dtype == np.uint8
@@ -121,10 +154,15 @@ def test_fused_decode_and_inception_crop_jpeg_and_png():
 def test_value_range_and_standardize():
   out = run("value_range(0, 1)", image=np.array([[[0, 255, 51]]], np.uint8))
   np.testing.assert_allclose(out["image"], [[[0, 1, 0.2]]], atol=1e-6)
-  out = run("value_range(-1, 1, in_min=0, in_max=10, clip_values=True)",
-            image=np.array([-5.0, 5.0, 20.0], np.float32))
+  out = run(
+      "value_range(-1, 1, in_min=0, in_max=10, clip_values=True)",
+      image=np.array([-5.0, 5.0, 20.0], np.float32),
+  )
   np.testing.assert_allclose(out["image"], [-1, 0, 1])
-  out = run("standardize(mean=(1, 2), std=(2, 4))", image=np.array([[5.0, 6.0]], np.float32))
+  out = run(
+      "standardize(mean=(1, 2), std=(2, 4))",
+      image=np.array([[5.0, 6.0]], np.float32),
+  )
   np.testing.assert_allclose(out["image"], [[2, 1]])
 
 
@@ -136,7 +174,11 @@ def test_onehot_label_smoothing_and_khot():
 
 
 def test_keep_copy_rename_drop():
-  out = run("copy('label', 'y')|rename('y', 'z')|drop('extra')|keep('z')", label=1, extra=2)
+  out = run(
+      "copy('label', 'y')|rename('y', 'z')|drop('extra')|keep('z')",
+      label=1,
+      extra=2,
+  )
   assert set(out) == {"z", "_rng"} and out["z"] == 1
   with pytest.raises(ValueError, match="missing|not in"):
     run("keep('nope')", label=1)
@@ -144,10 +186,15 @@ def test_keep_copy_rename_drop():
 
 def test_random_ops_are_stateless_functions_of_the_seed():
   s = "inception_crop(16)|flip_lr|random_crop(12)|randaug(2, 15)"
-  a, b, c = run(s, seed=1, image=IMG), run(s, seed=1, image=IMG), run(s, seed=2, image=IMG)
+  a, b, c = (
+      run(s, seed=1, image=IMG),
+      run(s, seed=1, image=IMG),
+      run(s, seed=2, image=IMG),
+  )
   np.testing.assert_array_equal(a["image"], b["image"])
   assert not np.array_equal(a["image"], c["image"])
-  # Flip: over many seeds, both outcomes occur, each an exact mirror or the identity.
+  # Flip: over many seeds, both outcomes occur, each an exact mirror or the
+  # identity.
   outs = [run("flip_lr", seed=i, image=IMG)["image"] for i in range(16)]
   flipped = [np.array_equal(o, IMG[:, ::-1]) for o in outs]
   assert all(f or np.array_equal(o, IMG) for f, o in zip(flipped, outs))
@@ -170,6 +217,7 @@ def test_randaug_changes_images():
 # big_vision parity: its pp strings run here and give its tensors (values
 # computed with its definitions, written out as plain tf calls).
 
+
 def _bv_resize(img, hw, method="bilinear", antialias=False):
   out = tf.image.resize(img, hw, method=method, antialias=antialias)
   return tf.cast(tf.clip_by_value(out, 0, 255), tf.uint8).numpy()  # truncates
@@ -177,52 +225,81 @@ def _bv_resize(img, hw, method="bilinear", antialias=False):
 
 def test_big_vision_eval_string_gives_big_vision_tensors():
   img = RNG.integers(0, 256, (45, 67, 3), dtype=np.uint8)
-  out = run("decode|resize_small(20)|central_crop(16)|value_range(-1,1)",
-            image=_encode(img, "PNG"))["image"]
+  out = run(
+      "decode|resize_small(20)|central_crop(16)|value_range(-1,1)",
+      image=_encode(img, "PNG"),
+  )["image"]
   small = _bv_resize(img, (20, 30), "area")  # 67 * 20 / 45 = 29.8 -> 30
   want = small[2:18, 7:23] / 255 * 2 - 1
-  np.testing.assert_allclose(out, want, atol=1e-6)  # was up to 2/255 off: resizes rounded
+  # was up to 2/255 off: resizes rounded
+  np.testing.assert_allclose(out, want, atol=1e-6)
 
 
-@pytest.mark.parametrize("op, method, antialias", [
-    ("resize((20, 30))", "bilinear", False), ("resize((20, 30), 'bicubic')", "bicubic", False),
-    ("resize((20, 30), antialias=True)", "bilinear", True),
-    ("resize((80, 90), 'lanczos3')", "lanczos3", False)])
+@pytest.mark.parametrize(
+    "op, method, antialias",
+    [
+        ("resize((20, 30))", "bilinear", False),
+        ("resize((20, 30), 'bicubic')", "bicubic", False),
+        ("resize((20, 30), antialias=True)", "bilinear", True),
+        ("resize((80, 90), 'lanczos3')", "lanczos3", False),
+    ],
+)
 def test_resize_truncates_like_big_vision(op, method, antialias):
   hw = (20, 30) if "20" in op else (80, 90)
-  np.testing.assert_array_equal(run(op, image=IMG)["image"], _bv_resize(IMG, hw, method, antialias))
+  np.testing.assert_array_equal(
+      run(op, image=IMG)["image"], _bv_resize(IMG, hw, method, antialias)
+  )
 
 
 def test_resize_long_and_central_crop_without_size():
-  out = run("resize_long(30)", image=IMG)["image"]  # area, antialias=True by default
+  # area, antialias=True by default
+  out = run("resize_long(30)", image=IMG)["image"]
   np.testing.assert_array_equal(out, _bv_resize(IMG, (20, 30), "area", True))
-  np.testing.assert_array_equal(run("central_crop", image=IMG)["image"], IMG[:, 10:50])
-  np.testing.assert_array_equal(run("central_crop()", image=IMG[:35])["image"], IMG[:35, 12:47])
+  np.testing.assert_array_equal(
+      run("central_crop", image=IMG)["image"], IMG[:, 10:50]
+  )
+  np.testing.assert_array_equal(
+      run("central_crop()", image=IMG[:35])["image"], IMG[:35, 12:47]
+  )
 
 
 def test_inception_crop_takes_big_vision_positional_args():
   a = run("inception_crop(8, 5, 100, 'nearest', True)", image=IMG)["image"]
-  b = run("inception_crop(8, area_min=5, method='nearest', antialias=True)", image=IMG)["image"]
+  b = run(
+      "inception_crop(8, area_min=5, method='nearest', antialias=True)",
+      image=IMG,
+  )["image"]
   np.testing.assert_array_equal(a, b)
 
 
 def test_vgg_value_range_and_per_channel_value_range():
   out = run("vgg_value_range", image=np.full((1, 1, 3), 255, np.uint8))["image"]
-  np.testing.assert_allclose(out[0, 0], (1 - np.array([0.485, 0.456, 0.406]))
-                             / np.array([0.229, 0.224, 0.225]), rtol=1e-6)
-  out = run("value_range(0, 1, in_min=[0, 10, 0], in_max=[255, 20, 2])",
-            image=np.array([[[51, 15, 1]]], np.uint8))["image"]
+  np.testing.assert_allclose(
+      out[0, 0],
+      (1 - np.array([0.485, 0.456, 0.406])) / np.array([0.229, 0.224, 0.225]),
+      rtol=1e-6,
+  )
+  out = run(
+      "value_range(0, 1, in_min=[0, 10, 0], in_max=[255, 20, 2])",
+      image=np.array([[[51, 15, 1]]], np.uint8),
+  )["image"]
   np.testing.assert_allclose(out, [[[0.2, 0.5, 0.5]]], rtol=1e-6)
-  with pytest.raises(ValueError, match="broadcast"):  # numpy says it in one line
+  # numpy says it in one line
+  with pytest.raises(ValueError, match="broadcast"):
     pp.get_preprocess_fn("value_range(0, 1, in_min=[0, 0], in_max=[1, 2, 3])")
 
 
 def test_inkey_outkey():
-  out = run("value_range(outkey='prof')|resize(4, inkey='prof', outkey='small')", image=IMG)
+  out = run(
+      "value_range(outkey='prof')|resize(4, inkey='prof', outkey='small')",
+      image=IMG,
+  )
   np.testing.assert_array_equal(out["image"], IMG)  # the input stays as it was
   np.testing.assert_allclose(out["prof"], IMG / 127.5 - 1, atol=1e-6)
   assert out["small"].shape == (4, 4, 3) and out["small"].dtype == np.float32
-  out = run("flip_lr(inkey='image', outkey='image', key='x')", x=IMG, image=IMG[:1])
+  out = run(
+      "flip_lr(inkey='image', outkey='image', key='x')", x=IMG, image=IMG[:1]
+  )
   assert out["image"].shape == (1, 60, 3)  # key overrides both
   with pytest.raises(ValueError, match="bad arguments"):
     pp.get_preprocess_fn("onehot(10, inkey='label')")
@@ -231,28 +308,45 @@ def test_inkey_outkey():
 def test_decode_precise_and_grey_from_colour_jpeg():
   raw = _encode(IMG, "JPEG")
   out = run("decode(precise=True)", image=raw)["image"]
-  np.testing.assert_array_equal(out, tf.io.decode_jpeg(raw, dct_method="INTEGER_ACCURATE"))
+  np.testing.assert_array_equal(
+      out, tf.io.decode_jpeg(raw, dct_method="INTEGER_ACCURATE")
+  )
   assert not np.array_equal(out, run("decode", image=raw)["image"])
-  # libjpeg's own grey, as tf.io.decode_image(channels=1) (was RGB -> grey, off by up to 3).
+  # libjpeg's own grey, as tf.io.decode_image(channels=1) (was RGB -> grey, off
+  # by up to 3).
   big = np.asarray(Image.fromarray(IMG).resize((120, 80)))
   raw = _encode(big, "JPEG", quality=95)
-  np.testing.assert_array_equal(run("decode(1)", image=raw)["image"],
-                                tf.io.decode_image(raw, channels=1))
+  np.testing.assert_array_equal(
+      run("decode(1)", image=raw)["image"], tf.io.decode_image(raw, channels=1)
+  )
 
 
-@pytest.mark.parametrize("pp_string,hw", [
-    ("decode|inception_crop(224)|flip_lr|value_range(-1, 1)|onehot(10)", (224, 224)),
-    ("decode|resize_small(256)|central_crop(224)", (224, 224)),
-    ("decode|resize((28, 63))", (28, 63)),
-    ("decode|pad(2)|random_crop(28)", (28, 28)),
-    ("decode|resize(40)|central_crop()", (40, 40)),
-    ("resize(28)|value_range(0, 1)", (28, 28)),  # tfds images decoded upstream
-    # A distillation pp: the teacher's copy is resized after the student's image.
-    ("decode|resize(64)|copy('image', 'prof')|resize(32, key='prof')", (64, 64)),
-    ("decode|resize(64)|resize(32, outkey='prof')", (64, 64)),
-    ("decode|resize_small(256)", None),  # depends on each image
-    ("decode|keep('texts')", None),
-])
+@pytest.mark.parametrize(
+    "pp_string,hw",
+    [
+        (
+            "decode|inception_crop(224)|flip_lr|value_range(-1, 1)|onehot(10)",
+            (224, 224),
+        ),
+        ("decode|resize_small(256)|central_crop(224)", (224, 224)),
+        ("decode|resize((28, 63))", (28, 63)),
+        ("decode|pad(2)|random_crop(28)", (28, 28)),
+        ("decode|resize(40)|central_crop()", (40, 40)),
+        (
+            "resize(28)|value_range(0, 1)",
+            (28, 28),
+        ),  # tfds images decoded upstream
+        # A distillation pp: the teacher's copy is resized after the student's
+        # image.
+        (
+            "decode|resize(64)|copy('image', 'prof')|resize(32, key='prof')",
+            (64, 64),
+        ),
+        ("decode|resize(64)|resize(32, outkey='prof')", (64, 64)),
+        ("decode|resize_small(256)", None),  # depends on each image
+        ("decode|keep('texts')", None),
+    ],
+)
 def test_output_hw_follows_the_image_key(pp_string, hw):
   assert pp.output_hw(pp_string) == hw
 
@@ -261,36 +355,52 @@ _one_line_error = checks.one_line_error
 
 
 def test_grey_images_without_a_channel_axis_decode_to_what_was_asked():
-  grey = RNG.integers(0, 256, (5, 7), dtype=np.uint8)  # e.g. a tfds Tensor feature
+  # e.g. a tfds Tensor feature
+  grey = RNG.integers(0, 256, (5, 7), dtype=np.uint8)
   out = run("decode", image=grey)["image"]  # was [5, 3]: the first 3 columns
   assert out.shape == (5, 7, 3)
   np.testing.assert_array_equal(out[..., 1], grey)
   assert run("decode(1)", image=grey)["image"].shape == (5, 7, 1)
   assert run("to_rgb", image=grey)["image"].shape == (5, 7, 3)
   # flip_lr on [H, W] flipped it upside down.
-  _one_line_error(lambda: run("flip_lr", image=grey), "flip_lr", "[H, W, C]", "decode")
+  _one_line_error(
+      lambda: run("flip_lr", image=grey), "flip_lr", "[H, W, C]", "decode"
+  )
 
 
 def test_decoded_images_get_the_channels_asked_for():
   rgba = RNG.integers(0, 256, (5, 7, 4), dtype=np.uint8)
-  assert run("decode(1)", image=rgba)["image"].shape == (5, 7, 1)  # was 4 channels
+  # was 4 channels
+  assert run("decode(1)", image=rgba)["image"].shape == (5, 7, 1)
   rgb = rgba[..., :3]
   out = run("decode(4)", image=rgb)["image"]  # was 3 channels
   np.testing.assert_array_equal(out[..., :3], rgb)
   assert (out[..., 3] == 255).all()
-  np.testing.assert_array_equal(run("decode(1)", image=rgba[..., :2])["image"], rgba[..., :1])
+  np.testing.assert_array_equal(
+      run("decode(1)", image=rgba[..., :2])["image"], rgba[..., :1]
+  )
 
 
 def test_standardize_takes_one_value_for_every_channel():
-  out = run("decode(1)|standardize(127.5, 127.5)", image=tf.io.encode_png(
-      np.full((2, 2, 1), 255, np.uint8)).numpy())["image"]  # was "'int' has no len()"
+  out = run(
+      "decode(1)|standardize(127.5, 127.5)",
+      image=tf.io.encode_png(
+          # was "'int' has no len()"
+          np.full((2, 2, 1), 255, np.uint8)
+      ).numpy(),
+  )["image"]
   assert out.shape == (2, 2, 1) and np.allclose(out, 1)
 
 
 def test_images_with_a_side_under_3_pixels_do_not_stop_resize_long_or_randaug():
   banner = RNG.integers(0, 256, (1, 50, 3), dtype=np.uint8)
-  assert run("resize_long(4)", image=banner)["image"].shape == (1, 4, 3)  # was 0 rows: error
+  # was 0 rows: error
+  assert run("resize_long(4)", image=banner)["image"].shape == (1, 4, 3)
   fn = pp.get_preprocess_fn("randaug(4, 10)")
-  for seed in range(20):  # 80 draws of 16 ops: sharpness (its 3x3 filter failed) among them
-    example = {"image": tf.constant(banner[:, :2]), "_rng": tf.constant([seed, 0], tf.int64)}
+  # 80 draws of 16 ops: sharpness (its 3x3 filter failed) among them
+  for seed in range(20):
+    example = {
+        "image": tf.constant(banner[:, :2]),
+        "_rng": tf.constant([seed, 0], tf.int64),
+    }
     assert fn(example)["image"].shape == (1, 2, 3)

@@ -1,4 +1,5 @@
 """Knowledge distillation in the trainer (distill.py and its hooks in train.py)."""
+
 import jax
 import ml_collections
 import numpy as np
@@ -16,15 +17,23 @@ from trainer_runs import read_losses
 
 
 def test_kl_loss_by_hand():
-  student, teacher = np.array([[0.0, np.log(3.0)]]), np.array([[np.log(3.0), 0.0]])
-  # softmax: student (1/4, 3/4), teacher (3/4, 1/4); KL(t || s) = 3/4 ln 3 + 1/4 ln(1/3)
+  student, teacher = np.array([[0.0, np.log(3.0)]]), np.array(
+      [[np.log(3.0), 0.0]]
+  )
+  # softmax: student (1/4, 3/4), teacher (3/4, 1/4); KL(t || s) = 3/4 ln 3 + 1/4
+  # ln(1/3)
   want = 0.75 * np.log(3.0) + 0.25 * np.log(1 / 3.0)
-  np.testing.assert_allclose(distill.kl_loss(student, teacher, 1.0), want, rtol=1e-6)
+  np.testing.assert_allclose(
+      distill.kl_loss(student, teacher, 1.0), want, rtol=1e-6
+  )
   # T = 2: the logits halved (softmax (1/(1+sqrt3), ...)), times T^2 = 4.
   p_s = np.array([1, np.sqrt(3)]) / (1 + np.sqrt(3))
   p_t = p_s[::-1]
-  np.testing.assert_allclose(distill.kl_loss(student, teacher, 2.0),
-                             4 * np.sum(p_t * np.log(p_t / p_s)), rtol=1e-6)
+  np.testing.assert_allclose(
+      distill.kl_loss(student, teacher, 2.0),
+      4 * np.sum(p_t * np.log(p_t / p_s)),
+      rtol=1e-6,
+  )
   assert float(distill.kl_loss(teacher, teacher, 3.0)) == 0.0
 
 
@@ -32,7 +41,9 @@ def _teacher_npz(tmp_path, **kw):
   """The tiny config's model with random params, as an .npz; returns (path, params)."""
   model_cfg = dict(train_config_tiny.get_config().model, dropout=0.0, **kw)
   model = vit.Model(**model_cfg)
-  params = jax.jit(model.init)(jax.random.key(5), np.zeros((1, 28, 28, 1), np.float32))["params"]
+  params = jax.jit(model.init)(
+      jax.random.key(5), np.zeros((1, 28, 28, 1), np.float32)
+  )["params"]
   vit.save_npz(params, tmp_path / "teacher.npz")
   return str(tmp_path / "teacher.npz")
 
@@ -47,15 +58,24 @@ def _config(data_dir, **overrides):
 @pytest.mark.slow
 def test_teacher_sees_the_students_augmented_batch(tfds_data_dir, tmp_path):
   """Student initialised as the teacher, weight 1: the first step's loss is KL(t || t) = 0,
-  with random shifts and flips in the step and mixup: the teacher got the same images."""
+  with random shifts and flips in the step and mixup: the teacher got the same images.
+  """
   teacher = _teacher_npz(tmp_path)
-  config = _config(tfds_data_dir, total_steps=3, ckpt_steps=3, model_init=teacher, 
-                   mixup=dict(mixup_alpha=1.0))
-  config.distill = ml_collections.ConfigDict(dict(teacher=teacher, weight=1.0, temperature=2.0))
+  config = _config(
+      tfds_data_dir,
+      total_steps=3,
+      ckpt_steps=3,
+      model_init=teacher,
+      mixup=dict(mixup_alpha=1.0),
+  )
+  config.distill = ml_collections.ConfigDict(
+      dict(teacher=teacher, weight=1.0, temperature=2.0)
+  )
   train.train(config, str(tmp_path / "run"))
   losses = read_losses(str(tmp_path / "run"))
   assert abs(losses[1]) < 1e-6, losses
-  # The teacher is not in the student's checkpoint: its params are the student's tree.
+  # The teacher is not in the student's checkpoint: its params are the student's
+  # tree.
   params, _ = checkpoint.load_params(str(tmp_path / "run"))
   with np.load(teacher) as f:
     assert set(layout.flatten(params)) == set(f.files)
@@ -63,31 +83,49 @@ def test_teacher_sees_the_students_augmented_batch(tfds_data_dir, tmp_path):
 
 @pytest.mark.slow
 def test_distill_resume_is_bit_exact(tfds_data_dir, tmp_path):
-  teacher = _teacher_npz(tmp_path, width=32, num_heads=4)  # a different (bigger) teacher
+  # a different (bigger) teacher
+  teacher = _teacher_npz(tmp_path, width=32, num_heads=4)
+
   def cfg(steps):
     config = _config(tfds_data_dir, total_steps=steps, ckpt_steps=2)
-    config.distill = ml_collections.ConfigDict(dict(teacher=teacher, temperature=2.0))
+    config.distill = ml_collections.ConfigDict(
+        dict(teacher=teacher, temperature=2.0)
+    )
     return config
+
   train.train(cfg(4), str(tmp_path / "straight"))
   without = cfg(1)
   del without.distill
   train.train(without, str(tmp_path / "no_teacher"))
-  # The teacher changes the loss (weight 0.5: half the xent plus half a non-zero KL).
-  assert read_losses(str(tmp_path / "straight"))[1] != read_losses(str(tmp_path / "no_teacher"))[1]
+  # The teacher changes the loss (weight 0.5: half the xent plus half a non-zero
+  # KL).
+  assert (
+      read_losses(str(tmp_path / "straight"))[1]
+      != read_losses(str(tmp_path / "no_teacher"))[1]
+  )
   train.train(cfg(2), str(tmp_path / "resumed"))
   train.train(cfg(4), str(tmp_path / "resumed"))
-  assert read_losses(str(tmp_path / "resumed")) == read_losses(str(tmp_path / "straight"))
-  checks.assert_same_params(checkpoint.load_params(str(tmp_path / "resumed"))[0],
-                            checkpoint.load_params(str(tmp_path / "straight"))[0])
+  assert read_losses(str(tmp_path / "resumed")) == read_losses(
+      str(tmp_path / "straight")
+  )
+  checks.assert_same_params(
+      checkpoint.load_params(str(tmp_path / "resumed"))[0],
+      checkpoint.load_params(str(tmp_path / "straight"))[0],
+  )
 
 
-@pytest.mark.parametrize("teacher_kw,distill_kw,words", [
-    (dict(num_classes=5), {}, ("5 classes", "the student 10")),
-    (dict(patch_size=4), {}, ("takes 16x16x1", "28x28x1")),
-    ({}, dict(temp=2.0), ("config.distill.temp", "temperature")),
-    ({}, dict(weight=1.5), ("weight=1.5", "[0, 1]"))])
-def test_distill_config_errors_are_one_line(tfds_data_dir, tmp_path, teacher_kw, distill_kw,
-                                            words):
+@pytest.mark.parametrize(
+    "teacher_kw,distill_kw,words",
+    [
+        (dict(num_classes=5), {}, ("5 classes", "the student 10")),
+        (dict(patch_size=4), {}, ("takes 16x16x1", "28x28x1")),
+        ({}, dict(temp=2.0), ("config.distill.temp", "temperature")),
+        ({}, dict(weight=1.5), ("weight=1.5", "[0, 1]")),
+    ],
+)
+def test_distill_config_errors_are_one_line(
+    tfds_data_dir, tmp_path, teacher_kw, distill_kw, words
+):
   if "patch_size" in teacher_kw:  # a teacher trained on 16x16 images
     params = checks.vit_params(hw=(16, 16), channels=1)
     vit.save_npz(params, tmp_path / "teacher.npz")
@@ -95,5 +133,9 @@ def test_distill_config_errors_are_one_line(tfds_data_dir, tmp_path, teacher_kw,
   else:
     teacher = _teacher_npz(tmp_path, **teacher_kw)
   config = _config(tfds_data_dir, total_steps=1)
-  config.distill = ml_collections.ConfigDict(dict(teacher=teacher, **distill_kw))
-  checks.one_line_error(lambda: train.train(config, str(tmp_path / "run")), *words)
+  config.distill = ml_collections.ConfigDict(
+      dict(teacher=teacher, **distill_kw)
+  )
+  checks.one_line_error(
+      lambda: train.train(config, str(tmp_path / "run")), *words
+  )

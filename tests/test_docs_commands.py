@@ -34,6 +34,7 @@ Error texts the docs quote are compared with what the program prints: QUOTED_ERR
 with the command that produces it, and every ```text line or `inline` quote in the docs that
 reads like an error (`error:`, `did you mean`) must be one of them.
 """
+
 import ast
 import dataclasses
 import glob
@@ -54,128 +55,308 @@ from test_packaging import build_tree
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = ["README.md"] + sorted(
-    os.path.relpath(p, REPO) for p in glob.glob(os.path.join(REPO, "docs", "*.md")))
-CONFIGS = sorted(os.path.relpath(p, REPO) for p in glob.glob(os.path.join(REPO, "configs", "*.py")))
+    os.path.relpath(p, REPO)
+    for p in glob.glob(os.path.join(REPO, "docs", "*.md"))
+)
+CONFIGS = sorted(
+    os.path.relpath(p, REPO)
+    for p in glob.glob(os.path.join(REPO, "configs", "*.py"))
+)
 SHELL = {"bash", "sh", "shell", "console"}
-SHARED = "shared dir"  # The `trained` fixture's steps: few, so that every command on it is quick.
+# The `trained` fixture's steps: few, so that every command on it is quick.
+SHARED = "shared dir"
 
 
 @dataclasses.dataclass
 class Cmd:
-  prefix: str              # the command's first words (matched word by word, longest wins)
-  mode: str                # run | shell | help | tpu | pip | env
-  extra: tuple = ()        # run: appended arguments (later absl flags win over earlier ones)
-  args: tuple = None       # run: these arguments instead of the documented ones
-  help: tuple = None       # help: the command to run instead of `PROGRAM --help`
-  why: str = ""            # help: what a real run needs that CI has not
-  runlocal: bool = False   # run: add the `runlocal` arg to --config
-  subs: tuple = ()         # run: (documented text, its stand-in) pairs; {images} {folder} {tmp}
-  copy: bool = False       # run: give it a copy of the sources to build in, as {tmp}/src
+  # the command's first words (matched word by word, longest wins)
+  prefix: str
+  mode: str  # run | shell | help | tpu | pip | env
+  # run: appended arguments (later absl flags win over earlier ones)
+  extra: tuple = ()
+  args: tuple = None  # run: these arguments instead of the documented ones
+  # help: the command to run instead of `PROGRAM --help`
+  help: tuple = None
+  why: str = ""  # help: what a real run needs that CI has not
+  runlocal: bool = False  # run: add the `runlocal` arg to --config
+  # run: (documented text, its stand-in) pairs; {images} {folder} {tmp}
+  subs: tuple = ()
+  # run: give it a copy of the sources to build in, as {tmp}/src
+  copy: bool = False
   slow: bool = False
   timeout: int = 300
 
 
 COMMANDS = [
-    # README: the two commands. Each sets up the machine first (apt, a new .venv): the suite
-    # runs inside the very .venv they would reinstall, so --help here; CI runs scripts/test.sh
-    # itself, and scripts/demo.sh's last line is the demo row below.
-    Cmd("bash scripts/demo.sh", "help", why="reinstalls the .venv the suite runs in"),
-    Cmd("bash scripts/test.sh", "help", why="CI's own entry point: it runs this suite"),
-    Cmd("bash scripts/setup.sh", "help", why="reinstalls the .venv the suite runs in"),
-    Cmd("bash scripts/wheel_smoke.sh", "help", why="a second venv from PyPI: CI runs it apart"),
+    # README: the two commands. Each sets up the machine first (apt, a new
+    # .venv): the suite runs inside the very .venv they would reinstall, so
+    # --help here; CI runs scripts/test.sh itself, and scripts/demo.sh's last
+    # line is the demo row below.
+    Cmd(
+        "bash scripts/demo.sh",
+        "help",
+        why="reinstalls the .venv the suite runs in",
+    ),
+    Cmd(
+        "bash scripts/test.sh",
+        "help",
+        why="CI's own entry point: it runs this suite",
+    ),
+    Cmd(
+        "bash scripts/setup.sh",
+        "help",
+        why="reinstalls the .venv the suite runs in",
+    ),
+    Cmd(
+        "bash scripts/wheel_smoke.sh",
+        "help",
+        why="a second venv from PyPI: CI runs it apart",
+    ),
     # Installing.
     Cmd("pip install", "pip", slow=True),
-    Cmd("python -m build", "run", args=("--wheel", "--outdir", "{tmp}/dist", "{tmp}/src"),
-        copy=True, slow=True),
+    Cmd(
+        "python -m build",
+        "run",
+        args=("--wheel", "--outdir", "{tmp}/dist", "{tmp}/src"),
+        copy=True,
+        slow=True,
+    ),
     Cmd("export", "env"),
     Cmd("python -c", "run"),
     Cmd("python scripts/code_size.py", "run"),
     # Training (README, docs/training.md, configs/demo.py).
-    Cmd("python -m big_vit_lite.train --config=configs/demo.py", "run", runlocal=True,
-        extra=("--config.total_steps=6",), slow=True),  # (runlocal's steps, over a documented N)
-    Cmd("python -m big_vit_lite.train --config=demo:runlocal", "run", slow=True),
-    Cmd("for ds in", "shell", slow=True),  # configs/demo.py: prepare the three offline sets
-    Cmd("python -m big_vit_lite.train --config=configs/vit_b16.py:data=folder:", "run",
-        runlocal=True, subs=(("/data/my_images", "{folder}"),), slow=True),
-    Cmd("python -m big_vit_lite.train --config=configs/vit_l16.py", "help",
-        why="ImageNet-21k (tests/test_configs.py trains its runlocal on tfds mock data)"),
-    Cmd("python -m big_vit_lite.train --config=configs/vit_b16.py", "help",
-        why="ImageNet-21k (tests/test_configs.py trains its runlocal on tfds mock data)"),
-    Cmd("python -m big_vit_lite.train --config=configs/vit_s16_i1k.py", "help",
-        why="ImageNet-1k (tests/test_configs.py trains its runlocal on tfds mock data)"),
-    # Fine-tuning (README, docs/training.md, configs/transfer.py): on the tiny trained workdir.
-    Cmd("python -m big_vit_lite.train --config=configs/transfer.py", "run", runlocal=True,
-        slow=True),
-    # Evaluation, predict, export, report (README, docs/evaluation.md, docs/models.md, configs).
-    Cmd("python -m big_vit_lite.evaluate --config=configs/fewshot.py", "run", runlocal=True,
-        slow=True),
-    Cmd("python -m big_vit_lite.evaluate --config=configs/linear_probe.py", "run",
-        runlocal=True, slow=True),
-    Cmd("python -m big_vit_lite.evaluate --config=configs/classify.py", "run", runlocal=True,
-        slow=True),
-    Cmd("python -m big_vit_lite.predict", "run", slow=True,
-        subs=(("my_images/", "{images}/"), ("a.png", "{images}/a.png"),
-              ("b.jpg", "{images}/b.jpg"))),
+    Cmd(
+        "python -m big_vit_lite.train --config=configs/demo.py",
+        "run",
+        runlocal=True,
+        # (runlocal's steps, over a documented N)
+        extra=("--config.total_steps=6",),
+        slow=True,
+    ),
+    Cmd(
+        "python -m big_vit_lite.train --config=demo:runlocal", "run", slow=True
+    ),
+    # configs/demo.py: prepare the three offline sets
+    Cmd("for ds in", "shell", slow=True),
+    Cmd(
+        "python -m big_vit_lite.train --config=configs/vit_b16.py:data=folder:",
+        "run",
+        runlocal=True,
+        subs=(("/data/my_images", "{folder}"),),
+        slow=True,
+    ),
+    Cmd(
+        "python -m big_vit_lite.train --config=configs/vit_l16.py",
+        "help",
+        why="ImageNet-21k (tests/test_configs.py trains its runlocal on tfds mock data)",
+    ),
+    Cmd(
+        "python -m big_vit_lite.train --config=configs/vit_b16.py",
+        "help",
+        why="ImageNet-21k (tests/test_configs.py trains its runlocal on tfds mock data)",
+    ),
+    Cmd(
+        "python -m big_vit_lite.train --config=configs/vit_s16_i1k.py",
+        "help",
+        why="ImageNet-1k (tests/test_configs.py trains its runlocal on tfds mock data)",
+    ),
+    # Fine-tuning (README, docs/training.md, configs/transfer.py): on the tiny
+    # trained workdir.
+    Cmd(
+        "python -m big_vit_lite.train --config=configs/transfer.py",
+        "run",
+        runlocal=True,
+        slow=True,
+    ),
+    # Evaluation, predict, export, report (README, docs/evaluation.md,
+    # docs/models.md, configs).
+    Cmd(
+        "python -m big_vit_lite.evaluate --config=configs/fewshot.py",
+        "run",
+        runlocal=True,
+        slow=True,
+    ),
+    Cmd(
+        "python -m big_vit_lite.evaluate --config=configs/linear_probe.py",
+        "run",
+        runlocal=True,
+        slow=True,
+    ),
+    Cmd(
+        "python -m big_vit_lite.evaluate --config=configs/classify.py",
+        "run",
+        runlocal=True,
+        slow=True,
+    ),
+    Cmd(
+        "python -m big_vit_lite.predict",
+        "run",
+        slow=True,
+        subs=(
+            ("my_images/", "{images}/"),
+            ("a.png", "{images}/a.png"),
+            ("b.jpg", "{images}/b.jpg"),
+        ),
+    ),
     Cmd("python -m big_vit_lite.export", "run", slow=True),
     Cmd("python -m big_vit_lite.report", "run", slow=True),
-    Cmd("tensorboard --logdir=", "help", help=("tensorboard", "--helpfull"),
-        why="a server that runs until stopped"),
+    Cmd(
+        "tensorboard --logdir=",
+        "help",
+        help=("tensorboard", "--helpfull"),
+        why="a server that runs until stopped",
+    ),
     # Data (docs/data.md, configs/vit_*.py).
-    Cmd("python -m big_vit_lite.data.prepare fashion_mnist", "run", extra=("--data_dir={data}",),
-        slow=True),
-    Cmd("python -m big_vit_lite.data.prepare mnist10k", "run", extra=("--data_dir={data}",),
-        slow=True),
-    Cmd("python -m big_vit_lite.data.prepare animal_mnist", "run", extra=("--data_dir={data}",),
-        slow=True),
-    Cmd("python -m big_vit_lite.data.prepare imagenet21k", "help",
-        why="ImageNet-21k's tar files (image-net.org account)"),
+    Cmd(
+        "python -m big_vit_lite.data.prepare fashion_mnist",
+        "run",
+        extra=("--data_dir={data}",),
+        slow=True,
+    ),
+    Cmd(
+        "python -m big_vit_lite.data.prepare mnist10k",
+        "run",
+        extra=("--data_dir={data}",),
+        slow=True,
+    ),
+    Cmd(
+        "python -m big_vit_lite.data.prepare animal_mnist",
+        "run",
+        extra=("--data_dir={data}",),
+        slow=True,
+    ),
+    Cmd(
+        "python -m big_vit_lite.data.prepare imagenet21k",
+        "help",
+        why="ImageNet-21k's tar files (image-net.org account)",
+    ),
     # Speed and planning (docs/performance.md, docs/scale_out.md).
     Cmd("python -m big_vit_lite.plan", "run"),
-    # The TPU compiler (docs/tpu.md): a big model on a big slice takes minutes; the same path on
-    # a tiny config and slice (the later --topology wins).
-    Cmd("python -m big_vit_lite.plan --topology=", "run", slow=True,
-        args=("--config=configs/demo.py:runlocal", "--topology=v5e:2x2", "--compile")),
-    Cmd("python -m big_vit_lite.bench", "run",
-        extra=("--batch=2", "--res=32", "--steps=1", "--warmup=0"), slow=True),
+    # The TPU compiler (docs/tpu.md): a big model on a big slice takes minutes;
+    # the same path on a tiny config and slice (the later --topology wins).
+    Cmd(
+        "python -m big_vit_lite.plan --topology=",
+        "run",
+        slow=True,
+        args=(
+            "--config=configs/demo.py:runlocal",
+            "--topology=v5e:2x2",
+            "--compile",
+        ),
+    ),
+    Cmd(
+        "python -m big_vit_lite.bench",
+        "run",
+        extra=("--batch=2", "--res=32", "--steps=1", "--warmup=0"),
+        slow=True,
+    ),
     Cmd("bash benchmarks/gpu_bench.sh", "run", args=("--smoke",), slow=True),
-    # JFT-scale data (docs/jft_scale.md): its --data_dir is moved to a fresh dir.
-    Cmd("python -m big_vit_lite.data.prepare mnist10k --file_format=array_record", "run", slow=True),
-    Cmd("python -m big_vit_lite.data.prepare mnist_multilabel", "run", extra=("--data_dir={data}",),
-        slow=True, timeout=900),  # (a fresh dir: ~2 min on 2 quiet cores)
-    Cmd("python -m big_vit_lite.train --config=configs/multilabel.py:runlocal", "run", slow=True),
-    Cmd("python -m big_vit_lite.train --config=configs/multilabel.py", "run", runlocal=True,
-        slow=True),
-    # Distillation (docs/distillation.md, configs/distill.py): the teacher is the tiny trained
-    # workdir (`workdirs/teacher` -> the `trained` fixture).
-    Cmd("python -m big_vit_lite.train --config=configs/distill.py", "run", runlocal=True,
-        slow=True),
-    Cmd("python benchmarks/resume_seek.py", "help", why="a benchmark of minutes (200k records)"),
-    Cmd("python benchmarks/jpeg_formats.py", "help", why="a benchmark of minutes"),
-    Cmd("python benchmarks/multilabel_baseline.py", "help", why="a benchmark of minutes"),
+    # JFT-scale data (docs/jft_scale.md): its --data_dir is moved to a fresh
+    # dir.
+    Cmd(
+        "python -m big_vit_lite.data.prepare mnist10k --file_format=array_record",
+        "run",
+        slow=True,
+    ),
+    Cmd(
+        "python -m big_vit_lite.data.prepare mnist_multilabel",
+        "run",
+        extra=("--data_dir={data}",),
+        slow=True,
+        timeout=900,
+    ),  # (a fresh dir: ~2 min on 2 quiet cores)
+    Cmd(
+        "python -m big_vit_lite.train --config=configs/multilabel.py:runlocal",
+        "run",
+        slow=True,
+    ),
+    Cmd(
+        "python -m big_vit_lite.train --config=configs/multilabel.py",
+        "run",
+        runlocal=True,
+        slow=True,
+    ),
+    # Distillation (docs/distillation.md, configs/distill.py): the teacher is
+    # the tiny trained workdir (`workdirs/teacher` -> the `trained` fixture).
+    Cmd(
+        "python -m big_vit_lite.train --config=configs/distill.py",
+        "run",
+        runlocal=True,
+        slow=True,
+    ),
+    Cmd(
+        "python benchmarks/resume_seek.py",
+        "help",
+        why="a benchmark of minutes (200k records)",
+    ),
+    Cmd(
+        "python benchmarks/jpeg_formats.py",
+        "help",
+        why="a benchmark of minutes",
+    ),
+    Cmd(
+        "python benchmarks/multilabel_baseline.py",
+        "help",
+        why="a benchmark of minutes",
+    ),
     # Scaling out (docs/scale_out.md, docs/gpu.md, docs/tpu.md).
     Cmd("launch/local.sh", "run", slow=True, timeout=600),
     Cmd("launch/multi_gpu.sh", "help", why="several GPU hosts"),
-    Cmd("sbatch", "help", help=("bash", "launch/slurm.sbatch", "--help"), why="a SLURM cluster"),
+    Cmd(
+        "sbatch",
+        "help",
+        help=("bash", "launch/slurm.sbatch", "--help"),
+        why="a SLURM cluster",
+    ),
     Cmd("launch/tpu_vm.sh", "tpu"),
-    Cmd("python -m big_vit_lite.train --config=vit_b16", "help", why="a GPU host (docs/gpu.md)"),
-    Cmd("python -m big_vit_lite.train --config=vit_l16", "help", why="a GPU host (docs/gpu.md)"),
+    Cmd(
+        "python -m big_vit_lite.train --config=vit_b16",
+        "help",
+        why="a GPU host (docs/gpu.md)",
+    ),
+    Cmd(
+        "python -m big_vit_lite.train --config=vit_l16",
+        "help",
+        why="a GPU host (docs/gpu.md)",
+    ),
 ]
 
 
-# The error texts the docs quote, each with the command that prints it. The quote may wrap over
-# lines in the docs; whitespace is compared as one space.
+# The error texts the docs quote, each with the command that prints it. The
+# quote may wrap over lines in the docs; whitespace is compared as one space.
 QUOTED_ERRORS = [
-    ("big_vit_lite.train: error: --config.schedule.warmup_step: the config file has no key "
-     "'schedule.warmup_step' (did you mean 'warmup_steps'?). Fix the spelling, or add the key to "
-     "the config file (a key whose default is None as config_dict.placeholder(TYPE)).",
-     ["-m", "big_vit_lite.train", "--config=configs/demo.py:runlocal", "--workdir={tmp}/w",
-      "--config.schedule.warmup_step=1"]),
-    ("the config file has no key 'schedule.warmup_step' (did you mean 'warmup_steps'?)",
-     ["-m", "big_vit_lite.train", "--config=configs/demo.py:runlocal", "--workdir={tmp}/w",
-      "--config.schedule.warmup_step=1"]),
-    ("unknown pp op 'value_rang' in 'value_rang(-1, 1)'; did you mean 'value_range'?",
-     ["-m", "big_vit_lite.train", "--config=configs/demo.py:runlocal", "--workdir={tmp}/w",
-      "--config.input.pp=decode(channels=1)|value_rang(-1, 1)|onehot(10, key_result='labels')"]),
+    (
+        "big_vit_lite.train: error: --config.schedule.warmup_step: the config file has no key "
+        "'schedule.warmup_step' (did you mean 'warmup_steps'?). Fix the spelling, or add the key to "
+        "the config file (a key whose default is None as config_dict.placeholder(TYPE)).",
+        [
+            "-m",
+            "big_vit_lite.train",
+            "--config=configs/demo.py:runlocal",
+            "--workdir={tmp}/w",
+            "--config.schedule.warmup_step=1",
+        ],
+    ),
+    (
+        "the config file has no key 'schedule.warmup_step' (did you mean 'warmup_steps'?)",
+        [
+            "-m",
+            "big_vit_lite.train",
+            "--config=configs/demo.py:runlocal",
+            "--workdir={tmp}/w",
+            "--config.schedule.warmup_step=1",
+        ],
+    ),
+    (
+        "unknown pp op 'value_rang' in 'value_rang(-1, 1)'; did you mean 'value_range'?",
+        [
+            "-m",
+            "big_vit_lite.train",
+            "--config=configs/demo.py:runlocal",
+            "--workdir={tmp}/w",
+            "--config.input.pp=decode(channels=1)|value_rang(-1, 1)|onehot(10, key_result='labels')",
+        ],
+    ),
 ]
 
 
@@ -202,7 +383,7 @@ def _doc_commands(doc):
   text = open(os.path.join(REPO, doc), encoding="utf-8").read()
   fence = r"^( *)```(\S*)[^\n]*\n(.*?)^\1```"
   for m in re.finditer(fence, text, re.S | re.M):
-    line = text[:m.start()].count("\n") + 2
+    line = text[: m.start()].count("\n") + 2
     if not m.group(2):
       untagged.append(f"{doc}:{line - 1}")
     elif m.group(2) in SHELL:
@@ -255,43 +436,64 @@ def _split_env(words):
 
 
 def _matches(prefix_words, words):
-  if len(prefix_words) > len(words) or words[:len(prefix_words) - 1] != prefix_words[:-1]:
+  if (
+      len(prefix_words) > len(words)
+      or words[: len(prefix_words) - 1] != prefix_words[:-1]
+  ):
     return False
   last, word = prefix_words[-1], words[len(prefix_words) - 1]
-  return (word == last or word.startswith(last + ":")  # a --config file takes args after ':'
-          or (last[-1] in "=:," and word.startswith(last)))
+  # a --config file takes args after ':'
+  return (
+      word == last
+      or word.startswith(last + ":")
+      or (last[-1] in "=:," and word.startswith(last))
+  )
 
 
 def lookup(words):
   """The COMMANDS row whose prefix matches most words (then most characters), or None."""
   _, words = _split_env(words)
   matching = [row for row in COMMANDS if _matches(row.prefix.split(), words)]
-  return max(matching, key=lambda row: (len(row.prefix.split()), len(row.prefix)), default=None)
+  return max(
+      matching,
+      key=lambda row: (len(row.prefix.split()), len(row.prefix)),
+      default=None,
+  )
 
 
 CMDS, UNTAGGED = documented()
 
 
 def test_every_fence_has_a_language():
-  assert not UNTAGGED, f"fenced blocks without a language (```bash or ```text): {UNTAGGED}"
+  assert (
+      not UNTAGGED
+  ), f"fenced blocks without a language (```bash or ```text): {UNTAGGED}"
 
 
 def test_every_documented_command_is_in_the_table():
-  unknown = [f"{d}:{l}: {shlex.join(w)}" for d, l, w, _, _ in CMDS if lookup(w) is None]
-  assert not unknown, ("documented commands with no row in tests/test_docs_commands.py's COMMANDS "
-                       "(add one, see the docstring): " + "; ".join(unknown))
+  unknown = [
+      f"{d}:{l}: {shlex.join(w)}" for d, l, w, _, _ in CMDS if lookup(w) is None
+  ]
+  assert not unknown, (
+      "documented commands with no row in tests/test_docs_commands.py's COMMANDS "
+      "(add one, see the docstring): " + "; ".join(unknown)
+  )
 
 
 def test_config_docstring_commands_are_found():
   """The scan of the config docstrings sees their commands (a scan that finds none checks none)."""
   found = {d for d, _, _, _, _ in CMDS if d.startswith("configs/")}
   missing = set(CONFIGS) - found
-  assert not missing, f"configs whose docstring command was not found: {missing}"
+  assert (
+      not missing
+  ), f"configs whose docstring command was not found: {missing}"
 
 
 def test_every_help_row_says_why():
   vague = [row.prefix for row in COMMANDS if row.mode == "help" and not row.why]
-  assert not vague, f"rows that only run --help without saying why a real run cannot: {vague}"
+  assert (
+      not vague
+  ), f"rows that only run --help without saying why a real run cannot: {vague}"
 
 
 def _params():
@@ -301,8 +503,18 @@ def _params():
     if row is None or row.mode == "env":
       continue
     marks = [pytest.mark.slow] if row.slow else []
-    out.append(pytest.param(doc, line, words, block_env, raw, row,
-                            id=f"{doc}:{line}:{' '.join(words)[:50]}", marks=marks))
+    out.append(
+        pytest.param(
+            doc,
+            line,
+            words,
+            block_env,
+            raw,
+            row,
+            id=f"{doc}:{line}:{' '.join(words)[:50]}",
+            marks=marks,
+        )
+    )
   return out
 
 
@@ -320,7 +532,10 @@ def _redirect(words, tmp):
 def _inputs(words, trained):
   """`workdirs/NAME[/checkpoints/N]` inputs -> the trained workdir (its newest step)."""
   root, step = trained
-  words = [re.sub(r"workdirs/\w+/checkpoints/\d+", f"{root}/checkpoints/{step}", w) for w in words]
+  words = [
+      re.sub(r"workdirs/\w+/checkpoints/\d+", f"{root}/checkpoints/{step}", w)
+      for w in words
+  ]
   return [re.sub(r"workdirs/\w+", root, w) for w in words]
 
 
@@ -347,10 +562,22 @@ def trained(tmp_path_factory, tfds_data_dir):
   """(workdir, newest step) of a real `demo:runlocal` training run: the docs' `workdirs/NAME`."""
   root = tmp_path_factory.mktemp("workdirs") / "demo"
   env = dict(os.environ, TFDS_DATA_DIR=tfds_data_dir)
-  cmd = [sys.executable, "-m", "big_vit_lite.train", "--config=configs/demo.py:runlocal",
-         f"--workdir={root}"]
-  proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
-                        check=False)
+  cmd = [
+      sys.executable,
+      "-m",
+      "big_vit_lite.train",
+      "--config=configs/demo.py:runlocal",
+      f"--workdir={root}",
+  ]
+  proc = subprocess.run(
+      cmd,
+      cwd=REPO,
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=600,
+      check=False,
+  )
   assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
   steps = [int(d) for d in os.listdir(root / "checkpoints") if d.isdigit()]
   return str(root), max(steps)
@@ -362,7 +589,9 @@ def images(tmp_path_factory):
   d = tmp_path_factory.mktemp("images")
   rng = np.random.default_rng(0)
   for name in ("a.png", "b.jpg", "c.png"):
-    Image.fromarray(rng.integers(0, 256, (28, 28), dtype=np.uint8)).save(d / name)
+    Image.fromarray(rng.integers(0, 256, (28, 28), dtype=np.uint8)).save(
+        d / name
+    )
   return str(d)
 
 
@@ -389,7 +618,9 @@ def _command(row, words, raw, tmp_path, request, data):
   if row.mode == "help":
     return list(row.help) if row.help else words[:n] + ["--help"]
   if row.mode == "pip":
-    return [sys.executable, "-m", "pip", "install", "--dry-run", "-q"] + words[2:]
+    return [sys.executable, "-m", "pip", "install", "--dry-run", "-q"] + words[
+        2:
+    ]
   if row.mode == "shell":
     return ["bash", "-c", raw]
   rest = list(row.args) if row.args is not None else words[n:] + list(row.extra)
@@ -410,42 +641,71 @@ def _command(row, words, raw, tmp_path, request, data):
 
 
 @pytest.mark.parametrize("doc,line,words,block_env,raw,row", _params())
-def test_documented_command_runs(doc, line, words, block_env, raw, row, tmp_path, fake_gcloud,
-                                 tfds_data_dir, request):
+def test_documented_command_runs(
+    doc,
+    line,
+    words,
+    block_env,
+    raw,
+    row,
+    tmp_path,
+    fake_gcloud,
+    tfds_data_dir,
+    request,
+):
   env_vars, words = _split_env(words)
   env = dict(os.environ, TFDS_DATA_DIR=tfds_data_dir)
   env.update(block_env)
   env.update(env_vars)
-  env["PATH"] = f"{os.path.dirname(sys.executable)}:{env['PATH']}"  # `python` = this venv's
-  (tmp_path / "out").mkdir()  # where --out / --workdir go (a file's folder must exist)
+  # `python` = this venv's
+  env["PATH"] = f"{os.path.dirname(sys.executable)}:{env['PATH']}"
+  # where --out / --workdir go (a file's folder must exist)
+  (tmp_path / "out").mkdir()
   if row.copy:
     build_tree((tmp_path / "src").mkdir() or tmp_path / "src")
   cmd = _command(row, words, raw, tmp_path, request, tfds_data_dir)
   if row.mode == "tpu":
-    env.update(PATH=f"{fake_gcloud / 'bin'}:{env['PATH']}",
-               FAKE_GCLOUD_LOG=str(tmp_path / "gcloud.log"), HOME=str(tmp_path / "home"),
-               TPU_NAME=env.get("TPU_NAME", "docs-test"), ZONE=env.get("ZONE", "us-central2-b"))
-  env.setdefault("OUT", str(tmp_path))  # benchmarks/gpu_bench.sh writes its JSON there
+    env.update(
+        PATH=f"{fake_gcloud / 'bin'}:{env['PATH']}",
+        FAKE_GCLOUD_LOG=str(tmp_path / "gcloud.log"),
+        HOME=str(tmp_path / "home"),
+        TPU_NAME=env.get("TPU_NAME", "docs-test"),
+        ZONE=env.get("ZONE", "us-central2-b"),
+    )
+  # benchmarks/gpu_bench.sh writes its JSON there
+  env.setdefault("OUT", str(tmp_path))
   if cmd[0] == "python":
     cmd[0] = sys.executable
   elif cmd[0].endswith(".sh") or cmd[0].endswith(".sbatch"):
     cmd = ["bash"] + cmd
-  # The same command documented twice runs once (the help and pip lines, and identical runs).
+  # The same command documented twice runs once (the help and pip lines, and
+  # identical runs).
   key = (row.mode, tuple(words)) if row.mode in ("run", "shell") else tuple(cmd)
   proc = _RUNS.get(key) if row.mode != "tpu" else None
   if proc is None:
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=row.timeout, check=False)
+    proc = subprocess.run(
+        cmd,
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=row.timeout,
+        check=False,
+    )
     _RUNS[key] = proc
   out = proc.stdout + proc.stderr
   where = f"{doc}:{line}: {shlex.join(cmd)}\n{out[-3000:]}"
   if row.mode == "help" and cmd[-1] == "--help" and cmd[0] == sys.executable:
-    assert proc.returncode in (0, 1) and "Traceback" not in out and "--" in out, where  # absl: 1
+    # absl: 1
+    assert (
+        proc.returncode in (0, 1) and "Traceback" not in out and "--" in out
+    ), where
   else:
     assert proc.returncode == 0, where
 
 
 # -- Quoted error texts.
+
 
 def _norm(text):
   return " ".join(text.split())
@@ -457,8 +717,11 @@ def _quotes_like_errors():
   for doc in DOCS:
     text = open(os.path.join(REPO, doc), encoding="utf-8").read()
     for m in re.finditer(r"^ *```text[^\n]*\n(.*?)^ *```", text, re.S | re.M):
-      out += [(doc, line.strip()) for line in m.group(1).splitlines()
-              if re.search(r"error:|did you mean", line)]
+      out += [
+          (doc, line.strip())
+          for line in m.group(1).splitlines()
+          if re.search(r"error:|did you mean", line)
+      ]
     prose = re.sub(r"^ *```.*?^ *```", "", text, flags=re.S | re.M)
     for m in re.finditer(r"`([^`]+)`", prose, re.S):
       if re.search(r"error:|did you mean", m.group(1)):
@@ -468,22 +731,46 @@ def _quotes_like_errors():
 
 def test_every_quoted_error_is_checked():
   known = [_norm(quote) for quote, _ in QUOTED_ERRORS]
-  unchecked = [f"{doc}: {q}" for doc, q in _quotes_like_errors() if _norm(q) not in known]
-  assert not unchecked, ("error texts quoted in the docs with no QUOTED_ERRORS entry (add the "
-                         "command that prints it): " + "; ".join(unchecked))
+  unchecked = [
+      f"{doc}: {q}" for doc, q in _quotes_like_errors() if _norm(q) not in known
+  ]
+  assert not unchecked, (
+      "error texts quoted in the docs with no QUOTED_ERRORS entry (add the "
+      "command that prints it): " + "; ".join(unchecked)
+  )
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("quote,argv", QUOTED_ERRORS, ids=[q[:40] for q, _ in QUOTED_ERRORS])
-def test_quoted_error_is_what_the_program_prints(quote, argv, tmp_path, tfds_data_dir):
-  docs = _norm(" ".join(open(os.path.join(REPO, d), encoding="utf-8").read() for d in DOCS))
-  assert _norm(quote) in docs, f"no doc quotes {quote!r} any more: drop its QUOTED_ERRORS entry"
+@pytest.mark.parametrize(
+    "quote,argv", QUOTED_ERRORS, ids=[q[:40] for q, _ in QUOTED_ERRORS]
+)
+def test_quoted_error_is_what_the_program_prints(
+    quote, argv, tmp_path, tfds_data_dir
+):
+  docs = _norm(
+      " ".join(
+          open(os.path.join(REPO, d), encoding="utf-8").read() for d in DOCS
+      )
+  )
+  assert (
+      _norm(quote) in docs
+  ), f"no doc quotes {quote!r} any more: drop its QUOTED_ERRORS entry"
   cmd = [sys.executable] + [a.replace("{tmp}", str(tmp_path)) for a in argv]
   key = tuple(argv)
   proc = _RUNS.get(key)
   if proc is None:
-    proc = subprocess.run(cmd, cwd=REPO, env=dict(os.environ, TFDS_DATA_DIR=tfds_data_dir),
-                          capture_output=True, text=True, timeout=300, check=False)
+    proc = subprocess.run(
+        cmd,
+        cwd=REPO,
+        env=dict(os.environ, TFDS_DATA_DIR=tfds_data_dir),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     _RUNS[key] = proc
   out = _norm(proc.stdout + proc.stderr)
-  assert proc.returncode != 0 and _norm(quote) in out, (shlex.join(cmd), out[-2000:])
+  assert proc.returncode != 0 and _norm(quote) in out, (
+      shlex.join(cmd),
+      out[-2000:],
+  )

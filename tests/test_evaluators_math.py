@@ -1,4 +1,5 @@
 """Correctness of the few-shot ridge and linear-probe math on synthetic features."""
+
 import numpy as np
 import pytest
 
@@ -14,7 +15,8 @@ def _blobs(n, d, c, sep, seed=0, problem=0):
   return centers[labels] * sep + rng.normal(size=(n, d)), labels
 
 
-@pytest.mark.parametrize("n,d", [(40, 12), (12, 40)])  # more rows than dims and fewer
+# more rows than dims and fewer
+@pytest.mark.parametrize("n,d", [(40, 12), (12, 40)])
 def test_ridge_equals_normal_equations(n, d):
   x, labels = _blobs(n, d, 4, 1.0)
   y = ridge.signed_onehot(labels, 4)
@@ -37,7 +39,9 @@ def test_ridge_leave_one_out_is_exact():
   penalty = np.diag([1.0] * 8 + [0.0])
   for i in (0, 11, 29):
     keep = np.arange(30) != i
-    sol = np.linalg.solve(x1[keep].T @ x1[keep] + 2.0 * penalty, x1[keep].T @ y[keep])
+    sol = np.linalg.solve(
+        x1[keep].T @ x1[keep] + 2.0 * penalty, x1[keep].T @ y[keep]
+    )
     np.testing.assert_allclose(loo[0, i], x1[i] @ sol, atol=1e-9)
 
 
@@ -48,14 +52,16 @@ def test_ridge_separable_features_give_full_accuracy():
   assert len(np.unique(labels)) == 10
   acc, fit = ridge.fit_and_score(x, labels, xt, lt, 10)
   assert acc == 1.0
-  assert fit.loo_accuracy >= 0.9  # a class with a single example cannot be LOO-predicted
+  # a class with a single example cannot be LOO-predicted
+  assert fit.loo_accuracy >= 0.9
 
 
 def test_ridge_chooses_l2_on_train_side_only():
   x, labels = _blobs(40, 20, 4, 1.0)
   xt, lt = _blobs(200, 20, 4, 1.0, seed=5)
   _, fit_a = ridge.fit_and_score(x, labels, xt, lt, 4)
-  _, fit_b = ridge.fit_and_score(x, labels, xt, (lt + 1) % 4, 4)  # scrambled test labels
+  # scrambled test labels
+  _, fit_b = ridge.fit_and_score(x, labels, xt, (lt + 1) % 4, 4)
   assert fit_a.l2 == fit_b.l2
   assert fit_a.l2 in ridge.DEFAULT_L2_REGS
 
@@ -81,8 +87,9 @@ def test_logistic_matches_sklearn():
   l2 = 1e-2
   kernels, biases, iters = logistic.fit(xs, labels, 5, [l2])
   ours = logistic.accuracy(kernels[0], biases[0], xts, lt)
-  ref = sklearn_lm.LogisticRegression(C=1.0 / (len(labels) * l2), max_iter=5000,
-                                      tol=1e-8).fit(xs, labels)
+  ref = sklearn_lm.LogisticRegression(
+      C=1.0 / (len(labels) * l2), max_iter=5000, tol=1e-8
+  ).fit(xs, labels)
   theirs = ref.score(xts, lt)
   assert 0.4 < theirs < 0.99, theirs  # a problem where the fit actually matters
   assert abs(ours - theirs) <= 0.01, (ours, theirs)

@@ -1,4 +1,5 @@
 """The package's import graph: no cycle (function-level imports count), models/ below the rest."""
+
 import ast
 import pathlib
 
@@ -25,15 +26,20 @@ def _graph():
       elif isinstance(node, ast.ImportFrom):
         base = node.module or ""
         if node.level:  # relative: from the package, up level-1
-          base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1]
-                          + ([base] if base else []))
+          base = ".".join(
+              package.split(".")[: len(package.split(".")) - node.level + 1]
+              + ([base] if base else [])
+          )
         # `from pkg import mod` imports pkg.mod when that is a module.
-        targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base
-                   for a in node.names]
+        targets = [
+            f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base
+            for a in node.names
+        ]
       else:
         continue
       for t in targets:
-        while t and t not in modules:  # `import a.b.c` of a name inside a module
+        # `import a.b.c` of a name inside a module
+        while t and t not in modules:
           t = t.rpartition(".")[0]
         if t and t != name:
           deps.add(t)
@@ -50,7 +56,7 @@ def _cycle(graph):
     stack.append(node)
     for dep in sorted(graph[node]):
       if state.get(dep) == "open":
-        return stack[stack.index(dep):] + [dep]
+        return stack[stack.index(dep) :] + [dep]
       if dep not in state:
         found = visit(dep)
         if found:
@@ -69,7 +75,8 @@ def _cycle(graph):
 
 def test_no_import_cycle():
   graph = _graph()
-  assert "big_vit_lite.models.formats" in graph["big_vit_lite.models.vit"]  # the walk sees imports
+  # the walk sees imports
+  assert "big_vit_lite.models.formats" in graph["big_vit_lite.models.vit"]
   cycle = _cycle(graph)
   assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
@@ -80,10 +87,21 @@ def test_cycle_finder_finds_a_cycle():
 
 
 def test_models_depend_on_nothing_above_them():
-  # Package __init__s are imported on the way to any module, so they are no "dependency".
-  allowed = ("big_vit_lite.models", "big_vit_lite.paths", "big_vit_lite.data.pp")
+  # Package __init__s are imported on the way to any module, so they are no
+  # "dependency".
+  allowed = (
+      "big_vit_lite.models",
+      "big_vit_lite.paths",
+      "big_vit_lite.data.pp",
+  )
   for name, deps in _graph().items():
     if name.startswith("big_vit_lite.models"):
-      above = sorted(d for d in deps if d != "big_vit_lite"
-                     and not any(d == a or d.startswith(a + ".") for a in allowed))
-      assert not above, f"{name} imports {above}: models/ must not depend on the rest"
+      above = sorted(
+          d
+          for d in deps
+          if d != "big_vit_lite"
+          and not any(d == a or d.startswith(a + ".") for a in allowed)
+      )
+      assert (
+          not above
+      ), f"{name} imports {above}: models/ must not depend on the rest"

@@ -1,4 +1,5 @@
 """The CPU peak behind `mfu`: no matmul-only step beats it, and it is the machine's rate."""
+
 import json
 import os
 import subprocess
@@ -8,7 +9,8 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# In a fresh process: 2 simulated CPU devices, as the demo runs (config.num_cpu_devices=2).
+# In a fresh process: 2 simulated CPU devices, as the demo runs
+# (config.num_cpu_devices=2).
 _SCRIPT = r"""
 import json, time
 import jax
@@ -46,16 +48,26 @@ print(json.dumps(dict(peak=peak, devices=jax.device_count(),
 
 @pytest.mark.timeout(300)
 def test_cpu_peak_bounds_a_matmul_step_and_is_the_machines_rate():
-  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+  env = dict(
+      os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2"
+  )
   env.pop("XLA_FLAGS", None)
-  p = subprocess.run([sys.executable, "-c", _SCRIPT], env=env, cwd=ROOT, capture_output=True,
-                     text=True, timeout=280)
+  p = subprocess.run(
+      [sys.executable, "-c", _SCRIPT],
+      env=env,
+      cwd=ROOT,
+      capture_output=True,
+      text=True,
+      timeout=280,
+  )
   assert p.returncode == 0, p.stderr[-3000:]
   out = json.loads(p.stdout.strip().splitlines()[-1])
   assert out["devices"] == 2
-  # MFU <= 1: a step of nothing but large matmuls does not run faster per device than the peak
-  # (the old per-device figure, a shared calibration's rate split among devices, read low).
+  # MFU <= 1: a step of nothing but large matmuls does not run faster per device
+  # than the peak (the old per-device figure, a shared calibration's rate split
+  # among devices, read low).
   assert out["step_per_device"] / out["peak"] <= 1.0, out
-  # The peak of 2 devices together is the machine's matmul rate, not a share or a multiple of
-  # it: within 10x of numpy's (another BLAS, on every core) either way on a shared machine.
+  # The peak of 2 devices together is the machine's matmul rate, not a share or
+  # a multiple of it: within 10x of numpy's (another BLAS, on every core) either
+  # way on a shared machine.
   assert 0.1 < 2 * out["peak"] / out["numpy"] < 10, out

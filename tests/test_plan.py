@@ -1,4 +1,5 @@
 """big_vit_lite.plan: analytic memory/FLOPs per device vs XLA's compiled memory analysis."""
+
 import importlib.util
 import json
 import os
@@ -12,7 +13,7 @@ from big_vit_lite import plan
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-TINY_CONFIG = '''
+TINY_CONFIG = """
 import ml_collections
 
 def get_config(arg=None):
@@ -30,14 +31,21 @@ def get_config(arg=None):
   c.mesh = [("data", -1)]
   c.grad_accum_steps = 1
   return c
-'''
+"""
 
 
 def _run_plan(*args, timeout=240):
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   env.pop("XLA_FLAGS", None)
-  return subprocess.run([sys.executable, "-m", "big_vit_lite.plan", *args], cwd=REPO, env=env,
-                        capture_output=True, text=True, timeout=timeout, check=False)
+  return subprocess.run(
+      [sys.executable, "-m", "big_vit_lite.plan", *args],
+      cwd=REPO,
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=timeout,
+      check=False,
+  )
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +55,8 @@ def tiny_config(tmp_path_factory):
   return config
 
 
-_COMPILED = {}  # Compiling is the slow part: tests asking for the same run share it.
+# Compiling is the slow part: tests asking for the same run share it.
+_COMPILED = {}
 
 
 def _compiled_plan(config, *args):
@@ -55,38 +64,63 @@ def _compiled_plan(config, *args):
   if args not in _COMPILED:
     proc = _run_plan(f"--config={config}", *args, "--compile", "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    _COMPILED[args] = proc.stdout, json.loads(proc.stdout.strip().splitlines()[-1])
+    _COMPILED[args] = proc.stdout, json.loads(
+        proc.stdout.strip().splitlines()[-1]
+    )
   return _COMPILED[args]
 
 
-_BASE_COMPILE = ("--mesh=data:2,fsdp:2", "--config.model.dtype_mm=float32",
-                 "--config.model.dropout=0.0")
+_BASE_COMPILE = (
+    "--mesh=data:2,fsdp:2",
+    "--config.model.dtype_mm=float32",
+    "--config.model.dropout=0.0",
+)
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("mesh,dtype_mm,dropout", [("data:2,fsdp:2", "float32", 0.0),
-                                                    ("fsdp:2,model:2", "bfloat16", 0.1)])
-def test_plan_matches_compiled_memory_analysis(tiny_config, mesh, dtype_mm, dropout):
-  stdout, p = _compiled_plan(tiny_config, f"--mesh={mesh}", f"--config.model.dtype_mm={dtype_mm}",
-                             f"--config.model.dropout={dropout}")
+@pytest.mark.parametrize(
+    "mesh,dtype_mm,dropout",
+    [("data:2,fsdp:2", "float32", 0.0), ("fsdp:2,model:2", "bfloat16", 0.1)],
+)
+def test_plan_matches_compiled_memory_analysis(
+    tiny_config, mesh, dtype_mm, dropout
+):
+  stdout, p = _compiled_plan(
+      tiny_config,
+      f"--mesh={mesh}",
+      f"--config.model.dtype_mm={dtype_mm}",
+      f"--config.model.dropout={dropout}",
+  )
   assert p["res"] == 28 and p["tokens"] == 50 and p["devices"] == 4
-  assert p["local_batch"] == {"data:2,fsdp:2": 8, "fsdp:2,model:2": 16}[mesh]  # "model" splits no batch.
+  # "model" splits no batch.
+  assert p["local_batch"] == {"data:2,fsdp:2": 8, "fsdp:2,model:2": 16}[mesh]
 
-  # Arguments of the step = params + optimizer state + the batch shard: exact shapes.
-  args = p["params_bytes_per_device"] + p["opt_bytes_per_device"] + p["batch_bytes_per_device"]
+  # Arguments of the step = params + optimizer state + the batch shard: exact
+  # shapes.
+  args = (
+      p["params_bytes_per_device"]
+      + p["opt_bytes_per_device"]
+      + p["batch_bytes_per_device"]
+  )
   assert args == pytest.approx(p["compiled_argument_bytes"], rel=0.01)
-  # Temporaries = gradients + activations + gathered weights: the analytic formulas.
-  temp = (p["grad_bytes_per_device"] + p["act_bytes_per_device"]
-          + p["fsdp_gather_bytes_per_device"])
+  # Temporaries = gradients + activations + gathered weights: the analytic
+  # formulas.
+  temp = (
+      p["grad_bytes_per_device"]
+      + p["act_bytes_per_device"]
+      + p["fsdp_gather_bytes_per_device"]
+  )
   assert temp == pytest.approx(p["compiled_temp_bytes"], rel=0.10)
-  assert p["total_bytes_per_device"] == pytest.approx(p["compiled_peak_bytes"], rel=0.10)
-  # FLOPs: the analytic count is matmuls only (the MFU convention); XLA's also counts
-  # elementwise ops, LayerNorm/softmax, dropout's random bits and, with a "model" axis, work
-  # replicated across it.
+  assert p["total_bytes_per_device"] == pytest.approx(
+      p["compiled_peak_bytes"], rel=0.10
+  )
+  # FLOPs: the analytic count is matmuls only (the MFU convention); XLA's also
+  # counts elementwise ops, LayerNorm/softmax, dropout's random bits and, with a
+  # "model" axis, work replicated across it.
   ratio = p["hw_flops_per_step"] / p["devices"] / p["compiled_flops_per_device"]
   assert (0.85 if dropout == 0 else 0.7) <= ratio <= 1.0, ratio
-  # The model FLOPs counted in the compiled step's jaxpr (what bench and the trainer use for
-  # MFU) are the analytic figure exactly.
+  # The model FLOPs counted in the compiled step's jaxpr (what bench and the
+  # trainer use for MFU) are the analytic figure exactly.
   assert p["compiled_model_flops"] == p["flops_per_step"]
   # The human-readable report comes first.
   assert "fits: yes" in stdout and "optimizer state" in stdout
@@ -95,21 +129,37 @@ def test_plan_matches_compiled_memory_analysis(tiny_config, mesh, dtype_mm, drop
 @pytest.mark.timeout(300)
 def test_grad_accum_compiles_to_less_memory_and_the_same_flops(tiny_config):
   _, one = _compiled_plan(tiny_config, *_BASE_COMPILE)
-  stdout, two = _compiled_plan(tiny_config, *_BASE_COMPILE, "--config.grad_accum_steps=2")
-  assert (two["grad_accum_steps"], two["micro_batch"], two["local_batch"]) == (2, 4, 8)
+  stdout, two = _compiled_plan(
+      tiny_config, *_BASE_COMPILE, "--config.grad_accum_steps=2"
+  )
+  assert (two["grad_accum_steps"], two["micro_batch"], two["local_batch"]) == (
+      2,
+      4,
+      8,
+  )
   assert "in 2 microbatches of 4" in stdout and "accumulator" in stdout
-  # One microbatch's activations alive at a time: the step's temporaries shrink (the activations
-  # are most of them here), and the analytic figure, accumulator included, still tracks XLA's.
+  # One microbatch's activations alive at a time: the step's temporaries shrink
+  # (the activations are most of them here), and the analytic figure,
+  # accumulator included, still tracks XLA's.
   assert two["compiled_temp_bytes"] < 0.75 * one["compiled_temp_bytes"]
-  temp = (two["grad_bytes_per_device"] + two["grad_accum_bytes_per_device"]
-          + two["act_bytes_per_device"] + two["fsdp_gather_bytes_per_device"])
+  temp = (
+      two["grad_bytes_per_device"]
+      + two["grad_accum_bytes_per_device"]
+      + two["act_bytes_per_device"]
+      + two["fsdp_gather_bytes_per_device"]
+  )
   assert temp == pytest.approx(two["compiled_temp_bytes"], rel=0.10)
-  # Same examples, same work: XLA counts the microbatch scan's body once (half the step
-  # here); the compiled figure counts it per iteration.
-  assert two["compiled_flops_per_device"] == pytest.approx(one["compiled_flops_per_device"],
-                                                           rel=0.04)
+  # Same examples, same work: XLA counts the microbatch scan's body once (half
+  # the step here); the compiled figure counts it per iteration.
+  assert two["compiled_flops_per_device"] == pytest.approx(
+      one["compiled_flops_per_device"], rel=0.04
+  )
   assert two["flops_per_step"] == one["flops_per_step"]
-  assert two["compiled_model_flops"] == one["compiled_model_flops"] == one["flops_per_step"]
+  assert (
+      two["compiled_model_flops"]
+      == one["compiled_model_flops"]
+      == one["flops_per_step"]
+  )
 
 
 @pytest.mark.timeout(120)
@@ -124,16 +174,29 @@ def test_grad_accum_halves_activations_and_adds_an_accumulator(tiny_config):
     config.grad_accum_steps = k
     plans[k] = plan.plan(config, mesh, "tpu_v4")
   one, two, four = plans[1], plans[2], plans[4]
-  assert (one["micro_batch"], two["micro_batch"], four["micro_batch"]) == (8, 4, 2)
-  assert two["act_bytes_per_device"] == pytest.approx(one["act_bytes_per_device"] / 2, rel=0.01)
-  assert four["act_bytes_per_device"] == pytest.approx(one["act_bytes_per_device"] / 4, rel=0.01)
-  # The float32 gradient sum: a second gradient-sized buffer, sharded like the params.
+  assert (one["micro_batch"], two["micro_batch"], four["micro_batch"]) == (
+      8,
+      4,
+      2,
+  )
+  assert two["act_bytes_per_device"] == pytest.approx(
+      one["act_bytes_per_device"] / 2, rel=0.01
+  )
+  assert four["act_bytes_per_device"] == pytest.approx(
+      one["act_bytes_per_device"] / 4, rel=0.01
+  )
+  # The float32 gradient sum: a second gradient-sized buffer, sharded like the
+  # params.
   assert one["grad_accum_bytes_per_device"] == 0
   assert two["grad_accum_bytes_per_device"] == two["grad_bytes_per_device"] > 0
   assert two["total_bytes_per_device"] == (
-      one["total_bytes_per_device"] - one["act_bytes_per_device"] + two["act_bytes_per_device"]
-      + two["grad_accum_bytes_per_device"])
-  # The whole local batch is still the step's input; the FLOPs of a step do not change.
+      one["total_bytes_per_device"]
+      - one["act_bytes_per_device"]
+      + two["act_bytes_per_device"]
+      + two["grad_accum_bytes_per_device"]
+  )
+  # The whole local batch is still the step's input; the FLOPs of a step do not
+  # change.
   assert two["batch_bytes_per_device"] == one["batch_bytes_per_device"]
   assert two["flops_per_step"] == one["flops_per_step"]
   # ... but the gradients are reduced across devices once per microbatch.
@@ -151,19 +214,35 @@ def test_plan_counts_the_ema_copy_of_the_params(tiny_config):
   config.ema_decay = 0.999
   with_ema = plan.plan(config, mesh, "tpu_v4")
   assert without["ema_bytes_per_device"] == 0
-  assert with_ema["ema_bytes_per_device"] == with_ema["params_bytes_per_device"] > 0
-  assert (with_ema["total_bytes_per_device"]
-          == without["total_bytes_per_device"] + with_ema["ema_bytes_per_device"])
+  assert (
+      with_ema["ema_bytes_per_device"]
+      == with_ema["params_bytes_per_device"]
+      > 0
+  )
+  assert (
+      with_ema["total_bytes_per_device"]
+      == without["total_bytes_per_device"] + with_ema["ema_bytes_per_device"]
+  )
   assert "EMA of params" in plan.format_report(with_ema)
 
 
-def _big_config(variant, batch, *, remat="nothing_saveable", dtype_mm="bfloat16"):
+def _big_config(
+    variant, batch, *, remat="nothing_saveable", dtype_mm="bfloat16"
+):
   c = ml_collections.ConfigDict()
   c.total_steps = 1000
-  c.input = dict(data=dict(name="imagenet2012", split="train"), batch_size=batch,
-                 pp="decode_jpeg_and_inception_crop(224)|flip_lr|value_range(-1, 1)")
-  c.model = dict(variant=variant, num_classes=1000, remat_policy=remat, dtype_mm=dtype_mm,
-                 scan=True)
+  c.input = dict(
+      data=dict(name="imagenet2012", split="train"),
+      batch_size=batch,
+      pp="decode_jpeg_and_inception_crop(224)|flip_lr|value_range(-1, 1)",
+  )
+  c.model = dict(
+      variant=variant,
+      num_classes=1000,
+      remat_policy=remat,
+      dtype_mm=dtype_mm,
+      scan=True,
+  )
   c.optax_name = "scale_by_adam"
   c.optax = dict(mu_dtype="bfloat16")
   c.lr = 1e-3
@@ -175,60 +254,94 @@ def _big_config(variant, batch, *, remat="nothing_saveable", dtype_mm="bfloat16"
 @pytest.mark.timeout(120)
 def test_plan_big_variants_on_a_v4_256_slice():
   mesh = plan.parse_mesh("data:64,fsdp:4")
-  expected_params = {"L/16": 304.3e6, "H/14": 632.0e6, "g/14": 1011.0e6}  # ViT / scaling papers.
+  # ViT / scaling papers.
+  expected_params = {"L/16": 304.3e6, "H/14": 632.0e6, "g/14": 1011.0e6}
   for variant, n in expected_params.items():
     p = plan.plan(_big_config(variant, 4096), mesh, "tpu_v4")
     assert p["num_params"] == pytest.approx(n, rel=0.01), variant
-    # embed is FSDP-sharded 4 ways, data replicates: a quarter of the f32 params per device
-    # (only tiny 1-D params not named "embed" stay whole).
-    assert p["params_bytes_per_device"] == pytest.approx(4 * n / 4, rel=0.02), variant
+    # embed is FSDP-sharded 4 ways, data replicates: a quarter of the f32 params
+    # per device (only tiny 1-D params not named "embed" stay whole).
+    assert p["params_bytes_per_device"] == pytest.approx(
+        4 * n / 4, rel=0.02
+    ), variant
     # Adam: mu in bfloat16, nu in float32 -> 1.5x the params.
-    assert p["opt_bytes_per_device"] == pytest.approx(1.5 * p["params_bytes_per_device"], rel=0.02)
+    assert p["opt_bytes_per_device"] == pytest.approx(
+        1.5 * p["params_bytes_per_device"], rel=0.02
+    )
     assert p["fits"], (variant, p["total_bytes_per_device"])
     assert 0 < p["mfu_bound"] <= 1
-    for key in ("params_bytes_per_device", "opt_bytes_per_device", "act_bytes_per_device",
-                "flops_per_step", "fits"):
+    for key in (
+        "params_bytes_per_device",
+        "opt_bytes_per_device",
+        "act_bytes_per_device",
+        "flops_per_step",
+        "fits",
+    ):
       assert key in p
 
 
 @pytest.mark.timeout(120)
 def test_plan_says_when_it_does_not_fit():
-  # ViT-g/14 data-parallel only on 16 GiB v5e chips: 4 GiB params + 6 GiB Adam + 4 GiB grads.
-  p = plan.plan(_big_config("g/14", 256 * 16), plan.parse_mesh("data:256"), "tpu_v5e")
+  # ViT-g/14 data-parallel only on 16 GiB v5e chips: 4 GiB params + 6 GiB Adam +
+  # 4 GiB grads.
+  p = plan.plan(
+      _big_config("g/14", 256 * 16), plan.parse_mesh("data:256"), "tpu_v5e"
+  )
   assert not p["fits"]
   # The same with FSDP over 16 chips fits.
-  p = plan.plan(_big_config("g/14", 256 * 16), plan.parse_mesh("data:16,fsdp:16"), "tpu_v5e")
+  p = plan.plan(
+      _big_config("g/14", 256 * 16),
+      plan.parse_mesh("data:16,fsdp:16"),
+      "tpu_v5e",
+  )
   assert p["fits"], p["total_bytes_per_device"]
 
 
 @pytest.mark.timeout(120)
 def test_plan_says_when_only_remat_makes_it_fit():
-  # L/16 at 256 images on one H100: activations without remat do not fit 80 GB, with remat
-  # (only each block's input kept) they do.
+  # L/16 at 256 images on one H100: activations without remat do not fit 80 GB,
+  # with remat (only each block's input kept) they do.
   mesh = plan.parse_mesh("data:1")
   p = plan.plan(_big_config("L/16", 256, remat=None), mesh, "h100")
   assert not p["fits"] and p["fits_with_remat"] is True
   assert p["total_bytes_with_remat"] < p["total_bytes_per_device"]
-  assert "fits with --config.model.remat_policy=nothing_saveable" in plan.format_report(p)
+  assert (
+      "fits with --config.model.remat_policy=nothing_saveable"
+      in plan.format_report(p)
+  )
   with_remat = plan.plan(_big_config("L/16", 256), mesh, "h100")
   assert with_remat["fits"] and with_remat["fits_with_remat"] is None
-  assert with_remat["total_bytes_per_device"] == pytest.approx(p["total_bytes_with_remat"])
+  assert with_remat["total_bytes_per_device"] == pytest.approx(
+      p["total_bytes_with_remat"]
+  )
   # Remat changes the hardware FLOPs, never the model FLOPs (what MFU counts).
-  assert with_remat["flops_per_step"] == p["flops_per_step"] < with_remat["hw_flops_per_step"]
+  assert (
+      with_remat["flops_per_step"]
+      == p["flops_per_step"]
+      < with_remat["hw_flops_per_step"]
+  )
   # Far too big: remat does not help either, and the report says so.
   p = plan.plan(_big_config("g/14", 2048, remat=None), mesh, "h100")
-  assert p["fits_with_remat"] is False and "not fit with remat either" in plan.format_report(p)
+  assert p[
+      "fits_with_remat"
+  ] is False and "not fit with remat either" in plan.format_report(p)
 
 
 def test_flops_match_the_literature():
-  # ViT-B/16 at 224: 17.58 GMACs forward (timm's table); model FLOPs/step = 3 x 2 x MACs x batch.
+  # ViT-B/16 at 224: 17.58 GMACs forward (timm's table); model FLOPs/step = 3 x
+  # 2 x MACs x batch.
   arch = dict(width=768, depth=12, mlp_dim=3072, num_heads=12, patch_size=16)
-  model, hw = plan.train_flops(arch, batch=10, res=224, num_classes=1000, tokens=197, remat=True)
+  model, hw = plan.train_flops(
+      arch, batch=10, res=224, num_classes=1000, tokens=197, remat=True
+  )
   assert model / (3 * 2 * 10) == pytest.approx(17.58e9, rel=0.01)
-  # What flops.py counts in the step's jaxpr (tests/test_flops.py): 3x the forward less the
-  # patch embedding's input gradient (the image needs none).
+  # What flops.py counts in the step's jaxpr (tests/test_flops.py): 3x the
+  # forward less the patch embedding's input gradient (the image needs none).
   from big_vit_lite import flops
-  assert model == flops.vit_train_flops(arch, batch=10, tokens=197, patches=196, num_classes=1000)
+
+  assert model == flops.vit_train_flops(
+      arch, batch=10, tokens=197, patches=196, num_classes=1000
+  )
   fwd = flops.vit_forward_flops(arch, tokens=197, patches=196, num_classes=1000)
   assert fwd["embed"] == 2 * 196 * 16 * 16 * 3 * 768
   assert model == 10 * (3 * sum(fwd.values()) - fwd["embed"])
@@ -245,14 +358,24 @@ def test_activations_shrink_with_remat_and_tensor_parallelism():
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("args,message", [
-    (["--mesh=data:3,xyz:2"], "--mesh="),
-    (["--mesh=data:5"], "not divisible"),
-    (["--mesh=data:2", "--device=tpu_v9"], "tpu_v9"),
-    # 32 examples split over 16 microbatches, but 8 per device do not split 16 ways.
-    (["--mesh=data:4", "--config.grad_accum_steps=16"], "does not divide the per-device batch"),
-    (["--mesh=data:4", "--config.grad_accum_steps=0"], "grad_accum_steps=0"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--mesh=data:3,xyz:2"], "--mesh="),
+        (["--mesh=data:5"], "not divisible"),
+        (["--mesh=data:2", "--device=tpu_v9"], "tpu_v9"),
+        # 32 examples split over 16 microbatches, but 8 per device do not split 16
+        # ways.
+        (
+            ["--mesh=data:4", "--config.grad_accum_steps=16"],
+            "does not divide the per-device batch",
+        ),
+        (
+            ["--mesh=data:4", "--config.grad_accum_steps=0"],
+            "grad_accum_steps=0",
+        ),
+    ],
+)
 def test_plan_errors_are_one_line(tiny_config, args, message):
   proc = _run_plan(f"--config={tiny_config}", *args)
   assert proc.returncode != 0
@@ -260,15 +383,21 @@ def test_plan_errors_are_one_line(tiny_config, args, message):
 
 
 def test_image_res_is_the_size_pp_gives_the_image_key():
-  config = ml_collections.ConfigDict(dict(input=dict(
-      data=dict(name="imagenet2012"),
-      pp="decode|inception_crop(64)|copy('image', 'prof')|resize(32, key='prof')")))
+  config = ml_collections.ConfigDict(
+      dict(
+          input=dict(
+              data=dict(name="imagenet2012"),
+              pp="decode|inception_crop(64)|copy('image', 'prof')|resize(32, key='prof')",
+          )
+      )
+  )
   assert plan.image_res(config) == 64  # not the teacher's 32, the last size op
   assert plan.image_res(config, 48) == 48
   config.input.pp = "decode|resize((28, 63))"
   with pytest.raises(ValueError, match="28x63 images.*--res"):
     plan.image_res(config)
-  config.input.pp = "decode|resize_small(256)"  # no fixed size, no known dataset size
+  # no fixed size, no known dataset size
+  config.input.pp = "decode|resize_small(256)"
   with pytest.raises(ValueError, match="--res"):
     plan.image_res(config)
   config.input.data.name = "mnist10k"
@@ -277,27 +406,41 @@ def test_image_res_is_the_size_pp_gives_the_image_key():
 
 @pytest.mark.timeout(120)
 def test_plan_cli_on_the_vit_l16_config():
-  proc = _run_plan("--config=configs/vit_l16.py", "--mesh=data:64,fsdp:4", "--device=tpu_v4",
-                   "--json")
+  proc = _run_plan(
+      "--config=configs/vit_l16.py",
+      "--mesh=data:64,fsdp:4",
+      "--device=tpu_v4",
+      "--json",
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   p = json.loads(proc.stdout.strip().splitlines()[-1])
-  for key in ("params_bytes_per_device", "opt_bytes_per_device", "act_bytes_per_device",
-              "flops_per_step", "fits"):
+  for key in (
+      "params_bytes_per_device",
+      "opt_bytes_per_device",
+      "act_bytes_per_device",
+      "flops_per_step",
+      "fits",
+  ):
     assert key in p
   assert p["devices"] == 256 and p["local_batch"] == 16 and p["fits"] is True
   assert p["remat"] is False  # The config's choice: it fits without.
   assert p["fits_with_remat"] is None
   # A config mesh with -1 needs --mesh (the planner has no devices to count).
   proc = _run_plan("--config=configs/vit_l16.py")
-  assert proc.returncode != 0 and "--mesh" in proc.stderr.strip().splitlines()[-1]
+  assert (
+      proc.returncode != 0 and "--mesh" in proc.stderr.strip().splitlines()[-1]
+  )
 
 
 # Mistakes and sharding corner cases as users hit them.
 
+
 def _tiny_config(**model):
   import importlib.util  # pylint: disable=import-outside-toplevel
-  spec = importlib.util.spec_from_file_location("tiny_cfg", os.path.join(REPO, "tests",
-                                                                         "train_config_tiny.py"))
+
+  spec = importlib.util.spec_from_file_location(
+      "tiny_cfg", os.path.join(REPO, "tests", "train_config_tiny.py")
+  )
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   config = module.get_config()
@@ -309,26 +452,39 @@ def test_plan_counts_params_the_trainer_cannot_split_as_whole():
   """Width 18 on fsdp:4: the trainer keeps params whole or splits another of their dims
   (sharding.fit_spec); the plan used to divide them 4 ways anyway."""
   p = plan.plan(_tiny_config(width=18), {"fsdp": 4}, "tpu_v4", res=30)
-  # The MLP kernels and posemb split 4 ways along their other dim; the rest (76%) whole.
+  # The MLP kernels and posemb split 4 ways along their other dim; the rest
+  # (76%) whole.
   assert p["params_bytes_per_device"] == 11904 and 4 * p["num_params"] == 16224
-  # 30 px with 7 px patches: the same 4 x 4 patches as 28 px, and a note that 2 px are ignored.
+  # 30 px with 7 px patches: the same 4 x 4 patches as 28 px, and a note that 2
+  # px are ignored.
   assert p["tokens"] == 16 and p["ignored_px"] == 2
-  assert "note: 30 px is not a multiple of the patch size 7" in plan.format_report(p)
+  assert (
+      "note: 30 px is not a multiple of the patch size 7"
+      in plan.format_report(p)
+  )
   assert p["unsplit_params"] == [
       "size 18 over fsdp (4): 15 param(s) whole, e.g. Transformer/encoder_norm/bias",
       "size 18 over fsdp (4): 3 param(s) split along another dim, e.g. "
-      "Transformer/encoderblock_0/MlpBlock_0/Dense_0/kernel"]
+      "Transformer/encoderblock_0/MlpBlock_0/Dense_0/kernel",
+  ]
   assert "note: param dims not divisible" in plan.format_report(p)
-  assert "(width 18, depth 1, MLP 32, 2 heads, patch 7)" in plan.format_report(p)
+  assert "(width 18, depth 1, MLP 32, 2 heads, patch 7)" in plan.format_report(
+      p
+  )
   # Divisible: split 4 ways (all but the 10-class head bias), nothing noted.
   p = plan.plan(_tiny_config(width=16), {"fsdp": 4}, "tpu_v4")
-  assert p["params_bytes_per_device"] < 0.3 * 4 * p["num_params"] and not p["unsplit_params"]
+  assert (
+      p["params_bytes_per_device"] < 0.3 * 4 * p["num_params"]
+      and not p["unsplit_params"]
+  )
 
 
 def test_plan_shards_optimizer_state_by_path_not_shape():
   """MLP width == model width: the (16,) MLP bias (split over model) and the (16,) LayerNorm
   scales (not split) share a shape; Adam's moments follow their own param."""
-  p = plan.plan(_tiny_config(width=16, mlp_dim=16), {"data": 2, "model": 2}, "tpu_v4")
+  p = plan.plan(
+      _tiny_config(width=16, mlp_dim=16), {"data": 2, "model": 2}, "tpu_v4"
+  )
   # scale_by_adam: mu and nu like the params, plus replicated int32 step counts.
   assert 0 < p["opt_bytes_per_device"] - 2 * p["params_bytes_per_device"] <= 16
 
@@ -336,20 +492,40 @@ def test_plan_shards_optimizer_state_by_path_not_shape():
 def test_plan_activations_without_a_tensor_split_that_does_not_divide():
   arch = dict(width=1024, depth=24, mlp_dim=4096, num_heads=16, patch_size=16)
   kw = dict(local_batch=8, tokens=197, mm_bytes=2, remat=False)
-  assert plan.activation_bytes(arch, tp=3, **kw) == plan.activation_bytes(arch, tp=1, **kw)
-  assert plan.activation_bytes(arch, tp=4, **kw) < plan.activation_bytes(arch, tp=1, **kw)
+  assert plan.activation_bytes(arch, tp=3, **kw) == plan.activation_bytes(
+      arch, tp=1, **kw
+  )
+  assert plan.activation_bytes(arch, tp=4, **kw) < plan.activation_bytes(
+      arch, tp=1, **kw
+  )
 
 
 def test_plan_mesh_mistakes_are_one_line():
-  for mesh_cfg in ([("data", 2.5)], [("tensor", 2)], [("data", 0)], [("data", 2), ("data", 2)],
-                   "fsdp:-1"):
-    with pytest.raises(ValueError, match=r"mesh .*distinct data/fsdp/model axes.*--mesh="):
+  for mesh_cfg in (
+      [("data", 2.5)],
+      [("tensor", 2)],
+      [("data", 0)],
+      [("data", 2), ("data", 2)],
+      "fsdp:-1",
+  ):
+    with pytest.raises(
+        ValueError, match=r"mesh .*distinct data/fsdp/model axes.*--mesh="
+    ):
       plan.parse_mesh(mesh_cfg)
-  assert plan.parse_mesh([("data", 2), ("fsdp", 4)]) == plan.parse_mesh("data:2,fsdp:4")
+  assert plan.parse_mesh([("data", 2), ("fsdp", 4)]) == plan.parse_mesh(
+      "data:2,fsdp:4"
+  )
 
 
 def test_plan_device_names_as_people_write_them():
-  for name, key in (("H100", "h100"), ("v5e", "tpu_v5e"), ("TPU-v4", "tpu_v4"), ("a100", "a100")):
+  for name, key in (
+      ("H100", "h100"),
+      ("v5e", "tpu_v5e"),
+      ("TPU-v4", "tpu_v4"),
+      ("a100", "a100"),
+  ):
     assert plan.resolve_device(name) == key
-  with pytest.raises(ValueError, match=r"--device='tpu_v9': known devices are tpu_v2"):
+  with pytest.raises(
+      ValueError, match=r"--device='tpu_v9': known devices are tpu_v2"
+  ):
     plan.resolve_device("tpu_v9")

@@ -1,4 +1,5 @@
 """Mesh construction and logical-axis rules -> shardings (DP / FSDP / TP)."""
+
 import os
 import subprocess
 import sys
@@ -19,7 +20,9 @@ def test_mesh_sizes_and_errors():
   assert mesh.shape["data"] == n
   assert sharding.batch_axes(mesh) == ("data",)
   assert all(t == jax.sharding.AxisType.Auto for t in mesh.axis_types)
-  with pytest.raises(ValueError, match="use distinct axes of data, fsdp, model"):
+  with pytest.raises(
+      ValueError, match="use distinct axes of data, fsdp, model"
+  ):
     sharding.make_mesh([("batch", -1)])
   with pytest.raises(ValueError, match="does not fit"):
     sharding.make_mesh([("data", n + 1)])
@@ -30,8 +33,11 @@ def test_mesh_sizes_and_errors():
 def test_rules_drop_axes_the_mesh_lacks():
   mesh = sharding.make_mesh([("data", -1)])
   rules = dict(sharding.make_rules(None, mesh))
-  assert rules["embed"] is None and rules["mlp"] is None  # No fsdp/model axis: replicated.
-  with pytest.raises(ValueError, match="'embed' maps to \\('tensor',\\); use a mesh axis"):
+  # No fsdp/model axis: replicated.
+  assert rules["embed"] is None and rules["mlp"] is None
+  with pytest.raises(
+      ValueError, match="'embed' maps to \\('tensor',\\); use a mesh axis"
+  ):
     sharding.make_rules([("embed", "tensor")], mesh)
 
 
@@ -72,10 +78,19 @@ _SCRIPT = textwrap.dedent("""
 
 @pytest.mark.timeout(120)
 def test_fsdp_and_tensor_parallel_specs_on_8_devices():
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-             JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
-  r = subprocess.run([sys.executable, "-c", _SCRIPT], env=env, capture_output=True, text=True,
-                     timeout=110)
+  env = dict(
+      os.environ,
+      XLA_FLAGS="--xla_force_host_platform_device_count=8",
+      JAX_PLATFORMS="cpu",
+      PYTHONPATH=ROOT,
+  )
+  r = subprocess.run(
+      [sys.executable, "-c", _SCRIPT],
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=110,
+  )
   assert r.returncode == 0 and "OK" in r.stdout, (r.stdout + r.stderr)[-3000:]
 
 
@@ -158,31 +173,53 @@ _SAME_STEP_ON_EVERY_MESH = textwrap.dedent("""
 def test_one_step_is_the_same_on_every_mesh():
   """fsdp:3 (width not divisible: MLP split along its own dim), fsdp:4 and data:2 x model:2
   (heads not divisible: whole) give the loss and params of 1 device."""
-  # Optimization level 0: the same program for every mesh, compiled in half the CPU time.
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4 "
-             "--xla_backend_optimization_level=0",
-             JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
-  r = subprocess.run([sys.executable, "-c", _SAME_STEP_ON_EVERY_MESH], env=env, cwd=ROOT,
-                     capture_output=True, text=True, timeout=170)
+  # Optimization level 0: the same program for every mesh, compiled in half the
+  # CPU time.
+  env = dict(
+      os.environ,
+      XLA_FLAGS="--xla_force_host_platform_device_count=4 "
+      "--xla_backend_optimization_level=0",
+      JAX_PLATFORMS="cpu",
+      PYTHONPATH=ROOT,
+      TF_CPP_MIN_LOG_LEVEL="2",
+  )
+  r = subprocess.run(
+      [sys.executable, "-c", _SAME_STEP_ON_EVERY_MESH],
+      env=env,
+      cwd=ROOT,
+      capture_output=True,
+      text=True,
+      timeout=170,
+  )
   assert r.returncode == 0 and "OK" in r.stdout, (r.stdout + r.stderr)[-3000:]
   assert r.stdout.count("same") == 3
   # What could not be split as the rules say is said, not silently replicated.
   assert "size 5 over model (2): 7 param(s) whole" in r.stderr, r.stderr[-3000:]
-  assert "size 20 over fsdp (3): 2 param(s) split along another dim" in r.stderr, r.stderr[-3000:]
+  assert (
+      "size 20 over fsdp (3): 2 param(s) split along another dim" in r.stderr
+  ), r.stderr[-3000:]
 
 
-
-@pytest.mark.parametrize("mesh_cfg,message", [
-    ([("data", 0)], "use distinct axes of data, fsdp, model (an unknown or repeated one is not) "
-                    "with positive sizes, or -1 for at most one axis."),
-    ([("data", 2.5)], "use (axis, integer size) pairs"),
-    ([("data", "2")], "use (axis, integer size) pairs"),
-    (("data", -1), "(one axis needs the trailing comma)"),
-    ([("data",)], "use (axis, integer size) pairs"),
-    ([("tensor", 1)], "use distinct axes of data, fsdp, model"),
-    ([("data", 2)], "does not fit the 1 devices (sizes [2]): use -1 for one axis to take the rest "
-                    "(on CPU, config.num_cpu_devices"),
-])
+@pytest.mark.parametrize(
+    "mesh_cfg,message",
+    [
+        (
+            [("data", 0)],
+            "use distinct axes of data, fsdp, model (an unknown or repeated one is not) "
+            "with positive sizes, or -1 for at most one axis.",
+        ),
+        ([("data", 2.5)], "use (axis, integer size) pairs"),
+        ([("data", "2")], "use (axis, integer size) pairs"),
+        (("data", -1), "(one axis needs the trailing comma)"),
+        ([("data",)], "use (axis, integer size) pairs"),
+        ([("tensor", 1)], "use distinct axes of data, fsdp, model"),
+        (
+            [("data", 2)],
+            "does not fit the 1 devices (sizes [2]): use -1 for one axis to take the rest "
+            "(on CPU, config.num_cpu_devices",
+        ),
+    ],
+)
 def test_mesh_mistakes_are_one_line(mesh_cfg, message):
   with pytest.raises(ValueError) as e:
     sharding.make_mesh(mesh_cfg, devices=jax.devices("cpu")[:1])
@@ -191,8 +228,11 @@ def test_mesh_mistakes_are_one_line(mesh_cfg, message):
 
 def test_mesh_takes_numpy_sizes_and_the_cli_syntax():
   import numpy as np  # pylint: disable=import-outside-toplevel
+
   one = jax.devices("cpu")[:1]
-  assert dict(sharding.make_mesh([("data", np.int64(1))], devices=one).shape) == {"data": 1}
+  assert dict(
+      sharding.make_mesh([("data", np.int64(1))], devices=one).shape
+  ) == {"data": 1}
   assert dict(sharding.make_mesh("data:-1", devices=one).shape) == {"data": 1}
 
 
@@ -203,27 +243,48 @@ def test_custom_rules_override_the_defaults_and_keep_batch_first():
   """vit_l16.py's example override used to drop "batch": activations were then split along
   "embed" over fsdp and every data-parallel device ran the whole batch."""
   import flax.linen as nn  # pylint: disable=import-outside-toplevel
-  rules = sharding.make_rules((("embed", "fsdp"), ("mlp", "model"), ("heads", "model")),
-                              _DATA_FSDP)
+
+  rules = sharding.make_rules(
+      (("embed", "fsdp"), ("mlp", "model"), ("heads", "model")), _DATA_FSDP
+  )
   assert rules[0] == ("batch", ("data", "fsdp"))
   act = nn.logical_to_mesh_axes(("batch", "seq", "embed"), rules)
   assert tuple(act) == (("data", "fsdp"), None, None)
-  assert tuple(nn.logical_to_mesh_axes(("embed", "mlp"), rules)) == ("fsdp", None)
-  # One name changed (here: no FSDP for params), the others keep their defaults; a dict works.
+  assert tuple(nn.logical_to_mesh_axes(("embed", "mlp"), rules)) == (
+      "fsdp",
+      None,
+  )
+  # One name changed (here: no FSDP for params), the others keep their defaults;
+  # a dict works.
   rules = dict(sharding.make_rules({"embed": None}, _DATA_FSDP))
   assert rules["embed"] is None and rules["batch"] == ("data", "fsdp")
 
 
-@pytest.mark.parametrize("rules_cfg,message", [
-    ((("embed", "fsdp")), "use (logical axis, mesh axes) pairs, e.g. (('embed', 'fsdp'),) (one "
-                          "rule needs the trailing comma)"),
-    ([("act_batch", "data")], "unknown logical axis 'act_batch' (did you mean 'batch'?)"),
-    ([("embd", "fsdp")], "unknown logical axis 'embd' (did you mean 'embed'?)"),
-    ([("mlp", "tensor")], "'mlp' maps to ('tensor',); use a mesh axis (data, fsdp, model)"),
-    ([("batch", ("data", "data"))], "a tuple of distinct ones"),
-    ([("embed", 4)], "'embed' maps to 4; use a mesh axis"),
-    ("embed:fsdp", "use (logical axis, mesh axes) pairs"),
-])
+@pytest.mark.parametrize(
+    "rules_cfg,message",
+    [
+        (
+            (("embed", "fsdp")),
+            "use (logical axis, mesh axes) pairs, e.g. (('embed', 'fsdp'),) (one "
+            "rule needs the trailing comma)",
+        ),
+        (
+            [("act_batch", "data")],
+            "unknown logical axis 'act_batch' (did you mean 'batch'?)",
+        ),
+        (
+            [("embd", "fsdp")],
+            "unknown logical axis 'embd' (did you mean 'embed'?)",
+        ),
+        (
+            [("mlp", "tensor")],
+            "'mlp' maps to ('tensor',); use a mesh axis (data, fsdp, model)",
+        ),
+        ([("batch", ("data", "data"))], "a tuple of distinct ones"),
+        ([("embed", 4)], "'embed' maps to 4; use a mesh axis"),
+        ("embed:fsdp", "use (logical axis, mesh axes) pairs"),
+    ],
+)
 def test_bad_sharding_rules_are_one_line(rules_cfg, message):
   with pytest.raises(ValueError) as e:
     sharding.make_rules(rules_cfg, _DATA_FSDP)

@@ -1,4 +1,5 @@
 """summary.json and the log's summary block: a finished, a preempted + resumed and a failed run."""
+
 import json
 import os
 import shlex
@@ -20,38 +21,58 @@ def _summary(workdir):
 
 
 def test_stats_are_the_final_and_best_values_of_what_was_logged(tmp_path):
-  t = lambda step, loss, up, **kw: dict(step=step, training_loss=loss, uptime_hours=up, **kw)
-  rows = [t(1, 2.0, 0.1, **{"img/sec": 10.0, "mfu": 0.1, "mfu_xla": 0.2}),
-          t(2, 1.5, 0.2, **{"img/sec": 30.0, "mfu": 0.3, "mfu_xla": 0.4}),
-          {"step": 2, "val/prec@1": 0.5, "val/loss": 1.2},
-          t(3, 1.7, 0.05, **{"img/sec": 20.0}),  # A resumed attempt: uptime starts again.
-          {"step": 4, "val/prec@1": 0.4, "val/loss": 1.0}]
+  t = lambda step, loss, up, **kw: dict(
+      step=step, training_loss=loss, uptime_hours=up, **kw
+  )
+  rows = [
+      t(1, 2.0, 0.1, **{"img/sec": 10.0, "mfu": 0.1, "mfu_xla": 0.2}),
+      t(2, 1.5, 0.2, **{"img/sec": 30.0, "mfu": 0.3, "mfu_xla": 0.4}),
+      {"step": 2, "val/prec@1": 0.5, "val/loss": 1.2},
+      # A resumed attempt: uptime starts again.
+      t(3, 1.7, 0.05, **{"img/sec": 20.0}),
+      {"step": 4, "val/prec@1": 0.4, "val/loss": 1.0},
+  ]
   with open(tmp_path / "metrics.jsonl", "w") as f:
-    f.write("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 5, "training_lo')  # torn
+    # torn
+    f.write(
+        "".join(json.dumps(r) + "\n" for r in rows) + '{"step": 5, "training_lo'
+    )
   read = metrics.read_metrics(tmp_path)
   assert read == rows
   s = summary.stats(read)
-  assert s["step"] == 3 and s["final"]["val/prec@1"] == 0.4 and s["final"]["training_loss"] == 1.7
+  assert (
+      s["step"] == 3
+      and s["final"]["val/prec@1"] == 0.4
+      and s["final"]["training_loss"] == 1.7
+  )
   # Accuracies at their highest, losses at their lowest.
   assert s["best"]["val/prec@1"] == dict(value=0.5, step=2)
   assert s["best"]["val/loss"] == dict(value=1.0, step=4)
   assert s["best"]["training_loss"] == dict(value=1.5, step=2)
   assert s["hours"] == pytest.approx(0.2 + 0.05)  # The attempts back to back.
   assert s["img_per_sec"] == 20.0
-  assert s["mfu"] == {"mfu": pytest.approx(0.2), "mfu_xla": pytest.approx(0.3)}  # Any mfu* key.
+  # Any mfu* key.
+  assert s["mfu"] == {"mfu": pytest.approx(0.2), "mfu_xla": pytest.approx(0.3)}
   assert summary.split_keys(read)[1] == ["val/prec@1", "val/loss"]
 
 
 def test_an_evaluate_run_keeps_the_training_summary(tmp_path):
   """--workdir of evaluate = a training workdir: its results go beside the trainer's summary."""
-  (tmp_path / "summary.json").write_text(json.dumps(dict(kind="train", status="finished")))
-  kw = dict(source=tmp_path / "checkpoints" / "4", step=4, results={"val": {"prec@1": 0.5}},
-            seconds=1.0)
+  (tmp_path / "summary.json").write_text(
+      json.dumps(dict(kind="train", status="finished"))
+  )
+  kw = dict(
+      source=tmp_path / "checkpoints" / "4",
+      step=4,
+      results={"val": {"prec@1": 0.5}},
+      seconds=1.0,
+  )
   summary.write_evaluate(tmp_path, **kw)
   assert _summary(tmp_path) == dict(kind="train", status="finished")
   with open(tmp_path / summary.EVAL_FILE) as f:
     assert json.load(f)["final"] == {"val/prec@1": 0.5}
-  summary.write_evaluate(tmp_path / "eval", **kw)  # Its own workdir: summary.json, as before.
+  # Its own workdir: summary.json, as before.
+  summary.write_evaluate(tmp_path / "eval", **kw)
   assert _summary(tmp_path / "eval")["kind"] == "evaluate"
 
 
@@ -60,11 +81,21 @@ def test_an_evaluate_run_keeps_the_training_summary(tmp_path):
 def test_preempted_then_resumed_run(tfds_data_dir, tmp_path):
   workdir = str(tmp_path / "run")
   # Steps take milliseconds: enough of them that SIGTERM lands mid-run.
-  cmd = trainer_runs.train_cmd(workdir, trainer_runs.TINY + ":evals", "--config.total_steps=300",
-                               "--config.evals.val.log_steps=100")
+  cmd = trainer_runs.train_cmd(
+      workdir,
+      trainer_runs.TINY + ":evals",
+      "--config.total_steps=300",
+      "--config.evals.val.log_steps=100",
+  )
   env = trainer_runs.env_for(tfds_data_dir)
-  proc = subprocess.Popen(cmd, env=env, cwd=trainer_runs.ROOT, stdout=subprocess.DEVNULL,
-                          stderr=subprocess.PIPE, text=True)
+  proc = subprocess.Popen(
+      cmd,
+      env=env,
+      cwd=trainer_runs.ROOT,
+      stdout=subprocess.DEVNULL,
+      stderr=subprocess.PIPE,
+      text=True,
+  )
   trainer_runs.wait_for_step(proc, workdir, 20)
   proc.send_signal(signal.SIGTERM)
   _, log = proc.communicate(timeout=120)
@@ -74,43 +105,80 @@ def test_preempted_then_resumed_run(tfds_data_dir, tmp_path):
   assert s["status"] == "preempted" and 20 <= step < 300, s
   assert s["checkpoint"] == os.path.join(workdir, "checkpoints", str(step))
   assert os.path.isdir(s["checkpoint"])
-  assert [(a["start_step"], a["status"]) for a in s["attempts"]] == [(0, "preempted")]
+  assert [(a["start_step"], a["status"]) for a in s["attempts"]] == [
+      (0, "preempted")
+  ]
   # The command that resumes it is the one that ran (as a user would type it).
-  assert s["commands"]["resume"] == shlex.join(["python", "-m", "big_vit_lite.train", *cmd[3:]])
+  assert s["commands"]["resume"] == shlex.join(
+      ["python", "-m", "big_vit_lite.train", *cmd[3:]]
+  )
   assert f"==== Summary: train preempted at step {step}/300" in log
   assert f"  resume: {s['commands']['resume']}" in log
 
-  p = subprocess.run(cmd, env=env, cwd=trainer_runs.ROOT, capture_output=True, text=True,
-                     timeout=300)
+  p = subprocess.run(
+      cmd,
+      env=env,
+      cwd=trainer_runs.ROOT,
+      capture_output=True,
+      text=True,
+      timeout=300,
+  )
   assert p.returncode == 0, p.stderr[-3000:]
   s = _summary(workdir)
   assert s["status"] == "finished" and s["step"] == 300 and s["error"] is None
   assert [(a["start_step"], a["status"]) for a in s["attempts"]] == [
-      (0, "preempted"), (step, "finished")]
-  assert s["commands"]["resume"] is None and s["checkpoint"].endswith("/checkpoints/300")
+      (0, "preempted"),
+      (step, "finished"),
+  ]
+  assert s["commands"]["resume"] is None and s["checkpoint"].endswith(
+      "/checkpoints/300"
+  )
   rows = metrics.read_metrics(workdir)
   evals = [r for r in rows if "val/prec@1" in r]
   assert [r["step"] for r in evals] == [100, 200, 300]
   best = max(evals, key=lambda r: r["val/prec@1"])
-  assert s["best"]["val/prec@1"] == dict(value=best["val/prec@1"], step=best["step"])
-  assert s["final"]["training_loss"] == [r for r in rows if "training_loss" in r][-1][
-      "training_loss"]
-  assert s["device"] == dict(platform="cpu", device_kind="cpu", devices=1, processes=1)
+  assert s["best"]["val/prec@1"] == dict(
+      value=best["val/prec@1"], step=best["step"]
+  )
+  assert (
+      s["final"]["training_loss"]
+      == [r for r in rows if "training_loss" in r][-1]["training_loss"]
+  )
+  assert s["device"] == dict(
+      platform="cpu", device_kind="cpu", devices=1, processes=1
+  )
   assert s["img_per_sec"] > 0 and s["hours"] > 0 and s["core_hours"] > 0
   assert "==== Summary: train finished at step 300/300" in p.stderr
   assert "2 attempts" in p.stderr and "val/prec@1" in p.stderr
 
   # The evaluate command it gives runs (here with one seed and shot, for time).
   out = os.path.join(workdir, "eval")
-  assert s["commands"]["evaluate"].endswith(f"--workdir={out} --config.model_init={workdir}")
+  assert s["commands"]["evaluate"].endswith(
+      f"--workdir={out} --config.model_init={workdir}"
+  )
   args = shlex.split(s["commands"]["evaluate"])[1:]
-  p = subprocess.run([sys.executable, *args,
-                      "--config.evals.fewshot.num_seeds=1", "--config.evals.fewshot.shots=(1,)"],
-                     env=env, cwd=trainer_runs.ROOT, capture_output=True, text=True, timeout=300)
+  p = subprocess.run(
+      [
+          sys.executable,
+          *args,
+          "--config.evals.fewshot.num_seeds=1",
+          "--config.evals.fewshot.shots=(1,)",
+      ],
+      env=env,
+      cwd=trainer_runs.ROOT,
+      capture_output=True,
+      text=True,
+      timeout=300,
+  )
   assert p.returncode == 0, p.stderr[-3000:]
   e = _summary(out)
-  assert e["kind"] == "evaluate" and e["status"] == "finished" and e["step"] == 300
-  assert set(e["final"]) == {"fewshot/mnist10k_1shot", "fewshot/animal_mnist_1shot"}
+  assert (
+      e["kind"] == "evaluate" and e["status"] == "finished" and e["step"] == 300
+  )
+  assert set(e["final"]) == {
+      "fewshot/mnist10k_1shot",
+      "fewshot/animal_mnist_1shot",
+  }
   assert "==== Summary: evaluate finished (checkpoint step 300)" in p.stderr
 
 
@@ -118,11 +186,16 @@ def test_preempted_then_resumed_run(tfds_data_dir, tmp_path):
 @pytest.mark.timeout(300)
 def test_failed_run_says_why(tfds_data_dir, tmp_path):
   workdir = str(tmp_path / "run")
-  p = trainer_runs.run_train(tfds_data_dir, workdir, "--config.lr=1e300")  # NaN at step 2.
+  # NaN at step 2.
+  p = trainer_runs.run_train(tfds_data_dir, workdir, "--config.lr=1e300")
   assert p.returncode == 1
   s = _summary(workdir)
-  assert s["status"] == "failed" and s["error"].startswith("Non-finite training loss (nan) at step")
-  assert s["checkpoint"] is None and s["commands"]["evaluate"] is None  # Nothing to evaluate.
+  assert s["status"] == "failed" and s["error"].startswith(
+      "Non-finite training loss (nan) at step"
+  )
+  # Nothing to evaluate.
+  assert s["checkpoint"] is None and s["commands"]["evaluate"] is None
   assert s["commands"]["resume"] is not None
   assert "==== Summary: train failed at step 1/12" in p.stderr
-  assert p.stderr.count(s["error"]) == 1  # The error once: the last line, not in the block too.
+  # The error once: the last line, not in the block too.
+  assert p.stderr.count(s["error"]) == 1

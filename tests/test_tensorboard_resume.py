@@ -7,6 +7,7 @@ the way a user sees it: with the EventAccumulator TensorBoard serves from
 (plugin_event_accumulator; the older event_accumulator module never purges
 tensor summaries, which is what TF2 / clu scalars are).
 """
+
 import collections
 import math
 import re
@@ -24,11 +25,18 @@ from trainer_runs import read_losses, run_train, start_train, wait_for_step
 def _tensorboard_scalars(workdir, purge=True):
   """{tag: [(step, value), ...]} as TensorBoard shows them (purge=True is its default)."""
   acc = event_accumulator.EventAccumulator(
-      str(workdir), size_guidance={event_accumulator.TENSORS: 0},
-      purge_orphaned_data=purge)
+      str(workdir),
+      size_guidance={event_accumulator.TENSORS: 0},
+      purge_orphaned_data=purge,
+  )
   acc.Reload()
-  return {tag: [(e.step, float(tensor_util.make_ndarray(e.tensor_proto))) for e in acc.Tensors(tag)]
-          for tag in acc.Tags()["tensors"]}
+  return {
+      tag: [
+          (e.step, float(tensor_util.make_ndarray(e.tensor_proto)))
+          for e in acc.Tensors(tag)
+      ]
+      for tag in acc.Tags()["tensors"]
+  }
 
 
 def test_resumed_writer_replaces_orphaned_steps_in_tensorboard(tmp_path):
@@ -44,31 +52,50 @@ def test_resumed_writer_replaces_orphaned_steps_in_tensorboard(tmp_path):
     writer.write(step, {"loss": 10.0 + step})
   writer.close()
 
-  assert [r["loss"] for r in metrics.read_metrics(tmp_path)] == [1, 2, 3, 14, 15, 16]
+  assert [r["loss"] for r in metrics.read_metrics(tmp_path)] == [
+      1,
+      2,
+      3,
+      14,
+      15,
+      16,
+  ]
   assert _tensorboard_scalars(tmp_path)["loss"] == [
-      (1, 1.0), (2, 2.0), (3, 3.0), (4, 14.0), (5, 15.0), (6, 16.0)]
-  # Without TensorBoard's purge the orphans are there: the marker is what removes them.
+      (1, 1.0),
+      (2, 2.0),
+      (3, 3.0),
+      (4, 14.0),
+      (5, 15.0),
+      (6, 16.0),
+  ]
+  # Without TensorBoard's purge the orphans are there: the marker is what
+  # removes them.
   assert len(_tensorboard_scalars(tmp_path, purge=False)["loss"]) == 9
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_sigkill_and_resume_shows_each_step_once_in_tensorboard(tfds_data_dir, tmp_path):
+def test_sigkill_and_resume_shows_each_step_once_in_tensorboard(
+    tfds_data_dir, tmp_path
+):
   workdir = str(tmp_path / "run")
   args = ("--config.total_steps=300", "--config.ckpt_steps=40")
   proc = start_train(tfds_data_dir, workdir, *args)
-  wait_for_step(proc, workdir, 100)  # Steps 81..100+ are past the last checkpoint.
+  # Steps 81..100+ are past the last checkpoint.
+  wait_for_step(proc, workdir, 100)
   proc.send_signal(signal.SIGKILL)
   proc.wait(timeout=30)
   r = run_train(tfds_data_dir, workdir, *args)
   assert r.returncode == 0, r.stderr[-3000:]
-  # Usually 80; 40 when a busy machine had not committed the async save of 80 at the kill.
+  # Usually 80; 40 when a busy machine had not committed the async save of 80 at
+  # the kill.
   resumed = int(re.search(r"Resuming from \S+/(\d+)", r.stderr).group(1))
   assert resumed in (40, 80), resumed
 
   rows = metrics.read_metrics(workdir)
   assert sorted(read_losses(workdir)) == list(range(1, 301))
-  # What the resumed run logged, per tag and step (metrics.jsonl is already trimmed).
+  # What the resumed run logged, per tag and step (metrics.jsonl is already
+  # trimmed).
   expected = collections.defaultdict(dict)
   for row in rows:
     for k, v in row.items():
@@ -76,7 +103,13 @@ def test_sigkill_and_resume_shows_each_step_once_in_tensorboard(tfds_data_dir, t
         expected[k][row["step"]] = v
 
   raw = _tensorboard_scalars(workdir, purge=False)
-  orphans = [s for s, n in collections.Counter(s for s, _ in raw["training_loss"]).items() if n > 1]
+  orphans = [
+      s
+      for s, n in collections.Counter(
+          s for s, _ in raw["training_loss"]
+      ).items()
+      if n > 1
+  ]
   # The killed run's steps past the checkpoint are in its file too.
   assert orphans and min(orphans) == resumed + 1, (resumed, orphans)
 
@@ -84,9 +117,14 @@ def test_sigkill_and_resume_shows_each_step_once_in_tensorboard(tfds_data_dir, t
   assert set(shown) == set(expected)
   for tag, points in shown.items():
     steps = [s for s, _ in points]
-    assert len(steps) == len(set(steps)), (tag, [s for s in steps if steps.count(s) > 1][:5])
+    assert len(steps) == len(set(steps)), (
+        tag,
+        [s for s in steps if steps.count(s) > 1][:5],
+    )
     assert sorted(steps) == sorted(expected[tag]), tag
     for step, value in points:  # float32 in TensorBoard.
-      assert math.isclose(value, np.float32(expected[tag][step]), rel_tol=1e-6), (tag, step)
+      assert math.isclose(
+          value, np.float32(expected[tag][step]), rel_tol=1e-6
+      ), (tag, step)
   # Timing differs between the runs, so the values come from the resumed one.
   assert any(s > 100 for s, _ in shown["step_time"])

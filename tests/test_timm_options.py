@@ -3,6 +3,7 @@
 Parity with real timm (benchmarks/timm_parity.py's opt_* cases) runs wherever torch+timm are
 installed (scripts/setup.sh installs them) and fails in CI when they are not (timm_reference).
 """
+
 import importlib.util
 import os
 import subprocess
@@ -21,19 +22,44 @@ from big_vit_lite.models import vit
 import checks
 import timm_reference
 
-ALL_SERIAL = dict(reg_tokens=2, qk_norm=True, layerscale_init=0.5, mlp="swiglu", norm="rmsnorm",
-                  use_bias=False)
-ALL_PARALLEL = dict(reg_tokens=1, qk_norm=True, layerscale_init=0.5, norm="rmsnorm",
-                    parallel_block=True, use_bias=False, pool_type="map")
-CASES = [dict(reg_tokens=2), dict(qk_norm=True), dict(layerscale_init=0.5), dict(mlp="swiglu"),
-         dict(norm="rmsnorm"), dict(parallel_block=True), dict(use_bias=False), ALL_SERIAL,
-         ALL_PARALLEL]
+ALL_SERIAL = dict(
+    reg_tokens=2,
+    qk_norm=True,
+    layerscale_init=0.5,
+    mlp="swiglu",
+    norm="rmsnorm",
+    use_bias=False,
+)
+ALL_PARALLEL = dict(
+    reg_tokens=1,
+    qk_norm=True,
+    layerscale_init=0.5,
+    norm="rmsnorm",
+    parallel_block=True,
+    use_bias=False,
+    pool_type="map",
+)
+CASES = [
+    dict(reg_tokens=2),
+    dict(qk_norm=True),
+    dict(layerscale_init=0.5),
+    dict(mlp="swiglu"),
+    dict(norm="rmsnorm"),
+    dict(parallel_block=True),
+    dict(use_bias=False),
+    ALL_SERIAL,
+    ALL_PARALLEL,
+]
 IDS = [",".join(c) for c in CASES]
-IMAGES = np.asarray(jax.random.uniform(jax.random.key(7), (2, 16, 16, 3), minval=-1, maxval=1))
+IMAGES = np.asarray(
+    jax.random.uniform(jax.random.key(7), (2, 16, 16, 3), minval=-1, maxval=1)
+)
 
 
 def _timm_parity():
-  sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+  sys.path.insert(
+      0, os.path.join(os.path.dirname(__file__), "..", "benchmarks")
+  )
   try:
     import timm_parity  # pylint: disable=g-import-not-at-top,import-outside-toplevel
   finally:
@@ -46,38 +72,62 @@ def test_timm_state_dict_round_trips_every_option(opts):
   params = checks.vit_params(**opts)
   sd, kwargs = timm.to_timm(params)
   flat = layout.to_numpy_flat(params)
-  checks.assert_same_params(timm.from_timm(sd, num_heads=2, grid_tokens=16), flat)
-  # Each option is said to timm, and only then; and it is no registered plain ViT.
-  said = {"reg_tokens": kwargs.get("reg_tokens"), "qk_norm": kwargs.get("qk_norm"),
-          "layerscale_init": kwargs.get("init_values"), "mlp": kwargs.get("mlp_layer"),
-          "norm": kwargs.get("norm_layer"), "parallel_block": kwargs.get("block_fn"),
-          "use_bias": kwargs.get("qkv_bias")}
-  assert {k for k, v in said.items() if v is not None} == set(opts) - {"pool_type"}
+  checks.assert_same_params(
+      timm.from_timm(sd, num_heads=2, grid_tokens=16), flat
+  )
+  # Each option is said to timm, and only then; and it is no registered plain
+  # ViT.
+  said = {
+      "reg_tokens": kwargs.get("reg_tokens"),
+      "qk_norm": kwargs.get("qk_norm"),
+      "layerscale_init": kwargs.get("init_values"),
+      "mlp": kwargs.get("mlp_layer"),
+      "norm": kwargs.get("norm_layer"),
+      "parallel_block": kwargs.get("block_fn"),
+      "use_bias": kwargs.get("qkv_bias"),
+  }
+  assert {k for k, v in said.items() if v is not None} == set(opts) - {
+      "pool_type"
+  }
   assert timm.timm_model_name(kwargs) is None
-  # And the model options evaluate infers from the params are the ones it was built with.
+  # And the model options evaluate infers from the params are the ones it was
+  # built with.
   inferred = evaluate.infer_model_cfg(flat)
   assert {k: inferred.get(k) for k in opts if k != "layerscale_init"} == {
-      k: v for k, v in opts.items() if k != "layerscale_init"}
+      k: v for k, v in opts.items() if k != "layerscale_init"
+  }
 
 
 def test_timm_names_of_the_options():
   sd, kwargs = timm.to_timm(checks.vit_params(**ALL_SERIAL))
-  for name in ("reg_token", "blocks.1.attn.q_norm.weight", "blocks.1.attn.k_norm.weight",
-               "blocks.1.ls1.gamma", "blocks.1.ls2.gamma", "blocks.1.mlp.fc1_g.weight",
-               "blocks.1.mlp.fc1_x.weight"):
+  for name in (
+      "reg_token",
+      "blocks.1.attn.q_norm.weight",
+      "blocks.1.attn.k_norm.weight",
+      "blocks.1.ls1.gamma",
+      "blocks.1.ls2.gamma",
+      "blocks.1.mlp.fc1_g.weight",
+      "blocks.1.mlp.fc1_x.weight",
+  ):
     assert name in sd, name
   assert not any(k.endswith("bias") for k in sd if k.startswith("blocks."))
   assert "norm.bias" not in sd
-  assert (kwargs["mlp_layer"], kwargs["act_layer"], kwargs["norm_layer"]) == ("SwiGLU", "silu",
-                                                                                "rmsnorm")
-  # pos_embed: cls row, a zero row per register, the grid (timm adds it to the registers too).
+  assert (kwargs["mlp_layer"], kwargs["act_layer"], kwargs["norm_layer"]) == (
+      "SwiGLU",
+      "silu",
+      "rmsnorm",
+  )
+  # pos_embed: cls row, a zero row per register, the grid (timm adds it to the
+  # registers too).
   assert sd["pos_embed"].shape == (1, 1 + 2 + 16, 32)
   np.testing.assert_array_equal(sd["pos_embed"][0, 1:3], 0)
   sd, kwargs = timm.to_timm(checks.vit_params(**ALL_PARALLEL))
   mlp_dim, d = 64, 32
   assert sd["blocks.0.in_proj.weight"].shape == (mlp_dim + 3 * d, d)
   np.testing.assert_array_equal(sd["blocks.0.mlp_bias"], np.zeros(mlp_dim))
-  assert "blocks.0.ls.gamma" in sd and kwargs["block_fn"] == "ParallelScalingBlock"
+  assert (
+      "blocks.0.ls.gamma" in sd and kwargs["block_fn"] == "ParallelScalingBlock"
+  )
   usage = timm.timm_usage(kwargs, "m.safetensors")
   assert "block_fn=timm.models.vision_transformer.ParallelScalingBlock" in usage
 
@@ -92,31 +142,48 @@ def test_timm_register_posemb_rows_fold_into_the_registers():
   sd["pos_embed"] = sd["pos_embed"].copy()
   sd["pos_embed"][:, 1:3] += shift
   back = timm.from_timm(sd, num_heads=2, grid_tokens=16)
-  np.testing.assert_allclose(back["reg"], layout.to_numpy_flat(params)["reg"], atol=1e-6)
-  # timm's reg models (no_embed_class=True): the grid rows only; the cls row is zero.
+  np.testing.assert_allclose(
+      back["reg"], layout.to_numpy_flat(params)["reg"], atol=1e-6
+  )
+  # timm's reg models (no_embed_class=True): the grid rows only; the cls row is
+  # zero.
   sd = dict(sd, pos_embed=sd["pos_embed"][:, 3:])
-  assert timm.from_timm(sd, num_heads=2, grid_tokens=16)[checks.POSEMB].shape == (1, 17, 32)
+  assert timm.from_timm(sd, num_heads=2, grid_tokens=16)[
+      checks.POSEMB
+  ].shape == (1, 17, 32)
 
 
 def test_timm_refusals_of_the_options():
-  checks.one_line_error(lambda: timm.to_timm(checks.vit_params(parallel_block=True, mlp="swiglu")),
-                        "ParallelScalingBlock", "mlp='gelu'")
+  checks.one_line_error(
+      lambda: timm.to_timm(
+          checks.vit_params(parallel_block=True, mlp="swiglu")
+      ),
+      "ParallelScalingBlock",
+      "mlp='gelu'",
+  )
   sd, _ = timm.to_timm(checks.vit_params(parallel_block=True, use_bias=False))
   sd["blocks.1.mlp_bias"] = sd["blocks.1.mlp_bias"] + 1
-  checks.one_line_error(lambda: timm.from_timm(sd, 2, 16), "blocks.1.mlp_bias", "use_bias=False")
+  checks.one_line_error(
+      lambda: timm.from_timm(sd, 2, 16), "blocks.1.mlp_bias", "use_bias=False"
+  )
 
 
 def test_export_timm_file_evaluates_as_the_same_model(tmp_path):
   params = checks.vit_params(**ALL_SERIAL)
   want = checks.tiny_vit(**ALL_SERIAL).apply({"params": params}, IMAGES)[0]
   vit.save_npz(params, tmp_path / "m.npz")
-  summary = export.export(str(tmp_path / "m.npz"), str(tmp_path / "m.safetensors"))
+  summary = export.export(
+      str(tmp_path / "m.npz"), str(tmp_path / "m.safetensors")
+  )
   assert "mlp_layer=timm.layers.SwiGLU" in summary["timm_usage"]
   flat, _, _ = evaluate.read_source(str(tmp_path / "m.safetensors"))
   cfg = evaluate.infer_model_cfg(flat)
   model = vit.Model(num_classes=10, **cfg)
-  loaded = vit.load(jax.eval_shape(model.init, jax.random.key(0), IMAGES)["params"],
-                    tmp_path / "m.safetensors", cfg)
+  loaded = vit.load(
+      jax.eval_shape(model.init, jax.random.key(0), IMAGES)["params"],
+      tmp_path / "m.safetensors",
+      cfg,
+  )
   got = model.apply({"params": loaded}, IMAGES)[0]
   np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
 
@@ -125,16 +192,29 @@ def test_export_timm_file_evaluates_as_the_same_model(tmp_path):
 @pytest.mark.timeout(400)
 def test_option_parity_with_real_timm():
   """Each option's export gives real timm's logits within 1e-5 (skipped without timm, not in CI)."""
-  needs_standin = importlib.util.find_spec("torchvision") is None  # (Before require() adds it.)
+  # (Before require() adds it.)
+  needs_standin = importlib.util.find_spec("torchvision") is None
   timm_reference.require()  # Skips where torch/timm are missing, except in CI.
   timm_parity = _timm_parity()
-  script = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "timm_parity.py")
+  script = os.path.join(
+      os.path.dirname(__file__), "..", "benchmarks", "timm_parity.py"
+  )
   env = dict(os.environ)
   if needs_standin:  # timm imports torchvision; the stand-in will do.
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [timm_reference.STANDIN,
-                                                      env.get("PYTHONPATH")]))
-  run = subprocess.run([sys.executable, script, "--tol=1e-5",
-                        f"--cases={','.join(timm_parity.OPTION_CASES)}"],
-                       capture_output=True, text=True, timeout=380, env=env)
+    env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [timm_reference.STANDIN, env.get("PYTHONPATH")])
+    )
+  run = subprocess.run(
+      [
+          sys.executable,
+          script,
+          "--tol=1e-5",
+          f"--cases={','.join(timm_parity.OPTION_CASES)}",
+      ],
+      capture_output=True,
+      text=True,
+      timeout=380,
+      env=env,
+  )
   assert run.returncode == 0, run.stdout + run.stderr
   assert run.stdout.count('"max_abs_diff"') == len(timm_parity.OPTION_CASES)

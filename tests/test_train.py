@@ -4,6 +4,7 @@ Real subprocesses of `python -m big_vit_lite.train` on a tiny ViT
 (tests/train_config_tiny.py) over the offline Fashion-MNIST; in process (`train.train`): a
 resume with grad_clip_norm switched off then on, and config errors found before the compile.
 """
+
 import logging
 import os
 import signal
@@ -18,8 +19,15 @@ from big_vit_lite import checkpoint
 from big_vit_lite import config_loading
 from big_vit_lite import metrics
 from big_vit_lite import train
-from trainer_runs import (TINY, assert_same_params, last_logged_step, read_losses,
-                          run_train, start_train, wait_for_step)
+from trainer_runs import (
+    TINY,
+    assert_same_params,
+    last_logged_step,
+    read_losses,
+    run_train,
+    start_train,
+    wait_for_step,
+)
 
 import checks
 import train_config_tiny
@@ -31,7 +39,12 @@ STEPS = 300  # Long enough (a few seconds of steps) to interrupt mid-run.
 def reference_run(tfds_data_dir, tmp_path_factory):
   """An uninterrupted run of STEPS steps."""
   workdir = str(tmp_path_factory.mktemp("reference"))
-  r = run_train(tfds_data_dir, workdir, f"--config.total_steps={STEPS}", "--config.ckpt_steps=40")
+  r = run_train(
+      tfds_data_dir,
+      workdir,
+      f"--config.total_steps={STEPS}",
+      "--config.ckpt_steps=40",
+  )
   assert r.returncode == 0, r.stderr[-3000:]
   losses = read_losses(workdir)
   assert sorted(losses) == list(range(1, STEPS + 1))
@@ -40,7 +53,9 @@ def reference_run(tfds_data_dir, tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_sigkill_anywhere_then_restart_is_bit_identical(reference_run, tfds_data_dir, tmp_path):
+def test_sigkill_anywhere_then_restart_is_bit_identical(
+    reference_run, tfds_data_dir, tmp_path
+):
   ref_dir, ref_losses = reference_run
   workdir = str(tmp_path / "killed")
   args = (f"--config.total_steps={STEPS}", "--config.ckpt_steps=40")
@@ -63,10 +78,13 @@ def test_sigkill_anywhere_then_restart_is_bit_identical(reference_run, tfds_data
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_sigterm_saves_and_exits_zero_then_resumes(reference_run, tfds_data_dir, tmp_path):
+def test_sigterm_saves_and_exits_zero_then_resumes(
+    reference_run, tfds_data_dir, tmp_path
+):
   ref_dir, ref_losses = reference_run
   workdir = str(tmp_path / "preempted")
-  args = (f"--config.total_steps={STEPS}", "--config.ckpt_steps=1000")  # No periodic saves.
+  # No periodic saves.
+  args = (f"--config.total_steps={STEPS}", "--config.ckpt_steps=1000")
   proc = start_train(tfds_data_dir, workdir, *args)
   wait_for_step(proc, workdir, 60)
   proc.send_signal(signal.SIGTERM)
@@ -83,18 +101,27 @@ def test_sigterm_saves_and_exits_zero_then_resumes(reference_run, tfds_data_dir,
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_nonfinite_loss_stops_with_message_and_keeps_good_checkpoint(tfds_data_dir, tmp_path):
+def test_nonfinite_loss_stops_with_message_and_keeps_good_checkpoint(
+    tfds_data_dir, tmp_path
+):
   workdir = str(tmp_path / "nan")
   # An absurd learning rate blows the params up after the first update.
-  r = run_train(tfds_data_dir, workdir, "--config.lr=3e38", "--config.grad_clip_norm=0",
-           "--config.ckpt_steps=1", "--config.total_steps=30")
+  r = run_train(
+      tfds_data_dir,
+      workdir,
+      "--config.lr=3e38",
+      "--config.grad_clip_norm=0",
+      "--config.ckpt_steps=1",
+      "--config.total_steps=30",
+  )
   assert r.returncode == 1
   last = r.stderr.strip().splitlines()[-1]
   assert "Non-finite training loss" in last and "at step" in last, last
   bad_step = int(last.split("at step ")[1].split(";")[0])
   steps = checkpoint.complete_steps(workdir)
   assert steps and max(steps) < bad_step
-  params, config = checkpoint.load_params(workdir)  # The last good checkpoint is readable.
+  # The last good checkpoint is readable.
+  params, config = checkpoint.load_params(workdir)
   assert config.total_steps == 30 and "head" in params
 
 
@@ -109,7 +136,8 @@ def test_unread_config_key_is_a_one_line_error(tfds_data_dir, tmp_path):
       "def get_config(arg=None):\n"
       "  c = tiny.get_config(arg)\n"
       "  c.schedule.warmup_step = 5  # typo of warmup_steps\n"
-      "  return c\n")
+      "  return c\n"
+  )
   r = run_train(tfds_data_dir, str(tmp_path / "w"), config=str(cfg_file))
   assert r.returncode == 1
   last = r.stderr.strip().splitlines()[-1]
@@ -120,19 +148,32 @@ def test_unread_config_key_is_a_one_line_error(tfds_data_dir, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_model_init_from_another_run_with_dont_load(reference_run, tfds_data_dir, tmp_path):
+def test_model_init_from_another_run_with_dont_load(
+    reference_run, tfds_data_dir, tmp_path
+):
   ref_dir, _ = reference_run
   workdir = str(tmp_path / "init")
   # lr=0 and wd=0: the final params are exactly the initial ones.
-  r = run_train(tfds_data_dir, workdir, "--config.lr=0", "--config.wd=0", "--config.total_steps=2",
-                config=f"{TINY}:init={ref_dir}")
+  r = run_train(
+      tfds_data_dir,
+      workdir,
+      "--config.lr=0",
+      "--config.wd=0",
+      "--config.total_steps=2",
+      config=f"{TINY}:init={ref_dir}",
+  )
   assert r.returncode == 0, r.stderr[-3000:]
   src, _ = checkpoint.load_params(ref_dir)
   got, _ = checkpoint.load_params(workdir)
-  np.testing.assert_array_equal(got["embedding"]["kernel"], src["embedding"]["kernel"])
-  np.testing.assert_array_equal(got["Transformer"]["encoder_norm"]["scale"],
-                                src["Transformer"]["encoder_norm"]["scale"])
-  # dont_load=["head/.*"]: the head keeps its (zero) init instead of the trained values.
+  np.testing.assert_array_equal(
+      got["embedding"]["kernel"], src["embedding"]["kernel"]
+  )
+  np.testing.assert_array_equal(
+      got["Transformer"]["encoder_norm"]["scale"],
+      src["Transformer"]["encoder_norm"]["scale"],
+  )
+  # dont_load=["head/.*"]: the head keeps its (zero) init instead of the trained
+  # values.
   assert not np.array_equal(got["head"]["kernel"], src["head"]["kernel"])
   np.testing.assert_array_equal(got["head"]["kernel"], 0.0)
 
@@ -143,7 +184,8 @@ _tiny_params = checks.tiny_train_params
 def _config(data_dir, arg=None, **overrides):
   config = train_config_tiny.get_config(arg)
   config.input.data.data_dir = data_dir
-  config.device_aug, config.model.dropout = None, 0.0  # (A smaller step compiles faster.)
+  # (A smaller step compiles faster.)
+  config.device_aug, config.model.dropout = None, 0.0
   return checks.set_dotted(config, overrides)
 
 
@@ -151,46 +193,87 @@ def _saved_opt_state(workdir, step):
   with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # orbax: "Sharding info not provided".
     return ocp.PyTreeCheckpointer().restore(
-        os.path.join(workdir, "checkpoints", str(step), "state"))["opt_state"]
+        os.path.join(workdir, "checkpoints", str(step), "state")
+    )["opt_state"]
 
 
 @pytest.mark.timeout(300)
-def test_grad_clip_norm_switched_off_and_on_between_resumes(tfds_data_dir, tmp_path, caplog,
-                                                            monkeypatch):
+def test_grad_clip_norm_switched_off_and_on_between_resumes(
+    tfds_data_dir, tmp_path, caplog, monkeypatch
+):
   caplog.set_level(logging.INFO, logger="absl")
-  monkeypatch.setenv("TFDS_DATA_DIR", tfds_data_dir)  # The eval data has no data_dir of its own.
+  # The eval data has no data_dir of its own.
+  monkeypatch.setenv("TFDS_DATA_DIR", tfds_data_dir)
   workdir = str(tmp_path / "run")
-  # Clipped at 1.0, no evals: the files a run killed during its eval at step 2 leaves.
+  # Clipped at 1.0, no evals: the files a run killed during its eval at step 2
+  # leaves.
   train.train(_config(tfds_data_dir, total_steps=2, ckpt_steps=0), workdir)
-  # Off, with a model_init that would fail if it were read: a resume does not read it.
+  # Off, with a model_init that would fail if it were read: a resume does not
+  # read it.
   caplog.clear()
   missing = str(tmp_path / "no_such_run")
-  train.train(_config(tfds_data_dir, "evals", total_steps=4, ckpt_steps=0, grad_clip_norm=0.0,
-                      model_init=missing, **{"evals.val.log_steps": 2}), workdir)
-  resumed = [r.getMessage() for r in caplog.records if "Resuming from" in r.getMessage()]
-  assert resumed == [f"Resuming from {workdir}/checkpoints/2; config.model_init={missing} is not "
-                     "read again (it only initialises a fresh run)"], resumed
-  assert any("saved with gradient clipping; this run does not clip" in r.getMessage()
-             for r in caplog.records)
-  # The eval due at the resumed step, which the stopped run did not log, ran first.
-  assert [r["step"] for r in metrics.read_metrics(workdir) if "val/prec@1" in r] == [2, 4]
+  train.train(
+      _config(
+          tfds_data_dir,
+          "evals",
+          total_steps=4,
+          ckpt_steps=0,
+          grad_clip_norm=0.0,
+          model_init=missing,
+          **{"evals.val.log_steps": 2},
+      ),
+      workdir,
+  )
+  resumed = [
+      r.getMessage()
+      for r in caplog.records
+      if "Resuming from" in r.getMessage()
+  ]
+  assert resumed == [
+      f"Resuming from {workdir}/checkpoints/2; config.model_init={missing} is not "
+      "read again (it only initialises a fresh run)"
+  ], resumed
+  assert any(
+      "saved with gradient clipping; this run does not clip" in r.getMessage()
+      for r in caplog.records
+  )
+  # The eval due at the resumed step, which the stopped run did not log, ran
+  # first.
+  assert [
+      r["step"] for r in metrics.read_metrics(workdir) if "val/prec@1" in r
+  ] == [2, 4]
   # core_hours counts the first attempt's too (it started from 0 again).
-  rows = {r["step"]: r for r in metrics.read_metrics(workdir) if "core_hours" in r}
+  rows = {
+      r["step"]: r for r in metrics.read_metrics(workdir) if "core_hours" in r
+  }
   assert rows[3]["core_hours"] - rows[2]["core_hours"] == pytest.approx(
-      rows[3]["step_time"] * os.cpu_count() / 3600, rel=1e-6)
+      rows[3]["step_time"] * os.cpu_count() / 3600, rel=1e-6
+  )
   opt_state = _saved_opt_state(workdir, 4)
-  assert len(opt_state) == 2  # (adam, schedule): written without the clip's place.
-  assert int(opt_state[0]["inner_state"]["count"]) == 4  # Adam's moments carried over.
-  # On again: restores (a finished run's rerun, so no compile) and ends at step 4.
+  # (adam, schedule): written without the clip's place.
+  assert len(opt_state) == 2
+  # Adam's moments carried over.
+  assert int(opt_state[0]["inner_state"]["count"]) == 4
+  # On again: restores (a finished run's rerun, so no compile) and ends at step
+  # 4.
   caplog.clear()
-  params = train.train(_config(tfds_data_dir, "evals", total_steps=4, ckpt_steps=0), workdir)
-  assert any("saved without gradient clipping; this run clips" in r.getMessage()
-             for r in caplog.records)
+  params = train.train(
+      _config(tfds_data_dir, "evals", total_steps=4, ckpt_steps=0), workdir
+  )
+  assert any(
+      "saved without gradient clipping; this run clips" in r.getMessage()
+      for r in caplog.records
+  )
   assert jax.tree.structure(params) == jax.tree.structure(_tiny_params())
-  # After the resumes, metrics.jsonl has each step once, in order (the evals at 4 ran once).
-  steps = [r["step"] for r in metrics.read_metrics(workdir) if "training_loss" in r]
+  # After the resumes, metrics.jsonl has each step once, in order (the evals at
+  # 4 ran once).
+  steps = [
+      r["step"] for r in metrics.read_metrics(workdir) if "training_loss" in r
+  ]
   assert steps == [1, 2, 3, 4]
-  assert [r["step"] for r in metrics.read_metrics(workdir) if "val/prec@1" in r] == [2, 4]
+  assert [
+      r["step"] for r in metrics.read_metrics(workdir) if "val/prec@1" in r
+  ] == [2, 4]
 
 
 def _stop_after_validation(monkeypatch):
@@ -200,17 +283,32 @@ def _stop_after_validation(monkeypatch):
   def check_then_stop(self):
     check(self)
     raise RuntimeError("validated")
-  monkeypatch.setattr(config_loading.TrackedConfig, "check_all_read", check_then_stop)
+
+  monkeypatch.setattr(
+      config_loading.TrackedConfig, "check_all_read", check_then_stop
+  )
 
 
-@pytest.mark.parametrize("overrides,match", [
-    (dict(total_steps=None, total_epochs=0.0),
-     r"^config.total_steps must be a positive number of steps, got 0.$"),
-    (dict(total_steps=None, total_epochs=1.0, **{"schedule.warmup_steps": -10}),
-     r"^The schedule's warmup is -10 steps: it must be >= 0"),
-])
-def test_durations_are_checked_in_the_unit_given(tfds_data_dir, tmp_path, monkeypatch,
-                                                 overrides, match):
+@pytest.mark.parametrize(
+    "overrides,match",
+    [
+        (
+            dict(total_steps=None, total_epochs=0.0),
+            r"^config.total_steps must be a positive number of steps, got 0.$",
+        ),
+        (
+            dict(
+                total_steps=None,
+                total_epochs=1.0,
+                **{"schedule.warmup_steps": -10},
+            ),
+            r"^The schedule's warmup is -10 steps: it must be >= 0",
+        ),
+    ],
+)
+def test_durations_are_checked_in_the_unit_given(
+    tfds_data_dir, tmp_path, monkeypatch, overrides, match
+):
   _stop_after_validation(monkeypatch)
   with pytest.raises(ValueError, match=match):
     train.train(_config(tfds_data_dir, **overrides), str(tmp_path / "w"))

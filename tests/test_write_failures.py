@@ -3,6 +3,7 @@
 The unwritable paths fail for root too (tests may run as root): a path under a regular
 file, or a directory where the output file should be.
 """
+
 import json
 import subprocess
 import sys
@@ -16,9 +17,14 @@ from trainer_runs import ROOT, env_for
 
 
 def _run(module, *args):
-  return subprocess.run([sys.executable, "-m", f"big_vit_lite.{module}", *args],
-                        env=env_for("/nonexistent"), cwd=ROOT, capture_output=True, text=True,
-                        timeout=300)
+  return subprocess.run(
+      [sys.executable, "-m", f"big_vit_lite.{module}", *args],
+      env=env_for("/nonexistent"),
+      cwd=ROOT,
+      capture_output=True,
+      text=True,
+      timeout=300,
+  )
 
 
 def _one_line(proc, start):
@@ -42,26 +48,46 @@ def test_export_to_an_unwritable_safetensors_is_one_line(tmp_path, blocked):
   src = tmp_path / "src.npz"
   vit.save_npz(checks.vit_params(), src)
   # The write itself fails (safetensors' own error was a traceback):
-  last = _one_line(_run("export", f"--src={src}", f"--out={a_dir}", "--res=16"), "export: ")
+  last = _one_line(
+      _run("export", f"--src={src}", f"--out={a_dir}", "--res=16"), "export: "
+  )
   assert f"--out={a_dir}: cannot write it" in last and "Is a directory" in last
-  last = _one_line(_run("export", f"--src={src}", f"--out={a_file}/m.safetensors", "--res=16"),
-                   "export: ")
+  last = _one_line(
+      _run(
+          "export", f"--src={src}", f"--out={a_file}/m.safetensors", "--res=16"
+      ),
+      "export: ",
+  )
   assert "does not exist" in last
 
 
 def test_predict_to_an_unwritable_out_is_one_line(tmp_path, blocked):
   a_file, _ = blocked
   out = f"{a_file}/predictions.jsonl"
-  last = _one_line(_run("predict", f"--model={tmp_path}", f"--images={tmp_path}", f"--out={out}"),
-                   "predict: error: ")
+  last = _one_line(
+      _run(
+          "predict",
+          f"--model={tmp_path}",
+          f"--images={tmp_path}",
+          f"--out={out}",
+      ),
+      "predict: error: ",
+  )
   assert last == f"predict: error: cannot write --out={out}: Not a directory"
 
 
 def test_report_to_an_unwritable_out_is_one_line(tmp_path, blocked):
   a_file, _ = blocked
   (tmp_path / "run").mkdir()
-  rows = [{"step": s, "training_loss": 1.0 / s, "learning_rate": 0.1} for s in (1, 2)]
-  (tmp_path / "run" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-  last = _one_line(_run("report", str(tmp_path / "run"), f"--out={a_file}/report"),
-                   "big_vit_lite.report: error: ")
+  rows = [
+      {"step": s, "training_loss": 1.0 / s, "learning_rate": 0.1}
+      for s in (1, 2)
+  ]
+  (tmp_path / "run" / "metrics.jsonl").write_text(
+      "".join(json.dumps(r) + "\n" for r in rows)
+  )
+  last = _one_line(
+      _run("report", str(tmp_path / "run"), f"--out={a_file}/report"),
+      "big_vit_lite.report: error: ",
+  )
   assert "Not a directory" in last or "File exists" in last

@@ -9,6 +9,7 @@ that asks for them is skipped, except in CI (CI=true), where it fails: there the
 tests must run. timm imports torchvision, which a ViT never uses and whose PyPI wheels do
 not load beside the CPU torch: benchmarks/timm_standin/ stands in where none is installed.
 """
+
 import importlib.util
 import json
 import os
@@ -23,17 +24,27 @@ STANDIN = os.path.join(ROOT, "benchmarks", "timm_standin")
 
 def require():
   """(timm, torch), imported; skips the test where they are missing (fails it in CI)."""
-  missing = [name for name in ("torch", "timm") if importlib.util.find_spec(name) is None]
+  missing = [
+      name
+      for name in ("torch", "timm")
+      if importlib.util.find_spec(name) is None
+  ]
   if missing:
-    why = (f"{' and '.join(missing)} not installed in this venv: scripts/setup.sh installs "
-           "them (requirements/timm.txt)")
+    why = (
+        f"{' and '.join(missing)} not installed in this venv: scripts/setup.sh installs "
+        "them (requirements/timm.txt)"
+    )
     if os.environ.get("CI", "").lower() == "true":
       pytest.fail(f"CI=true: {why}")
     pytest.skip(why)
-  if importlib.util.find_spec("torchvision") is None and STANDIN not in sys.path:
+  if (
+      importlib.util.find_spec("torchvision") is None
+      and STANDIN not in sys.path
+  ):
     sys.path.append(STANDIN)
   import timm  # pylint: disable=import-outside-toplevel
   import torch  # pylint: disable=import-outside-toplevel
+
   return timm, torch
 
 
@@ -46,10 +57,13 @@ def load(path, timm_name=None):
   timm, _ = require()
   import safetensors  # pylint: disable=import-outside-toplevel
   import safetensors.torch  # pylint: disable=import-outside-toplevel
+
   with safetensors.safe_open(str(path), "np") as f:
     kwargs = json.loads(f.metadata()["timm_kwargs"])
   if timm_name:
-    model = timm.create_model(timm_name, pretrained=False, num_classes=kwargs["num_classes"])
+    model = timm.create_model(
+        timm_name, pretrained=False, num_classes=kwargs["num_classes"]
+    )
   else:
     model = timm.models.vision_transformer.VisionTransformer(**kwargs)
   model.load_state_dict(safetensors.torch.load_file(str(path)), strict=True)
@@ -60,6 +74,8 @@ def logits(path, images, timm_name=None):
   """timm's logits (float32 numpy) for NHWC `images` (numpy or jax) through load(path)."""
   _, torch = require()
   model = load(path, timm_name)
-  nchw = np.ascontiguousarray(np.asarray(images, np.float32).transpose(0, 3, 1, 2))
+  nchw = np.ascontiguousarray(
+      np.asarray(images, np.float32).transpose(0, 3, 1, 2)
+  )
   with torch.no_grad():
     return model(torch.from_numpy(nchw)).numpy()

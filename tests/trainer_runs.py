@@ -1,4 +1,5 @@
 """Helpers for the trainer's end-to-end tests: run `python -m big_vit_lite.train` as a subprocess."""
+
 import json
 import os
 import subprocess
@@ -14,26 +15,49 @@ TINY = os.path.join(ROOT, "tests", "train_config_tiny.py")
 
 
 def env_for(data_dir, devices=1):
-  env = dict(os.environ, TFDS_DATA_DIR=data_dir, JAX_PLATFORMS="cpu",
-             XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
-             TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=ROOT)
+  env = dict(
+      os.environ,
+      TFDS_DATA_DIR=data_dir,
+      JAX_PLATFORMS="cpu",
+      XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+      TF_CPP_MIN_LOG_LEVEL="2",
+      PYTHONPATH=ROOT,
+  )
   for k in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
     env.pop(k, None)
   return env
 
 
 def train_cmd(workdir, config=TINY, *overrides):
-  return [sys.executable, "-m", "big_vit_lite.train", f"--config={config}",
-          f"--workdir={workdir}", *overrides]
+  return [
+      sys.executable,
+      "-m",
+      "big_vit_lite.train",
+      f"--config={config}",
+      f"--workdir={workdir}",
+      *overrides,
+  ]
 
 
-def run_train(data_dir, workdir, *overrides, config=TINY, devices=1, timeout=300):
-  return subprocess.run(train_cmd(workdir, config, *overrides), env=env_for(data_dir, devices),
-                        cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+def run_train(
+    data_dir, workdir, *overrides, config=TINY, devices=1, timeout=300
+):
+  return subprocess.run(
+      train_cmd(workdir, config, *overrides),
+      env=env_for(data_dir, devices),
+      cwd=ROOT,
+      capture_output=True,
+      text=True,
+      timeout=timeout,
+  )
 
 
 def read_losses(workdir):
-  rows = [json.loads(l) for l in open(os.path.join(workdir, "metrics.jsonl")) if l.strip()]
+  rows = [
+      json.loads(l)
+      for l in open(os.path.join(workdir, "metrics.jsonl"))
+      if l.strip()
+  ]
   return {r["step"]: r["training_loss"] for r in rows if "training_loss" in r}
 
 
@@ -41,19 +65,31 @@ def last_logged_step(workdir):
   path = os.path.join(workdir, "metrics.jsonl")
   if not os.path.exists(path):
     return 0
-  steps = [json.loads(l)["step"] for l in open(path).read().splitlines()[-3:] if l.endswith("}")]
+  steps = [
+      json.loads(l)["step"]
+      for l in open(path).read().splitlines()[-3:]
+      if l.endswith("}")
+  ]
   return max(steps, default=0)
 
 
 def start_train(data_dir, workdir, *overrides):
-  return subprocess.Popen(train_cmd(workdir, TINY, *overrides), env=env_for(data_dir), cwd=ROOT,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+  return subprocess.Popen(
+      train_cmd(workdir, TINY, *overrides),
+      env=env_for(data_dir),
+      cwd=ROOT,
+      stdout=subprocess.DEVNULL,
+      stderr=subprocess.PIPE,
+      text=True,
+  )
 
 
 def wait_for_step(proc, workdir, step, timeout=240):
   t0 = time.time()
   while last_logged_step(workdir) < step:
-    assert proc.poll() is None, f"trainer exited early: {proc.stderr.read()[-2000:]}"
+    assert (
+        proc.poll() is None
+    ), f"trainer exited early: {proc.stderr.read()[-2000:]}"
     assert time.time() - t0 < timeout, "trainer made no progress"
     time.sleep(0.05)
 

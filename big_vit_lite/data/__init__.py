@@ -14,6 +14,7 @@ Modules:
 Here: the config checks these modules share (config_dict, count).
 Measurements behind the choices: benchmarks/NOTES.md, section "Input pipeline (data/)".
 """
+
 import numbers
 
 
@@ -21,13 +22,19 @@ def config_dict(cfg, allowed, what):
   """A config (dict or ConfigDict) as a plain dict; keys outside `allowed` are an error."""
   cfg = dict(cfg.to_dict() if hasattr(cfg, "to_dict") else cfg)
   if unknown := sorted(set(cfg) - set(allowed)):
-    raise ValueError(f"{what} has unknown key(s) {unknown}; allowed: {', '.join(allowed)}")
+    raise ValueError(
+        f"{what} has unknown key(s) {unknown}; allowed: {', '.join(allowed)}"
+    )
   return cfg
 
 
 def count(value, what, minimum):
   """An int config value >= minimum (64.0 is fine, 64.5 / "64" / True are not)."""
-  if (isinstance(value, bool) or not isinstance(value, numbers.Real)
-      or not float(value).is_integer() or value < minimum):
+  if (
+      isinstance(value, bool)
+      or not isinstance(value, numbers.Real)
+      or not float(value).is_integer()
+      or value < minimum
+  ):
     raise ValueError(f"{what} must be an int >= {minimum}, got {value!r}")
   return int(value)

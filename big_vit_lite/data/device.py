@@ -6,6 +6,7 @@ sharded over the mesh's batch axes ("data" and "fsdp", where present), in
 process order -- which is shard order, so the global batch is exactly the
 one DESIGN.md's data-order contract describes.
 """
+
 import atexit
 import queue
 import threading
@@ -24,9 +25,13 @@ def put_batch(local_batch, mesh):
   for key, value in local_batch.items():
     value = np.asarray(value)
     if value.dtype.kind in "OSU":
-      raise ValueError(f"batch key {key!r} holds {value.dtype} data, which cannot go to a "
-                       f"device; drop it in the pp string (keep('image', 'labels'))")
-    out[key] = jax.make_array_from_process_local_data(sharding.batch_sharding(mesh), value)
+      raise ValueError(
+          f"batch key {key!r} holds {value.dtype} data, which cannot go to a "
+          f"device; drop it in the pp string (keep('image', 'labels'))"
+      )
+    out[key] = jax.make_array_from_process_local_data(
+        sharding.batch_sharding(mesh), value
+    )
   return out
 
 
@@ -48,15 +53,19 @@ class _Prefetcher:
     if size:
       self._queue = queue.Queue(maxsize=size)
       self._stop = threading.Event()
-      self._thread = threading.Thread(target=self._fill, daemon=True, name="device_prefetch")
+      self._thread = threading.Thread(
+          target=self._fill, daemon=True, name="device_prefetch"
+      )
       self._thread.start()
       _LIVE.add(self)
 
   def _fill(self):
     try:
       for batch in self._it:
-        item = (put_batch(batch, self._mesh),
-                self._it.get_state() if self._has_state else None)
+        item = (
+            put_batch(batch, self._mesh),
+            self._it.get_state() if self._has_state else None,
+        )
         while not self._stop.is_set():
           try:
             self._queue.put(item, timeout=0.1)
@@ -79,7 +88,8 @@ class _Prefetcher:
       return item
     item, state = self._queue.get()
     if item is self._END or isinstance(item, BaseException):
-      self._queue.put((item, None))  # the thread is gone: a later next() must not block
+      # the thread is gone: a later next() must not block
+      self._queue.put((item, None))
       if item is self._END:
         raise StopIteration
       raise item

@@ -18,6 +18,7 @@ Keys (all optional; unknown keys are errors):
 The randomness comes from the train step's key folded with the step number,
 so resumed runs see exactly the same augmentations.
 """
+
 import jax
 import jax.numpy as jnp
 
@@ -32,8 +33,11 @@ def translate(rng, images, max_shift, fill=0.0):
     return images
   b, h, w, c = images.shape
   s = max_shift
-  padded = jnp.pad(images, ((0, 0), (s, s), (s, s), (0, 0)),
-                   constant_values=jnp.asarray(fill, images.dtype))
+  padded = jnp.pad(
+      images,
+      ((0, 0), (s, s), (s, s), (0, 0)),
+      constant_values=jnp.asarray(fill, images.dtype),
+  )
   offsets = jax.random.randint(rng, (b, 2), 0, 2 * s + 1)
   crop = lambda img, o: jax.lax.dynamic_slice(img, (o[0], o[1], 0), (h, w, c))  # noqa: E731
   return jax.vmap(crop)(padded, offsets)
@@ -63,4 +67,5 @@ def make(cfg):
     if flip:
       images = flip_lr(rng_flip, images)
     return images
+
   return augment

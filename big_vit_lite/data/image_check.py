@@ -13,6 +13,7 @@ reads them): tf has no decoder for TIFF, ..., misreads palette and RLE BMPs
 and fails on 1-, 4- and 16-bit ones, and decodes no animated or transparent
 WebP to RGB.
 """
+
 import io
 import os
 
@@ -44,7 +45,8 @@ def _jpeg_complete(fileobj):
 
 def check(fileobj):
   """(status, reason) of an encoded image: "ok", "convert" (tf cannot decode it right: read
-  it with Pillow) or "bad" (unreadable or truncated). Reads the header and the tail only."""
+  it with Pillow) or "bad" (unreadable or truncated). Reads the header and the tail only.
+  """
   try:
     with Image.open(fileobj) as im:
       fmt, size = im.format, im.size

@@ -40,6 +40,7 @@ PNGs); 16-bit PGMs and PPMs are scaled to 8 bits, round(v * 255 / maxval)
 with the reason in the log: no one 8-bit reading fits them all (a float
 image may hold [0, 1] or [0, 255]); save them as 8- or 16-bit PNG/TIFF.
 """
+
 import atexit
 import concurrent.futures
 import logging
@@ -56,8 +57,23 @@ from PIL import Image
 
 from big_vit_lite.data import image_check
 
-EXTENSIONS = (".jpg", ".jpeg", ".jfif", ".jpe", ".png", ".gif", ".bmp", ".webp", ".tif",
-              ".tiff", ".ppm", ".pgm", ".pbm", ".pnm", ".avif")
+EXTENSIONS = (
+    ".jpg",
+    ".jpeg",
+    ".jfif",
+    ".jpe",
+    ".png",
+    ".gif",
+    ".bmp",
+    ".webp",
+    ".tif",
+    ".tiff",
+    ".ppm",
+    ".pgm",
+    ".pbm",
+    ".pnm",
+    ".avif",
+)
 
 log = logging.getLogger(__name__)
 
@@ -87,12 +103,20 @@ def _try_convert(path, out_dir, index):
   try:
     with Image.open(path) as im:
       if im.mode.startswith("I;16"):  # the top 8 bits, as tf reads 16-bit PNGs
-        im = Image.fromarray((np.asarray(im).astype(np.uint16) >> 8).astype(np.uint8))
-      elif im.mode == "I" and im.format == "PPM":  # a 16-bit PGM, which Pillow scales to 16 bits
-        im = Image.fromarray(np.round(np.asarray(im) * (255 / 65535)).astype(np.uint8))
-      elif im.mode in ("I", "F"):  # (Pillow's 8-bit conversion would clip them silently)
-        raise ValueError(f"32-bit image (Pillow mode {im.mode}) has no one 8-bit reading: "
-                         f"save it as an 8- or 16-bit PNG/TIFF")
+        im = Image.fromarray(
+            (np.asarray(im).astype(np.uint16) >> 8).astype(np.uint8)
+        )
+      # a 16-bit PGM, which Pillow scales to 16 bits
+      elif im.mode == "I" and im.format == "PPM":
+        im = Image.fromarray(
+            np.round(np.asarray(im) * (255 / 65535)).astype(np.uint8)
+        )
+      # (Pillow's 8-bit conversion would clip them silently)
+      elif im.mode in ("I", "F"):
+        raise ValueError(
+            f"32-bit image (Pillow mode {im.mode}) has no one 8-bit reading: "
+            f"save it as an 8- or 16-bit PNG/TIFF"
+        )
       im.convert("RGB").save(out, "PNG")
     return out, None
   except Exception as e:  # pylint: disable=broad-except
@@ -106,13 +130,18 @@ def _hidden(name):
 
 
 def _subdirs(path):
-  return sorted(d for d in os.listdir(path) if os.path.isdir(os.path.join(path, d))
-                and not _hidden(d))
+  return sorted(
+      d
+      for d in os.listdir(path)
+      if os.path.isdir(os.path.join(path, d)) and not _hidden(d)
+  )
 
 
 def _leads_back(link_target, real_top):
   """True when a folder (a link's real path) is real_top or above it: following it cycles."""
-  return real_top == link_target or real_top.startswith(link_target.rstrip(os.sep) + os.sep)
+  return real_top == link_target or real_top.startswith(
+      link_target.rstrip(os.sep) + os.sep
+  )
 
 
 def _images_under(cdir):
@@ -125,13 +154,22 @@ def _images_under(cdir):
       dirs[:] = []
       continue
     seen.add(real_top)
-    cycles = [d for d in dirs if _leads_back(os.path.realpath(os.path.join(top, d)), real_top)]
+    cycles = [
+        d
+        for d in dirs
+        if _leads_back(os.path.realpath(os.path.join(top, d)), real_top)
+    ]
     if cycles:
-      log.warning("imagefolder: not following %s: it leads back to a folder above it (a cycle)",
-                  os.path.join(top, cycles[0]))
+      log.warning(
+          "imagefolder: not following %s: it leads back to a folder above it (a cycle)",
+          os.path.join(top, cycles[0]),
+      )
     dirs[:] = [d for d in dirs if not _hidden(d) and d not in cycles]
-    out += [os.path.join(top, n) for n in names
-            if not _hidden(n) and n.lower().endswith(EXTENSIONS)]
+    out += [
+        os.path.join(top, n)
+        for n in names
+        if not _hidden(n) and n.lower().endswith(EXTENSIONS)
+    ]
   return sorted(out)
 
 
@@ -143,7 +181,10 @@ def _class_labels(folder_names):
     first.setdefault(unicodedata.normalize("NFC", name), name)
   class_names = sorted(first.values())
   index = {name: i for i, name in enumerate(class_names)}
-  labels = {name: index[first[unicodedata.normalize("NFC", name)]] for name in folder_names}
+  labels = {
+      name: index[first[unicodedata.normalize("NFC", name)]]
+      for name in folder_names
+  }
   return class_names, labels
 
 
@@ -161,24 +202,38 @@ class ImageFolderSource:
 
   def __init__(self, root, split):
     if not root:
-      raise ValueError("imagefolder needs data_dir=ROOT (images in ROOT/SPLIT/CLASS/*.jpg)")
+      raise ValueError(
+          "imagefolder needs data_dir=ROOT (images in ROOT/SPLIT/CLASS/*.jpg)"
+      )
     root = os.path.expanduser(root)
     split_dir = os.path.join(root, split)
     self.name = f"imagefolder {split_dir}"
     whole = os.path.isdir(split_dir)
-    names = [split] if whole else sorted({p.split("[")[0].strip() for p in split.split("+")} - {""})
+    names = (
+        [split]
+        if whole
+        else sorted({p.split("[")[0].strip() for p in split.split("+")} - {""})
+    )
     for name in names:
       if not os.path.isdir(os.path.join(root, name)):
         found = _subdirs(root) if os.path.isdir(root) else []
-        raise ValueError(f"imagefolder: no folder {os.path.join(root, name)} (expected "
-                         f"ROOT/SPLIT/CLASS/*.jpg); splits in {root}: {found[:8]}")
-    folder_names = {c for s in _subdirs(root) for c in _subdirs(os.path.join(root, s))}
+        raise ValueError(
+            f"imagefolder: no folder {os.path.join(root, name)} (expected "
+            f"ROOT/SPLIT/CLASS/*.jpg); splits in {root}: {found[:8]}"
+        )
+    folder_names = {
+        c for s in _subdirs(root) for c in _subdirs(os.path.join(root, s))
+    }
     self.class_names, labels = _class_labels(folder_names)
-    per_split = {}  # [(file, label)] of each split folder, sorted by class, then path
+    # [(file, label)] of each split folder, sorted by class, then path
+    per_split = {}
     for name in names:
       cdirs = _subdirs(os.path.join(root, name))
-      per_split[name] = [(f, labels[c]) for c in cdirs
-                         for f in _images_under(os.path.join(root, name, c))]
+      per_split[name] = [
+          (f, labels[c])
+          for c in cdirs
+          for f in _images_under(os.path.join(root, name, c))
+      ]
     files = per_split[split] if whole else self._slices(split, per_split)
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
       checks = list(pool.map(check_file, [f for f, _ in files]))
@@ -190,23 +245,35 @@ class ImageFolderSource:
       if todo:
         out_dir = tempfile.mkdtemp(prefix="bvl_imagefolder_")
         _CONVERTED_DIRS.append(out_dir)
-        for i, (path, error) in zip(todo, pool.map(
-            lambda i: _try_convert(paths[i], out_dir, i), todo)):
+        for i, (path, error) in zip(
+            todo, pool.map(lambda i: _try_convert(paths[i], out_dir, i), todo)
+        ):
           paths[i] = path
           if error:
             checks[i] = ("bad", error)
-    self.skipped = [(f, why) for (f, _), (status, why) in zip(files, checks) if status == "bad"]
+    self.skipped = [
+        (f, why)
+        for (f, _), (status, why) in zip(files, checks)
+        if status == "bad"
+    ]
     keep = [i for i, (status, _) in enumerate(checks) if status != "bad"]
     self.files = [files[i][0] for i in keep]
     self._paths = [paths[i] for i in keep]
     self.labels = np.asarray([files[i][1] for i in keep], np.int64)
     self.num_examples, self.num_skipped = len(self.files), len(self.skipped)
-    log.info("imagefolder %s: %d images, %d classes", split_dir, self.num_examples,
-             len(self.class_names))
+    log.info(
+        "imagefolder %s: %d images, %d classes",
+        split_dir,
+        self.num_examples,
+        len(self.class_names),
+    )
     if self.skipped:
-      log.warning("imagefolder %s: skipped %d unreadable or unsupported file(s), e.g. %s",
-                  split_dir, self.num_skipped,
-                  "; ".join(f"{f} ({why})" for f, why in self.skipped[:3]))
+      log.warning(
+          "imagefolder %s: skipped %d unreadable or unsupported file(s), e.g. %s",
+          split_dir,
+          self.num_skipped,
+          "; ".join(f"{f} ({why})" for f, why in self.skipped[:3]),
+      )
     self._root = root
 
   @staticmethod
@@ -214,17 +281,26 @@ class ImageFolderSource:
     """The files a split with tfds slices ("train[:90%]+val") selects, each slice indexing
     the fixed shuffle of its split folder's files."""
     try:
-      lengths = {k: types.SimpleNamespace(num_examples=len(v)) for k, v in per_split.items()}
-      instructions = tfds.core.ReadInstruction.from_spec(split).to_absolute(lengths)
+      lengths = {
+          k: types.SimpleNamespace(num_examples=len(v))
+          for k, v in per_split.items()
+      }
+      instructions = tfds.core.ReadInstruction.from_spec(split).to_absolute(
+          lengths
+      )
     except (ValueError, AssertionError) as e:
-      raise ValueError(f"imagefolder split {split!r}: {' '.join(str(e).split())}") from None
+      raise ValueError(
+          f"imagefolder split {split!r}: {' '.join(str(e).split())}"
+      ) from None
     files = []
     for ins in instructions:
       part = per_split[ins.splitname]
-      chosen = np.sort(fixed_order(len(part))[ins.from_:ins.to])
+      chosen = np.sort(fixed_order(len(part))[ins.from_ : ins.to])
       if not len(chosen):
-        raise ValueError(f"imagefolder split {split!r} selects none of the {len(part)} files "
-                         f"of {ins.splitname}")
+        raise ValueError(
+            f"imagefolder split {split!r} selects none of the {len(part)} files "
+            f"of {ins.splitname}"
+        )
       files += [part[i] for i in chosen]
     return files
 
@@ -236,12 +312,18 @@ class ImageFolderSource:
     return ds
 
   def decode(self, index):
-    # numpy -> constants in whichever tf.data function traces this. os.fsencode: the names'
-    # bytes on disk (also names that are not UTF-8, held by Python as surrogate escapes).
-    as_bytes = lambda xs: np.asarray([os.fsencode(x) for x in xs] or [b""],  # noqa: E731
-                                     dtype=object)
+    # numpy -> constants in whichever tf.data function traces this. os.fsencode:
+    # the names' bytes on disk (also names that are not UTF-8, held by Python as
+    # surrogate escapes).
+    as_bytes = lambda xs: np.asarray(
+        [os.fsencode(x) for x in xs] or [b""], dtype=object  # noqa: E731
+    )
     names = [os.path.relpath(f, self._root) for f in self.files]
     labels = self.labels if len(self.labels) else np.zeros([1], np.int64)
-    return {"image": tf.io.read_file(tf.gather(tf.constant(as_bytes(self._paths)), index)),
-            "label": tf.gather(tf.constant(labels), index),
-            "file_name": tf.gather(tf.constant(as_bytes(names)), index)}
+    return {
+        "image": tf.io.read_file(
+            tf.gather(tf.constant(as_bytes(self._paths)), index)
+        ),
+        "label": tf.gather(tf.constant(labels), index),
+        "file_name": tf.gather(tf.constant(as_bytes(names)), index),
+    }

@@ -27,6 +27,7 @@ shuffle of the shard, no buffer is needed (shuffle_buffer_size only switches
 it off: 0 reads the canonical order), and a resume starts the epoch's
 positions at the consumed count: it reads no record it will not use.
 """
+
 import contextlib
 import logging
 import math
@@ -41,21 +42,35 @@ from big_vit_lite.data import sources
 
 # input_cfg keys this module reads; `prefetch` is the device-prefetch depth,
 # read by the trainer through `device.prefetch`.
-TRAIN_KEYS = ("data", "batch_size", "pp", "shuffle_buffer_size", "num_shards", "cache",
-              "prefetch")
+TRAIN_KEYS = (
+    "data",
+    "batch_size",
+    "pp",
+    "shuffle_buffer_size",
+    "num_shards",
+    "cache",
+    "prefetch",
+)
 _MAX_EPOCHS = 2**62
-_EVAL_KEY = 0x5EED  # eval augmentation (if any) is a fixed function of the example index
+# eval augmentation (if any) is a fixed function of the example index
+_EVAL_KEY = 0x5EED
 
 
 def _processes(process_index, process_count):
-  process_count = jax.process_count() if process_count is None else process_count
-  process_index = jax.process_index() if process_index is None else process_index
+  process_count = (
+      jax.process_count() if process_count is None else process_count
+  )
+  process_index = (
+      jax.process_index() if process_index is None else process_index
+  )
   return process_index, process_count
 
 
 def _fold(seed, value):
   """Stateless [2] seed from a [2] seed and an int (tensor)."""
-  return tf.random.experimental.stateless_fold_in(seed, tf.cast(value, tf.int64))
+  return tf.random.experimental.stateless_fold_in(
+      seed, tf.cast(value, tf.int64)
+  )
 
 
 def _int64s(shape, seed2):
@@ -63,7 +78,9 @@ def _int64s(shape, seed2):
   and the seed (epoch key, example index) an example's `_rng`, well mixed on purpose: pp ops
   advance it by small counters (pp/rng.py), so a structured pair such as (hash, index) would
   give neighbouring examples shared seeds."""
-  return tf.random.stateless_uniform(shape, seed=seed2, minval=None, maxval=None, dtype=tf.int64)
+  return tf.random.stateless_uniform(
+      shape, seed=seed2, minval=None, maxval=None, dtype=tf.int64
+  )
 
 
 def _bounds(n, parts):
@@ -76,11 +93,15 @@ def _pp_map(source, pp_fn):
   Not autograph-converted: the pp ops are plain tf ops with no Python control
   flow on tensors (see benchmarks/NOTES.md, section "Input pipeline (data/)").
   """
+
   @tf.autograph.experimental.do_not_convert
   def fn(key, index, record):
-    rng = {pp_lib.RNG_KEY: _int64s([2], tf.stack([key, tf.cast(index, tf.int64)]))}
+    rng = {
+        pp_lib.RNG_KEY: _int64s([2], tf.stack([key, tf.cast(index, tf.int64)]))
+    }
     data = pp_fn({**source.decode(record), **rng})
     return {k: v for k, v in data.items() if k != pp_lib.RNG_KEY}
+
   return fn
 
 
@@ -97,14 +118,19 @@ def _data_errors(what):
     yield
   except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError) as e:
     msg = _tf_error_text(str(e))
-    if "batch" in msg and "hape" in msg:  # tf's "cannot batch": examples of different shapes
-      raise ValueError(f"pp output has examples of different shapes, which cannot be batched: "
-                       f"end the pp with ops giving a fixed size (e.g. resize(224)) and channel "
-                       f"count (decode(3) or decode(1), not decode(0)); {msg[:200]}") from None
+    # tf's "cannot batch": examples of different shapes
+    if "batch" in msg and "hape" in msg:
+      raise ValueError(
+          f"pp output has examples of different shapes, which cannot be batched: "
+          f"end the pp with ops giving a fixed size (e.g. resize(224)) and channel "
+          f"count (decode(3) or decode(1), not decode(0)); {msg[:200]}"
+      ) from None
     raise ValueError(f"{what}: preprocessing an example failed: {msg}") from e
   except (tf.errors.DataLossError, tf.errors.NotFoundError) as e:
-    raise ValueError(f"{what}: a file is truncated or missing ({_tf_error_text(str(e))}); "
-                     f"for a tfds dataset, delete its folder and prepare it again") from e
+    raise ValueError(
+        f"{what}: a file is truncated or missing ({_tf_error_text(str(e))}); "
+        f"for a tfds dataset, delete its folder and prepare it again"
+    ) from e
 
 
 def _tf_error_text(msg):
@@ -130,10 +156,28 @@ class TrainIterator:
   and restore it exactly (same examples, same augmentation).
   """
 
-  def __init__(self, source, pp_fn, *, seed, num_shards, shards, batch_per_shard,
-               shuffle_buffer_size, cache):
-    self._source, self._pp_fn, self._batch_per_shard = source, pp_fn, batch_per_shard
-    self._seed, self._num_shards, self._shards = int(seed), num_shards, tuple(shards)
+  def __init__(
+      self,
+      source,
+      pp_fn,
+      *,
+      seed,
+      num_shards,
+      shards,
+      batch_per_shard,
+      shuffle_buffer_size,
+      cache,
+  ):
+    self._source, self._pp_fn, self._batch_per_shard = (
+        source,
+        pp_fn,
+        batch_per_shard,
+    )
+    self._seed, self._num_shards, self._shards = (
+        int(seed),
+        num_shards,
+        tuple(shards),
+    )
     self._shuffle_buffer_size, self._cache = shuffle_buffer_size, cache
     self.num_examples = source.num_examples
     self._bounds = _bounds(self.num_examples, num_shards)
@@ -141,23 +185,36 @@ class TrainIterator:
 
   # --- state -------------------------------------------------------------
   def get_state(self):
-    return {"examples_per_shard": int(self._consumed), "num_shards": self._num_shards,
-            "seed": self._seed, "step": int(self._consumed // self._batch_per_shard),
-            "num_examples": int(self.num_examples)}
+    return {
+        "examples_per_shard": int(self._consumed),
+        "num_shards": self._num_shards,
+        "seed": self._seed,
+        "step": int(self._consumed // self._batch_per_shard),
+        "num_examples": int(self.num_examples),
+    }
 
   def set_state(self, state):
-    for key, where in (("num_shards", "input.num_shards"), ("seed", "config.seed")):
+    for key, where in (
+        ("num_shards", "input.num_shards"),
+        ("seed", "config.seed"),
+    ):
       mine = getattr(self, "_" + key)
       if int(saved := state.get(key, mine)) != mine:
-        raise ValueError(f"data iterator state was saved with {key}={saved} but this run has "
-                         f"{mine}; set {where}={saved} to resume the same data order")
+        raise ValueError(
+            f"data iterator state was saved with {key}={saved} but this run has "
+            f"{mine}; set {where}={saved} to resume the same data order"
+        )
     # The position is in examples, so another batch size or pp resumes at the
     # same example; another split size means other data at that position.
     saved_n = state.get("num_examples", self.num_examples)
     if int(saved_n) != self.num_examples:
-      logging.warning("data iterator state was saved for a split of %d examples, this one has "
-                      "%d: resuming at example %d per shard of different data", int(saved_n),
-                      self.num_examples, int(state["examples_per_shard"]))
+      logging.warning(
+          "data iterator state was saved for a split of %d examples, this one has "
+          "%d: resuming at example %d per shard of different data",
+          int(saved_n),
+          self.num_examples,
+          int(state["examples_per_shard"]),
+      )
     self._consumed = int(state["examples_per_shard"])
     self._it = None
 
@@ -169,13 +226,16 @@ class TrainIterator:
     discard a partly read cache); otherwise one batch is read from a
     throwaway pipeline without shuffle buffer or cache.
     """
-    # jax >= 0.11 refuses a ShapeDtypeStruct with unknown (None) dims: check the tf shapes first.
+    # jax >= 0.11 refuses a ShapeDtypeStruct with unknown (None) dims: check the
+    # tf shapes first.
     spec = self._build(0, peek=True).element_spec
     if not all(d is not None for s in spec.values() for d in s.shape):
       with _data_errors(f"train data {self._source.name}"):
         spec = next(iter(self._build(0, peek=True)))
-    return {k: jax.ShapeDtypeStruct(tuple(s.shape), s.dtype.as_numpy_dtype)
-            for k, s in spec.items()}
+    return {
+        k: jax.ShapeDtypeStruct(tuple(s.shape), s.dtype.as_numpy_dtype)
+        for k, s in spec.items()
+    }
 
   # --- iteration ---------------------------------------------------------
   def __iter__(self):
@@ -187,7 +247,9 @@ class TrainIterator:
         self._it = iter(self._build(self._consumed))
       batch = next(self._it)
     self._consumed += self._batch_per_shard
-    return {k: v.numpy() if hasattr(v, "numpy") else v for k, v in batch.items()}
+    return {
+        k: v.numpy() if hasattr(v, "numpy") else v for k, v in batch.items()
+    }
 
   def _shard_dataset(self, shard, consumed, peek=False):
     start, end = self._bounds[shard], self._bounds[shard + 1]
@@ -196,40 +258,62 @@ class TrainIterator:
     source, buf = self._source, (1 if peek else self._shuffle_buffer_size)
     cached = None
     if self._cache == "raw" and not peek:
-      # Filled here, in one pass over the raw records (no decoding): filled by the first epoch,
-      # a run ending within it made tf warn at exit that it discarded the partial cache.
-      # (see benchmarks/NOTES.md, section "Input pipeline (data/)")
+      # Filled here, in one pass over the raw records (no decoding): filled by
+      # the first epoch, a run ending within it made tf warn at exit that it
+      # discarded the partial cache. (see benchmarks/NOTES.md, section "Input
+      # pipeline (data/)")
       cached = source.raw(start, end).cache()
       cached.reduce(0, lambda n, _: n)
 
     @tf.autograph.experimental.do_not_convert
     def epoch(e):
       eseed = _fold(base_seed, e)
-      ds = cached if cached is not None else source.raw(
-          start, end, order_seed=_int64s([], _fold(eseed, 1)))
+      ds = (
+          cached
+          if cached is not None
+          else source.raw(start, end, order_seed=_int64s([], _fold(eseed, 1)))
+      )
       if buf and buf > 1:
-        ds = ds.shuffle(buf, seed=_int64s([], _fold(eseed, 2)), reshuffle_each_iteration=False)
-      key = _int64s([], _fold(eseed, 3))  # augmentation key of this shard's epoch
+        ds = ds.shuffle(
+            buf,
+            seed=_int64s([], _fold(eseed, 2)),
+            reshuffle_each_iteration=False,
+        )
+      # augmentation key of this shard's epoch
+      key = _int64s([], _fold(eseed, 3))
       return ds.enumerate().map(lambda i, rec: (key, i, rec))
 
     if getattr(source, "random_access", False):
       ds = tf.data.Dataset.range(first_epoch, _MAX_EPOCHS).flat_map(
-          lambda e: self._permuted_epoch(base_seed, start, end, e, first_epoch, offset))
+          lambda e: self._permuted_epoch(
+              base_seed, start, end, e, first_epoch, offset
+          )
+      )
     else:
       ds = tf.data.Dataset.range(first_epoch, _MAX_EPOCHS).flat_map(epoch)
-      ds = ds.skip(offset)  # raw records: skipping them costs reading, not decoding
-    ds = ds.map(_pp_map(source, self._pp_fn), num_parallel_calls=tf.data.AUTOTUNE,
-                deterministic=True)
+      # raw records: skipping them costs reading, not decoding
+      ds = ds.skip(offset)
+    ds = ds.map(
+        _pp_map(source, self._pp_fn),
+        num_parallel_calls=tf.data.AUTOTUNE,
+        deterministic=True,
+    )
     return ds.batch(self._batch_per_shard, drop_remainder=True)
 
   @tf.autograph.experimental.do_not_convert
   def _permuted_epoch(self, base_seed, start, end, e, first_epoch, offset):
     """(key, position, example index) of epoch e of a random-access shard [start, end), from
-    position `offset` in the first epoch: a seeded permutation of the shard, read by index."""
+    position `offset` in the first epoch: a seeded permutation of the shard, read by index.
+    """
     eseed = _fold(base_seed, e)
-    key = _int64s([], _fold(eseed, 3))  # augmentation key of this shard's epoch (as above)
+    # augmentation key of this shard's epoch (as above)
+    key = _int64s([], _fold(eseed, 3))
     last = tf.constant(end - start - 1, tf.int64)
-    first = tf.where(e == first_epoch, tf.constant(offset, tf.int64), tf.constant(0, tf.int64))
+    first = tf.where(
+        e == first_epoch,
+        tf.constant(offset, tf.int64),
+        tf.constant(0, tf.int64),
+    )
     positions = tf.data.Dataset.range(first, end - start)
     if self._shuffle_buffer_size:
       perm_seed = _fold(eseed, 1)
@@ -244,56 +328,94 @@ class TrainIterator:
       ds = per_shard[0]
     else:
       ds = tf.data.Dataset.zip(tuple(per_shard)).map(
-          lambda *bs: tf.nest.map_structure(lambda *xs: tf.concat(xs, 0), *bs))
+          lambda *bs: tf.nest.map_structure(lambda *xs: tf.concat(xs, 0), *bs)
+      )
     return ds.prefetch(tf.data.AUTOTUNE).with_options(_OPTIONS)
 
 
-def make_train_iterator(input_cfg, *, seed, process_index=None, process_count=None):
+def make_train_iterator(
+    input_cfg, *, seed, process_index=None, process_count=None
+):
   """TrainIterator over this process's shards; see the module docstring."""
   cfg = config_dict(input_cfg, TRAIN_KEYS, "input config")
   for key in ("data", "batch_size", "pp"):
     if cfg.get(key) is None:
       raise ValueError(f"input config needs '{key}'")
   process_index, process_count = _processes(process_index, process_count)
-  num_shards = count(cfg.get("num_shards") or process_count, "input.num_shards", 1)
+  num_shards = count(
+      cfg.get("num_shards") or process_count, "input.num_shards", 1
+  )
   batch_size = count(cfg["batch_size"], "input.batch_size", 1)
   if num_shards % process_count:
-    raise ValueError(f"input.num_shards={num_shards} must be a multiple of the process count "
-                     f"{process_count}")
+    raise ValueError(
+        f"input.num_shards={num_shards} must be a multiple of the process count "
+        f"{process_count}"
+    )
   if batch_size % num_shards:
-    raise ValueError(f"input.batch_size={batch_size} must be divisible by input.num_shards="
-                     f"{num_shards}")
+    raise ValueError(
+        f"input.batch_size={batch_size} must be divisible by input.num_shards="
+        f"{num_shards}"
+    )
   cache = cfg.get("cache")
   if cache not in (None, "raw"):
-    raise ValueError(f"input.cache must be None or 'raw' (cache the raw records in memory), "
-                     f"got {cache!r}")
+    raise ValueError(
+        f"input.cache must be None or 'raw' (cache the raw records in memory), "
+        f"got {cache!r}"
+    )
   buf = cfg.get("shuffle_buffer_size", 10_000)
-  buf = 0 if buf is None else count(buf, "input.shuffle_buffer_size (0 or None: no shuffle)", 0)
+  buf = (
+      0
+      if buf is None
+      else count(buf, "input.shuffle_buffer_size (0 or None: no shuffle)", 0)
+  )
   source = sources.get_source(cfg["data"])
   if cache and getattr(source, "random_access", False):
-    raise ValueError(f"input.cache='raw' is for TFRecord data; {source.name} is in the "
-                     f"ArrayRecord format (read by index): set input.cache=None")
+    raise ValueError(
+        f"input.cache='raw' is for TFRecord data; {source.name} is in the "
+        f"ArrayRecord format (read by index): set input.cache=None"
+    )
   if source.num_examples == 0:
     skipped = getattr(source, "num_skipped", 0)
-    raise ValueError(f"train data {source.name} has no examples"
-                     + (f" ({skipped} unreadable or unsupported file(s) skipped, see the log)"
-                        if skipped else ""))
+    raise ValueError(
+        f"train data {source.name} has no examples"
+        + (
+            f" ({skipped} unreadable or unsupported file(s) skipped, see the log)"
+            if skipped
+            else ""
+        )
+    )
   # Every process checks every shard (not only its own), so all fail alike: one
   # process failing alone would leave the others waiting in collectives.
-  smallest = source.num_examples // num_shards  # (the shards differ by 1 example at most)
+  # (the shards differ by 1 example at most)
+  smallest = source.num_examples // num_shards
   if smallest < batch_size // num_shards:
-    raise ValueError(f"train data {source.name} has {source.num_examples} examples: cut into "
-                     f"{num_shards} shard(s), the smallest has {smallest}, fewer than its batch "
-                     f"of {batch_size // num_shards}; lower input.batch_size (or num_shards)")
+    raise ValueError(
+        f"train data {source.name} has {source.num_examples} examples: cut into "
+        f"{num_shards} shard(s), the smallest has {smallest}, fewer than its batch "
+        f"of {batch_size // num_shards}; lower input.batch_size (or num_shards)"
+    )
   pp_fn = pp_lib.get_preprocess_fn(cfg["pp"])
   per_process = num_shards // process_count
   shards = range(process_index * per_process, (process_index + 1) * per_process)
-  logging.info("train input: %s, %d examples, %d shards (process %d reads %s), batch %d/shard",
-               cfg["data"], source.num_examples, num_shards, process_index, list(shards),
-               batch_size // num_shards)
-  return TrainIterator(source, pp_fn, seed=seed, num_shards=num_shards, shards=shards,
-                       batch_per_shard=batch_size // num_shards, shuffle_buffer_size=buf,
-                       cache=cache)
+  logging.info(
+      "train input: %s, %d examples, %d shards (process %d reads %s), batch %d/shard",
+      cfg["data"],
+      source.num_examples,
+      num_shards,
+      process_index,
+      list(shards),
+      batch_size // num_shards,
+  )
+  return TrainIterator(
+      source,
+      pp_fn,
+      seed=seed,
+      num_shards=num_shards,
+      shards=shards,
+      batch_per_shard=batch_size // num_shards,
+      shuffle_buffer_size=buf,
+      cache=cache,
+  )
 
 
 class EvalIterable:
@@ -309,7 +431,8 @@ class EvalIterable:
     self._source, self._pp_fn, self._local_batch = source, pp_fn, local_batch
     bounds = _bounds(source.num_examples, process_count)
     self._start, self._end = bounds[process_index], bounds[process_index + 1]
-    longest = math.ceil(source.num_examples / process_count)  # (the parts differ by 1 at most)
+    # (the parts differ by 1 at most)
+    longest = math.ceil(source.num_examples / process_count)
     self.num_batches = math.ceil(longest / local_batch)
     self.num_examples = self._end - self._start
 
@@ -319,8 +442,11 @@ class EvalIterable:
   def _examples(self, start, end):
     ds = self._source.raw(start, end).enumerate(start)
     fn = _pp_map(self._source, self._pp_fn)
-    ds = ds.map(lambda i, rec: fn(tf.constant(_EVAL_KEY, tf.int64), i, rec),
-                num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    ds = ds.map(
+        lambda i, rec: fn(tf.constant(_EVAL_KEY, tf.int64), i, rec),
+        num_parallel_calls=tf.data.AUTOTUNE,
+        deterministic=True,
+    )
     return ds.map(lambda d: dict(d, _mask=tf.constant(True)))
 
   def __iter__(self):
@@ -328,26 +454,43 @@ class EvalIterable:
     if pad := self.num_batches * self._local_batch - self.num_examples:
       # Padding: example 0 of the split, zeroed and masked out (any real
       # example has the right shapes and dtypes, even dynamic ones).
-      zero = self._examples(0, 1).map(lambda d: tf.nest.map_structure(tf.zeros_like, d))
+      zero = self._examples(0, 1).map(
+          lambda d: tf.nest.map_structure(tf.zeros_like, d)
+      )
       ds = ds.concatenate(zero.cache().repeat(pad))
-    ds = ds.batch(self._local_batch).prefetch(tf.data.AUTOTUNE).with_options(_OPTIONS)
+    ds = (
+        ds.batch(self._local_batch)
+        .prefetch(tf.data.AUTOTUNE)
+        .with_options(_OPTIONS)
+    )
     with _data_errors(f"eval data {self._source.name}"):
       for batch in ds:
         yield {k: v.numpy() for k, v in batch.items()}
 
 
-def make_eval_iterator(data_cfg, pp, batch_size, *, process_index=None, process_count=None):
+def make_eval_iterator(
+    data_cfg, pp, batch_size, *, process_index=None, process_count=None
+):
   """Host-local eval batches with a bool `_mask`; see EvalIterable."""
   process_index, process_count = _processes(process_index, process_count)
   batch_size = count(batch_size, "eval batch_size", 1)
   if batch_size % process_count:
-    raise ValueError(f"eval batch_size={batch_size} must be divisible by the process count "
-                     f"{process_count}")
+    raise ValueError(
+        f"eval batch_size={batch_size} must be divisible by the process count "
+        f"{process_count}"
+    )
   source = sources.get_source(data_cfg)
   if source.num_examples == 0:
-    raise ValueError(f"eval data {sources.check_data_cfg(data_cfg)} has no examples")
-  return EvalIterable(source, pp_lib.get_preprocess_fn(pp), batch_size // process_count,
-                      process_index, process_count)
+    raise ValueError(
+        f"eval data {sources.check_data_cfg(data_cfg)} has no examples"
+    )
+  return EvalIterable(
+      source,
+      pp_lib.get_preprocess_fn(pp),
+      batch_size // process_count,
+      process_index,
+      process_count,
+  )
 
 
 def get_num_examples(data_cfg):

@@ -7,17 +7,19 @@ Rolling the global batch pairs examples across devices; XLA inserts the
 communication. Call with an rng that differs per step (e.g.
 jax.random.fold_in(rng, step)) so resumes stay exact.
 """
+
 import jax
 import jax.numpy as jnp
-
 
 
 def _check_labels(labels):
   # Mixing integer class ids would average them into other, wrong, class ids.
   if labels.ndim != 2 or not jnp.issubdtype(labels.dtype, jnp.floating):
-    raise ValueError(f"mixup/cutmix need one-hot float labels [batch, classes], got "
-                     f"{labels.dtype} {tuple(labels.shape)}: end the pp with e.g. "
-                     f"onehot(K, key='label', key_result='labels')")
+    raise ValueError(
+        f"mixup/cutmix need one-hot float labels [batch, classes], got "
+        f"{labels.dtype} {tuple(labels.shape)}: end the pp with e.g. "
+        f"onehot(K, key='label', key_result='labels')"
+    )
 
 
 def mixup(rng, images, labels, *, alpha=0.2):
@@ -35,8 +37,12 @@ def cutmix(rng, images, labels, *, alpha=1.0):
   lam_rng, y_rng, x_rng = jax.random.split(rng, 3)
   lam = jax.random.beta(lam_rng, alpha, alpha)
   h, w = images.shape[1], images.shape[2]
-  cut_h, cut_w = (jnp.floor(n * jnp.sqrt(1.0 - lam)).astype(jnp.int32) for n in (h, w))
-  cy, cx = jax.random.randint(y_rng, (), 0, h), jax.random.randint(x_rng, (), 0, w)
+  cut_h, cut_w = (
+      jnp.floor(n * jnp.sqrt(1.0 - lam)).astype(jnp.int32) for n in (h, w)
+  )
+  cy, cx = jax.random.randint(y_rng, (), 0, h), jax.random.randint(
+      x_rng, (), 0, w
+  )
   y0, y1 = jnp.clip(cy - cut_h // 2, 0, h), jnp.clip(cy + cut_h // 2, 0, h)
   x0, x1 = jnp.clip(cx - cut_w // 2, 0, w), jnp.clip(cx + cut_w // 2, 0, w)
   ys, xs = jnp.arange(h)[:, None], jnp.arange(w)[None, :]
@@ -47,8 +53,17 @@ def cutmix(rng, images, labels, *, alpha=1.0):
   return mixed, labels.astype(labels.dtype)
 
 
-def mixup_or_cutmix(rng, images, labels, *, mixup_alpha=0.0, cutmix_alpha=0.0, switch_prob=0.5,
-                    fold_in=None, n=2):
+def mixup_or_cutmix(
+    rng,
+    images,
+    labels,
+    *,
+    mixup_alpha=0.0,
+    cutmix_alpha=0.0,
+    switch_prob=0.5,
+    fold_in=None,
+    n=2,
+):
   """timm-style: per batch, cutmix with probability `switch_prob` else mixup.
 
   An alpha of 0 disables that method; both 0 returns the inputs unchanged.
@@ -56,10 +71,12 @@ def mixup_or_cutmix(rng, images, labels, *, mixup_alpha=0.0, cutmix_alpha=0.0, s
   does); other keys are a TypeError (train_setup reports it as config.mixup's).
   """
   if min(mixup_alpha, cutmix_alpha) < 0 or fold_in is not None or n != 2:
-    raise ValueError(f"config.mixup: need mixup_alpha and cutmix_alpha >= 0 (0: off), and of "
-                     f"big_vision's keys only fold_in=None and n=2 (one ratio mixes pairs of "
-                     f"the whole global batch); got {mixup_alpha=}, {cutmix_alpha=}, "
-                     f"{fold_in=}, {n=}")
+    raise ValueError(
+        f"config.mixup: need mixup_alpha and cutmix_alpha >= 0 (0: off), and of "
+        f"big_vision's keys only fold_in=None and n=2 (one ratio mixes pairs of "
+        f"the whole global batch); got {mixup_alpha=}, {cutmix_alpha=}, "
+        f"{fold_in=}, {n=}"
+    )
   if mixup_alpha <= 0 and cutmix_alpha <= 0:
     return images, labels
   if cutmix_alpha <= 0:
@@ -70,4 +87,5 @@ def mixup_or_cutmix(rng, images, labels, *, mixup_alpha=0.0, cutmix_alpha=0.0, s
   return jax.lax.cond(
       jax.random.bernoulli(pick_rng, switch_prob),
       lambda: cutmix(rng, images, labels, alpha=cutmix_alpha),
-      lambda: mixup(rng, images, labels, alpha=mixup_alpha))
+      lambda: mixup(rng, images, labels, alpha=mixup_alpha),
+  )

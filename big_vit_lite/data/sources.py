@@ -12,6 +12,7 @@ ArrayRecord file format) has example indices as its raw records and reads
 the record itself in `decode`: the pipeline permutes and skips indices, so a
 resume seeks instead of reading what was consumed.
 """
+
 import difflib
 import os
 
@@ -24,20 +25,32 @@ from big_vit_lite.data import config_dict
 from big_vit_lite.data import builders  # noqa: F401
 
 # Names `python -m big_vit_lite.data.prepare` knows how to build offline.
-OFFLINE_DATASETS = ("fashion_mnist", "mnist10k", "animal_mnist", "mnist_multilabel")
+OFFLINE_DATASETS = (
+    "fashion_mnist",
+    "mnist10k",
+    "animal_mnist",
+    "mnist_multilabel",
+)
 
 
 def resolve_data_dir(data_dir):
   """Config value, else $TFDS_DATA_DIR, else tfds' default (~/tensorflow_datasets)."""
-  return os.path.expanduser(data_dir or os.environ.get("TFDS_DATA_DIR") or
-                            tfds.core.constants.DATA_DIR)
+  return os.path.expanduser(
+      data_dir
+      or os.environ.get("TFDS_DATA_DIR")
+      or tfds.core.constants.DATA_DIR
+  )
 
 
 def _prepare_hint(name, data_dir):
   if name == "imagenet21k":
-    return (f"put the official ImageNet-21k tar file(s) in a folder and run `python -m "
-            f"big_vit_lite.data.prepare imagenet21k --data_dir={data_dir} --manual_dir=FOLDER`")
-  return f"run `python -m big_vit_lite.data.prepare {name} --data_dir={data_dir}`"
+    return (
+        f"put the official ImageNet-21k tar file(s) in a folder and run `python -m "
+        f"big_vit_lite.data.prepare imagenet21k --data_dir={data_dir} --manual_dir=FOLDER`"
+    )
+  return (
+      f"run `python -m big_vit_lite.data.prepare {name} --data_dir={data_dir}`"
+  )
 
 
 def name_hint(name):
@@ -55,10 +68,13 @@ def tfds_builder(name, data_dir, unknown, **kwargs):
     return tfds.builder(name, data_dir=data_dir, **kwargs)
   except tfds.core.registered.DatasetNotFoundError:
     raise ValueError(unknown(name_hint(name))) from None
-  except (AssertionError, ValueError) as e:  # a version, config or name ("fashion-mnist") it lacks
+  # a version, config or name ("fashion-mnist") it lacks
+  except (AssertionError, ValueError) as e:
     hint = name_hint(name)
-    raise ValueError(f"dataset {name!r}: {str(e).splitlines()[0].rstrip('.: ')}"
-                     + (f"; {hint}" if hint else "")) from None
+    raise ValueError(
+        f"dataset {name!r}: {str(e).splitlines()[0].rstrip('.: ')}"
+        + (f"; {hint}" if hint else "")
+    ) from None
 
 
 def check_data_cfg(data_cfg):
@@ -72,9 +88,13 @@ def check_data_cfg(data_cfg):
 def encoded_images(features):
   """tfds decoders that keep image features encoded: the pp `decode` op decodes them
   inside the parallel map. Not float32 images: tfds stores those as their bytes in an
-  RGBA PNG, which `decode` would read as colours; tfds decodes them to float32."""
-  return {k: tfds.decode.SkipDecoding() for k, f in features.items()
-          if isinstance(f, tfds.features.Image) and f.tf_dtype != tf.float32}
+  RGBA PNG, which `decode` would read as colours; tfds decodes them to float32.
+  """
+  return {
+      k: tfds.decode.SkipDecoding()
+      for k, f in features.items()
+      if isinstance(f, tfds.features.Image) and f.tf_dtype != tf.float32
+  }
 
 
 _SOURCES = {}
@@ -83,13 +103,18 @@ _SOURCES = {}
 def get_source(data_cfg):
   """The source for a data config; cached per process (evals rebuild iterators often)."""
   data_cfg = check_data_cfg(data_cfg)
-  name, split, data_dir = data_cfg["name"], data_cfg["split"], data_cfg.get("data_dir")
+  name, split, data_dir = (
+      data_cfg["name"],
+      data_cfg["split"],
+      data_cfg.get("data_dir"),
+  )
   if _tfds_is_mocked():  # never cached: each mock context has its own fake data
     return MockedTfdsSource(name, split, data_dir)
   key = (name, split, resolve_data_dir(data_dir))
   if key not in _SOURCES:
     if name == "imagefolder":
       from big_vit_lite.data import imagefolder  # pylint: disable=import-outside-toplevel
+
       _SOURCES[key] = imagefolder.ImageFolderSource(data_dir, split)
     else:
       _SOURCES[key] = TfdsSource(name, split, data_dir)
@@ -99,7 +124,9 @@ def get_source(data_cfg):
 def _tfds_is_mocked():
   """True inside `tfds.testing.mock_data` (which fakes as_dataset, not the files)."""
   reader = tfds.core.dataset_builder.FileReaderBuilder._as_dataset  # pylint: disable=W0212
-  return getattr(reader, "__module__", "").startswith("tensorflow_datasets.testing")
+  return getattr(reader, "__module__", "").startswith(
+      "tensorflow_datasets.testing"
+  )
 
 
 class TfdsSource:
@@ -108,29 +135,46 @@ class TfdsSource:
   def __init__(self, name, split, data_dir=None):
     data_dir = resolve_data_dir(data_dir)
     hint = _prepare_hint(name.split(":")[0].split("/")[0], data_dir)
-    builder = tfds_builder(name, data_dir, lambda near: (
-        f"dataset {name!r} is unknown to tfds and not found in {data_dir}; {near or hint}"))
+    builder = tfds_builder(
+        name,
+        data_dir,
+        lambda near: (
+            f"dataset {name!r} is unknown to tfds and not found in {data_dir}; {near or hint}"
+        ),
+    )
     if not builder.is_prepared():
-      raise ValueError(f"dataset {name!r} is not prepared in {data_dir}; {hint}")
+      raise ValueError(
+          f"dataset {name!r} is not prepared in {data_dir}; {hint}"
+      )
     self.name, self.info = name, builder.info
     try:
       split_info = builder.info.splits[split]
     except (KeyError, ValueError, AssertionError) as e:
-      raise ValueError(f"bad split {split!r} for {name!r} (splits: "
-                       f"{sorted(builder.info.splits)}): {e}".replace("\n", " ")) from None
+      raise ValueError(
+          f"bad split {split!r} for {name!r} (splits: "
+          f"{sorted(builder.info.splits)}): {e}".replace("\n", " ")
+      ) from None
     self.num_examples = int(split_info.num_examples)
     if self.num_examples <= 0:
-      raise ValueError(f"split {split!r} of {name!r} selects no examples "
-                       f"({split_info.num_examples}); check its slice bounds")
+      raise ValueError(
+          f"split {split!r} of {name!r} selects no examples "
+          f"({split_info.num_examples}); check its slice bounds"
+      )
     # (filename, skip, take) of every file piece, in tfds' canonical order.
-    self._pieces = [(fi.filename, fi.skip, fi.take) for fi in split_info.file_instructions
-                    if fi.take > 0]
+    self._pieces = [
+        (fi.filename, fi.skip, fi.take)
+        for fi in split_info.file_instructions
+        if fi.take > 0
+    ]
     self._features = builder.info.features
     self._decoders = encoded_images(self._features)
-    self.random_access = builder.info.file_format == tfds.core.FileFormat.ARRAY_RECORD
+    self.random_access = (
+        builder.info.file_format == tfds.core.FileFormat.ARRAY_RECORD
+    )
     if self.random_access:
       self._records = array_records(split_info.file_instructions, name)
-      self.reads = 0  # records read so far (tests check that a resume reads few)
+      # records read so far (tests check that a resume reads few)
+      self.reads = 0
 
   def _pieces_in(self, start, end):
     """File pieces covering examples [start, end) of the split."""
@@ -149,7 +193,8 @@ class TfdsSource:
     pieces are interleaved; None keeps the canonical order.
     """
     if self.random_access:
-      return tf.data.Dataset.range(start, end)  # indices; `decode` reads the record
+      # indices; `decode` reads the record
+      return tf.data.Dataset.range(start, end)
     pieces = self._pieces_in(start, end)
     if not pieces:
       return tf.data.Dataset.from_tensor_slices(tf.constant([], tf.string))
@@ -158,17 +203,27 @@ class TfdsSource:
       return tf.data.TFRecordDataset(fname).skip(skip).take(take)
     files, skips, takes = zip(*pieces)
     ds = tf.data.Dataset.from_tensor_slices(
-        (tf.constant(files), tf.constant(skips, tf.int64), tf.constant(takes, tf.int64)))
+        (
+            tf.constant(files),
+            tf.constant(skips, tf.int64),
+            tf.constant(takes, tf.int64),
+        )
+    )
     if order_seed is not None:
       ds = ds.shuffle(len(pieces), seed=order_seed)
     return ds.interleave(
         lambda f, s, t: tf.data.TFRecordDataset(f).skip(s).take(t),
-        cycle_length=min(len(pieces), 16), block_length=1,
-        num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        cycle_length=min(len(pieces), 16),
+        block_length=1,
+        num_parallel_calls=tf.data.AUTOTUNE,
+        deterministic=True,
+    )
 
   def decode(self, record):
     if self.random_access:
-      record = tf.numpy_function(self._read, [record], tf.string, stateful=False)
+      record = tf.numpy_function(
+          self._read, [record], tf.string, stateful=False
+      )
       record.set_shape([])
     return self._features.deserialize_example(record, decoders=self._decoders)
 
@@ -183,10 +238,13 @@ def array_records(file_instructions, name):
   try:
     from array_record.python import array_record_data_source  # pylint: disable=C0415
   except ImportError:
-    raise ValueError(f"dataset {name!r} is in the ArrayRecord format: pip install "
-                     f"array_record") from None
+    raise ValueError(
+        f"dataset {name!r} is in the ArrayRecord format: pip install "
+        f"array_record"
+    ) from None
   return array_record_data_source.ArrayRecordDataSource(
-      [fi for fi in file_instructions if fi.take > 0])
+      [fi for fi in file_instructions if fi.take > 0]
+  )
 
 
 class MockedTfdsSource:
@@ -200,7 +258,9 @@ class MockedTfdsSource:
     builder = tfds.builder(name, data_dir=resolve_data_dir(data_dir))
     decoders = encoded_images(builder.info.features)
     # Built once here, outside any tf.data function that later slices it.
-    self._ds = builder.as_dataset(split=split, decoders=decoders, shuffle_files=False)
+    self._ds = builder.as_dataset(
+        split=split, decoders=decoders, shuffle_files=False
+    )
     self.num_examples = int(self._ds.cardinality())
     self.name, self.info = name, builder.info
 

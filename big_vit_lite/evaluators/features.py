@@ -11,6 +11,7 @@ of `predict_fn`'s output, re-batching a chosen subset of a split (few-shot
 forwards only the examples it samples), and `DatasetsEvaluator`, what fewshot
 and linear_probe share (their datasets config, checks and features cached per params).
 """
+
 import math
 import weakref
 
@@ -31,9 +32,11 @@ DEFAULT_PP = "decode|value_range(-1, 1)|keep('image', 'label')"
 def require_keys(batch, keys):
   """{k: batch[k] for k in keys}; a one-line error if the eval pp dropped one (e.g. "label")."""
   if missing := [k for k in keys if k not in batch]:
-    raise ValueError(f"The eval batches lack {', '.join(map(repr, missing))}: the pp gives "
-                     f"{sorted(k for k in batch if not k.startswith('_'))}. Keep the integer label "
-                     "(end the pp with keep('image', 'label'); no onehot) for this evaluator.")
+    raise ValueError(
+        f"The eval batches lack {', '.join(map(repr, missing))}: the pp gives "
+        f"{sorted(k for k in batch if not k.startswith('_'))}. Keep the integer label "
+        "(end the pp with keep('image', 'label'); no onehot) for this evaluator."
+    )
   return {k: batch[k] for k in keys}
 
 
@@ -44,11 +47,20 @@ def _pad_for_mesh(local, mesh):
   the callers drop rows with `_mask == False`.
   """
   devices = sharding.batch_devices(mesh)
-  pad = (-len(local["_mask"])) % (devices // math.gcd(devices, jax.process_count()))
+  pad = (-len(local["_mask"])) % (
+      devices // math.gcd(devices, jax.process_count())
+  )
   if not pad:  # (local rows x processes must split evenly over the devices)
     return local
-  return {k: np.concatenate([np.asarray(v), np.zeros((pad, *np.shape(v)[1:]), np.asarray(v).dtype)])
-          for k, v in local.items()}
+  return {
+      k: np.concatenate(
+          [
+              np.asarray(v),
+              np.zeros((pad, *np.shape(v)[1:]), np.asarray(v).dtype),
+          ]
+      )
+      for k, v in local.items()
+  }
 
 
 def map_batches(fn, params, local_batches, mesh):
@@ -83,8 +95,14 @@ def _split_int64(batch):
 
 def _join_int64(arrays):
   """The inverse of `_split_int64` on host arrays."""
-  return {k.removesuffix(_INT64): np.ascontiguousarray(v).view(np.int64)[..., 0]
-          if k.endswith(_INT64) else v for k, v in arrays.items()}
+  return {
+      k.removesuffix(_INT64): (
+          np.ascontiguousarray(v).view(np.int64)[..., 0]
+          if k.endswith(_INT64)
+          else v
+      )
+      for k, v in arrays.items()
+  }
 
 
 TOKEN_POOLS = ("mean", "flatten")
@@ -100,12 +118,17 @@ def representation(logits, out, layer, token_pool="mean"):
   16 tokens of a 28x28 image throws the layout away).
   """
   if layer != "logits" and layer not in out:
-    raise ValueError(f"representation_layer={layer!r} is not an output of the model; "
-                     f"choose one of {sorted(['logits', *out])}.")
+    raise ValueError(
+        f"representation_layer={layer!r} is not an output of the model; "
+        f"choose one of {sorted(['logits', *out])}."
+    )
   rep = logits if layer == "logits" else out[layer]
   if rep.ndim > 2:
-    rep = (rep.mean(axis=tuple(range(1, rep.ndim - 1))) if token_pool == "mean"
-           else rep.reshape(rep.shape[0], -1))
+    rep = (
+        rep.mean(axis=tuple(range(1, rep.ndim - 1)))
+        if token_pool == "mean"
+        else rep.reshape(rep.shape[0], -1)
+    )
   return rep.astype(jnp.float32)
 
 
@@ -118,7 +141,9 @@ class FeatureExtractor:
 
   def __init__(self, predict_fn, mesh, layer="pre_logits", token_pool="mean"):
     if token_pool not in TOKEN_POOLS:
-      raise ValueError(f"token_pool={token_pool!r} is not one of {TOKEN_POOLS}.")
+      raise ValueError(
+          f"token_pool={token_pool!r} is not one of {TOKEN_POOLS}."
+      )
     self.mesh, self.layer = mesh, layer
 
     def features(params, batch):
@@ -131,16 +156,22 @@ class FeatureExtractor:
   def __call__(self, params, local_batches, keys):
     """Returns a dict of numpy arrays ("feature" + keys) over the valid rows."""
     keys = tuple(dict.fromkeys(("image", "_mask", *keys)))
-    selected = (_split_int64(require_keys(local, keys)) for local in local_batches)
+    selected = (
+        _split_int64(require_keys(local, keys)) for local in local_batches
+    )
     chunks = list(map_batches(self._fn, params, selected, self.mesh))
-    cat = _join_int64({k: np.concatenate([c[k] for c in chunks]) for k in chunks[0]})
+    cat = _join_int64(
+        {k: np.concatenate([c[k] for c in chunks]) for k in chunks[0]}
+    )
     valid = cat.pop("_mask").astype(bool)
     out = {k: v[valid] for k, v in cat.items()}
     if bad := int(np.sum(~np.isfinite(out["feature"]).all(axis=1))):
       # Ridge's SVD would fail on them and L-BFGS would silently fit chance.
-      raise ValueError(f"The model's {self.layer!r} features are NaN/inf for {bad} of "
-                       f"{len(out['feature'])} examples: the checkpoint holds non-finite "
-                       "params or overflows (e.g. in bfloat16); evaluate a finite checkpoint.")
+      raise ValueError(
+          f"The model's {self.layer!r} features are NaN/inf for {bad} of "
+          f"{len(out['feature'])} examples: the checkpoint holds non-finite "
+          "params or overflows (e.g. in bfloat16); evaluate a finite checkpoint."
+      )
     return out
 
 
@@ -149,8 +180,14 @@ def gather_local(array):
   array = np.asarray(array)
   if jax.process_count() == 1:
     return array[None]
-  return _join_int64({k: np.asarray(v) for k, v in multihost_utils.process_allgather(
-      _split_int64({"x": array}), tiled=False).items()})["x"]
+  return _join_int64(
+      {
+          k: np.asarray(v)
+          for k, v in multihost_utils.process_allgather(
+              _split_int64({"x": array}), tiled=False
+          ).items()
+      }
+  )["x"]
 
 
 def select_batches(local_batches, wanted, local_batch_size, num_batches, keys):
@@ -171,7 +208,10 @@ def select_batches(local_batches, wanted, local_batch_size, num_batches, keys):
   rows, emitted, position, template = [], 0, 0, None
 
   def make(chunk):
-    batch = {k: np.zeros((local_batch_size, *v.shape), v.dtype) for k, v in template.items()}
+    batch = {
+        k: np.zeros((local_batch_size, *v.shape), v.dtype)
+        for k, v in template.items()
+    }
     for j, row in enumerate(chunk):
       for k, v in row.items():
         batch[k][j] = v
@@ -180,7 +220,9 @@ def select_batches(local_batches, wanted, local_batch_size, num_batches, keys):
 
   for local in local_batches:
     if template is None:  # Shapes and dtypes of one row, for the zero rows.
-      template = {k: np.asarray(v[0]) for k, v in require_keys(local, keys).items()}
+      template = {
+          k: np.asarray(v[0]) for k, v in require_keys(local, keys).items()
+      }
       template["_id"] = np.zeros((), np.int64)
     mask = np.asarray(local["_mask"]).astype(bool)
     for i in np.flatnonzero(mask):
@@ -202,11 +244,19 @@ def dataset_cfgs(datasets, pp, train_split, test_split):
   out = {}
   for name, spec in dict(datasets).items():
     spec = spec.to_dict() if hasattr(spec, "to_dict") else spec
-    if isinstance(spec, (tuple, list)):  # big_vision's (name, train split, test split)
+    # big_vision's (name, train split, test split)
+    if isinstance(spec, (tuple, list)):
       spec = dict(zip(("name", "train_split", "test_split"), spec))
-    base = {k: v for k, v in spec.items() if k not in ("train_split", "test_split", "pp")}
-    out[name] = (dict(base, split=spec.get("train_split", train_split)),
-                 dict(base, split=spec.get("test_split", test_split)), spec.get("pp", pp))
+    base = {
+        k: v
+        for k, v in spec.items()
+        if k not in ("train_split", "test_split", "pp")
+    }
+    out[name] = (
+        dict(base, split=spec.get("train_split", train_split)),
+        dict(base, split=spec.get("test_split", test_split)),
+        spec.get("pp", pp),
+    )
   return out
 
 
@@ -219,30 +269,54 @@ class DatasetsEvaluator:
   the cache).
   """
 
-  def __init__(self, predict_fn, mesh, datasets, pp, train_split, test_split,
-               representation_layer, token_pool, batch_size, label_key):
+  def __init__(
+      self,
+      predict_fn,
+      mesh,
+      datasets,
+      pp,
+      train_split,
+      test_split,
+      representation_layer,
+      token_pool,
+      batch_size,
+      label_key,
+  ):
     self.mesh = mesh
-    self.datasets = dataset_cfgs(DEFAULT_DATASETS if datasets is None else datasets,
-                                 pp, train_split, test_split)
-    # Now: a misspelt dataset, split or pp op, a bad batch_size stop a trainer before it trains.
+    self.datasets = dataset_cfgs(
+        DEFAULT_DATASETS if datasets is None else datasets,
+        pp,
+        train_split,
+        test_split,
+    )
+    # Now: a misspelt dataset, split or pp op, a bad batch_size stop a trainer
+    # before it trains.
     for train_cfg, test_cfg, dataset_pp in self.datasets.values():
       input_pipeline.make_eval_iterator(train_cfg, dataset_pp, batch_size)
       input_pipeline.make_eval_iterator(test_cfg, dataset_pp, batch_size)
     self.batch_size, self.label_key = int(batch_size), label_key
-    self.extractor = FeatureExtractor(predict_fn, mesh, representation_layer, token_pool)
+    self.extractor = FeatureExtractor(
+        predict_fn, mesh, representation_layer, token_pool
+    )
     self._refs, self._cache = None, {}
 
   def split_features(self, params, data_cfg, pp):
     """(features, int64 labels) of every example of one split."""
-    f = self.extractor(params, input_pipeline.make_eval_iterator(data_cfg, pp, self.batch_size),
-                       keys=(self.label_key,))
+    f = self.extractor(
+        params,
+        input_pipeline.make_eval_iterator(data_cfg, pp, self.batch_size),
+        keys=(self.label_key,),
+    )
     return f["feature"], f[self.label_key].astype(np.int64)
 
   def features_per_dataset(self, params):
     """Yields (name, self._features(params, name)) for each dataset, cached per params."""
     leaves = jax.tree.leaves(params)
-    if self._refs is None or len(leaves) != len(self._refs) or any(
-        r() is not leaf for r, leaf in zip(self._refs, leaves)):
+    if (
+        self._refs is None
+        or len(leaves) != len(self._refs)
+        or any(r() is not leaf for r, leaf in zip(self._refs, leaves))
+    ):
       self._cache = {}
       cacheable = all(isinstance(leaf, jax.Array) for leaf in leaves)
       self._refs = [weakref.ref(leaf) for leaf in leaves] if cacheable else None

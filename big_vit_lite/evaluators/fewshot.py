@@ -33,6 +33,7 @@ Config (evals.NAME minus type/log_steps):
     model's `out` ("encoded", "block03", ...); token_pool: "mean" or
     "flatten" for token-shaped layers (see features.representation).
 """
+
 import math
 
 from absl import logging
@@ -58,38 +59,72 @@ def class_ids(train_labels, test_labels, what):
   instead of lowering the accuracy without a word.
   """
   classes, test = np.unique(train_labels), np.asarray(test_labels)
-  if classes.size < 2:  # Every prediction that class: a "100%" that measures nothing.
-    raise ValueError(f"{what}: the train split has {classes.size} class(es) "
-                     f"{classes.tolist()}; evaluation needs at least 2 classes.")
+  # Every prediction that class: a "100%" that measures nothing.
+  if classes.size < 2:
+    raise ValueError(
+        f"{what}: the train split has {classes.size} class(es) "
+        f"{classes.tolist()}; evaluation needs at least 2 classes."
+    )
   pos = np.minimum(np.searchsorted(classes, test), classes.size - 1)
   unseen = classes[pos] != test
   if np.any(unseen):
     bad = np.unique(test[unseen])
-    listed = ", ".join(map(str, bad[:5].tolist())) + (", ..." if bad.size > 5 else "")
-    why = ("negative labels (-1: an unlabelled split?); use a labelled test split"
-           if bad.min() < 0 else
-           "classes the train split lacks; use a train split holding every class (e.g. a "
-           "bigger slice) or a test split without them")
-    raise ValueError(f"{what}: {int(unseen.sum())} of {test.size} test examples have labels "
-                     f"{listed}: {why}.")
+    listed = ", ".join(map(str, bad[:5].tolist())) + (
+        ", ..." if bad.size > 5 else ""
+    )
+    why = (
+        "negative labels (-1: an unlabelled split?); use a labelled test split"
+        if bad.min() < 0
+        else "classes the train split lacks; use a train split holding every class (e.g. a "
+        "bigger slice) or a test split without them"
+    )
+    raise ValueError(
+        f"{what}: {int(unseen.sum())} of {test.size} test examples have labels "
+        f"{listed}: {why}."
+    )
   return np.searchsorted(classes, train_labels), pos, int(classes.size)
 
 
 class Evaluator(feats.DatasetsEvaluator):
   """Few-shot ridge evaluation on one or more datasets."""
 
-  def __init__(self, predict_fn, *, mesh, datasets=None, pp=feats.DEFAULT_PP,
-               shots=None, num_seeds=5, representation_layer="pre_logits",
-               token_pool="mean", batch_size=256, l2_regs=ridge.DEFAULT_L2_REGS,
-               label_key="label", train_split="train", test_split="test"):
+  def __init__(
+      self,
+      predict_fn,
+      *,
+      mesh,
+      datasets=None,
+      pp=feats.DEFAULT_PP,
+      shots=None,
+      num_seeds=5,
+      representation_layer="pre_logits",
+      token_pool="mean",
+      batch_size=256,
+      l2_regs=ridge.DEFAULT_L2_REGS,
+      label_key="label",
+      train_split="train",
+      test_split="test",
+  ):
     self.default_shots = shots is None  # Adapted per dataset in _samples.
     shots = DEFAULT_SHOTS if shots is None else shots
     shots = shots if isinstance(shots, (tuple, list)) and shots else (shots,)
-    self.shots = tuple(dict.fromkeys(count(s, "each of shots", 1) for s in shots))
+    self.shots = tuple(
+        dict.fromkeys(count(s, "each of shots", 1) for s in shots)
+    )
     self.seeds = tuple(range(count(num_seeds, "num_seeds", 1)))
     self.l2_regs = tuple(float(r) for r in ridge.check_l2_regs(l2_regs))
-    super().__init__(predict_fn, mesh, datasets, pp, train_split, test_split,
-                     representation_layer, token_pool, batch_size, label_key)
+    super().__init__(
+        predict_fn,
+        mesh,
+        datasets,
+        pp,
+        train_split,
+        test_split,
+        representation_layer,
+        token_pool,
+        batch_size,
+        label_key,
+    )
     # Now, not at the first run: a dataset with too few examples for `shots`
     # stops the trainer before it trains.
     self._plans = {name: self._plan(name) for name in self.datasets}
@@ -97,31 +132,46 @@ class Evaluator(feats.DatasetsEvaluator):
   def _train_labels(self, data_cfg):
     """All processes' labels of the train split: (labels (P, n), valid (P, n))."""
     labels, masks = [], []
-    for batch in input_pipeline.make_eval_iterator(data_cfg, f"keep('{self.label_key}')",
-                                                   self.batch_size):
+    for batch in input_pipeline.make_eval_iterator(
+        data_cfg, f"keep('{self.label_key}')", self.batch_size
+    ):
       labels.append(np.asarray(batch[self.label_key]))
       masks.append(np.asarray(batch["_mask"]).astype(bool))
-    return (feats.gather_local(np.concatenate(labels)), feats.gather_local(np.concatenate(masks)))
+    return (
+        feats.gather_local(np.concatenate(labels)),
+        feats.gather_local(np.concatenate(masks)),
+    )
 
   def _samples(self, labels, what):
     """({(seed, shot): positions in labels} nested per seed; the shots used)."""
-    classes, counts = np.unique(labels, return_counts=True)  # (not bincount: ids may be huge)
+    # (not bincount: ids may be huge)
+    classes, counts = np.unique(labels, return_counts=True)
     fewest = np.argmin(counts)
     shots = self.shots
     if counts[fewest] < max(shots) and self.default_shots:
       shots = tuple(s for s in shots if s <= counts[fewest])
-      logging.warning("Few-shot %s: class %s has only %d train examples: skipping the default "
-                      "%s (set `shots` to choose the counts).", what, classes[fewest],
-                      counts[fewest], ", ".join(f"{s}-shot" for s in self.shots if s not in shots))
+      logging.warning(
+          "Few-shot %s: class %s has only %d train examples: skipping the default "
+          "%s (set `shots` to choose the counts).",
+          what,
+          classes[fewest],
+          counts[fewest],
+          ", ".join(f"{s}-shot" for s in self.shots if s not in shots),
+      )
     elif counts[fewest] < max(shots):
-      raise ValueError(f"Few-shot {what}: class {classes[fewest]} has only {counts[fewest]} train "
-                       f"examples, too few for {max(shots)}-shot; lower `shots` to at most "
-                       f"{counts[fewest]} or use a bigger train split.")
+      raise ValueError(
+          f"Few-shot {what}: class {classes[fewest]} has only {counts[fewest]} train "
+          f"examples, too few for {max(shots)}-shot; lower `shots` to at most "
+          f"{counts[fewest]} or use a bigger train split."
+      )
     out = {}
     for seed in self.seeds:
       rng = np.random.default_rng(seed)
       # The first `shot` of each class's sample of max(shots): nested samples.
-      per_class = [rng.permutation(np.flatnonzero(labels == c))[:max(shots)] for c in classes]
+      per_class = [
+          rng.permutation(np.flatnonzero(labels == c))[: max(shots)]
+          for c in classes
+      ]
       for shot in shots:
         out[seed, shot] = np.concatenate([p[:shot] for p in per_class])
     return out, shots
@@ -132,10 +182,17 @@ class Evaluator(feats.DatasetsEvaluator):
     labels_pn, valid_pn = self._train_labels(train_cfg)
     # Global example id: process * rows per process + row.
     valid_ids = np.arange(labels_pn.size).reshape(labels_pn.shape)[valid_pn]
-    samples, shots = self._samples(labels_pn[valid_pn], f"dataset {name!r} ({train_cfg['name']}, "
-                                   f"split {train_cfg['split']!r})")
-    return dict(labels_pn=labels_pn, train_labels=labels_pn[valid_pn], shots=shots,
-                samples={k: valid_ids[v] for k, v in samples.items()})
+    samples, shots = self._samples(
+        labels_pn[valid_pn],
+        f"dataset {name!r} ({train_cfg['name']}, "
+        f"split {train_cfg['split']!r})",
+    )
+    return dict(
+        labels_pn=labels_pn,
+        train_labels=labels_pn[valid_pn],
+        shots=shots,
+        samples={k: valid_ids[v] for k, v in samples.items()},
+    )
 
   def _sampled_batches(self, name):
     """This process's batches of the sampled train examples (tagged "_id": their global id)."""
@@ -149,22 +206,37 @@ class Evaluator(feats.DatasetsEvaluator):
     mine = wanted[wanted // n_local == jax.process_index()]
     return feats.select_batches(
         input_pipeline.make_eval_iterator(train_cfg, pp, self.batch_size),
-        {int(g - first): int(g) for g in mine}, local_bs, max(1, math.ceil(most / local_bs)),
-        keys=("image", self.label_key))
+        {int(g - first): int(g) for g in mine},
+        local_bs,
+        max(1, math.ceil(most / local_bs)),
+        keys=("image", self.label_key),
+    )
 
   def _features(self, params, name):
     _, test_cfg, pp = self.datasets[name]
     plan = self._plans[name]
-    train = self.extractor(params, self._sampled_batches(name), keys=(self.label_key, "_id"))
+    train = self.extractor(
+        params, self._sampled_batches(name), keys=(self.label_key, "_id")
+    )
     row_of = {int(g): i for i, g in enumerate(train["_id"])}
     test_x, test_labels = self.split_features(params, test_cfg, pp)
     classes = np.unique(plan["train_labels"])
     _, test_y, num_classes = class_ids(
-        classes, test_labels,
-        f"Few-shot dataset {name!r} ({test_cfg['name']}, split {test_cfg['split']!r})")
-    return dict(train_x=train["feature"], train_y=np.searchsorted(classes, train[self.label_key]),
-                rows={k: np.array([row_of[int(g)] for g in v]) for k, v in plan["samples"].items()},
-                test_x=test_x, test_y=test_y, num_classes=num_classes)
+        classes,
+        test_labels,
+        f"Few-shot dataset {name!r} ({test_cfg['name']}, split {test_cfg['split']!r})",
+    )
+    return dict(
+        train_x=train["feature"],
+        train_y=np.searchsorted(classes, train[self.label_key]),
+        rows={
+            k: np.array([row_of[int(g)] for g in v])
+            for k, v in plan["samples"].items()
+        },
+        test_x=test_x,
+        test_y=test_y,
+        num_classes=num_classes,
+    )
 
   def run(self, params):
     results = {}
@@ -173,9 +245,22 @@ class Evaluator(feats.DatasetsEvaluator):
         accs = []
         for seed in self.seeds:
           rows = f["rows"][seed, shot]
-          acc, fit = ridge.fit_and_score(f["train_x"][rows], f["train_y"][rows], f["test_x"],
-                                         f["test_y"], f["num_classes"], self.l2_regs)
+          acc, fit = ridge.fit_and_score(
+              f["train_x"][rows],
+              f["train_y"][rows],
+              f["test_x"],
+              f["test_y"],
+              f["num_classes"],
+              self.l2_regs,
+          )
           accs.append(acc)
-          logging.info("fewshot %s %d-shot seed %d: %.4f (l2=%g)", name, shot, seed, acc, fit.l2)
+          logging.info(
+              "fewshot %s %d-shot seed %d: %.4f (l2=%g)",
+              name,
+              shot,
+              seed,
+              acc,
+              fit.l2,
+          )
         results[f"{name}_{shot}shot"] = float(np.mean(accs))
     return results

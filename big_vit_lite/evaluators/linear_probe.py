@@ -11,6 +11,7 @@ Config (evals.NAME minus type/log_steps):
   pp: preprocessing of both splits; must keep "image" and the integer label.
   representation_layer, token_pool: which features, as in fewshot.py.
 """
+
 from absl import logging
 import jax
 import numpy as np
@@ -26,38 +27,76 @@ from big_vit_lite.evaluators import ridge
 class Evaluator(feats.DatasetsEvaluator):
   """Logistic-regression probe on one or more datasets."""
 
-  def __init__(self, predict_fn, *, mesh, datasets=None, pp=feats.DEFAULT_PP,
-               representation_layer="pre_logits", token_pool="mean", batch_size=256,
-               l2_regs=presets.LINEAR_PROBE_L2_REGS, holdout_fraction=0.1, seed=0,
-               max_iter=1000, tol=1e-4, label_key="label", train_split="train",
-               test_split="test"):
+  def __init__(
+      self,
+      predict_fn,
+      *,
+      mesh,
+      datasets=None,
+      pp=feats.DEFAULT_PP,
+      representation_layer="pre_logits",
+      token_pool="mean",
+      batch_size=256,
+      l2_regs=presets.LINEAR_PROBE_L2_REGS,
+      holdout_fraction=0.1,
+      seed=0,
+      max_iter=1000,
+      tol=1e-4,
+      label_key="label",
+      train_split="train",
+      test_split="test",
+  ):
     self.holdout_fraction = float(holdout_fraction)
-    self.l2_regs = tuple(float(r) for r in ridge.check_l2_regs(l2_regs, allow_zero=True))
+    self.l2_regs = tuple(
+        float(r) for r in ridge.check_l2_regs(l2_regs, allow_zero=True)
+    )
     self.seed, self.max_iter = int(seed), int(max_iter)
     # Gradient-norm tolerance of the mean loss (scikit-learn's lbfgs default is
     # 1e-4 too); weakly penalised fits would otherwise run to max_iter.
     self.tol = float(tol)
-    super().__init__(predict_fn, mesh, datasets, pp, train_split, test_split,
-                     representation_layer, token_pool, batch_size, label_key)
+    super().__init__(
+        predict_fn,
+        mesh,
+        datasets,
+        pp,
+        train_split,
+        test_split,
+        representation_layer,
+        token_pool,
+        batch_size,
+        label_key,
+    )
 
   def _features(self, params, name):
     train_cfg, test_cfg, pp = self.datasets[name]
-    return [self.split_features(params, cfg, pp) for cfg in (train_cfg, test_cfg)]
+    return [
+        self.split_features(params, cfg, pp) for cfg in (train_cfg, test_cfg)
+    ]
 
   def _fit(self, x, y, num_classes, weights):
     """logistic.fit for every l2 value at once; running out of device memory is one line."""
     try:
-      return logistic.fit(x, y, num_classes, self.l2_regs, weights=weights, mesh=self.mesh,
-                          max_iter=self.max_iter, tol=self.tol)
+      return logistic.fit(
+          x,
+          y,
+          num_classes,
+          self.l2_regs,
+          weights=weights,
+          mesh=self.mesh,
+          max_iter=self.max_iter,
+          tol=self.tol,
+      )
     except jax.errors.JaxRuntimeError as e:
       if not oom.is_oom(e):
         raise
-      # Not the eval batch size: L-BFGS keeps ~20 copies of the (d x classes) weights
-      # per l2 value, besides the features themselves.
-      raise ValueError(f"The linear probe ran out of device memory fitting {x.shape[0]} examples x "
-                       f"{x.shape[1]} features, {num_classes} classes, {len(self.l2_regs)} l2 "
-                       "values at once; use fewer l2_regs, token_pool='mean' or another "
-                       "representation_layer (fewer features), or a smaller train split.") from None
+      # Not the eval batch size: L-BFGS keeps ~20 copies of the (d x classes)
+      # weights per l2 value, besides the features themselves.
+      raise ValueError(
+          f"The linear probe ran out of device memory fitting {x.shape[0]} examples x "
+          f"{x.shape[1]} features, {num_classes} classes, {len(self.l2_regs)} l2 "
+          "values at once; use fewer l2_regs, token_pool='mean' or another "
+          "representation_layer (fewer features), or a smaller train split."
+      ) from None
 
   def probe(self, x_train, y_train, x_test, y_test, num_classes):
     """The test accuracy of the probe fitted on host features (l2 picked on a held-out part)."""
@@ -68,19 +107,29 @@ class Evaluator(feats.DatasetsEvaluator):
     if len(self.l2_regs) > 1:
       # Both fits use all rows with 0/1 weights (same shapes: one compilation).
       hold = np.random.default_rng(self.seed).permutation(n)[
-          :max(1, int(round(self.holdout_fraction * n)))]
+          : max(1, int(round(self.holdout_fraction * n)))
+      ]
       weights = np.ones((n,), np.float32)
       weights[hold] = 0.0
       kernels, biases, _ = self._fit(x_train, y_train, num_classes, weights)
-      accs = [logistic.accuracy(k, b, x_train[hold], y_train[hold])
-              for k, b in zip(kernels, biases)]
+      accs = [
+          logistic.accuracy(k, b, x_train[hold], y_train[hold])
+          for k, b in zip(kernels, biases)
+      ]
       # Ties go to the larger penalty (the smoother model).
       best = max(range(len(accs)), key=lambda i: (accs[i], self.l2_regs[i]))
-      logging.info("linear probe holdout accuracy per l2: %s", dict(zip(self.l2_regs, accs)))
+      logging.info(
+          "linear probe holdout accuracy per l2: %s",
+          dict(zip(self.l2_regs, accs)),
+      )
     kernels, biases, iters = self._fit(x_train, y_train, num_classes, None)
     acc = logistic.accuracy(kernels[best], biases[best], x_test, y_test)
-    logging.info("linear probe: l2=%g, %d L-BFGS iterations, test accuracy %.4f",
-                 self.l2_regs[best], int(iters[best]), acc)
+    logging.info(
+        "linear probe: l2=%g, %d L-BFGS iterations, test accuracy %.4f",
+        self.l2_regs[best],
+        int(iters[best]),
+        acc,
+    )
     return acc
 
   def run(self, params):
@@ -88,7 +137,10 @@ class Evaluator(feats.DatasetsEvaluator):
     for name, ((x_tr, y_tr), (x_te, y_te)) in self.features_per_dataset(params):
       test_cfg = self.datasets[name][1]
       y_tr, y_te, num_classes = fewshot.class_ids(
-          y_tr, y_te, f"Linear-probe dataset {name!r} ({test_cfg['name']}, "
-          f"split {test_cfg['split']!r})")
+          y_tr,
+          y_te,
+          f"Linear-probe dataset {name!r} ({test_cfg['name']}, "
+          f"split {test_cfg['split']!r})",
+      )
       results[name] = self.probe(x_tr, y_tr, x_te, y_te, num_classes)
     return results

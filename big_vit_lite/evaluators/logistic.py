@@ -13,6 +13,7 @@ n, so both reach the same minimiser.
 Several l2 values are solved at once with `jax.vmap` over one compiled
 L-BFGS loop; the data is shared, only the (d x c) weights are per-value.
 """
+
 import functools
 
 import jax
@@ -26,9 +27,11 @@ from big_vit_lite import sharding
 
 def _objective(params, x, y, w, l2):
   logits = x @ params["kernel"] + params["bias"]
-  xent = -jnp.take_along_axis(jax.nn.log_softmax(logits), y[:, None], axis=1)[:, 0]
+  xent = -jnp.take_along_axis(jax.nn.log_softmax(logits), y[:, None], axis=1)[
+      :, 0
+  ]
   data = jnp.sum(w * xent) / jnp.maximum(jnp.sum(w), 1.0)
-  return data + 0.5 * l2 * jnp.sum(params["kernel"]**2)
+  return data + 0.5 * l2 * jnp.sum(params["kernel"] ** 2)
 
 
 def _lbfgs(x, y, w, l2, num_classes, max_iter, tol):
@@ -36,13 +39,17 @@ def _lbfgs(x, y, w, l2, num_classes, max_iter, tol):
   fun = functools.partial(_objective, x=x, y=y, w=w, l2=l2)
   value_and_grad = optax.value_and_grad_from_state(fun)
   opt = optax.lbfgs()
-  params = {"kernel": jnp.zeros((x.shape[1], num_classes), x.dtype),
-            "bias": jnp.zeros((num_classes,), x.dtype)}
+  params = {
+      "kernel": jnp.zeros((x.shape[1], num_classes), x.dtype),
+      "bias": jnp.zeros((num_classes,), x.dtype),
+  }
 
   def step(carry):
     params, state = carry
     value, grad = value_and_grad(params, state=state)
-    updates, state = opt.update(grad, state, params, value=value, grad=grad, value_fn=fun)
+    updates, state = opt.update(
+        grad, state, params, value=value, grad=grad, value_fn=fun
+    )
     return optax.apply_updates(params, updates), state
 
   def not_done(carry):
@@ -57,7 +64,9 @@ def _lbfgs(x, y, w, l2, num_classes, max_iter, tol):
 
 @functools.partial(jax.jit, static_argnames=("num_classes", "max_iter"))
 def _fit_many(x, y, w, l2s, *, num_classes, max_iter, tol):
-  return jax.vmap(lambda l2: _lbfgs(x, y, w, l2, num_classes, max_iter, tol))(l2s)
+  return jax.vmap(lambda l2: _lbfgs(x, y, w, l2, num_classes, max_iter, tol))(
+      l2s
+  )
 
 
 def _to_device(arrays, mesh):
@@ -67,10 +76,23 @@ def _to_device(arrays, mesh):
   rows = sharding.batch_sharding(mesh)
   # Every process holds all rows (features were gathered), so each device
   # just takes its slice of the host copy.
-  return [jax.make_array_from_callback(a.shape, rows, lambda idx, a=a: a[idx]) for a in arrays]
+  return [
+      jax.make_array_from_callback(a.shape, rows, lambda idx, a=a: a[idx])
+      for a in arrays
+  ]
 
 
-def fit(x, labels, num_classes, l2s, *, weights=None, mesh=None, max_iter=1000, tol=1e-5):
+def fit(
+    x,
+    labels,
+    num_classes,
+    l2s,
+    *,
+    weights=None,
+    mesh=None,
+    max_iter=1000,
+    tol=1e-5
+):
   """Fits one logistic regression per l2 value.
 
   Args:
@@ -89,16 +111,35 @@ def fit(x, labels, num_classes, l2s, *, weights=None, mesh=None, max_iter=1000, 
   """
   x, labels = np.asarray(x, np.float32), np.asarray(labels, np.int32)
   n = x.shape[0]
-  weights = (np.ones((n,), np.float32) if weights is None
-             else np.asarray(weights, np.float32).reshape(n))
+  weights = (
+      np.ones((n,), np.float32)
+      if weights is None
+      else np.asarray(weights, np.float32).reshape(n)
+  )
   pad = (-n) % sharding.batch_devices(mesh)  # Zero rows of weight 0.
-  xd, yd, wd = _to_device([np.pad(a, [(0, pad)] + [(0, 0)] * (a.ndim - 1))
-                           for a in (x, labels, weights)], mesh)
-  params, iters = _fit_many(xd, yd, wd, jnp.asarray(l2s, jnp.float32),
-                            num_classes=num_classes, max_iter=max_iter, tol=tol)
+  xd, yd, wd = _to_device(
+      [
+          np.pad(a, [(0, pad)] + [(0, 0)] * (a.ndim - 1))
+          for a in (x, labels, weights)
+      ],
+      mesh,
+  )
+  params, iters = _fit_many(
+      xd,
+      yd,
+      wd,
+      jnp.asarray(l2s, jnp.float32),
+      num_classes=num_classes,
+      max_iter=max_iter,
+      tol=tol,
+  )
   # process_allgather also handles arrays spread over several processes.
   params, iters = multihost_utils.process_allgather((params, iters), tiled=True)
-  return np.asarray(params["kernel"]), np.asarray(params["bias"]), np.asarray(iters)
+  return (
+      np.asarray(params["kernel"]),
+      np.asarray(params["bias"]),
+      np.asarray(iters),
+  )
 
 
 def accuracy(kernel, bias, x, labels):

@@ -17,6 +17,7 @@ Average precision needs every score of a class, so all logits of the split come 
 host: examples x classes x 4 bytes (50k x 18k classes = 3.6 GB); use a subset split for heads
 that large.
 """
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -32,19 +33,27 @@ def average_precision(scores, positive):
   """AP of one class: scores [N] float, positive [N] bool; NaN when there is no positive."""
   order = np.argsort(-scores, kind="stable")
   scores, positive = scores[order], positive[order]
-  # The last example of each run of tied scores: one threshold per distinct score.
+  # The last example of each run of tied scores: one threshold per distinct
+  # score.
   ends = np.flatnonzero(np.diff(scores, append=-np.inf) != 0)
   true_pos = np.cumsum(positive)[ends]
   precision = true_pos / (ends + 1)
   recall_steps = np.diff(true_pos, prepend=0) / max(int(positive.sum()), 1)
-  return float(np.sum(recall_steps * precision)) if positive.any() else float("nan")
+  return (
+      float(np.sum(recall_steps * precision))
+      if positive.any()
+      else float("nan")
+  )
 
 
 def metrics(logits, labels):
   """The metrics above from host arrays logits [N, C] and k-hot labels [N, C]."""
   positive = (labels > 0) & (labels >= labels.max(axis=1, keepdims=True))
   num_classes = logits.shape[1]
-  per_class_ap = [average_precision(logits[:, c], positive[:, c]) for c in range(num_classes)]
+  per_class_ap = [
+      average_precision(logits[:, c], positive[:, c])
+      for c in range(num_classes)
+  ]
   has_positive = positive.any(axis=0)
   predicted = logits > 0
   true_pos = np.sum(predicted & positive, axis=0)
@@ -52,10 +61,12 @@ def metrics(logits, labels):
   recall = true_pos / np.maximum(positive.sum(axis=0), 1)
   labelled = positive.any(axis=1)
   top1_correct = positive[np.arange(len(logits)), np.argmax(logits, axis=1)]
-  out = {"mAP": float(np.nanmean(per_class_ap)),
-         "prec@1": float(top1_correct[labelled].mean()),
-         "precision": float(precision.mean()),
-         "recall": float(recall[has_positive].mean())}
+  out = {
+      "mAP": float(np.nanmean(per_class_ap)),
+      "prec@1": float(top1_correct[labelled].mean()),
+      "precision": float(precision.mean()),
+      "recall": float(recall[has_positive].mean()),
+  }
   if num_classes <= PER_CLASS_MAX:
     for c in range(num_classes):
       out[f"precision/{c}"] = float(precision[c])
@@ -73,36 +84,53 @@ class Evaluator:
 
     def outputs(params, batch):
       logits, _ = predict_fn(params, batch["image"])
-      if batch["labels"].shape[-1] != logits.shape[-1]:  # Static: raised while tracing.
-        raise ValueError(f"The eval pp makes {batch['labels'].shape[-1]}-class 'labels' but the "
-                         f"model's head has {logits.shape[-1]} outputs; use "
-                         f"onehot({logits.shape[-1]}, key='labels') in the pp.")
-      return {"logits": logits.astype(jnp.float32), "labels": batch["labels"],
-              "mask": batch["_mask"]}
+      # Static: raised while tracing.
+      if batch["labels"].shape[-1] != logits.shape[-1]:
+        raise ValueError(
+            f"The eval pp makes {batch['labels'].shape[-1]}-class 'labels' but the "
+            f"model's head has {logits.shape[-1]} outputs; use "
+            f"onehot({logits.shape[-1]}, key='labels') in the pp."
+        )
+      return {
+          "logits": logits.astype(jnp.float32),
+          "labels": batch["labels"],
+          "mask": batch["_mask"],
+      }
 
     self._outputs = jax.jit(outputs)
 
   def _batches(self):
     for b in self.batches:
       if "labels" not in b:
-        raise ValueError(f"multilabel eval data {self.data}: the pp makes no k-hot 'labels' "
-                         f"(it gives {sorted(b)}); end it with onehot(K, key='labels')|"
-                         f"keep('image', 'labels')")
+        raise ValueError(
+            f"multilabel eval data {self.data}: the pp makes no k-hot 'labels' "
+            f"(it gives {sorted(b)}); end it with onehot(K, key='labels')|"
+            f"keep('image', 'labels')"
+        )
       yield {k: b[k] for k in ("image", "labels", "_mask")}
 
   def run(self, params):
     parts = {"logits": [], "labels": [], "mask": []}
-    for out in feats.map_batches(self._outputs, params, self._batches(), self.mesh):
+    for out in feats.map_batches(
+        self._outputs, params, self._batches(), self.mesh
+    ):
       for k, v in out.items():
         parts[k].append(np.asarray(v))
     mask = np.concatenate(parts["mask"]).astype(bool)
     logits = np.concatenate(parts["logits"])[mask]
     labels = np.concatenate(parts["labels"])[mask].astype(np.float32)
     if not np.isfinite(logits).all():
-      raise ValueError(f"multilabel eval data {self.data}: the model's logits are NaN/inf; "
-                       f"evaluate a finite checkpoint")
+      raise ValueError(
+          f"multilabel eval data {self.data}: the model's logits are NaN/inf; "
+          f"evaluate a finite checkpoint"
+      )
     if not (labels > 0).any():
-      raise ValueError(f"multilabel eval data {self.data} has no positive label; check the "
-                       f"split and the pp")
+      raise ValueError(
+          f"multilabel eval data {self.data} has no positive label; check the "
+          f"split and the pp"
+      )
     loss = optax.sigmoid_binary_cross_entropy(logits, labels)
-    return {**metrics(logits, labels), "loss": float(np.mean(np.sum(loss, axis=1)))}
+    return {
+        **metrics(logits, labels),
+        "loss": float(np.mean(np.sum(loss, axis=1))),
+    }

@@ -10,6 +10,7 @@ whose metrics appear as "fewshot/mnist10k_10shot" etc.; `folder=ROOT`
 evaluates an image folder ROOT/{train,test}/CLASS/* instead, named after
 basename(ROOT).
 """
+
 import os
 
 from ml_collections import config_dict
@@ -23,15 +24,19 @@ LINEAR_PROBE_L2_REGS = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2)
 
 def eval_pp(res, channels=3, label_key="label"):
   """Decode, resize to the model's resolution, grey->RGB (channels=3), [-1, 1]."""
-  return (f"decode(channels={int(channels)})|resize({int(res)})|value_range(-1, 1)|"
-          f"keep('image', '{label_key}')")
+  return (
+      f"decode(channels={int(channels)})|resize({int(res)})|value_range(-1, 1)|"
+      f"keep('image', '{label_key}')"
+  )
 
 
 def folder_datasets(root):
   """{basename(ROOT): imagefolder data cfg} for ROOT/{train,test}/CLASS/*."""
   root = os.path.abspath(os.path.expanduser(str(root)))
   if not (name := os.path.basename(root.rstrip(os.sep))):
-    raise ValueError(f"folder={root!r}: use a named folder holding train/ and test/.")
+    raise ValueError(
+        f"folder={root!r}: use a named folder holding train/ and test/."
+    )
   return {name: dict(name="imagefolder", data_dir=root)}
 
 
@@ -43,8 +48,15 @@ def _datasets(datasets, folder, data_dir):
   # `--config.evals.fewshot.datasets.mnist10k.data_dir=DIR` must work, and
   # ml_collections cannot override a plain None from the command line. (These
   # dicts are meant for ConfigDicts, which resolve placeholders on access.)
-  return {n: dict(name=n, data_dir=config_dict.placeholder(str) if data_dir is None else data_dir)
-          for n in names}
+  return {
+      n: dict(
+          name=n,
+          data_dir=config_dict.placeholder(str)
+          if data_dir is None
+          else data_dir,
+      )
+      for n in names
+  }
 
 
 def _entry(cfg, runlocal, folder, log_steps, **local):
@@ -58,37 +70,77 @@ def _entry(cfg, runlocal, folder, log_steps, **local):
   return cfg
 
 
-def fewshot(res, *, channels=3, datasets=None, folder=None, data_dir=None,
-            shots=None, num_seeds=5, representation_layer="pre_logits",
-            token_pool="mean", batch_size=256, log_steps=None, runlocal=False):
+def fewshot(
+    res,
+    *,
+    channels=3,
+    datasets=None,
+    folder=None,
+    data_dir=None,
+    shots=None,
+    num_seeds=5,
+    representation_layer="pre_logits",
+    token_pool="mean",
+    batch_size=256,
+    log_steps=None,
+    runlocal=False,
+):
   """A `type="fewshot"` evals entry (dict); `log_steps=None` for eval-only configs.
 
   shots=None: 1, 5, 10, 25 less those a dataset has too few images per class for.
   """
   # Every setting spelled out, so that each can be set from the command line
   # (e.g. --config.evals.fewshot.l2_regs='(1.0,)').
-  cfg = dict(type="fewshot", datasets=_datasets(datasets, folder, data_dir),
-             pp=eval_pp(res, channels), num_seeds=num_seeds,
-             shots=config_dict.placeholder(tuple) if shots is None else tuple(shots),
-             representation_layer=representation_layer, token_pool=token_pool,
-             batch_size=batch_size, train_split="train", test_split="test",
-             l2_regs=tuple(ridge.DEFAULT_L2_REGS))
-  return _entry(cfg, runlocal, folder, log_steps, shots=(1, 5), num_seeds=2, batch_size=64)
+  cfg = dict(
+      type="fewshot",
+      datasets=_datasets(datasets, folder, data_dir),
+      pp=eval_pp(res, channels),
+      num_seeds=num_seeds,
+      shots=config_dict.placeholder(tuple) if shots is None else tuple(shots),
+      representation_layer=representation_layer,
+      token_pool=token_pool,
+      batch_size=batch_size,
+      train_split="train",
+      test_split="test",
+      l2_regs=tuple(ridge.DEFAULT_L2_REGS),
+  )
+  return _entry(
+      cfg, runlocal, folder, log_steps, shots=(1, 5), num_seeds=2, batch_size=64
+  )
 
 
-def linear_probe(res, *, channels=3, datasets=None, folder=None, data_dir=None,
-                 representation_layer="pre_logits", token_pool="mean", batch_size=256,
-                 log_steps=None, runlocal=False):
+def linear_probe(
+    res,
+    *,
+    channels=3,
+    datasets=None,
+    folder=None,
+    data_dir=None,
+    representation_layer="pre_logits",
+    token_pool="mean",
+    batch_size=256,
+    log_steps=None,
+    runlocal=False,
+):
   """A `type="linear_probe"` evals entry (dict)."""
-  cfg = dict(type="linear_probe", datasets=_datasets(datasets, folder, data_dir),
-             pp=eval_pp(res, channels), representation_layer=representation_layer,
-             token_pool=token_pool, batch_size=batch_size, train_split="train", test_split="test",
-             l2_regs=LINEAR_PROBE_L2_REGS, holdout_fraction=0.1, max_iter=1000)
+  cfg = dict(
+      type="linear_probe",
+      datasets=_datasets(datasets, folder, data_dir),
+      pp=eval_pp(res, channels),
+      representation_layer=representation_layer,
+      token_pool=token_pool,
+      batch_size=batch_size,
+      train_split="train",
+      test_split="test",
+      l2_regs=LINEAR_PROBE_L2_REGS,
+      holdout_fraction=0.1,
+      max_iter=1000,
+  )
   return _entry(cfg, runlocal, folder, log_steps, batch_size=64, max_iter=200)
 
 
 def parse_arg(arg, **defaults):
-  """"folder=/x,res=224,runlocal" -> dict over `defaults` (bare names mean True).
+  """ "folder=/x,res=224,runlocal" -> dict over `defaults` (bare names mean True).
 
   Values are converted to the type of their default (int, float, bool, str);
   unknown names are an error.
@@ -97,7 +149,9 @@ def parse_arg(arg, **defaults):
   for item in filter(None, (s.strip() for s in (arg or "").split(","))):
     key, sep, value = item.partition("=")
     if key not in defaults:
-      raise ValueError(f"Unknown config arg {key!r}; known: {', '.join(defaults)}.")
+      raise ValueError(
+          f"Unknown config arg {key!r}; known: {', '.join(defaults)}."
+      )
     if not sep or isinstance(defaults[key], bool):
       value = not sep or value.lower() in ("true", "1")
     elif isinstance(defaults[key], (int, float)):

@@ -10,6 +10,7 @@ l2 value at once, and also the exact leave-one-out (LOO) residuals, so the l2
 value is chosen on the training examples alone (the test split is never
 looked at to pick it).
 """
+
 import dataclasses
 
 import numpy as np
@@ -24,15 +25,20 @@ def check_l2_regs(l2_regs, allow_zero=False):
   """l2_regs (one number or several) as a float64 vector: finite, > 0 (>= 0 with allow_zero)."""
   regs = np.asarray(l2_regs, np.float64).reshape(-1)
   # (NaN or inf would fit nothing and report chance accuracy.)
-  if not regs.size or not np.all(np.isfinite(regs) & ((regs >= 0) if allow_zero else (regs > 0))):
-    raise ValueError(f"l2_regs must be finite numbers {'>=' if allow_zero else '>'} 0, e.g. "
-                     f"(1e-6, 1e-4, 1e-2); got {l2_regs!r}.")
+  if not regs.size or not np.all(
+      np.isfinite(regs) & ((regs >= 0) if allow_zero else (regs > 0))
+  ):
+    raise ValueError(
+        f"l2_regs must be finite numbers {'>=' if allow_zero else '>'} 0, e.g. "
+        f"(1e-6, 1e-4, 1e-2); got {l2_regs!r}."
+    )
   return regs
 
 
 @dataclasses.dataclass
 class Standardizer:
   """Per-dimension z-scoring with statistics taken from the training rows."""
+
   mean: np.ndarray
   std: np.ndarray
 
@@ -42,7 +48,9 @@ class Standardizer:
     std = x.std(axis=0)
     # Constant dimensions carry no information; dividing by 1 keeps them at 0
     # instead of producing inf/nan.
-    std = np.where(std > 1e-6 * max(float(std.max(initial=0.0)), 1e-30), std, 1.0)
+    std = np.where(
+        std > 1e-6 * max(float(std.max(initial=0.0)), 1e-30), std, 1.0
+    )
     return cls(mean=x.mean(axis=0), std=std)
 
   def __call__(self, x):
@@ -60,10 +68,11 @@ def signed_onehot(labels, num_classes):
 @dataclasses.dataclass
 class RidgeFit:
   """A fitted ridge model: predict(x) = x @ w + b."""
-  w: np.ndarray          # (d, c)
-  b: np.ndarray          # (c,)
-  l2: float              # the chosen l2 value
-  loo_accuracy: float    # leave-one-out accuracy of the chosen value
+
+  w: np.ndarray  # (d, c)
+  b: np.ndarray  # (c,)
+  l2: float  # the chosen l2 value
+  loo_accuracy: float  # leave-one-out accuracy of the chosen value
 
   def predict(self, x):
     return np.asarray(x, np.float64) @ self.w + self.b
@@ -85,15 +94,15 @@ def ridge_path(x, y, l2_regs):
   x_mean, y_mean = x.mean(axis=0), y.mean(axis=0)
   xc, yc = x - x_mean, y - y_mean
   u, s, vt = np.linalg.svd(xc, full_matrices=False)  # xc = u diag(s) vt
-  uty = u.T @ yc                                    # (r, c)
+  uty = u.T @ yc  # (r, c)
   s2 = s**2
-  shrink = s[None, :] / (s2[None, :] + regs[:, None])         # (k, r)
+  shrink = s[None, :] / (s2[None, :] + regs[:, None])  # (k, r)
   ws = np.einsum("dr,kr,rc->kdc", vt.T, shrink, uty)
   b = y_mean[None, :] - np.einsum("d,kdc->kc", x_mean, ws)
   # Hat matrix of the fit: H = 1 1^T / n + u diag(s^2 / (s^2 + l2)) u^T.
   # LOO prediction of row i: y_i - (y_i - yhat_i) / (1 - H_ii), exact for
   # any quadratic-penalty least squares with a data-independent penalty.
-  gain = s2[None, :] / (s2[None, :] + regs[:, None])           # (k, r)
+  gain = s2[None, :] / (s2[None, :] + regs[:, None])  # (k, r)
   fitted = y_mean + np.einsum("nr,kr,rc->knc", u, gain, uty)
   h_diag = 1.0 / n + np.einsum("nr,kr->kn", u**2, gain)
   # h_ii reaches 1 only for a row nothing else can predict (e.g. n == 1);
@@ -115,12 +124,21 @@ def fit(x, labels, num_classes, l2_regs=DEFAULT_L2_REGS):
   y = signed_onehot(labels, num_classes)
   ws, bs, loo = ridge_path(x, y, regs)
   loo_acc = (loo.argmax(-1) == labels[None]).mean(axis=1)
-  loo_mse = ((loo - y[None])**2).mean(axis=(1, 2))
-  best = min(range(regs.size), key=lambda k: (-loo_acc[k], loo_mse[k], -regs[k]))
-  return RidgeFit(w=ws[best], b=bs[best], l2=float(regs[best]), loo_accuracy=float(loo_acc[best]))
+  loo_mse = ((loo - y[None]) ** 2).mean(axis=(1, 2))
+  best = min(
+      range(regs.size), key=lambda k: (-loo_acc[k], loo_mse[k], -regs[k])
+  )
+  return RidgeFit(
+      w=ws[best],
+      b=bs[best],
+      l2=float(regs[best]),
+      loo_accuracy=float(loo_acc[best]),
+  )
 
 
-def fit_and_score(x_train, y_train, x_test, y_test, num_classes, l2_regs=DEFAULT_L2_REGS):
+def fit_and_score(
+    x_train, y_train, x_test, y_test, num_classes, l2_regs=DEFAULT_L2_REGS
+):
   """Standardise on train, fit with LOO-chosen l2, return (test accuracy, fit)."""
   standardize = Standardizer.fit(x_train)
   model = fit(standardize(x_train), y_train, num_classes, l2_regs)

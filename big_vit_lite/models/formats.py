@@ -4,6 +4,7 @@ Formats: `.npz` (models.npz: vision_transformer, big_vision, pre-linen),
 `.safetensors` (models.timm), and a directory (models.steps: a training
 workdir or one of its step dirs).
 """
+
 import os
 from typing import Sequence
 
@@ -39,13 +40,20 @@ def read_params_and_grid(path, num_heads=None):
   if resolved.is_dir():
     tree, config = steps.load_params(resolved)
     flat = layout.canonicalize(layout.to_numpy_flat(tree))
-    if hw := steps.trained_hw(config, flat):  # The image size its pp gives -> the patch grid.
+    # The image size its pp gives -> the patch grid.
+    if hw := steps.trained_hw(config, flat):
       hw = tuple(n // flat["embedding/kernel"].shape[0] for n in hw)
     return flat, hw
   return layout.canonicalize(npz.read_npz(resolved)), None
 
 
-def load(init_params, path, model_cfg=None, dont_load: Sequence[str] = (), grid_hw=None):
+def load(
+    init_params,
+    path,
+    model_cfg=None,
+    dont_load: Sequence[str] = (),
+    grid_hw=None,
+):
   """Loads a checkpoint into the structure of `init_params`.
 
   init_params: the model's params (the "params" collection), boxed
@@ -67,8 +75,11 @@ def load(init_params, path, model_cfg=None, dont_load: Sequence[str] = (), grid_
   Raises ValueError naming the first missing or mismatched param.
   """
   del model_cfg
-  num_heads = next(v.shape[-2] for k, v in layout.flatten(nn.meta.unbox(init_params)).items()
-                   if k.endswith("MultiHeadDotProductAttention_0/query/kernel"))
+  num_heads = next(
+      v.shape[-2]
+      for k, v in layout.flatten(nn.meta.unbox(init_params)).items()
+      if k.endswith("MultiHeadDotProductAttention_0/query/kernel")
+  )
   flat, src_grid_hw = read_params_and_grid(path, num_heads)
   try:
     return layout.merge(init_params, flat, dont_load, grid_hw, src_grid_hw)

@@ -1,4 +1,5 @@
 """.npz checkpoints (vision_transformer, big_vision): read and write flat "a/b/c" arrays."""
+
 import zipfile
 
 import jax
@@ -18,18 +19,25 @@ def read_npz(path) -> dict:
   try:
     # Through epath, so that a gs:// model_init reads like a local file.
     with paths.resolve(path).open("rb") as fh:
-      if fh.read(4) in (b"PK\x03\x04", b"PK\x05\x06"):  # zip: local header / empty archive
+      # zip: local header / empty archive
+      if fh.read(4) in (b"PK\x03\x04", b"PK\x05\x06"):
         fh.seek(0)
         with np.load(fh, allow_pickle=False) as f:
           return {k: _recover_bfloat16(f[k]) for k in f.files}
   except (zipfile.BadZipFile, EOFError, OSError) as e:
-    raise ValueError(f"Cannot read {path}: a damaged or truncated .npz ({e}); copy or "
-                     "download it again.") from None
+    raise ValueError(
+        f"Cannot read {path}: a damaged or truncated .npz ({e}); copy or "
+        "download it again."
+    ) from None
   except ValueError as e:
-    raise ValueError(f"Cannot read {path}: {e} (pickled npz files are refused; "
-                     "re-save the arrays with np.savez).") from None
-  raise ValueError(f"Cannot read {path}: not an .npz (zip) file; pass an .npz written by "
-                   "np.savez or vit.save_npz.")
+    raise ValueError(
+        f"Cannot read {path}: {e} (pickled npz files are refused; "
+        "re-save the arrays with np.savez)."
+    ) from None
+  raise ValueError(
+      f"Cannot read {path}: not an .npz (zip) file; pass an .npz written by "
+      "np.savez or vit.save_npz."
+  )
 
 
 def _recover_bfloat16(a):
@@ -46,7 +54,9 @@ def save_npz(params, path):
   because .npz has no bfloat16 type.
   """
   flat = layout.unstack_layers(layout.to_numpy_flat(params))
-  flat = {k: v.astype(np.float32) if v.dtype == jax.numpy.bfloat16 else v for k, v in flat.items()}
+  flat = {
+      k: v.astype(np.float32) if v.dtype == jax.numpy.bfloat16 else v
+      for k, v in flat.items()
+  }
   with open(path, "wb") as f:  # np.savez would append ".npz" to other names.
     np.savez(f, **flat)
-

@@ -4,13 +4,15 @@ Each computes what its jax/flax counterpart computes, with a custom backward
 pass that is faster on CPU; why, and the measurements: benchmarks/NOTES.md,
 section "Model (models/)". `vit` re-exports them.
 """
+
 import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-CUDNN_SEQ_MULTIPLE = 8  # cuDNN's tokens are padded to a multiple of this (see NOTES.md)
+# cuDNN's tokens are padded to a multiple of this (see NOTES.md)
+CUDNN_SEQ_MULTIPLE = 8
 
 
 def _normal_cdf(x):
@@ -27,7 +29,8 @@ def gelu_exact(x):
 
 
 def _gelu_exact_bwd(x, g):
-  x = jax.lax.optimization_barrier(x)  # Keeps XLA from merging this erf with the forward's.
+  # Keeps XLA from merging this erf with the forward's.
+  x = jax.lax.optimization_barrier(x)
   pdf = jnp.exp(-0.5 * x * x) * np.asarray(1 / np.sqrt(2 * np.pi), x.dtype)
   return (g * (_normal_cdf(x) + x * pdf),)
 
@@ -42,7 +45,8 @@ def dot_product_attention(q, k, v):
   and softmax in float32, probabilities cast back to v's dtype), with the heads
   moved next to the batch.
   """
-  q, k, v = (jnp.swapaxes(a, 1, 2) for a in (q, k, v))  # (batch, heads, seq, D/H)
+  # (batch, heads, seq, D/H)
+  q, k, v = (jnp.swapaxes(a, 1, 2) for a in (q, k, v))
   return jnp.swapaxes(_attention_core(q, k, v), 1, 2)
 
 
@@ -56,14 +60,17 @@ def _attention_core(q, k, v):
 
 
 def _transposed_copy(x):
-  # A real (seq_k, seq_q) copy: without the barrier XLA folds the transpose into the dot, whose
-  # LHS then contracts over its major dim and misses the fast CPU matmul kernels.
+  # A real (seq_k, seq_q) copy: without the barrier XLA folds the transpose into
+  # the dot, whose LHS then contracts over its major dim and misses the fast CPU
+  # matmul kernels.
   return jax.lax.optimization_barrier(jnp.swapaxes(x, -1, -2))
 
 
 def _attention_core_fwd(q, k, v):
   q = q * _head_scale(q)  # On q, not on the (larger) logits.
-  logits = jnp.einsum("bnqh,bnkh->bnqk", q, k, preferred_element_type=jnp.float32)
+  logits = jnp.einsum(
+      "bnqh,bnkh->bnqk", q, k, preferred_element_type=jnp.float32
+  )
   probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
   return jnp.einsum("bnqk,bnkh->bnqh", probs, v), (q, k, v, probs)
 
@@ -71,12 +78,18 @@ def _attention_core_fwd(q, k, v):
 def _attention_core_bwd(res, dout):
   q_scaled, k, v, probs = res
   scale = _head_scale(q_scaled)
-  dv = jnp.einsum("bnkq,bnqh->bnkh", _transposed_copy(probs), dout.astype(probs.dtype))
-  dp = jnp.einsum("bnqh,bnkh->bnqk", dout, v, preferred_element_type=jnp.float32)
+  dv = jnp.einsum(
+      "bnkq,bnqh->bnkh", _transposed_copy(probs), dout.astype(probs.dtype)
+  )
+  dp = jnp.einsum(
+      "bnqh,bnkh->bnqk", dout, v, preferred_element_type=jnp.float32
+  )
   p32 = probs.astype(jnp.float32)
   ds = p32 * (dp - jnp.sum(dp * p32, axis=-1, keepdims=True))  # d(logits)
   dq = jnp.einsum("bnqk,bnkh->bnqh", ds.astype(k.dtype), k) * scale
-  dk = jnp.einsum("bnkq,bnqh->bnkh", _transposed_copy(ds.astype(q_scaled.dtype)), q_scaled)
+  dk = jnp.einsum(
+      "bnkq,bnqh->bnkh", _transposed_copy(ds.astype(q_scaled.dtype)), q_scaled
+  )
   return dq.astype(q_scaled.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
 
 
@@ -90,20 +103,31 @@ def padded_attention(q, k, v, implementation="cudnn", multiple=None):
   the padded keys are masked (key_value_seq_lengths) and the padded query rows dropped, so
   the result is that of the unpadded attention.
   """
-  multiple = multiple or CUDNN_SEQ_MULTIPLE  # (read at each call: a benchmark sets it)
+  # (read at each call: a benchmark sets it)
+  multiple = multiple or CUDNN_SEQ_MULTIPLE
   (b, t), s = q.shape[:2], k.shape[1]
   pad_t, pad_s = -t % multiple, -s % multiple
   pad = lambda a, n: jnp.pad(a, ((0, 0), (0, n), (0, 0), (0, 0))) if n else a
   lengths = jnp.full((b,), s, jnp.int32) if pad_s else None
-  out = jax.nn.dot_product_attention(pad(q, pad_t), pad(k, pad_s), pad(v, pad_s),
-                                     key_value_seq_lengths=lengths, implementation=implementation)
+  out = jax.nn.dot_product_attention(
+      pad(q, pad_t),
+      pad(k, pad_s),
+      pad(v, pad_s),
+      key_value_seq_lengths=lengths,
+      implementation=implementation,
+  )
   return out[:, :t]
 
 
 def attention_fn(kind: str):
   """The (batch, seq, heads, D/H) attention function of a resolved kind: custom | xla | cudnn."""
-  return {"custom": dot_product_attention, "cudnn": padded_attention,
-          "xla": functools.partial(jax.nn.dot_product_attention, implementation="xla")}[kind]
+  return {
+      "custom": dot_product_attention,
+      "cudnn": padded_attention,
+      "xla": functools.partial(
+          jax.nn.dot_product_attention, implementation="xla"
+      ),
+  }[kind]
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
@@ -120,17 +144,27 @@ def _layer_norm_fwd(x, scale, bias, eps):
   x = x.astype(dtype)
   # One pass over x: mean and mean of squares.
   mean = jnp.mean(x, axis=-1, keepdims=True)
-  var = jnp.maximum(jnp.mean(jnp.square(x), axis=-1, keepdims=True) - jnp.square(mean), 0.0)
+  var = jnp.maximum(
+      jnp.mean(jnp.square(x), axis=-1, keepdims=True) - jnp.square(mean), 0.0
+  )
   rstd = jax.lax.rsqrt(var + eps)
-  return (x - mean) * rstd * scale.astype(dtype) + bias.astype(dtype), (x_in, mean, rstd, scale)
+  return (x - mean) * rstd * scale.astype(dtype) + bias.astype(dtype), (
+      x_in,
+      mean,
+      rstd,
+      scale,
+  )
 
 
 def _layer_norm_bwd(_eps, res, dy):
   x_in, mean, rstd, scale = res
   xhat = (x_in.astype(mean.dtype) - mean) * rstd
   g = dy * scale.astype(dy.dtype)
-  dx = rstd * (g - jnp.mean(g, axis=-1, keepdims=True)
-               - xhat * jnp.mean(g * xhat, axis=-1, keepdims=True))
+  dx = rstd * (
+      g
+      - jnp.mean(g, axis=-1, keepdims=True)
+      - xhat * jnp.mean(g * xhat, axis=-1, keepdims=True)
+  )
   rows = tuple(range(x_in.ndim - 1))
   dscale = jnp.sum(dy * xhat, axis=rows).astype(scale.dtype)
   dbias = jnp.sum(dy, axis=rows).astype(scale.dtype)

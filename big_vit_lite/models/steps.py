@@ -5,6 +5,7 @@ which writes them) holds `state/` (params, optimizer state, `ema`),
 `config/` (the run's config as JSON) and `checksums/`. Everything here reads
 them, on local disk or a bucket, without a mesh or an orbax manager.
 """
+
 import fnmatch
 import json
 import logging as py_logging
@@ -38,7 +39,9 @@ def unusable_path_reason(path):
   if "\\" in text:
     return "a backslash (tensorstore reads it as '/')"
   if not fnmatch.fnmatchcase(text, text):
-    return "'[...]' (orbax globs the path, so it cannot find its own files there)"
+    return (
+        "'[...]' (orbax globs the path, so it cannot find its own files there)"
+    )
   return None
 
 
@@ -51,17 +54,23 @@ def checksums(state):
   """
   leaves = [(name, jnp.asarray(x)) for name, x in flatten_metadata(state)]
   values = _checksums([x for _, x in leaves])
-  return {name: [str(x.dtype), int(v.addressable_data(0))] for (name, x), v in zip(leaves, values)}
+  return {
+      name: [str(x.dtype), int(v.addressable_data(0))]
+      for (name, x), v in zip(leaves, values)
+  }
 
 
 @jax.jit
 def _checksums(arrays):
   def one(x):
-    x = x.astype(jnp.uint8) if x.dtype == jnp.bool_ else x  # (bool has no bitcast)
-    unsigned = {1: jnp.uint8, 2: jnp.uint16}.get(x.dtype.itemsize, jnp.uint32)  # 8 bytes: 2 words
+    # (bool has no bitcast)
+    x = x.astype(jnp.uint8) if x.dtype == jnp.bool_ else x
+    # 8 bytes: 2 words
+    unsigned = {1: jnp.uint8, 2: jnp.uint16}.get(x.dtype.itemsize, jnp.uint32)
     words = jax.lax.bitcast_convert_type(x, unsigned).astype(jnp.uint32)
     weights = jax.lax.iota(jnp.uint32, words.size).reshape(words.shape) * 2 + 1
     return jnp.sum(words * weights, dtype=jnp.uint32)
+
   return [one(x) for x in arrays]
 
 
@@ -93,10 +102,15 @@ def state_tree(step_dir):
 
 def error_reason(error):
   """The first line of `error`, without tensorstore's spec (a long JSON)."""
-  if "See full TensorStore details" in str(error) and error.__cause__ is not None:
-    return error_reason(error.__cause__)  # orbax's wrapper: the reason is tensorstore's.
+  if (
+      "See full TensorStore details" in str(error)
+      and error.__cause__ is not None
+  ):
+    # orbax's wrapper: the reason is tensorstore's.
+    return error_reason(error.__cause__)
   line = (str(error).strip().splitlines() or [""])[0]
-  line = re.sub(r"^\{\{function_node [^}]*\}\}\s*", "", line)  # TensorFlow's op name.
+  # TensorFlow's op name.
+  line = re.sub(r"^\{\{function_node [^}]*\}\}\s*", "", line)
   return re.sub(r"\s*\[tensorstore_spec=.*", "", line) or type(error).__name__
 
 
@@ -116,15 +130,20 @@ def drop_abandoned_read_reports():
   if not getattr(sys.unraisablehook, "drops_abandoned_reads", False):
     previous = sys.unraisablehook
 
-    def hook(unraisable):  # (tensorstore calling a closed asyncio loop's call_soon_threadsafe)
+    # (tensorstore calling a closed asyncio loop's call_soon_threadsafe)
+    def hook(unraisable):
       error = unraisable.exc_value
-      if not (type(error) is RuntimeError  # pylint: disable=unidiomatic-typecheck
-              and str(error) == "Event loop is closed" and unraisable.object is None):
+      if not (
+          type(error) is RuntimeError  # pylint: disable=unidiomatic-typecheck
+          and str(error) == "Event loop is closed"
+          and unraisable.object is None
+      ):
         previous(unraisable)
 
     hook.drops_abandoned_reads = True
     sys.unraisablehook = hook
-  py_logging.getLogger("asyncio").addFilter(_keep_unless_abandoned_read)  # (idempotent)
+  # (idempotent)
+  py_logging.getLogger("asyncio").addFilter(_keep_unless_abandoned_read)
 
 
 _save_failed = False  # Set once a SaveError has been raised in this process.
@@ -142,14 +161,19 @@ def _keep_unless_abandoned_read(record):
   That is a tensorstore read's, or after a failed save any (its other writes).
   """
   error = record.exc_info[1] if record.exc_info else None
-  return not (re.match(r"(Task|Future) exception was never retrieved", str(record.msg))
-              and (_save_failed or "tensorstore_spec" in str(error)))
+  return not (
+      re.match(r"(Task|Future) exception was never retrieved", str(record.msg))
+      and (_save_failed or "tensorstore_spec" in str(error))
+  )
 
 
 def flatten_metadata(tree):
   """(path "a/b/0", leaf) pairs of a tree, e.g. orbax's metadata tree (dicts, lists, None)."""
-  return [(jax.tree_util.keystr(path, simple=True, separator="/"), leaf)  # (None: no arrays)
-          for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]]
+  # (None: no arrays)
+  return [
+      (jax.tree_util.keystr(path, simple=True, separator="/"), leaf)
+      for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
+  ]
 
 
 def key_name(key):
@@ -161,7 +185,11 @@ def complete_steps(workdir):
   """The committed checkpoint steps in `workdir` (a listing: no orbax manager, nothing written)."""
   directory = paths.resolve(workdir) / CKPT_SUBDIR
   try:
-    return sorted(ocp.utils.checkpoint_steps(directory)) if directory.is_dir() else []
+    return (
+        sorted(ocp.utils.checkpoint_steps(directory))
+        if directory.is_dir()
+        else []
+    )
   except (OSError, ValueError):
     return []
 
@@ -171,11 +199,14 @@ def resolve_step_dir(src):
   src = paths.resolve(src)
   if (src / "state").is_dir():
     return src
-  for ckpt_dir in (src / CKPT_SUBDIR, src):  # (checkpoint_steps: complete, committed steps only)
+  # (checkpoint_steps: complete, committed steps only)
+  for ckpt_dir in (src / CKPT_SUBDIR, src):
     if ckpt_dir.is_dir() and (steps := ocp.utils.checkpoint_steps(ckpt_dir)):
       return ckpt_dir / str(max(steps))
-  raise ValueError(f"No complete checkpoint found in {src}: pass a training workdir, a checkpoint "
-                   "step directory (.../checkpoints/<step>) or an .npz file.")
+  raise ValueError(
+      f"No complete checkpoint found in {src}: pass a training workdir, a checkpoint "
+      "step directory (.../checkpoints/<step>) or an .npz file."
+  )
 
 
 def load_params(src, key="params"):
@@ -198,27 +229,48 @@ def load_params(src, key="params"):
   except ValueError as e:
     raise ValueError(_cannot_read(step_dir, e)) from e
   if key not in tree:
-    raise ValueError(f"Checkpoint {step_dir} holds no '{key}' (config.ema_decay saves 'ema').")
+    raise ValueError(
+        f"Checkpoint {step_dir} holds no '{key}' (config.ema_decay saves 'ema')."
+    )
   # Restore only the params, as host numpy arrays (no device/mesh needed).
-  restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree[key])
+  restore_args = jax.tree.map(
+      lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree[key]
+  )
   try:
-    out = ocp.PyTreeCheckpointer().restore(step_dir / "state", args=ocp.args.PyTreeRestore(
-        item={key: tree[key]}, restore_args={key: restore_args}, partial_restore=True))
+    out = ocp.PyTreeCheckpointer().restore(
+        step_dir / "state",
+        args=ocp.args.PyTreeRestore(
+            item={key: tree[key]},
+            restore_args={key: restore_args},
+            partial_restore=True,
+        ),
+    )
     verify_checksums(step_dir, {key: out[key]})
   except Exception as e:  # pylint: disable=broad-except
     raise ValueError(_cannot_read(step_dir, e)) from e
   config_path = step_dir / "config" / "metadata"
-  config = json.loads(config_path.read_text()) if config_path.is_file() else None
+  config = (
+      json.loads(config_path.read_text()) if config_path.is_file() else None
+  )
   return out[key], ml_collections.ConfigDict(config) if config else None
 
 
 def _cannot_read(step_dir, error):
   """One line for a step directory whose arrays cannot be read (damaged after the save)."""
-  older = [s for s in ocp.utils.checkpoint_steps(step_dir.parent)
-           if step_dir.name.isdigit() and s < int(step_dir.name)]
-  other = f"an older step ({step_dir.parent / str(max(older))})" if older else "another checkpoint"
-  return (f"Cannot read checkpoint {step_dir} ({error_reason(error)}); if it is damaged, "
-          f"pass {other}.")
+  older = [
+      s
+      for s in ocp.utils.checkpoint_steps(step_dir.parent)
+      if step_dir.name.isdigit() and s < int(step_dir.name)
+  ]
+  other = (
+      f"an older step ({step_dir.parent / str(max(older))})"
+      if older
+      else "another checkpoint"
+  )
+  return (
+      f"Cannot read checkpoint {step_dir} ({error_reason(error)}); if it is damaged, "
+      f"pass {other}."
+  )
 
 
 def load_npz(path):
@@ -228,7 +280,11 @@ def load_npz(path):
 
 def trained_hw(config, flat) -> Optional[tuple[int, int]]:
   """(h, w) a training run's pp gives its images (config: the run's saved config), or None."""
-  pp = str(config.input.get("pp", "")) if config is not None and "input" in config else ""
+  pp = (
+      str(config.input.get("pp", ""))
+      if config is not None and "input" in config
+      else ""
+  )
   if not pp.strip() or "embedding/kernel" not in flat:
     return None
   from big_vit_lite.data import pp as pp_lib  # pylint: disable=g-import-not-at-top
@@ -236,6 +292,6 @@ def trained_hw(config, flat) -> Optional[tuple[int, int]]:
   channels = flat.get("stem/conv_0/kernel", flat["embedding/kernel"]).shape[2]
   try:
     return pp_lib.output_hw(pp, channels=int(channels))
-  except ValueError:  # a pp this version cannot build: the posemb's shape must do
+  # a pp this version cannot build: the posemb's shape must do
+  except ValueError:
     return None
-

@@ -1,4 +1,5 @@
 """timm VisionTransformer checkpoints (safetensors): export, import, and timm's names for them."""
+
 import itertools
 import json
 import os
@@ -11,26 +12,40 @@ from big_vit_lite.models import layout
 from big_vit_lite.models import posemb
 from big_vit_lite.models.variants import VARIANTS, size_name
 
-
-# How each of our arrays becomes its part of a timm tensor, and back (d: width, n: heads).
-_TO_TIMM = {"copy": lambda x: x, "T": lambda x: x.T, "conv": lambda x: x.transpose(3, 2, 0, 1),
-            "heads_in": lambda x: x.reshape(x.shape[0], -1).T,
-            "heads_bias": lambda x: x.reshape(-1),
-            "heads_out": lambda x: x.reshape(-1, x.shape[-1]).T}
-_FROM_TIMM = {"copy": lambda y, d, n: y, "T": lambda y, d, n: y.T,
-              "conv": lambda y, d, n: y.transpose(2, 3, 1, 0),
-              "heads_in": lambda y, d, n: y.T.reshape(d, n, d // n),
-              "heads_bias": lambda y, d, n: y.reshape(n, d // n),
-              "heads_out": lambda y, d, n: y.T.reshape(n, d // n, d)}
-_POOLS = {"tok": "token", "gap": "avg", "map": "map"}  # our pool_type -> timm's global_pool
+# How each of our arrays becomes its part of a timm tensor, and back (d: width,
+# n: heads).
+_TO_TIMM = {
+    "copy": lambda x: x,
+    "T": lambda x: x.T,
+    "conv": lambda x: x.transpose(3, 2, 0, 1),
+    "heads_in": lambda x: x.reshape(x.shape[0], -1).T,
+    "heads_bias": lambda x: x.reshape(-1),
+    "heads_out": lambda x: x.reshape(-1, x.shape[-1]).T,
+}
+_FROM_TIMM = {
+    "copy": lambda y, d, n: y,
+    "T": lambda y, d, n: y.T,
+    "conv": lambda y, d, n: y.transpose(2, 3, 1, 0),
+    "heads_in": lambda y, d, n: y.T.reshape(d, n, d // n),
+    "heads_bias": lambda y, d, n: y.reshape(n, d // n),
+    "heads_out": lambda y, d, n: y.T.reshape(n, d // n, d),
+}
+# our pool_type -> timm's global_pool
+_POOLS = {"tok": "token", "gap": "avg", "map": "map"}
 
 
 def _our_options(flat) -> dict:
   """The block options of loop-layout params, in the terms of `_timm_options`."""
   m = layout.model_options(flat)
-  return dict(reg="reg_tokens" in m, qk_norm="qk_norm" in m, ls="layerscale_init" in m,
-              swiglu="mlp" in m, rms="norm" in m, parallel="parallel_block" in m,
-              bias="use_bias" not in m)
+  return dict(
+      reg="reg_tokens" in m,
+      qk_norm="qk_norm" in m,
+      ls="layerscale_init" in m,
+      swiglu="mlp" in m,
+      rms="norm" in m,
+      parallel="parallel_block" in m,
+      bias="use_bias" not in m,
+  )
 
 
 def _timm_options(sd) -> dict:
@@ -38,10 +53,15 @@ def _timm_options(sd) -> dict:
   b = "blocks.0."
   parallel = f"{b}in_proj.weight" in sd
   qk_norm = f"{b}attn.q_norm.weight" in sd or f"{b}q_norm.weight" in sd
-  return dict(reg="reg_token" in sd, qk_norm=qk_norm,
-              ls=f"{b}ls1.gamma" in sd or f"{b}ls.gamma" in sd, swiglu=f"{b}mlp.fc1_g.weight" in sd,
-              rms=f"{b}{'in_norm' if parallel else 'norm1'}.bias" not in sd, parallel=parallel,
-              bias=f"{b}{'in_proj' if parallel else 'attn.qkv'}.bias" in sd)
+  return dict(
+      reg="reg_token" in sd,
+      qk_norm=qk_norm,
+      ls=f"{b}ls1.gamma" in sd or f"{b}ls.gamma" in sd,
+      swiglu=f"{b}mlp.fc1_g.weight" in sd,
+      rms=f"{b}{'in_norm' if parallel else 'norm1'}.bias" not in sd,
+      parallel=parallel,
+      bias=f"{b}{'in_proj' if parallel else 'attn.qkv'}.bias" in sd,
+  )
 
 
 def _names(depth, cls, map_head, head, o):
@@ -50,58 +70,123 @@ def _names(depth, cls, map_head, head, o):
   A timm tensor is the concatenation (axis 0) of our arrays, each in timm's form by its kind
   (one kind, or one per array). `o`: the block options (`_our_options`).
   """
+
   def ln(t, o_name, rms=o["rms"]):
     return [(f"{t}.weight", [f"{o_name}/scale"], "copy")] + (
-        [] if rms else [(f"{t}.bias", [f"{o_name}/bias"], "copy")])
+        [] if rms else [(f"{t}.bias", [f"{o_name}/bias"], "copy")]
+    )
 
-  def dense(t, ours, kinds, bias=True):  # kinds: of the kernel parts, then of the bias parts
+  # kinds: of the kernel parts, then of the bias parts
+  def dense(t, ours, kinds, bias=True):
     w = [(f"{t}.weight", [f"{n}/kernel" for n in ours], kinds[0])]
-    return w + ([(f"{t}.bias", [f"{n}/bias" for n in ours], kinds[1])] if bias else [])
+    return w + (
+        [(f"{t}.bias", [f"{n}/bias" for n in ours], kinds[1])] if bias else []
+    )
 
   def mlp(t, o_name, swiglu=False, bias=True):
-    fc1 = [("fc1_g", "Dense_gate"), ("fc1_x", "Dense_0")] if swiglu else [("fc1", "Dense_0")]
-    return [n for tn, on in fc1 + [("fc2", "Dense_1")]
-            for n in dense(f"{t}.{tn}", [f"{o_name}/{on}"], ("T", "copy"), bias)]
+    fc1 = (
+        [("fc1_g", "Dense_gate"), ("fc1_x", "Dense_0")]
+        if swiglu
+        else [("fc1", "Dense_0")]
+    )
+    return [
+        n
+        for tn, on in fc1 + [("fc2", "Dense_1")]
+        for n in dense(f"{t}.{tn}", [f"{o_name}/{on}"], ("T", "copy"), bias)
+    ]
 
-  def attn(t, o_name, fused=True, bias=True):  # timm's AttentionPoolLatent: q and fused kv.
-    groups = {"qkv": ("query", "key", "value")} if fused else {"q": ("query",),
-                                                               "kv": ("key", "value")}
-    names = [n for g, ours in groups.items() for n in dense(
-        f"{t}.{g}", [f"{o_name}/{k}" for k in ours], ("heads_in", "heads_bias"), bias)]
-    return names + dense(f"{t}.proj", [f"{o_name}/out"], ("heads_out", "copy"), bias)
+  # timm's AttentionPoolLatent: q and fused kv.
+  def attn(t, o_name, fused=True, bias=True):
+    groups = (
+        {"qkv": ("query", "key", "value")}
+        if fused
+        else {"q": ("query",), "kv": ("key", "value")}
+    )
+    names = [
+        n
+        for g, ours in groups.items()
+        for n in dense(
+            f"{t}.{g}",
+            [f"{o_name}/{k}" for k in ours],
+            ("heads_in", "heads_bias"),
+            bias,
+        )
+    ]
+    return names + dense(
+        f"{t}.proj", [f"{o_name}/out"], ("heads_out", "copy"), bias
+    )
 
   def qk_norm(t, o_name):
-    return ln(f"{t}.q_norm", f"{o_name}/query_norm") + ln(f"{t}.k_norm", f"{o_name}/key_norm")
+    return ln(f"{t}.q_norm", f"{o_name}/query_norm") + ln(
+        f"{t}.k_norm", f"{o_name}/key_norm"
+    )
 
-  names = [("patch_embed.proj.weight", ["embedding/kernel"], "conv"),
-           ("patch_embed.proj.bias", ["embedding/bias"], "copy")]
+  names = [
+      ("patch_embed.proj.weight", ["embedding/kernel"], "conv"),
+      ("patch_embed.proj.bias", ["embedding/bias"], "copy"),
+  ]
   names += [("cls_token", ["cls"], "copy")] if cls else []
   names += [("reg_token", ["reg"], "copy")] if o["reg"] else []
   for i in range(depth):
     t, b = f"blocks.{i}", f"Transformer/encoderblock_{i}"
-    a, m, bias = f"{b}/MultiHeadDotProductAttention_0", f"{b}/MlpBlock_0", o["bias"]
-    names += qk_norm(t if o["parallel"] else f"{t}.attn", a) if o["qk_norm"] else []
-    if o["parallel"]:  # timm's ParallelScalingBlock: MLP fc1 and qkv fused into in_proj.
+    a, m, bias = (
+        f"{b}/MultiHeadDotProductAttention_0",
+        f"{b}/MlpBlock_0",
+        o["bias"],
+    )
+    names += (
+        qk_norm(t if o["parallel"] else f"{t}.attn", a) if o["qk_norm"] else []
+    )
+    # timm's ParallelScalingBlock: MLP fc1 and qkv fused into in_proj.
+    if o["parallel"]:
       ours = [f"{m}/Dense_0"] + [f"{a}/{k}" for k in ("query", "key", "value")]
-      names += (ln(f"{t}.in_norm", f"{b}/LayerNorm_0")
-                + dense(f"{t}.in_proj", ours, (["T"] + ["heads_in"] * 3,
-                                               ["copy"] + ["heads_bias"] * 3), bias)
-                + dense(f"{t}.attn_out_proj", [f"{a}/out"], ("heads_out", "copy"), bias)
-                + dense(f"{t}.mlp_out_proj", [f"{m}/Dense_1"], ("T", "copy"), bias))
-      names += [(f"{t}.ls.gamma", [f"{b}/LayerScale_0/scale"], "copy")] if o["ls"] else []
+      names += (
+          ln(f"{t}.in_norm", f"{b}/LayerNorm_0")
+          + dense(
+              f"{t}.in_proj",
+              ours,
+              (["T"] + ["heads_in"] * 3, ["copy"] + ["heads_bias"] * 3),
+              bias,
+          )
+          + dense(
+              f"{t}.attn_out_proj", [f"{a}/out"], ("heads_out", "copy"), bias
+          )
+          + dense(f"{t}.mlp_out_proj", [f"{m}/Dense_1"], ("T", "copy"), bias)
+      )
+      names += (
+          [(f"{t}.ls.gamma", [f"{b}/LayerScale_0/scale"], "copy")]
+          if o["ls"]
+          else []
+      )
       continue
-    names += (ln(f"{t}.norm1", f"{b}/LayerNorm_0") + attn(f"{t}.attn", a, bias=bias)
-              + ln(f"{t}.norm2", f"{b}/LayerNorm_1") + mlp(f"{t}.mlp", m, o["swiglu"], bias))
-    names += [(f"{t}.ls{j + 1}.gamma", [f"{b}/LayerScale_{j}/scale"], "copy")
-              for j in range(2 if o["ls"] else 0)]
+    names += (
+        ln(f"{t}.norm1", f"{b}/LayerNorm_0")
+        + attn(f"{t}.attn", a, bias=bias)
+        + ln(f"{t}.norm2", f"{b}/LayerNorm_1")
+        + mlp(f"{t}.mlp", m, o["swiglu"], bias)
+    )
+    names += [
+        (f"{t}.ls{j + 1}.gamma", [f"{b}/LayerScale_{j}/scale"], "copy")
+        for j in range(2 if o["ls"] else 0)
+    ]
   names += ln("norm", "Transformer/encoder_norm")
   if map_head:
-    names += ([("attn_pool.latent", ["MAPHead_0/probe"], "copy")]
-              + attn("attn_pool", "MAPHead_0/MultiHeadDotProductAttention_0", fused=False)
-              + ln("attn_pool.norm", "MAPHead_0/LayerNorm_0")
-              + mlp("attn_pool.mlp", "MAPHead_0/MlpBlock_0"))
-  return names + ([("head.weight", ["head/kernel"], "T"), ("head.bias", ["head/bias"], "copy")]
-                  if head else [])
+    names += (
+        [("attn_pool.latent", ["MAPHead_0/probe"], "copy")]
+        + attn(
+            "attn_pool", "MAPHead_0/MultiHeadDotProductAttention_0", fused=False
+        )
+        + ln("attn_pool.norm", "MAPHead_0/LayerNorm_0")
+        + mlp("attn_pool.mlp", "MAPHead_0/MlpBlock_0")
+    )
+  return names + (
+      [
+          ("head.weight", ["head/kernel"], "T"),
+          ("head.bias", ["head/bias"], "copy"),
+      ]
+      if head
+      else []
+  )
 
 
 def _kinds(kind, n):
@@ -119,7 +204,10 @@ def image_hw(image_size):
   """int or (h, w) -> (h, w) ints; None stays None."""
   if image_size is None:
     return None
-  return tuple(int(x) for x in ((image_size,) * 2 if np.ndim(image_size) == 0 else image_size))
+  return tuple(
+      int(x)
+      for x in ((image_size,) * 2 if np.ndim(image_size) == 0 else image_size)
+  )
 
 
 def to_timm(params, image_size=None) -> tuple[dict, dict]:
@@ -135,23 +223,45 @@ def to_timm(params, image_size=None) -> tuple[dict, dict]:
   its posemb's token count does not say the grid (4x9 and 6x6 are both 36),
   and timm would lay the rows out on the wrong one.
   """
-  flat = layout.canonicalize(layout.to_numpy_flat(params))  # nested or flat, any layout
+  # nested or flat, any layout
+  flat = layout.canonicalize(layout.to_numpy_flat(params))
   if any(k.startswith(("pre_logits/", "stem/")) for k in flat):
-    raise ValueError("timm's VisionTransformer has no pre-logits layer (rep_size) and no "
-                     "convolutional stem (stem_channels): export a model without them.")
+    raise ValueError(
+        "timm's VisionTransformer has no pre-logits layer (rep_size) and no "
+        "convolutional stem (stem_channels): export a model without them."
+    )
   a, o = layout.arch(flat), _our_options(flat)
   if o["parallel"] and o["swiglu"]:
-    raise ValueError("timm's ParallelScalingBlock has a GELU MLP only: export a parallel_block "
-                     "model with mlp='gelu'.")
+    raise ValueError(
+        "timm's ParallelScalingBlock has a GELU MLP only: export a parallel_block "
+        "model with mlp='gelu'."
+    )
   try:
     p, d, cls = a["patch"], a["width"], "cls" in flat
-    names = _names(a["depth"], cls, a["pool_type"] == "map", "head/kernel" in flat, o)
-    sd = {t: np.concatenate([_TO_TIMM[k](flat[n]) for n, k in zip(ours, _kinds(kind, len(ours)))])
-          for t, ours, kind in names}
+    names = _names(
+        a["depth"], cls, a["pool_type"] == "map", "head/kernel" in flat, o
+    )
+    sd = {
+        t: np.concatenate(
+            [
+                _TO_TIMM[k](flat[n])
+                for n, k in zip(ours, _kinds(kind, len(ours)))
+            ]
+        )
+        for t, ours, kind in names
+    }
   except KeyError as e:
-    raise ValueError(f"These params lack {e}: not a ViT in a supported layout.") from None
-  if o["parallel"] and not o["bias"]:  # timm keeps an MLP bias where in_proj has none
-    sd.update({f"blocks.{i}.mlp_bias": np.zeros(a["mlp_dim"]) for i in range(a["depth"])})
+    raise ValueError(
+        f"These params lack {e}: not a ViT in a supported layout."
+    ) from None
+  # timm keeps an MLP bias where in_proj has none
+  if o["parallel"] and not o["bias"]:
+    sd.update(
+        {
+            f"blocks.{i}.mlp_bias": np.zeros(a["mlp_dim"])
+            for i in range(a["depth"])
+        }
+    )
   hw = image_hw(image_size)
   grid = None if hw is None else (hw[0] // p, hw[1] // p)
   if posemb.PARAM in flat:
@@ -159,52 +269,99 @@ def to_timm(params, image_size=None) -> tuple[dict, dict]:
     tokens = pe.shape[1] - cls
     grid = grid or posemb.square_grid(tokens)
     if grid is None or grid[0] * grid[1] != tokens:
-      not_grid = (f"the {grid[0]}x{grid[1]} grid of image_size={image_size} (patch {p})" if grid
-                  else "a square grid")
-      raise ValueError(f"The posemb has {tokens} grid tokens: not {not_grid}; pass the (height, "
-                       "width) the model was trained at (--res=HxW).")
+      not_grid = (
+          f"the {grid[0]}x{grid[1]} grid of image_size={image_size} (patch {p})"
+          if grid
+          else "a square grid"
+      )
+      raise ValueError(
+          f"The posemb has {tokens} grid tokens: not {not_grid}; pass the (height, "
+          "width) the model was trained at (--res=HxW)."
+      )
   elif grid is None:
-    raise ValueError("These params have no learned posemb (sincos2d): pass image_size "
-                     "(--res) so the fixed embedding can be written for timm.")
+    raise ValueError(
+        "These params have no learned posemb (sincos2d): pass image_size "
+        "(--res) so the fixed embedding can be written for timm."
+    )
   else:
     pe = posemb.sincos_2d(*grid, d, num_prefix=int(cls))
   n_reg = flat["reg"].shape[1] if o["reg"] else 0
-  if n_reg:  # timm adds pos_embed to the registers too: zero rows (ours have none).
-    pe = np.concatenate([pe[:, :int(cls)], np.zeros((1, n_reg, d), pe.dtype), pe[:, int(cls):]], 1)
-  sd = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in dict(sd, pos_embed=pe).items()}
+  # timm adds pos_embed to the registers too: zero rows (ours have none).
+  if n_reg:
+    pe = np.concatenate(
+        [
+            pe[:, : int(cls)],
+            np.zeros((1, n_reg, d), pe.dtype),
+            pe[:, int(cls) :],
+        ],
+        1,
+    )
+  sd = {
+      k: np.ascontiguousarray(v, dtype=np.float32)
+      for k, v in dict(sd, pos_embed=pe).items()
+  }
   # The size given (timm, like us, drops the pixels past the last whole patch:
   # So400m/14 runs at 384), else the grid's.
   img_size = hw or (grid[0] * p, grid[1] * p)
   img_size = img_size[0] if img_size[0] == img_size[1] else img_size
   num_classes = flat["head/kernel"].shape[1] if "head/kernel" in flat else 0
-  kwargs = dict(img_size=img_size, patch_size=p, in_chans=a["channels"], embed_dim=d,
-                depth=a["depth"], num_heads=a["heads"], mlp_ratio=a["mlp_dim"] / d,
-                num_classes=num_classes, global_pool=_POOLS[a["pool_type"]], class_token=cls,
-                fc_norm=False)
+  kwargs = dict(
+      img_size=img_size,
+      patch_size=p,
+      in_chans=a["channels"],
+      embed_dim=d,
+      depth=a["depth"],
+      num_heads=a["heads"],
+      mlp_ratio=a["mlp_dim"] / d,
+      num_classes=num_classes,
+      global_pool=_POOLS[a["pool_type"]],
+      class_token=cls,
+      fc_norm=False,
+  )
   # The block options, only where on (a plain ViT's kwargs stay as they were).
   no_bias = None if o["bias"] else False
-  options = dict(reg_tokens=n_reg or None, qk_norm=o["qk_norm"] or None,
-                 init_values=1.0 if o["ls"] else None, qkv_bias=no_bias, proj_bias=no_bias,
-                 norm_layer="rmsnorm" if o["rms"] else None,
-                 mlp_layer="SwiGLU" if o["swiglu"] else None,
-                 act_layer="silu" if o["swiglu"] else None,
-                 block_fn="ParallelScalingBlock" if o["parallel"] else None)
+  options = dict(
+      reg_tokens=n_reg or None,
+      qk_norm=o["qk_norm"] or None,
+      init_values=1.0 if o["ls"] else None,
+      qkv_bias=no_bias,
+      proj_bias=no_bias,
+      norm_layer="rmsnorm" if o["rms"] else None,
+      mlp_layer="SwiGLU" if o["swiglu"] else None,
+      act_layer="silu" if o["swiglu"] else None,
+      block_fn="ParallelScalingBlock" if o["parallel"] else None,
+  )
   return sd, dict(kwargs, **{k: v for k, v in options.items() if v is not None})
 
 
-# timm's registered plain ViTs: their size names (by ours), and the (patch, image size)
-# pairs timm defines a model name for.
-_TIMM_SIZES = {"Ti": "tiny", "S": "small", "B": "base", "L": "large", "H": "huge", "g": "giant",
-               "G": "gigantic"}
-_TIMM_NAMED = {"tiny": {(16, 224), (16, 384)},
-               "small": {(8, 224), (16, 224), (16, 384), (32, 224), (32, 384)},
-               "base": {(8, 224), (16, 224), (16, 384), (32, 224), (32, 384)},
-               "large": {(14, 224), (16, 224), (16, 384), (32, 224), (32, 384)},
-               "huge": {(14, 224)}, "giant": {(14, 224)}, "gigantic": {(14, 224)}}
+# timm's registered plain ViTs: their size names (by ours), and the (patch,
+# image size) pairs timm defines a model name for.
+_TIMM_SIZES = {
+    "Ti": "tiny",
+    "S": "small",
+    "B": "base",
+    "L": "large",
+    "H": "huge",
+    "g": "giant",
+    "G": "gigantic",
+}
+_TIMM_NAMED = {
+    "tiny": {(16, 224), (16, 384)},
+    "small": {(8, 224), (16, 224), (16, 384), (32, 224), (32, 384)},
+    "base": {(8, 224), (16, 224), (16, 384), (32, 224), (32, 384)},
+    "large": {(14, 224), (16, 224), (16, 384), (32, 224), (32, 384)},
+    "huge": {(14, 224)},
+    "giant": {(14, 224)},
+    "gigantic": {(14, 224)},
+}
 
 
-# The kwargs whose value is a timm class: its module, where the kwargs (JSON) hold its name.
-TIMM_CLASSES = {"mlp_layer": "timm.layers.", "block_fn": "timm.models.vision_transformer."}
+# The kwargs whose value is a timm class: its module, where the kwargs (JSON)
+# hold its name.
+TIMM_CLASSES = {
+    "mlp_layer": "timm.layers.",
+    "block_fn": "timm.models.vision_transformer.",
+}
 
 
 def timm_model_name(kwargs: Mapping[str, Any]) -> Optional[str]:
@@ -214,13 +371,28 @@ def timm_model_name(kwargs: Mapping[str, Any]) -> Optional[str]:
   the others load with `VisionTransformer(**kwargs)`.
   """
   d = kwargs["embed_dim"]
-  if set(kwargs) & set(TIMM_CLASSES) or "reg_tokens" in kwargs or "qkv_bias" in kwargs:
-    return None  # Block options: only VisionTransformer(**kwargs) says them all.
-  size = _TIMM_SIZES.get(size_name(d, kwargs["depth"], round(kwargs["mlp_ratio"] * d),
-                                   kwargs["num_heads"]))
-  if (size is None or kwargs["in_chans"] != 3 or kwargs["global_pool"] != "token"
+  if (
+      set(kwargs) & set(TIMM_CLASSES)
+      or "reg_tokens" in kwargs
+      or "qkv_bias" in kwargs
+  ):
+    # Block options: only VisionTransformer(**kwargs) says them all.
+    return None
+  size = _TIMM_SIZES.get(
+      size_name(
+          d,
+          kwargs["depth"],
+          round(kwargs["mlp_ratio"] * d),
+          kwargs["num_heads"],
+      )
+  )
+  if (
+      size is None
+      or kwargs["in_chans"] != 3
+      or kwargs["global_pool"] != "token"
       or not kwargs["class_token"]
-      or (kwargs["patch_size"], kwargs["img_size"]) not in _TIMM_NAMED[size]):
+      or (kwargs["patch_size"], kwargs["img_size"]) not in _TIMM_NAMED[size]
+  ):
     return None
   return f"vit_{size}_patch{kwargs['patch_size']}_{kwargs['img_size']}"
 
@@ -232,12 +404,18 @@ def timm_usage(kwargs: Mapping[str, Any], path) -> str:
     # num_classes goes into the overlay too: when it differs from the
     # registered model's (1000), timm's pretrained loading drops the head and
     # leaves a random one without a word.
-    return (f'timm.create_model("{name}", pretrained=True, num_classes={n}, '
-            f'pretrained_cfg_overlay=dict(file="{os.fspath(path)}", num_classes={n}))')
-  args = ", ".join(f"{k}={TIMM_CLASSES[k]}{v}" if k in TIMM_CLASSES else f"{k}={v!r}"
-                   for k, v in kwargs.items())
-  return ("m = timm.models.vision_transformer.VisionTransformer(" + args + "); "
-          f'm.load_state_dict(safetensors.torch.load_file("{os.fspath(path)}"), strict=True)')
+    return (
+        f'timm.create_model("{name}", pretrained=True, num_classes={n}, '
+        f'pretrained_cfg_overlay=dict(file="{os.fspath(path)}", num_classes={n}))'
+    )
+  args = ", ".join(
+      f"{k}={TIMM_CLASSES[k]}{v}" if k in TIMM_CLASSES else f"{k}={v!r}"
+      for k, v in kwargs.items()
+  )
+  return (
+      "m = timm.models.vision_transformer.VisionTransformer(" + args + "); "
+      f'm.load_state_dict(safetensors.torch.load_file("{os.fspath(path)}"), strict=True)'
+  )
 
 
 def write_timm(params, path, image_size=None) -> dict:
@@ -246,17 +424,26 @@ def write_timm(params, path, image_size=None) -> dict:
   The kwargs are also stored as JSON in the file's metadata under "timm_kwargs".
   """
   from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
+
   sd, kwargs = to_timm(params, image_size)
-  save_file(sd, os.fspath(path), metadata={"format": "pt", "timm_kwargs": json.dumps(kwargs)})
+  save_file(
+      sd,
+      os.fspath(path),
+      metadata={"format": "pt", "timm_kwargs": json.dumps(kwargs)},
+  )
   return kwargs
 
 
 def _read_safetensors(path, tensors=True):
   """(metadata dict, {name: np.ndarray} or None) of a local or bucket (gs://) file."""
   from safetensors import numpy as st_numpy  # pylint: disable=g-import-not-at-top
-  data = paths.resolve(path).read_bytes()  # (through epath: safe_open maps local files only)
-  header = json.loads(data[8:8 + int.from_bytes(data[:8], "little")])
-  return header.get("__metadata__") or {}, st_numpy.load(data) if tensors else None
+  # (through epath: safe_open maps local files only)
+  data = paths.resolve(path).read_bytes()
+  header = json.loads(data[8 : 8 + int.from_bytes(data[:8], "little")])
+  return (
+      header.get("__metadata__") or {},
+      st_numpy.load(data) if tensors else None,
+  )
 
 
 def _standard_heads(sd) -> Optional[int]:
@@ -267,24 +454,39 @@ def _standard_heads(sd) -> Optional[int]:
   count timm's registered ViTs (and DeiT) share.
   """
   try:
-    width, mlp_dim = sd["patch_embed.proj.weight"].shape[0], sd["blocks.0.mlp.fc1.weight"].shape[0]
+    width, mlp_dim = (
+        sd["patch_embed.proj.weight"].shape[0],
+        sd["blocks.0.mlp.fc1.weight"].shape[0],
+    )
   except KeyError:
     return None
-  size = size_name(width, len({k.split(".")[1] for k in sd if k.startswith("blocks.")}), mlp_dim)
+  size = size_name(
+      width,
+      len({k.split(".")[1] for k in sd if k.startswith("blocks.")}),
+      mlp_dim,
+  )
   return VARIANTS[size][3] if size else None
 
 
 def timm_image_size(path) -> Optional[tuple[int, int]]:
   """(h, w) from the timm_kwargs metadata `write_timm` stores, or None."""
   try:
-    return image_hw(json.loads(_read_safetensors(path, tensors=False)[0]["timm_kwargs"])
-                     ["img_size"])
+    return image_hw(
+        json.loads(_read_safetensors(path, tensors=False)[0]["timm_kwargs"])[
+            "img_size"
+        ]
+    )
   except Exception:  # pylint: disable=broad-except
-    return None  # No metadata (another tool's file): read_timm says what is wrong, if anything.
+    # No metadata (another tool's file): read_timm says what is wrong, if
+    # anything.
+    return None
 
 
-def from_timm(sd: Mapping[str, np.ndarray], num_heads: int,
-              grid_tokens: Optional[int] = None) -> dict:
+def from_timm(
+    sd: Mapping[str, np.ndarray],
+    num_heads: int,
+    grid_tokens: Optional[int] = None,
+) -> dict:
   """timm VisionTransformer state dict -> canonical flat params.
 
   grid_tokens: the model's patch count (from img_size and patch_size), when
@@ -293,41 +495,62 @@ def from_timm(sd: Mapping[str, np.ndarray], num_heads: int,
   """
   sd = {k: np.asarray(v) for k, v in sd.items()}
   d = sd["patch_embed.proj.weight"].shape[0]
-  depth = next(i for i in itertools.count() if f"blocks.{i}.norm1.weight" not in sd
-               and f"blocks.{i}.in_norm.weight" not in sd)
+  depth = next(
+      i
+      for i in itertools.count()
+      if f"blocks.{i}.norm1.weight" not in sd
+      and f"blocks.{i}.in_norm.weight" not in sd
+  )
   o = _timm_options(sd)
-  for i in range(depth):  # ParallelScalingBlock's MLP bias where in_proj has none: zeros only
+  # ParallelScalingBlock's MLP bias where in_proj has none: zeros only
+  for i in range(depth):
     if np.any(sd.pop(f"blocks.{i}.mlp_bias", 0)):
-      raise ValueError(f"timm state dict has a non-zero blocks.{i}.mlp_bias without "
-                       "qkv_bias: this ViT's use_bias=False has no MLP bias to hold it.")
-  names = _names(depth, "cls_token" in sd, "attn_pool.latent" in sd, "head.weight" in sd, o)
+      raise ValueError(
+          f"timm state dict has a non-zero blocks.{i}.mlp_bias without "
+          "qkv_bias: this ViT's use_bias=False has no MLP bias to hold it."
+      )
+  names = _names(
+      depth, "cls_token" in sd, "attn_pool.latent" in sd, "head.weight" in sd, o
+  )
   flat = {}
   for t, ours, kind in names:
     if t not in sd:
       raise ValueError(f"timm state dict has no {t!r}.")
     kinds = _kinds(kind, len(ours))
-    flat.update((n, _FROM_TIMM[k](y, d, num_heads))
-                for n, k, y in zip(ours, kinds, _split(sd[t], kinds, d)))
+    flat.update(
+        (n, _FROM_TIMM[k](y, d, num_heads))
+        for n, k, y in zip(ours, kinds, _split(sd[t], kinds, d))
+    )
   if "pos_embed" in sd:
     pe = sd["pos_embed"]
-    n_cls, n_reg = int("cls_token" in sd), flat["reg"].shape[1] if o["reg"] else 0
+    n_cls, n_reg = (
+        int("cls_token" in sd),
+        flat["reg"].shape[1] if o["reg"] else 0,
+    )
     n = pe.shape[1]
-    if n_reg and (n - n_cls - n_reg == grid_tokens if grid_tokens
-                  else posemb.square_grid(n - n_cls - n_reg) is not None):
-      # Register rows (no_embed_class=False): a register is a constant token, its posemb row
-      # folds into it.
-      flat["reg"] = flat["reg"] + pe[:, n_cls:n_cls + n_reg]
-      pe = np.concatenate([pe[:, :n_cls], pe[:, n_cls + n_reg:]], 1)
+    if n_reg and (
+        n - n_cls - n_reg == grid_tokens
+        if grid_tokens
+        else posemb.square_grid(n - n_cls - n_reg) is not None
+    ):
+      # Register rows (no_embed_class=False): a register is a constant token,
+      # its posemb row folds into it.
+      flat["reg"] = flat["reg"] + pe[:, n_cls : n_cls + n_reg]
+      pe = np.concatenate([pe[:, :n_cls], pe[:, n_cls + n_reg :]], 1)
       n = pe.shape[1]
-    grid_only = n == grid_tokens if grid_tokens else posemb.square_grid(n) is not None
+    grid_only = (
+        n == grid_tokens if grid_tokens else posemb.square_grid(n) is not None
+    )
     if "cls_token" in sd and grid_only:
-      # timm's no_embed_class models (DeiT III, ...): the grid rows only, the class
-      # token gets no posemb, i.e. a zero row (a square grid's count plus one is
-      # never square; a non-square grid's can be, hence grid_tokens).
+      # timm's no_embed_class models (DeiT III, ...): the grid rows only, the
+      # class token gets no posemb, i.e. a zero row (a square grid's count plus
+      # one is never square; a non-square grid's can be, hence grid_tokens).
       pe = np.concatenate([np.zeros_like(pe[:, :1]), pe], axis=1)
     flat[posemb.PARAM] = pe
   if extra := sorted(set(sd) - {t for t, _, _ in names} - {"pos_embed"}):
-    raise ValueError(f"timm state dict has params this ViT does not support, e.g. {extra[0]!r}.")
+    raise ValueError(
+        f"timm state dict has params this ViT does not support, e.g. {extra[0]!r}."
+    )
   return flat
 
 
@@ -340,21 +563,29 @@ def read_timm(path, num_heads: Optional[int]) -> dict:
   try:
     meta, sd = _read_safetensors(path)
   except Exception as e:  # pylint: disable=broad-except
-    # SafetensorError (a bad header) or a dtype numpy lacks: not ours to show as a traceback.
-    raise ValueError(f"Cannot read {path}: not a readable safetensors file "
-                     f"({' '.join(str(e).split())}); copy or export it again.") from None
+    # SafetensorError (a bad header) or a dtype numpy lacks: not ours to show as
+    # a traceback.
+    raise ValueError(
+        f"Cannot read {path}: not a readable safetensors file "
+        f"({' '.join(str(e).split())}); copy or export it again."
+    ) from None
   kwargs = json.loads(meta.get("timm_kwargs", "{}"))
   saved_heads = kwargs.get("num_heads")
   if num_heads is None and saved_heads is None:
     saved_heads = _standard_heads(sd)
     if saved_heads is None:
-      raise ValueError(f"{path} does not say its number of attention heads (no timm_kwargs "
-                       "metadata) and is not a standard ViT size (Ti, S, B, L, ...): load it "
-                       "with vit.load into a model of that architecture instead.")
+      raise ValueError(
+          f"{path} does not say its number of attention heads (no timm_kwargs "
+          "metadata) and is not a standard ViT size (Ti, S, B, L, ...): load it "
+          "with vit.load into a model of that architecture instead."
+      )
   if num_heads is not None and saved_heads not in (None, num_heads):
-    # qkv splits into any head count that divides the width: it would load, as another model.
-    raise ValueError(f"{path} holds a ViT with {saved_heads} attention heads, the model has "
-                     f"{num_heads}: build the model with num_heads={saved_heads}.")
+    # qkv splits into any head count that divides the width: it would load, as
+    # another model.
+    raise ValueError(
+        f"{path} holds a ViT with {saved_heads} attention heads, the model has "
+        f"{num_heads}: build the model with num_heads={saved_heads}."
+    )
   num_heads = num_heads or saved_heads
   grid_tokens = None
   if "img_size" in kwargs:

@@ -7,6 +7,7 @@ on PYTHONPATH for the timm measurement only. Any `torchvision.X.Y` import
 succeeds and yields placeholders; *using* one raises, so a timm code path that
 really needs torchvision fails loudly instead of measuring something else.
 """
+
 import importlib.abc
 import importlib.machinery
 import sys
@@ -27,13 +28,16 @@ class _PlaceholderMeta(type):
 
 
 class _Placeholder(metaclass=_PlaceholderMeta):
+
   def __init__(self, *args, **kwargs):
     raise RuntimeError(
         f"{type(self).__name__} comes from the torchvision stand-in used for "
-        "benchmarking timm's ViT; install a real torchvision to use it.")
+        "benchmarking timm's ViT; install a real torchvision to use it."
+    )
 
 
 class _StubModule(types.ModuleType):
+
   def __getattr__(self, name):
     if name.startswith("__"):
       raise AttributeError(name)
@@ -43,6 +47,7 @@ class _StubModule(types.ModuleType):
 
 
 class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+
   def find_spec(self, fullname, path=None, target=None):
     if fullname.startswith(__name__ + "."):
       return importlib.machinery.ModuleSpec(fullname, self, is_package=True)

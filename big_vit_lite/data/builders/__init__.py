@@ -7,6 +7,7 @@
 Fashion-MNIST keeps tfds' own builder and name; `fashion_mnist_offline`
 feeds it from the Debian package files (see prepare.py).
 """
+
 from big_vit_lite.data.builders import animal_mnist  # noqa: F401,E402
 from big_vit_lite.data.builders import mnist10k  # noqa: F401,E402
 from big_vit_lite.data.builders import imagenet21k  # noqa: F401,E402

@@ -7,6 +7,7 @@ features, splits and example keys) with only the file source replaced, and
 is not registered: once written, `tfds.builder("fashion_mnist")` reads it
 like a normal download.
 """
+
 import gzip
 import os
 
@@ -21,11 +22,13 @@ def read_idx(path, magic, count):
   with offline_sources.reading(path), gzip.open(path, "rb") as f:
     raw = f.read()
   ndim = raw[3]
-  header = np.frombuffer(raw[:4 + 4 * ndim], ">u4")
+  header = np.frombuffer(raw[: 4 + 4 * ndim], ">u4")
   if header[0] != magic or header[1] != count:
-    raise ValueError(f"{path}: IDX header {header.tolist()} is not magic {magic} with {count} "
-                     f"items")
-  return np.frombuffer(raw[4 + 4 * ndim:], np.uint8).reshape(header[1:])
+    raise ValueError(
+        f"{path}: IDX header {header.tolist()} is not magic {magic} with {count} "
+        f"items"
+    )
+  return np.frombuffer(raw[4 + 4 * ndim :], np.uint8).reshape(header[1:])
 
 
 class OfflineFashionMnist(tfds_mnist.FashionMNIST, skip_registration=True):
@@ -36,7 +39,8 @@ class OfflineFashionMnist(tfds_mnist.FashionMNIST, skip_registration=True):
     d = offline_sources.fashion_mnist_dir()
     read = lambda part, n: self._generate_examples(  # noqa: E731
         read_idx(os.path.join(d, f"{part}-images-idx3-ubyte.gz"), 2051, n),
-        read_idx(os.path.join(d, f"{part}-labels-idx1-ubyte.gz"), 2049, n))
+        read_idx(os.path.join(d, f"{part}-labels-idx1-ubyte.gz"), 2049, n),
+    )
     return {"train": read("train", 60_000), "test": read("t10k", 10_000)}
 
   def _generate_examples(self, images, labels):  # pylint: disable=arguments-differ

@@ -11,6 +11,7 @@ images are left to fill it (always the case here).
 `Grey28Builder` is the tfds builder both such datasets share (mnist10k,
 animal_mnist): 28x28x1 images, 10 classes, this split.
 """
+
 import abc
 import sys
 
@@ -41,6 +42,7 @@ class Grey28Builder(tfds.core.GeneratorBasedBuilder, abc.ABC):
   `_load_arrays()`; the description is the subclass module's docstring.
   tfds does not register this class itself because it is abstract.
   """
+
   VERSION = tfds.core.Version("1.0.0")
   NUM_TEST = 2_000
 
@@ -50,20 +52,25 @@ class Grey28Builder(tfds.core.GeneratorBasedBuilder, abc.ABC):
 
   def _info(self):
     return self.dataset_info_from_configs(
-        features=tfds.features.FeaturesDict({
-            "image": tfds.features.Image(shape=(28, 28, 1)),
-            "label": tfds.features.ClassLabel(num_classes=10),
-        }),
+        features=tfds.features.FeaturesDict(
+            {
+                "image": tfds.features.Image(shape=(28, 28, 1)),
+                "label": tfds.features.ClassLabel(num_classes=10),
+            }
+        ),
         supervised_keys=("image", "label"),
         homepage=self.HOMEPAGE,
-        description=sys.modules[type(self).__module__].__doc__)
+        description=sys.modules[type(self).__module__].__doc__,
+    )
 
   def _split_generators(self, dl_manager):
     del dl_manager  # offline: the source files are found on disk
     images, labels = self._load_arrays()
     train, test = split_indices(images, self.NUM_TEST)
-    return {"train": self._generate_examples(images, labels, train),
-            "test": self._generate_examples(images, labels, test)}
+    return {
+        "train": self._generate_examples(images, labels, train),
+        "test": self._generate_examples(images, labels, test),
+    }
 
   def _generate_examples(self, images, labels, indices):
     for i in indices:

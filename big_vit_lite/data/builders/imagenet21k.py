@@ -19,6 +19,7 @@ Listing the synsets of a .tar.gz needs one extra pass over it unless M also
 holds synsets.txt (one synset id per line). Generation is single-process
 (no Beam): expect hours for the full release.
 """
+
 import dataclasses
 import io
 import logging
@@ -46,8 +47,11 @@ def _synset_of(name):
 
 
 def _archives(manual_dir):
-  return sorted(os.path.join(manual_dir, f) for f in os.listdir(manual_dir)
-                if f.endswith((".tar", ".tar.gz", ".tgz")) and not _synset_of(f))
+  return sorted(
+      os.path.join(manual_dir, f)
+      for f in os.listdir(manual_dir)
+      if f.endswith((".tar", ".tar.gz", ".tgz")) and not _synset_of(f)
+  )
 
 
 def find_synsets(manual_dir):
@@ -58,11 +62,14 @@ def find_synsets(manual_dir):
       return sorted({line.strip() for line in f if line.strip()})
   found = {_synset_of(f) for f in os.listdir(manual_dir)} - {None}
   for archive in _archives(manual_dir):
-    with tarfile.open(archive, "r:*") as tar:  # reads headers only for plain .tar
+    # reads headers only for plain .tar
+    with tarfile.open(archive, "r:*") as tar:
       found |= {_synset_of(m.name) for m in tar.getmembers()} - {None}
   if not found:
-    raise ValueError(f"no ImageNet-21k synsets (n########.tar / folders / whole-release "
-                     f"archives) in {manual_dir}")
+    raise ValueError(
+        f"no ImageNet-21k synsets (n########.tar / folders / whole-release "
+        f"archives) in {manual_dir}"
+    )
   return sorted(found)
 
 
@@ -86,7 +93,8 @@ def iter_images(manual_dir):
         for name, data in _images_in_tar(f):
           yield synset, name, data
   for archive in _archives(manual_dir):
-    with tarfile.open(archive, "r|*") as outer:  # streaming: works for .tar.gz too
+    # streaming: works for .tar.gz too
+    with tarfile.open(archive, "r|*") as outer:
       for m in outer:
         synset = _synset_of(m.name)
         if m.isfile() and synset:
@@ -98,37 +106,55 @@ class Imagenet21k(tfds.core.GeneratorBasedBuilder):
   """ImageNet-21k from the official tar files (manual download)."""
 
   VERSION = tfds.core.Version("1.0.0")
-  RELEASE_NOTES = {"1.0.0": "Built by big_vit_lite from the official release tars."}
+  RELEASE_NOTES = {
+      "1.0.0": "Built by big_vit_lite from the official release tars."
+  }
   MANUAL_DOWNLOAD_INSTRUCTIONS = __doc__
   BUILDER_CONFIGS = [
-      Imagenet21kConfig(name="fall11", num_classes=21_841,
-                        description="Fall 2011 release (fall11_whole.tar)."),
-      Imagenet21kConfig(name="winter21", num_classes=19_167,
-                        description="Winter 2021 release (winter21_whole.tar.gz)."),
-      Imagenet21kConfig(name="custom", num_classes=None,
-                        description="Any set of synset tars/folders; classes as found."),
+      Imagenet21kConfig(
+          name="fall11",
+          num_classes=21_841,
+          description="Fall 2011 release (fall11_whole.tar).",
+      ),
+      Imagenet21kConfig(
+          name="winter21",
+          num_classes=19_167,
+          description="Winter 2021 release (winter21_whole.tar.gz).",
+      ),
+      Imagenet21kConfig(
+          name="custom",
+          num_classes=None,
+          description="Any set of synset tars/folders; classes as found.",
+      ),
   ]
 
   def _info(self):
     return tfds.core.DatasetInfo(
         builder=self,
         description=__doc__,
-        features=tfds.features.FeaturesDict({
-            "image": tfds.features.Image(encoding_format="jpeg"),
-            "label": tfds.features.ClassLabel(num_classes=self.builder_config.num_classes),
-            "file_name": tfds.features.Text(),
-        }),
+        features=tfds.features.FeaturesDict(
+            {
+                "image": tfds.features.Image(encoding_format="jpeg"),
+                "label": tfds.features.ClassLabel(
+                    num_classes=self.builder_config.num_classes
+                ),
+                "file_name": tfds.features.Text(),
+            }
+        ),
         supervised_keys=("image", "label"),
-        homepage="https://image-net.org/")
+        homepage="https://image-net.org/",
+    )
 
   def _split_generators(self, dl_manager):
     manual_dir = str(dl_manager.manual_dir)
     synsets = find_synsets(manual_dir)
     want = self.builder_config.num_classes
     if want is not None and len(synsets) != want:
-      raise ValueError(f"found {len(synsets)} synsets in {manual_dir} but config "
-                       f"{self.builder_config.name!r} has {want}; use imagenet21k/custom "
-                       f"for subsets or other releases")
+      raise ValueError(
+          f"found {len(synsets)} synsets in {manual_dir} but config "
+          f"{self.builder_config.name!r} has {want}; use imagenet21k/custom "
+          f"for subsets or other releases"
+      )
     self.info.features["label"].names = synsets
     return {"full": self._generate_examples(manual_dir, frozenset(synsets))}
 
@@ -138,13 +164,17 @@ class Imagenet21k(tfds.core.GeneratorBasedBuilder):
       if synset not in synsets:
         continue
       problem = image_check.bytes_problem(data)
-      if problem:  # checked here: a bad image in the records would stop training
+      # checked here: a bad image in the records would stop training
+      if problem:
         skipped += 1
         log.warning("imagenet21k: skipping %s/%s (%s)", synset, name, problem)
         continue
       # Stored as downloaded (no re-encode); the pp decode ops read JPEG,
       # CMYK JPEG and PNG alike.
-      yield f"{synset}/{name}", {"image": io.BytesIO(data), "label": synset,
-                                 "file_name": name}
+      yield f"{synset}/{name}", {
+          "image": io.BytesIO(data),
+          "label": synset,
+          "file_name": name,
+      }
     if skipped:
       log.warning("imagenet21k: skipped %d unreadable files in total", skipped)

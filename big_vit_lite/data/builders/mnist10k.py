@@ -5,6 +5,7 @@ floats per image in [0, 1] with 3 decimals; rint(v * 255) recovers the
 original uint8 pixels exactly. Split: 8,000 train / 2,000 test by
 builders/fixed_split.py (seed 0).
 """
+
 import json
 import tarfile
 

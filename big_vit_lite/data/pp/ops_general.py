@@ -6,6 +6,7 @@ float32, and a label outside [0, depth) or of a non-integer dtype is an
 error; keep fails on a missing key and never drops the pipeline's "_" keys;
 rename is ours.
 """
+
 import tensorflow as tf
 
 from big_vit_lite.data import count
@@ -19,7 +20,9 @@ def _internal(key):
 
 
 @register("onehot")
-def get_onehot(depth, key="label", key_result=None, multi=True, on=1.0, off=0.0):
+def get_onehot(
+    depth, key="label", key_result=None, multi=True, on=1.0, off=0.0
+):
   """One-hot (or k-hot for a vector of labels when multi) float32 labels.
 
   `on`/`off` give label smoothing, e.g. on=0.9+0.1/K, off=0.1/K.
@@ -30,27 +33,50 @@ def get_onehot(depth, key="label", key_result=None, multi=True, on=1.0, off=0.0)
   def op(data):
     labels = data[key]
     if not labels.dtype.is_integer:
-      # A cast would truncate 2.7 to 2, and one-hot or soft labels would become garbage.
-      raise ValueError(f"needs integer class ids under {key!r}, got {labels.dtype.name} "
-                       f"(labels that are one-hot or soft already need no onehot)")
-    labels = tf.cast(labels, tf.int64)  # (int32 would wrap a huge int64 id into range)
+      # A cast would truncate 2.7 to 2, and one-hot or soft labels would become
+      # garbage.
+      raise ValueError(
+          f"needs integer class ids under {key!r}, got {labels.dtype.name} "
+          f"(labels that are one-hot or soft already need no onehot)"
+      )
+    # (int32 would wrap a huge int64 id into range)
+    labels = tf.cast(labels, tf.int64)
     # tf.one_hot silently maps a label outside [0, depth) to an all-`off`
     # vector: a depth below the class count, or the -1 ("no label") of some
     # test splits, would train or evaluate on wrong targets without a sign.
-    with tf.control_dependencies([
-        tf.debugging.Assert(tf.reduce_all(labels < depth), [
-            f"onehot({depth}): a label is >= depth {depth}; set depth to the number of "
-            f"classes; labels:", labels]),
-        tf.debugging.Assert(tf.reduce_all(labels >= 0), [
-            f"onehot({depth}): a label is negative (-1 often means 'no label', as in "
-            f"unlabelled test splits): use a labelled split; labels:", labels])]):
+    with tf.control_dependencies(
+        [
+            tf.debugging.Assert(
+                tf.reduce_all(labels < depth),
+                [
+                    f"onehot({depth}): a label is >= depth {depth}; set depth to the number of "
+                    f"classes; labels:",
+                    labels,
+                ],
+            ),
+            tf.debugging.Assert(
+                tf.reduce_all(labels >= 0),
+                [
+                    f"onehot({depth}): a label is negative (-1 often means 'no label', as in "
+                    f"unlabelled test splits): use a labelled split; labels:",
+                    labels,
+                ],
+            ),
+        ]
+    ):
       labels = tf.identity(labels)
-    hot = tf.one_hot(labels, depth, on_value=float(on), off_value=float(off),
-                     dtype=tf.float32)
+    hot = tf.one_hot(
+        labels,
+        depth,
+        on_value=float(on),
+        off_value=float(off),
+        dtype=tf.float32,
+    )
     if multi and len(hot.shape) == 2:
       # k-hot: several labels per example collapse onto one vector.
       hot = tf.clip_by_value(tf.reduce_sum(hot - off, axis=0) + off, off, on)
     return {**data, key_result: hot}
+
   return op
 
 
@@ -59,9 +85,12 @@ def get_keep(*keys):
   def op(data):
     missing = [k for k in keys if k not in data]
     if missing:
-      raise ValueError(f"keys {missing} not in the example "
-                       f"(it has {sorted(k for k in data if not _internal(k))})")
+      raise ValueError(
+          f"keys {missing} not in the example "
+          f"(it has {sorted(k for k in data if not _internal(k))})"
+      )
     return {k: v for k, v in data.items() if k in keys or _internal(k)}
+
   return op
 
 
@@ -81,4 +110,5 @@ def get_rename(inkey, outkey):
     out = dict(data)
     out[outkey] = out.pop(inkey)
     return out
+
   return op

@@ -11,6 +11,7 @@ Pixel values can differ from big_vision's by a level: blends here round
 where it truncates, and posterize keeps at least 1 bit.
 Input: uint8 RGB [H, W, 3]; output the same shape and dtype.
 """
+
 import math
 
 import tensorflow as tf
@@ -34,9 +35,13 @@ def _grey(image):
 
 def _transform(image, transform):
   out = tf.raw_ops.ImageProjectiveTransformV3(
-      images=image[None], transforms=tf.cast(tf.reshape(transform, [1, 8]), tf.float32),
-      output_shape=tf.shape(image)[:2], fill_value=float(_FILL), interpolation="NEAREST",
-      fill_mode="CONSTANT")
+      images=image[None],
+      transforms=tf.cast(tf.reshape(transform, [1, 8]), tf.float32),
+      output_shape=tf.shape(image)[:2],
+      fill_value=float(_FILL),
+      interpolation="NEAREST",
+      fill_mode="CONSTANT",
+  )
   return out[0]
 
 
@@ -46,7 +51,9 @@ def _rotate(image, degrees):
   cos, sin = tf.cos(a), tf.sin(a)
   x_off = ((w - 1) - (cos * (w - 1) - sin * (h - 1))) / 2.0
   y_off = ((h - 1) - (sin * (w - 1) + cos * (h - 1))) / 2.0
-  return _transform(image, tf.stack([cos, -sin, x_off, sin, cos, y_off, 0.0, 0.0]))
+  return _transform(
+      image, tf.stack([cos, -sin, x_off, sin, cos, y_off, 0.0, 0.0])
+  )
 
 
 def _autocontrast(image):
@@ -61,13 +68,15 @@ def _equalize_channel(ch):
   """Histogram equalisation of one uint8 channel [H, W] (PIL's algorithm)."""
   ch = tf.cast(ch, tf.int32)
   hist = tf.math.bincount(tf.reshape(ch, [-1]), minlength=256, maxlength=256)
-  last = tf.gather(hist, tf.reduce_max(tf.where(hist > 0)))  # count of the top value
+  # count of the top value
+  last = tf.gather(hist, tf.reduce_max(tf.where(hist > 0)))
   step = (tf.reduce_sum(hist) - tf.cast(last, tf.int32)) // 255
 
   def equalised():
     lut = (tf.cumsum(hist) + step // 2) // step
     lut = tf.clip_by_value(tf.concat([[0], lut[:-1]], 0), 0, 255)
     return tf.gather(lut, ch)
+
   return tf.cast(tf.cond(step > 0, equalised, lambda: ch), tf.uint8)
 
 
@@ -82,15 +91,21 @@ def _sharpness(image, factor):
     mask = tf.pad(tf.ones_like(smooth[1:-1, 1:-1]), [[1, 1], [1, 1], [0, 0]])
     degenerate = tf.where(mask > 0, smooth, x[0])
     return _blend(degenerate, image, factor)
-  # Under 3 pixels a side every pixel is border, so unchanged (the 3x3 filter failed there).
-  return tf.cond(tf.reduce_all(tf.shape(image)[:2] >= 3), sharpened, lambda: image)
+
+  # Under 3 pixels a side every pixel is border, so unchanged (the 3x3 filter
+  # failed there).
+  return tf.cond(
+      tf.reduce_all(tf.shape(image)[:2] >= 3), sharpened, lambda: image
+  )
 
 
 def _cutout(image, frac, seed):
   h, w = tf.shape(image)[0], tf.shape(image)[1]
   half = tf.cast(frac * tf.cast(tf.minimum(h, w), tf.float32), tf.int32)
   cy = tf.random.stateless_uniform([], seed, 0, h, dtype=tf.int32)
-  cx = tf.random.stateless_uniform([], tf.reverse(seed, [0]), 0, w, dtype=tf.int32)
+  cx = tf.random.stateless_uniform(
+      [], tf.reverse(seed, [0]), 0, w, dtype=tf.int32
+  )
   ys, xs = tf.range(h)[:, None], tf.range(w)[None, :]
   box = (tf.abs(ys - cy) < half) & (tf.abs(xs - cx) < half)
   return tf.where(box[:, :, None], tf.cast(_FILL, tf.uint8), image)
@@ -102,26 +117,60 @@ def _ops(image, level, sign, seed):
   enhance = level * 1.8 + 0.1
   shear = sign * level * 0.3
   tx, ty = sign * level * (100 / 224) * w, sign * level * (100 / 224) * h
-  bits = tf.cast(tf.clip_by_value(tf.floor(level * 4.0), 1.0, 8.0), tf.uint8)  # bits kept
+  # bits kept
+  bits = tf.cast(tf.clip_by_value(tf.floor(level * 4.0), 1.0, 8.0), tf.uint8)
   return [
       lambda: _autocontrast(image),
-      lambda: tf.stack([_equalize_channel(image[..., c]) for c in range(3)], -1),  # equalize
+      # equalize
+      lambda: tf.stack(
+          [_equalize_channel(image[..., c]) for c in range(3)], -1
+      ),
       lambda: 255 - image,
       lambda: _rotate(image, sign * level * 30.0),
-      lambda: tf.bitwise.left_shift(tf.bitwise.right_shift(image, 8 - bits), 8 - bits),
-      lambda: tf.where(tf.cast(image, tf.float32) < level * 256.0, image, 255 - image),
+      lambda: tf.bitwise.left_shift(
+          tf.bitwise.right_shift(image, 8 - bits), 8 - bits
+      ),
+      lambda: tf.where(
+          tf.cast(image, tf.float32) < level * 256.0, image, 255 - image
+      ),
       lambda: _blend(_grey(image), image, enhance),  # color
-      lambda: _blend(tf.fill(tf.shape(image), tf.cast(tf.reduce_mean(
-          tf.cast(tf.image.rgb_to_grayscale(image), tf.float32)), tf.uint8)), image, enhance),
+      lambda: _blend(
+          tf.fill(
+              tf.shape(image),
+              tf.cast(
+                  tf.reduce_mean(
+                      tf.cast(tf.image.rgb_to_grayscale(image), tf.float32)
+                  ),
+                  tf.uint8,
+              ),
+          ),
+          image,
+          enhance,
+      ),
       lambda: _blend(tf.zeros_like(image), image, enhance),  # brightness
       lambda: _sharpness(image, enhance),
-      lambda: _transform(image, tf.stack([1.0, shear, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0])),
-      lambda: _transform(image, tf.stack([1.0, 0.0, 0.0, shear, 1.0, 0.0, 0.0, 0.0])),
-      lambda: _transform(image, tf.stack([1.0, 0.0, -tx, 0.0, 1.0, 0.0, 0.0, 0.0])),
-      lambda: _transform(image, tf.stack([1.0, 0.0, 0.0, 0.0, 1.0, -ty, 0.0, 0.0])),
+      lambda: _transform(
+          image, tf.stack([1.0, shear, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0])
+      ),
+      lambda: _transform(
+          image, tf.stack([1.0, 0.0, 0.0, shear, 1.0, 0.0, 0.0, 0.0])
+      ),
+      lambda: _transform(
+          image, tf.stack([1.0, 0.0, -tx, 0.0, 1.0, 0.0, 0.0, 0.0])
+      ),
+      lambda: _transform(
+          image, tf.stack([1.0, 0.0, 0.0, 0.0, 1.0, -ty, 0.0, 0.0])
+      ),
       lambda: _cutout(image, level * (40 / 224), seed),
-      lambda: tf.where(image < 128, tf.saturate_cast(
-          tf.cast(image, tf.float32) + level * 110.0, tf.uint8), image),  # solarize_add
+      lambda: tf.where(
+          image < 128,
+          tf.saturate_cast(
+              # solarize_add
+              tf.cast(image, tf.float32) + level * 110.0,
+              tf.uint8,
+          ),
+          image,
+      ),
   ]
 
 
@@ -134,9 +183,15 @@ def get_randaug(num_layers=2, magnitude=10, key="image"):
 
   def op(data):
     image = data[key]
-    if image.dtype != tf.uint8 or image.shape.rank != 3 or image.shape[-1] not in (None, 3):
-      raise ValueError(f"randaug needs uint8 RGB images [H, W, 3] (decode(channels=3) "
-                       f"or to_rgb before it), got {image.dtype} {image.shape}")
+    if (
+        image.dtype != tf.uint8
+        or image.shape.rank != 3
+        or image.shape[-1] not in (None, 3)
+    ):
+      raise ValueError(
+          f"randaug needs uint8 RGB images [H, W, 3] (decode(channels=3) "
+          f"or to_rgb before it), got {image.dtype} {image.shape}"
+      )
     data, seed = take_seed(data, "randaug")
 
     def layer(i, img):
@@ -147,10 +202,17 @@ def get_randaug(num_layers=2, magnitude=10, key="image"):
       index = tf.minimum(tf.cast(u[0] * NUM_OPS, tf.int32), NUM_OPS - 1)
       sign = tf.where(u[1] < 0.5, -1.0, 1.0)
       op_seed = tf.random.experimental.stateless_fold_in(layer_seed, 1)
-      out = tf.switch_case(index, _ops(img, tf.constant(level, tf.float32), sign, op_seed))
+      out = tf.switch_case(
+          index, _ops(img, tf.constant(level, tf.float32), sign, op_seed)
+      )
       return i + 1, tf.ensure_shape(out, [None, None, 3])
 
-    _, image = tf.while_loop(lambda i, _: i < num_layers, layer, [tf.constant(0), image],
-                             shape_invariants=[tf.TensorShape([]), tf.TensorShape([None, None, 3])])
+    _, image = tf.while_loop(
+        lambda i, _: i < num_layers,
+        layer,
+        [tf.constant(0), image],
+        shape_invariants=[tf.TensorShape([]), tf.TensorShape([None, None, 3])],
+    )
     return {**data, key: tf.ensure_shape(image, data[key].shape)}
+
   return op

@@ -11,18 +11,23 @@ Ops with `key="image"` also take big_vision's `inkey`/`outkey`: read one
 key, write another (`value_range(outkey="prof")` leaves "image" as it
 was); a `key` given overrides both, as in big_vision.
 """
+
 import ast
 import difflib
 import inspect
 
 _OPS = {}
+
+
 def register(name):
   """Decorator: registers an op factory under `name`."""
+
   def wrap(factory):
     if name in _OPS:
       raise ValueError(f"pp op {name!r} is registered twice")
     _OPS[name] = factory
     return factory
+
   return wrap
 
 
@@ -34,8 +39,10 @@ def _literal(node, op_text):
   try:
     return ast.literal_eval(node)
   except ValueError:
-    raise ValueError(f"pp op {op_text!r}: arguments must be literals "
-                     f"(numbers, strings, tuples, lists, None)") from None
+    raise ValueError(
+        f"pp op {op_text!r}: arguments must be literals "
+        f"(numbers, strings, tuples, lists, None)"
+    ) from None
 
 
 def parse_op(op_text):
@@ -43,16 +50,20 @@ def parse_op(op_text):
   try:
     node = ast.parse(op_text.strip(), mode="eval").body
   except SyntaxError:
-    raise ValueError(f"pp op {op_text!r} is not valid syntax; write it like "
-                     f"'name' or 'name(arg, key=value)'") from None
+    raise ValueError(
+        f"pp op {op_text!r} is not valid syntax; write it like "
+        f"'name' or 'name(arg, key=value)'"
+    ) from None
   if isinstance(node, ast.Name):
     return node.id, (), {}
   if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
     args = tuple(_literal(a, op_text) for a in node.args)
     kwargs = {k.arg: _literal(k.value, op_text) for k in node.keywords}
     return node.func.id, args, kwargs
-  raise ValueError(f"pp op {op_text!r} is not valid; write it like "
-                   f"'name' or 'name(arg, key=value)', and separate ops with '|'")
+  raise ValueError(
+      f"pp op {op_text!r} is not valid; write it like "
+      f"'name' or 'name(arg, key=value)', and separate ops with '|'"
+  )
 
 
 def build_op(op_text):
@@ -60,8 +71,10 @@ def build_op(op_text):
   if name not in _OPS:
     near = difflib.get_close_matches(name, known_ops(), n=1, cutoff=0.6)
     hint = f"did you mean {near[0]!r}? " if near else ""
-    raise ValueError(f"unknown pp op {name!r} in {op_text!r}; {hint}known ops: "
-                     f"{', '.join(known_ops())}")
+    raise ValueError(
+        f"unknown pp op {name!r} in {op_text!r}; {hint}known ops: "
+        f"{', '.join(known_ops())}"
+    )
   factory = _OPS[name]
   sig = inspect.signature(factory)
   io = {}
@@ -70,10 +83,12 @@ def build_op(op_text):
   try:
     bound = sig.bind(*args, **kwargs)
   except TypeError as e:
-    raise ValueError(f"pp op {op_text!r}: bad arguments ({e}); signature is "
-                     f"{name}{sig}") from None
+    raise ValueError(
+        f"pp op {op_text!r}: bad arguments ({e}); signature is " f"{name}{sig}"
+    ) from None
   inkey, outkey = io.get("inkey"), io.get("outkey")
-  if (inkey or outkey) and "key" not in bound.arguments:  # (a `key` given overrides both)
+  # (a `key` given overrides both)
+  if (inkey or outkey) and "key" not in bound.arguments:
     kwargs["key"] = inkey = inkey or "image"
     outkey = outkey or "image"
   try:
@@ -83,7 +98,9 @@ def build_op(op_text):
   if "key" in bound.arguments or inkey == outkey:
     return op
 
-  def in_out(data):  # `op` reads and writes `inkey`: its result goes under `outkey` instead
+  # `op` reads and writes `inkey`: its result goes under `outkey` instead
+  def in_out(data):
     out = op(data)
     return {**out, outkey: out[inkey], inkey: data[inkey]}
+
   return in_out
