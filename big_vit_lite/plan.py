@@ -30,6 +30,7 @@ section "Plan, bench, FLOPs, metrics".
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -59,6 +60,8 @@ from big_vit_lite.plan_formulas import USABLE_FRACTION
 from big_vit_lite.plan_formulas import _gather_bytes
 from big_vit_lite.plan_formulas import _step_time
 from big_vit_lite.plan_formulas import activation_bytes
+from big_vit_lite.plan_formulas import tpu_activation_bytes
+from big_vit_lite.plan_formulas import tpu_weight_bytes
 from big_vit_lite.plan_formulas import train_flops
 from big_vit_lite.plan_report import format_report
 
@@ -168,6 +171,16 @@ def abstract_state(config, res: int):
   return model, boxed, params, opt, jax.eval_shape(opt.tx.init, params)
 
 
+def _block_params(params) -> int:
+  """How many of the params are the encoder blocks' (looped or not)."""
+  leaves = jax.tree_util.tree_leaves_with_path(params)
+  return sum(
+      math.prod(x.shape)
+      for path, x in leaves
+      if "encoderblock" in jax.tree_util.keystr(path)
+  )
+
+
 def resolve_device(device: str) -> str:
   """--device as people write it ('H100', 'v5e', 'TPU-v4') -> its key in devices.DEVICES."""
   name = device.lower().replace("-", "_")
@@ -221,19 +234,32 @@ def _state_bytes(config, mesh, boxed, params, opt_state):
   )
 
 
-def plan(config, mesh: dict, device: str, res: int | None = None) -> dict:
+def plan(
+    config,
+    mesh: dict,
+    device: str,
+    res: int | None = None,
+    *,
+    backend: str | None = None,
+    abstract=None,
+) -> dict:
   """The analytic plan as a dict: sizes, *_bytes_per_device, fits, FLOPs and step time.
 
   flops_per_step: model FLOPs (the matmuls of forward and backward on the global batch, as MFU
   counts them); hw_flops_per_step adds remat's recomputation. fits_with_remat: None where it
   fits or remat is on, else whether remat_policy='nothing_saveable' would fit. ignored_px: the
   image rows/columns the patchify drops; unsplit_params: param dims the mesh axes do not divide.
+  backend: whose compiler the activations follow, "tpu" (tpu_activation_bytes: the TPU's tiled
+  residuals; the default for a TPU device) or "cpu" (activation_bytes, fitted to XLA:CPU; the
+  default elsewhere). abstract: abstract_state(config, res), if already made.
   """
-  spec = DEVICES[resolve_device(device)]
+  key = resolve_device(device)
+  spec = DEVICES[key]
+  backend = backend or ("tpu" if key.startswith("tpu_") else "cpu")
   res = image_res(config, res)
   n_dev = math.prod(mesh.values())
   batch, local_batch, accum = _batch_split(config, mesh)
-  model, boxed, params, _, opt_state = abstract_state(config, res)
+  model, boxed, params, _, opt_state = abstract or abstract_state(config, res)
   arch = dict(model.arch(), mlp=model.mlp)  # (SwiGLU's third MLP matmul counts)
   num_classes = int(config.model.get("num_classes", 0) or 0)
   # From the model object, so that the model's own defaults count for keys the
@@ -256,7 +282,7 @@ def plan(config, mesh: dict, device: str, res: int | None = None) -> dict:
   # One microbatch's activations alive at a time (grad_accum's lax.scan), and a
   # float32 running sum of the gradients sharded like the params.
   act = functools.partial(
-      activation_bytes,
+      tpu_activation_bytes if backend == "tpu" else activation_bytes,
       arch,
       local_batch=local_batch // accum,
       tokens=tokens,
@@ -265,21 +291,30 @@ def plan(config, mesh: dict, device: str, res: int | None = None) -> dict:
       num_classes=num_classes,
       image_numel=res * res * channels,
       dropout=model.dropout > 0,
+      **(
+          dict(opts=dataclasses.asdict(model.block_options()))
+          if backend == "tpu"
+          else {}
+      ),
   )
   act_b, accum_b = act(remat=remat), state_b["grad"] if accum > 1 else 0
   batch_b = local_batch * (res * res * channels + num_classes) * 4
-  gathered_b = _gather_bytes(n_params, arch["depth"], tp, fsdp, remat)
+  gather = functools.partial(
+      tpu_weight_bytes if backend == "tpu" else _gather_bytes,
+      _block_params(params) if backend == "tpu" else n_params,
+      arch["depth"],
+      tp,
+      fsdp,
+      **(dict(mm_bytes=mm_bytes) if backend == "tpu" else {}),
+  )
+  gathered_b = gather(remat)
   total_b = sum(state_b.values()) + accum_b + act_b + batch_b + gathered_b
   usable = USABLE_FRACTION * spec.hbm_bytes
   # Without remat and too big: what remat (nothing_saveable) would need.
   remat_total_b = None
   if not remat and total_b > usable:
     remat_total_b = (
-        total_b
-        - act_b
-        + act(remat=True)
-        - gathered_b
-        + _gather_bytes(n_params, arch["depth"], tp, fsdp, True)
+        total_b - act_b + act(remat=True) - gathered_b + gather(True)
     )
   model_flops, hw_flops = train_flops(
       arch,
@@ -308,6 +343,7 @@ def plan(config, mesh: dict, device: str, res: int | None = None) -> dict:
       grad_accum_steps=accum,
       micro_batch=local_batch // accum,
       remat=remat,
+      backend=backend,
       dtype_mm=str(model.resolved_dtype_mm()),
       num_params=int(n_params),
       **{f"{k}_bytes_per_device": int(b) for k, b in state_b.items()},
@@ -381,9 +417,9 @@ def plan_on_slice(
   mesh = parse_mesh(list(sizes.items()))
   if config.model.get("dtype_mm") == "auto":
     config.model.dtype_mm = vit.resolve_dtype_mm("auto", platform="tpu")
-  p = plan(config, mesh, tpu_slice.device_key, res)
+  abstract = abstract_state(config, image_res(config, res))
+  p = plan(config, mesh, tpu_slice.device_key, res, abstract=abstract)
   if compile_step:
-    abstract = abstract_state(config, p["res"])
     p.update(
         tpu_compile.compiled_stats(
             config, mesh, p["res"], image_channels(config), abstract, tpu_slice
@@ -490,7 +526,14 @@ def main(argv):
             json.dumps(compiled_stats(config, mesh, image_res(config, f.res)))
         )
         return
-      p = plan(config, mesh, f.device, f.res)
+      # With --compile the plan is checked against XLA:CPU's memory analysis.
+      p = plan(
+          config,
+          mesh,
+          f.device,
+          f.res,
+          backend="cpu" if f.compile else None,
+      )
       if f.compile:
         overrides = [a for a in sys.argv[1:] if a.startswith("--config.")]
         p.update(

@@ -1,8 +1,11 @@
 """plan's analytic formulas: activation bytes, FLOPs, FSDP's gathered weights and a
 step's time at peak, each a function of the model's sizes and the mesh only (no jax).
 plan.py puts them together with the exact state shapes; how the coefficients were
-fitted: benchmarks/NOTES.md, section "Plan, bench, FLOPs, metrics".
+fitted: benchmarks/NOTES.md, section "Plan, bench, FLOPs, metrics"; the TPU's
+count (tpu_activation_bytes): section "Plan vs the TPU compiler".
 """
+
+import math
 
 from big_vit_lite import flops as flops_lib
 
@@ -57,6 +60,115 @@ def activation_bytes(
   # LayerNorm, logits.
   per_example += image_numel * 4 + 6 * t * d * 4 + num_classes * 4 * 2
   return int(local_batch * per_example)
+
+
+def _tiled(rows: int, cols: int, nbytes: int) -> int:
+  """Bytes of a (rows, cols) array in TPU memory: tiles of 128 lanes by 32 bytes' rows.
+
+  The TPU lays an array's two minor dims out in (8, 128) tiles of 32-bit words
+  (bf16 packs 16 rows, bool 32): 197 tokens take 208 bf16 rows, or 256 lanes.
+  """
+  sublanes = 32 // nbytes
+  return (
+      nbytes
+      * math.ceil(rows / sublanes)
+      * sublanes
+      * math.ceil(cols / 128)
+      * 128
+  )
+
+
+def tpu_block_bytes(
+    arch: dict,
+    *,
+    tokens: int,
+    mm_bytes: int,
+    tp: int = 1,
+    dropout: bool = False,
+    opts: dict | None = None,
+) -> int:
+  """Bytes one block keeps for its backward pass, per example, as the TPU compiler stores them.
+
+  Counted from the stacked residuals of the layer loop in the compiled TPU program
+  (benchmarks/NOTES.md, "Plan vs the TPU compiler"), each tiled (_tiled; the
+  layouts the compiler picks: tokens minor in the per-head arrays):
+  the block input and the residual stream after attention (f32, T x D), the two
+  LayerNorm outputs (matmul dtype) and statistics, q, k, v and the attention output per head
+  (D/H x T), the probabilities per head (T x T), the MLP's pre-activation and
+  activation (T x M; SwiGLU: gate, value and product); with dropout, a bool mask
+  per dropped tensor. opts: the block options (qk_norm keeps q and k before
+  their norm, parallel_block has one LayerNorm and no mid-block stream).
+  """
+  opts = opts or {}
+  t, d = tokens, arch["width"]
+  m = arch["mlp_dim"] // tp if arch["mlp_dim"] % tp == 0 else arch["mlp_dim"]
+  h = (
+      arch["num_heads"] // tp
+      if arch["num_heads"] % tp == 0
+      else arch["num_heads"]
+  )
+  head_dim, mm = arch["width"] // arch["num_heads"], mm_bytes
+  streams = 1 if opts.get("parallel_block") else 2
+  per_head = (4 + 2 * bool(opts.get("qk_norm"))) * _tiled(head_dim, t, mm)
+  mlp = (3 if opts.get("mlp") == "swiglu" else 2) * _tiled(t, m, mm)
+  # Each LayerNorm also keeps its mean and 1/std (f32, tokens minor).
+  norm_stats = 2 * 4 * 128 * math.ceil(t / 128)
+  total = (
+      streams * (_tiled(t, d, 4) + _tiled(t, d, mm) + norm_stats)
+      + h * (per_head + _tiled(t, t, mm))
+      + mlp
+  )
+  if dropout:
+    total += 2 * _tiled(t, d, 1) + _tiled(t, m, 1)
+  return total
+
+
+def tpu_activation_bytes(
+    arch: dict,
+    *,
+    local_batch: int,
+    tokens: int,
+    remat: bool,
+    mm_bytes: int,
+    tp: int = 1,
+    num_classes: int = 0,
+    image_numel: int = 0,
+    dropout: bool = False,
+    opts: dict | None = None,
+) -> int:
+  """activation_bytes for the TPU compiler: the blocks' residuals as it tiles them.
+
+  Without remat every block's residuals (tpu_block_bytes) stay for the backward
+  pass, with remat only each block's f32 input; either way one more block's
+  worth is live while a block's backward runs (two with remat: its recomputed
+  residuals too). Outside the blocks as activation_bytes counts it.
+  """
+  block = tpu_block_bytes(
+      arch,
+      tokens=tokens,
+      mm_bytes=mm_bytes,
+      tp=tp,
+      dropout=dropout,
+      opts=opts,
+  )
+  depth, t, d = arch["depth"], tokens, arch["width"]
+  kept = depth * _tiled(t, d, 4) + 2 * block if remat else (depth + 1) * block
+  outside = image_numel * 4 + 6 * t * d * 4 + num_classes * 4 * 2
+  return int(local_batch * (kept + outside))
+
+
+def tpu_weight_bytes(block_params, depth, tp, fsdp, remat, *, mm_bytes):
+  """The blocks' weights in the matmul dtype that the TPU program keeps, per device.
+
+  Sharded by FSDP: two blocks' gathered weights at a time. Replicated, with matmuls
+  narrower than the f32 params: the converted copies of every block's weights,
+  twice (the forward and the backward layer loop each hold one; with remat too).
+  """
+  del remat  # (the same either way: measured)
+  per_block = block_params / max(1, depth) * mm_bytes / tp
+  if fsdp > 1:
+    return int(2 * per_block)
+  return 0 if mm_bytes >= 4 else int(2 * depth * per_block)
 
 
 def train_flops(

@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
@@ -10,6 +11,7 @@ import ml_collections
 import pytest
 
 from big_vit_lite import plan
+from big_vit_lite import plan_formulas
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -529,3 +531,74 @@ def test_plan_device_names_as_people_write_them():
       ValueError, match=r"--device='tpu_v9': known devices are tpu_v2"
   ):
     plan.resolve_device("tpu_v9")
+
+
+def test_tpu_tiles_pad_the_two_minor_dims():
+  # (8, 128) tiles of 32-bit words: 16 bf16 rows, 32 bool rows, 8 f32 rows.
+  assert plan_formulas._tiled(197, 1024, 2) == 2 * 208 * 1024
+  assert plan_formulas._tiled(197, 1024, 4) == 4 * 200 * 1024
+  assert plan_formulas._tiled(197, 1024, 1) == 224 * 1024
+  assert plan_formulas._tiled(64, 197, 2) == 2 * 64 * 256
+
+
+# The layer loop of the trainer's L/16 step (vit_l16.py: bf16 matmuls, dropout
+# 0.1, nn.scan over 24 blocks) compiled by the TPU compiler for 32 images per
+# chip keeps these stacked residuals for the backward pass (the while loop's
+# buffers in the compiled HLO; libtpu 0.0.42.1, benchmarks/NOTES.md "Plan vs
+# the TPU compiler"): dtype bytes, the dims as the layout tiles them (minor
+# last, padded to the tile), how many such buffers.
+_L16_TPU_RESIDUALS = [
+    (4, (200, 1024), 2),  # block input, stream after attention: f32[.,197,1024]
+    (2, (208, 1024), 2),  # the two LayerNorm outputs
+    (4, (256,), 4),  # LayerNorm means, 1/stds: f32[24,32,197,1], T minor
+    (2, (16, 64, 256), 4),  # q, k, v, attention out: bf16[.,16,197,64], T minor
+    (2, (16, 208, 256), 1),  # probabilities bf16[.,16,197,197]
+    (2, (208, 4096), 2),  # MLP pre-activation and its dropped activation
+    (1, (224, 1024), 2),  # dropout masks pred[.,197,1024] (attention, MLP out)
+    (1, (224, 4096), 1),  # the MLP's dropout mask
+]
+
+
+def test_tpu_block_bytes_are_the_compiled_programs_residuals():
+  arch = dict(width=1024, depth=24, mlp_dim=4096, num_heads=16, patch_size=16)
+  per_example_block = sum(
+      nbytes * math.prod(dims) * count
+      for nbytes, dims, count in _L16_TPU_RESIDUALS
+  )
+  got = plan_formulas.tpu_block_bytes(
+      arch, tokens=197, mm_bytes=2, dropout=True
+  )
+  assert got == per_example_block
+  # Without dropout the three masks go (and the MLP keeps its activation, not
+  # the dropped one: the same size).
+  assert plan_formulas.tpu_block_bytes(
+      arch, tokens=197, mm_bytes=2
+  ) == per_example_block - (2 * 224 * 1024 + 224 * 4096)
+
+
+def test_tpu_block_options_change_what_a_block_keeps():
+  arch = dict(width=1024, depth=24, mlp_dim=4096, num_heads=16, patch_size=16)
+  kw = dict(tokens=197, mm_bytes=2)
+  base = plan_formulas.tpu_block_bytes(arch, **kw)
+  opts = lambda **o: plan_formulas.tpu_block_bytes(arch, opts=o, **kw)
+  # SwiGLU: gate, value and product of width M.
+  assert opts(mlp="swiglu") - base == 2 * 208 * 4096
+  # q and k before their norm (per head, tokens minor).
+  assert opts(qk_norm=True) - base == 16 * 2 * (2 * 64 * 256)
+  # One LayerNorm, no stream after attention: its f32 and bf16 T x D copies.
+  assert base - opts(parallel_block=True) == (
+      4 * 200 * 1024 + 2 * 208 * 1024 + 2 * 4 * 256
+  )
+
+
+def test_tpu_plan_counts_the_replicated_weights_twice_and_fsdp_two_blocks():
+  config = _big_config("L/16", 128, remat=None)
+  n_blocks = 24 * 12596224  # an L/16 block's params
+  data = plan.plan(config, plan.parse_mesh("data:4"), "tpu_v5p")
+  assert data["backend"] == "tpu"
+  assert data["fsdp_gather_bytes_per_device"] == 2 * n_blocks * 2
+  fsdp = plan.plan(config, plan.parse_mesh("fsdp:4"), "tpu_v5p")
+  assert fsdp["fsdp_gather_bytes_per_device"] == 2 * n_blocks // 24 * 2
+  # The same mesh planned for the CPU compiler: its fitted formulas.
+  cpu = plan.plan(config, plan.parse_mesh("data:4"), "tpu_v5p", backend="cpu")
+  assert cpu["act_bytes_per_device"] != data["act_bytes_per_device"]
