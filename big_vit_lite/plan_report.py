@@ -40,7 +40,11 @@ def format_report(p: dict) -> str:
           + (f", per microbatch of {micro})" if k > 1 else ")"),
       ),
       ("input batch", "batch", ""),
-      ("fsdp gathers", "fsdp_gather", "(unsharded weights in use)"),
+      (
+          "weight copies",
+          "fsdp_gather",
+          "(FSDP's gathered weights; on a TPU also bf16 copies)",
+      ),
   ):
     b = p[f"{key}_bytes_per_device"]
     if b or key not in ("ema", "grad_accum"):

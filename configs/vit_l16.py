@@ -17,7 +17,7 @@ end. It needs a TPU v3-64 / 8xA100-class machine for days: pick a mesh with
 --config.mesh and e.g. FSDP for memory (`python -m big_vit_lite.plan` first).
 
 Accelerators: meant for a TPU v5p-256 slice (128 chips; the default mesh data:-1 is 32 images
-per chip) or a v4-256 (plan: 21.9 of 32 GiB per chip on data:32,fsdp:4). Matmuls run in
+per chip) or a v4-256 (plan: 15.4 of 32 GiB per chip on data:32,fsdp:4). Matmuls run in
 bfloat16 wherever the backend is not the CPU (model.dtype_mm="auto", float32 on the CPU); what
 else an accelerator user tunes is in ACCELERATOR_KNOBS below (--config.model.scan=True, ...).
 The TPU compiler's figures on v5p-256 (`python -m big_vit_lite.plan --topology=v5p-256
@@ -183,8 +183,8 @@ def get_config(arg=None):
       rep_size=True,
       dropout=0.1,
       head_zeroinit=True,
-      # No remat: at 16 images per device (v4-256) L/16 needs
-      # 13.5 of 32 GiB without it (plan), and remat costs ~20%
+      # No remat: at 32 images per chip (v4-256) L/16 needs
+      # 14.4 of 32 GiB without it (plan), and remat costs ~20%
       # of the step. With more images per device `plan` says
       # when 'nothing_saveable' is needed.
       remat_policy=config_dict.placeholder(str),
