@@ -32,6 +32,11 @@ def main():
   parser.add_argument("--scan", type=int, default=1)
   parser.add_argument("--dropout", type=float, default=None)
   parser.add_argument("--attention", default="auto")
+  parser.add_argument(
+      "--model",
+      default="",
+      help="block options as config.model keys, e.g. mlp=swiglu,qk_norm=1",
+  )
   parser.add_argument("--out", default=None)
   args = parser.parse_args()
   config = vit_l16.get_config(f"variant={args.variant}")
@@ -39,6 +44,14 @@ def main():
   config.model.scan = bool(args.scan)
   config.model.remat_policy = args.remat
   config.model.attention = args.attention
+  for item in filter(None, args.model.split(",")):
+    key, value = item.split("=")
+    current = config.model[key]
+    config.model[key] = (
+        type(current)(int(value))
+        if isinstance(current, bool)
+        else type(current)(value)
+    )
   if args.dropout is not None:
     config.model.dropout = args.dropout
   start = time.time()
@@ -57,6 +70,7 @@ def main():
       remat=args.remat,
       dropout=float(config.model.dropout),
       attention=args.attention,
+      model=args.model,
       compile_s=round(time.time() - start),
       plan_total_gib=p["total_bytes_per_device"] / GIB,
       plan_act_gib=p["act_bytes_per_device"] / GIB,

@@ -89,15 +89,17 @@ def tpu_block_bytes(
 ) -> int:
   """Bytes one block keeps for its backward pass, per example, as the TPU compiler stores them.
 
-  Counted from the stacked residuals of the layer loop in the compiled TPU program
-  (benchmarks/NOTES.md, "Plan vs the TPU compiler"), each tiled (_tiled; the
-  layouts the compiler picks: tokens minor in the per-head arrays):
-  the block input and the residual stream after attention (f32, T x D), the two
-  LayerNorm outputs (matmul dtype) and statistics, q, k, v and the attention output per head
-  (D/H x T), the probabilities per head (T x T), the MLP's pre-activation and
-  activation (T x M; SwiGLU: gate, value and product); with dropout, a bool mask
-  per dropped tensor. opts: the block options (qk_norm keeps q and k before
-  their norm, parallel_block has one LayerNorm and no mid-block stream).
+  Counted from the stacked residuals of the layer loop in the compiled TPU
+  program (benchmarks/NOTES.md, "Plan vs the TPU compiler"), each tiled
+  (_tiled; the layouts the compiler picks: tokens minor in the per-head
+  arrays): the block input and the residual stream after attention (f32,
+  T x D), the two LayerNorm outputs (matmul dtype) and statistics, q, k, v and
+  the attention output per head (D/H x T), the probabilities per head (T x T),
+  the MLP's pre-activation and activation (T x M); with dropout, a bool mask
+  per dropped tensor. opts, the block options, as jax's list of the block's
+  residuals has them: SwiGLU keeps six T x M arrays (value, gate, its sigmoid
+  and silu, their product, the dropped product), qk_norm q and k before their
+  norm and its statistics, parallel_block one LayerNorm and no mid-block stream.
   """
   opts = opts or {}
   t, d = tokens, arch["width"]
@@ -110,13 +112,16 @@ def tpu_block_bytes(
   head_dim, mm = arch["width"] // arch["num_heads"], mm_bytes
   streams = 1 if opts.get("parallel_block") else 2
   per_head = (4 + 2 * bool(opts.get("qk_norm"))) * _tiled(head_dim, t, mm)
-  mlp = (3 if opts.get("mlp") == "swiglu" else 2) * _tiled(t, m, mm)
+  mlp = (6 if opts.get("mlp") == "swiglu" else 2) * _tiled(t, m, mm)
+  # qk_norm's mean and 1/std of q and of k, per head and token.
+  qk_stats = 4 * _tiled(h, t, 4) if opts.get("qk_norm") else 0
   # Each LayerNorm also keeps its mean and 1/std (f32, tokens minor).
   norm_stats = 2 * 4 * 128 * math.ceil(t / 128)
   total = (
       streams * (_tiled(t, d, 4) + _tiled(t, d, mm) + norm_stats)
       + h * (per_head + _tiled(t, t, mm))
       + mlp
+      + qk_stats
   )
   if dropout:
     total += 2 * _tiled(t, d, 1) + _tiled(t, m, 1)

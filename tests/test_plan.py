@@ -581,10 +581,13 @@ def test_tpu_block_options_change_what_a_block_keeps():
   kw = dict(tokens=197, mm_bytes=2)
   base = plan_formulas.tpu_block_bytes(arch, **kw)
   opts = lambda **o: plan_formulas.tpu_block_bytes(arch, opts=o, **kw)
-  # SwiGLU: gate, value and product of width M.
-  assert opts(mlp="swiglu") - base == 2 * 208 * 4096
-  # q and k before their norm (per head, tokens minor).
-  assert opts(qk_norm=True) - base == 16 * 2 * (2 * 64 * 256)
+  # SwiGLU: six bf16 T x M arrays (jax's residual list) instead of two.
+  assert opts(mlp="swiglu") - base == 4 * 2 * 208 * 4096
+  # q and k before their norm (per head, tokens minor), and the norms' mean and
+  # 1/std (f32, 16 heads x 197 tokens).
+  assert opts(qk_norm=True) - base == 16 * 2 * (2 * 64 * 256) + 4 * (
+      4 * 16 * 256
+  )
   # One LayerNorm, no stream after attention: its f32 and bf16 T x D copies.
   assert base - opts(parallel_block=True) == (
       4 * 200 * 1024 + 2 * 208 * 1024 + 2 * 4 * 256
