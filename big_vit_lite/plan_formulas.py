@@ -99,7 +99,8 @@ def tpu_block_bytes(
   per dropped tensor. opts, the block options, as jax's list of the block's
   residuals has them: SwiGLU keeps six T x M arrays (value, gate, its sigmoid
   and silu, their product, the dropped product), qk_norm q and k before their
-  norm and its statistics, parallel_block one LayerNorm and no mid-block stream.
+  norm and its statistics (both measured together: L/16 +2.3%), parallel_block
+  one LayerNorm and no mid-block stream (not compiled).
   """
   opts = opts or {}
   t, d = tokens, arch["width"]

@@ -581,7 +581,8 @@ def test_tpu_block_options_change_what_a_block_keeps():
   kw = dict(tokens=197, mm_bytes=2)
   base = plan_formulas.tpu_block_bytes(arch, **kw)
   opts = lambda **o: plan_formulas.tpu_block_bytes(arch, opts=o, **kw)
-  # SwiGLU: six bf16 T x M arrays (jax's residual list) instead of two.
+  # SwiGLU: six bf16 T x M arrays (jax's residual list) instead of two; the
+  # compiled L/16 with SwiGLU and qk_norm keeps them (benchmarks/NOTES.md).
   assert opts(mlp="swiglu") - base == 4 * 2 * 208 * 4096
   # q and k before their norm (per head, tokens minor), and the norms' mean and
   # 1/std (f32, 16 heads x 197 tokens).
