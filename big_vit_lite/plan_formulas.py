@@ -145,9 +145,11 @@ def tpu_activation_bytes(
   """activation_bytes for the TPU compiler: the blocks' residuals as it tiles them.
 
   Without remat every block's residuals (tpu_block_bytes) stay for the backward
-  pass, with remat only each block's f32 input; either way one more block's
-  worth is live while a block's backward runs (two with remat: its recomputed
-  residuals too). Outside the blocks as activation_bytes counts it.
+  pass, with remat only each block's f32 input; either way more is live while a
+  block's backward runs: one block's worth without remat, three with it (its
+  recomputed residuals and the backward's temporaries; fitted to the compiled
+  L/16, H/14, g/14 at 32 and L/16 at 256 images per chip, benchmarks/NOTES.md).
+  Outside the blocks as activation_bytes counts it.
   """
   block = tpu_block_bytes(
       arch,
@@ -158,7 +160,7 @@ def tpu_activation_bytes(
       opts=opts,
   )
   depth, t, d = arch["depth"], tokens, arch["width"]
-  kept = depth * _tiled(t, d, 4) + 2 * block if remat else (depth + 1) * block
+  kept = depth * _tiled(t, d, 4) + 3 * block if remat else (depth + 1) * block
   outside = image_numel * 4 + 6 * t * d * 4 + num_classes * 4 * 2
   return int(local_batch * (kept + outside))
 

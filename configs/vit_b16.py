@@ -12,8 +12,8 @@ ImageNet-1k at 384px, ViT-B/16 pretrained on ImageNet-21k reaches ~84% top-1.
 About 1/3.5 of the compute of L/16 (86M vs 304M params).
 
 Accelerators: meant for a TPU v4-32 (16 chips, 256 images per chip) with remat:
---config.model.remat_policy=nothing_saveable (plan: 8.8 GiB of 32 per chip; 28.8 without it),
-or a v5litepod-16 on data:4,fsdp:4 with remat (7.4 of 16 GiB); docs/tpu.md has the commands.
+--config.model.remat_policy=nothing_saveable (plan: 10.8 GiB of 32 per chip; 28.8 without it),
+or a v5litepod-16 on data:4,fsdp:4 with remat (9.3 of 16 GiB); docs/tpu.md has the commands.
 The TPU compiler (plan --topology=... --compile, libtpu 0.0.42.1) needs less: 6.3 of 32 GiB per
 chip on v4-32 and 5.9 of 16 GiB on v5litepod-16, both with remat; its cost model gave no step
 time for these programs.

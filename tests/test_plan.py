@@ -606,3 +606,35 @@ def test_tpu_plan_counts_the_replicated_weights_twice_and_fsdp_two_blocks():
   # The same mesh planned for the CPU compiler: its fitted formulas.
   cpu = plan.plan(config, plan.parse_mesh("data:4"), "tpu_v5p", backend="cpu")
   assert cpu["act_bytes_per_device"] != data["act_bytes_per_device"]
+
+
+# The TPU compiler's peak bytes per chip (arguments + outputs + temporaries -
+# aliased) for configs/vit_l16.py's step under nn.scan (libtpu 0.0.42.1,
+# benchmarks/NOTES.md "Plan vs the TPU compiler"): 32 images per chip on v5p
+# (batch 128 on v5p-8, data parallel) and 256 per chip on v4-32 (fsdp:16).
+_TPU_COMPILER_PEAKS = {
+    ("L/16", "none", "data:4", 128, "tpu_v5p"): (
+        3946661888 + 3921842016 + 11383479968 - 3921840128
+    ),
+    ("L/16", "nothing_saveable", "data:4", 128, "tpu_v5p"): (
+        3946661888 + 3921842016 + 4036666208 - 3921840128
+    ),
+    ("H/14", "nothing_saveable", "data:4", 128, "tpu_v5p"): 16490703904,
+    ("L/16", "nothing_saveable", "fsdp:16", 4096, "tpu_v4"): 15971563008,
+}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("case", list(_TPU_COMPILER_PEAKS))
+def test_tpu_plan_is_within_5_percent_of_the_tpu_compiler(case):
+  variant, remat, mesh, batch, device = case
+  sys.path.insert(0, REPO)
+  from configs import vit_l16  # pylint: disable=g-import-not-at-top
+
+  config = vit_l16.get_config(f"variant={variant}")
+  config.input.batch_size = batch
+  config.model.update(scan=True, remat_policy=remat, dtype_mm="bfloat16")
+  p = plan.plan(config, plan.parse_mesh(mesh), device)
+  assert p["total_bytes_per_device"] == pytest.approx(
+      _TPU_COMPILER_PEAKS[case], rel=0.05
+  )
