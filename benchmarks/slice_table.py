@@ -88,7 +88,7 @@ def main():
       print(
           f"| {name} | {topology} | {layout} | "
           f"{p['total_bytes_per_device'] / GIB:.1f} of {p['hbm_bytes'] / GIB:.0f}"
-          f" GiB | {p['step_time_s'] * 1e3:.0f} ms | "
+          f" GiB | {p['step_time_s'] * 1e3:.3g} ms | "
           f"{p['global_batch'] / p['step_time_s'] / chips:.0f} | "
           f"{chip_hours:,.0f} |",
           flush=True,
