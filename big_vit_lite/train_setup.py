@@ -76,79 +76,6 @@ def start_job(config, workdir, cleanup) -> Job:
 
 
 @dataclasses.dataclass(frozen=True)
-class Model:
-  """The model, its loss and augmentations, and the batch it is trained on."""
-
-  model_mod: object  # The module of the model family (load()).
-  model_kw: object  # config.model
-  module: nn.Module
-  loss_fn: object
-  init_head_bias: float | None
-  mixup_fn: object
-  device_aug_fn: object
-  batch_spec: dict
-  image_shape: tuple
-  init_params: object  # rng -> boxed params (logical axis names attached).
-  distill: object  # distill.Teacher (config.distill) or None
-
-
-def make_model(config, *, batch_spec, mesh, rules) -> Model:
-  """The model from config.model_name/model, its loss, mixup and on-device augmentation.
-
-  batch_spec: the train iterator's batch_spec(); mesh, rules: the job's.
-  """
-  name = config.get("model_name", "vit")
-  if name != "vit":
-    raise ValueError(f"model_name={name!r}: only 'vit' is supported.")
-  model_mod = importlib.import_module("big_vit_lite.models.vit")
-  model_kw = config.consume("model", {})
-  if hasattr(model_kw, "to_dict"):
-    module = model_mod.Model(**model_kw.to_dict())
-  else:
-    module = model_mod.Model(**model_kw)
-  labels = batch_spec.get("labels")
-  # Integer class ids would broadcast against the logits: nonsense, and without
-  # an error when the batch size equals the class count.
-  if (
-      "image" not in batch_spec
-      or labels is None
-      or not jnp.issubdtype(labels.dtype, jnp.floating)
-  ):
-    given = {k: f"{v.dtype}{list(v.shape[1:])}" for k, v in batch_spec.items()}
-    raise ValueError(
-        f"the train pp gives {given}: the step needs 'image' and one-hot float "
-        "'labels', e.g. end input.pp with "
-        "onehot(K, key='label', key_result='labels')|keep('image', 'labels')"
-    )
-  image_shape = batch_spec["image"].shape[1:]
-  n_batch_dev = sharding.batch_devices(mesh)
-
-  def init_params(rng):
-    images = jnp.zeros((n_batch_dev,) + tuple(image_shape), jnp.float32)
-    return module.init(rng, images)["params"]
-
-  return Model(
-      model_mod=model_mod,
-      model_kw=model_kw,
-      module=module,
-      loss_fn=losses.get(config.get("loss", "softmax_xent")),
-      init_head_bias=config.get("init_head_bias"),
-      mixup_fn=make_mixup(config.consume("mixup", None)),
-      device_aug_fn=device_aug_lib.make(config.consume("device_aug", None)),
-      batch_spec=batch_spec,
-      image_shape=image_shape,
-      init_params=init_params,
-      distill=distill_lib.from_config(
-          config.consume("distill", None),
-          mesh,
-          rules,
-          labels.shape[-1],
-          image_shape,
-      ),
-  )
-
-
-@dataclasses.dataclass(frozen=True)
 class Inputs:
   """The training data and the step counts read with it."""
 
@@ -261,6 +188,79 @@ def read_inputs(config, *, mesh, seed):
       keep_ckpts=keep_ckpts,
       keep_every=keep_every,
       prefetch_size=prefetch_size,
+  )
+
+
+@dataclasses.dataclass(frozen=True)
+class Model:
+  """The model, its loss and augmentations, and the batch it is trained on."""
+
+  model_mod: object  # The module of the model family (load()).
+  model_kw: object  # config.model
+  module: nn.Module
+  loss_fn: object
+  init_head_bias: float | None
+  mixup_fn: object
+  device_aug_fn: object
+  batch_spec: dict
+  image_shape: tuple
+  init_params: object  # rng -> boxed params (logical axis names attached).
+  distill: object  # distill.Teacher (config.distill) or None
+
+
+def make_model(config, *, batch_spec, mesh, rules) -> Model:
+  """The model from config.model_name/model, its loss, mixup and on-device augmentation.
+
+  batch_spec: the train iterator's batch_spec(); mesh, rules: the job's.
+  """
+  name = config.get("model_name", "vit")
+  if name != "vit":
+    raise ValueError(f"model_name={name!r}: only 'vit' is supported.")
+  model_mod = importlib.import_module("big_vit_lite.models.vit")
+  model_kw = config.consume("model", {})
+  if hasattr(model_kw, "to_dict"):
+    module = model_mod.Model(**model_kw.to_dict())
+  else:
+    module = model_mod.Model(**model_kw)
+  labels = batch_spec.get("labels")
+  # Integer class ids would broadcast against the logits: nonsense, and without
+  # an error when the batch size equals the class count.
+  if (
+      "image" not in batch_spec
+      or labels is None
+      or not jnp.issubdtype(labels.dtype, jnp.floating)
+  ):
+    given = {k: f"{v.dtype}{list(v.shape[1:])}" for k, v in batch_spec.items()}
+    raise ValueError(
+        f"the train pp gives {given}: the step needs 'image' and one-hot float "
+        "'labels', e.g. end input.pp with "
+        "onehot(K, key='label', key_result='labels')|keep('image', 'labels')"
+    )
+  image_shape = batch_spec["image"].shape[1:]
+  n_batch_dev = sharding.batch_devices(mesh)
+
+  def init_params(rng):
+    images = jnp.zeros((n_batch_dev,) + tuple(image_shape), jnp.float32)
+    return module.init(rng, images)["params"]
+
+  return Model(
+      model_mod=model_mod,
+      model_kw=model_kw,
+      module=module,
+      loss_fn=losses.get(config.get("loss", "softmax_xent")),
+      init_head_bias=config.get("init_head_bias"),
+      mixup_fn=make_mixup(config.consume("mixup", None)),
+      device_aug_fn=device_aug_lib.make(config.consume("device_aug", None)),
+      batch_spec=batch_spec,
+      image_shape=image_shape,
+      init_params=init_params,
+      distill=distill_lib.from_config(
+          config.consume("distill", None),
+          mesh,
+          rules,
+          labels.shape[-1],
+          image_shape,
+      ),
   )
 
 
