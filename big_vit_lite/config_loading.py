@@ -13,9 +13,21 @@ evaluator kwargs) over with `.consume()`, and finally calls
 Durations (total, warmup, cooldown, ...) can be given in steps, epochs,
 examples or percent of the total, as `NAME_steps`, `NAME_epochs`,
 `NAME_examples`, `NAME_percent`; `get_steps` turns them into steps.
+
+Config files: `get_config(arg)` gets what follows the colon of
+`--config=FILE.py:ARG` and reads it with `parse_arg` (`a=1,b`: one parser and
+one error message for every config). A config file imports the configs beside
+it as plain modules (`import vit_l16` in configs/vit_b16.py): while a config
+file runs, the loader (the --config flag, `config_module`) puts its directory
+first on sys.path, so configs/ needs no package and works the same from a
+checkout and from the wheel (big_vit_lite/configs). Config files do no file
+I/O of their own: what they read off disk comes from the library (e.g.
+big_vit_lite/transfer.py for the checkpoint a fine-tuning config starts from).
 """
 
+import contextlib
 import difflib
+import importlib.util
 import math
 import os
 import re
@@ -108,7 +120,8 @@ class _ShippedConfigParser(config_flags_impl.ConfigFileFlagParser):
     path = resolve_config_path(path)
     file = path.split(":", 1)[0]
     try:
-      config = super().parse(path)
+      with _siblings_importable(file):
+        config = super().parse(path)
     except SyntaxError as e:
       raise _ConfigFileError(
           f"the config file {file} does not parse: {e.msg} at line "
@@ -139,6 +152,74 @@ class _ShippedConfigParser(config_flags_impl.ConfigFileFlagParser):
     # (For _no_such_key: the flag has no value yet when an override fails.)
     self.config = config
     return config
+
+
+@contextlib.contextmanager
+def _siblings_importable(file):
+  """The directory of config file `file` first on sys.path while it runs."""
+  directory = os.path.dirname(os.path.abspath(file))
+  sys.path.insert(0, directory)
+  try:
+    yield
+  finally:
+    sys.path.remove(directory)
+
+
+def config_module(path):
+  """The config file at `path` as a module, loaded as the --config flag loads it.
+
+  For tests and tools that call `get_config` themselves: the configs beside it
+  are importable while it loads (see the module docstring).
+  """
+  name = "config_" + os.path.basename(path).removesuffix(".py")
+  spec = importlib.util.spec_from_file_location(name, path)
+  module = importlib.util.module_from_spec(spec)
+  with _siblings_importable(path):
+    spec.loader.exec_module(module)
+  return module
+
+
+def parse_arg(arg, **defaults):
+  """A config file's argument, "res=224,runlocal", -> a FrozenConfigDict over `defaults`.
+
+  Items are comma-separated; a bare name means True. Each value takes the
+  type of its default (bool, int, float, str: a default fixes the type, so
+  none is None). An unknown name, or a value that is not of its type, is a
+  one-line ValueError naming the known args.
+  """
+  values = dict(defaults)
+  for item in (arg or "").split(","):
+    item = item.strip()
+    if not item:
+      continue
+    name, has_value, text = item.partition("=")
+    if name not in defaults:
+      raise ValueError(
+          f"Unknown config arg '{name}': use one of {', '.join(defaults)}."
+      )
+    values[name] = _arg_value(name, text if has_value else None, defaults[name])
+  return config_dict.FrozenConfigDict(values)
+
+
+def _arg_value(name, text, default):
+  """`text` (None: the bare name) read as the type of `default`."""
+  kind = type(default)
+  if kind is bool:
+    if text is None or text.lower() in ("true", "1"):
+      return True
+    if text.lower() in ("false", "0"):
+      return False
+  elif text is not None:
+    try:
+      return kind(text)
+    except ValueError:
+      pass
+  given = "nothing" if text is None else repr(text)
+  spelling = f"{name} or {name}=false" if kind is bool else f"{name}=VALUE"
+  raise ValueError(
+      f"Config arg '{name}' needs a value of type {kind.__name__} (default "
+      f"{default!r}), not {given}: write {spelling}."
+  )
 
 
 def loaded(config, flag="--config"):

@@ -89,22 +89,7 @@ ACCELERATOR_KNOBS = dict(
 )
 
 
-def parse_args(arg, **defaults):
-  """'a=1,b' -> {"a": "1", "b": True} over `defaults`; unknown names are errors."""
-  out = dict(defaults)
-  for item in (arg or "").split(","):
-    if not item:
-      continue
-    key, sep, value = item.partition("=")
-    if key not in out:
-      raise ValueError(
-          f"Unknown config arg '{key}': use one of {', '.join(sorted(out))}."
-      )
-    out[key] = value if sep else True
-  return out
-
-
-def data_source(data, classes=None):
+def data_source(data, classes=0):
   """(train data dict, minival data dict, num_classes) for the `data` arg."""
   if data.startswith("folder:"):
     if not classes:
@@ -134,13 +119,23 @@ def data_source(data, classes=None):
   )
 
 
+# The args of this config (less variant) and of configs/vit_b16.py.
+ARGS = dict(data="i21k", classes=0, runlocal=False)
+
+
 def get_config(arg=None):
-  args = parse_args(
-      arg, variant="L/16", data="i21k", classes=None, runlocal=False
+  args = config_loading.parse_arg(arg, variant="L/16", **ARGS)
+  return make_config(
+      variant=args.variant,
+      data=args.data,
+      classes=args.classes,
+      runlocal=args.runlocal,
   )
-  train_data, minival_data, num_classes = data_source(
-      args["data"], args["classes"]
-  )
+
+
+def make_config(*, variant, data, classes, runlocal):
+  """The paper's recipe for ViT-`variant`; configs/vit_b16.py builds on it."""
+  train_data, minival_data, num_classes = data_source(data, classes)
   res = 224
   config = ml_collections.ConfigDict()
   config.seed = 0
@@ -176,7 +171,7 @@ def get_config(arg=None):
 
   config.model_name = "vit"
   config.model = dict(
-      variant=args["variant"],
+      variant=variant,
       num_classes=num_classes,
       pool_type="tok",
       posemb="learn",
@@ -245,7 +240,7 @@ def get_config(arg=None):
   # 'model'))".
   config.sharding_rules = config_dict.placeholder(tuple)
 
-  if args["runlocal"]:
+  if runlocal:
     _runlocal(config, num_classes)
   return config
 

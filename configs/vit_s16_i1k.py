@@ -30,11 +30,7 @@ from big_vit_lite import config_loading
 
 
 def get_config(arg=None):
-  args = [a for a in (arg or "").split(",") if a]
-  for a in args:
-    if a != "runlocal":
-      raise ValueError(f"Unknown config arg '{a}': the only arg is runlocal.")
-  runlocal = "runlocal" in args
+  runlocal = config_loading.parse_arg(arg, runlocal=False).runlocal
   res = 32 if runlocal else 224
   config = ml_collections.ConfigDict()
   config.seed = 0

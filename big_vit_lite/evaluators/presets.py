@@ -137,24 +137,3 @@ def linear_probe(
       max_iter=1000,
   )
   return _entry(cfg, runlocal, folder, log_steps, batch_size=64, max_iter=200)
-
-
-def parse_arg(arg, **defaults):
-  """ "folder=/x,res=224,runlocal" -> dict over `defaults` (bare names mean True).
-
-  Values are converted to the type of their default (int, float, bool, str);
-  unknown names are an error.
-  """
-  out = dict(defaults)
-  for item in filter(None, (s.strip() for s in (arg or "").split(","))):
-    key, sep, value = item.partition("=")
-    if key not in defaults:
-      raise ValueError(
-          f"Unknown config arg {key!r}; known: {', '.join(defaults)}."
-      )
-    if not sep or isinstance(defaults[key], bool):
-      value = not sep or value.lower() in ("true", "1")
-    elif isinstance(defaults[key], (int, float)):
-      value = type(defaults[key])(value)
-    out[key] = value
-  return out
