@@ -101,8 +101,8 @@ def resolve_config_path(value):
     return value
   raise ValueError(
       f"'{path}' {_NOT_SHIPPED} (shipped: "
-      f"{', '.join(shipped_config_names()) or 'none found'}); give a path to a .py "
-      "file or one of those names."
+      f"{', '.join(shipped_config_names()) or 'none found'}); give a path "
+      "to a .py file or one of those names."
   )
 
 
@@ -287,8 +287,9 @@ def _flag_error(e, argv, flag_values):
   # ml_collections lists its types; a user needs what to change.
   if unsupported:
     return (
-        f"--{unsupported.group(2)}: its type ({unsupported.group(1)}) cannot be set from the "
-        "command line: make it a config_dict.placeholder(TYPE) (a list: a tuple) in the file."
+        f"--{unsupported.group(2)}: its type ({unsupported.group(1)}) "
+        "cannot be set from the command line: make it a "
+        "config_dict.placeholder(TYPE) (a list: a tuple) in the file."
     )
   # resolve_config_path's line already says what to give.
   return (
@@ -316,8 +317,9 @@ def _no_such_key(flag_name, flag_values):
       )
       hint = f" (did you mean '{close[0]}'?)" if close else ""
       return (
-          f"--{flag_name}: the config file has no key '{'.'.join(path[:i + 1])}'{hint}. Fix "
-          "the spelling, or add the key to the config file (a key whose default is None as "
+          f"--{flag_name}: the config file has no key "
+          f"'{'.'.join(path[:i + 1])}'{hint}. Fix the spelling, or add the "
+          "key to the config file (a key whose default is None as "
           "config_dict.placeholder(TYPE))."
       )
     node = node[part]
@@ -362,7 +364,8 @@ class TrackedConfig:
       return self[name]
     except KeyError:
       raise AttributeError(
-          f"Config key '{self._prefix}{name}' is missing: add it to the config file."
+          f"Config key '{self._prefix}{name}' is missing: add it to the "
+          "config file."
       ) from None
 
   def __getitem__(self, name):
@@ -480,7 +483,8 @@ def get_steps(
   if len(given) > 1:
     keys = ", ".join(f"{name}_{u}" for u in given)
     raise ValueError(
-        f"Set only one of {keys}: they are different ways to give the same duration."
+        f"Set only one of {keys}: they are different ways to give the same "
+        "duration."
     )
   if not given:
     if required:

@@ -61,7 +61,8 @@ def _saved_run_model(src):
   channels = int(decode.group(1)) if decode else 3
   res = None
   if pp:
-    from big_vit_lite.data import pp as pp_lib  # pylint: disable=g-import-not-at-top
+    # pylint: disable-next=g-import-not-at-top
+    from big_vit_lite.data import pp as pp_lib
 
     hw = pp_lib.output_hw(pp, channels=channels)
     res = hw[0] if hw else None

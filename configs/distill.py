@@ -23,7 +23,9 @@ Args (comma-separated after the file name):
 from ml_collections import config_dict
 
 from big_vit_lite import config_loading
-import demo  # configs/demo.py (config_loading's docstring: configs import each other)
+
+# configs/demo.py, a module here (config_loading's docstring).
+import demo
 
 
 def get_config(arg=None):

@@ -27,7 +27,9 @@ import ml_collections
 from ml_collections import config_dict
 
 from big_vit_lite import config_loading
-import demo  # configs/demo.py (config_loading's docstring: configs import each other)
+
+# configs/demo.py, a module here (config_loading's docstring).
+import demo
 
 PP = (
     "decode(channels=1)|value_range(-1, 1)"

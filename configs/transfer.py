@@ -133,7 +133,8 @@ def get_config(arg=None):
   aug = args.aug or default_aug
   if aug not in TRAIN_AUG:
     raise ValueError(
-        f"Config arg aug={aug!r}: use aug=crop_flip, aug=crop, aug=flip or aug=none."
+        f"Config arg aug={aug!r}: use aug=crop_flip, aug=crop, aug=flip or "
+        "aug=none."
     )
   model, res, channels = transfer.checkpoint_model(args.init)
   if model is None:
@@ -159,7 +160,10 @@ def get_config(arg=None):
           "value_range(-1, 1)",
       ]
   )
-  labels = f"onehot({classes}, key='label', key_result='labels')|keep('image', 'labels')"
+  labels = (
+      f"onehot({classes}, key='label', key_result='labels')"
+      "|keep('image', 'labels')"
+  )
   config.input = dict(
       data=dict(data, split="train"),
       batch_size=args.batch,

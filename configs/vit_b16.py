@@ -24,7 +24,9 @@ runlocal), e.g. `configs/vit_b16.py:data=i1k` or `configs/vit_b16.py:runlocal`.
 """
 
 from big_vit_lite import config_loading
-import vit_l16  # configs/vit_l16.py (config_loading's docstring: configs import each other)
+
+# configs/vit_l16.py, a module here (config_loading's docstring).
+import vit_l16
 
 
 def get_config(arg=None):

@@ -145,7 +145,8 @@ def make_config(*, variant, data, classes, runlocal):
       batch_size=4096,
       pp=(
           f"decode_jpeg_and_inception_crop({res})|flip_lr|value_range(-1, 1)"
-          f"|onehot({num_classes}, key='label', key_result='labels')|keep('image', 'labels')"
+          f"|onehot({num_classes}, key='label', key_result='labels')"
+          "|keep('image', 'labels')"
       ),
       shuffle_buffer_size=250_000,
   )
@@ -204,8 +205,10 @@ def make_config(*, variant, data, classes, runlocal):
   config.grad_clip_norm = 1.0
 
   eval_pp = (
-      f"decode|resize_small({res * 8 // 7})|central_crop({res})|value_range(-1, 1)"
-      f"|onehot({num_classes}, key='label', key_result='labels')|keep('image', 'labels')"
+      f"decode|resize_small({res * 8 // 7})|central_crop({res})"
+      "|value_range(-1, 1)"
+      f"|onehot({num_classes}, key='label', key_result='labels')"
+      "|keep('image', 'labels')"
   )
   config.evals = ml_collections.ConfigDict()
   config.evals.minival = dict(
@@ -223,7 +226,10 @@ def make_config(*, variant, data, classes, runlocal):
       datasets=dict(
           mnist10k=dict(name="mnist10k"), animal_mnist=dict(name="animal_mnist")
       ),
-      pp=f"decode(channels=3)|resize({res})|value_range(-1, 1)|keep('image', 'label')",
+      pp=(
+          f"decode(channels=3)|resize({res})|value_range(-1, 1)"
+          "|keep('image', 'label')"
+      ),
       shots=(1, 5, 10, 25),
       batch_size=1024,
       log_steps=25_000,
@@ -270,7 +276,10 @@ def _runlocal(config, num_classes):
   )
   config.evals.minival.batch_size = 8
   config.evals.minival.log_steps = 3
-  config.evals.fewshot.pp = f"decode(channels=3)|resize({res})|value_range(-1, 1)|keep('image', 'label')"
+  config.evals.fewshot.pp = (
+      f"decode(channels=3)|resize({res})|value_range(-1, 1)"
+      "|keep('image', 'label')"
+  )
   config.evals.fewshot.shots = (1,)
   config.evals.fewshot.num_seeds = 1
   config.evals.fewshot.batch_size = 8

@@ -43,8 +43,10 @@ def get_config(arg=None):
       ),
       batch_size=1024,
       pp=(
-          f"decode_jpeg_and_inception_crop({res})|flip_lr|randaug(2, 10)|value_range(-1, 1)"
-          "|onehot(1000, key='label', key_result='labels')|keep('image', 'labels')"
+          f"decode_jpeg_and_inception_crop({res})|flip_lr|randaug(2, 10)"
+          "|value_range(-1, 1)"
+          "|onehot(1000, key='label', key_result='labels')"
+          "|keep('image', 'labels')"
       ),
       shuffle_buffer_size=250_000,
   )
@@ -107,7 +109,8 @@ def get_config(arg=None):
   config.grad_clip_norm = 1.0
 
   eval_pp = (
-      f"decode|resize_small({res * 8 // 7})|central_crop({res})|value_range(-1, 1)"
+      f"decode|resize_small({res * 8 // 7})|central_crop({res})"
+      "|value_range(-1, 1)"
       "|onehot(1000, key='label', key_result='labels')|keep('image', 'labels')"
   )
   config.evals = ml_collections.ConfigDict()

@@ -33,7 +33,8 @@ def eval_pp(res, channels=3, label_key="label"):
 def folder_datasets(root):
   """{basename(ROOT): imagefolder data cfg} for ROOT/{train,test}/CLASS/*."""
   root = os.path.abspath(os.path.expanduser(str(root)))
-  if not (name := os.path.basename(root.rstrip(os.sep))):
+  name = os.path.basename(root.rstrip(os.sep))
+  if not name:
     raise ValueError(
         f"folder={root!r}: use a named folder holding train/ and test/."
     )
