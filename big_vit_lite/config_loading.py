@@ -269,15 +269,14 @@ def _flag_error(e, argv, flag_values):
   # ml_collections registers each --config.KEY of sys.argv as a flag; a KEY the
   # file lacks fails when it is applied (AttributeError / KeyError) or is an
   # unknown flag.
-  names = (
-      [e.flagname]
-      if isinstance(e, flags.UnrecognizedFlagError)
-      else [
-          a.lstrip("-").split("=", 1)[0] for a in argv[1:] if a.startswith("-")
-      ]
-  )
+  if isinstance(e, flags.UnrecognizedFlagError):
+    names = [e.flagname]
+  else:
+    flag_args = [a for a in argv[1:] if a.startswith("-")]
+    names = [a.lstrip("-").split("=", 1)[0] for a in flag_args]
   for name in names:
-    if "." in name and (message := _no_such_key(name, flag_values)):
+    message = _no_such_key(name, flag_values) if "." in name else None
+    if message:
       return message
   if not isinstance(e, flags.Error):
     return None
@@ -292,9 +291,9 @@ def _flag_error(e, argv, flag_values):
         "config_dict.placeholder(TYPE) (a list: a tuple) in the file."
     )
   # resolve_config_path's line already says what to give.
-  return (
-      str(e) if _NOT_SHIPPED in str(e) else f"{e} (--helpfull lists the flags)"
-  )
+  if _NOT_SHIPPED in str(e):
+    return str(e)
+  return f"{e} (--helpfull lists the flags)"
 
 
 def _no_such_key(flag_name, flag_values):
@@ -504,11 +503,9 @@ def get_steps(
     raise ValueError(f"{name}_{unit} needs {what}; give {name}_steps instead.")
   if unit == "epochs":
     return int(math.ceil(value * per))
-  return (
-      int(math.ceil(value / per))
-      if unit == "examples"
-      else int(round(value / 100 * per))
-  )
+  if unit == "examples":
+    return int(math.ceil(value / per))
+  return int(round(value / 100 * per))
 
 
 def vit_block_options():

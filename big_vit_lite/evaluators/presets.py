@@ -49,15 +49,13 @@ def _datasets(datasets, folder, data_dir):
   # `--config.evals.fewshot.datasets.mnist10k.data_dir=DIR` must work, and
   # ml_collections cannot override a plain None from the command line. (These
   # dicts are meant for ConfigDicts, which resolve placeholders on access.)
-  return {
-      n: dict(
-          name=n,
-          data_dir=config_dict.placeholder(str)
-          if data_dir is None
-          else data_dir,
-      )
-      for n in names
-  }
+  out = {}
+  for name in names:
+    if data_dir is None:
+      out[name] = dict(name=name, data_dir=config_dict.placeholder(str))
+    else:
+      out[name] = dict(name=name, data_dir=data_dir)
+  return out
 
 
 def _entry(cfg, runlocal, folder, log_steps, **local):
