@@ -223,7 +223,9 @@ class Bucket:
       size = int(query.get("maxResults", 1000))
       page = entries[:size]
       out = {"kind": "storage#objects"}
-      items = [self.metadata(bucket, n) for n, is_prefix in page if not is_prefix]
+      items = [
+          self.metadata(bucket, n) for n, is_prefix in page if not is_prefix
+      ]
       prefixes = [n for n, is_prefix in page if is_prefix]
       if items:
         out["items"] = items
@@ -312,7 +314,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
         return self.reply(200, store.listing(bucket, query))
       if len(rest) == 2 and rest[0] == "o":
         return self.object(bucket, rest[1], query)
-      if len(rest) == 7 and rest[2] in ("rewriteTo", "copyTo") and method == "POST":
+      if (
+          len(rest) == 7
+          and rest[2] in ("rewriteTo", "copyTo")
+          and method == "POST"
+      ):
         return self.copy(bucket, rest[1], rest[4], rest[6], query)
     if parts[:3] == ["upload", "storage", "v1"] and parts[3:6:2] == ["b", "o"]:
       return self.upload(parts[4], query, body)
