@@ -11,22 +11,26 @@ serves the subset of the JSON API the clients use over a local folder
 (`ROOT/BUCKET/OBJECT`). tensorstore (orbax's arrays) goes through the same
 proxy (`TENSORSTORE_CA_BUNDLE`).
 
-What is served: bucket metadata; object metadata, media download (Range,
-generation preconditions), listing (prefix, delimiter, start/end offsets,
-pages); simple, multipart and resumable uploads; delete; rewrite/copy (the
-clients' rename). Folder markers (objects named `dir/`) are empty local
-folders. Requests it does not know get 501; every request is logged (JSON lines).
+google-cloud-storage (orbax asks it about the bucket) has an emulator setting,
+`STORAGE_EMULATOR_HOST`: the same server answers it in plain HTTP.
 
-  server = FakeGcs(root).start()   # a thread; server.env: the variables
-  ...
+What is served: bucket metadata and storage layout (a flat bucket); object
+metadata, media download (Range, generation preconditions), listing (prefix,
+delimiter, start/end offsets, pages); simple and resumable uploads (chunked
+request bodies too); delete; rewrite/copy (the clients' rename).
+Folder markers (objects named `dir/`) are empty local folders. Requests it
+does not serve get 501; every request is logged to LOG, one JSON line each.
+
+  server = FakeGcs(root, log)   # a child process on a free local port
+  subprocess.run(cmd, env={**os.environ, **server.env})
+  server.unhandled()            # requests it refused
   server.stop()
 
-`python tests/fake_gcs.py ROOT` runs one in the foreground and prints the
-`export` lines for a shell.
+`python tests/fake_gcs.py ROOT LOG` serves in the foreground (it prints its
+port and CA file as one JSON line).
 """
 
 import datetime
-import email.parser
 import http.server
 import itertools
 import json
@@ -382,10 +386,6 @@ class Handler(http.server.BaseHTTPRequestHandler):
     store, kind = self.server.store, query.get("uploadType")
     if self.command == "POST" and kind == "media":
       return self.reply(200, store.write(bucket, query["name"], body, query))
-    if self.command == "POST" and kind == "multipart":
-      meta, data = multipart(self.headers["Content-Type"], body)
-      name = query.get("name") or meta["name"]
-      return self.reply(200, store.write(bucket, name, data, query))
     if self.command == "POST" and kind == "resumable":
       name = query.get("name") or json.loads(body or b"{}")["name"]
       upload_id = str(next(self.server.upload_ids))
@@ -428,18 +428,6 @@ class Handler(http.server.BaseHTTPRequestHandler):
     self.end_headers()
     if self.command != "HEAD":
       self.wfile.write(payload)
-
-
-def multipart(content_type, body):
-  """(metadata dict, data bytes) of a multipart/related upload body."""
-  message = email.parser.BytesParser().parsebytes(
-      b"Content-Type: " + content_type.encode() + b"\r\n\r\n" + body
-  )
-  meta_part, data_part = message.get_payload()
-  return (
-      json.loads(meta_part.get_payload(decode=True)),
-      data_part.get_payload(decode=True),
-  )
 
 
 class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):

@@ -1,4 +1,4 @@
-"""Data and workdirs on gs://, through the real GCS clients, against a local fake.
+"""Data and workdirs on gs:// through the real GCS clients, against a fake.
 
 tests/fake_gcs.py is the fake: TensorFlow's GCS filesystem (tf.io.gfile,
 tf.data, tfds, etils.epath) and tensorstore (orbax's arrays) talk HTTPS to
@@ -28,7 +28,7 @@ BUCKET = "fake-bucket"
 
 @pytest.fixture
 def gcs(tmp_path, monkeypatch):
-  """A fake GCS serving tmp_path/gcs/fake-bucket; its env set in this process."""
+  """The fake serving tmp_path/gcs/fake-bucket; its env set in this process."""
   if not shutil.which("openssl"):
     pytest.skip("the fake's TLS certificates are made by the openssl command")
   root = tmp_path / "gcs"
