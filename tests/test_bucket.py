@@ -164,10 +164,10 @@ def test_training_reads_a_bucket_and_resumes_from_a_bucket_workdir(
   expected = trainer_runs.read_losses(str(local))
   assert sorted(expected) == list(range(1, 13))
   assert trainer_runs.read_losses(str(gcs.bucket / "run")) == expected
-  # The arrays tensorstore wrote to the bucket, read back from its disk.
-  trainer_runs.assert_same_params(
-      str(local), str(gcs.bucket / "run" / "checkpoints" / "12")
-  )
+  # The arrays tensorstore wrote to the bucket, read back from its disk, and
+  # through the bucket (as `config.model_init=gs://.../run` reads them).
+  trainer_runs.assert_same_params(str(local), str(checkpoints / "12"))
+  trainer_runs.assert_same_params(str(local), f"gs://{BUCKET}/run")
 
 
 def test_a_bucket_workdir_without_google_cloud_storage_says_what_to_install(
