@@ -268,6 +268,14 @@ def _make_model(config, run):
     )
   image_shape = batch_spec["image"].shape[1:]
   n_batch_dev = sharding.batch_devices(run.mesh)
+  teacher = distill_lib.from_config(
+      config.consume("distill", None),
+      run.mesh,
+      run.rules,
+      labels.shape[-1],
+      image_shape,
+      model,
+  )
 
   def init_params(rng):
     return model.init(
@@ -284,14 +292,10 @@ def _make_model(config, run):
       device_aug_fn=device_aug_lib.make(config.consume("device_aug", None)),
       batch_spec=batch_spec,
       image_shape=image_shape,
-      init_params=init_params,
-      distill=distill_lib.from_config(
-          config.consume("distill", None),
-          run.mesh,
-          run.rules,
-          labels.shape[-1],
-          image_shape,
-      ),
+      init_params=teacher.with_projection(init_params)
+      if teacher
+      else init_params,
+      distill=teacher,
   )
 
 

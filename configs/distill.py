@@ -17,6 +17,9 @@ Args (comma-separated after the file name):
   teacher=SRC   distil from SRC (a workdir, step dir, .npz or .safetensors); without it the
                 student trains from scratch on the labels alone.
   teacher_run   train the teacher instead: the demo model for 1,500 steps.
+  feature       with teacher=SRC: also feature distillation (config.distill.feature_weight=1).
+  token         with teacher=SRC: a student with a DeiT distillation token (model.distill_token),
+                its class head on the labels and its distillation head on the teacher (weight 0.5).
   runlocal      a few steps on configs/demo.py's runlocal data (tests, smoke runs).
 """
 
@@ -41,11 +44,18 @@ def get_config(arg=None):
       for a in (arg or "").split(",")
       if a
   )
-  unknown = sorted(set(args) - {"teacher", "teacher_run", "runlocal"})
+  unknown = sorted(
+      set(args) - {"teacher", "teacher_run", "runlocal", "feature", "token"}
+  )
   if unknown:
     raise ValueError(
-        f"Unknown config arg {unknown[0]!r}: use teacher=SRC, teacher_run or "
-        "runlocal."
+        f"Unknown config arg {unknown[0]!r}: use teacher=SRC, teacher_run, "
+        "feature, token or runlocal."
+    )
+  if ("feature" in args or "token" in args) and "teacher" not in args:
+    raise ValueError(
+        "Config args feature and token distil: add teacher=SRC (e.g. "
+        "configs/distill.py:teacher=workdirs/teacher,feature)."
     )
   runlocal = "runlocal" in args
   config = _demo_config("runlocal" if runlocal else None)
@@ -71,4 +81,13 @@ def get_config(arg=None):
     # labels), as big_vision's "consistent" distillation; weight 0.75 at T=2
     # gained less (NOTES.md).
     config.distill = dict(teacher=args["teacher"], weight=1.0, temperature=1.0)
+  if "feature" in args:
+    # The labels' loss and the logits' KL as above, plus the projected
+    # pre-logits' squared error to the teacher's.
+    config.distill.feature_weight = 1.0
+  if "token" in args:
+    # DeiT: the class head learns the labels, the distillation head the teacher
+    # (soft, T=1), half and half. Both heads read tokens: no gap pooling.
+    config.model.update(distill_token=True, pool_type="tok")
+    config.distill.weight = 0.5
   return config

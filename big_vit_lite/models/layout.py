@@ -156,9 +156,9 @@ def merge(
     if k == POSEMB:
       v = posemb.fit(
           v,
-          int("cls" in src_flat),
+          num_prefix(src_flat),
           spec.shape,
-          int("cls" in tgt),
+          num_prefix(tgt),
           grid_hw,
           src_grid_hw,
       )
@@ -182,7 +182,8 @@ def merge(
   if dropped := [
       k
       for k in unused
-      if k == POSEMB or k.split("/")[0] in ("head", "pre_logits")
+      if k == POSEMB
+      or k.split("/")[0] in ("head", "pre_logits", "distill_proj")
   ]:
     logging.warning(
         "Checkpoint params not used by the model: %s", ", ".join(dropped)
@@ -230,7 +231,13 @@ def arch(flat) -> dict:
   return facts
 
 
+def num_prefix(flat) -> int:
+  """The tokens before the patches that have a posemb row: class and DeiT distillation."""
+  return int("cls" in flat) + int("dist" in flat)
+
+
 _OPTION_DEFAULTS = dict(
+    distill_token=False,
     reg_tokens=0,
     qk_norm=False,
     layerscale_init=None,
@@ -249,6 +256,7 @@ def model_options(flat) -> dict:
   b = "Transformer/encoderblock_0/"
   attn = f"{b}MultiHeadDotProductAttention_0/"
   opts = dict(
+      distill_token="dist" in flat,
       reg_tokens=int(flat["reg"].shape[1]) if "reg" in flat else 0,
       qk_norm=f"{attn}query_norm/scale" in flat,
       layerscale_init=1.0 if f"{b}LayerScale_0/scale" in flat else None,
