@@ -161,6 +161,11 @@ def test_timm_refusals_of_the_options():
       "ParallelScalingBlock",
       "mlp='gelu'",
   )
+  checks.one_line_error(
+      lambda: timm.to_timm(checks.vit_params(distill_token=True)),
+      "distill_token",
+      "export a model without",
+  )
   sd, _ = timm.to_timm(checks.vit_params(parallel_block=True, use_bias=False))
   sd["blocks.1.mlp_bias"] = sd["blocks.1.mlp_bias"] + 1
   checks.one_line_error(

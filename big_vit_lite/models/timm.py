@@ -225,10 +225,11 @@ def to_timm(params, image_size=None) -> tuple[dict, dict]:
   """
   # nested or flat, any layout
   flat = layout.canonicalize(layout.to_numpy_flat(params))
-  if any(k.startswith(("pre_logits/", "stem/")) for k in flat):
+  if any(k.startswith(("pre_logits/", "stem/", "dist")) for k in flat):
     raise ValueError(
         "timm's VisionTransformer has no pre-logits layer (rep_size) and no "
-        "convolutional stem (stem_channels): export a model without them."
+        "convolutional stem (stem_channels), and distill_token models do not "
+        "export to timm's DeiT yet: export a model without them."
     )
   a, o = layout.arch(flat), _our_options(flat)
   if o["parallel"] and o["swiglu"]:

@@ -7,7 +7,7 @@ without renaming:
   embedding/{kernel (P,P,C,D), bias}
   cls (1,1,D)                                        pool_type="tok" only
   dist (1,1,D)                                       distill_token only
-  Transformer/posembed_input/pos_embedding (1,T,D)   posemb="learn"; T counts the cls entry
+  Transformer/posembed_input/pos_embedding (1,T,D)   posemb="learn"; T counts cls (and dist)
   Transformer/encoderblock_{i}/LayerNorm_0, LayerNorm_1,
       MultiHeadDotProductAttention_0/{query,key,value}/{kernel (D,H,D/H), bias (H,D/H)},
       MultiHeadDotProductAttention_0/out/{kernel (H,D/H,D), bias (D)},
