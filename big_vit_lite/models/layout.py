@@ -174,8 +174,9 @@ def merge(
       if not any(re.fullmatch(p, k) for p in dont_load)
   )
   # Dropping the classifier (a headless feature model), vision_transformer's
-  # pre-logits layer (fine-tuning without representation_size) or a posemb
-  # table for a sincos2d model (timm files always hold one) is routine.
+  # pre-logits layer (fine-tuning without representation_size), a posemb
+  # table for a sincos2d model (timm files always hold one) or the projection
+  # of feature distillation (distill.py: training only) is routine.
   # Anything else unused means another architecture (more blocks, a class
   # token or MAP head the model lacks): loading it would give a different
   # model without complaint, so it is an error unless dont_load names it.
