@@ -512,7 +512,7 @@ def vit_block_options():
   """vit.Model's block options at their off values, for a training config's model dict, so that
   the command line can set each (--config.model.qk_norm=True): register tokens, QK-norm,
   LayerScale, SwiGLU MLP, RMSNorm, parallel attention+MLP blocks (ViT-22B), bias-free
-  projections (docs/vit_options.md)."""
+  projections (docs/vit_options.md), and the distillation token."""
   return dict(
       reg_tokens=0,
       qk_norm=False,
@@ -522,4 +522,7 @@ def vit_block_options():
       norm="layernorm",  # "layernorm" | "rmsnorm"
       parallel_block=False,
       use_bias=True,
+      # DeiT's distillation token and head (with config.distill;
+      # docs/distillation.md).
+      distill_token=False,
   )

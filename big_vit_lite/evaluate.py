@@ -172,7 +172,8 @@ def native_input_shape(flat, saved_config, hw=None):
   # sincos posemb has no params: the training pp's size, if known.
   if posemb is None:
     return (hw[0] if hw else None), channels
-  tokens = posemb.shape[1] - ("cls" in flat)  # canonical: a cls row iff a cls
+  # canonical: a row for each of cls and dist iff there is one
+  tokens = posemb.shape[1] - layout.num_prefix(flat)
   side = math.isqrt(tokens)
   if side * side != tokens:
     raise ValueError(

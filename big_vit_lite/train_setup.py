@@ -239,10 +239,22 @@ def make_model(config, *, batch_spec, mesh, rules) -> Model:
   image_shape = batch_spec["image"].shape[1:]
   n_batch_dev = sharding.batch_devices(mesh)
 
+  teacher = distill_lib.from_config(
+      config.consume("distill", None),
+      mesh,
+      rules,
+      labels.shape[-1],
+      image_shape,
+      module,
+  )
+
   def init_params(rng):
     images = jnp.zeros((n_batch_dev,) + tuple(image_shape), jnp.float32)
     return module.init(rng, images)["params"]
 
+  if teacher:
+    # Feature distillation's projection joins the student's params.
+    init_params = teacher.with_projection(init_params)
   return Model(
       model_mod=model_mod,
       model_kw=model_kw,
@@ -254,13 +266,7 @@ def make_model(config, *, batch_spec, mesh, rules) -> Model:
       batch_spec=batch_spec,
       image_shape=image_shape,
       init_params=init_params,
-      distill=distill_lib.from_config(
-          config.consume("distill", None),
-          mesh,
-          rules,
-          labels.shape[-1],
-          image_shape,
-      ),
+      distill=teacher,
   )
 
 
