@@ -16,8 +16,7 @@ import math
 
 import tensorflow as tf
 
-from big_vit_lite.data.pp.registry import register
-from big_vit_lite.data.pp.rng import take_seed
+from big_vit_lite.data.pp.registry import register_image_op
 
 _MAX_LEVEL = 10.0
 _FILL = 128  # grey, for pixels that geometric ops move in
@@ -177,23 +176,24 @@ def _ops(image, level, sign, seed):
 NUM_OPS = 16
 
 
-@register("randaug")
-def get_randaug(num_layers=2, magnitude=10, key="image"):
+def _check_rgb_uint8(image, key, op_name):
+  del key  # (the message shows what the op found)
+  if (
+      image.dtype != tf.uint8
+      or image.shape.rank != 3
+      or image.shape[-1] not in (None, 3)
+  ):
+    raise ValueError(
+        f"{op_name} needs uint8 RGB images [H, W, 3] (decode(channels=3) "
+        f"or to_rgb before it), got {image.dtype} {image.shape}"
+    )
+
+
+@register_image_op("randaug", check=_check_rgb_uint8, random=True)
+def get_randaug(num_layers=2, magnitude=10):
   level = magnitude / _MAX_LEVEL
 
-  def op(data):
-    image = data[key]
-    if (
-        image.dtype != tf.uint8
-        or image.shape.rank != 3
-        or image.shape[-1] not in (None, 3)
-    ):
-      raise ValueError(
-          f"randaug needs uint8 RGB images [H, W, 3] (decode(channels=3) "
-          f"or to_rgb before it), got {image.dtype} {image.shape}"
-      )
-    data, seed = take_seed(data, "randaug")
-
+  def randaug(image, seed):
     def layer(i, img):
       # A while_loop, not a Python loop: the 16-branch graph is built once
       # whatever num_layers is (building it dominates pipeline start-up).
@@ -202,17 +202,16 @@ def get_randaug(num_layers=2, magnitude=10, key="image"):
       index = tf.minimum(tf.cast(u[0] * NUM_OPS, tf.int32), NUM_OPS - 1)
       sign = tf.where(u[1] < 0.5, -1.0, 1.0)
       op_seed = tf.random.experimental.stateless_fold_in(layer_seed, 1)
-      out = tf.switch_case(
-          index, _ops(img, tf.constant(level, tf.float32), sign, op_seed)
-      )
+      branches = _ops(img, tf.constant(level, tf.float32), sign, op_seed)
+      out = tf.switch_case(index, branches)
       return i + 1, tf.ensure_shape(out, [None, None, 3])
 
-    _, image = tf.while_loop(
+    _, out = tf.while_loop(
         lambda i, _: i < num_layers,
         layer,
         [tf.constant(0), image],
         shape_invariants=[tf.TensorShape([]), tf.TensorShape([None, None, 3])],
     )
-    return {**data, key: tf.ensure_shape(image, data[key].shape)}
+    return tf.ensure_shape(out, image.shape)
 
-  return op
+  return randaug
