@@ -91,18 +91,12 @@ def get_keep(*keys):
 
 @register("drop")
 def get_drop(*keys):
-  def op(data):
-    return {k: v for k, v in data.items() if k not in keys}
-
-  return op
+  return lambda data: {k: v for k, v in data.items() if k not in keys}
 
 
 @register("copy")
 def get_copy(inkey, outkey):
-  def op(data):
-    return {**data, outkey: data[inkey]}
-
-  return op
+  return lambda data: {**data, outkey: data[inkey]}
 
 
 @register("rename")
