@@ -12,14 +12,14 @@ import pkgutil
 
 def available():
   """Names of the modules here that define an `Evaluator` (the valid types)."""
-  return sorted(
-      info.name
-      for info in pkgutil.iter_modules(__path__)
-      if not info.ispkg
-      and hasattr(
-          importlib.import_module(f"{__name__}.{info.name}"), "Evaluator"
-      )
-  )
+  names = []
+  for info in pkgutil.iter_modules(__path__):
+    if info.ispkg:
+      continue
+    module = importlib.import_module(f"{__name__}.{info.name}")
+    if hasattr(module, "Evaluator"):
+      names.append(info.name)
+  return sorted(names)
 
 
 def get_evaluator_cls(type_name):

@@ -92,15 +92,16 @@ def class_ids(train_labels, test_labels, what):
   unseen = classes[pos] != test
   if np.any(unseen):
     bad = np.unique(test[unseen])
-    listed = ", ".join(map(str, bad[:5].tolist())) + (
-        ", ..." if bad.size > 5 else ""
-    )
-    why = (
-        "negative labels (-1: an unlabelled split?); use a labelled test split"
-        if bad.min() < 0
-        else "classes the train split lacks; use a train split holding every class (e.g. a "
-        "bigger slice) or a test split without them"
-    )
+    listed = ", ".join(map(str, bad[:5].tolist()))
+    if bad.size > 5:
+      listed += ", ..."
+    if bad.min() < 0:
+      why = "negative labels (-1: an unlabelled split?); use a labelled test split"
+    else:
+      why = (
+          "classes the train split lacks; use a train split holding every "
+          "class (e.g. a bigger slice) or a test split without them"
+      )
     raise ValueError(
         f"{what}: {int(unseen.sum())} of {test.size} test examples have labels "
         f"{listed}: {why}."
@@ -129,8 +130,10 @@ class Evaluator(feats.DatasetsEvaluator):
       test_split="test",
   ):
     self.default_shots = shots is None  # Adapted per dataset in _samples.
-    shots = DEFAULT_SHOTS if shots is None else shots
-    shots = shots if isinstance(shots, (tuple, list)) and shots else (shots,)
+    if shots is None:
+      shots = DEFAULT_SHOTS
+    elif not isinstance(shots, (tuple, list)) or not shots:
+      shots = (shots,)
     self.shots = tuple(
         dict.fromkeys(count(s, "each of shots", 1) for s in shots)
     )

@@ -111,19 +111,15 @@ def fit(
   """
   x, labels = np.asarray(x, np.float32), np.asarray(labels, np.int32)
   n = x.shape[0]
-  weights = (
-      np.ones((n,), np.float32)
-      if weights is None
-      else np.asarray(weights, np.float32).reshape(n)
-  )
+  if weights is None:
+    weights = np.ones((n,), np.float32)
+  weights = np.asarray(weights, np.float32).reshape(n)
   pad = (-n) % sharding.batch_devices(mesh)  # Zero rows of weight 0.
-  xd, yd, wd = _to_device(
-      [
-          np.pad(a, [(0, pad)] + [(0, 0)] * (a.ndim - 1))
-          for a in (x, labels, weights)
-      ],
-      mesh,
-  )
+  padded = [
+      np.pad(a, [(0, pad)] + [(0, 0)] * (a.ndim - 1))
+      for a in (x, labels, weights)
+  ]
+  xd, yd, wd = _to_device(padded, mesh)
   params, iters = _fit_many(
       xd,
       yd,

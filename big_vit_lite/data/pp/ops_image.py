@@ -448,10 +448,12 @@ def get_standardize(
     mean=(123.675, 116.28, 103.53), std=(58.395, 57.12, 57.375)
 ):
   """(x - mean) / std per channel as float32; defaults: ImageNet stats on 0..255."""
-  mean = tf.constant(np.atleast_1d(mean), tf.float32)
-  std = tf.constant(np.atleast_1d(std), tf.float32)
+  mean, std = np.atleast_1d(mean), np.atleast_1d(std)
 
   def standardize(image):
-    return (tf.cast(image, tf.float32) - mean) / std
+    # Constants made here, inside the traced function: made outside (captured
+    # inputs), the results differ in the last bit from what they always were.
+    centred = tf.cast(image, tf.float32) - tf.constant(mean, tf.float32)
+    return centred / tf.constant(std, tf.float32)
 
   return standardize
