@@ -12,14 +12,12 @@ import pkgutil
 
 def available():
   """Names of the modules here that define an `Evaluator` (the valid types)."""
-  names = []
-  for info in pkgutil.iter_modules(__path__):
-    if info.ispkg:
-      continue
-    module = importlib.import_module(f"{__name__}.{info.name}")
-    if hasattr(module, "Evaluator"):
-      names.append(info.name)
-  return sorted(names)
+  modules = [m.name for m in pkgutil.iter_modules(__path__) if not m.ispkg]
+  return sorted(
+      name
+      for name in modules
+      if hasattr(importlib.import_module(f"{__name__}.{name}"), "Evaluator")
+  )
 
 
 def get_evaluator_cls(type_name):

@@ -54,12 +54,12 @@ def _pad_for_mesh(local, mesh):
   pad = (-len(local["_mask"])) % multiple
   if not pad:
     return local
-  padded = {}
-  for k, v in local.items():
+
+  def padded(v):
     v = np.asarray(v)
-    zeros = np.zeros((pad, *v.shape[1:]), v.dtype)
-    padded[k] = np.concatenate([v, zeros])
-  return padded
+    return np.concatenate([v, np.zeros((pad, *v.shape[1:]), v.dtype)])
+
+  return {k: padded(v) for k, v in local.items()}
 
 
 def map_batches(fn, params, local_batches, mesh):
