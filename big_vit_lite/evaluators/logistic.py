@@ -70,7 +70,10 @@ def _fit_many(x, y, w, l2s, *, num_classes, max_iter, tol):
 
 
 def _to_device(arrays, mesh):
-  """Pads rows to a multiple of the batch-axis size and shards them there."""
+  """Device copies of host arrays, rows sharded over the batch axes.
+
+  The caller padded the rows to a multiple of the batch-axis size.
+  """
   if mesh is None or not sharding.batch_axes(mesh):
     return [jnp.asarray(a) for a in arrays]
   rows = sharding.batch_sharding(mesh)
