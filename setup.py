@@ -33,7 +33,10 @@ INSTALL_REQUIRES = [
 
 REPORT = ["matplotlib>=3.11.2"]
 WANDB = ["wandb>=0.31.0,<0.32"]  # config.wandb (wandb_writer.py)
-TPU = ["jax[tpu]>=0.10.2,<0.13"]
+# Workdirs on gs://: orbax asks google-cloud-storage whether the bucket has a
+# hierarchical namespace before it lists checkpoints (ImportError without it).
+GCS = ["google-cloud-storage>=3.17.1,<4"]
+TPU = ["jax[tpu]>=0.10.2,<0.13"] + GCS
 
 EXTRAS = {
     # jax's own CUDA wheels (CUDA, cuDNN and NCCL come as pip packages; only the
@@ -45,6 +48,7 @@ EXTRAS = {
     # for Cloud TPU VMs, and on any CPU machine for `plan --topology=SLICE
     # --compile` (the TPU compiler).
     "tpu": TPU,
+    "gcs": GCS,
     "report": REPORT,
     "wandb": WANDB,
     # TPU: tests/test_tpu_compile.py compiles for a TPU slice on the CPU.

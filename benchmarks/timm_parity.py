@@ -95,6 +95,16 @@ _OPTIONS = dict(
     rmsnorm=dict(norm="rmsnorm"),
     parallel=dict(parallel_block=True),
     no_bias=dict(use_bias=False),
+    distill_token=dict(distill_token=True),
+    # (timm's DeiT has no registers)
+    all_serial_distill=dict(
+        qk_norm=True,
+        layerscale_init=0.5,
+        mlp="swiglu",
+        norm="rmsnorm",
+        use_bias=False,
+        distill_token=True,
+    ),
     all_serial=dict(
         reg_tokens=2,
         qk_norm=True,
@@ -186,7 +196,13 @@ def timm_side(workdir, cases):
       kwargs.update(
           {k: getattr(m, kwargs[k]) for k, m in classes.items() if k in kwargs}
       )
-      model = VisionTransformer(**kwargs)
+      # DeiT's distillation token: its own class (inference: the heads' mean).
+      distilled = kwargs.pop("distilled", False)
+      model = (
+          timm.models.deit.VisionTransformerDistilled
+          if distilled
+          else VisionTransformer
+      )(**kwargs)
     model.load_state_dict(safetensors.torch.load_file(path), strict=True)
     model.eval()
     images = np.load(os.path.join(workdir, f"{name}_images.npy"))

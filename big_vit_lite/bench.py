@@ -37,6 +37,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from big_vit_lite import console
 from big_vit_lite import devices
 from big_vit_lite import distributed
 from big_vit_lite import flops as flops_lib
@@ -348,9 +349,12 @@ def bench_model(
       "mfu_xla",
   ):
     out[key] = out.get(f"{main}_{key}")
-  out["mfu_basis"] = (
-      "datasheet" if peak_flops else "calib" if calib_gflops else None
-  )
+  # What the MFU figures divide by: the datasheet's peak, or a measured one.
+  out["mfu_basis"] = None
+  if peak_flops:
+    out["mfu_basis"] = "datasheet"
+  elif calib_gflops:
+    out["mfu_basis"] = "calib"
   return out
 
 
@@ -416,6 +420,8 @@ def check_args(
 
 def main(argv):
   del argv
+  # Other libraries' INFO lines (orbax, tfds) only with --verbosity=1.
+  console.keep_log_readable()
   f = flags.FLAGS
   try:
     distributed.set_cpu_devices(f.num_cpu_devices)

@@ -56,6 +56,7 @@ class Checkpointer:
 
   def __init__(self, workdir, *, keep=3, keep_every=None, async_save=True):
     self.directory = paths.resolve(workdir) / CKPT_SUBDIR
+    paths.check_checkpoint_client(self.directory)
     options = ocp.CheckpointManagerOptions(
         # The last `keep` checkpoints, plus every step divisible by keep_every.
         max_to_keep=keep,

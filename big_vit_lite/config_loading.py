@@ -13,9 +13,21 @@ evaluator kwargs) over with `.consume()`, and finally calls
 Durations (total, warmup, cooldown, ...) can be given in steps, epochs,
 examples or percent of the total, as `NAME_steps`, `NAME_epochs`,
 `NAME_examples`, `NAME_percent`; `get_steps` turns them into steps.
+
+Config files: `get_config(arg)` gets what follows the colon of
+`--config=FILE.py:ARG` and reads it with `parse_arg` (`a=1,b`: one parser and
+one error message for every config). A config file imports the configs beside
+it as plain modules (`import vit_l16` in configs/vit_b16.py): while a config
+file runs, the loader (the --config flag, `config_module`) puts its directory
+first on sys.path, so configs/ needs no package and works the same from a
+checkout and from the wheel (big_vit_lite/configs). Config files do no file
+I/O of their own: what they read off disk comes from the library (e.g.
+big_vit_lite/transfer.py for the checkpoint a fine-tuning config starts from).
 """
 
+import contextlib
 import difflib
+import importlib.util
 import math
 import os
 import re
@@ -89,8 +101,8 @@ def resolve_config_path(value):
     return value
   raise ValueError(
       f"'{path}' {_NOT_SHIPPED} (shipped: "
-      f"{', '.join(shipped_config_names()) or 'none found'}); give a path to a .py "
-      "file or one of those names."
+      f"{', '.join(shipped_config_names()) or 'none found'}); give a path "
+      "to a .py file or one of those names."
   )
 
 
@@ -108,7 +120,8 @@ class _ShippedConfigParser(config_flags_impl.ConfigFileFlagParser):
     path = resolve_config_path(path)
     file = path.split(":", 1)[0]
     try:
-      config = super().parse(path)
+      with _siblings_importable(file):
+        config = super().parse(path)
     except SyntaxError as e:
       raise _ConfigFileError(
           f"the config file {file} does not parse: {e.msg} at line "
@@ -139,6 +152,74 @@ class _ShippedConfigParser(config_flags_impl.ConfigFileFlagParser):
     # (For _no_such_key: the flag has no value yet when an override fails.)
     self.config = config
     return config
+
+
+@contextlib.contextmanager
+def _siblings_importable(file):
+  """The directory of config file `file` first on sys.path while it runs."""
+  directory = os.path.dirname(os.path.abspath(file))
+  sys.path.insert(0, directory)
+  try:
+    yield
+  finally:
+    sys.path.remove(directory)
+
+
+def config_module(path):
+  """The config file at `path` as a module, loaded as the --config flag loads it.
+
+  For tests and tools that call `get_config` themselves: the configs beside it
+  are importable while it loads (see the module docstring).
+  """
+  name = "config_" + os.path.basename(path).removesuffix(".py")
+  spec = importlib.util.spec_from_file_location(name, path)
+  module = importlib.util.module_from_spec(spec)
+  with _siblings_importable(path):
+    spec.loader.exec_module(module)
+  return module
+
+
+def parse_arg(arg, **defaults):
+  """A config file's argument, "res=224,runlocal", -> a FrozenConfigDict over `defaults`.
+
+  Items are comma-separated; a bare name means True. Each value takes the
+  type of its default (bool, int, float, str: a default fixes the type, so
+  none is None). An unknown name, or a value that is not of its type, is a
+  one-line ValueError naming the known args.
+  """
+  values = dict(defaults)
+  for item in (arg or "").split(","):
+    item = item.strip()
+    if not item:
+      continue
+    name, has_value, text = item.partition("=")
+    if name not in defaults:
+      raise ValueError(
+          f"Unknown config arg '{name}': use one of {', '.join(defaults)}."
+      )
+    values[name] = _arg_value(name, text if has_value else None, defaults[name])
+  return config_dict.FrozenConfigDict(values)
+
+
+def _arg_value(name, text, default):
+  """`text` (None: the bare name) read as the type of `default`."""
+  kind = type(default)
+  if kind is bool:
+    if text is None or text.lower() in ("true", "1"):
+      return True
+    if text.lower() in ("false", "0"):
+      return False
+  elif text is not None:
+    try:
+      return kind(text)
+    except ValueError:
+      pass
+  given = "nothing" if text is None else repr(text)
+  spelling = f"{name} or {name}=false" if kind is bool else f"{name}=VALUE"
+  raise ValueError(
+      f"Config arg '{name}' needs a value of type {kind.__name__} (default "
+      f"{default!r}), not {given}: write {spelling}."
+  )
 
 
 def loaded(config, flag="--config"):
@@ -188,15 +269,14 @@ def _flag_error(e, argv, flag_values):
   # ml_collections registers each --config.KEY of sys.argv as a flag; a KEY the
   # file lacks fails when it is applied (AttributeError / KeyError) or is an
   # unknown flag.
-  names = (
-      [e.flagname]
-      if isinstance(e, flags.UnrecognizedFlagError)
-      else [
-          a.lstrip("-").split("=", 1)[0] for a in argv[1:] if a.startswith("-")
-      ]
-  )
+  if isinstance(e, flags.UnrecognizedFlagError):
+    names = [e.flagname]
+  else:
+    flag_args = [a for a in argv[1:] if a.startswith("-")]
+    names = [a.lstrip("-").split("=", 1)[0] for a in flag_args]
   for name in names:
-    if "." in name and (message := _no_such_key(name, flag_values)):
+    message = _no_such_key(name, flag_values) if "." in name else None
+    if message:
       return message
   if not isinstance(e, flags.Error):
     return None
@@ -206,13 +286,14 @@ def _flag_error(e, argv, flag_values):
   # ml_collections lists its types; a user needs what to change.
   if unsupported:
     return (
-        f"--{unsupported.group(2)}: its type ({unsupported.group(1)}) cannot be set from the "
-        "command line: make it a config_dict.placeholder(TYPE) (a list: a tuple) in the file."
+        f"--{unsupported.group(2)}: its type ({unsupported.group(1)}) "
+        "cannot be set from the command line: make it a "
+        "config_dict.placeholder(TYPE) (a list: a tuple) in the file."
     )
   # resolve_config_path's line already says what to give.
-  return (
-      str(e) if _NOT_SHIPPED in str(e) else f"{e} (--helpfull lists the flags)"
-  )
+  if _NOT_SHIPPED in str(e):
+    return str(e)
+  return f"{e} (--helpfull lists the flags)"
 
 
 def _no_such_key(flag_name, flag_values):
@@ -235,8 +316,9 @@ def _no_such_key(flag_name, flag_values):
       )
       hint = f" (did you mean '{close[0]}'?)" if close else ""
       return (
-          f"--{flag_name}: the config file has no key '{'.'.join(path[:i + 1])}'{hint}. Fix "
-          "the spelling, or add the key to the config file (a key whose default is None as "
+          f"--{flag_name}: the config file has no key "
+          f"'{'.'.join(path[:i + 1])}'{hint}. Fix the spelling, or add the "
+          "key to the config file (a key whose default is None as "
           "config_dict.placeholder(TYPE))."
       )
     node = node[part]
@@ -281,7 +363,8 @@ class TrackedConfig:
       return self[name]
     except KeyError:
       raise AttributeError(
-          f"Config key '{self._prefix}{name}' is missing: add it to the config file."
+          f"Config key '{self._prefix}{name}' is missing: add it to the "
+          "config file."
       ) from None
 
   def __getitem__(self, name):
@@ -399,7 +482,8 @@ def get_steps(
   if len(given) > 1:
     keys = ", ".join(f"{name}_{u}" for u in given)
     raise ValueError(
-        f"Set only one of {keys}: they are different ways to give the same duration."
+        f"Set only one of {keys}: they are different ways to give the same "
+        "duration."
     )
   if not given:
     if required:
@@ -419,18 +503,16 @@ def get_steps(
     raise ValueError(f"{name}_{unit} needs {what}; give {name}_steps instead.")
   if unit == "epochs":
     return int(math.ceil(value * per))
-  return (
-      int(math.ceil(value / per))
-      if unit == "examples"
-      else int(round(value / 100 * per))
-  )
+  if unit == "examples":
+    return int(math.ceil(value / per))
+  return int(round(value / 100 * per))
 
 
 def vit_block_options():
   """vit.Model's block options at their off values, for a training config's model dict, so that
   the command line can set each (--config.model.qk_norm=True): register tokens, QK-norm,
   LayerScale, SwiGLU MLP, RMSNorm, parallel attention+MLP blocks (ViT-22B), bias-free
-  projections (docs/vit_options.md)."""
+  projections (docs/vit_options.md), and the distillation token."""
   return dict(
       reg_tokens=0,
       qk_norm=False,
@@ -440,4 +522,7 @@ def vit_block_options():
       norm="layernorm",  # "layernorm" | "rmsnorm"
       parallel_block=False,
       use_bias=True,
+      # DeiT's distillation token and head (with config.distill;
+      # docs/distillation.md).
+      distill_token=False,
   )

@@ -1,6 +1,7 @@
 """Knowledge distillation in the trainer: a frozen teacher's logits as a second target.
 
-  config.distill = dict(teacher=SRC, weight=0.5, temperature=1.0, params="params")
+  config.distill = dict(teacher=SRC, weight=0.5, temperature=1.0, params="params",
+                        feature_weight=0.0)
 
 SRC is anything `evaluate` loads (a training workdir, an orbax step directory, a
 vision_transformer/big_vision .npz, a timm .safetensors); params="ema" takes a
@@ -11,20 +12,38 @@ student's and passed to the step as an argument, so they are not in the state an
 never in the student's checkpoint. The loss is
 
   (1 - weight) * label_loss + weight * T^2 * KL(softmax(teacher / T) || softmax(student / T))
+      + feature_weight * mean((proj(student_pre_logits) - teacher_pre_logits)^2)
 
 averaged over the batch (Hinton et al. 2015; T^2 keeps the gradient scale as T grows).
+
+Feature distillation (feature_weight > 0; 0, the default, is off) matches the pooled
+pre-logits by mean squared error, as timm's FeatureDistillationTask does (not cosine: the
+teacher's features come out of its final norm, so their scale is fixed and a match in
+magnitude is a real target, not noise). The student's features go through a learned
+linear projection to the teacher's width, params["distill_proj"]/{kernel, bias}: it is
+in the train state (trained by the optimizer, in the checkpoint, EMA'd, resumed) only
+when feature distillation is on, initialised from the run's init rng; loaders drop it
+(layout.merge), so the student evaluates and exports as the plain model.
+
+A student with a distillation token (vit.Model(distill_token=True), DeiT) learns the
+labels with its class head ("logits_cls") and the teacher with its distillation head
+("logits_dist"); its logits at inference are their mean.
 User guide: docs/distillation.md.
 """
 
 import dataclasses
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
 
 from big_vit_lite import config_loading
 
-_DEFAULTS = dict(weight=0.5, temperature=1.0, params="params")
+_DEFAULTS = dict(
+    weight=0.5, temperature=1.0, params="params", feature_weight=0.0
+)
+PROJ = "distill_proj"  # the feature projection's key in the student's params
 
 
 def kl_loss(student_logits, teacher_logits, temperature):
@@ -47,15 +66,64 @@ class Teacher:
   predict_fn: object
   weight: float
   temperature: float
+  feature_weight: float = 0.0
+  # (student, teacher) pre-logits widths: the projection's shape
+  feature_widths: tuple = ()
 
   def targets(self, params, images):
-    """The teacher's logits on the step's (augmented) images, joining the batch."""
-    logits, _ = self.predict_fn(params, images)
-    return {"teacher_logits": jax.lax.stop_gradient(logits.astype(jnp.float32))}
+    """The teacher's logits (and features) on the step's (augmented) images, joining the batch."""
+    logits, out = self.predict_fn(params, images)
+    targets = {"teacher_logits": logits}
+    if self.feature_weight:
+      targets["teacher_features"] = out["pre_logits"]
+    return {
+        k: jax.lax.stop_gradient(v.astype(jnp.float32))
+        for k, v in targets.items()
+    }
 
-  def loss(self, label_loss, logits, batch):
-    distill = kl_loss(logits, batch["teacher_logits"], self.temperature)
-    return (1.0 - self.weight) * label_loss + self.weight * distill
+  def loss(self, loss_fn, params, out, batch):
+    """The step's loss from the student's `out` (model.apply's) and the batch with targets.
+
+    loss_fn(logits, labels): the label loss. A distillation-token student's class head
+    learns the labels and its distillation head the teacher; others' logits learn both.
+    """
+    label_loss = loss_fn(out.get("logits_cls", out["logits"]), batch["labels"])
+    distill = kl_loss(
+        out.get("logits_dist", out["logits"]),
+        batch["teacher_logits"],
+        self.temperature,
+    )
+    loss = (1.0 - self.weight) * label_loss + self.weight * distill
+    if self.feature_weight:
+      proj = params[PROJ]
+      student = out["pre_logits"].astype(jnp.float32) @ proj["kernel"]
+      err = student + proj["bias"] - batch["teacher_features"]
+      loss += self.feature_weight * jnp.mean(jnp.square(err))
+    return loss
+
+  def with_projection(self, init_params):
+    """The student's init (rng -> boxed params), plus params[PROJ] with feature distillation.
+
+    The projection is Dense-initialised (lecun normal kernel, zero bias) from its own key
+    folded out of the init rng, so the model's params are those of a run without it.
+    """
+    if not self.feature_weight:
+      return init_params
+    s, t = self.feature_widths
+
+    def init(rng):
+      kernel = nn.initializers.lecun_normal()(
+          jax.random.fold_in(rng, 0xD157), (s, t), jnp.float32
+      )
+      proj = dict(
+          kernel=nn.LogicallyPartitioned(kernel, names=("embed", None)),
+          bias=nn.LogicallyPartitioned(
+              jnp.zeros((t,), jnp.float32), names=(None,)
+          ),
+      )
+      return dict(init_params(rng), **{PROJ: proj})
+
+    return init
 
   def abstract(self):
     """The params as ShapeDtypeStructs with their shardings (the step's third argument)."""
@@ -69,10 +137,20 @@ class Teacher:
     return lambda state, batch: compiled(state, batch, self.params)
 
 
+def _feature_width(model) -> int:
+  """The width of a vit.Model's pre-logits: its rep_size's, else the model's."""
+  if model.rep_size and model.rep_size is not True:
+    return int(model.rep_size)
+  return model.arch()["width"]
+
+
 def from_config(
-    cfg, mesh, rules, num_classes: int, image_shape
+    cfg, mesh, rules, num_classes: int, image_shape, student=None
 ) -> Teacher | None:
-  """The teacher of config.distill (None without one), checked against the student's task."""
+  """The teacher of config.distill (None without one), checked against the student's task.
+
+  student: the student's vit.Model (its feature width, for feature distillation).
+  """
   if cfg is None:
     return None
   cfg = cfg.to_dict() if hasattr(cfg, "to_dict") else dict(cfg)
@@ -87,12 +165,18 @@ def from_config(
         "config.distill has no teacher: set config.distill.teacher to a workdir, "
         "step directory, .npz or .safetensors."
     )
-  if not 0.0 <= cfg["weight"] <= 1.0 or cfg["temperature"] <= 0:
+  if (
+      not 0.0 <= cfg["weight"] <= 1.0
+      or cfg["temperature"] <= 0
+      or cfg["feature_weight"] < 0
+  ):
     raise ValueError(
-        f"config.distill: weight={cfg['weight']} must be in [0, 1] and "
-        f"temperature={cfg['temperature']} > 0."
+        f"config.distill: weight={cfg['weight']} must be in [0, 1], "
+        f"temperature={cfg['temperature']} > 0 and "
+        f"feature_weight={cfg['feature_weight']} >= 0."
     )
   from big_vit_lite import evaluate  # pylint: disable=g-import-not-at-top  (heavy; only here)
+  from big_vit_lite.models import vit  # pylint: disable=g-import-not-at-top
 
   no_overrides = config_loading.TrackedConfig(ml_collections.ConfigDict())
   t = evaluate.load_model(
@@ -110,6 +194,14 @@ def from_config(
         f"config.distill.teacher={src} takes {size} images, the student's are "
         f"{h}x{w}x{c}: train the student at the teacher's resolution."
     )
-  return Teacher(
+  teacher = Teacher(
       t.params, t.predict_fn, float(cfg["weight"]), float(cfg["temperature"])
   )
+  if cfg["feature_weight"]:
+    teacher.feature_weight = float(cfg["feature_weight"])
+    # A linear map projects any width to any other: no width is refused.
+    teacher.feature_widths = (
+        _feature_width(student),
+        _feature_width(vit.Model(**t.model_cfg)),
+    )
+  return teacher

@@ -62,6 +62,7 @@ import jax
 import jax.numpy as jnp
 
 from big_vit_lite import config_loading
+from big_vit_lite import console
 from big_vit_lite import metrics
 from big_vit_lite import oom
 from big_vit_lite import paths
@@ -171,7 +172,8 @@ def native_input_shape(flat, saved_config, hw=None):
   # sincos posemb has no params: the training pp's size, if known.
   if posemb is None:
     return (hw[0] if hw else None), channels
-  tokens = posemb.shape[1] - ("cls" in flat)  # canonical: a cls row iff a cls
+  # canonical: a row for each of cls and dist iff there is one
+  tokens = posemb.shape[1] - layout.num_prefix(flat)
   side = math.isqrt(tokens)
   if side * side != tokens:
     raise ValueError(
@@ -483,7 +485,8 @@ def evaluate(config, workdir):
   # Multi-process runs (launch/local.sh, pods): before any backend use.
   distributed.initialize()
   cfg = config_loading.TrackedConfig(config)
-  if not (src := cfg.get("model_init")):
+  src = cfg.get("model_init")
+  if not src:
     raise ValueError(
         "Set the checkpoint to evaluate: --config.model_init=SRC (a training "
         "workdir, a checkpoint step directory or an .npz)."
@@ -511,6 +514,8 @@ def evaluate(config, workdir):
 
 
 def main(argv):
+  # Other libraries' INFO lines (orbax, tfds) only with --verbosity=1.
+  console.keep_log_readable()
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
   if _CONFIG.value is None:

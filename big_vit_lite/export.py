@@ -35,6 +35,7 @@ from absl import app
 from absl import flags
 import safetensors
 
+from big_vit_lite import console
 from big_vit_lite import evaluate
 from big_vit_lite.models import formats
 from big_vit_lite.models import steps
@@ -91,7 +92,8 @@ def export(src: str, out: str, fmt=None, res=None, key="params") -> dict:
         f"--out={out}: name it *{_SUFFIX.get(fmt, '.npz or *.safetensors')} "
         f"for --format={fmt or 'npz|timm'} (the loaders go by the suffix)."
     )
-  if not os.path.isdir(parent := os.path.dirname(os.path.abspath(out))):
+  parent = os.path.dirname(os.path.abspath(out))
+  if not os.path.isdir(parent):
     raise ValueError(f"--out={out}: the directory {parent} does not exist.")
   flat, config, _ = evaluate.read_source(src, key)
   res = _parse_res(res)
@@ -131,6 +133,8 @@ def _parse_res(res):
 
 
 def main(argv):
+  # Other libraries' INFO lines (orbax, tfds) only with --verbosity=1.
+  console.keep_log_readable()
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
   f = flags.FLAGS

@@ -39,13 +39,13 @@ def _dot_flops(eqn):
 def _valid_taps(in_size, out_size, k, stride, pad_lo, lhs_dil, rhs_dil):
   """Kernel taps that land inside the (dilated) input, summed over one dim's output positions."""
   last = (in_size - 1) * lhs_dil
-  return sum(
-      1
-      for o in range(out_size)
-      for j in range(k)
-      if 0 <= (i := o * stride - pad_lo + j * rhs_dil) <= last
-      and i % lhs_dil == 0
-  )
+  taps = 0
+  for o in range(out_size):
+    for j in range(k):
+      i = o * stride - pad_lo + j * rhs_dil
+      if 0 <= i <= last and i % lhs_dil == 0:
+        taps += 1
+  return taps
 
 
 def _conv_flops(eqn):

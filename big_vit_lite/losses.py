@@ -1,6 +1,6 @@
 """Training losses on (logits, labels) with one-hot / multi-hot float labels.
 
-The trainer checks that the pp gives float labels (train._make_model).
+The trainer checks that the pp gives float labels (train_setup.make_model).
 Label smoothing is done by the pp op `onehot(..., on=0.9, off=...)`, mixup
 by the trainer before the model: both produce soft labels, which these
 losses take as they are.

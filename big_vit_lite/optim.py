@@ -95,11 +95,8 @@ def tree_by_regex(tree, rules, default, what, check_used=True):
 
   names = param_names(tree)
   out = jax.tree.map(lookup, names)
-  if check_used and (
-      unused := [
-          r.pattern for i, (r, _) in enumerate(compiled) if i not in used
-      ]
-  ):
+  unused = [r.pattern for i, (r, _) in enumerate(compiled) if i not in used]
+  if check_used and unused:
     raise ValueError(
         f"{what}: the regex '{unused[0]}' is the first match of no parameter (names "
         f"look like '{jax.tree.leaves(names)[0]}'; a regex matches whole names and "
@@ -458,7 +455,8 @@ def make(config, params, *, total_steps, steps_per_epoch=None, batch_size=None):
           else config_loading.TrackedConfig(ml_collections.ConfigDict(s))
       )
       sched_fns.append(make_schedule(reader, **dur))
-      if not tracked and (unread := reader.unread_keys()):
+      unread = [] if tracked else reader.unread_keys()
+      if unread:
         raise ValueError(
             f"Config key '{unread[0]}' in the schedule for '{regex}' is not a "
             f"schedule key{reader.hint(unread[0])}: remove it or fix its spelling."
@@ -534,7 +532,12 @@ def layer_decay_mults(params, decay):
       for n, x in zip(names, leaves)
       if n.startswith("Transformer/encoderblock/")
   ]
-  depth = max(blocks) + 1 if blocks else (stacked[0] if stacked else 0)
+  if blocks:
+    depth = max(blocks) + 1
+  elif stacked:
+    depth = stacked[0]
+  else:
+    depth = 0
   if not depth:
     raise ValueError(
         "config.layer_decay needs a ViT with Transformer/encoderblock params."

@@ -13,6 +13,7 @@ directory is later.
 
 import contextlib
 import fcntl
+import importlib
 import os
 import socket
 
@@ -41,6 +42,20 @@ def resolve(path):
           "gs://, s3://, az://."
       ) from None
   return epath.Path(os.path.abspath(os.path.expanduser(os.fspath(path))))
+
+
+def check_checkpoint_client(directory):
+  """Orbax lists gs:// checkpoints with google-cloud-storage: say how to get it."""
+  if not os.fspath(directory).startswith("gs://"):
+    return
+  try:
+    importlib.import_module("google.cloud.storage")
+  except ImportError:
+    raise ValueError(
+        f"Checkpoints in {os.fspath(directory)} need google-cloud-storage "
+        "(orbax asks it about the bucket): pip install 'big_vit_lite[gcs]' "
+        "(the [tpu] extra includes it)."
+    ) from None
 
 
 @contextlib.contextmanager

@@ -267,6 +267,7 @@ def plan(
   tokens = (
       (res // arch["patch_size"]) ** 2
       + (1 if model.pool_type == "tok" else 0)
+      + int(model.distill_token)
       + model.reg_tokens
   )
   remat = model.remat_policy not in (None, "none")

@@ -32,6 +32,7 @@ import numpy as np
 
 from big_vit_lite import checkpoint
 from big_vit_lite import config_loading
+from big_vit_lite import console
 from big_vit_lite import evaluate
 from big_vit_lite import sharding
 from big_vit_lite.data import imagefolder
@@ -171,7 +172,8 @@ def predict(
   import tempfile  # pylint: disable=g-import-not-at-top
   from big_vit_lite.data import pp as pp_lib  # pylint: disable=g-import-not-at-top
 
-  if not (files := image_files(items)):
+  files = image_files(items)
+  if not files:
     raise ValueError(
         f"--images={','.join(items)} holds no image files "
         f"({', '.join(imagefolder.EXTENSIONS[:5])}, ...)."
@@ -185,7 +187,8 @@ def predict(
       sharding.make_rules(None, mesh),
       default_res=224,
   )
-  if not (num_classes := model.model_cfg["num_classes"]):
+  num_classes = model.model_cfg["num_classes"]
+  if not num_classes:
     raise ValueError(
         f"{model_src} has no classification head (num_classes=0): nothing to "
         "predict; fine-tune it first (configs/transfer.py)."
@@ -231,6 +234,8 @@ def predict(
 
 
 def main(argv):
+  # Other libraries' INFO lines (orbax, tfds) only with --verbosity=1.
+  console.keep_log_readable()
   f = flags.FLAGS
   items = list(f.images or []) + list(argv[1:])
   if not f.model or not items:

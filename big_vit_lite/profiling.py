@@ -19,13 +19,12 @@ import jax
 
 def parse_steps(value):
   """config.profile_steps (None, an int or a list of ints >= 1) -> a sorted tuple."""
-  steps = (
-      ()
-      if value is None
-      else tuple(value)
-      if isinstance(value, (list, tuple))
-      else (value,)
-  )
+  if value is None:
+    steps = ()
+  elif isinstance(value, (list, tuple)):
+    steps = tuple(value)
+  else:
+    steps = (value,)
   if not all(
       isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in steps
   ):

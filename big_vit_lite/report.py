@@ -99,9 +99,11 @@ def load(workdir):
   for i, seg in enumerate(segments):
     run["resume_hours"] += [offset] if i else []
     run["train_rows"] += seg
-    run["hours"] += [
-        offset + r["uptime_hours"] if "uptime_hours" in r else None for r in seg
-    ]
+    for r in seg:
+      if "uptime_hours" in r:
+        run["hours"].append(offset + r["uptime_hours"])
+      else:
+        run["hours"].append(None)
     offset += max([r.get("uptime_hours", 0.0) for r in seg])
   attempts = run["summary"].get("attempts", [])
   run["resume_steps"] = (
@@ -292,13 +294,11 @@ def figures(plt, runs):
 def _fmt(v, pct=False):
   if v is None:
     return "-"
-  return (
-      f"{100 * v:.1f}%"
-      if pct
-      else f"{v:,.0f}"
-      if abs(v) >= 1000
-      else f"{v:.4g}"
-  )
+  if pct:
+    return f"{100 * v:.1f}%"
+  if abs(v) >= 1000:
+    return f"{v:,.0f}"
+  return f"{v:.4g}"
 
 
 def _table(head, rows):
@@ -357,27 +357,19 @@ def _runs_table(runs):
 
 
 def _metrics_table(runs):
-  keys = list(
-      dict.fromkeys(
-          k
-          for run in runs
-          for k in [
-              "training_loss",
-              "training_loss_avg",
-              *sorted(run["eval_keys"]),
-          ]
-          if k in run["stats"]["final"]
-      )
-  )
+  keys = []
+  for run in runs:
+    wanted = ["training_loss", "training_loss_avg", *sorted(run["eval_keys"])]
+    keys += [k for k in wanted if k in run["stats"]["final"]]
+  keys = list(dict.fromkeys(keys))
 
   def cell(run, k):
+    final = run["stats"]["final"].get(k)
+    best = run["stats"]["best"].get(k)
     # (No final, no best.)
-    final, best = run["stats"]["final"].get(k), run["stats"]["best"].get(k)
-    return (
-        f"{_fmt(final)} (best {_fmt(best['value'])} at {best['step']})"
-        if best
-        else _fmt(final)
-    )
+    if not best:
+      return _fmt(final)
+    return f"{_fmt(final)} (best {_fmt(best['value'])} at {best['step']})"
 
   return _table(
       ["metric: final (best at step)", *(run["name"] for run in runs)],

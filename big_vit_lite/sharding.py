@@ -165,6 +165,15 @@ def _rule_pairs(rules_cfg):
   ]
 
 
+def as_axes(axes) -> tuple:
+  """A rule's mesh axes as a tuple: None -> (), "fsdp" -> ("fsdp",)."""
+  if axes is None:
+    return ()
+  if isinstance(axes, str):
+    return (axes,)
+  return tuple(axes)
+
+
 def make_rules(rules_cfg, mesh):
   """The default rules with config.sharding_rules over them, restricted to the mesh's axes.
 
@@ -180,19 +189,16 @@ def make_rules(rules_cfg, mesh):
   out = []
   for logical, default in DEFAULT_RULES:
     for axes in named.get(logical, [default]):
-      axes = (
-          ()
-          if axes is None
-          else (axes,)
-          if isinstance(axes, str)
-          else tuple(axes)
-      )
-      axes = tuple(
-          a for a in axes if a in mesh.axis_names and mesh.shape[a] > 1
-      )
-      out.append(
-          (logical, axes if len(axes) > 1 else (axes[0] if axes else None))
-      )
+      # Only the mesh's axes of size > 1 shard; a single axis is named
+      # alone, none is None (replicated).
+      used = [a for a in as_axes(axes) if a in mesh.axis_names]
+      used = tuple(a for a in used if mesh.shape[a] > 1)
+      if len(used) > 1:
+        out.append((logical, used))
+      elif used:
+        out.append((logical, used[0]))
+      else:
+        out.append((logical, None))
   return tuple(out)
 
 

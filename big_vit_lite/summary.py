@@ -81,11 +81,11 @@ def stats(rows):
       ):
         best[k] = dict(value=v, step=row["step"])
   train_rows = [r for r in rows if "training_loss" in r]
-  median = lambda k: (
-      statistics.median(vals)
-      if (vals := [r[k] for r in train_rows if numeric(r.get(k))])
-      else None
-  )
+
+  def median(key):
+    values = [r[key] for r in train_rows if numeric(r.get(key))]
+    return statistics.median(values) if values else None
+
   return dict(
       step=train_rows[-1]["step"]
       if train_rows
@@ -105,13 +105,11 @@ def duration(hours):
   if hours is None:
     return "-"
   sec = hours * 3600
-  return (
-      f"{sec:.0f} s"
-      if sec < 120
-      else f"{sec / 60:.1f} min"
-      if sec < 7200
-      else f"{hours:.2f} h"
-  )
+  if sec < 120:
+    return f"{sec:.0f} s"
+  if sec < 7200:
+    return f"{sec / 60:.1f} min"
+  return f"{hours:.2f} h"
 
 
 def flat_config(tree, prefix=""):
@@ -192,7 +190,8 @@ def block(s, path):
       if v is not None
   ]
   lines += ["  " + ", ".join(speed)] if speed else []
-  if dev := s.get("device"):
+  dev = s.get("device")
+  if dev:
     lines.append(
         f"  device: {dev['devices']} x {dev['device_kind']} ({dev['processes']} "
         f"process{'es' if dev['processes'] > 1 else ''})"
@@ -332,7 +331,11 @@ def write_evaluate(
   if jax.process_index() != 0:
     return
   workdir = paths.resolve(workdir)
-  status = "interrupted" if interrupted else "failed" if error else "finished"
+  status = "finished"
+  if interrupted:
+    status = "interrupted"
+  elif error:
+    status = "failed"
   s = dict(
       kind="evaluate",
       status=status,

@@ -1,8 +1,10 @@
 r"""Pretrain a ViT: `python -m big_vit_lite.train --config=configs/FILE.py[:args] --workdir=DIR`.
 
-Reads top to bottom in stages (_train): setup and mesh -> input and schedule
--> model -> state layout -> settings and evals -> restore or initialise ->
-update step, compiled -> loop.
+Reads top to bottom in stages (_train), each returning a frozen value that the
+next ones take as arguments: the job (workdir, mesh) -> the inputs and step
+counts -> the model -> the state's layout -> the settings and evals -> the
+start (restored or fresh) -> the update step (train_step.make_update_fn),
+jitted with its shardings and compiled -> the loop (train_loop.Loop).
 
 The same code runs on one CPU core and on a pod: everything is global
 jax.Arrays under one mesh, with shardings from the config's logical-axis
@@ -29,9 +31,9 @@ import atexit
 import contextlib
 import dataclasses
 import functools
-import importlib
 import os
 import sys
+from typing import NamedTuple
 
 from absl import app
 from absl import flags
@@ -44,22 +46,16 @@ from jax.experimental import multihost_utils
 from big_vit_lite import checkpoint as ckpt_lib
 from big_vit_lite import config_loading
 from big_vit_lite import console
-from big_vit_lite import distributed
 from big_vit_lite import ema as ema_lib
 from big_vit_lite import flops as flops_lib
-from big_vit_lite import hostmem
-from big_vit_lite import distill as distill_lib
-from big_vit_lite import losses
 from big_vit_lite import metrics as metrics_lib
 from big_vit_lite import oom
 from big_vit_lite import optim
-from big_vit_lite import paths
 from big_vit_lite import resume
 from big_vit_lite import sharding
 from big_vit_lite import train_loop
 from big_vit_lite import train_setup
 from big_vit_lite import train_step
-from big_vit_lite.data import device_aug as device_aug_lib
 
 # The flags, defined only when run as a command (at the end): importing this
 # module (tests, other CLIs) must not clash with other CLIs' --config/--workdir
@@ -138,234 +134,193 @@ def train(raw_config, workdir):
     ) from None
   except Exception as e:  # pylint: disable=broad-except
     full = ckpt_lib.disk_full(e)
-    if isinstance(e, TrainingError) or not (
-        full or isinstance(e, (OSError, ckpt_lib.SaveError))
-    ):
+    failed_write = full or isinstance(e, (OSError, ckpt_lib.SaveError))
+    if isinstance(e, TrainingError) or not failed_write:
       raise
-    todo = (
-        "free space on the disk of --workdir (config.keep_ckpts sets how many checkpoints "
-        "are kept)"
-        if full
-        else "fix the cause"
-    )
+    if full:
+      todo = (
+          "free space on the disk of --workdir (config.keep_ckpts sets how "
+          "many checkpoints are kept)"
+      )
+    else:
+      todo = "fix the cause"
     raise TrainingError(
         f"{ckpt_lib.error_reason(e)}; {resume.last_checkpoint(workdir, todo)}."
     ) from e
 
 
 def _train(raw_config, workdir, cleanup):
-  """The stages, in order; each reads its part of the config (all of it before the compile)."""
+  """The stages, in order; each reads its part of the config (all of it before the compile).
+
+  Each stage returns a frozen value (train_setup.Job, Inputs, Model, Settings;
+  Layout, Start below) that the later stages take as arguments.
+  """
   config = config_loading.TrackedConfig(raw_config)
-  run = _setup(config, workdir, cleanup)
-  train_setup.read_input_and_schedule(config, run)
-  parts = _make_model(config, run)
-  with jax.set_mesh(run.mesh), nn.logical_axis_rules(run.rules):
-    _lay_out_state(config, run, parts)
-    settings = train_setup.read_settings(config, run, parts)
-    state, resume_step, checkpointer = _restore_or_init(
-        raw_config, run, parts, settings, cleanup
+  job = train_setup.start_job(config, workdir, cleanup)
+  inputs = train_setup.read_inputs(config, mesh=job.mesh, seed=job.seed)
+  model = train_setup.make_model(
+      config,
+      batch_spec=inputs.train_iter.batch_spec(),
+      mesh=job.mesh,
+      rules=job.rules,
+  )
+  with jax.set_mesh(job.mesh), nn.logical_axis_rules(job.rules):
+    layout = lay_out_state(config, job=job, inputs=inputs, model=model)
+    settings = train_setup.read_settings(
+        config,
+        model=model.module,
+        ema=layout.ema,
+        mesh=job.mesh,
+        dur=inputs.dur,
     )
-    compiled, flops = _compile(
-        run, parts, _make_update(run, parts), resume_step
-    )
-    return train_loop.Loop(
+    start = restore_or_init(
         raw_config,
-        run,
-        parts,
-        settings,
-        compiled,
-        flops,
-        state,
-        resume_step,
-        checkpointer,
-        cleanup,
-    ).run()
-
-
-def _setup(config, workdir, cleanup):
-  """Starts the backend, locks the workdir, opens the metric writer and builds the mesh."""
-  # Before any backend starts.
-  distributed.set_cpu_devices(config.get("num_cpu_devices", None))
-  distributed.initialize()  # Before anything touches a backend.
-  # Local (made absolute) or a bucket (gs://..., as given).
-  workdir = paths.resolve(workdir)
-  if jax.process_index() == 0:
-    # config.json is written once the checkpoint (if any) has been read: a run
-    # that stops on a bad config must not overwrite the config of the run
-    # that made this workdir.
-    resume.prepare_workdir(workdir, cleanup)
-  logging.debug(
-      "big_vit_lite.train: process %d/%d",
-      jax.process_index(),
-      jax.process_count(),
-  )
-  logging.debug("Host memory for XLA buffers: %s", hostmem.status())
-  writer = metrics_lib.MetricWriter(workdir)
-  mesh = sharding.make_mesh(config.get("mesh", None))
-  rules = sharding.make_rules(config.get("sharding_rules", None), mesh)
-  logging.debug("Mesh %s; rules %s", dict(mesh.shape), rules)
-  return train_setup.Run(
-      workdir,
-      int(config.get("seed", 0)),
-      writer,
-      mesh,
-      rules,
-      repl=sharding.replicated(mesh),
-      batch_sh=sharding.batch_sharding(mesh),
-  )
-
-
-@dataclasses.dataclass
-class _Parts:
-  """The model, its loss and augmentations; then the optimizer and the state's layout."""
-
-  model_mod: object
-  model_kw: object
-  model: nn.Module
-  loss_fn: object
-  init_head_bias: float | None
-  mixup_fn: object
-  device_aug_fn: object
-  batch_spec: dict
-  image_shape: tuple
-  init_params: object  # rng -> boxed params (logical axis names attached).
-  distill: object = None  # distill.Teacher (config.distill) or None
-  # Set by _lay_out_state, inside the mesh:
-  rng_init: object = None
-  rng_train: object = None
-  params_abstract: object = None
-  params_sh: object = None
-  opt: object = None  # optim.make(...)
-  opt_sh: object = None
-  ema: object = None
-  state_sh: dict = None
-  state_abstract: dict = None  # ShapeDtypeStructs with their shardings.
-
-
-def _make_model(config, run):
-  """The model from config.model_name/model, its loss, mixup and on-device augmentation."""
-  if (name := config.get("model_name", "vit")) != "vit":
-    raise ValueError(f"model_name={name!r}: only 'vit' is supported.")
-  model_mod = importlib.import_module("big_vit_lite.models.vit")
-  model_kw = config.consume("model", {})
-  model = model_mod.Model(
-      **(model_kw.to_dict() if hasattr(model_kw, "to_dict") else model_kw)
-  )
-  batch_spec = run.train_iter.batch_spec()
-  labels = batch_spec.get("labels")
-  # Integer class ids would broadcast against the logits: nonsense, and without
-  # an error when the batch size equals the class count.
-  if (
-      "image" not in batch_spec
-      or labels is None
-      or not jnp.issubdtype(labels.dtype, jnp.floating)
-  ):
-    given = {k: f"{v.dtype}{list(v.shape[1:])}" for k, v in batch_spec.items()}
-    raise ValueError(
-        f"the train pp gives {given}: the step needs 'image' and one-hot float "
-        "'labels', e.g. end input.pp with "
-        "onehot(K, key='label', key_result='labels')|keep('image', 'labels')"
+        job=job,
+        inputs=inputs,
+        model=model,
+        layout=layout,
+        settings=settings,
+        cleanup=cleanup,
     )
-  image_shape = batch_spec["image"].shape[1:]
-  n_batch_dev = sharding.batch_devices(run.mesh)
+    # One training step: (state, batch) -> (new state, measurements).
+    update_fn = train_step.make_update_fn(
+        model=model.module,
+        opt=layout.opt,
+        loss_fn=model.loss_fn,
+        accum_steps=inputs.accum_steps,
+        mixup_fn=model.mixup_fn,
+        device_aug_fn=model.device_aug_fn,
+        ema=layout.ema,
+        distill=model.distill,
+        batch_sharding=job.batch_sh,
+        param_shardings=layout.params_sh,
+    )
+    in_shardings = (layout.state_sh, job.batch_sh)
+    if model.distill:
+      # The teacher's params: a third argument, so never in the saved state.
+      in_shardings += (None,)
+    # Donating the state lets XLA update it in place.
+    jitted_update = jax.jit(
+        update_fn,
+        in_shardings=in_shardings,
+        out_shardings=(layout.state_sh, job.repl),
+        donate_argnums=(0,),
+    )
+    if start.step is not None and start.step >= inputs.total_steps:
+      # A finished run started again (e.g. by a scheduler): no step to compile.
+      step_fn, flops = None, {}
+    else:
+      step_fn, flops = compile_step(
+          jitted_update,
+          job=job,
+          inputs=inputs,
+          model=model,
+          layout=layout,
+      )
+    loop = train_loop.Loop(
+        raw_config=raw_config,
+        job=job,
+        inputs=inputs,
+        settings=settings,
+        step_fn=step_fn,
+        flops=flops,
+        start=start,
+        image_shape=model.image_shape,
+        cleanup=cleanup,
+    )
+    return loop.run()
 
-  def init_params(rng):
-    return model.init(
-        rng, jnp.zeros((n_batch_dev,) + tuple(image_shape), jnp.float32)
-    )["params"]
 
-  return _Parts(
-      model_mod,
-      model_kw,
-      model,
-      loss_fn=losses.get(config.get("loss", "softmax_xent")),
-      init_head_bias=config.get("init_head_bias"),
-      mixup_fn=train_setup.make_mixup(config.consume("mixup", None)),
-      device_aug_fn=device_aug_lib.make(config.consume("device_aug", None)),
-      batch_spec=batch_spec,
-      image_shape=image_shape,
-      init_params=init_params,
-      distill=distill_lib.from_config(
-          config.consume("distill", None),
-          run.mesh,
-          run.rules,
-          labels.shape[-1],
-          image_shape,
-      ),
-  )
+@dataclasses.dataclass(frozen=True)
+class Layout:
+  """The state's shapes and shardings, its optimizer and EMA: all before any array exists."""
+
+  rng_init: jax.Array
+  rng_train: jax.Array
+  params_abstract: object
+  params_sh: object
+  opt: object  # optim.make(...)
+  opt_sh: object
+  ema: object  # ema.Ema or None
+  state_sh: dict
+  state_abstract: dict  # ShapeDtypeStructs with their shardings.
 
 
-def _lay_out_state(config, run, parts):
+def lay_out_state(config, *, job, inputs, model) -> Layout:
   """Shapes and shardings of params, optimizer state (and EMA), without computing any."""
-  parts.rng_init, parts.rng_train = jax.random.split(
-      jax.random.PRNGKey(run.seed)
+  rng_init, rng_train = jax.random.split(jax.random.PRNGKey(job.seed))
+  boxed_abstract = jax.eval_shape(model.init_params, rng_init)
+  params_sh = sharding.logical_shardings(boxed_abstract, job.mesh, job.rules)
+  params_abstract = sharding.unbox(boxed_abstract)
+  opt = optim.make(config, params_abstract, **inputs.dur)
+  opt_abstract = jax.eval_shape(opt.tx.init, params_abstract)
+  opt_sh = sharding.like_params_shardings(
+      opt_abstract, params_abstract, params_sh, job.mesh
   )
-  boxed_abstract = jax.eval_shape(parts.init_params, parts.rng_init)
-  parts.params_sh = params_sh = sharding.logical_shardings(
-      boxed_abstract, run.mesh, run.rules
+  state_sh = dict(
+      params=params_sh,
+      opt_state=opt_sh,
+      step=job.repl,
+      rng=job.repl,
   )
-  parts.params_abstract = params_abstract = sharding.unbox(boxed_abstract)
-  parts.opt = optim.make(config, params_abstract, **run.dur)
-  opt_abstract = jax.eval_shape(parts.opt.tx.init, params_abstract)
-  parts.opt_sh = sharding.like_params_shardings(
-      opt_abstract, params_abstract, params_sh, run.mesh
-  )
-  parts.state_sh = dict(
-      params=params_sh, opt_state=parts.opt_sh, step=run.repl, rng=run.repl
-  )
-  state_abstract = dict(
+  state_shapes = dict(
       params=params_abstract,
       opt_state=opt_abstract,
       step=jax.ShapeDtypeStruct((), jnp.int32),
       rng=jax.ShapeDtypeStruct((2,), jnp.uint32),
   )
   # An EMA of the weights in the state, if configured.
-  parts.ema = ema_lib.from_config(config)
-  if parts.ema:
-    parts.state_sh[ema_lib.KEY] = params_sh
-    state_abstract[ema_lib.KEY] = params_abstract
-  parts.state_abstract = jax.tree.map(
+  ema = ema_lib.from_config(config)
+  if ema:
+    state_sh[ema_lib.KEY] = params_sh
+    state_shapes[ema_lib.KEY] = params_abstract
+  state_abstract = jax.tree.map(
       lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-      state_abstract,
-      parts.state_sh,
+      state_shapes,
+      state_sh,
   )
   num_params, table = metrics_lib.parameter_overview(params_abstract)
   console.header(
-      workdir=run.workdir,
-      mesh=run.mesh,
+      workdir=job.workdir,
+      mesh=job.mesh,
       num_params=num_params,
       table=table,
       params_bytes=sharding.describe(params_sh, params_abstract),
-      opt_bytes=sharding.describe(parts.opt_sh, opt_abstract),
+      opt_bytes=sharding.describe(opt_sh, opt_abstract),
+  )
+  return Layout(
+      rng_init=rng_init,
+      rng_train=rng_train,
+      params_abstract=params_abstract,
+      params_sh=params_sh,
+      opt=opt,
+      opt_sh=opt_sh,
+      ema=ema,
+      state_sh=state_sh,
+      state_abstract=state_abstract,
   )
 
 
-def _make_update(run, parts):
-  """The step (train_step.py): (state, batch) -> (state, measurements)."""
-  return train_step.make_update_fn(
-      model=parts.model,
-      opt=parts.opt,
-      loss_fn=parts.loss_fn,
-      accum_steps=run.accum_steps,
-      mixup_fn=parts.mixup_fn,
-      device_aug_fn=parts.device_aug_fn,
-      ema=parts.ema,
-      distill=parts.distill,
-      batch_sharding=run.batch_sh,
-      param_shardings=parts.params_sh,
-  )
+class Start(NamedTuple):
+  """Where the loop starts: the state, the step it was restored at, the checkpointer."""
+
+  state: dict
+  step: int | None  # The checkpoint's step; None for a fresh run.
+  checkpointer: ckpt_lib.Checkpointer
 
 
-def _restore_or_init(raw_config, run, parts, settings, cleanup):
-  """(state, resume step or None, checkpointer): the newest checkpoint, else a fresh state.
+def restore_or_init(
+    raw_config, *, job, inputs, model, layout, settings, cleanup
+) -> Start:
+  """The newest checkpoint (the data iterator set to its position), else a fresh state.
 
   Runs before the (slow) compile: a workdir this config cannot resume, a
   damaged checkpoint or a bad model_init fails in seconds, not after minutes.
   """
   checkpointer = ckpt_lib.Checkpointer(
-      run.workdir,
-      keep=run.keep_ckpts,
-      keep_every=run.keep_every,
+      job.workdir,
+      keep=inputs.keep_ckpts,
+      keep_every=inputs.keep_every,
       async_save=settings.ckpt_async,
   )
   # However the run ends (an eval or the data raising, Ctrl-C), an async save
@@ -373,133 +328,135 @@ def _restore_or_init(raw_config, run, parts, settings, cleanup):
   cleanup.callback(resume.finish_saves, checkpointer)
   resume_step = checkpointer.manager.latest_step()
   if resume_step is not None:
-    opt, model_init = parts.opt, settings.model_init
-    saved_clipped = resume.check_resumable(
-        checkpointer, resume_step, parts.state_abstract, opt, raw_config
-    )
-    # model_init only initialises a fresh run (as in big_vision): say so, not
-    # silently.
-    logging.info(
-        "Resuming from %s/%d%s",
-        checkpointer.directory,
+    state = _restore(
+        raw_config,
+        checkpointer,
         resume_step,
-        f"; config.model_init={model_init} is not read again (it only initialises a "
-        "fresh run)"
-        if model_init
-        else "",
+        inputs=inputs,
+        layout=layout,
+        model_init=settings.model_init,
     )
-    state_abstract = resume.with_opt_layout(
-        parts.state_abstract, opt, saved_clipped
-    )
-    state, data_state = resume.restore(
-        checkpointer, resume_step, state_abstract
-    )
-    state["opt_state"] = optim.clip_relayout(
-        state["opt_state"], saved_clipped, opt.clipped
-    )
-    run.train_iter.set_state(data_state)
   else:
-    state = _init_state(run, parts, settings)
+    state = init_state(job=job, model=model, layout=layout, settings=settings)
   if jax.process_index() == 0:  # This config now runs in this workdir.
-    (run.workdir / "config.json").write_text(
+    (job.workdir / "config.json").write_text(
         raw_config.to_json_best_effort(indent=2) + "\n"
     )
-  return state, resume_step, checkpointer
+  return Start(state=state, step=resume_step, checkpointer=checkpointer)
 
 
-def _init_state(run, parts, settings):
+def _restore(raw_config, checkpointer, step, *, inputs, layout, model_init):
+  """The state saved at `step`; sets the train iterator to its saved position."""
+  opt = layout.opt
+  saved_clipped = resume.check_resumable(
+      checkpointer, step, layout.state_abstract, opt, raw_config
+  )
+  # model_init only initialises a fresh run (as in big_vision): say so, not
+  # silently.
+  if model_init:
+    not_read = (
+        f"; config.model_init={model_init} is not read again (it only "
+        "initialises a fresh run)"
+    )
+  else:
+    not_read = ""
+  logging.info("Resuming from %s/%d%s", checkpointer.directory, step, not_read)
+  state_abstract = resume.with_opt_layout(
+      layout.state_abstract, opt, saved_clipped
+  )
+  state, data_state = resume.restore(checkpointer, step, state_abstract)
+  state["opt_state"] = optim.clip_relayout(
+      state["opt_state"], saved_clipped, opt.clipped
+  )
+  inputs.train_iter.set_state(data_state)
+  return state
+
+
+def init_state(*, job, model, layout, settings):
   """A fresh state: random params (or config.model_init's), their optimizer state, step 0."""
 
   # Born sharded: jit with out_shardings makes each device compute only its
   # slice; nothing is materialised whole.
-  @functools.partial(jax.jit, out_shardings=parts.params_sh)
+  @functools.partial(jax.jit, out_shardings=layout.params_sh)
   def init_fn(rng):
-    params = nn.meta.unbox(parts.init_params(rng))
-    if parts.init_head_bias is not None:
+    params = nn.meta.unbox(model.init_params(rng))
+    if model.init_head_bias is not None:
       params["head"]["bias"] = jnp.full_like(
-          params["head"]["bias"], parts.init_head_bias
+          params["head"]["bias"], model.init_head_bias
       )
     return params
 
-  params = init_fn(parts.rng_init)
+  params = init_fn(layout.rng_init)
   if settings.model_init:
-    dont_load = settings.dont_load
-    logging.info(
-        "Initialising params from %s (dont_load=%s)",
-        settings.model_init,
-        dont_load,
-    )
-    # The values of the params not loaded, in full on every process.
-    init_values = (
-        multihost_utils.process_allgather(params, tiled=True)
-        if dont_load
-        else parts.params_abstract
-    )
-    # The patch grid, so that a learned posemb is resampled to this run's
-    # (possibly non-square) input, not to the square of its token count.
-    grid_hw = tuple(
-        d // parts.model.arch()["patch_size"] for d in parts.image_shape[:2]
-    )
-    loaded = parts.model_mod.load(
-        init_values,
-        settings.model_init,
-        parts.model_kw,
-        dont_load=dont_load,
-        grid_hw=grid_hw,
-    )
-    # Host numpy (the same on every process) -> global arrays with the params'
-    # shardings.
-    params = jax.tree.map(
-        lambda x, s: jax.make_array_from_callback(x.shape, s, lambda i: x[i]),
-        loaded,
-        parts.params_sh,
-    )
-  opt_state = jax.jit(parts.opt.tx.init, out_shardings=parts.opt_sh)(params)
+    params = _load_init(params, model=model, layout=layout, settings=settings)
+  opt_state = jax.jit(layout.opt.tx.init, out_shardings=layout.opt_sh)(params)
   state = dict(
       params=params,
       opt_state=opt_state,
-      rng=jax.device_put(parts.rng_train, run.repl),
-      step=jax.device_put(jnp.zeros([], jnp.int32), run.repl),
+      rng=jax.device_put(layout.rng_train, job.repl),
+      step=jax.device_put(jnp.zeros([], jnp.int32), job.repl),
   )
-  if parts.ema:
-    state[ema_lib.KEY] = parts.ema.init(params, parts.params_sh)
+  if layout.ema:
+    state[ema_lib.KEY] = layout.ema.init(params, layout.params_sh)
   return state
 
 
-def _compile(run, parts, update, resume_step):
-  """(the compiled step or None, its FLOPs per device as metrics.Chrono's keyword arguments).
+def _load_init(params, *, model, layout, settings):
+  """config.model_init's params (those in dont_load keep `params`' values)."""
+  dont_load = settings.dont_load
+  logging.info(
+      "Initialising params from %s (dont_load=%s)",
+      settings.model_init,
+      dont_load,
+  )
+  # The values of the params not loaded, in full on every process.
+  if dont_load:
+    init_values = multihost_utils.process_allgather(params, tiled=True)
+  else:
+    init_values = layout.params_abstract
+  # The patch grid, so that a learned posemb is resampled to this run's
+  # (possibly non-square) input, not to the square of its token count.
+  patch_size = model.module.arch()["patch_size"]
+  grid_hw = tuple(d // patch_size for d in model.image_shape[:2])
+  loaded = model.model_mod.load(
+      init_values,
+      settings.model_init,
+      model.model_kw,
+      dont_load=dont_load,
+      grid_hw=grid_hw,
+  )
+  # Host numpy (the same on every process) -> global arrays with the params'
+  # shardings.
+  return jax.tree.map(
+      lambda x, s: jax.make_array_from_callback(x.shape, s, lambda i: x[i]),
+      loaded,
+      layout.params_sh,
+  )
 
-  Compiles `update` once for every step; donation lets XLA update the state in place.
+
+def compile_step(jitted_update, *, job, inputs, model, layout):
+  """(the compiled step, its FLOPs per device as metrics.Chrono's keyword arguments).
+
+  The step: step_fn(state, batch) -> (new state, measurements), the
+  teacher's params (config.distill) bound in.
   """
-  if resume_step is not None and resume_step >= run.total_steps:
-    # A finished run started again (e.g. by a scheduler): no step to compile.
-    return None, {}
   batch_abstract = {
       k: jax.ShapeDtypeStruct(
-          (run.batch_size,) + v.shape[1:], v.dtype, sharding=run.batch_sh
+          (inputs.batch_size,) + v.shape[1:], v.dtype, sharding=job.batch_sh
       )
-      for k, v in parts.batch_spec.items()
+      for k, v in model.batch_spec.items()
   }
-  args, in_sh = (parts.state_abstract, batch_abstract), (
-      parts.state_sh,
-      run.batch_sh,
-  )
-  # The teacher's params: a third argument, so never in the saved state.
-  if parts.distill:
-    args, in_sh = args + (parts.distill.abstract(),), in_sh + (None,)
-  traced = jax.jit(
-      update,
-      in_shardings=in_sh,
-      out_shardings=(parts.state_sh, run.repl),
-      donate_argnums=(0,),
-  ).trace(*args)
+  args = (layout.state_abstract, batch_abstract)
+  if model.distill:
+    args += (model.distill.abstract(),)
+  traced = jitted_update.trace(*args)
   compiled = traced.lower().compile()
   # Matmuls in the jaxpr: `mfu`.
-  model_flops = flops_lib.model_flops(traced) / run.mesh.size
+  model_flops = flops_lib.model_flops(traced) / job.mesh.size
   # `mfu_xla`.
-  xla_flops = flops_lib.step_flops(traced, compiled, num_devices=run.mesh.size)
+  xla_flops = flops_lib.step_flops(traced, compiled, num_devices=job.mesh.size)
   peak = metrics_lib.peak_flops_per_device(
-      dtype=parts.model.resolved_dtype_mm()
+      dtype=model.module.resolved_dtype_mm()
   )
   memory = compiled.memory_analysis()  # (None where the backend does not say.)
   temp = getattr(memory, "temp_size_in_bytes", None)
@@ -511,13 +468,14 @@ def _compile(run, parts, update, resume_step):
       None if peak is None else f"{peak / 1e9:.6g}",
       None if temp is None else f"{temp / 2**20:.1f}",
   )
-  if parts.distill:
-    compiled = parts.distill.bind(compiled)
-  return compiled, dict(
+  if model.distill:
+    compiled = model.distill.bind(compiled)
+  flops = dict(
       step_flops=model_flops,
       peak_flops_total=peak,
       xla_step_flops=flops_lib.sane_xla_flops(xla_flops, model_flops),
   )
+  return compiled, flops
 
 
 if __name__ == "__main__":

@@ -37,52 +37,59 @@ class Loop:
 
   def __init__(
       self,
+      *,
       raw_config,
-      run,
-      parts,
+      job,
+      inputs,
       settings,
-      compiled,
+      step_fn,
       flops,
-      state,
-      resume_step,
-      checkpointer,
+      start,
+      image_shape,
       cleanup,
   ):
-    self.raw_config, self.run_, self.settings, self.compiled = (
-        raw_config,
-        run,
-        settings,
-        compiled,
-    )
-    self.state, self.resume_step, self.checkpointer = (
-        state,
-        resume_step,
-        checkpointer,
-    )
-    self.last_saved, self.data_state = resume_step, None
+    """Starts the run's bookkeeping; `run()` trains.
+
+    job, inputs, settings: train_setup's values; step_fn: the compiled
+    step(state, batch) -> (state, measurements), None for a finished run;
+    flops: compile_step's figures (metrics.Chrono's keyword arguments);
+    start: train.Start (state, resume step, checkpointer); cleanup: the
+    ExitStack that stops what the loop starts, however the run ends.
+    """
+    self.raw_config = raw_config
+    self.job = job
+    self.inputs = inputs
+    self.settings = settings
+    self.step_fn = step_fn
+    self.state = start.state
+    self.resume_step = start.step
+    self.checkpointer = start.checkpointer
+    self.last_saved = start.step
+    self.data_state = None
     # Drops what a killed earlier attempt logged after the resumed step (or
     # all of it, for a fresh start), in metrics.jsonl and in TensorBoard.
-    run.writer.start_run(resume_step)
+    job.writer.start_run(start.step)
     # config.wandb: the same rows to Weights & Biases, and the summary at the
     # end.
-    self.tracker = wandb_writer.start(settings.wandb, run.workdir, raw_config)
-    run.writer.also += [self.tracker] if self.tracker else []
+    self.tracker = wandb_writer.start(settings.wandb, job.workdir, raw_config)
+    if self.tracker:
+      job.writer.also.append(self.tracker)
     # Device prefetch; its get_state() is the position after the last batch
     # *returned*.
     self.batches = device_lib.prefetch(
-        run.train_iter, run.prefetch_size, run.mesh
+        inputs.train_iter, inputs.prefetch_size, job.mesh
     )
     # (Idempotent; on an error its thread must stop too.)
     cleanup.callback(self.batches.close)
-    self.first_step = int(jax.device_get(state["step"]))
+    self.first_step = int(jax.device_get(start.state["step"]))
     # summary.json now ("running") and however the run ends, with the log's
     # summary block.
     self.summary = summary_lib.TrainRun(
-        run.workdir,
-        total_steps=run.total_steps,
-        start_step=resume_step,
-        checkpoint_dir=checkpointer.directory,
-        image_shape=parts.image_shape,
+        job.workdir,
+        total_steps=inputs.total_steps,
+        start_step=start.step,
+        checkpoint_dir=start.checkpointer.directory,
+        image_shape=image_shape,
         report=report_lib.write if settings.report else None,
         on_end=self.tracker.finish if self.tracker else None,
     )
@@ -91,32 +98,36 @@ class Loop:
     # checkpoint are kept). The loss over the interval; lines on time.
     self.progress = console.Progress()
     self.chrono = metrics_lib.Chrono(
-        total_steps=run.total_steps,
-        global_batch=run.batch_size,
-        core_hours_before=run.writer.last_value("core_hours"),
+        total_steps=inputs.total_steps,
+        global_batch=inputs.batch_size,
+        core_hours_before=job.writer.last_value("core_hours"),
         **flops,
     )
     self.preemption = ckpt_lib.PreemptionWatcher()
     cleanup.callback(self.preemption.close)
     self.guard = distributed.HangGuard.from_env(timeout_s=settings.hang_timeout)
     cleanup.callback(self.guard.stop)
-    self.profiler = profiling.StepProfiler(run.workdir, settings.profile_steps)
+    self.profiler = profiling.StepProfiler(job.workdir, settings.profile_steps)
     cleanup.callback(self.profiler.close)
 
   def run(self):
     """Trains to total_steps (or a preemption); returns the final params."""
-    run, batches, chrono = self.run_, self.batches, self.chrono
-    step, pending_loss, preempted = self.first_step, None, False
+    inputs = self.inputs
+    batches = self.batches
+    chrono = self.chrono
+    step = self.first_step
+    pending_loss = None
+    preempted = False
     self._catch_up_evals()
     chrono.tick(step)
     self.data_state = batches.get_state()
-    while step < run.total_steps:
+    while step < inputs.total_steps:
       # Implicit host<->device copies in the hot loop are bugs (hidden syncs,
       # per-step transfers): fail loudly instead. Explicit ones are fine.
       with jax.transfer_guard("disallow"):
         batch = next(batches)
         self.profiler.before(step + 1)
-        self.state, measured = self.compiled(self.state, batch)
+        self.state, measured = self.step_fn(self.state, batch)
         self.profiler.after(step + 1, measured)
       self.data_state = batches.get_state()
       step += 1
@@ -126,14 +137,15 @@ class Loop:
         self._check_finite(*pending_loss)
       pending_loss = (step, measured["training_loss"])
       self.progress.add(measured["training_loss"])
-      final = step == run.total_steps
-      if step % run.log_steps == 0 or final:
+      final = step == inputs.total_steps
+      if step % inputs.log_steps == 0 or final:
         self._log(step, measured)
       elif self.progress.due():  # Between logged steps: the log only.
         self._print_progress(step, measured)
       chrono.pause()
       preempted = self.preemption.reached(step)
-      if preempted or final or (run.ckpt_steps and step % run.ckpt_steps == 0):
+      ckpt_due = inputs.ckpt_steps and step % inputs.ckpt_steps == 0
+      if preempted or final or ckpt_due:
         self._check_finite(step, measured["training_loss"])
         self._save(step)
       if preempted:
@@ -143,7 +155,7 @@ class Loop:
       chrono.resume()
     # (The prefetch thread and the hang guard stop on the way out: cleanup.)
     self.checkpointer.close()
-    run.writer.close()
+    self.job.writer.close()
     where = self.checkpointer.directory
     if preempted and self.preemption.interrupted:
       raise TrainingInterrupted(
@@ -162,26 +174,26 @@ class Loop:
     m = jax.device_get(measured)
     self._check_finite(step, m["training_loss"])
     m = {k: float(v) for k, v in m.items()} | self.chrono.tick(step)
-    m["epoch"] = step / self.run_.steps_per_epoch
+    m["epoch"] = step / self.inputs.steps_per_epoch
     # In the log: since its previous progress line.
     line_avg = self.progress.line_mean()
     m["training_loss_avg"] = self.progress.logged_mean()
-    self.run_.writer.write(step, m)
+    self.job.writer.write(step, m)
     if jax.process_index() == 0:
       line = m | {"training_loss_avg": line_avg}
       logging.info(
-          "%s", metrics_lib.progress_line(step, self.run_.total_steps, line)
+          "%s", metrics_lib.progress_line(step, self.inputs.total_steps, line)
       )
 
   def _print_progress(self, step, measured):
     """A progress line between logged steps (loss_avg: since the last line), not in metrics."""
-    m = {
-        k: float(v) for k, v in jax.device_get(measured).items()
-    } | self.chrono.tick(step)
+    values = jax.device_get(measured)
+    m = {k: float(v) for k, v in values.items()}
+    m.update(self.chrono.tick(step))
     m["training_loss_avg"] = self.progress.line_mean()
     if jax.process_index() == 0:
       logging.info(
-          "%s", metrics_lib.progress_line(step, self.run_.total_steps, m)
+          "%s", metrics_lib.progress_line(step, self.inputs.total_steps, m)
       )
 
   def _non_finite(self, what, todo):
@@ -215,12 +227,12 @@ class Loop:
   def _run_evals(self, step, final, only=None):
     ran = False
     for name, (evaluator, every, key) in self.settings.evaluators.items():
-      if (only is None or name in only) and (
-          final or (every and step % every == 0)
-      ):
+      wanted = only is None or name in only
+      due = final or (every and step % every == 0)
+      if wanted and due:
         ran = True
         results = evaluator.run(self.state[key])
-        self.run_.writer.write(
+        self.job.writer.write(
             step, {f"{name}/{k}": v for k, v in results.items()}
         )
         logging.info(
@@ -238,11 +250,9 @@ class Loop:
 
   def _catch_up_evals(self):
     """The evals at step 0 (config.eval_at_start) or those a stopped attempt did not log."""
-    evaluators, first, total = (
-        self.settings.evaluators,
-        self.first_step,
-        self.run_.total_steps,
-    )
+    evaluators = self.settings.evaluators
+    first = self.first_step
+    total = self.inputs.total_steps
     if first == 0 and evaluators and self.settings.eval_at_start:
       self._run_evals(0, final=False)
     due = [
@@ -255,7 +265,7 @@ class Loop:
       # Ctrl-C) before the evals due at its step had all logged.
       missing = [
           n
-          for n in evals_not_logged(self.run_.writer, evaluators, first)
+          for n in evals_not_logged(self.job.writer, evaluators, first)
           if n in due
       ]
       if missing:

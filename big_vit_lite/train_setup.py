@@ -1,47 +1,95 @@
-"""The trainer's config read into what it runs: step counts, mixup, evaluators, other knobs."""
+"""The trainer's config read into frozen values: the job, its inputs, the model, the settings."""
 
 import dataclasses
 import functools
+import importlib
 
 from absl import logging
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from big_vit_lite import config_loading
+from big_vit_lite import distill as distill_lib
+from big_vit_lite import distributed
 from big_vit_lite import ema as ema_lib
 from big_vit_lite import evaluators as evaluators_lib
 from big_vit_lite import grad_accum
+from big_vit_lite import hostmem
+from big_vit_lite import losses
 from big_vit_lite import metrics as metrics_lib
+from big_vit_lite import paths
 from big_vit_lite import profiling
+from big_vit_lite import resume
 from big_vit_lite import sharding
 from big_vit_lite import wandb_writer
+from big_vit_lite.data import device_aug as device_aug_lib
 from big_vit_lite.data import input_pipeline
 from big_vit_lite.data import mixup as mixup_lib
 
 
-@dataclasses.dataclass
-class Run:
-  """Where and how long: the workdir, mesh, training data and step counts."""
+@dataclasses.dataclass(frozen=True)
+class Job:
+  """Where the run lives: the workdir, its metric writer, the mesh and its shardings."""
 
   workdir: object
   seed: int
   writer: metrics_lib.MetricWriter
   mesh: jax.sharding.Mesh
-  rules: object
+  rules: object  # The logical-axis rules (sharding.make_rules).
   repl: jax.sharding.Sharding  # Replicated over the mesh.
   # The batch dimension split over the batch devices.
   batch_sh: jax.sharding.Sharding
-  train_iter: object = None
-  batch_size: int = 0
-  accum_steps: int = 1
-  steps_per_epoch: float = 0.0
-  total_steps: int = 0
-  log_steps: int = 0
+
+
+def start_job(config, workdir, cleanup) -> Job:
+  """Starts the backend, locks the workdir, opens the metric writer and builds the mesh."""
+  # Before any backend starts.
+  distributed.set_cpu_devices(config.get("num_cpu_devices", None))
+  distributed.initialize()  # Before anything touches a backend.
+  # Local (made absolute) or a bucket (gs://..., as given).
+  workdir = paths.resolve(workdir)
+  if jax.process_index() == 0:
+    # config.json is written once the checkpoint (if any) has been read: a run
+    # that stops on a bad config must not overwrite the config of the run
+    # that made this workdir.
+    resume.prepare_workdir(workdir, cleanup)
+  logging.debug(
+      "big_vit_lite.train: process %d/%d",
+      jax.process_index(),
+      jax.process_count(),
+  )
+  logging.debug("Host memory for XLA buffers: %s", hostmem.status())
+  writer = metrics_lib.MetricWriter(workdir)
+  mesh = sharding.make_mesh(config.get("mesh", None))
+  rules = sharding.make_rules(config.get("sharding_rules", None), mesh)
+  logging.debug("Mesh %s; rules %s", dict(mesh.shape), rules)
+  return Job(
+      workdir=workdir,
+      seed=int(config.get("seed", 0)),
+      writer=writer,
+      mesh=mesh,
+      rules=rules,
+      repl=sharding.replicated(mesh),
+      batch_sh=sharding.batch_sharding(mesh),
+  )
+
+
+@dataclasses.dataclass(frozen=True)
+class Inputs:
+  """The training data and the step counts read with it."""
+
+  train_iter: object  # input_pipeline.make_train_iterator's iterator.
+  batch_size: int
+  accum_steps: int
+  steps_per_epoch: float
+  total_steps: int
+  log_steps: int
   # None or 0: only at the end (and on preemption).
-  ckpt_steps: int | None = None
-  keep_ckpts: int = 0
-  keep_every: int | None = None
-  prefetch_size: int = 2
+  ckpt_steps: int | None
+  keep_ckpts: int
+  keep_every: int | None
+  prefetch_size: int
 
   @property
   def dur(self):
@@ -53,7 +101,7 @@ class Run:
     )
 
 
-def read_input_and_schedule(config, run):
+def read_inputs(config, *, mesh, seed):
   """Opens the training data and reads how many steps to train, log and checkpoint."""
   input_cfg = config.consume("input")
   batch_size = (input_cfg or {}).get("batch_size")
@@ -64,22 +112,22 @@ def read_input_and_schedule(config, run):
           "dict(data=dict(name=..., split=...), batch_size=..., pp=...), as in "
           "configs/demo.py."
       )
-  run.batch_size = batch_size = int(input_cfg.batch_size)
+  batch_size = int(batch_size)
   # Also checks the batch divides over the batch devices (its message says what
   # to use).
-  run.accum_steps = grad_accum.check(
+  accum_steps = grad_accum.check(
       config.get("grad_accum_steps", 1),
       batch_size,
-      sharding.batch_devices(run.mesh),
+      sharding.batch_devices(mesh),
   )
-  run.train_iter = input_pipeline.make_train_iterator(input_cfg, seed=run.seed)
-  run.steps_per_epoch = run.train_iter.num_examples / batch_size
-  run.total_steps = positive(
+  train_iter = input_pipeline.make_train_iterator(input_cfg, seed=seed)
+  steps_per_epoch = train_iter.num_examples / batch_size
+  total_steps = positive(
       "total_steps",
       config_loading.get_steps(
           "total",
           config,
-          steps_per_epoch=run.steps_per_epoch,
+          steps_per_epoch=steps_per_epoch,
           batch_size=batch_size,
           required=True,
       ),
@@ -88,39 +136,137 @@ def read_input_and_schedule(config, run):
     if config.get("total_steps") is not None and config.get(other) is not None:
       logging.info(
           "config.total_steps=%d wins over config.%s=%s.",
-          run.total_steps,
+          total_steps,
           other,
           config.get(other),
       )
-  run.log_steps = positive(
+  dur = dict(
+      steps_per_epoch=steps_per_epoch,
+      batch_size=batch_size,
+      total_steps=total_steps,
+  )
+  log_steps = positive(
       "log_training_steps",
-      config_loading.get_steps("log_training", config, default=50, **run.dur),
+      config_loading.get_steps("log_training", config, default=50, **dur),
   )
   # None or 0: only at the end (and on preemption).
-  run.ckpt_steps = config_loading.get_steps(
-      "ckpt", config, default=None, **run.dur
-  )
-  # Last N
-  run.keep_ckpts = positive("keep_ckpts", int(config.get("keep_ckpts", 3)))
+  ckpt_steps = config_loading.get_steps("ckpt", config, default=None, **dur)
+  # Last N checkpoints ...
+  keep_ckpts = positive("keep_ckpts", int(config.get("keep_ckpts", 3)))
   # ... plus every step divisible by keep_ckpt_steps (and by ckpt_steps: only
   # saved steps).
-  run.keep_every = positive(
+  keep_every = positive(
       "keep_ckpt_steps",
-      config_loading.get_steps("keep_ckpt", config, default=None, **run.dur),
+      config_loading.get_steps("keep_ckpt", config, default=None, **dur),
       allow_none=True,
   )
-  run.prefetch_size = (
-      2 if input_cfg.get("prefetch", None) is None else input_cfg.prefetch
-  )
+  prefetch_size = input_cfg.get("prefetch", None)
+  if prefetch_size is None:
+    prefetch_size = 2
+  if accum_steps > 1:
+    microbatches = (
+        f" in {accum_steps} microbatches of {batch_size // accum_steps}"
+    )
+  else:
+    microbatches = ""
   logging.info(
       "Training %d steps (%.2f epochs of %d examples), batch %d%s.",
-      run.total_steps,
-      run.total_steps / run.steps_per_epoch,
-      run.train_iter.num_examples,
+      total_steps,
+      total_steps / steps_per_epoch,
+      train_iter.num_examples,
       batch_size,
-      f" in {run.accum_steps} microbatches of {batch_size // run.accum_steps}"
-      if run.accum_steps > 1
-      else "",
+      microbatches,
+  )
+  return Inputs(
+      train_iter=train_iter,
+      batch_size=batch_size,
+      accum_steps=accum_steps,
+      steps_per_epoch=steps_per_epoch,
+      total_steps=total_steps,
+      log_steps=log_steps,
+      ckpt_steps=ckpt_steps,
+      keep_ckpts=keep_ckpts,
+      keep_every=keep_every,
+      prefetch_size=prefetch_size,
+  )
+
+
+@dataclasses.dataclass(frozen=True)
+class Model:
+  """The model, its loss and augmentations, and the batch it is trained on."""
+
+  model_mod: object  # The module of the model family (load()).
+  model_kw: object  # config.model
+  module: nn.Module
+  loss_fn: object
+  init_head_bias: float | None
+  mixup_fn: object
+  device_aug_fn: object
+  batch_spec: dict
+  image_shape: tuple
+  init_params: object  # rng -> boxed params (logical axis names attached).
+  distill: object  # distill.Teacher (config.distill) or None
+
+
+def make_model(config, *, batch_spec, mesh, rules) -> Model:
+  """The model from config.model_name/model, its loss, mixup and on-device augmentation.
+
+  batch_spec: the train iterator's batch_spec(); mesh, rules: the job's.
+  """
+  name = config.get("model_name", "vit")
+  if name != "vit":
+    raise ValueError(f"model_name={name!r}: only 'vit' is supported.")
+  model_mod = importlib.import_module("big_vit_lite.models.vit")
+  model_kw = config.consume("model", {})
+  if hasattr(model_kw, "to_dict"):
+    module = model_mod.Model(**model_kw.to_dict())
+  else:
+    module = model_mod.Model(**model_kw)
+  labels = batch_spec.get("labels")
+  # Integer class ids would broadcast against the logits: nonsense, and without
+  # an error when the batch size equals the class count.
+  if (
+      "image" not in batch_spec
+      or labels is None
+      or not jnp.issubdtype(labels.dtype, jnp.floating)
+  ):
+    given = {k: f"{v.dtype}{list(v.shape[1:])}" for k, v in batch_spec.items()}
+    raise ValueError(
+        f"the train pp gives {given}: the step needs 'image' and one-hot float "
+        "'labels', e.g. end input.pp with "
+        "onehot(K, key='label', key_result='labels')|keep('image', 'labels')"
+    )
+  image_shape = batch_spec["image"].shape[1:]
+  n_batch_dev = sharding.batch_devices(mesh)
+
+  teacher = distill_lib.from_config(
+      config.consume("distill", None),
+      mesh,
+      rules,
+      labels.shape[-1],
+      image_shape,
+      module,
+  )
+
+  def init_params(rng):
+    images = jnp.zeros((n_batch_dev,) + tuple(image_shape), jnp.float32)
+    return module.init(rng, images)["params"]
+
+  if teacher:
+    # Feature distillation's projection joins the student's params.
+    init_params = teacher.with_projection(init_params)
+  return Model(
+      model_mod=model_mod,
+      model_kw=model_kw,
+      module=module,
+      loss_fn=losses.get(config.get("loss", "softmax_xent")),
+      init_head_bias=config.get("init_head_bias"),
+      mixup_fn=make_mixup(config.consume("mixup", None)),
+      device_aug_fn=device_aug_lib.make(config.consume("device_aug", None)),
+      batch_spec=batch_spec,
+      image_shape=image_shape,
+      init_params=init_params,
+      distill=teacher,
   )
 
 
@@ -159,12 +305,14 @@ def make_evaluators(config, model, mesh, ema=None, **dur):
   The key is "params", or ema.KEY for an eval with use_ema=True (the run's `ema` must be set).
   """
   evals_cfg = config.get("evals", None)
+  if evals_cfg is None:
+    return {}
 
   def predict_fn(params, images):
     return model.apply({"params": params}, images, train=False)
 
   out = {}
-  for name in (evals_cfg.keys() if evals_cfg is not None else ()):
+  for name in evals_cfg.keys():
     cfg = evals_cfg[name]
     # As in big_vision: an entry named after an evaluator type needs no `type`.
     type_name = cfg.get("type", None) or name
@@ -188,7 +336,7 @@ def make_evaluators(config, model, mesh, ema=None, **dur):
   return out
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Settings:
   """The evaluators and the remaining knobs: the last of the config that the run reads."""
 
@@ -199,24 +347,26 @@ class Settings:
   eval_at_start: bool
   hang_timeout: float | None
   report: bool  # WORKDIR/report/report.html at each eval.
-  profile_steps: tuple = ()  # Steps traced by jax.profiler (profiling.py).
-  wandb: object = None  # config.wandb (wandb_writer.py), checked.
+  profile_steps: tuple  # Steps traced by jax.profiler (profiling.py).
+  wandb: object  # config.wandb (wandb_writer.py), checked; or None.
 
 
-def read_settings(config, run, parts):
-  """Builds the evaluators, reads the rest of the config and fails on keys nothing read."""
-  evaluators = make_evaluators(
-      config, parts.model, run.mesh, ema=parts.ema, **run.dur
-  )
+def read_settings(config, *, model, ema, mesh, dur):
+  """Builds the evaluators, reads the rest of the config and fails on keys nothing read.
+
+  model: the flax module the evaluators run; ema: the run's ema.Ema or None;
+  dur: Inputs.dur (for evaluators' log_epochs and the like).
+  """
+  evaluators = make_evaluators(config, model, mesh, ema=ema, **dur)
   model_load = config.consume("model_load", {}) or {}
   settings = Settings(
-      evaluators,
+      evaluators=evaluators,
       model_init=config.get("model_init"),
-      report=bool(config.get("report", False)),
-      ckpt_async=bool(config.get("ckpt_async", True)),
-      hang_timeout=config.get("hang_timeout_s"),
       dont_load=tuple(model_load.get("dont_load", ()) or ()),
+      ckpt_async=bool(config.get("ckpt_async", True)),
       eval_at_start=bool(config.get("eval_at_start", False)),
+      hang_timeout=config.get("hang_timeout_s"),
+      report=bool(config.get("report", False)),
       profile_steps=profiling.parse_steps(config.get("profile_steps", None)),
       wandb=config.consume("wandb", None),
   )

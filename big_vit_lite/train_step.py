@@ -38,20 +38,19 @@ def make_update_fn(
   accum_steps: the batch runs as this many sequential microbatches (grad_accum.py).
   mixup_fn, device_aug_fn: (rng, images, labels) -> (images, labels) / (rng, images) -> images.
   ema: an ema.Ema, or None (no EMA in the state).
-  distill: a distill.Distiller, or None. With one, the step takes the teacher's params as a third
+  distill: a distill.Teacher, or None. With one, the step takes the teacher's params as a third
     argument (so they are never part of the saved state), runs the teacher on the step's own
-    augmented images and adds its loss term.
+    augmented images, and its `loss` makes the loss from the student's outputs.
   batch_sharding, param_shardings: kept by the microbatch loop (None: no constraints).
   """
 
   def loss_of(params, batch, rng):
-    logits, _ = model.apply(
+    logits, out = model.apply(
         {"params": params}, batch["image"], train=True, rngs={"dropout": rng}
     )
-    loss = loss_fn(logits, batch["labels"])
     if distill:
-      loss = distill.loss(loss, logits, batch)
-    return loss
+      return distill.loss(loss_fn, params, out, batch)
+    return loss_fn(logits, batch["labels"])
 
   def update(state, batch, teacher_params=None):
     step = state["step"]

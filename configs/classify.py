@@ -23,11 +23,12 @@ Args (after ':', comma separated):
 import ml_collections
 from ml_collections import config_dict
 
+from big_vit_lite import config_loading
 from big_vit_lite.evaluators import presets
 
 
 def get_config(arg=None):
-  args = presets.parse_arg(
+  args = config_loading.parse_arg(
       arg,
       data="mnist10k",
       split="test",
@@ -47,16 +48,16 @@ def get_config(arg=None):
       )
   )
   config.mesh = (("data", -1),)
-  if args["folder"]:
-    data = dict(presets.folder_datasets(args["folder"]).popitem()[1])
+  if args.folder:
+    data = dict(presets.folder_datasets(args.folder).popitem()[1])
   else:
-    data = dict(name=args["data"], data_dir=config_dict.placeholder(str))
-  data["split"] = args["split"] + ("[:200]" if args["runlocal"] else "")
+    data = dict(name=args.data, data_dir=config_dict.placeholder(str))
+  data["split"] = args.split + ("[:200]" if args.runlocal else "")
   config.evals = ml_collections.ConfigDict()
   config.evals.classify = dict(
       type="classification",
       data=data,
       batch_size=500,
-      pp=presets.eval_pp(args["res"], args["channels"]),
+      pp=presets.eval_pp(args.res, args.channels),
   )
   return config

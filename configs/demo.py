@@ -31,20 +31,13 @@ EVAL_PP = (
 )
 
 
-def _parse_args(arg):
-  args = [a for a in (arg or "").split(",") if a]
-  known = {"runlocal"}
-  for a in args:
-    if a not in known:
-      raise ValueError(
-          f"Unknown config arg '{a}': use one of {', '.join(sorted(known))}."
-      )
-  return set(args)
-
-
 def get_config(arg=None):
-  args = _parse_args(arg)
-  runlocal = "runlocal" in args
+  args = config_loading.parse_arg(arg, runlocal=False)
+  return make_config(runlocal=args.runlocal)
+
+
+def make_config(*, runlocal):
+  """The demo's config; configs/distill.py and configs/multilabel.py build on it."""
   config = ml_collections.ConfigDict()
   config.seed = 0
 

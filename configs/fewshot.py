@@ -36,11 +36,12 @@ For an .npz of another model, e.g. ViT-B/16 at 224:
 
 import ml_collections
 
+from big_vit_lite import config_loading
 from big_vit_lite.evaluators import presets
 
 
 def get_config(arg=None):
-  args = presets.parse_arg(
+  args = config_loading.parse_arg(
       arg,
       res=28,
       channels=1,
@@ -65,11 +66,11 @@ def get_config(arg=None):
   config.mesh = (("data", -1),)
   config.evals = ml_collections.ConfigDict()
   config.evals.fewshot = presets.fewshot(
-      res=args["res"],
-      channels=args["channels"],
-      folder=args["folder"] or None,
-      representation_layer=args["layer"],
-      token_pool=args["pool"],
-      runlocal=args["runlocal"],
+      res=args.res,
+      channels=args.channels,
+      folder=args.folder or None,
+      representation_layer=args.layer,
+      token_pool=args.pool,
+      runlocal=args.runlocal,
   )
   return config

@@ -61,14 +61,13 @@ Also settable: --config.layer_decay=0.75 (layer-wise lr decay), --config.ema_dec
 (EMA of the weights; --config.evals.val.use_ema=True scores it), --config.grad_clip_norm.
 """
 
-import json
 import os
-import re
 
 import ml_collections
 from ml_collections import config_dict
 
-from big_vit_lite.evaluators import presets
+from big_vit_lite import config_loading
+from big_vit_lite import transfer
 
 # The demo's architecture: the model when `init` does not exist (yet): training
 # then stops on it.
@@ -82,61 +81,6 @@ DEMO_MODEL = dict(
     posemb="learn",
     pool_type="gap",
 )
-
-
-def _from_checkpoint(src):
-  """(model kwargs, res, channels) of checkpoint `src`; None where it cannot tell.
-
-  Reads only the saved config of a training checkpoint (no arrays, no jax
-  backend started: the trainer sets up its devices later); an .npz or
-  .safetensors is read with numpy and the model read off its shapes.
-  """
-  src = os.path.expanduser(src)
-  if os.path.isdir(src):
-    step_dir = src
-    if not os.path.isdir(os.path.join(src, "config")):
-      ckpts = (
-          os.path.join(src, "checkpoints")
-          if os.path.isdir(os.path.join(src, "checkpoints"))
-          else src
-      )
-      steps = [int(d) for d in os.listdir(ckpts) if d.isdigit()]
-      if not steps:
-        return None, None, None
-      step_dir = os.path.join(ckpts, str(max(steps)))
-    try:
-      with open(os.path.join(step_dir, "config", "metadata")) as f:
-        saved = json.load(f)
-    except (OSError, ValueError):
-      return None, None, None
-    pp = str(saved.get("input", {}).get("pp", ""))
-    m = re.search(r"decode\([^)]*channels=(\d+)", pp)
-    channels = int(m.group(1)) if m else 3
-    res = None
-    if pp:
-      from big_vit_lite.data import pp as pp_lib  # pylint: disable=g-import-not-at-top
-
-      hw = pp_lib.output_hw(pp, channels=channels)
-      res = hw[0] if hw else None
-    model = {
-        k: tuple(v) if isinstance(v, list) else v
-        for k, v in saved["model"].items()
-    }
-    return model, res, channels
-  if not os.path.isfile(src):
-    return None, None, None
-  from big_vit_lite import evaluate  # pylint: disable=g-import-not-at-top
-  from big_vit_lite.models import formats  # pylint: disable=g-import-not-at-top
-
-  flat = formats.read_params(src)
-  model = evaluate.infer_model_cfg(flat)
-  kernel = flat.get("stem/conv_0/kernel", flat["embedding/kernel"])
-  posemb = flat.get("Transformer/posembed_input/pos_embedding")
-  res = None
-  if posemb is not None:
-    side = int(round((posemb.shape[1] - ("cls" in flat)) ** 0.5))
-    res = side * model["patch_size"]
-  return model, res, int(kernel.shape[2])
 
 
 # Datasets whose class a left-right flip changes (digits, letters): no
@@ -160,33 +104,8 @@ TRAIN_AUG = dict(
 )
 
 
-def _num_classes(data, folder, data_dir):
-  if folder:
-    return len(
-        {
-            c
-            for split in os.listdir(folder)
-            if os.path.isdir(os.path.join(folder, split))
-            for c in os.listdir(os.path.join(folder, split))
-            if not c.startswith(".")
-            and os.path.isdir(os.path.join(folder, split, c))
-        }
-    )
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-
-  try:
-    return (
-        tfds.builder(data, data_dir=data_dir).info.features["label"].num_classes
-    )
-  except Exception as e:  # pylint: disable=broad-except
-    raise ValueError(
-        f"configs/transfer.py: cannot read the classes of data={data} ({e}); "
-        "prepare it (python -m big_vit_lite.data.prepare NAME) or pass classes=K."
-    )
-
-
 def get_config(arg=None):
-  args = presets.parse_arg(
+  args = config_loading.parse_arg(
       arg,
       init="workdirs/demo",
       data="mnist10k",
@@ -203,38 +122,36 @@ def get_config(arg=None):
       scratch=False,
       runlocal=False,
   )
-  if args["opt"] not in ("sgd", "adamw"):
-    raise ValueError(
-        f"Config arg opt={args['opt']!r}: use opt=sgd or opt=adamw."
-    )
-  data_name = "" if args["folder"] else args["data"]
+  if args.opt not in ("sgd", "adamw"):
+    raise ValueError(f"Config arg opt={args.opt!r}: use opt=sgd or opt=adamw.")
+  data_name = "" if args.folder else args.data
   default_aug = "crop_flip"
   if data_name in FLIP_CHANGES_CLASS:
     default_aug = "none"
   elif data_name in SMALL_IMAGES:
     default_aug = "flip"
-  aug = args["aug"] or default_aug
+  aug = args.aug or default_aug
   if aug not in TRAIN_AUG:
     raise ValueError(
-        f"Config arg aug={aug!r}: use aug=crop_flip, aug=crop, aug=flip or aug=none."
+        f"Config arg aug={aug!r}: use aug=crop_flip, aug=crop, aug=flip or "
+        "aug=none."
     )
-  runlocal = args["runlocal"]
-  model, res, channels = _from_checkpoint(args["init"])
-  model, res, channels = model or dict(DEMO_MODEL), res or 28, channels or 1
-  res, channels = args["res"] or res, args["channels"] or channels
-  folder = (
-      os.path.abspath(os.path.expanduser(args["folder"]))
-      if args["folder"]
-      else ""
-  )
-  classes = args["classes"] or _num_classes(args["data"], folder, None)
+  model, res, channels = transfer.checkpoint_model(args.init)
+  if model is None:
+    model = dict(DEMO_MODEL)
+  res = args.res or res or 28
+  channels = args.channels or channels or 1
+  folder = ""
+  if args.folder:
+    folder = os.path.abspath(os.path.expanduser(args.folder))
+  classes = args.classes or transfer.num_classes(args.data, folder)
 
   config = ml_collections.ConfigDict()
   config.seed = 0
   if folder:
     data = dict(name="imagefolder", data_dir=folder)
   else:
-    data = dict(name=args["data"], data_dir=config_dict.placeholder(str))
+    data = dict(name=args.data, data_dir=config_dict.placeholder(str))
   decode = f"decode(channels={channels})|resize({res})|value_range(-1, 1)"
   train_decode = "|".join(
       [
@@ -243,10 +160,13 @@ def get_config(arg=None):
           "value_range(-1, 1)",
       ]
   )
-  labels = f"onehot({classes}, key='label', key_result='labels')|keep('image', 'labels')"
+  labels = (
+      f"onehot({classes}, key='label', key_result='labels')"
+      "|keep('image', 'labels')"
+  )
   config.input = dict(
       data=dict(data, split="train"),
-      batch_size=args["batch"],
+      batch_size=args.batch,
       pp=f"{train_decode}|{labels}",
       shuffle_buffer_size=10_000,
   )
@@ -259,35 +179,35 @@ def get_config(arg=None):
   config.model_name = "vit"
   config.model = model
   config.model_init = (
-      config_dict.placeholder(str) if args["scratch"] else args["init"]
+      config_dict.placeholder(str) if args.scratch else args.init
   )
   # The posemb is resampled by the loader.
   config.model_load = dict(dont_load=("head/.*",))
 
-  config.total_steps = args["steps"]
+  config.total_steps = args.steps
   config.loss = "softmax_xent"
-  if args["opt"] == "sgd":
+  if args.opt == "sgd":
     config.optax_name = "momentum"
     config.optax = dict(momentum=0.9)
     # The best of 0.01..0.3 on MNIST-10k (benchmarks/NOTES.md).
-    config.lr = args["lr"] or 0.1
+    config.lr = args.lr or 0.1
     config.wd = 0.0
   else:
     config.optax_name = "adamw"
     config.optax = dict(b1=0.9, b2=0.999)
-    config.lr = args["lr"] or 1e-3
+    config.lr = args.lr or 1e-3
     config.wd = 1e-4  # Decoupled (not multiplied by lr), see optim.py.
   config.schedule = dict(
-      warmup_steps=max(1, args["steps"] // 10), decay_type="cosine"
+      warmup_steps=max(1, args.steps // 10), decay_type="cosine"
   )
   config.grad_clip_norm = 1.0
   config.layer_decay = config_dict.placeholder(float)
   config.ema_decay = config_dict.placeholder(float)
-  if args["mixup"]:
+  if args.mixup:
     config.mixup = dict(mixup_alpha=0.2)
 
-  config.log_training_steps = max(1, args["steps"] // 10)
-  config.ckpt_steps = max(1, args["steps"] // 2)
+  config.log_training_steps = max(1, args.steps // 10)
+  config.ckpt_steps = max(1, args.steps // 2)
   config.keep_ckpts = 1
   config.evals = ml_collections.ConfigDict()
   config.evals.val = dict(
@@ -299,15 +219,15 @@ def get_config(arg=None):
       log_steps=config_dict.placeholder(int),
   )
 
-  if runlocal:
+  if args.runlocal:
     # Tests choose their device count.
     config.num_cpu_devices = config_dict.placeholder(int)
-    config.input.batch_size = min(args["batch"], 16)
+    config.input.batch_size = min(args.batch, 16)
     if not folder:  # (An image folder for a smoke run is small already.)
       config.input.data.split = "train[:256]"
       config.evals.val.data.split = "test[:200]"
     config.input.shuffle_buffer_size = 100
-    config.total_steps = min(args["steps"], 6)
+    config.total_steps = min(args.steps, 6)
     config.schedule.warmup_steps = 2
     config.log_training_steps = 2
     config.ckpt_steps = 3

@@ -23,29 +23,20 @@ Args: the ones of configs/vit_l16.py (data=i21k|i1k|folder:ROOT, classes=N,
 runlocal), e.g. `configs/vit_b16.py:data=i1k` or `configs/vit_b16.py:runlocal`.
 """
 
-import importlib.util
-import os
+from big_vit_lite import config_loading
 
-
-def _vit_l16():
-  path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vit_l16.py")
-  spec = importlib.util.spec_from_file_location(
-      "big_vit_lite_configs_vit_l16", path
-  )
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+# configs/vit_l16.py, a module here (config_loading's docstring).
+import vit_l16
 
 
 def get_config(arg=None):
-  base = _vit_l16()
-  args = base.parse_args(arg, data="i21k", classes=None, runlocal=False)
-  arg_string = ",".join(
-      f"{k}={v}" if v is not True else k
-      for k, v in args.items()
-      if v not in (None, False)
+  args = config_loading.parse_arg(arg, **vit_l16.ARGS)
+  config = vit_l16.make_config(
+      variant="B/16",
+      data=args.data,
+      classes=args.classes,
+      runlocal=args.runlocal,
   )
-  config = base.get_config(arg_string + ",variant=B/16")
   config.lr = 1e-3
   config.wd = 0.1 * config.lr
   return config

@@ -89,22 +89,7 @@ ACCELERATOR_KNOBS = dict(
 )
 
 
-def parse_args(arg, **defaults):
-  """'a=1,b' -> {"a": "1", "b": True} over `defaults`; unknown names are errors."""
-  out = dict(defaults)
-  for item in (arg or "").split(","):
-    if not item:
-      continue
-    key, sep, value = item.partition("=")
-    if key not in out:
-      raise ValueError(
-          f"Unknown config arg '{key}': use one of {', '.join(sorted(out))}."
-      )
-    out[key] = value if sep else True
-  return out
-
-
-def data_source(data, classes=None):
+def data_source(data, classes=0):
   """(train data dict, minival data dict, num_classes) for the `data` arg."""
   if data.startswith("folder:"):
     if not classes:
@@ -134,13 +119,23 @@ def data_source(data, classes=None):
   )
 
 
+# The args of this config (less variant) and of configs/vit_b16.py.
+ARGS = dict(data="i21k", classes=0, runlocal=False)
+
+
 def get_config(arg=None):
-  args = parse_args(
-      arg, variant="L/16", data="i21k", classes=None, runlocal=False
+  args = config_loading.parse_arg(arg, variant="L/16", **ARGS)
+  return make_config(
+      variant=args.variant,
+      data=args.data,
+      classes=args.classes,
+      runlocal=args.runlocal,
   )
-  train_data, minival_data, num_classes = data_source(
-      args["data"], args["classes"]
-  )
+
+
+def make_config(*, variant, data, classes, runlocal):
+  """The paper's recipe for ViT-`variant`; configs/vit_b16.py builds on it."""
+  train_data, minival_data, num_classes = data_source(data, classes)
   res = 224
   config = ml_collections.ConfigDict()
   config.seed = 0
@@ -150,7 +145,8 @@ def get_config(arg=None):
       batch_size=4096,
       pp=(
           f"decode_jpeg_and_inception_crop({res})|flip_lr|value_range(-1, 1)"
-          f"|onehot({num_classes}, key='label', key_result='labels')|keep('image', 'labels')"
+          f"|onehot({num_classes}, key='label', key_result='labels')"
+          "|keep('image', 'labels')"
       ),
       shuffle_buffer_size=250_000,
   )
@@ -176,7 +172,7 @@ def get_config(arg=None):
 
   config.model_name = "vit"
   config.model = dict(
-      variant=args["variant"],
+      variant=variant,
       num_classes=num_classes,
       pool_type="tok",
       posemb="learn",
@@ -209,8 +205,10 @@ def get_config(arg=None):
   config.grad_clip_norm = 1.0
 
   eval_pp = (
-      f"decode|resize_small({res * 8 // 7})|central_crop({res})|value_range(-1, 1)"
-      f"|onehot({num_classes}, key='label', key_result='labels')|keep('image', 'labels')"
+      f"decode|resize_small({res * 8 // 7})|central_crop({res})"
+      "|value_range(-1, 1)"
+      f"|onehot({num_classes}, key='label', key_result='labels')"
+      "|keep('image', 'labels')"
   )
   config.evals = ml_collections.ConfigDict()
   config.evals.minival = dict(
@@ -228,7 +226,10 @@ def get_config(arg=None):
       datasets=dict(
           mnist10k=dict(name="mnist10k"), animal_mnist=dict(name="animal_mnist")
       ),
-      pp=f"decode(channels=3)|resize({res})|value_range(-1, 1)|keep('image', 'label')",
+      pp=(
+          f"decode(channels=3)|resize({res})|value_range(-1, 1)"
+          "|keep('image', 'label')"
+      ),
       shots=(1, 5, 10, 25),
       batch_size=1024,
       log_steps=25_000,
@@ -245,7 +246,7 @@ def get_config(arg=None):
   # 'model'))".
   config.sharding_rules = config_dict.placeholder(tuple)
 
-  if args["runlocal"]:
+  if runlocal:
     _runlocal(config, num_classes)
   return config
 
@@ -275,7 +276,10 @@ def _runlocal(config, num_classes):
   )
   config.evals.minival.batch_size = 8
   config.evals.minival.log_steps = 3
-  config.evals.fewshot.pp = f"decode(channels=3)|resize({res})|value_range(-1, 1)|keep('image', 'label')"
+  config.evals.fewshot.pp = (
+      f"decode(channels=3)|resize({res})|value_range(-1, 1)"
+      "|keep('image', 'label')"
+  )
   config.evals.fewshot.shots = (1,)
   config.evals.fewshot.num_seeds = 1
   config.evals.fewshot.batch_size = 8

@@ -30,11 +30,7 @@ from big_vit_lite import config_loading
 
 
 def get_config(arg=None):
-  args = [a for a in (arg or "").split(",") if a]
-  for a in args:
-    if a != "runlocal":
-      raise ValueError(f"Unknown config arg '{a}': the only arg is runlocal.")
-  runlocal = "runlocal" in args
+  runlocal = config_loading.parse_arg(arg, runlocal=False).runlocal
   res = 32 if runlocal else 224
   config = ml_collections.ConfigDict()
   config.seed = 0
@@ -47,8 +43,10 @@ def get_config(arg=None):
       ),
       batch_size=1024,
       pp=(
-          f"decode_jpeg_and_inception_crop({res})|flip_lr|randaug(2, 10)|value_range(-1, 1)"
-          "|onehot(1000, key='label', key_result='labels')|keep('image', 'labels')"
+          f"decode_jpeg_and_inception_crop({res})|flip_lr|randaug(2, 10)"
+          "|value_range(-1, 1)"
+          "|onehot(1000, key='label', key_result='labels')"
+          "|keep('image', 'labels')"
       ),
       shuffle_buffer_size=250_000,
   )
@@ -111,7 +109,8 @@ def get_config(arg=None):
   config.grad_clip_norm = 1.0
 
   eval_pp = (
-      f"decode|resize_small({res * 8 // 7})|central_crop({res})|value_range(-1, 1)"
+      f"decode|resize_small({res * 8 // 7})|central_crop({res})"
+      "|value_range(-1, 1)"
       "|onehot(1000, key='label', key_result='labels')|keep('image', 'labels')"
   )
   config.evals = ml_collections.ConfigDict()

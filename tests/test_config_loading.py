@@ -152,3 +152,101 @@ def test_demo_takes_an_epoch_count_from_the_command_line():
   assert (
       config_loading.get_steps("total", config, steps_per_epoch=per_epoch) == 7
   )
+
+
+# --------------------------------------------------------------------------
+# A config file's argument (FILE.py:ARG) and configs that import each other.
+
+
+def test_parse_arg_gives_each_value_the_type_of_its_default():
+  args = config_loading.parse_arg(
+      " runlocal, res=64,lr=0.5,data=folder:/x/y,,mixup=false",
+      res=28,
+      lr=0.0,
+      data="i21k",
+      runlocal=False,
+      mixup=True,
+      scratch=False,
+  )
+  # Written out by hand: an int, a float, a str with a colon kept whole, bare
+  # names True, "false" False, the defaults of the args not given.
+  assert args.to_dict() == dict(
+      res=64,
+      lr=0.5,
+      data="folder:/x/y",
+      runlocal=True,
+      mixup=False,
+      scratch=False,
+  )
+  assert type(args.res) is int and type(args.lr) is float
+  assert config_loading.parse_arg(None, res=28).res == 28
+  with pytest.raises(AttributeError):  # Frozen: a config cannot change it.
+    args.res = 1
+
+
+@pytest.mark.parametrize(
+    "arg,message",
+    [
+        ("sizes=3", "Unknown config arg 'sizes': use one of res, runlocal."),
+        (
+            "res=big",
+            "Config arg 'res' needs a value of type int (default 28), not 'big'",
+        ),
+        (
+            "res",
+            "Config arg 'res' needs a value of type int (default 28), not nothing",
+        ),
+        ("runlocal=maybe", "write runlocal or runlocal=false."),
+    ],
+)
+def test_parse_arg_refuses_what_it_cannot_read_in_one_line(arg, message):
+  with pytest.raises(ValueError) as e:
+    config_loading.parse_arg(arg, res=28, runlocal=False)
+  assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def _sibling_configs(tmp_path):
+  """A config directory whose child.py imports its sibling sibling_base_cfg.py."""
+  (tmp_path / "sibling_base_cfg.py").write_text(
+      "import ml_collections\n"
+      "def make_config(width):\n"
+      "  return ml_collections.ConfigDict(dict(width=width, depth=2))\n"
+  )
+  (tmp_path / "child.py").write_text(
+      "from big_vit_lite import config_loading\n"
+      "import sibling_base_cfg\n"
+      "def get_config(arg=None):\n"
+      "  args = config_loading.parse_arg(arg, width=8)\n"
+      "  return sibling_base_cfg.make_config(args.width)\n"
+  )
+  return tmp_path / "child.py"
+
+
+def test_a_config_imports_the_configs_beside_it(tmp_path, monkeypatch):
+  child = _sibling_configs(tmp_path)
+  monkeypatch.delitem(sys.modules, "sibling_base_cfg", raising=False)
+  # Through the --config flag, from a directory that is not the config's.
+  monkeypatch.chdir(os.path.dirname(ROOT))
+  config = _parse(f"--config={child}:width=16")
+  assert config.to_dict() == dict(width=16, depth=2)
+  monkeypatch.delitem(sys.modules, "sibling_base_cfg")
+  # As tests and tools load one.
+  module = config_loading.config_module(str(child))
+  assert module.get_config().to_dict() == dict(width=8, depth=2)
+  # Only while it loads.
+  assert str(tmp_path) not in sys.path
+
+
+def test_vit_b16_is_vit_l16_at_size_b():
+  """vit_b16.py builds on vit_l16.py (imported as a module): same args, same recipe."""
+  configs = os.path.join(ROOT, "configs")
+  l16 = config_loading.config_module(os.path.join(configs, "vit_l16.py"))
+  b16 = config_loading.config_module(os.path.join(configs, "vit_b16.py"))
+  for arg in ("", "data=i1k", "data=folder:/some/root,classes=5,runlocal"):
+    expected = l16.get_config(f"variant=B/16,{arg}")
+    # The paper's lr for B, its weight decay in the paper's convention.
+    expected.lr = 1e-3
+    expected.wd = 0.1 * 1e-3
+    assert b16.get_config(arg).to_dict() == expected.to_dict(), arg
+  with pytest.raises(ValueError, match="use one of data, classes, runlocal"):
+    b16.get_config("variant=L/16")

@@ -5,7 +5,6 @@ real builders), the demo on the offline Fashion-MNIST. In-process, tiny.
 """
 
 import contextlib
-import importlib.util
 import math
 import os
 import sys
@@ -31,11 +30,9 @@ CONFIGS = ("demo", "vit_l16", "vit_b16", "vit_s16_i1k", "multilabel")
 
 
 def _load(name):
-  path = os.path.join(ROOT, "configs", f"{name}.py")
-  spec = importlib.util.spec_from_file_location(f"config_{name}", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return config_loading.config_module(
+      os.path.join(ROOT, "configs", f"{name}.py")
+  )
 
 
 @pytest.mark.parametrize("name", CONFIGS)
@@ -50,6 +47,18 @@ def test_config_documents_its_command_and_defines_required_keys(name):
       assert key in config, key
   with pytest.raises(ValueError, match="Unknown config arg"):
     module.get_config("no_such_arg")
+
+
+@pytest.mark.parametrize("name", config_loading.shipped_config_names())
+def test_every_config_names_its_args_when_given_an_unknown_one(name):
+  """One parser (config_loading.parse_arg) for all: one message, the known args listed."""
+  with pytest.raises(ValueError) as e:
+    _load(name).get_config("runlocal,no_such_arg=1")
+  message = str(e.value)
+  assert message.startswith("Unknown config arg 'no_such_arg': use one of ")
+  # Every config takes runlocal; the list is the config's own.
+  known = message.removeprefix("Unknown config arg 'no_such_arg': use one of ")
+  assert "runlocal" in known.rstrip(".").split(", "), message
 
 
 @pytest.mark.parametrize("name", ["vit_l16", "vit_b16", "vit_s16_i1k"])

@@ -1,6 +1,8 @@
 """The preprocessing language: parsing, errors, and every op's output."""
 
 import io
+import pathlib
+import re
 
 import numpy as np
 import pytest
@@ -404,3 +406,110 @@ def test_images_with_a_side_under_3_pixels_do_not_stop_resize_long_or_randaug():
         "_rng": tf.constant([seed, 0], tf.int64),
     }
     assert fn(example)["image"].shape == (1, 2, 3)
+
+
+@pytest.mark.parametrize(
+    "pp_string, image, words",
+    [
+        ("resize(4)", b"bytes", ["resize got encoded image bytes", "'image'"]),
+        (
+            "value_range(inkey='prof')",
+            b"bytes",
+            ["value_range got encoded image bytes under 'prof'", "decode"],
+        ),
+        ("vgg_value_range", b"bytes", ["got encoded image bytes", "decode"]),
+        (
+            "decode_jpeg_and_inception_crop(8, key='x')",
+            IMG,
+            ["needs the encoded image bytes under 'x'", "remove the 'decode'"],
+        ),
+        (
+            "randaug",
+            IMG.astype(np.float32),
+            ["randaug needs uint8 RGB images", "float32"],
+        ),
+        ("pad(2, inkey='prof')", IMG[..., 0], ["pad needs an image [H, W, C]"]),
+    ],
+)
+def test_image_op_input_checks_name_the_op_and_the_key_read(
+    pp_string, image, words
+):
+  # Also true of the ops before the key-handling decorator (issue 35): the
+  # messages did not change, and they name the key the op reads (inkey).
+  _one_line_error(
+      lambda: run(pp_string, image=image, prof=image, x=image), *words
+  )
+
+
+def test_register_image_op_gives_key_handling_a_check_and_a_seed():
+  # Plain image -> image functions; the decorator does the key plumbing.
+  checked, seeds = [], []
+
+  def check(image, key, name):
+    checked.append((key, name))
+    if image.dtype == tf.string:
+      raise ValueError(f"no bytes under {key!r}")
+
+  @pp.register_image_op("_test_scale", check=check)
+  def get_scale(factor):
+    return lambda image: image * factor
+
+  @pp.register_image_op("_test_noise", random=True)
+  def get_noise():
+    def noise(image, seed):
+      seeds.append(seed)
+      return image + tf.cast(seed[1], image.dtype)
+
+    return noise
+
+  x, y = np.int64([1, 2]), np.int64([10, 20])
+  try:
+    out = run("_test_scale(3)", image=x, y=y)
+    np.testing.assert_array_equal(out["image"], [3, 6])
+    out = run("_test_scale(3, outkey='z')", image=x)
+    np.testing.assert_array_equal(out["image"], x)  # the input stays
+    np.testing.assert_array_equal(out["z"], [3, 6])
+    out = run("_test_scale(3, inkey='y')", image=x, y=y)
+    np.testing.assert_array_equal(out["image"], [30, 60])
+    np.testing.assert_array_equal(out["y"], y)
+    out = run(
+        "_test_scale(3, key='y', inkey='image', outkey='z')", image=x, y=y
+    )
+    assert "z" not in out  # key overrides both
+    np.testing.assert_array_equal(out["y"], [30, 60])
+    np.testing.assert_array_equal(out["image"], x)
+    assert checked == [
+        ("image", "_test_scale"),
+        ("image", "_test_scale"),
+        ("y", "_test_scale"),
+        ("y", "_test_scale"),
+    ]
+    _one_line_error(
+        lambda: run("_test_scale(2, inkey='y')", y=b"raw"),
+        "_test_scale(2, inkey='y')",
+        "no bytes under 'y'",
+    )
+    _one_line_error(
+        lambda: pp.get_preprocess_fn("_test_scale"), "bad arguments"
+    )
+    # Two random ops: the example's seed [0, 7], then the advanced [0, 8].
+    out = run("_test_noise|_test_noise(outkey='z')", image=x)
+    np.testing.assert_array_equal(out["image"], x + 7)
+    np.testing.assert_array_equal(out["z"], x + 7 + 8)
+    np.testing.assert_array_equal(out["_rng"], [0, 9])
+    np.testing.assert_array_equal(np.stack(seeds), [[0, 7], [0, 8]])
+  finally:
+    for name in ("_test_scale", "_test_noise"):
+      pp.registry._OPS.pop(name)  # pylint: disable=protected-access
+
+
+def test_the_op_written_in_docs_data_md_runs():
+  docs = (pathlib.Path(__file__).parents[1] / "docs" / "data.md").read_text()
+  (example,) = re.findall(r"```python\n(.*?)```", docs, re.S)
+  try:
+    exec(example, {})  # pylint: disable=exec-used
+    out = run("invert(outkey='inverted')", image=IMG)
+    np.testing.assert_array_equal(out["inverted"], 255 - IMG)
+    np.testing.assert_array_equal(out["image"], IMG)
+  finally:
+    pp.registry._OPS.pop("invert", None)  # pylint: disable=protected-access

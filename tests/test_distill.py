@@ -1,5 +1,6 @@
 """Knowledge distillation in the trainer (distill.py and its hooks in train.py)."""
 
+import flax.linen as nn
 import jax
 import ml_collections
 import numpy as np
@@ -7,6 +8,7 @@ import pytest
 
 from big_vit_lite import checkpoint
 from big_vit_lite import distill
+from big_vit_lite import losses
 from big_vit_lite import train
 from big_vit_lite.models import layout
 from big_vit_lite.models import vit
@@ -14,6 +16,8 @@ from big_vit_lite.models import vit
 import checks
 import train_config_tiny
 from trainer_runs import read_losses
+
+XENT = losses.get("softmax_xent")
 
 
 def test_kl_loss_by_hand():
@@ -35,6 +39,85 @@ def test_kl_loss_by_hand():
       rtol=1e-6,
   )
   assert float(distill.kl_loss(teacher, teacher, 3.0)) == 0.0
+
+
+def _xent(logits, labels):
+  logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+  return -np.mean(np.sum(labels * logp, -1))
+
+
+def _np_kl(student, teacher):  # T = 1
+  p_t = np.exp(teacher) / np.exp(teacher).sum(-1, keepdims=True)
+  p_s = np.exp(student) / np.exp(student).sum(-1, keepdims=True)
+  return np.mean(np.sum(p_t * np.log(p_t / p_s), -1))
+
+
+def test_feature_and_token_losses_by_hand():
+  """The mix: (1 - w) label loss of the class head + w KL of the distillation head (or both of
+  the logits) + feature_weight * mean squared error of the projected pre-logits.
+  """
+  rng = np.random.default_rng(0)
+  b, k, s, t = 4, 3, 5, 2
+  labels = np.eye(k)[[0, 2, 1, 1]]
+  teacher_logits, teacher_features = rng.normal(size=(b, k)), rng.normal(
+      size=(b, t)
+  )
+  batch = dict(
+      labels=labels,
+      teacher_logits=teacher_logits,
+      teacher_features=teacher_features,
+  )
+  proj = dict(kernel=rng.normal(size=(s, t)), bias=rng.normal(size=t))
+  out = dict(
+      logits=rng.normal(size=(b, k)),
+      logits_cls=rng.normal(size=(b, k)),
+      logits_dist=rng.normal(size=(b, k)),
+      pre_logits=rng.normal(size=(b, s)),
+  )
+  teacher = distill.Teacher(None, None, 0.25, 1.0, feature_weight=3.0)
+  mse = np.mean(
+      (out["pre_logits"] @ proj["kernel"] + proj["bias"] - teacher_features)
+      ** 2
+  )
+  want = (
+      0.75 * _xent(out["logits_cls"], labels)
+      + 0.25 * _np_kl(out["logits_dist"], teacher_logits)
+      + 3.0 * mse
+  )
+  got = teacher.loss(XENT, {distill.PROJ: proj}, out, batch)
+  np.testing.assert_allclose(got, want, rtol=1e-5)
+  # Without a token, the logits take both terms; without features, no MSE.
+  plain = {"logits": out["logits"], "pre_logits": out["pre_logits"]}
+  teacher.feature_weight = 0.0
+  want = 0.75 * _xent(out["logits"], labels) + 0.25 * _np_kl(
+      out["logits"], teacher_logits
+  )
+  np.testing.assert_allclose(
+      teacher.loss(XENT, {}, plain, batch), want, rtol=1e-5
+  )
+
+
+def test_projection_is_seeded_and_leaves_the_model_params_alone():
+  model = checks.tiny_vit()
+
+  def init(rng):
+    return model.init(rng, np.zeros((1, 16, 16, 3), np.float32))["params"]
+
+  teacher = distill.Teacher(
+      None, None, 0.5, 1.0, feature_weight=1.0, feature_widths=(32, 48)
+  )
+  rng = jax.random.key(3)
+  with_proj = nn.meta.unbox(teacher.with_projection(init)(rng))
+  proj = with_proj.pop(distill.PROJ)
+  assert proj["kernel"].shape == (32, 48) and not np.any(proj["bias"])
+  checks.assert_same_params(with_proj, nn.meta.unbox(init(rng)))
+  again = nn.meta.unbox(teacher.with_projection(init)(rng))[distill.PROJ]
+  np.testing.assert_array_equal(again["kernel"], proj["kernel"])
+  other = nn.meta.unbox(teacher.with_projection(init)(jax.random.key(4)))
+  assert np.abs(other[distill.PROJ]["kernel"] - proj["kernel"]).max() > 0.1
+  # Off: the init itself, no projection.
+  teacher.feature_weight = 0.0
+  assert teacher.with_projection(init) is init
 
 
 def _teacher_npz(tmp_path, **kw):
@@ -82,15 +165,22 @@ def test_teacher_sees_the_students_augmented_batch(tfds_data_dir, tmp_path):
 
 
 @pytest.mark.slow
-def test_distill_resume_is_bit_exact(tfds_data_dir, tmp_path):
+@pytest.mark.parametrize("student", ["plain", "token_feature"])
+def test_distill_resume_is_bit_exact(tfds_data_dir, tmp_path, student):
   # a different (bigger) teacher
   teacher = _teacher_npz(tmp_path, width=32, num_heads=4)
+  # A student with a distillation token and feature distillation: its
+  # projection (16 -> 32) in the state.
+  extra = student == "token_feature"
 
   def cfg(steps):
     config = _config(tfds_data_dir, total_steps=steps, ckpt_steps=2)
     config.distill = ml_collections.ConfigDict(
         dict(teacher=teacher, temperature=2.0)
     )
+    if extra:
+      config.distill.feature_weight = 0.5
+      config.model.update(distill_token=True, pool_type="tok")
     return config
 
   train.train(cfg(4), str(tmp_path / "straight"))
@@ -108,10 +198,15 @@ def test_distill_resume_is_bit_exact(tfds_data_dir, tmp_path):
   assert read_losses(str(tmp_path / "resumed")) == read_losses(
       str(tmp_path / "straight")
   )
+  resumed = checkpoint.load_params(str(tmp_path / "resumed"))[0]
   checks.assert_same_params(
-      checkpoint.load_params(str(tmp_path / "resumed"))[0],
-      checkpoint.load_params(str(tmp_path / "straight"))[0],
+      resumed, checkpoint.load_params(str(tmp_path / "straight"))[0]
   )
+  assert (distill.PROJ in resumed) == extra
+  if extra:  # trained: no longer its init (bias zeros)
+    assert resumed[distill.PROJ]["kernel"].shape == (16, 32)
+    assert np.abs(resumed[distill.PROJ]["bias"]).max() > 0
+    assert "head_dist" in resumed
 
 
 @pytest.mark.parametrize(
@@ -121,6 +216,7 @@ def test_distill_resume_is_bit_exact(tfds_data_dir, tmp_path):
         (dict(patch_size=4), {}, ("takes 16x16x1", "28x28x1")),
         ({}, dict(temp=2.0), ("config.distill.temp", "temperature")),
         ({}, dict(weight=1.5), ("weight=1.5", "[0, 1]")),
+        ({}, dict(feature_weight=-1.0), ("feature_weight=-1.0", ">= 0")),
     ],
 )
 def test_distill_config_errors_are_one_line(

@@ -26,6 +26,8 @@ by the row's mode:
          rejects the flags and images the real one rejects.
   pip    `pip install ...` with --dry-run (it resolves; nothing is installed).
   env    `export ...`: sets the environment, nothing to run.
+  bucket skipped here: tests/test_bucket.py runs them as written against its
+         fake of Cloud Storage (gs://MY_BUCKET served from a local folder).
 A command no row matches FAILS (so does a fence without a language: tag it ```text when it is
 not a command), so documenting a command means adding its row here, in the block of its area.
 Rows with slow=True (over ~30 s) carry @pytest.mark.slow.
@@ -71,7 +73,7 @@ SHARED = "shared dir"
 class Cmd:
   # the command's first words (matched word by word, longest wins)
   prefix: str
-  mode: str  # run | shell | help | tpu | pip | env
+  mode: str  # run | shell | help | tpu | pip | env | bucket
   # run: appended arguments (later absl flags win over earlier ones)
   extra: tuple = ()
   args: tuple = None  # run: these arguments instead of the documented ones
@@ -138,6 +140,16 @@ COMMANDS = [
     ),
     # configs/demo.py: prepare the three offline sets
     Cmd("for ds in", "shell", slow=True),
+    # Data on a bucket (docs/jft_scale.md): run by tests/test_bucket.py.
+    Cmd(
+        "for ds in fashion_mnist mnist10k animal_mnist; do python -m"
+        " big_vit_lite.data.prepare $ds --data_dir=gs:",
+        "bucket",
+    ),
+    Cmd(
+        "python -m big_vit_lite.train --config=configs/demo.py --workdir=gs:",
+        "bucket",
+    ),
     Cmd(
         "python -m big_vit_lite.train --config=configs/vit_b16.py:data=folder:",
         "run",
@@ -500,7 +512,7 @@ def _params():
   out = []
   for doc, line, words, block_env, raw in CMDS:
     row = lookup(words)
-    if row is None or row.mode == "env":
+    if row is None or row.mode in ("env", "bucket"):
       continue
     marks = [pytest.mark.slow] if row.slow else []
     out.append(

@@ -221,9 +221,6 @@ def test_eval_configs_name_metrics_after_the_folder(tmp_path):
   assert sorted(lp.evals.linear_probe.datasets) == ["animal_mnist", "mnist10k"]
   with pytest.raises(ValueError, match="Unknown config arg"):
     load("fewshot.py", "shots=3")
-  assert presets.parse_arg("runlocal,res=64", res=28, runlocal=False) == dict(
-      res=64, runlocal=True
-  )
 
 
 @pytest.mark.slow

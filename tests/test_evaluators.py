@@ -391,6 +391,34 @@ def test_representation_pools_token_layers():
     features.FeatureExtractor(pixels_predict_fn, None, token_pool="max")
 
 
+def test_feature_extractor_returns_the_valid_rows_in_order(mesh):
+  # Three batches of 3 rows with padding rows (mask False) in each, the
+  # last one short; ids past 2**31 (the int64 keys cross jax as int32
+  # pairs). Oracle: the valid rows picked out by hand.
+  images = np.arange(9 * 2, dtype=np.float32).reshape(9, 2, 1, 1)
+  ids = np.int64(2**40) + np.arange(9)
+  masks = [[True, False, True], [False, True, True], [True, False]]
+  batches, start = [], 0
+  for mask in masks:
+    rows = slice(start, start + len(mask))
+    batches.append(
+        {
+            "image": images[rows],
+            "_mask": np.array(mask),
+            "_id": ids[rows],
+            "text": np.array(["not", "for", "jax"][: len(mask)]),
+        }
+    )
+    start += len(mask)
+  valid = [0, 2, 4, 5, 6]
+  extractor = features.FeatureExtractor(pixels_predict_fn, mesh)
+  out = extractor(None, batches, keys=("_id",))
+  assert sorted(out) == ["_id", "feature"]
+  np.testing.assert_array_equal(out["feature"], images[valid].reshape(5, 2))
+  assert out["_id"].dtype == np.int64
+  np.testing.assert_array_equal(out["_id"], ids[valid])
+
+
 def test_wrong_labels_for_the_model_are_one_line_errors(
     shapes_folder, mesh, tmp_path
 ):

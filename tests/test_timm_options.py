@@ -49,6 +49,12 @@ CASES = [
     dict(use_bias=False),
     ALL_SERIAL,
     ALL_PARALLEL,
+    dict(distill_token=True),
+    # (timm's DeiT has no registers)
+    {
+        **{k: v for k, v in ALL_SERIAL.items() if k != "reg_tokens"},
+        "distill_token": True,
+    },
 ]
 IDS = [",".join(c) for c in CASES]
 IMAGES = np.asarray(
@@ -85,6 +91,7 @@ def test_timm_state_dict_round_trips_every_option(opts):
       "norm": kwargs.get("norm_layer"),
       "parallel_block": kwargs.get("block_fn"),
       "use_bias": kwargs.get("qkv_bias"),
+      "distill_token": kwargs.get("distilled"),
   }
   assert {k for k, v in said.items() if v is not None} == set(opts) - {
       "pool_type"
@@ -161,6 +168,11 @@ def test_timm_refusals_of_the_options():
       "ParallelScalingBlock",
       "mlp='gelu'",
   )
+  checks.one_line_error(
+      lambda: timm.to_timm(checks.vit_params(distill_token=True, reg_tokens=1)),
+      "VisionTransformerDistilled has no register tokens",
+      "reg_tokens=0",
+  )
   sd, _ = timm.to_timm(checks.vit_params(parallel_block=True, use_bias=False))
   sd["blocks.1.mlp_bias"] = sd["blocks.1.mlp_bias"] + 1
   checks.one_line_error(
@@ -189,7 +201,7 @@ def test_export_timm_file_evaluates_as_the_same_model(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(600)
 def test_option_parity_with_real_timm():
   """Each option's export gives real timm's logits within 1e-5 (skipped without timm, not in CI)."""
   # (Before require() adds it.)
@@ -213,8 +225,31 @@ def test_option_parity_with_real_timm():
       ],
       capture_output=True,
       text=True,
-      timeout=380,
+      timeout=580,
       env=env,
   )
   assert run.returncode == 0, run.stdout + run.stderr
   assert run.stdout.count('"max_abs_diff"') == len(timm_parity.OPTION_CASES)
+
+
+def test_timm_distill_token_names_posemb_and_class():
+  """DeiT's layout: dist_token after cls_token, a pos_embed row for each, head_dist; built by
+  VisionTransformerDistilled. timm's no_embed_class files (grid rows only) load with zero
+  rows for both tokens."""
+  params = checks.vit_params(distill_token=True)
+  flat = layout.to_numpy_flat(params)
+  sd, kwargs = timm.to_timm(params)
+  np.testing.assert_array_equal(sd["dist_token"], flat["dist"])
+  np.testing.assert_array_equal(
+      sd["head_dist.weight"], flat["head_dist/kernel"].T
+  )
+  assert sd["pos_embed"].shape == (1, 2 + 16, 32)
+  usage = timm.timm_usage(kwargs, "m.safetensors")
+  assert usage.startswith("m = timm.models.deit.VisionTransformerDistilled(")
+  assert "distilled" not in usage
+  grid_only = dict(sd, pos_embed=sd["pos_embed"][:, 2:])
+  back = timm.from_timm(grid_only, num_heads=2, grid_tokens=16)
+  np.testing.assert_array_equal(back[checks.POSEMB][:, :2], 0)
+  np.testing.assert_array_equal(
+      back[checks.POSEMB][:, 2:], flat[checks.POSEMB][:, 2:]
+  )

@@ -8,6 +8,7 @@ import sys
 import ml_collections
 import pytest
 
+from big_vit_lite import config_loading
 from big_vit_lite import plan
 from big_vit_lite import tpu_compile
 from big_vit_lite.models import vit
@@ -236,10 +237,7 @@ def test_cli_prints_the_report_and_one_line_errors():
 
 def _shipped(name, arg=None):
   path = os.path.join(REPO, "configs", f"{name}.py")
-  spec = importlib.util.spec_from_file_location(f"shipped_{name}", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(arg)
+  return config_loading.config_module(path).get_config(arg)
 
 
 @pytest.mark.parametrize("name", ["vit_l16", "vit_b16", "vit_s16_i1k"])

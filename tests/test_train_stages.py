@@ -1,9 +1,9 @@
-"""The trainer's stages one by one, in process (train.py's _train calls them in this order)."""
+"""The trainer's stages one by one through their public functions, in train._train's order."""
 
 import contextlib
 import copy
+import dataclasses
 import json
-import types
 
 import flax.linen as nn
 import jax
@@ -16,6 +16,7 @@ from big_vit_lite import checkpoint
 from big_vit_lite import config_loading
 from big_vit_lite import train
 from big_vit_lite import train_setup
+from big_vit_lite import train_step
 
 import checks
 import train_config_tiny
@@ -28,101 +29,164 @@ def _tiny(tfds_data_dir, **overrides):
   return raw
 
 
+def _build(config, workdir, cleanup):
+  """train._train's stages up to the settings, through the public functions.
+
+  The mesh and the logical-axis rules stay set until `cleanup` closes.
+  """
+  job = train_setup.start_job(config, workdir, cleanup)
+  inputs = train_setup.read_inputs(config, mesh=job.mesh, seed=job.seed)
+  model = train_setup.make_model(
+      config,
+      batch_spec=inputs.train_iter.batch_spec(),
+      mesh=job.mesh,
+      rules=job.rules,
+  )
+  cleanup.enter_context(jax.set_mesh(job.mesh))
+  cleanup.enter_context(nn.logical_axis_rules(job.rules))
+  layout = train.lay_out_state(config, job=job, inputs=inputs, model=model)
+  # Reads the rest: no key left.
+  settings = train_setup.read_settings(
+      config,
+      model=model.module,
+      ema=layout.ema,
+      mesh=job.mesh,
+      dur=inputs.dur,
+  )
+  return job, inputs, model, layout, settings
+
+
+def _update_fn(job, inputs, model, layout):
+  return train_step.make_update_fn(
+      model=model.module,
+      opt=layout.opt,
+      loss_fn=model.loss_fn,
+      accum_steps=inputs.accum_steps,
+      mixup_fn=model.mixup_fn,
+      device_aug_fn=model.device_aug_fn,
+      ema=layout.ema,
+      batch_sharding=job.batch_sh,
+      param_shardings=layout.params_sh,
+  )
+
+
+def _equal(tree_a, tree_b):
+  same = jax.tree.map(np.array_equal, tree_a, tree_b)
+  return all(jax.tree.leaves(same))
+
+
 def test_build_stages_give_a_state_that_matches_its_layout_and_a_deterministic_step(
     tfds_data_dir, tmp_path
 ):
   config = config_loading.TrackedConfig(_tiny(tfds_data_dir))
   with contextlib.ExitStack() as cleanup:
-    run = train._setup(config, str(tmp_path / "w"), cleanup)  # pylint: disable=protected-access
-    train_setup.read_input_and_schedule(config, run)
-    assert (run.total_steps, run.log_steps, run.ckpt_steps, run.batch_size) == (
-        12,
-        1,
-        4,
-        16,
+    job, inputs, model, layout, settings = _build(
+        config, str(tmp_path / "w"), cleanup
     )
-    parts = train._make_model(config, run)  # pylint: disable=protected-access
-    with jax.set_mesh(run.mesh):
-      train._lay_out_state(config, run, parts)  # pylint: disable=protected-access
-      # Reads the rest: no key left.
-      settings = train_setup.read_settings(config, run, parts)
-      state = train._init_state(run, parts, settings)  # pylint: disable=protected-access
-      same = jax.tree.map(
-          lambda x, a: (x.shape, x.dtype, x.sharding)
-          == (a.shape, a.dtype, a.sharding),
-          state,
-          parts.state_abstract,
-      )
-      assert all(jax.tree.leaves(same))
-      update = jax.jit(train._make_update(run, parts))  # pylint: disable=protected-access
-      batch = {
-          k: jnp.asarray(
-              np.random.RandomState(0).uniform(-1, 1, (16,) + v.shape[1:]),
-              v.dtype,
-          )
-          for k, v in parts.batch_spec.items()
-      }
-      (s1, m1), (s2, m2) = update(state, batch), update(state, batch)
-    assert int(s1["step"]) == 1 and np.isfinite(float(m1["training_loss"]))
-    # Random numbers: (seed, step).
-    assert float(m1["training_loss"]) == float(m2["training_loss"])
-    assert all(
-        jax.tree.leaves(
-            jax.tree.map(np.array_equal, s1["params"], s2["params"])
-        )
+    counts = (
+        inputs.total_steps,
+        inputs.log_steps,
+        inputs.ckpt_steps,
+        inputs.batch_size,
     )
+    assert counts == (12, 1, 4, 16)
+    # The stages' values are built whole: none can be changed afterwards.
+    with pytest.raises(dataclasses.FrozenInstanceError):
+      layout.opt = None
+    state = train.init_state(
+        job=job, model=model, layout=layout, settings=settings
+    )
+    same = jax.tree.map(
+        lambda x, a: (x.shape, x.dtype, x.sharding)
+        == (a.shape, a.dtype, a.sharding),
+        state,
+        layout.state_abstract,
+    )
+    assert all(jax.tree.leaves(same))
+    update_fn = _update_fn(job, inputs, model, layout)
+    rng = np.random.RandomState(0)
+    batch = {
+        k: jnp.asarray(rng.uniform(-1, 1, (16,) + v.shape[1:]), v.dtype)
+        for k, v in model.batch_spec.items()
+    }
+    s1, m1 = jax.jit(update_fn)(state, batch)
+    s2, m2 = jax.jit(update_fn)(state, batch)
+    # compile_step's executable computes the same step (sharded as the
+    # trainer runs it), and counts its FLOPs.
+    jitted = jax.jit(
+        update_fn,
+        in_shardings=(layout.state_sh, job.batch_sh),
+        out_shardings=(layout.state_sh, job.repl),
+    )
+    step_fn, flops = train.compile_step(
+        jitted, job=job, inputs=inputs, model=model, layout=layout
+    )
+    batch = jax.device_put(batch, job.batch_sh)
+    s3, m3 = step_fn(state, batch)
+  assert int(s1["step"]) == 1 and np.isfinite(float(m1["training_loss"]))
+  # Random numbers: (seed, step).
+  assert float(m1["training_loss"]) == float(m2["training_loss"])
+  assert _equal(s1["params"], s2["params"])
+  assert float(m3["training_loss"]) == float(m1["training_loss"])
+  assert _equal(s3["params"], s1["params"])
+  assert flops["step_flops"] > 0
 
 
-def test_restore_or_init_resumes_the_newest_checkpoint_and_compile_skips_a_finished_run(
-    tfds_data_dir, tmp_path
-):
+def test_restore_or_init_resumes_the_newest_checkpoint(tfds_data_dir, tmp_path):
   workdir = str(tmp_path / "w")
   # Saves step 4 (ckpt_steps=4).
   train.train(_tiny(tfds_data_dir, total_steps=4), workdir)
   raw = _tiny(tfds_data_dir, total_steps=4)
   config = config_loading.TrackedConfig(raw)
-  # pylint: disable=protected-access
   with contextlib.ExitStack() as cleanup:
-    run = train._setup(config, workdir, cleanup)
-    train_setup.read_input_and_schedule(config, run)
-    parts = train._make_model(config, run)
-    with jax.set_mesh(run.mesh), nn.logical_axis_rules(run.rules):
-      train._lay_out_state(config, run, parts)
-      settings = train_setup.read_settings(config, run, parts)
-      state, resume_step, _ = train._restore_or_init(
-          raw, run, parts, settings, cleanup
-      )
-      compiled, _ = train._compile(
-          run, parts, train._make_update(run, parts), resume_step
-      )
-  assert resume_step == 4 and int(state["step"]) == 4
+    job, inputs, model, layout, settings = _build(config, workdir, cleanup)
+    start = train.restore_or_init(
+        raw,
+        job=job,
+        inputs=inputs,
+        model=model,
+        layout=layout,
+        settings=settings,
+        cleanup=cleanup,
+    )
+    restored = jax.device_get(start.state["params"])
+  assert start.step == 4 and int(start.state["step"]) == 4
   saved, _ = checkpoint.load_params(workdir)
-  assert all(
-      jax.tree.leaves(
-          jax.tree.map(np.array_equal, jax.device_get(state["params"]), saved)
-      )
-  )
-  assert compiled is None  # total_steps reached: nothing to compile.
+  assert _equal(restored, saved)
+
+
+def test_a_finished_run_started_again_compiles_nothing(
+    tfds_data_dir, tmp_path, monkeypatch
+):
+  workdir = str(tmp_path / "w")
+  train.train(_tiny(tfds_data_dir, total_steps=4), workdir)
+
+  def no_compile(*args, **kwargs):
+    raise AssertionError("compiled a step for a finished run")
+
+  monkeypatch.setattr(train, "compile_step", no_compile)
+  params = train.train(_tiny(tfds_data_dir, total_steps=4), workdir)
+  saved, _ = checkpoint.load_params(workdir)
+  assert _equal(jax.device_get(params), saved)
 
 
 def test_read_settings_parses_the_knobs_and_rejects_a_key_nothing_reads():
-  run = types.SimpleNamespace(
-      mesh=None, dur=dict(steps_per_epoch=10, batch_size=4, total_steps=20)
-  )
-  parts = types.SimpleNamespace(model=None, ema=None)
+  dur = dict(steps_per_epoch=10, batch_size=4, total_steps=20)
   config = config_loading.TrackedConfig(
       ml_collections.ConfigDict(
           dict(model_load=dict(dont_load=["head/.*"]), ckpt_async=False)
       )
   )
-  s = train_setup.read_settings(config, run, parts)
+  s = train_setup.read_settings(
+      config, model=None, ema=None, mesh=None, dur=dur
+  )
   assert (s.evaluators, s.dont_load) == ({}, ("head/.*",))
   assert (s.ckpt_async, s.report, s.eval_at_start) == (False, False, False)
   config = config_loading.TrackedConfig(
       ml_collections.ConfigDict(dict(eval_at_sart=True))
   )
   with pytest.raises(config_loading.UnreadConfigKeyError, match="eval_at_sart"):
-    train_setup.read_settings(config, run, parts)
+    train_setup.read_settings(config, model=None, ema=None, mesh=None, dur=dur)
 
 
 _one_line_error = checks.one_line_error
@@ -130,7 +194,7 @@ _one_line_error = checks.one_line_error
 
 def test_big_vision_and_timm_mixup_configs():
   # big_vision's vit_i1k config: was "unexpected keyword argument 'fold_in'".
-  mix = train_setup.make_mixup(dict(p=0.2, fold_in=None))  # pylint: disable=protected-access
+  mix = train_setup.make_mixup(dict(p=0.2, fold_in=None))
   _, labels = mix(
       jax.random.PRNGKey(1),
       np.zeros((4, 2, 2, 1), np.float32),
@@ -143,7 +207,7 @@ def test_big_vision_and_timm_mixup_configs():
       # was: off, silently
       (dict(mixup_alpha=-0.2), ["mixup_alpha", ">= 0"]),
   ):
-    _one_line_error(lambda cfg=cfg: train_setup.make_mixup(cfg), *words)  # pylint: disable=W0212
+    _one_line_error(lambda cfg=cfg: train_setup.make_mixup(cfg), *words)
 
 
 _cfg = checks.tracked_config
@@ -175,7 +239,12 @@ def test_an_eval_entry_named_after_its_type_needs_no_type(monkeypatch):
 def test_unknown_model_name_is_one_line():
   # (It was a ModuleNotFoundError traceback from importlib.)
   checks.one_line_error(
-      lambda: train._make_model(checks.tracked_config(model_name="vitt"), None),
+      lambda: train_setup.make_model(
+          checks.tracked_config(model_name="vitt"),
+          batch_spec=None,
+          mesh=None,
+          rules=None,
+      ),
       "model_name='vitt'",
       "only 'vit'",
   )
@@ -245,7 +314,7 @@ def test_a_config_without_input_is_one_line(input_cfg, key):
   given = {} if input_cfg is None else {"input": input_cfg}
   config = checks.tracked_config(total_steps=2, **given)
   checks.one_line_error(
-      lambda: train_setup.read_input_and_schedule(config, run=None),
+      lambda: train_setup.read_inputs(config, mesh=None, seed=0),
       f"The config sets no config.{key}:",
       "configs/demo.py",
   )

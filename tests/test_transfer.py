@@ -8,8 +8,10 @@ import ml_collections
 import numpy as np
 import pytest
 
+from big_vit_lite import checkpoint
 from big_vit_lite import config_loading
 from big_vit_lite import optim
+from big_vit_lite import transfer
 from big_vit_lite.models import layout
 from big_vit_lite.models import timm
 from big_vit_lite.models import vit
@@ -115,12 +117,57 @@ def nn_unbox(tree):
 
 
 def _load_transfer():
-  import importlib.util  # pylint: disable=import-outside-toplevel
+  return config_loading.config_module(TRANSFER)
 
-  spec = importlib.util.spec_from_file_location("config_transfer", TRANSFER)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+
+def _save_run(workdir, step, model, pp):
+  """A real training checkpoint of `step`: the params of vit.Model(**model), its run config."""
+  params = nn_unbox(
+      vit.Model(**model).init(jax.random.PRNGKey(0), jnp.zeros((1, 14, 14, 1)))[
+          "params"
+      ]
+  )
+  config = ml_collections.ConfigDict(dict(input=dict(pp=pp), model=model))
+  ckpt = checkpoint.Checkpointer(str(workdir), async_save=False)
+  ckpt.save(step, dict(params=params), {}, config)
+  ckpt.close()
+
+
+def test_checkpoint_model_reads_a_training_run_off_disk(tmp_path):
+  model = dict(
+      num_classes=3,
+      variant=None,
+      width=8,
+      depth=1,
+      mlp_dim=16,
+      num_heads=2,
+      patch_size=7,
+      stem_channels=(4,),
+  )
+  wider = dict(model, width=16)
+  run = tmp_path / "run"
+  _save_run(run, 1, model, "decode(channels=1)|resize(14)|value_range(-1, 1)")
+  _save_run(run, 2, wider, "decode(channels=3)|resize(21)|value_range(-1, 1)")
+  # The last step of a workdir; a step dir as given. The model as saved (the
+  # stem's tuple too: JSON has lists), res and channels from the step's pp.
+  assert transfer.checkpoint_model(str(run)) == (wider, 21, 3)
+  step_1 = str(run / "checkpoints" / "1")
+  assert transfer.checkpoint_model(step_1) == (model, 14, 1)
+  # No checkpoint (yet): nothing known.
+  os.makedirs(tmp_path / "empty" / "checkpoints")
+  for nothing in (tmp_path / "empty", tmp_path / "missing"):
+    assert transfer.checkpoint_model(str(nothing)) == (None, None, None)
+
+
+def test_num_classes_of_an_image_folder_counts_every_split(tmp_path):
+  for d in ("train/cat", "train/dog", "test/cat", "test/bird", "test/.hidden"):
+    os.makedirs(tmp_path / d)
+  (tmp_path / "train" / "notes.txt").write_text("not a class")
+  (tmp_path / "README").write_text("not a split")
+  # cat, dog, bird.
+  assert transfer.num_classes(folder=str(tmp_path)) == 3
+  with pytest.raises(ValueError, match="pass classes=K"):
+    transfer.num_classes(data="no_such_dataset_here")
 
 
 def test_transfer_config_reads_the_model_off_an_npz(

@@ -1,4 +1,5 @@
-"""ViT block options (reg_tokens, qk_norm, layerscale_init, mlp, norm, parallel_block, use_bias).
+"""ViT block options (reg_tokens, qk_norm, layerscale_init, mlp, norm, parallel_block, use_bias)
+and DeiT's distillation token (distill_token).
 
 The oracle is a float64 numpy transcription of the model written from the papers' formulas
 (`_np_forward`), not the flax code; scan/loop, remat, attention kinds, bf16, .npz round trips
@@ -94,8 +95,13 @@ def _np_forward(
     parallel_block=False,
     use_bias=True,
     pool_type="tok",
+    distill_token=False,
 ):
-  """(logits, tokens seen by the first block) of loop-layout params `f` (float64)."""
+  """(logits, tokens seen by the first block) of loop-layout params `f` (float64).
+
+  distill_token: DeiT's second token after the class token, with its own posemb row and
+  head; the logits are the mean of the two heads' (written from the paper, not the code).
+  """
   del use_bias  # (absent biases are absent params)
   f = {k: np.asarray(v, np.float64) for k, v in f.items()}
   p = f["embedding/kernel"].shape[0]
@@ -109,6 +115,10 @@ def _np_forward(
   n_cls = int("cls" in f)
   if n_cls:
     t = np.concatenate([np.broadcast_to(f["cls"], (b, 1, t.shape[-1])), t], 1)
+  if distill_token:  # after the class token
+    dist = np.broadcast_to(f["dist"], (b, 1, t.shape[-1]))
+    t = np.concatenate([t[:, :1], dist, t[:, 1:]], 1)
+    n_cls = 2
   t = t + f["Transformer/posembed_input/pos_embedding"]
   if reg_tokens:  # registers after the class token, no posemb
     regs = np.broadcast_to(f["reg"], (b, reg_tokens, t.shape[-1]))
@@ -138,7 +148,11 @@ def _np_forward(
   # registers dropped
   t = np.concatenate([t[:, :n_cls], t[:, n_cls + reg_tokens :]], 1)
   pooled = t[:, 0] if pool_type == "tok" else t.mean(1)
-  return pooled @ f["head/kernel"] + f["head/bias"], first_block_input
+  logits = pooled @ f["head/kernel"] + f["head/bias"]
+  if distill_token:
+    dist_logits = t[:, 1] @ f["head_dist/kernel"] + f["head_dist/bias"]
+    logits = (logits + dist_logits) / 2
+  return logits, first_block_input
 
 
 def _params(**kw):
@@ -164,6 +178,8 @@ def test_rms_norm_by_hand():
         ALL,
         dict(ALL, parallel_block=False),
         dict(ALL, pool_type="gap", mlp="gelu"),
+        dict(distill_token=True),
+        dict(ALL, distill_token=True),
     ],
     ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()),
 )
@@ -297,6 +313,8 @@ def test_options_leave_the_tree_they_do_not_touch():
       ), name
     else:  # norm, parallel_block and use_bias only remove params
       assert tree < base, name
+  tree = set(layout.flatten(checks.vit_shapes(distill_token=True)))
+  assert tree - base == {"dist", "head_dist/kernel", "head_dist/bias"}
 
 
 def test_bad_option_values_are_one_line_errors():
@@ -304,6 +322,11 @@ def test_bad_option_values_are_one_line_errors():
       (dict(mlp="relu"), ("mlp='relu'", "swiglu")),
       (dict(norm="batchnorm"), ("norm='batchnorm'", "rmsnorm")),
       (dict(reg_tokens=-1), ("reg_tokens=-1",)),
+      (
+          dict(distill_token=True, pool_type="gap"),
+          ("distill_token=True with pool_type='gap'", "'tok'"),
+      ),
+      (dict(distill_token=True, rep_size=8), ("rep_size=8", "no rep_size")),
   ):
     checks.one_line_error(lambda: checks.vit_shapes(**kw), *words)
 
@@ -375,4 +398,44 @@ def test_plan_counts_registers_and_swiglu():
       classes=1000,
       tokens=201,
       mlp_mats=3,
+  )
+
+
+def test_distill_token_heads_npz_round_trip_and_inference(tmp_path):
+  """The two heads apart in `out`, the logits their mean; .npz and the param-name reader
+  (what evaluate builds a teacher from) keep the token."""
+  from big_vit_lite import evaluate  # pylint: disable=import-outside-toplevel
+
+  params = checks.vit_params(distill_token=True)
+  logits, out = _apply(params, distill_token=True)
+  flat = layout.to_numpy_flat(params)
+  encoded = np.asarray(out["encoded"], np.float64)
+  for key, token, head in (
+      ("logits_cls", 0, "head"),
+      ("logits_dist", 1, "head_dist"),
+  ):
+    want = encoded[:, token] @ flat[f"{head}/kernel"] + flat[f"{head}/bias"]
+    np.testing.assert_allclose(out[key], want, atol=1e-5, rtol=1e-5)
+  np.testing.assert_allclose(
+      logits, (out["logits_cls"] + out["logits_dist"]) / 2, atol=1e-6
+  )
+  vit.save_npz(params, tmp_path / "p.npz")
+  for kw in (dict(), dict(scan=True)):
+    loaded = vit.load(
+        checks.vit_shapes(distill_token=True, **kw), tmp_path / "p.npz"
+    )
+    np.testing.assert_allclose(
+        _apply(nn.meta.unbox(loaded), distill_token=True, **kw)[0],
+        logits,
+        atol=1e-5,
+    )
+  cfg = evaluate.infer_model_cfg(flat)
+  assert cfg["distill_token"] is True and cfg["pool_type"] == "tok"
+  assert evaluate.native_input_shape(flat, None) == (16, 3)
+  # A model without the token refuses the file in one line (it is another
+  # model).
+  checks.one_line_error(
+      lambda: vit.load(checks.vit_shapes(), tmp_path / "p.npz"),
+      "'dist'",
+      "dont_load",
   )

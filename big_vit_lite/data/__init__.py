@@ -21,7 +21,8 @@ import numbers
 def config_dict(cfg, allowed, what):
   """A config (dict or ConfigDict) as a plain dict; keys outside `allowed` are an error."""
   cfg = dict(cfg.to_dict() if hasattr(cfg, "to_dict") else cfg)
-  if unknown := sorted(set(cfg) - set(allowed)):
+  unknown = sorted(set(cfg) - set(allowed))
+  if unknown:
     raise ValueError(
         f"{what} has unknown key(s) {unknown}; allowed: {', '.join(allowed)}"
     )

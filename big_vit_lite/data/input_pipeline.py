@@ -199,7 +199,8 @@ class TrainIterator:
         ("seed", "config.seed"),
     ):
       mine = getattr(self, "_" + key)
-      if int(saved := state.get(key, mine)) != mine:
+      saved = state.get(key, mine)
+      if int(saved) != mine:
         raise ValueError(
             f"data iterator state was saved with {key}={saved} but this run has "
             f"{mine}; set {where}={saved} to resume the same data order"

@@ -29,6 +29,7 @@ from absl import flags
 from absl import logging
 import tensorflow_datasets as tfds
 
+from big_vit_lite import console
 from big_vit_lite.data import builders  # noqa: F401  (registers our builders)
 from big_vit_lite.data import offline_sources
 from big_vit_lite.data import sources
@@ -169,6 +170,8 @@ def prepare(
 
 
 def main(argv):
+  # Other libraries' INFO lines (orbax, tfds) only with --verbosity=1.
+  console.keep_log_readable()
   if len(argv) != 2:
     raise app.UsageError(
         "usage: python -m big_vit_lite.data.prepare NAME [--data_dir=D]"

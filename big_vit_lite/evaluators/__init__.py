@@ -12,13 +12,11 @@ import pkgutil
 
 def available():
   """Names of the modules here that define an `Evaluator` (the valid types)."""
+  modules = [m.name for m in pkgutil.iter_modules(__path__) if not m.ispkg]
   return sorted(
-      info.name
-      for info in pkgutil.iter_modules(__path__)
-      if not info.ispkg
-      and hasattr(
-          importlib.import_module(f"{__name__}.{info.name}"), "Evaluator"
-      )
+      name
+      for name in modules
+      if hasattr(importlib.import_module(f"{__name__}.{name}"), "Evaluator")
   )
 
 

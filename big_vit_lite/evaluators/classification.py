@@ -124,10 +124,8 @@ class Evaluator:
 
   def run(self, params):
     # Only what the forward needs (not e.g. string keys).
-    batches = (
-        {k: b[k] for k in ("image", "labels", "label", "_mask") if k in b}
-        for b in self.batches
-    )
+    wanted = ("image", "labels", "label", "_mask")
+    batches = ({k: b[k] for k in wanted if k in b} for b in self.batches)
     totals, max_label = {}, 0
     for out in feats.map_batches(self._sums, params, batches, self.mesh):
       max_label = max(max_label, int(out.pop("max_label", 0)))
@@ -152,12 +150,7 @@ class Evaluator:
           "or an overflow); prec@1 would be meaningless. Evaluate a finite checkpoint."
       )
     n = totals["count"]
-    return {
-        name: totals[k] / n
-        for name, k in (
-            ("prec@1", "correct@1"),
-            ("loss", "loss"),
-            ("prec@5", "correct@5"),
-        )
-        if k in totals
-    }
+    results = {"prec@1": totals["correct@1"] / n, "loss": totals["loss"] / n}
+    if "correct@5" in totals:
+      results["prec@5"] = totals["correct@5"] / n
+    return results

@@ -31,11 +31,13 @@ DEFAULT_PP = "decode|value_range(-1, 1)|keep('image', 'label')"
 
 def require_keys(batch, keys):
   """{k: batch[k] for k in keys}; a one-line error if the eval pp dropped one (e.g. "label")."""
-  if missing := [k for k in keys if k not in batch]:
+  missing = [k for k in keys if k not in batch]
+  if missing:
+    have = sorted(k for k in batch if not k.startswith("_"))
     raise ValueError(
         f"The eval batches lack {', '.join(map(repr, missing))}: the pp gives "
-        f"{sorted(k for k in batch if not k.startswith('_'))}. Keep the integer label "
-        "(end the pp with keep('image', 'label'); no onehot) for this evaluator."
+        f"{have}. Keep the integer label (end the pp with keep('image', "
+        "'label'); no onehot) for this evaluator."
     )
   return {k: batch[k] for k in keys}
 
@@ -47,20 +49,17 @@ def _pad_for_mesh(local, mesh):
   the callers drop rows with `_mask == False`.
   """
   devices = sharding.batch_devices(mesh)
-  pad = (-len(local["_mask"])) % (
-      devices // math.gcd(devices, jax.process_count())
-  )
-  if not pad:  # (local rows x processes must split evenly over the devices)
+  # (local rows x processes must split evenly over the devices)
+  multiple = devices // math.gcd(devices, jax.process_count())
+  pad = (-len(local["_mask"])) % multiple
+  if not pad:
     return local
-  return {
-      k: np.concatenate(
-          [
-              np.asarray(v),
-              np.zeros((pad, *np.shape(v)[1:]), np.asarray(v).dtype),
-          ]
-      )
-      for k, v in local.items()
-  }
+
+  def padded(v):
+    v = np.asarray(v)
+    return np.concatenate([v, np.zeros((pad, *v.shape[1:]), v.dtype)])
+
+  return {k: padded(v) for k, v in local.items()}
 
 
 def map_batches(fn, params, local_batches, mesh):
@@ -95,14 +94,15 @@ def _split_int64(batch):
 
 def _join_int64(arrays):
   """The inverse of `_split_int64` on host arrays."""
-  return {
-      k.removesuffix(_INT64): (
-          np.ascontiguousarray(v).view(np.int64)[..., 0]
-          if k.endswith(_INT64)
-          else v
+  out = {}
+  for k, v in arrays.items():
+    if k.endswith(_INT64):
+      k, v = (
+          k.removesuffix(_INT64),
+          np.ascontiguousarray(v).view(np.int64)[..., 0],
       )
-      for k, v in arrays.items()
-  }
+    out[k] = v
+  return out
 
 
 TOKEN_POOLS = ("mean", "flatten")
@@ -123,12 +123,10 @@ def representation(logits, out, layer, token_pool="mean"):
         f"choose one of {sorted(['logits', *out])}."
     )
   rep = logits if layer == "logits" else out[layer]
-  if rep.ndim > 2:
-    rep = (
-        rep.mean(axis=tuple(range(1, rep.ndim - 1)))
-        if token_pool == "mean"
-        else rep.reshape(rep.shape[0], -1)
-    )
+  if rep.ndim > 2 and token_pool == "mean":
+    rep = rep.mean(axis=tuple(range(1, rep.ndim - 1)))
+  elif rep.ndim > 2:
+    rep = rep.reshape(rep.shape[0], -1)
   return rep.astype(jnp.float32)
 
 
@@ -156,16 +154,16 @@ class FeatureExtractor:
   def __call__(self, params, local_batches, keys):
     """Returns a dict of numpy arrays ("feature" + keys) over the valid rows."""
     keys = tuple(dict.fromkeys(("image", "_mask", *keys)))
-    selected = (
-        _split_int64(require_keys(local, keys)) for local in local_batches
-    )
-    chunks = list(map_batches(self._fn, params, selected, self.mesh))
-    cat = _join_int64(
-        {k: np.concatenate([c[k] for c in chunks]) for k in chunks[0]}
-    )
-    valid = cat.pop("_mask").astype(bool)
-    out = {k: v[valid] for k, v in cat.items()}
-    if bad := int(np.sum(~np.isfinite(out["feature"]).all(axis=1))):
+    inputs = (_split_int64(require_keys(b, keys)) for b in local_batches)
+    columns = {}
+    for batch_out in map_batches(self._fn, params, inputs, self.mesh):
+      batch_out = _join_int64(batch_out)
+      valid = batch_out.pop("_mask").astype(bool)
+      for k, v in batch_out.items():
+        columns.setdefault(k, []).append(v[valid])
+    out = {k: np.concatenate(v) for k, v in columns.items()}
+    bad = int(np.sum(~np.isfinite(out["feature"]).all(axis=1)))
+    if bad:
       # Ridge's SVD would fail on them and L-BFGS would silently fit chance.
       raise ValueError(
           f"The model's {self.layer!r} features are NaN/inf for {bad} of "
@@ -180,14 +178,10 @@ def gather_local(array):
   array = np.asarray(array)
   if jax.process_count() == 1:
     return array[None]
-  return _join_int64(
-      {
-          k: np.asarray(v)
-          for k, v in multihost_utils.process_allgather(
-              _split_int64({"x": array}), tiled=False
-          ).items()
-      }
-  )["x"]
+  gathered = multihost_utils.process_allgather(
+      _split_int64({"x": array}), tiled=False
+  )
+  return _join_int64({k: np.asarray(v) for k, v in gathered.items()})["x"]
 
 
 def select_batches(local_batches, wanted, local_batch_size, num_batches, keys):
@@ -228,7 +222,9 @@ def select_batches(local_batches, wanted, local_batch_size, num_batches, keys):
     for i in np.flatnonzero(mask):
       gid = wanted.get(position + int(i))
       if gid is not None:
-        rows.append({**{k: local[k][i] for k in keys}, "_id": gid})
+        row = {k: local[k][i] for k in keys}
+        row["_id"] = gid
+        rows.append(row)
     position += mask.shape[0]
     while len(rows) >= local_batch_size:
       yield make(rows[:local_batch_size])

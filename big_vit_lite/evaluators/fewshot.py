@@ -34,6 +34,7 @@ Config (evals.NAME minus type/log_steps):
     "flatten" for token-shaped layers (see features.representation).
 """
 
+import dataclasses
 import math
 
 from absl import logging
@@ -46,6 +47,28 @@ from big_vit_lite.evaluators import features as feats
 from big_vit_lite.evaluators import ridge
 
 DEFAULT_SHOTS = (1, 5, 10, 25)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+  """One dataset's train labels and samples, drawn once from the labels alone."""
+
+  labels_pn: np.ndarray  # (processes, rows per process), padding rows too
+  train_labels: np.ndarray  # the valid labels, in global example order
+  shots: tuple  # the shot counts this dataset supplies
+  samples: dict  # (seed, shot) -> the global example ids of that sample
+
+
+@dataclasses.dataclass(frozen=True)
+class _Features:
+  """One dataset's features for one params: the sampled train rows and the test split."""
+
+  train_x: np.ndarray  # features of the union of all samples
+  train_y: np.ndarray  # their class positions (see class_ids)
+  rows: dict  # (seed, shot) -> the rows of train_x of that sample
+  test_x: np.ndarray
+  test_y: np.ndarray
+  num_classes: int
 
 
 def class_ids(train_labels, test_labels, what):
@@ -69,15 +92,16 @@ def class_ids(train_labels, test_labels, what):
   unseen = classes[pos] != test
   if np.any(unseen):
     bad = np.unique(test[unseen])
-    listed = ", ".join(map(str, bad[:5].tolist())) + (
-        ", ..." if bad.size > 5 else ""
-    )
-    why = (
-        "negative labels (-1: an unlabelled split?); use a labelled test split"
-        if bad.min() < 0
-        else "classes the train split lacks; use a train split holding every class (e.g. a "
-        "bigger slice) or a test split without them"
-    )
+    listed = ", ".join(map(str, bad[:5].tolist()))
+    if bad.size > 5:
+      listed += ", ..."
+    if bad.min() < 0:
+      why = "negative labels (-1: an unlabelled split?); use a labelled test split"
+    else:
+      why = (
+          "classes the train split lacks; use a train split holding every "
+          "class (e.g. a bigger slice) or a test split without them"
+      )
     raise ValueError(
         f"{what}: {int(unseen.sum())} of {test.size} test examples have labels "
         f"{listed}: {why}."
@@ -106,8 +130,10 @@ class Evaluator(feats.DatasetsEvaluator):
       test_split="test",
   ):
     self.default_shots = shots is None  # Adapted per dataset in _samples.
-    shots = DEFAULT_SHOTS if shots is None else shots
-    shots = shots if isinstance(shots, (tuple, list)) and shots else (shots,)
+    if shots is None:
+      shots = DEFAULT_SHOTS
+    elif not isinstance(shots, (tuple, list)) or not shots:
+      shots = (shots,)
     self.shots = tuple(
         dict.fromkeys(count(s, "each of shots", 1) for s in shots)
     )
@@ -187,7 +213,7 @@ class Evaluator(feats.DatasetsEvaluator):
         f"dataset {name!r} ({train_cfg['name']}, "
         f"split {train_cfg['split']!r})",
     )
-    return dict(
+    return _Plan(
         labels_pn=labels_pn,
         train_labels=labels_pn[valid_pn],
         shots=shots,
@@ -198,8 +224,8 @@ class Evaluator(feats.DatasetsEvaluator):
     """This process's batches of the sampled train examples (tagged "_id": their global id)."""
     train_cfg, _, pp = self.datasets[name]
     plan = self._plans[name]
-    wanted = np.unique(np.concatenate(list(plan["samples"].values())))
-    nproc, n_local = plan["labels_pn"].shape
+    wanted = np.unique(np.concatenate(list(plan.samples.values())))
+    nproc, n_local = plan.labels_pn.shape
     local_bs = self.batch_size // nproc
     most = np.bincount(wanted // n_local, minlength=nproc).max()
     first = jax.process_index() * n_local
@@ -220,19 +246,19 @@ class Evaluator(feats.DatasetsEvaluator):
     )
     row_of = {int(g): i for i, g in enumerate(train["_id"])}
     test_x, test_labels = self.split_features(params, test_cfg, pp)
-    classes = np.unique(plan["train_labels"])
+    classes = np.unique(plan.train_labels)
     _, test_y, num_classes = class_ids(
         classes,
         test_labels,
         f"Few-shot dataset {name!r} ({test_cfg['name']}, split {test_cfg['split']!r})",
     )
-    return dict(
+    rows = {}
+    for seed_shot, ids in plan.samples.items():
+      rows[seed_shot] = np.array([row_of[int(g)] for g in ids])
+    return _Features(
         train_x=train["feature"],
         train_y=np.searchsorted(classes, train[self.label_key]),
-        rows={
-            k: np.array([row_of[int(g)] for g in v])
-            for k, v in plan["samples"].items()
-        },
+        rows=rows,
         test_x=test_x,
         test_y=test_y,
         num_classes=num_classes,
@@ -241,16 +267,16 @@ class Evaluator(feats.DatasetsEvaluator):
   def run(self, params):
     results = {}
     for name, f in self.features_per_dataset(params):
-      for shot in self._plans[name]["shots"]:
+      for shot in self._plans[name].shots:
         accs = []
         for seed in self.seeds:
-          rows = f["rows"][seed, shot]
+          rows = f.rows[seed, shot]
           acc, fit = ridge.fit_and_score(
-              f["train_x"][rows],
-              f["train_y"][rows],
-              f["test_x"],
-              f["test_y"],
-              f["num_classes"],
+              f.train_x[rows],
+              f.train_y[rows],
+              f.test_x,
+              f.test_y,
+              f.num_classes,
               self.l2_regs,
           )
           accs.append(acc)

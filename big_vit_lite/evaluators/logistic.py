@@ -70,7 +70,10 @@ def _fit_many(x, y, w, l2s, *, num_classes, max_iter, tol):
 
 
 def _to_device(arrays, mesh):
-  """Pads rows to a multiple of the batch-axis size and shards them there."""
+  """Device copies of host arrays, rows sharded over the batch axes.
+
+  The caller padded the rows to a multiple of the batch-axis size.
+  """
   if mesh is None or not sharding.batch_axes(mesh):
     return [jnp.asarray(a) for a in arrays]
   rows = sharding.batch_sharding(mesh)
@@ -111,19 +114,15 @@ def fit(
   """
   x, labels = np.asarray(x, np.float32), np.asarray(labels, np.int32)
   n = x.shape[0]
-  weights = (
-      np.ones((n,), np.float32)
-      if weights is None
-      else np.asarray(weights, np.float32).reshape(n)
-  )
+  if weights is None:
+    weights = np.ones((n,), np.float32)
+  weights = np.asarray(weights, np.float32).reshape(n)
   pad = (-n) % sharding.batch_devices(mesh)  # Zero rows of weight 0.
-  xd, yd, wd = _to_device(
-      [
-          np.pad(a, [(0, pad)] + [(0, 0)] * (a.ndim - 1))
-          for a in (x, labels, weights)
-      ],
-      mesh,
-  )
+  padded = [
+      np.pad(a, [(0, pad)] + [(0, 0)] * (a.ndim - 1))
+      for a in (x, labels, weights)
+  ]
+  xd, yd, wd = _to_device(padded, mesh)
   params, iters = _fit_many(
       xd,
       yd,

@@ -39,11 +39,9 @@ def average_precision(scores, positive):
   true_pos = np.cumsum(positive)[ends]
   precision = true_pos / (ends + 1)
   recall_steps = np.diff(true_pos, prepend=0) / max(int(positive.sum()), 1)
-  return (
-      float(np.sum(recall_steps * precision))
-      if positive.any()
-      else float("nan")
-  )
+  if not positive.any():
+    return float("nan")
+  return float(np.sum(recall_steps * precision))
 
 
 def metrics(logits, labels):

@@ -33,7 +33,8 @@ def eval_pp(res, channels=3, label_key="label"):
 def folder_datasets(root):
   """{basename(ROOT): imagefolder data cfg} for ROOT/{train,test}/CLASS/*."""
   root = os.path.abspath(os.path.expanduser(str(root)))
-  if not (name := os.path.basename(root.rstrip(os.sep))):
+  name = os.path.basename(root.rstrip(os.sep))
+  if not name:
     raise ValueError(
         f"folder={root!r}: use a named folder holding train/ and test/."
     )
@@ -48,15 +49,13 @@ def _datasets(datasets, folder, data_dir):
   # `--config.evals.fewshot.datasets.mnist10k.data_dir=DIR` must work, and
   # ml_collections cannot override a plain None from the command line. (These
   # dicts are meant for ConfigDicts, which resolve placeholders on access.)
-  return {
-      n: dict(
-          name=n,
-          data_dir=config_dict.placeholder(str)
-          if data_dir is None
-          else data_dir,
-      )
-      for n in names
-  }
+  out = {}
+  for name in names:
+    if data_dir is None:
+      out[name] = dict(name=name, data_dir=config_dict.placeholder(str))
+    else:
+      out[name] = dict(name=name, data_dir=data_dir)
+  return out
 
 
 def _entry(cfg, runlocal, folder, log_steps, **local):
@@ -137,24 +136,3 @@ def linear_probe(
       max_iter=1000,
   )
   return _entry(cfg, runlocal, folder, log_steps, batch_size=64, max_iter=200)
-
-
-def parse_arg(arg, **defaults):
-  """ "folder=/x,res=224,runlocal" -> dict over `defaults` (bare names mean True).
-
-  Values are converted to the type of their default (int, float, bool, str);
-  unknown names are an error.
-  """
-  out = dict(defaults)
-  for item in filter(None, (s.strip() for s in (arg or "").split(","))):
-    key, sep, value = item.partition("=")
-    if key not in defaults:
-      raise ValueError(
-          f"Unknown config arg {key!r}; known: {', '.join(defaults)}."
-      )
-    if not sep or isinstance(defaults[key], bool):
-      value = not sep or value.lower() in ("true", "1")
-    elif isinstance(defaults[key], (int, float)):
-      value = type(defaults[key])(value)
-    out[key] = value
-  return out

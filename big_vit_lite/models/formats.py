@@ -33,7 +33,8 @@ def read_params_and_grid(path, num_heads=None):
   config has a training pp; files do not say it. num_heads: a timm file's, when the
   model that reads it says it (else its metadata's, see `timm.read_timm`).
   """
-  if not (resolved := paths.resolve(path)).exists():
+  resolved = paths.resolve(path)
+  if not resolved.exists():
     raise ValueError(f"Checkpoint {path} does not exist.")
   if os.fspath(path).endswith(".safetensors"):
     return timm.read_timm(path, num_heads), None
@@ -41,8 +42,10 @@ def read_params_and_grid(path, num_heads=None):
     tree, config = steps.load_params(resolved)
     flat = layout.canonicalize(layout.to_numpy_flat(tree))
     # The image size its pp gives -> the patch grid.
-    if hw := steps.trained_hw(config, flat):
-      hw = tuple(n // flat["embedding/kernel"].shape[0] for n in hw)
+    hw = steps.trained_hw(config, flat)
+    if hw:
+      patch = flat["embedding/kernel"].shape[0]
+      hw = tuple(n // patch for n in hw)
     return flat, hw
   return layout.canonicalize(npz.read_npz(resolved)), None
 

@@ -156,9 +156,9 @@ def merge(
     if k == POSEMB:
       v = posemb.fit(
           v,
-          int("cls" in src_flat),
+          num_prefix(src_flat),
           spec.shape,
-          int("cls" in tgt),
+          num_prefix(tgt),
           grid_hw,
           src_grid_hw,
       )
@@ -174,15 +174,17 @@ def merge(
       if not any(re.fullmatch(p, k) for p in dont_load)
   )
   # Dropping the classifier (a headless feature model), vision_transformer's
-  # pre-logits layer (fine-tuning without representation_size) or a posemb
-  # table for a sincos2d model (timm files always hold one) is routine.
+  # pre-logits layer (fine-tuning without representation_size), a posemb
+  # table for a sincos2d model (timm files always hold one) or the projection
+  # of feature distillation (distill.py: training only) is routine.
   # Anything else unused means another architecture (more blocks, a class
   # token or MAP head the model lacks): loading it would give a different
   # model without complaint, so it is an error unless dont_load names it.
   if dropped := [
       k
       for k in unused
-      if k == POSEMB or k.split("/")[0] in ("head", "pre_logits")
+      if k == POSEMB
+      or k.split("/")[0] in ("head", "pre_logits", "distill_proj")
   ]:
     logging.warning(
         "Checkpoint params not used by the model: %s", ", ".join(dropped)
@@ -230,7 +232,13 @@ def arch(flat) -> dict:
   return facts
 
 
+def num_prefix(flat) -> int:
+  """The tokens before the patches that have a posemb row: class and DeiT distillation."""
+  return int("cls" in flat) + int("dist" in flat)
+
+
 _OPTION_DEFAULTS = dict(
+    distill_token=False,
     reg_tokens=0,
     qk_norm=False,
     layerscale_init=None,
@@ -249,6 +257,7 @@ def model_options(flat) -> dict:
   b = "Transformer/encoderblock_0/"
   attn = f"{b}MultiHeadDotProductAttention_0/"
   opts = dict(
+      distill_token="dist" in flat,
       reg_tokens=int(flat["reg"].shape[1]) if "reg" in flat else 0,
       qk_norm=f"{attn}query_norm/scale" in flat,
       layerscale_init=1.0 if f"{b}LayerScale_0/scale" in flat else None,

@@ -201,7 +201,10 @@ def resolve_step_dir(src):
     return src
   # (checkpoint_steps: complete, committed steps only)
   for ckpt_dir in (src / CKPT_SUBDIR, src):
-    if ckpt_dir.is_dir() and (steps := ocp.utils.checkpoint_steps(ckpt_dir)):
+    if not ckpt_dir.is_dir():
+      continue
+    steps = ocp.utils.checkpoint_steps(ckpt_dir)
+    if steps:
       return ckpt_dir / str(max(steps))
   raise ValueError(
       f"No complete checkpoint found in {src}: pass a training workdir, a checkpoint "

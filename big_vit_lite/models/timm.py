@@ -3,7 +3,7 @@
 import itertools
 import json
 import os
-from typing import Any, Mapping, Optional
+from typing import Mapping, Optional
 
 import numpy as np
 
@@ -11,6 +11,13 @@ from big_vit_lite import paths
 from big_vit_lite.models import layout
 from big_vit_lite.models import posemb
 from big_vit_lite.models.variants import VARIANTS, size_name
+
+# Re-exported: export.py and the tests call them as timm.timm_usage, ...
+from big_vit_lite.models.timm_names import (  # noqa: F401
+    TIMM_CLASSES,
+    timm_model_name,
+    timm_usage,
+)
 
 # How each of our arrays becomes its part of a timm tensor, and back (d: width,
 # n: heads).
@@ -45,6 +52,7 @@ def _our_options(flat) -> dict:
       rms="norm" in m,
       parallel="parallel_block" in m,
       bias="use_bias" not in m,
+      dist="distill_token" in m,
   )
 
 
@@ -61,6 +69,7 @@ def _timm_options(sd) -> dict:
       rms=f"{b}{'in_norm' if parallel else 'norm1'}.bias" not in sd,
       parallel=parallel,
       bias=f"{b}{'in_proj' if parallel else 'attn.qkv'}.bias" in sd,
+      dist="dist_token" in sd,  # DeiT's VisionTransformerDistilled
   )
 
 
@@ -126,6 +135,7 @@ def _names(depth, cls, map_head, head, o):
       ("patch_embed.proj.bias", ["embedding/bias"], "copy"),
   ]
   names += [("cls_token", ["cls"], "copy")] if cls else []
+  names += [("dist_token", ["dist"], "copy")] if o["dist"] else []
   names += [("reg_token", ["reg"], "copy")] if o["reg"] else []
   for i in range(depth):
     t, b = f"blocks.{i}", f"Transformer/encoderblock_{i}"
@@ -179,14 +189,10 @@ def _names(depth, cls, map_head, head, o):
         + ln("attn_pool.norm", "MAPHead_0/LayerNorm_0")
         + mlp("attn_pool.mlp", "MAPHead_0/MlpBlock_0")
     )
-  return names + (
-      [
-          ("head.weight", ["head/kernel"], "T"),
-          ("head.bias", ["head/bias"], "copy"),
-      ]
-      if head
-      else []
-  )
+  heads = ("head", "head_dist") if o["dist"] else ("head",)
+  return names + [
+      n for h in heads if head for n in dense(h, [h], ("T", "copy"))
+  ]
 
 
 def _kinds(kind, n):
@@ -236,6 +242,11 @@ def to_timm(params, image_size=None) -> tuple[dict, dict]:
         "timm's ParallelScalingBlock has a GELU MLP only: export a parallel_block "
         "model with mlp='gelu'."
     )
+  if o["dist"] and o["reg"]:
+    raise ValueError(
+        "timm's VisionTransformerDistilled has no register tokens: export a "
+        "distill_token model with reg_tokens=0."
+    )
   try:
     p, d, cls = a["patch"], a["width"], "cls" in flat
     names = _names(
@@ -263,10 +274,11 @@ def to_timm(params, image_size=None) -> tuple[dict, dict]:
         }
     )
   hw = image_hw(image_size)
+  n_pre = layout.num_prefix(flat)  # cls and DeiT's dist token
   grid = None if hw is None else (hw[0] // p, hw[1] // p)
   if posemb.PARAM in flat:
     pe = flat[posemb.PARAM]
-    tokens = pe.shape[1] - cls
+    tokens = pe.shape[1] - n_pre
     grid = grid or posemb.square_grid(tokens)
     if grid is None or grid[0] * grid[1] != tokens:
       not_grid = (
@@ -284,15 +296,15 @@ def to_timm(params, image_size=None) -> tuple[dict, dict]:
         "(--res) so the fixed embedding can be written for timm."
     )
   else:
-    pe = posemb.sincos_2d(*grid, d, num_prefix=int(cls))
+    pe = posemb.sincos_2d(*grid, d, num_prefix=n_pre)
   n_reg = flat["reg"].shape[1] if o["reg"] else 0
   # timm adds pos_embed to the registers too: zero rows (ours have none).
   if n_reg:
     pe = np.concatenate(
         [
-            pe[:, : int(cls)],
+            pe[:, :n_pre],
             np.zeros((1, n_reg, d), pe.dtype),
-            pe[:, int(cls) :],
+            pe[:, n_pre:],
         ],
         1,
     )
@@ -330,92 +342,11 @@ def to_timm(params, image_size=None) -> tuple[dict, dict]:
       mlp_layer="SwiGLU" if o["swiglu"] else None,
       act_layer="silu" if o["swiglu"] else None,
       block_fn="ParallelScalingBlock" if o["parallel"] else None,
+      # Not a constructor kwarg: says the class, VisionTransformerDistilled
+      # (timm_names.timm_class).
+      distilled=o["dist"] or None,
   )
   return sd, dict(kwargs, **{k: v for k, v in options.items() if v is not None})
-
-
-# timm's registered plain ViTs: their size names (by ours), and the (patch,
-# image size) pairs timm defines a model name for.
-_TIMM_SIZES = {
-    "Ti": "tiny",
-    "S": "small",
-    "B": "base",
-    "L": "large",
-    "H": "huge",
-    "g": "giant",
-    "G": "gigantic",
-}
-_TIMM_NAMED = {
-    "tiny": {(16, 224), (16, 384)},
-    "small": {(8, 224), (16, 224), (16, 384), (32, 224), (32, 384)},
-    "base": {(8, 224), (16, 224), (16, 384), (32, 224), (32, 384)},
-    "large": {(14, 224), (16, 224), (16, 384), (32, 224), (32, 384)},
-    "huge": {(14, 224)},
-    "giant": {(14, 224)},
-    "gigantic": {(14, 224)},
-}
-
-
-# The kwargs whose value is a timm class: its module, where the kwargs (JSON)
-# hold its name.
-TIMM_CLASSES = {
-    "mlp_layer": "timm.layers.",
-    "block_fn": "timm.models.vision_transformer.",
-}
-
-
-def timm_model_name(kwargs: Mapping[str, Any]) -> Optional[str]:
-  """timm's registered name for the architecture of `to_timm`'s kwargs, or None.
-
-  Only plain RGB class-token ViTs have one (e.g. "vit_base_patch16_224");
-  the others load with `VisionTransformer(**kwargs)`.
-  """
-  d = kwargs["embed_dim"]
-  if (
-      set(kwargs) & set(TIMM_CLASSES)
-      or "reg_tokens" in kwargs
-      or "qkv_bias" in kwargs
-  ):
-    # Block options: only VisionTransformer(**kwargs) says them all.
-    return None
-  size = _TIMM_SIZES.get(
-      size_name(
-          d,
-          kwargs["depth"],
-          round(kwargs["mlp_ratio"] * d),
-          kwargs["num_heads"],
-      )
-  )
-  if (
-      size is None
-      or kwargs["in_chans"] != 3
-      or kwargs["global_pool"] != "token"
-      or not kwargs["class_token"]
-      or (kwargs["patch_size"], kwargs["img_size"]) not in _TIMM_NAMED[size]
-  ):
-    return None
-  return f"vit_{size}_patch{kwargs['patch_size']}_{kwargs['img_size']}"
-
-
-def timm_usage(kwargs: Mapping[str, Any], path) -> str:
-  """The Python line that builds the timm model for a file written by `write_timm`."""
-  name, n = timm_model_name(kwargs), kwargs["num_classes"]
-  if name:
-    # num_classes goes into the overlay too: when it differs from the
-    # registered model's (1000), timm's pretrained loading drops the head and
-    # leaves a random one without a word.
-    return (
-        f'timm.create_model("{name}", pretrained=True, num_classes={n}, '
-        f'pretrained_cfg_overlay=dict(file="{os.fspath(path)}", num_classes={n}))'
-    )
-  args = ", ".join(
-      f"{k}={TIMM_CLASSES[k]}{v}" if k in TIMM_CLASSES else f"{k}={v!r}"
-      for k, v in kwargs.items()
-  )
-  return (
-      "m = timm.models.vision_transformer.VisionTransformer(" + args + "); "
-      f'm.load_state_dict(safetensors.torch.load_file("{os.fspath(path)}"), strict=True)'
-  )
 
 
 def write_timm(params, path, image_size=None) -> dict:
@@ -524,7 +455,7 @@ def from_timm(
   if "pos_embed" in sd:
     pe = sd["pos_embed"]
     n_cls, n_reg = (
-        int("cls_token" in sd),
+        int("cls_token" in sd) + int(o["dist"]),
         flat["reg"].shape[1] if o["reg"] else 0,
     )
     n = pe.shape[1]
@@ -543,9 +474,9 @@ def from_timm(
     )
     if "cls_token" in sd and grid_only:
       # timm's no_embed_class models (DeiT III, ...): the grid rows only, the
-      # class token gets no posemb, i.e. a zero row (a square grid's count plus
+      # class (and dist) token gets no posemb, i.e. a zero row (a square grid's count plus
       # one is never square; a non-square grid's can be, hence grid_tokens).
-      pe = np.concatenate([np.zeros_like(pe[:, :1]), pe], axis=1)
+      pe = np.concatenate([np.zeros_like(pe[:, :n_cls]), pe], axis=1)
     flat[posemb.PARAM] = pe
   if extra := sorted(set(sd) - {t for t, _, _ in names} - {"pos_embed"}):
     raise ValueError(

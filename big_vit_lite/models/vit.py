@@ -6,7 +6,8 @@ without renaming:
 
   embedding/{kernel (P,P,C,D), bias}
   cls (1,1,D)                                        pool_type="tok" only
-  Transformer/posembed_input/pos_embedding (1,T,D)   posemb="learn"; T counts the cls entry
+  dist (1,1,D)                                       distill_token only
+  Transformer/posembed_input/pos_embedding (1,T,D)   posemb="learn"; T counts cls (and dist)
   Transformer/encoderblock_{i}/LayerNorm_0, LayerNorm_1,
       MultiHeadDotProductAttention_0/{query,key,value}/{kernel (D,H,D/H), bias (H,D/H)},
       MultiHeadDotProductAttention_0/out/{kernel (H,D/H,D), bias (D)},
@@ -15,6 +16,7 @@ without renaming:
   MAPHead_0/{probe, MultiHeadDotProductAttention_0, LayerNorm_0, MlpBlock_0}   pool_type="map"
   pre_logits/{kernel,bias}                           rep_size only
   head/{kernel,bias}                                 num_classes > 0 only
+  head_dist/{kernel,bias}                            distill_token, num_classes > 0
 
 With `scan=True` the blocks live under `Transformer/encoderblock/...` with a
 leading "layers" axis of length depth (big_vision's scan layout); `load` and
@@ -102,6 +104,13 @@ class Model(nn.Module):
   `mlp`: "gelu" | "swiglu"; `norm`: "layernorm" | "rmsnorm" (every norm of the model);
   `parallel_block`: x + attn(norm(x)) + mlp(norm(x)), ViT-22B's block; `use_bias`: False
   drops the biases of the blocks' q/k/v/out and MLP projections.
+
+  `distill_token` (DeiT, Touvron et al. 2021): a second learned token after the class
+  token (with its own posemb row) and a second head, `head_dist`, on it. The logits are
+  the mean of the two heads' (as timm's VisionTransformerDistilled at inference), and so
+  are "head_input" and "pre_logits"; `out` also holds each head's logits, "logits_cls" and
+  "logits_dist", which distillation trains apart (distill.py). Needs pool_type="tok" and
+  no rep_size.
   """
 
   num_classes: int
@@ -131,6 +140,7 @@ class Model(nn.Module):
   norm: str = "layernorm"
   parallel_block: bool = False
   use_bias: bool = True
+  distill_token: bool = False
 
   def block_options(self) -> BlockOptions:
     return BlockOptions(
@@ -189,6 +199,12 @@ class Model(nn.Module):
       raise ValueError(
           f"reg_tokens={self.reg_tokens!r}: use a count of register tokens >= 0."
       )
+    if self.distill_token and (self.pool_type != "tok" or self.rep_size):
+      raise ValueError(
+          f"distill_token=True with pool_type={self.pool_type!r}, rep_size="
+          f"{self.rep_size!r}: the distillation token needs pool_type='tok' "
+          "and no rep_size."
+      )
     if self.remat_policy not in (None, "none") and not hasattr(
         jax.checkpoint_policies, str(self.remat_policy)
     ):
@@ -222,10 +238,21 @@ class Model(nn.Module):
           (1, 1, d),
           jnp.float32,
       )
-      x = jnp.concatenate(
-          [jnp.broadcast_to(cls, (b, 1, d)).astype(x.dtype), x], axis=1
-      )
-    num_prefix = int(self.pool_type == "tok")
+      prefix = [cls]
+      if self.distill_token:
+        prefix.append(
+            self.param(
+                "dist",
+                _partitioned(
+                    nn.initializers.normal(stddev=0.02), (None, None, "embed")
+                ),
+                (1, 1, d),
+                jnp.float32,
+            )
+        )
+      prefix = [jnp.broadcast_to(t, (b, 1, d)).astype(x.dtype) for t in prefix]
+      x = jnp.concatenate(prefix + [x], axis=1)
+    num_prefix = int(self.pool_type == "tok") + int(self.distill_token)
     registers = None
     if self.reg_tokens:
       registers = self.param(
@@ -258,6 +285,8 @@ class Model(nn.Module):
       )
     out.update(enc_out, encoded=x)
 
+    if self.distill_token:
+      return self._distilled_heads(x[:, 0], x[:, 1], dtype_mm, out)
     if self.pool_type == "tok":
       x = x[:, 0]
     elif self.pool_type == "gap":
@@ -290,20 +319,34 @@ class Model(nn.Module):
       )
     out["pre_logits"] = x
     if self.num_classes:
-      kinit = (
-          nn.initializers.zeros
-          if self.head_zeroinit
-          else nn.initializers.lecun_normal()
-      )
-      x = nn.Dense(
-          self.num_classes,
-          dtype=dtype_mm,
-          name="head",
-          kernel_init=_partitioned(kinit, ("embed", "classes")),
-          bias_init=_partitioned(nn.initializers.zeros, ("classes",)),
-      )(x)
+      x = self._head("head", dtype_mm)(x)
     out["logits"] = x
     return x, out
+
+  def _head(self, name, dtype_mm):
+    kinit = (
+        nn.initializers.zeros
+        if self.head_zeroinit
+        else nn.initializers.lecun_normal()
+    )
+    return nn.Dense(
+        self.num_classes,
+        dtype=dtype_mm,
+        name=name,
+        kernel_init=_partitioned(kinit, ("embed", "classes")),
+        bias_init=_partitioned(nn.initializers.zeros, ("classes",)),
+    )
+
+  def _distilled_heads(self, x_cls, x_dist, dtype_mm, out):
+    """DeiT's two heads: `head` on the class token, `head_dist` on the distillation token."""
+    out["head_input"] = out["pre_logits"] = (x_cls + x_dist) / 2
+    if not self.num_classes:
+      out["logits"] = out["pre_logits"]
+      return out["logits"], out
+    out["logits_cls"] = self._head("head", dtype_mm)(x_cls)
+    out["logits_dist"] = self._head("head_dist", dtype_mm)(x_dist)
+    out["logits"] = (out["logits_cls"] + out["logits_dist"]) / 2
+    return out["logits"], out
 
 
 class _ConvStem(nn.Module):

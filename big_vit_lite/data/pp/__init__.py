@@ -11,7 +11,7 @@ import tensorflow as tf
 from big_vit_lite.data.pp import ops_general  # noqa: F401  (registers ops)
 from big_vit_lite.data.pp import ops_image  # noqa: F401
 from big_vit_lite.data.pp import randaug  # noqa: F401
-from big_vit_lite.data.pp.registry import build_op, known_ops, register  # noqa: F401
+from big_vit_lite.data.pp.registry import build_op, known_ops, register, register_image_op  # noqa: F401
 
 # Random ops draw their seeds from this key (a stateless [2] int seed that
 # the input pipeline derives from (seed, shard, epoch, example index)), so
@@ -30,11 +30,8 @@ def get_preprocess_fn(pp_string):
         f"pp must be a non-empty string like 'decode|value_range(-1, 1)', "
         f"got {pp_string!r}"
     )
-  ops = [
-      (text.strip(), build_op(text))
-      for text in pp_string.split("|")
-      if text.strip()
-  ]
+  texts = [text.strip() for text in pp_string.split("|")]
+  ops = [(text, build_op(text)) for text in texts if text]
 
   def preprocess(data):
     data = dict(data)
@@ -76,21 +73,16 @@ def output_hw(pp_string, key="image", channels=3):
       tf.TensorSpec([None, None, channels], tf.uint8),
   ):
     try:
-      out = fn.get_concrete_function(
-          {"image": image, **specs}
-      ).structured_outputs
+      traced = fn.get_concrete_function({"image": image, **specs})
     except (ValueError, TypeError, KeyError, tf.errors.OpError):
       continue
-    shape = (
-        out[key].shape
-        if isinstance(out, dict) and key in out
-        else tf.TensorShape(None)
-    )
-    return (
-        tuple(shape[:2])
-        if shape.rank == 3 and shape[:2].is_fully_defined()
-        else None
-    )
+    out = traced.structured_outputs
+    if not isinstance(out, dict) or key not in out:
+      return None
+    shape = out[key].shape
+    if shape.rank == 3 and shape[:2].is_fully_defined():
+      return tuple(shape[:2])
+    return None
   return None
 
 
@@ -111,8 +103,6 @@ def op_error(op_text, reason):
 
 def ensure_rng(data, seed=0):
   """Adds a fixed `_rng` when the caller provided none (e.g. ad-hoc use)."""
-  return (
-      data
-      if RNG_KEY in data
-      else {**data, RNG_KEY: tf.constant([seed, 0], tf.int64)}
-  )
+  if RNG_KEY in data:
+    return data
+  return {**data, RNG_KEY: tf.constant([seed, 0], tf.int64)}

@@ -44,26 +44,23 @@ def get_onehot(
     # tf.one_hot silently maps a label outside [0, depth) to an all-`off`
     # vector: a depth below the class count, or the -1 ("no label") of some
     # test splits, would train or evaluate on wrong targets without a sign.
-    with tf.control_dependencies(
+    below_depth = tf.debugging.Assert(
+        tf.reduce_all(labels < depth),
         [
-            tf.debugging.Assert(
-                tf.reduce_all(labels < depth),
-                [
-                    f"onehot({depth}): a label is >= depth {depth}; set depth to the number of "
-                    f"classes; labels:",
-                    labels,
-                ],
-            ),
-            tf.debugging.Assert(
-                tf.reduce_all(labels >= 0),
-                [
-                    f"onehot({depth}): a label is negative (-1 often means 'no label', as in "
-                    f"unlabelled test splits): use a labelled split; labels:",
-                    labels,
-                ],
-            ),
-        ]
-    ):
+            f"onehot({depth}): a label is >= depth {depth}; set depth to the "
+            f"number of classes; labels:",
+            labels,
+        ],
+    )
+    not_negative = tf.debugging.Assert(
+        tf.reduce_all(labels >= 0),
+        [
+            f"onehot({depth}): a label is negative (-1 often means 'no label', "
+            f"as in unlabelled test splits): use a labelled split; labels:",
+            labels,
+        ],
+    )
+    with tf.control_dependencies([below_depth, not_negative]):
       labels = tf.identity(labels)
     hot = tf.one_hot(
         labels,
@@ -85,10 +82,8 @@ def get_keep(*keys):
   def op(data):
     missing = [k for k in keys if k not in data]
     if missing:
-      raise ValueError(
-          f"keys {missing} not in the example "
-          f"(it has {sorted(k for k in data if not _internal(k))})"
-      )
+      have = sorted(k for k in data if not _internal(k))
+      raise ValueError(f"keys {missing} not in the example (it has {have})")
     return {k: v for k, v in data.items() if k in keys or _internal(k)}
 
   return op

@@ -18,8 +18,7 @@ multiply-add (within 1 ulp of big_vision's two steps).
 import numpy as np
 import tensorflow as tf
 
-from big_vit_lite.data.pp.registry import register
-from big_vit_lite.data.pp.rng import take_seed
+from big_vit_lite.data.pp.registry import register_image_op
 
 
 def _hw(size):
@@ -49,24 +48,37 @@ def _resize_to(image, hw, method, antialias):
   )
 
 
-def _image(data, key, op_name, spatial=True):
-  """The decoded image under `key`; encoded bytes there mean `decode` is missing.
-
-  `spatial` ops (crops, resizes, flips, pads) need [H, W, C]: on a grey
-  [H, W] image flip_lr would flip it upside down, without an error.
-  """
-  img = data[key]
-  if img.dtype == tf.string:
+def _decoded(image, key, op_name):
+  """Checks that `image` is decoded: encoded bytes there mean `decode` is missing."""
+  if image.dtype == tf.string:
     raise ValueError(
         f"{op_name} got encoded image bytes under {key!r}: put 'decode' (or "
         f"'decode_jpeg_and_inception_crop') before it"
     )
-  if spatial and img.shape.rank is not None and img.shape.rank < 3:
+
+
+def _spatial(image, key, op_name):
+  """Checks that `image` is a decoded [H, W, C] image.
+
+  Spatial ops (crops, resizes, flips, pads) need the channel axis: on a grey
+  [H, W] image flip_lr would flip it upside down, without an error.
+  """
+  _decoded(image, key, op_name)
+  if image.shape.rank is not None and image.shape.rank < 3:
     raise ValueError(
-        f"{op_name} needs an image [H, W, C] under {key!r}, got shape {img.shape}: "
+        f"{op_name} needs an image [H, W, C] under {key!r}, got shape {image.shape}: "
         f"put 'decode' before it (it gives a grey [H, W] image its channel axis)"
     )
-  return img
+
+
+def _encoded(raw, key, op_name):
+  """Checks that `raw` holds encoded bytes (for ops that decode them)."""
+  del op_name  # (the message starts with the op's text)
+  if raw.dtype != tf.string:
+    raise ValueError(
+        f"needs the encoded image bytes under {key!r} (it decodes them "
+        f"itself): remove the 'decode' before it, or use inception_crop"
+    )
 
 
 def _fits(img, hw, op_name):
@@ -99,19 +111,18 @@ def _decode_any(raw, channels, precise=False):
   # expand_animations=False: a GIF gives its first frame (rank 3), so every
   # decoded image has the same rank whatever the file format.
   def decode(c):
-    plain = lambda: tf.io.decode_image(
-        raw, channels=c, expand_animations=False, dtype=tf.uint8  # noqa: E731
-    )
+    def plain():
+      return tf.io.decode_image(
+          raw, channels=c, expand_animations=False, dtype=tf.uint8
+      )
+
+    def accurate_jpeg():
+      return tf.io.decode_jpeg(raw, channels=c, dct_method="INTEGER_ACCURATE")
+
     if not precise:
       return plain()
     # The IDCT of PIL/cv2/PyTorch; other formats do not depend on it.
-    return tf.cond(
-        tf.io.is_jpeg(raw),
-        lambda: tf.io.decode_jpeg(
-            raw, channels=c, dct_method="INTEGER_ACCURATE"
-        ),
-        plain,
-    )
+    return tf.cond(tf.io.is_jpeg(raw), accurate_jpeg, plain)
 
   if channels not in (1, 4):
     return decode(channels)
@@ -128,23 +139,19 @@ def _decode_any(raw, channels, precise=False):
         lambda: tf.image.extract_jpeg_shape(raw)[2] != 4,
         lambda: tf.constant(False),
     )
-  convert = (
-      (lambda: _rgb_to_grey(decode(3)))
-      if channels == 1
-      else (
-          lambda: tf.pad(
-              decode(3), [[0, 0], [0, 0], [0, 1]], constant_values=255
-          )
-      )
-  )
-  return tf.cond(direct, lambda: decode(channels), convert)
+
+  def from_rgb():
+    rgb = decode(3)
+    if channels == 1:
+      return _rgb_to_grey(rgb)
+    return tf.pad(rgb, [[0, 0], [0, 0], [0, 1]], constant_values=255)
+
+  return tf.cond(direct, lambda: decode(channels), from_rgb)
 
 
 def _rgb_to_grey(image):
-  return tf.cast(
-      tf.round(tf.image.rgb_to_grayscale(tf.cast(image, tf.float32))),
-      image.dtype,
-  )
+  grey = tf.image.rgb_to_grayscale(tf.cast(image, tf.float32))
+  return tf.cast(tf.round(grey), image.dtype)
 
 
 def _fix_channels(image, channels):
@@ -156,21 +163,26 @@ def _fix_channels(image, channels):
   if channels == 0 or have == channels:
     return image
   if channels == 1:
-    return image[..., :1] if have <= 2 else _rgb_to_grey(image[..., :3])
-  rgb = image[..., :3] if have >= 3 else tf.tile(image[..., :1], [1, 1, 3])
+    if have <= 2:
+      return image[..., :1]
+    return _rgb_to_grey(image[..., :3])
+  if have >= 3:
+    rgb = image[..., :3]
+  else:
+    rgb = tf.tile(image[..., :1], [1, 1, 3])
   if channels == 3:
     return rgb
-  alpha = image.dtype.max if image.dtype.is_integer else 1.0  # opaque
-  opaque = tf.fill(
-      tf.concat([tf.shape(image)[:2], [1]], 0), tf.cast(alpha, image.dtype)
-  )
-  return tf.concat(
-      [rgb, image[..., have - 1 :] if have in (2, 4) else opaque], -1
-  )
+  if have in (2, 4):
+    alpha = image[..., have - 1 :]
+  else:
+    opaque = image.dtype.max if image.dtype.is_integer else 1.0
+    alpha_shape = tf.concat([tf.shape(image)[:2], [1]], 0)
+    alpha = tf.fill(alpha_shape, tf.cast(opaque, image.dtype))
+  return tf.concat([rgb, alpha], -1)
 
 
-@register("decode")
-def get_decode(channels=3, precise=False, key="image"):
+@register_image_op("decode")
+def get_decode(channels=3, precise=False):
   """Decodes JPEG/PNG/GIF/BMP bytes to uint8 [H, W, channels].
 
   precise=True decodes JPEGs with the accurate integer IDCT (as PIL, cv2
@@ -179,36 +191,33 @@ def get_decode(channels=3, precise=False, key="image"):
   through, converted to `channels` as bytes are (grey, grey+alpha, RGB, RGBA).
   """
 
-  def op(data):
-    x = data[key]
-    if x.dtype == tf.string:
-      img = _decode_any(x, channels, bool(precise))
-    else:
-      img = _fix_channels(x, channels)
-    return {**data, key: img}
+  def decode(image):
+    if image.dtype == tf.string:
+      return _decode_any(image, channels, bool(precise))
+    return _fix_channels(image, channels)
 
-  return op
+  return decode
 
 
-@register("to_rgb")
-def get_to_rgb(key="image"):
+@register_image_op("to_rgb", check=_decoded)
+def get_to_rgb():
   """Grey ([H, W] or 1 channel) -> RGB by repeating it; RGBA -> RGB by dropping alpha."""
 
-  def op(data):
-    img = _image(data, key, "to_rgb", spatial=False)
-    return {
-        **data,
-        key: tf.ensure_shape(_fix_channels(img, 3), img.shape[:2] + [3]),
-    }
+  def to_rgb(image):
+    rgb = _fix_channels(image, 3)
+    return tf.ensure_shape(rgb, image.shape[:2] + [3])
 
-  return op
+  return to_rgb
 
 
 def _inception(
     size, area_min, area_max, ratio_min, ratio_max, method, antialias
 ):
-  """An inception crop -> (box, crop, finish): box(image shape, seed) -> (begin, size) of a
-  random crop, crop(image, seed) that crop, finish(crop) resized to `size`."""
+  """An inception crop -> (box, crop, finish).
+
+  box(image shape, seed) -> (begin, size) of a random crop; crop(image,
+  seed) -> that crop; finish(crop) -> the crop resized to `size`.
+  """
   hw = _hw(size) if size is not None else None
 
   def box(shape, seed):
@@ -224,17 +233,19 @@ def _inception(
     )
     return begin, csize
 
-  def crop(img, seed):
-    return tf.slice(img, *box(tf.shape(img), seed))
+  def crop(image, seed):
+    begin, csize = box(tf.shape(image), seed)
+    return tf.slice(image, begin, csize)
 
-  return (
-      box,
-      crop,
-      lambda c: c if hw is None else _resize_to(c, hw, method, antialias),
-  )
+  def finish(cropped):
+    if hw is None:
+      return cropped
+    return _resize_to(cropped, hw, method, antialias)
+
+  return box, crop, finish
 
 
-@register("inception_crop")
+@register_image_op("inception_crop", check=_spatial, random=True)
 def get_inception_crop(
     size=None,
     area_min=5,
@@ -243,7 +254,6 @@ def get_inception_crop(
     antialias=False,
     ratio_min=3 / 4,
     ratio_max=4 / 3,
-    key="image",
 ):
   """Random crop of `area_min..area_max` percent and ratio, resized to `size`.
 
@@ -253,15 +263,15 @@ def get_inception_crop(
       size, area_min, area_max, ratio_min, ratio_max, method, antialias
   )
 
-  def op(data):
-    img = _image(data, key, "inception_crop")
-    data, seed = take_seed(data, "inception_crop")
-    return {**data, key: finish(crop(img, seed))}
+  def inception_crop(image, seed):
+    return finish(crop(image, seed))
 
-  return op
+  return inception_crop
 
 
-@register("decode_jpeg_and_inception_crop")
+@register_image_op(
+    "decode_jpeg_and_inception_crop", check=_encoded, random=True
+)
 def get_decode_jpeg_and_inception_crop(
     size=None,
     area_min=5,
@@ -270,7 +280,6 @@ def get_decode_jpeg_and_inception_crop(
     ratio_max=4 / 3,
     method="bilinear",
     antialias=False,
-    key="image",
 ):
   """Fused decode + inception crop: decodes only the crop of a JPEG (faster).
 
@@ -280,115 +289,102 @@ def get_decode_jpeg_and_inception_crop(
       size, area_min, area_max, ratio_min, ratio_max, method, antialias
   )
 
-  def op(data):
-    raw = data[key]
-    if raw.dtype != tf.string:
-      raise ValueError(
-          f"needs the encoded image bytes under {key!r} (it decodes them "
-          f"itself): remove the 'decode' before it, or use inception_crop"
-      )
-    data, seed = take_seed(data, "decode_jpeg_and_inception_crop")
-
+  def decode_and_crop(raw, seed):
     def jpeg():
       begin, csize = box(tf.image.extract_jpeg_shape(raw), seed)
       window = tf.stack([begin[0], begin[1], csize[0], csize[1]])
       return tf.image.decode_and_crop_jpeg(raw, window, channels=3)
 
-    out = tf.cond(
-        tf.io.is_jpeg(raw), jpeg, lambda: crop(_decode_any(raw, 3), seed)
-    )
-    out.set_shape([None, None, 3])
-    return {**data, key: finish(out)}
+    def other():
+      return crop(_decode_any(raw, 3), seed)
 
-  return op
+    cropped = tf.cond(tf.io.is_jpeg(raw), jpeg, other)
+    cropped.set_shape([None, None, 3])
+    return finish(cropped)
+
+  return decode_and_crop
 
 
-@register("resize")
-def get_resize(size, method="bilinear", antialias=False, key="image"):
+@register_image_op("resize", check=_spatial)
+def get_resize(size, method="bilinear", antialias=False):
   hw = _hw(size)
-  return lambda data: {
-      **data,
-      key: _resize_to(_image(data, key, "resize"), hw, method, antialias),
-  }
+
+  def resize(image):
+    return _resize_to(image, hw, method, antialias)
+
+  return resize
 
 
-def _get_resize_side(side, method, antialias, key, name, shorter):
+def _resize_side(side, method, antialias, shorter):
   """Resizes so that the shorter (or longer) side is `side`, keeping the aspect ratio."""
 
-  def op(data):
-    img = _image(data, key, name)
-    hw = tf.shape(img)[:2]
-    ratio = side / tf.cast(
-        tf.reduce_min(hw) if shorter else tf.reduce_max(hw), tf.float32
-    )
+  def resize(image):
+    hw = tf.shape(image)[:2]
+    if shorter:
+      old_side = tf.reduce_min(hw)
+    else:
+      old_side = tf.reduce_max(hw)
+    ratio = side / tf.cast(old_side, tf.float32)
+    new_hw = tf.cast(tf.round(tf.cast(hw, tf.float32) * ratio), tf.int32)
     # At least 1: a 1x50 banner's short side rounds to 0 in resize_long(4) (a tf
     # error).
-    hw = tf.maximum(
-        tf.cast(tf.round(tf.cast(hw, tf.float32) * ratio), tf.int32), 1
-    )
-    return {**data, key: _resize(img, hw, method, antialias)}
+    new_hw = tf.maximum(new_hw, 1)
+    return _resize(image, new_hw, method, antialias)
 
-  return op
+  return resize
 
 
-@register("resize_small")
-def get_resize_small(smaller_size, method="area", antialias=False, key="image"):
+@register_image_op("resize_small", check=_spatial)
+def get_resize_small(smaller_size, method="area", antialias=False):
   """Resizes so that the shorter side is `smaller_size`, keeping the aspect ratio."""
-  return _get_resize_side(
-      smaller_size, method, antialias, key, "resize_small", shorter=True
-  )
+  return _resize_side(smaller_size, method, antialias, shorter=True)
 
 
-@register("resize_long")
-def get_resize_long(longer_size, method="area", antialias=True, key="image"):
+@register_image_op("resize_long", check=_spatial)
+def get_resize_long(longer_size, method="area", antialias=True):
   """Resizes so that the longer side is `longer_size`, keeping the aspect ratio.
 
   antialias defaults to True here, as in big_vision (resize_small's is False).
   """
-  return _get_resize_side(
-      longer_size, method, antialias, key, "resize_long", shorter=False
-  )
+  return _resize_side(longer_size, method, antialias, shorter=False)
 
 
-@register("central_crop")
-def get_central_crop(crop_size=None, key="image"):
+@register_image_op("central_crop", check=_spatial)
+def get_central_crop(crop_size=None):
   """Central crop of `crop_size`; None: the largest central square."""
   hw = _hw(crop_size) if crop_size is not None else None
 
-  def op(data):
-    img = _image(data, key, "central_crop")
+  def central_crop(image):
     if hw is None:
-      ch = cw = tf.reduce_min(tf.shape(img)[:2])
+      ch = cw = tf.reduce_min(tf.shape(image)[:2])
+      shape = [None, None, image.shape[-1]]
     else:
-      img = _fits(img, hw, "central_crop")
+      image = _fits(image, hw, "central_crop")
       ch, cw = hw
-    top, left = (tf.shape(img)[0] - ch) // 2, (tf.shape(img)[1] - cw) // 2
-    crop = img[top : top + ch, left : left + cw]
-    return {
-        **data,
-        key: tf.ensure_shape(crop, [*(hw or (None, None)), img.shape[-1]]),
-    }
+      shape = [ch, cw, image.shape[-1]]
+    top = (tf.shape(image)[0] - ch) // 2
+    left = (tf.shape(image)[1] - cw) // 2
+    crop = image[top : top + ch, left : left + cw]
+    return tf.ensure_shape(crop, shape)
 
-  return op
+  return central_crop
 
 
-@register("random_crop")
-def get_random_crop(crop_size, key="image"):
+@register_image_op("random_crop", check=_spatial, random=True)
+def get_random_crop(crop_size):
   hw = _hw(crop_size)
 
-  def op(data):
-    img = _fits(_image(data, key, "random_crop"), hw, "random_crop")
-    data, seed = take_seed(data, "random_crop")
-    crop = tf.image.stateless_random_crop(
-        img, tf.stack([*hw, tf.shape(img)[-1]]), seed=seed
-    )
-    return {**data, key: tf.ensure_shape(crop, [*hw, img.shape[-1]])}
+  def random_crop(image, seed):
+    image = _fits(image, hw, "random_crop")
+    size = tf.stack([*hw, tf.shape(image)[-1]])
+    crop = tf.image.stateless_random_crop(image, size, seed=seed)
+    return tf.ensure_shape(crop, [*hw, image.shape[-1]])
 
-  return op
+  return random_crop
 
 
-@register("pad")
-def get_pad(pad, value=0, key="image"):
+@register_image_op("pad", check=_spatial)
+def get_pad(pad, value=0):
   """Pads `pad` pixels (int, or (top/bottom, left/right)) of constant `value`.
 
   With random_crop back to the original size this is the usual translation
@@ -396,43 +392,35 @@ def get_pad(pad, value=0, key="image"):
   """
   ph, pw = _hw(pad)
 
-  def op(data):
-    img = _image(data, key, "pad")
-    out = tf.pad(
-        img,
+  def pad_image(image):
+    padded = tf.pad(
+        image,
         [[ph, ph], [pw, pw], [0, 0]],
-        constant_values=tf.cast(value, img.dtype),
+        constant_values=tf.cast(value, image.dtype),
     )
-    h, w, c = img.shape
+    h, w, c = image.shape
     shape = [
         None if h is None else h + 2 * ph,
         None if w is None else w + 2 * pw,
         c,
     ]
-    return {**data, key: tf.ensure_shape(out, shape)}
+    return tf.ensure_shape(padded, shape)
 
-  return op
+  return pad_image
 
 
-@register("flip_lr")
-def get_flip_lr(key="image"):
-  def op(data):
-    img = _image(data, key, "flip_lr")
-    data, seed = take_seed(data, "flip_lr")
+@register_image_op("flip_lr", check=_spatial, random=True)
+def get_flip_lr():
+  def flip_lr(image, seed):
     # tf.cond, not tf.image's where(): only flipped images pay for the copy.
     flip = tf.random.stateless_uniform([], seed) < 0.5
-    return {
-        **data,
-        key: tf.cond(flip, lambda: tf.reverse(img, [-2]), lambda: img),
-    }
+    return tf.cond(flip, lambda: tf.reverse(image, [-2]), lambda: image)
 
-  return op
+  return flip_lr
 
 
-@register("value_range")
-def get_value_range(
-    vmin=-1, vmax=1, in_min=0, in_max=255.0, clip_values=False, key="image"
-):
+@register_image_op("value_range", check=_decoded)
+def get_value_range(vmin=-1, vmax=1, in_min=0, in_max=255.0, clip_values=False):
   """Maps [in_min, in_max] linearly to [vmin, vmax] as float32.
 
   in_min/in_max may be per-channel lists (as in big_vision).
@@ -442,31 +430,30 @@ def get_value_range(
   )
   # One multiply-add: each elementwise op is a full pass over the image.
   scale = (vmax - vmin) / (hi - lo)
-  scale, offset = tf.constant(scale, tf.float32), tf.constant(
-      vmin - lo * scale, tf.float32
-  )
+  offset = tf.constant(vmin - lo * scale, tf.float32)
+  scale = tf.constant(scale, tf.float32)
 
-  def op(data):
-    img = _image(data, key, "value_range", spatial=False)
-    x = tf.cast(img, tf.float32) * scale + offset
+  def value_range(image):
+    x = tf.cast(image, tf.float32) * scale + offset
     if clip_values:
       x = tf.clip_by_value(x, min(vmin, vmax), max(vmin, vmax))
-    return {**data, key: x}
+    return x
 
-  return op
+  return value_range
 
 
-@register("standardize")
-@register("vgg_value_range")  # big_vision's name, with the same defaults
+@register_image_op("standardize", check=_decoded)
+@register_image_op("vgg_value_range", check=_decoded)  # big_vision's name
 def get_standardize(
-    mean=(123.675, 116.28, 103.53), std=(58.395, 57.12, 57.375), key="image"
+    mean=(123.675, 116.28, 103.53), std=(58.395, 57.12, 57.375)
 ):
   """(x - mean) / std per channel as float32; defaults: ImageNet stats on 0..255."""
   mean, std = np.atleast_1d(mean), np.atleast_1d(std)
 
-  def op(data):
-    img = _image(data, key, "standardize", spatial=False)
-    x = tf.cast(img, tf.float32) - tf.constant(mean, tf.float32)
-    return {**data, key: x / tf.constant(std, tf.float32)}
+  def standardize(image):
+    # Constants made here, inside the traced function: made outside (captured
+    # inputs), the results differ in the last bit from what they always were.
+    centred = tf.cast(image, tf.float32) - tf.constant(mean, tf.float32)
+    return centred / tf.constant(std, tf.float32)
 
-  return op
+  return standardize

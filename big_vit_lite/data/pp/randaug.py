@@ -16,8 +16,7 @@ import math
 
 import tensorflow as tf
 
-from big_vit_lite.data.pp.registry import register
-from big_vit_lite.data.pp.rng import take_seed
+from big_vit_lite.data.pp.registry import register_image_op
 
 _MAX_LEVEL = 10.0
 _FILL = 128  # grey, for pixels that geometric ops move in
@@ -119,81 +118,81 @@ def _ops(image, level, sign, seed):
   tx, ty = sign * level * (100 / 224) * w, sign * level * (100 / 224) * h
   # bits kept
   bits = tf.cast(tf.clip_by_value(tf.floor(level * 4.0), 1.0, 8.0), tf.uint8)
+  # The order is the op's index: changing it changes every augmentation.
   return [
       lambda: _autocontrast(image),
       # equalize
       lambda: tf.stack(
           [_equalize_channel(image[..., c]) for c in range(3)], -1
       ),
-      lambda: 255 - image,
+      lambda: 255 - image,  # invert
       lambda: _rotate(image, sign * level * 30.0),
-      lambda: tf.bitwise.left_shift(
-          tf.bitwise.right_shift(image, 8 - bits), 8 - bits
-      ),
-      lambda: tf.where(
-          tf.cast(image, tf.float32) < level * 256.0, image, 255 - image
-      ),
+      lambda: _posterize(image, bits),
+      lambda: _solarize(image, level * 256.0),
       lambda: _blend(_grey(image), image, enhance),  # color
-      lambda: _blend(
-          tf.fill(
-              tf.shape(image),
-              tf.cast(
-                  tf.reduce_mean(
-                      tf.cast(tf.image.rgb_to_grayscale(image), tf.float32)
-                  ),
-                  tf.uint8,
-              ),
-          ),
-          image,
-          enhance,
-      ),
+      lambda: _contrast(image, enhance),
       lambda: _blend(tf.zeros_like(image), image, enhance),  # brightness
       lambda: _sharpness(image, enhance),
-      lambda: _transform(
-          image, tf.stack([1.0, shear, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0])
-      ),
-      lambda: _transform(
-          image, tf.stack([1.0, 0.0, 0.0, shear, 1.0, 0.0, 0.0, 0.0])
-      ),
-      lambda: _transform(
-          image, tf.stack([1.0, 0.0, -tx, 0.0, 1.0, 0.0, 0.0, 0.0])
-      ),
-      lambda: _transform(
-          image, tf.stack([1.0, 0.0, 0.0, 0.0, 1.0, -ty, 0.0, 0.0])
-      ),
+      lambda: _affine(image, [1.0, shear, 0.0, 0.0, 1.0, 0.0]),  # shear_x
+      lambda: _affine(image, [1.0, 0.0, 0.0, shear, 1.0, 0.0]),  # shear_y
+      lambda: _affine(image, [1.0, 0.0, -tx, 0.0, 1.0, 0.0]),  # translate_x
+      lambda: _affine(image, [1.0, 0.0, 0.0, 0.0, 1.0, -ty]),  # translate_y
       lambda: _cutout(image, level * (40 / 224), seed),
-      lambda: tf.where(
-          image < 128,
-          tf.saturate_cast(
-              # solarize_add
-              tf.cast(image, tf.float32) + level * 110.0,
-              tf.uint8,
-          ),
-          image,
-      ),
+      lambda: _solarize_add(image, level * 110.0),
   ]
+
+
+def _posterize(image, bits):
+  """Keeps the top `bits` bits of each value."""
+  shift = 8 - bits
+  return tf.bitwise.left_shift(tf.bitwise.right_shift(image, shift), shift)
+
+
+def _solarize(image, threshold):
+  """Inverts the values at or above `threshold`."""
+  below = tf.cast(image, tf.float32) < threshold
+  return tf.where(below, image, 255 - image)
+
+
+def _solarize_add(image, addition):
+  """Adds `addition` to the values below 128."""
+  added = tf.saturate_cast(tf.cast(image, tf.float32) + addition, tf.uint8)
+  return tf.where(image < 128, added, image)
+
+
+def _contrast(image, factor):
+  """Blends with the image's mean grey level."""
+  grey = tf.cast(tf.image.rgb_to_grayscale(image), tf.float32)
+  mean = tf.cast(tf.reduce_mean(grey), tf.uint8)
+  return _blend(tf.fill(tf.shape(image), mean), image, factor)
+
+
+def _affine(image, row_major_2x3):
+  """The affine map (of output to input pixel) given by its first two rows."""
+  return _transform(image, tf.stack([*row_major_2x3, 0.0, 0.0]))
 
 
 NUM_OPS = 16
 
 
-@register("randaug")
-def get_randaug(num_layers=2, magnitude=10, key="image"):
+def _check_rgb_uint8(image, key, op_name):
+  del key  # (the message shows what the op found)
+  if (
+      image.dtype != tf.uint8
+      or image.shape.rank != 3
+      or image.shape[-1] not in (None, 3)
+  ):
+    raise ValueError(
+        f"{op_name} needs uint8 RGB images [H, W, 3] (decode(channels=3) "
+        f"or to_rgb before it), got {image.dtype} {image.shape}"
+    )
+
+
+@register_image_op("randaug", check=_check_rgb_uint8, random=True)
+def get_randaug(num_layers=2, magnitude=10):
   level = magnitude / _MAX_LEVEL
 
-  def op(data):
-    image = data[key]
-    if (
-        image.dtype != tf.uint8
-        or image.shape.rank != 3
-        or image.shape[-1] not in (None, 3)
-    ):
-      raise ValueError(
-          f"randaug needs uint8 RGB images [H, W, 3] (decode(channels=3) "
-          f"or to_rgb before it), got {image.dtype} {image.shape}"
-      )
-    data, seed = take_seed(data, "randaug")
-
+  def randaug(image, seed):
     def layer(i, img):
       # A while_loop, not a Python loop: the 16-branch graph is built once
       # whatever num_layers is (building it dominates pipeline start-up).
@@ -202,17 +201,16 @@ def get_randaug(num_layers=2, magnitude=10, key="image"):
       index = tf.minimum(tf.cast(u[0] * NUM_OPS, tf.int32), NUM_OPS - 1)
       sign = tf.where(u[1] < 0.5, -1.0, 1.0)
       op_seed = tf.random.experimental.stateless_fold_in(layer_seed, 1)
-      out = tf.switch_case(
-          index, _ops(img, tf.constant(level, tf.float32), sign, op_seed)
-      )
+      branches = _ops(img, tf.constant(level, tf.float32), sign, op_seed)
+      out = tf.switch_case(index, branches)
       return i + 1, tf.ensure_shape(out, [None, None, 3])
 
-    _, image = tf.while_loop(
+    _, out = tf.while_loop(
         lambda i, _: i < num_layers,
         layer,
         [tf.constant(0), image],
         shape_invariants=[tf.TensorShape([]), tf.TensorShape([None, None, 3])],
     )
-    return {**data, key: tf.ensure_shape(image, data[key].shape)}
+    return tf.ensure_shape(out, image.shape)
 
-  return op
+  return randaug

@@ -5,27 +5,67 @@ arguments: `decode|inception_crop(224)|onehot(1000, key="label")`. Every op
 is a factory registered by name; calling it with the string's arguments
 returns a function `example_dict -> example_dict` (tf ops, run inside
 tf.data's map). New ops are one decorated function in any module imported
-by `pp/__init__.py`.
+by `pp/__init__.py`, in one of two shapes:
 
-Ops with `key="image"` also take big_vision's `inkey`/`outkey`: read one
-key, write another (`value_range(outkey="prof")` leaves "image" as it
-was); a `key` given overrides both, as in big_vision.
+- `@register_image_op("name")`: the factory returns `image -> image` (or
+  `(image, seed) -> image` for a random op); the decorator gives the op
+  `key` and big_vision's `inkey`/`outkey` (read one key, write another:
+  `value_range(outkey="prof")` leaves "image" as it was; a `key` given
+  overrides both, as in big_vision).
+- `@register("name")`: the factory returns `data -> data`, for ops that read
+  or write several keys (keep, copy, onehot).
 """
 
 import ast
 import difflib
-import inspect
+
+from big_vit_lite.data.pp.rng import take_seed
 
 _OPS = {}
 
 
 def register(name):
-  """Decorator: registers an op factory under `name`."""
+  """Decorator: registers a factory of `data -> data` ops under `name`."""
 
   def wrap(factory):
     if name in _OPS:
       raise ValueError(f"pp op {name!r} is registered twice")
     _OPS[name] = factory
+    return factory
+
+  return wrap
+
+
+def register_image_op(name, *, check=None, random=False):
+  """Decorator: registers a factory of `image -> image` functions under `name`.
+
+  The factory takes the op's own arguments and returns `fn(image)`, or
+  `fn(image, seed)` when `random` (a [2] seed drawn from the example's
+  `_rng`, see rng.py). The registered op also takes `key`, `inkey` and
+  `outkey` (default "image"): it applies `fn` to the value under `inkey` and
+  writes the result under `outkey`; `key` sets both. `check(value, key,
+  name)` raises a ValueError for an input `fn` cannot take (e.g. encoded
+  bytes before `decode`); it runs before a seed is drawn.
+  """
+
+  def wrap(factory):
+    def make_op(*args, key=None, inkey="image", outkey="image", **kwargs):
+      fn = factory(*args, **kwargs)
+      if key is not None:
+        inkey = outkey = key
+
+      def op(data):
+        image = data[inkey]
+        if check is not None:
+          check(image, inkey, name)
+        if not random:
+          return {**data, outkey: fn(image)}
+        data, seed = take_seed(data, name)
+        return {**data, outkey: fn(image, seed)}
+
+      return op
+
+    register(name)(make_op)
     return factory
 
   return wrap
@@ -67,6 +107,7 @@ def parse_op(op_text):
 
 
 def build_op(op_text):
+  """'name(1, k=2)' -> the op: a function `example_dict -> example_dict`."""
   name, args, kwargs = parse_op(op_text)
   if name not in _OPS:
     near = difflib.get_close_matches(name, known_ops(), n=1, cutoff=0.6)
@@ -75,32 +116,10 @@ def build_op(op_text):
         f"unknown pp op {name!r} in {op_text!r}; {hint}known ops: "
         f"{', '.join(known_ops())}"
     )
-  factory = _OPS[name]
-  sig = inspect.signature(factory)
-  io = {}
-  if "key" in sig.parameters and sig.parameters["key"].default == "image":
-    io = {k: kwargs.pop(k, None) for k in ("inkey", "outkey")}
   try:
-    bound = sig.bind(*args, **kwargs)
+    return _OPS[name](*args, **kwargs)
   except TypeError as e:
-    raise ValueError(
-        f"pp op {op_text!r}: bad arguments ({e}); signature is " f"{name}{sig}"
-    ) from None
-  inkey, outkey = io.get("inkey"), io.get("outkey")
-  # (a `key` given overrides both)
-  if (inkey or outkey) and "key" not in bound.arguments:
-    kwargs["key"] = inkey = inkey or "image"
-    outkey = outkey or "image"
-  try:
-    op = factory(*args, **kwargs)
-  except (TypeError, ValueError) as e:
+    # A wrong count or name of arguments, or an argument of the wrong type.
+    raise ValueError(f"pp op {op_text!r}: bad arguments ({e})") from None
+  except ValueError as e:
     raise ValueError(f"pp op {op_text!r}: {e}") from None
-  if "key" in bound.arguments or inkey == outkey:
-    return op
-
-  # `op` reads and writes `inkey`: its result goes under `outkey` instead
-  def in_out(data):
-    out = op(data)
-    return {**out, outkey: out[inkey], inkey: data[inkey]}
-
-  return in_out
