@@ -48,6 +48,7 @@ from ml_collections import config_flags
 
 from big_vit_lite import bench
 from big_vit_lite import config_loading
+from big_vit_lite import console
 from big_vit_lite import flops as flops_lib
 from big_vit_lite import grad_accum
 from big_vit_lite import optim
@@ -145,8 +146,7 @@ def state_shardings(boxed, params, opt_state, mesh, rules, unsplit=None):
 
 
 def _axes_size(axes, mesh: dict) -> int:
-  axes = () if axes is None else (axes,) if isinstance(axes, str) else axes
-  return math.prod(mesh[a] for a in axes)
+  return math.prod(mesh[a] for a in sharding.as_axes(axes))
 
 
 def abstract_state(config, res: int):
@@ -510,6 +510,8 @@ def _define_flags():
 
 def main(argv):
   del argv
+  # Other libraries' INFO lines (libtpu, orbax) only with --verbosity=1.
+  console.keep_log_readable()
   f = flags.FLAGS
   try:
     config = config_loading.loaded(f.config)

@@ -1,5 +1,5 @@
 """Prints the size figures of the library, counted in statements (Python's `ast.stmt` nodes, not
-docstrings), so that naming an intermediate or splitting a long call costs nothing: statements per
+docstrings), so that splitting a long call or a comment costs nothing: statements per
 module, the total, modules over 600 (pyink-formatted) lines and functions over 60 statements.
 
 Usage: python scripts/code_size.py [PACKAGE_DIR] [--json]

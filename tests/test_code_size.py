@@ -1,7 +1,8 @@
-"""The library's shape: at most 6,500 statements (ast, docstrings not counted, so
-that a name for an intermediate or a call split over lines costs nothing), no
-module over 600 (pyink-formatted) lines, no function over 60 statements; figures
-from scripts/code_size.py, which the README shows.
+"""The library's shape: at most 6,600 statements (ast, docstrings not counted, so
+that a call split over lines or a comment costs nothing, and a named
+intermediate one statement), no module over 600 (pyink-formatted) lines, no
+function over 60 statements; figures from scripts/code_size.py, which the
+README shows.
 """
 
 import importlib.util
@@ -23,10 +24,13 @@ def test_no_module_over_600_lines_nor_function_over_60_statements():
   long_functions = r["long_functions"]
   assert not long_functions, f"split these into named steps: {long_functions}"
   # A new feature pays for its statements by merging duplicates (see the
-  # README's size paragraph).
+  # README's size paragraph). 6,500 until issue 35 unpacked the code (about
+  # 200 statements: conditional expressions as if/else, walrus as assignments,
+  # lambdas as named functions) and moved transfer's checkpoint reading (69)
+  # in from configs/, which is not counted.
   assert (
-      r["statements"] <= 6500
-  ), f"{r['statements']} statements: the budget is 6,500"
+      r["statements"] <= 6600
+  ), f"{r['statements']} statements: the budget is 6,600"
 
 
 def test_the_counter_counts_statements_not_docstrings_comments_or_line_breaks(
