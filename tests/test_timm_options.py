@@ -204,15 +204,21 @@ def test_export_timm_file_evaluates_as_the_same_model(tmp_path):
 @pytest.mark.timeout(600)
 def test_option_parity_with_real_timm():
   """Each option's export gives real timm's logits within 1e-5 (skipped without timm, not in CI)."""
-  # (Before require() adds it.)
-  needs_standin = importlib.util.find_spec("torchvision") is None
   timm_reference.require()  # Skips where torch/timm are missing, except in CI.
+  # timm imports torchvision: where this process finds none or the stand-in
+  # (require(), or an earlier test in this worker, put it on sys.path), the
+  # subprocess needs the stand-in on its path too.
+  found = importlib.util.find_spec("torchvision")
+  standin = os.path.realpath(timm_reference.STANDIN)
+  needs_standin = found is None or os.path.realpath(
+      found.origin or ""
+  ).startswith(standin)
   timm_parity = _timm_parity()
   script = os.path.join(
       os.path.dirname(__file__), "..", "benchmarks", "timm_parity.py"
   )
   env = dict(os.environ)
-  if needs_standin:  # timm imports torchvision; the stand-in will do.
+  if needs_standin:
     env["PYTHONPATH"] = os.pathsep.join(
         filter(None, [timm_reference.STANDIN, env.get("PYTHONPATH")])
     )
