@@ -40,21 +40,33 @@ def _test_data_dir():
   )
 
 
-@pytest.fixture(scope="session")
-def tfds_data_dir():
+def prepare_shared(data_dir, names, **kwargs):
+  """Prepares the datasets `names` in `data_dir`, which several pytest runs and
+  xdist workers may share: one prepares under the dir's lock, the others wait
+  (a reader that did not wait could find a half-written dataset)."""
   from big_vit_lite.data import prepare  # pylint: disable=import-outside-toplevel
 
-  data_dir = _test_data_dir()
-  os.makedirs(data_dir, exist_ok=True)
-  # Several pytest runs may share the dir: one prepares, the others wait.
   with open(os.path.join(data_dir, ".bvl_prepare.lock"), "w") as lock:
     fcntl.flock(lock, fcntl.LOCK_EX)
     try:
-      for name in OFFLINE:
-        try:
-          prepare.prepare(name, data_dir, source="offline")
-        except FileNotFoundError as e:
-          pytest.fail(f"cannot prepare {name}: {e}", pytrace=False)
+      for name in names:
+        prepare.prepare(name, data_dir, **kwargs)
     finally:
       fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+@pytest.fixture(scope="session")
+def tfds_data_dir():
+  data_dir = _test_data_dir()
+  os.makedirs(data_dir, exist_ok=True)
+  try:
+    prepare_shared(data_dir, OFFLINE, source="offline")
+  except FileNotFoundError as e:
+    pytest.fail(f"cannot prepare the offline datasets: {e}", pytrace=False)
   return data_dir
+
+
+@pytest.fixture(scope="session")
+def prepare_in_test_data(tfds_data_dir):
+  """`prepare_in_test_data(name)` prepares one more dataset in tfds_data_dir."""
+  return lambda name: prepare_shared(tfds_data_dir, [name])

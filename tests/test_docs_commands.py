@@ -85,6 +85,9 @@ class Cmd:
   subs: tuple = ()
   # run: give it a copy of the sources to build in, as {tmp}/src
   copy: bool = False
+  # run: datasets it reads from the shared test data dir besides the offline
+  # three, prepared there first (a command must not rely on another test file)
+  needs: tuple = ()
   slow: bool = False
   timeout: int = 300
 
@@ -280,12 +283,14 @@ COMMANDS = [
     Cmd(
         "python -m big_vit_lite.train --config=configs/multilabel.py:runlocal",
         "run",
+        needs=("mnist_multilabel",),
         slow=True,
     ),
     Cmd(
         "python -m big_vit_lite.train --config=configs/multilabel.py",
         "run",
         runlocal=True,
+        needs=("mnist_multilabel",),
         slow=True,
     ),
     # Distillation (docs/distillation.md, configs/distill.py): the teacher is
@@ -676,6 +681,8 @@ def test_documented_command_runs(
   if row.copy:
     build_tree((tmp_path / "src").mkdir() or tmp_path / "src")
   cmd = _command(row, words, raw, tmp_path, request, tfds_data_dir)
+  for name in row.needs:
+    request.getfixturevalue("prepare_in_test_data")(name)
   if row.mode == "tpu":
     env.update(
         PATH=f"{fake_gcloud / 'bin'}:{env['PATH']}",

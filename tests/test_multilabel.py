@@ -2,7 +2,6 @@
 (oracle: scikit-learn), and configs/multilabel.py training through the ordinary trainer.
 """
 
-import fcntl
 import json
 import os
 
@@ -14,7 +13,6 @@ import tensorflow_datasets as tfds
 from sklearn import metrics as skm
 
 from big_vit_lite import sharding
-from big_vit_lite.data import prepare
 from big_vit_lite.evaluators import multilabel
 
 import trainer_runs
@@ -26,14 +24,9 @@ PP = (
 
 
 @pytest.fixture(scope="module")
-def data_dir(tfds_data_dir):
+def data_dir(tfds_data_dir, prepare_in_test_data):
   """tfds_data_dir with mnist_multilabel (and mnist10k) prepared."""
-  with open(os.path.join(tfds_data_dir, ".bvl_prepare.lock"), "w") as lock:
-    fcntl.flock(lock, fcntl.LOCK_EX)
-    try:
-      prepare.prepare("mnist_multilabel", tfds_data_dir)
-    finally:
-      fcntl.flock(lock, fcntl.LOCK_UN)
+  prepare_in_test_data("mnist_multilabel")
   return tfds_data_dir
 
 
