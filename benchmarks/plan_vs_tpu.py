@@ -22,8 +22,8 @@ from big_vit_lite import plan as plan_lib
 from big_vit_lite.devices import GIB
 
 
-def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser):
+  """The run's flags, shared with benchmarks/tpu_step_time.py."""
   parser.add_argument("--variant", default="L/16")
   parser.add_argument("--topology", default="v5p-256")
   parser.add_argument("--mesh", default="data:-1")
@@ -38,7 +38,10 @@ def main():
       help="block options as config.model keys, e.g. mlp=swiglu,qk_norm=1",
   )
   parser.add_argument("--out", default=None)
-  args = parser.parse_args()
+
+
+def make_config(args):
+  """configs/vit_l16.py with the run's flags applied."""
   config = vit_l16.get_config(f"variant={args.variant}")
   config.input.batch_size = args.batch
   config.model.scan = bool(args.scan)
@@ -54,6 +57,22 @@ def main():
     )
   if args.dropout is not None:
     config.model.dropout = args.dropout
+  return config
+
+
+def append_line(row, path):
+  line = json.dumps(row)
+  print(line)
+  if path:
+    with open(path, "a") as f:
+      f.write(line + "\n")
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  add_arguments(parser)
+  args = parser.parse_args()
+  config = make_config(args)
   start = time.time()
   p = plan_lib.plan_on_slice(
       config,
@@ -79,11 +98,7 @@ def main():
   if "tpu_peak_bytes" in p:
     row["tpu_peak_gib"] = p["tpu_peak_bytes"] / GIB
     row["plan_error"] = p["total_bytes_per_device"] / p["tpu_peak_bytes"] - 1
-  line = json.dumps(row)
-  print(line)
-  if args.out:
-    with open(args.out, "a") as f:
-      f.write(line + "\n")
+  append_line(row, args.out)
 
 
 if __name__ == "__main__":

@@ -12,13 +12,19 @@ cost model, not measurements.
 Slices are named as Cloud TPU names them (`v5p-256`, `v4-32`, `v5litepod-16`, `v6e-256`:
 TensorCores for v2, v3, v4 and v5p, chips for v5e and v6e) or as topologies (`v5p:8x8x8`,
 `v5e:2x2`). A JAX device is a TensorCore on v2/v3 (two per chip) and a chip from v4 on.
+
+Without a topology, `plan --compile` checks its figures against the same step compiled by
+XLA:CPU on simulated devices, in a subprocess (`cpu_compiled_stats_subprocess`).
 """
 
 import dataclasses
 import importlib.util
+import json
 import math
 import os
 import re
+import subprocess
+import sys
 
 import flax.linen as nn
 import jax
@@ -304,7 +310,6 @@ def compiled_stats(
   # on v5e).
   est_s = max(0.0, float(cost.get("optimal_seconds", 0.0))) * loop_scale
   model_flops = float(flops_lib.model_flops(traced))
-  batch = int(config.input.batch_size)
   return dict(
       tpu_topology=tpu_slice.topology,
       tpu_chips=tpu_slice.chips,
@@ -315,15 +320,25 @@ def compiled_stats(
       tpu_hbm_spare=1.0 - peak_b / spec.hbm_bytes,
       tpu_flops_per_device=flops,
       tpu_model_flops=model_flops,
-      tpu_est_step_s=est_s or None,
       tpu_loop_scale=loop_scale,
-      tpu_est_img_per_s_per_chip=batch / est_s / tpu_slice.chips
-      if est_s
-      else None,
-      tpu_est_mfu=model_flops / tpu_slice.devices / est_s / spec.bf16_flops
-      if est_s
-      else None,
+      **estimates(est_s, int(config.input.batch_size), model_flops, tpu_slice),
       tpu_collectives=collectives(compiled.as_text()),
+  )
+
+
+def estimates(step_s, batch, model_flops, tpu_slice: Slice):
+  """tpu_est_*: a step time and the img/s per chip and MFU it implies (None: no time)."""
+  if not step_s:
+    return dict(
+        tpu_est_step_s=None,
+        tpu_est_img_per_s_per_chip=None,
+        tpu_est_mfu=None,
+    )
+  peak_flops = DEVICES[tpu_slice.device_key].bf16_flops
+  return dict(
+      tpu_est_step_s=step_s,
+      tpu_est_img_per_s_per_chip=batch / step_s / tpu_slice.chips,
+      tpu_est_mfu=model_flops / tpu_slice.devices / step_s / peak_flops,
   )
 
 
@@ -368,11 +383,17 @@ def format_lines(p: dict) -> list:
       f"fits: {'yes' if p['tpu_fits'] else 'NO'} ({p['tpu_hbm_spare']:.0%} spare)",
       f"  estimated by the compiler's cost model: {estimate}",
   ]
-  if est_s and p["tpu_loop_scale"] > 1.01:
+  if "tpu_est_by_depth" in p:
+    lines.append(
+        "  (the time of the unrolled step compiled at depth 1 and 2 ("
+        + ", ".join(f"{t * 1e3:.3g} ms" for t in p["tpu_est_by_depth"])
+        + f"), extrapolated to depth {p['arch']['depth']})"
+    )
+  elif est_s and p["tpu_loop_scale"] > 1.01:
     lines.append(
         f"  (loops in the program, nn.scan or grad_accum: the cost model's time is scaled "
-        f"by their FLOPs, x{p['tpu_loop_scale']:.1f}, a rough figure; scan=False and "
-        "grad_accum_steps=1 give an unscaled one)"
+        f"by their FLOPs, x{p['tpu_loop_scale']:.1f}, a rough figure; --time_by_depth "
+        "extrapolates it from two shallow unrolled compiles)"
     )
   for op, c in p["tpu_collectives"].items():
     if c["count"]:
@@ -380,3 +401,45 @@ def format_lines(p: dict) -> list:
           f"  {op}: {c['count']} in the program, {c['bytes'] / GIB:.3f} GiB"
       )
   return lines
+
+
+def cpu_compiled_stats_subprocess(
+    config_arg: str, overrides: list[str], mesh: dict, res: int
+):
+  """plan --compile without a topology: plan.compiled_stats (the step compiled by
+  XLA:CPU) in a fresh python with prod(mesh) simulated CPU devices."""
+  n_dev = math.prod(mesh.values())
+  # The memory-minimising scheduler (not the default concurrency-optimised one)
+  # is what accelerator backends approximate; its peak is the meaningful one to
+  # compare with.
+  env = dict(
+      os.environ,
+      JAX_PLATFORMS="cpu",
+      XLA_FLAGS=(
+          os.environ.get("XLA_FLAGS", "")
+          + f" --xla_force_host_platform_device_count={n_dev}"
+          " --xla_cpu_enable_concurrency_optimized_scheduler=false"
+      ).strip(),
+  )
+  mesh_str = ",".join(f"{k}:{v}" for k, v in mesh.items())
+  cmd = [
+      sys.executable,
+      "-m",
+      "big_vit_lite.plan",
+      f"--config={config_arg}",
+      *overrides,
+      f"--mesh={mesh_str}",
+      f"--res={res}",
+      "--compiled_only",
+      "--json",
+  ]
+  proc = subprocess.run(
+      cmd, env=env, capture_output=True, text=True, timeout=1800, check=False
+  )
+  # Its last line: the "plan: ..." message, or the exception's.
+  if proc.returncode != 0:
+    last = ((proc.stderr or proc.stdout).strip().splitlines() or ["?"])[-1]
+    raise ValueError(
+        f"compiling the step on {n_dev} simulated CPU devices failed: {last}"
+    )
+  return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -174,6 +174,34 @@ def test_compiled_on_a_small_slice_through_the_cli_path():
 
 
 @needs_libtpu
+def test_step_time_by_depth_matches_the_full_unrolled_compile():
+  """--time_by_depth on a scanned model against the oracle it stands in for: the
+  cost model's time of the same step unrolled at full depth."""
+  config = _tiny_config()
+  config.model.depth = 4
+  unrolled = plan.plan_on_slice(
+      config, (("data", -1),), "v5e:2x2", compile_step=True
+  )
+  config.model.scan = True
+  p = plan.plan_on_slice(
+      config,
+      (("data", -1),),
+      "v5e:2x2",
+      compile_step=True,
+      time_by_depth=True,
+  )
+  time_1, time_2 = p["tpu_est_by_depth"]
+  assert 0 < time_1 < time_2
+  assert p["tpu_est_step_s"] == pytest.approx(time_1 + 3 * (time_2 - time_1))
+  assert p["tpu_est_step_s"] == pytest.approx(
+      unrolled["tpu_est_step_s"], rel=0.05
+  )
+  assert p["tpu_est_mfu"] == pytest.approx(unrolled["tpu_est_mfu"], rel=0.05)
+  report = "\n".join(tpu_compile.format_lines(p))
+  assert "extrapolated to depth 4" in report
+
+
+@needs_libtpu
 def test_a_too_big_batch_does_not_fit():
   config = _tiny_config(batch_size=4 * 65536)
   config.input.pp = config.input.pp.replace(
