@@ -23,8 +23,9 @@ else an accelerator user tunes is in ACCELERATOR_KNOBS below (--config.model.sca
 The TPU compiler's figures on v5p-256 (`python -m big_vit_lite.plan --topology=v5p-256
 --config=configs/vit_l16.py --compile`, libtpu 0.0.42.1, with model.scan=True; estimates of its
 cost model, benchmarks/NOTES.md "TPU compiler, 2026-12-05"): 14.3 of 95 GiB HBM per chip (85%
-spare); with --config.mesh="[('fsdp', -1)]" 8.5 GiB, est. 81 ms per step, ~400 img/s per chip,
-MFU ~32% (short of the 50% target: the CPU-tuned attention and f32 LayerNorm/softmax remain).
+spare), est. 72 ms per step; with --config.mesh="[('fsdp', -1)]" 8.5 GiB, est. 65 ms per step,
+~490 img/s per chip, MFU ~40% (`--time_by_depth`); --config.model.dtype_act=bfloat16 (a bf16
+residual stream) 60 ms, ~43%; on a v5p-128 (fsdp, 64 images per chip) with it 106 ms, ~49%.
 
 Weight decay: the paper's "0.1" was flax.optim's decay (p -= lr * 0.1 * p);
 here `wd` is decoupled from lr (big_vision convention, see optim.py), so the
