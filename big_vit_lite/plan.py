@@ -522,6 +522,11 @@ def main(argv):
     if config is None:
       raise app.UsageError("--config=configs/FILE.py[:arg] is required")
     mesh_spec = f.mesh or config.get("mesh") or [("data", 1)]
+    if f.time_by_depth and not (f.topology and f.compile):
+      raise ValueError(
+          "--time_by_depth estimates with the TPU compiler: add --topology=SLICE"
+          " and --compile"
+      )
     if f.topology:
       p = plan_on_slice(
           config,

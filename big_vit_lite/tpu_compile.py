@@ -383,7 +383,7 @@ def format_lines(p: dict) -> list:
       f"fits: {'yes' if p['tpu_fits'] else 'NO'} ({p['tpu_hbm_spare']:.0%} spare)",
       f"  estimated by the compiler's cost model: {estimate}",
   ]
-  if "tpu_est_by_depth" in p:
+  if all(p.get("tpu_est_by_depth") or [None]):
     lines.append(
         "  (the time of the unrolled step compiled at depth 1 and 2 ("
         + ", ".join(f"{t * 1e3:.3g} ms" for t in p["tpu_est_by_depth"])

@@ -252,6 +252,20 @@ def test_cli_prints_the_report_and_one_line_errors():
       "plan: --topology=v7x-8: unknown TPU slice; use accelerator names like v5p-256, v4-32, "
       "v5litepod-16, v6e-256 or topologies like v5p:8x8x8, v5e:2x2."
   )
+  proc = run(
+      "--config=configs/demo.py",
+      "--topology=v5p:2x2x1",
+      "--compile",
+      "--time_by_depth",
+  )
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert "extrapolated to depth 4)" in proc.stdout  # (the demo's ViT)
+  proc = run("--config=configs/demo.py", "--time_by_depth")
+  assert proc.returncode == 1
+  assert proc.stderr.strip().splitlines()[-1] == (
+      "plan: --time_by_depth estimates with the TPU compiler: add"
+      " --topology=SLICE and --compile"
+  )
   proc = run("--config=configs/demo.py", "--topology=v4-32", "--mesh=data:8")
   assert proc.returncode == 1
   assert (
