@@ -25,7 +25,8 @@ The TPU compiler's figures on v5p-256 (`python -m big_vit_lite.plan --topology=v
 cost model, benchmarks/NOTES.md "TPU compiler, 2026-12-05"): 14.3 of 95 GiB HBM per chip (85%
 spare), est. 72 ms per step; with --config.mesh="[('fsdp', -1)]" 8.5 GiB, est. 65 ms per step,
 ~490 img/s per chip, MFU ~40% (`--time_by_depth`); --config.model.dtype_act=bfloat16 (a bf16
-residual stream) 60 ms, ~43%; on a v5p-128 (fsdp, 64 images per chip) with it 106 ms, ~49%.
+residual stream) 60 ms, ~43%; on a v5p-128 (fsdp, 64 images per chip) with it 106 ms, ~49%,
+and with --config.model.attention=xla too 101 ms, ~51% (20 of 95 GiB per chip).
 
 Weight decay: the paper's "0.1" was flax.optim's decay (p -= lr * 0.1 * p);
 here `wd` is decoupled from lr (big_vision convention, see optim.py), so the
