@@ -16,7 +16,8 @@ memory analysis and FLOPs (compiled_* fields), what tests/test_plan.py checks th
 against.
 
 --topology=SLICE (v5p-256, v4-32, v5litepod-16, v5p:8x8x8) plans for a TPU slice: its chips'
-HBM and peak, a -1 mesh axis sized to its devices, dtype_mm="auto" as bfloat16. With --compile
+HBM and peak, a -1 mesh axis sized to its devices, "auto" model settings as a TPU takes them
+(vit.Model: bfloat16 matmuls and residual stream, XLA attention). With --compile
 the TPU compiler (libtpu, the [tpu] extra) compiles the trainer's step for the slice on this
 CPU machine and adds its figures (tpu_* fields: memory per device, fits, the cost model's step
 time, img/s per chip and MFU, collectives): tpu_compile.py, docs/tpu.md.
@@ -253,6 +254,13 @@ def plan(
   """
   key = resolve_device(device)
   spec = DEVICES[key]
+  # Whose "auto" model settings (vit.Model: matmul and residual dtypes,
+  # attention) count: the device's; backend="cpu" plans what XLA:CPU compiles
+  # (plan --compile without --topology).
+  if backend == "cpu":
+    platform = "cpu"
+  else:
+    platform = "tpu" if key.startswith("tpu_") else "gpu"
   backend = backend or ("tpu" if key.startswith("tpu_") else "cpu")
   res = image_res(config, res)
   n_dev = math.prod(mesh.values())
@@ -269,7 +277,7 @@ def plan(
       + model.reg_tokens
   )
   remat = model.remat_policy not in (None, "none")
-  mm_bytes = jnp.dtype(model.resolved_dtype_mm()).itemsize
+  mm_bytes = jnp.dtype(model.resolved_dtype_mm(platform)).itemsize
   channels = image_channels(config)
   rules = dict(_rules(config, mesh))
   tp = _axes_size(rules.get("mlp"), mesh)
@@ -291,7 +299,13 @@ def plan(
       image_numel=res * res * channels,
       dropout=model.dropout > 0,
       **(
-          dict(opts=dataclasses.asdict(model.block_options()))
+          dict(
+              opts=dict(
+                  dataclasses.asdict(model.block_options()),
+                  attention=model.resolved_attention(platform),
+                  dtype_act=model.resolved_dtype_act(platform),
+              )
+          )
           if backend == "tpu"
           else {}
       ),
@@ -343,7 +357,7 @@ def plan(
       micro_batch=local_batch // accum,
       remat=remat,
       backend=backend,
-      dtype_mm=str(model.resolved_dtype_mm()),
+      dtype_mm=str(model.resolved_dtype_mm(platform)),
       num_params=int(n_params),
       **{f"{k}_bytes_per_device": int(b) for k, b in state_b.items()},
       grad_accum_bytes_per_device=int(accum_b),
@@ -402,7 +416,8 @@ def plan_on_slice(
     time_by_depth: bool = False,
 ) -> dict:
   """plan() for a TPU slice (`plan --topology=SLICE [--compile]`): its chips, a -1 mesh axis
-  sized to its devices, dtype_mm="auto" as bfloat16; with compile_step, the TPU compiler's
+  sized to its devices, "auto" model settings as on a TPU (dtype_mm and dtype_act bfloat16,
+  attention "xla"); with compile_step, the TPU compiler's
   figures for the trainer's step (tpu_compile.compiled_stats: the tpu_* fields); with
   time_by_depth too, the step time is step_time_by_depth's.
   """
@@ -416,8 +431,18 @@ def plan_on_slice(
       pairs, tpu_slice.devices, f"--topology={topology}"
   )
   mesh = parse_mesh(list(sizes.items()))
-  if config.model.get("dtype_mm") == "auto":
-    config.model.dtype_mm = vit.resolve_dtype_mm("auto", platform="tpu")
+  # The model runs on the TPU, not on this host: "auto" is decided for the TPU.
+  resolve_for_tpu = dict(
+      dtype_mm=vit.resolve_dtype_mm,
+      dtype_act=vit.resolve_dtype_act,
+      attention=lambda auto, platform: vit.Model(
+          num_classes=0,
+          attention=auto,
+      ).resolved_attention(platform),
+  )
+  for key, resolve in resolve_for_tpu.items():
+    if config.model.get(key) == "auto":
+      config.model[key] = resolve("auto", platform="tpu")
   abstract = abstract_state(config, image_res(config, res))
   p = plan(config, mesh, tpu_slice.device_key, res, abstract=abstract)
   if compile_step:

@@ -100,7 +100,11 @@ def tpu_block_bytes(
   residuals has them: SwiGLU keeps six T x M arrays (value, gate, its sigmoid
   and silu, their product, the dropped product), qk_norm q and k before their
   norm and its statistics (both measured together: L/16 +2.3%), parallel_block
-  one LayerNorm and no mid-block stream (not compiled).
+  one LayerNorm and no mid-block stream (not compiled). opts may also name the
+  model's resolved `attention` and `dtype_act`: XLA's attention keeps the
+  exponentiated logits per head in f32 (T x T) and the softmax's sums besides
+  the bf16 probabilities (L/16: +2.2 GiB per chip at 32 images); a bf16 residual
+  stream stores the block input and mid-block stream in bf16.
   """
   opts = opts or {}
   t, d = tokens, arch["width"]
@@ -118,9 +122,18 @@ def tpu_block_bytes(
   qk_stats = 4 * _tiled(h, t, 4) if opts.get("qk_norm") else 0
   # Each LayerNorm also keeps its mean and 1/std (f32, tokens minor).
   norm_stats = 2 * 4 * 128 * math.ceil(t / 128)
+  act_bytes = 2 if opts.get("dtype_act") == "bfloat16" else 4
+  # XLA's softmax: exp(logits) in f32 per head, and its sums (two per head and
+  # token).
+  softmax_f32 = (
+      h * _tiled(t, t, 4) + 2 * _tiled(h, t, 4)
+      if opts.get("attention") == "xla"
+      else 0
+  )
   total = (
-      streams * (_tiled(t, d, 4) + _tiled(t, d, mm) + norm_stats)
+      streams * (_tiled(t, d, act_bytes) + _tiled(t, d, mm) + norm_stats)
       + h * (per_head + _tiled(t, t, mm))
+      + softmax_f32
       + mlp
       + qk_stats
   )
@@ -160,7 +173,12 @@ def tpu_activation_bytes(
       opts=opts,
   )
   depth, t, d = arch["depth"], tokens, arch["width"]
-  kept = depth * _tiled(t, d, 4) + 3 * block if remat else (depth + 1) * block
+  act_bytes = 2 if (opts or {}).get("dtype_act") == "bfloat16" else 4
+  kept = (
+      depth * _tiled(t, d, act_bytes) + 3 * block
+      if remat
+      else (depth + 1) * block
+  )
   outside = image_numel * 4 + 6 * t * d * 4 + num_classes * 4 * 2
   return int(local_batch * (kept + outside))
 

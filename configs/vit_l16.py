@@ -13,20 +13,19 @@ token, learned position embedding, dropout 0.1, global gradient clipping at
 Expected result (not reproducible on CPU; from the paper, Table 2 / 5): this
 checkpoint fine-tuned on ImageNet-1k at 384px reaches ~85.3% top-1 (ViT-L/16
 I21k); upstream, minival prec@1 (one of 21k labels) is roughly 45-50% at the
-end. It needs a TPU v3-64 / 8xA100-class machine for days: pick a mesh with
---config.mesh and e.g. FSDP for memory (`python -m big_vit_lite.plan` first).
+end. It needs a TPU v3-64 / 8xA100-class machine for days: the mesh is FSDP by default
+(--config.mesh sets another; `python -m big_vit_lite.plan` first).
 
-Accelerators: meant for a TPU v5p-256 slice (128 chips; the default mesh data:-1 is 32 images
-per chip) or a v4-256 (plan: 15.4 of 32 GiB per chip on data:32,fsdp:4). Matmuls run in
-bfloat16 wherever the backend is not the CPU (model.dtype_mm="auto", float32 on the CPU); what
-else an accelerator user tunes is in ACCELERATOR_KNOBS below (--config.model.scan=True, ...).
-The TPU compiler's figures on v5p-256 (`python -m big_vit_lite.plan --topology=v5p-256
---config=configs/vit_l16.py --compile`, libtpu 0.0.42.1, with model.scan=True; estimates of its
-cost model, benchmarks/NOTES.md "TPU compiler, 2026-12-05"): 14.3 of 95 GiB HBM per chip (85%
-spare), est. 72 ms per step; with --config.mesh="[('fsdp', -1)]" 8.5 GiB, est. 65 ms per step,
-~490 img/s per chip, MFU ~40% (`--time_by_depth`); --config.model.dtype_act=bfloat16 (a bf16
-residual stream) 60 ms, ~43%; on a v5p-128 (fsdp, 64 images per chip) with it 106 ms, ~49%,
-and with --config.model.attention=xla too 101 ms, ~51% (20 of 95 GiB per chip).
+Accelerators: meant for a TPU v5p-128 slice (64 chips, 64 images per chip, FSDP over all of
+them: the default mesh fsdp:-1). On a TPU the "auto" model settings (ACCELERATOR_KNOBS below)
+take bfloat16 matmuls, a bfloat16 residual stream and XLA's attention, the step the TPU
+compiler's cost model puts fastest (benchmarks/NOTES.md, "TPU step time by depth"); on a GPU
+bfloat16 matmuls; on the CPU float32 throughout. The TPU compiler's figures for this config on
+v5p-128 (`python -m big_vit_lite.plan --topology=v5p-128 --config=configs/vit_l16.py --compile
+--time_by_depth --config.model.scan=True`, libtpu 0.0.42.1; estimates of its cost model):
+20.0 of 95 GiB HBM per chip (79% spare; plan 20.8), est. 101 ms per step, ~630 img/s per chip,
+MFU ~51%, ~560 chip-hours for the 90 epochs. On a v5p-256 (32 images per chip) 59 ms, ~44%;
+on a v4-256 plan gives 14.4 of 32 GiB per chip on data:32,fsdp:4.
 
 Weight decay: the paper's "0.1" was flax.optim's decay (p -= lr * 0.1 * p);
 here `wd` is decoupled from lr (big_vision convention, see optim.py), so the
@@ -74,13 +73,14 @@ DATA = {
 
 
 # What an accelerator user tunes, settable as --config.model.KEY=VALUE
-# (vit.Model's fields). The rule: dtype_mm="auto" runs the matmuls in bfloat16
-# wherever the backend is not the CPU (GPU, TPU) and in float32 on the CPU;
-# params, LayerNorm and softmax stay float32.
+# (vit.Model's fields). The rule for "auto": matmuls in bfloat16 wherever the
+# backend is not the CPU (GPU, TPU) and in float32 on the CPU; the residual
+# stream in bfloat16 on a TPU only; attention cuDNN on a CUDA GPU, XLA's on a
+# TPU, the custom one on the CPU. Params, LayerNorm and softmax stay float32.
 ACCELERATOR_KNOBS = dict(
     dtype_mm="auto",  # "auto" | "float32" | "bfloat16"
     # the residual stream between blocks; "bfloat16" halves its traffic
-    dtype_act="float32",
+    dtype_act="auto",  # "auto" | "float32" | "bfloat16"
     # True: the blocks under nn.scan (compiles one block; params stacked)
     scan=False,
     # "auto" | "custom" | "xla" | "cudnn" (vit.py's docstring)
@@ -181,10 +181,10 @@ def make_config(*, variant, data, classes, runlocal):
       rep_size=True,
       dropout=0.1,
       head_zeroinit=True,
-      # No remat: at 32 images per chip (v4-256) L/16 needs
-      # 14.4 of 32 GiB without it (plan), and remat costs ~20%
-      # of the step. With more images per device `plan` says
-      # when 'nothing_saveable' is needed.
+      # No remat: at 64 images per chip (v5p-128) L/16 needs
+      # 20 of 95 GiB without it (the TPU compiler), and remat
+      # costs ~20% of the step. With more images per device
+      # `plan` says when 'nothing_saveable' is needed.
       remat_policy=config_dict.placeholder(str),
       **ACCELERATOR_KNOBS,
       **config_loading.vit_block_options(),
@@ -237,12 +237,14 @@ def make_config(*, variant, data, classes, runlocal):
       log_steps=25_000,
   )
 
-  # One global batch of 4096 needs many devices: data parallel over all of them
-  # by default; switch to FSDP (params + optimizer state split) for memory with
-  # --config.mesh="[('data', -1), ('fsdp', 8)]" (see `python -m
-  # big_vit_lite.plan`). A tuple, not a list: only tuples take
-  # --config.mesh="[...]".
-  config.mesh = (("data", -1),)
+  # One global batch of 4096 needs many devices: FSDP over all of them (params,
+  # gradients and optimizer state split, the batch too) by default, the layout
+  # the TPU compiler's cost model puts fastest for L/16 on 128 chips (65 ms
+  # against data parallel's 72, at 8.5 GiB per chip against 14.3); plain data
+  # parallel: --config.mesh="[('data', -1)]", or mixed, e.g. "[('data', -1),
+  # ('fsdp', 8)]" (see `python -m big_vit_lite.plan`). A tuple, not a list:
+  # only tuples take --config.mesh="[...]".
+  config.mesh = (("fsdp", -1),)
   # None: sharding.DEFAULT_RULES; override with e.g.
   # --config.sharding_rules="(('embed', 'fsdp'), ('mlp', 'model'), ('heads',
   # 'model'))".

@@ -82,10 +82,11 @@ def get_config(arg=None):
       # costs ~20%.
       remat_policy=config_dict.placeholder(str),
       # Accelerator knobs (--config.model.KEY=VALUE).
-      # dtype_mm="auto": bfloat16 matmuls wherever the backend
-      # is not the CPU, float32 on the CPU.
+      # "auto", the rule of configs/vit_l16.py's ACCELERATOR_KNOBS:
+      # bfloat16 matmuls wherever the backend is not the CPU, a
+      # bfloat16 residual stream and XLA's attention on a TPU.
       dtype_mm="auto",
-      dtype_act="float32",
+      dtype_act="auto",
       scan=False,
       attention="auto",
       drop_path=0.0,

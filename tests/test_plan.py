@@ -593,6 +593,14 @@ def test_tpu_block_options_change_what_a_block_keeps():
   assert base - opts(parallel_block=True) == (
       4 * 200 * 1024 + 2 * 208 * 1024 + 2 * 4 * 256
   )
+  # XLA's attention (jax's residuals: exp of the logits, f32 [16,197,197], and
+  # two f32 [16,197,1] sums) besides the bf16 probabilities the custom one keeps.
+  assert opts(attention="xla") - base == 16 * 4 * 200 * 256 + 2 * 4 * 16 * 256
+  # A bf16 residual stream: the block input and the stream after attention in
+  # bf16 (208 rows of 1024) instead of f32 (200 rows).
+  assert base - opts(dtype_act="bfloat16") == 2 * (
+      4 * 200 * 1024 - 2 * 208 * 1024
+  )
 
 
 def test_tpu_plan_counts_the_replicated_weights_twice_and_fsdp_two_blocks():
@@ -611,29 +619,108 @@ def test_tpu_plan_counts_the_replicated_weights_twice_and_fsdp_two_blocks():
 # The TPU compiler's peak bytes per chip (arguments + outputs + temporaries -
 # aliased) for configs/vit_l16.py's step under nn.scan (libtpu 0.0.42.1,
 # benchmarks/NOTES.md "Plan vs the TPU compiler"): 32 images per chip on v5p
-# (batch 128 on v5p-8, data parallel) and 256 per chip on v4-32 (fsdp:16).
+# (batch 128 on v5p-8, data parallel; batch 4096 on v5p-256, fsdp:128), 64 per
+# chip on v5p-128 (fsdp:64) and 256 per chip on v4-32 (fsdp:16). Keys: variant,
+# remat, mesh, batch, device, attention, dtype_act (the residual stream).
 _TPU_COMPILER_PEAKS = {
-    ("L/16", "none", "data:4", 128, "tpu_v5p"): (
+    ("L/16", "none", "data:4", 128, "tpu_v5p", "custom", "float32"): (
         3946661888 + 3921842016 + 11383479968 - 3921840128
     ),
-    ("L/16", "nothing_saveable", "data:4", 128, "tpu_v5p"): (
+    (
+        "L/16",
+        "nothing_saveable",
+        "data:4",
+        128,
+        "tpu_v5p",
+        "custom",
+        "float32",
+    ): (
         3946661888 + 3921842016 + 4036666208 - 3921840128
     ),
-    ("H/14", "nothing_saveable", "data:4", 128, "tpu_v5p"): 16490703904,
-    ("L/16", "nothing_saveable", "fsdp:16", 4096, "tpu_v4"): 15971563008,
+    (
+        "H/14",
+        "nothing_saveable",
+        "data:4",
+        128,
+        "tpu_v5p",
+        "custom",
+        "float32",
+    ): 16490703904,
+    (
+        "L/16",
+        "nothing_saveable",
+        "fsdp:16",
+        4096,
+        "tpu_v4",
+        "custom",
+        "float32",
+    ): 15971563008,
+    # (from the peaks in GiB that benchmarks/tpu_step_time.py printed)
+    (
+        "L/16",
+        "none",
+        "fsdp:128",
+        4096,
+        "tpu_v5p",
+        "xla",
+        "float32",
+    ): 11503587232,
+    (
+        "L/16",
+        "none",
+        "fsdp:128",
+        4096,
+        "tpu_v5p",
+        "custom",
+        "bfloat16",
+    ): 8345014752,
+    (
+        "L/16",
+        "none",
+        "fsdp:128",
+        4096,
+        "tpu_v5p",
+        "xla",
+        "bfloat16",
+    ): 10840035488,
+    (
+        "L/16",
+        "none",
+        "fsdp:64",
+        4096,
+        "tpu_v5p",
+        "custom",
+        "bfloat16",
+    ): 16520456192,
+    # configs/vit_l16.py's TPU defaults on its slice, v5p-128
+    (
+        "L/16",
+        "none",
+        "fsdp:64",
+        4096,
+        "tpu_v5p",
+        "xla",
+        "bfloat16",
+    ): 21455578944,
 }
 
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("case", list(_TPU_COMPILER_PEAKS))
 def test_tpu_plan_is_within_5_percent_of_the_tpu_compiler(case):
-  variant, remat, mesh, batch, device = case
+  variant, remat, mesh, batch, device, attention, dtype_act = case
   sys.path.insert(0, REPO)
   from configs import vit_l16  # pylint: disable=g-import-not-at-top
 
   config = vit_l16.get_config(f"variant={variant}")
   config.input.batch_size = batch
-  config.model.update(scan=True, remat_policy=remat, dtype_mm="bfloat16")
+  config.model.update(
+      scan=True,
+      remat_policy=remat,
+      dtype_mm="bfloat16",
+      attention=attention,
+      dtype_act=dtype_act,
+  )
   p = plan.plan(config, plan.parse_mesh(mesh), device)
   assert p["total_bytes_per_device"] == pytest.approx(
       _TPU_COMPILER_PEAKS[case], rel=0.05

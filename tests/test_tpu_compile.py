@@ -304,6 +304,22 @@ def test_training_configs_expose_the_accelerator_knobs(name):
       "bfloat16",
   ]
   assert vit.resolve_dtype_mm("float32", "tpu") == "float32"
+  # The residual stream and the attention: the TPU's choice only on a TPU.
+  assert model.dtype_act == "auto"
+  assert model.attention == "auto"
+  assert [vit.resolve_dtype_act("auto", p) for p in ("cpu", "gpu", "tpu")] == [
+      "float32",
+      "float32",
+      "bfloat16",
+  ]
+  assert vit.resolve_dtype_act("float32", "tpu") == "float32"
+  shipped = vit.Model(**model.to_dict())
+  assert [shipped.resolved_attention(p) for p in ("cpu", "tpu")] == [
+      "custom",
+      "xla",
+  ]
+  assert shipped.resolved_attention() == "custom"  # this CPU
+  assert shipped.resolved_dtype_act() == "float32"
 
 
 @pytest.mark.parametrize(

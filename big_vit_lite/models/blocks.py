@@ -49,6 +49,19 @@ def resolve_dtype_mm(dtype_mm, platform=None) -> str:
   )
 
 
+def resolve_dtype_act(dtype_act, platform=None) -> str:
+  """dtype_act="auto" -> "bfloat16" on a TPU, "float32" elsewhere; else as is.
+
+  The TPU compiler's cost model puts a bf16 residual stream 8% faster for L/16
+  (benchmarks/NOTES.md, "TPU step time by depth"); no GPU has measured it yet.
+  """
+  if dtype_act != "auto":
+    return dtype_act
+  return (
+      "bfloat16" if (platform or jax.default_backend()) == "tpu" else "float32"
+  )
+
+
 @dataclasses.dataclass(frozen=True)
 class BlockOptions:
   """The block options of `Model` (see its docstring), handed down as one hashable value."""

@@ -31,7 +31,9 @@ Attention (`attention=`): "custom" is `dot_product_attention` below; "xla" is
 `jax.nn.dot_product_attention(implementation="xla")`; "cudnn" is cuDNN flash
 attention (bf16/fp16 matmuls on an NVIDIA GPU) with the tokens padded to a
 multiple of CUDNN_SEQ_MULTIPLE and the padded keys masked; "auto" (default)
-takes cudnn on a CUDA GPU where the shapes allow it and custom elsewhere. All
+takes cudnn on a CUDA GPU where the shapes allow it, xla on a TPU (the TPU
+compiler's cost model puts it 6% faster than custom for L/16,
+benchmarks/NOTES.md "TPU step time by depth") and custom elsewhere. All
 give the same function (to rounding) and the same params. GELU is exact (erf),
 as in timm; `gelu="tanh"` is the original code's approximation.
 Attention, LayerNorm and GELU are hand-written in `ops` (why, with
@@ -57,6 +59,7 @@ from big_vit_lite.models.blocks import (  # noqa: F401
     MlpBlock,
     MultiHeadDotProductAttention,
     _on_cuda,
+    resolve_dtype_act,
     resolve_dtype_mm,
 )
 from big_vit_lite.models.ops import (  # noqa: F401
@@ -86,6 +89,7 @@ class Model(nn.Module):
   `attention`: "auto" | "custom" | "xla" | "cudnn" (module docstring).
   `dtype_act`: dtype of the residual stream between blocks (default float32). "bfloat16"
   halves its memory traffic; LayerNorm statistics stay float32. Changes numerics (~1e-2).
+  "auto": bfloat16 on a TPU, float32 elsewhere (resolve_dtype_act).
   `dtype_mm`: dtype of matmul inputs ("bfloat16" for fast matmuls; "auto": float32 on the
   CPU, bfloat16 on accelerators, see resolve_dtype_mm); params and LayerNorm/softmax stay
   float32.
@@ -150,23 +154,35 @@ class Model(nn.Module):
         }
     )
 
-  def resolved_attention(self) -> str:
-    """The attention kind this model runs here: custom | xla | cudnn ("auto" decided)."""
+  def resolved_attention(self, platform=None) -> str:
+    """The attention kind this model runs here: custom | xla | cudnn ("auto" decided).
+
+    platform: the backend the model will run on (default: jax's default backend).
+    """
     if self.attention != "auto":
       return self.attention
+    platform = platform or jax.default_backend()
+    if platform == "tpu":
+      return "xla"
+    if platform == "cpu":
+      return "custom"
     arch = self.arch()
     head_dim = arch["width"] // arch["num_heads"]
     # What cuDNN flash attention takes: bf16/fp16 matmuls, a head dim in 8, 16,
     # ..., 256.
-    dtype_mm = jnp.dtype(self.resolved_dtype_mm())
+    dtype_mm = jnp.dtype(self.resolved_dtype_mm(platform))
     fits = dtype_mm in (jnp.bfloat16, jnp.float16) and head_dim in range(
         8, 257, 8
     )
     return "cudnn" if fits and _on_cuda() else "custom"
 
-  def resolved_dtype_mm(self) -> str:
+  def resolved_dtype_mm(self, platform=None) -> str:
     """The matmul dtype this model runs with here ("auto" decided by the backend)."""
-    return resolve_dtype_mm(self.dtype_mm)
+    return resolve_dtype_mm(self.dtype_mm, platform)
+
+  def resolved_dtype_act(self, platform=None) -> str:
+    """The residual stream's dtype here ("auto" decided by the backend)."""
+    return resolve_dtype_act(self.dtype_act, platform)
 
   def arch(self) -> dict:
     """The resolved width/depth/mlp_dim/num_heads/patch_size of this model."""
@@ -185,7 +201,7 @@ class Model(nn.Module):
         ("posemb", ("learn", "sincos2d")),
         ("pool_type", ("tok", "gap", "map")),
         ("gelu", ("exact", "tanh")),
-        ("dtype_act", ("float32", "bfloat16")),
+        ("dtype_act", ("auto", "float32", "bfloat16")),
         ("attention", ("auto", "custom", "xla", "cudnn")),
         ("mlp", ("gelu", "swiglu")),
         ("norm", ("layernorm", "rmsnorm")),
@@ -275,7 +291,7 @@ class Model(nn.Module):
         dtype_mm=dtype_mm,
         gelu=self.gelu,
         attention=attention,
-        dtype_act=jnp.dtype(self.dtype_act),
+        dtype_act=jnp.dtype(self.resolved_dtype_act()),
         opts=self.block_options(),
         name="Transformer",
     )(x, (gh, gw), num_prefix, train, registers)
