@@ -3,8 +3,9 @@
   python benchmarks/slice_table.py
 
 For each config and slice, plan (the TPU formulas, no compile) tries the layouts in
-order, data parallel, FSDP, then each with remat, then gradient accumulation, and
-keeps the first that fits with at least 10% of the HBM spare. Prints a markdown row
+order, the config's own mesh, data parallel, FSDP, then each with remat, then gradient
+accumulation, and keeps the first that fits with at least 10% of the HBM spare, with the
+config's "auto" model settings as a TPU takes them. Prints a markdown row
 per cell: mesh, HBM per chip, the step time at the chips' bf16 peak (a bound: plan's
 roofline, not an estimate of the compiler's) with its img/s per chip, and the chip-hours
 of the full recipe at that bound. The TPU compiler's estimates for the cells it
@@ -16,9 +17,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # pylint: disable=g-import-not-at-top
-from configs import vit_b16
-from configs import vit_l16
-from configs import vit_s16_i1k
+from big_vit_lite import config_loading
 from big_vit_lite import plan as plan_lib
 from big_vit_lite import tpu_compile
 from big_vit_lite.devices import GIB
@@ -33,10 +32,21 @@ SLICES = (
     "v6e-256",
 )
 # name -> (config, training images seen by the full recipe)
+CONFIGS_DIR = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs"
+)
+
+
+def _get_config(name):
+  """configs/NAME.py's get_config, loaded as --config loads it."""
+  path = os.path.join(CONFIGS_DIR, f"{name}.py")
+  return config_loading.config_module(path).get_config
+
+
 CONFIGS = {
-    "vit_l16": (vit_l16.get_config, 90 * 14_197_122),
-    "vit_b16": (vit_b16.get_config, 90 * 14_197_122),
-    "vit_s16_i1k": (vit_s16_i1k.get_config, 90 * 1_281_167),
+    "vit_l16": (_get_config("vit_l16"), 90 * 14_197_122),
+    "vit_b16": (_get_config("vit_b16"), 90 * 14_197_122),
+    "vit_s16_i1k": (_get_config("vit_s16_i1k"), 90 * 1_281_167),
 }
 TRIES = (
     ("data:-1", "none", 1),
@@ -48,9 +58,16 @@ TRIES = (
 )
 
 
+def _tries(get_config):
+  """TRIES, after the config's own mesh without remat (its default layout)."""
+  own_mesh = ",".join(f"{axis}:{size}" for axis, size in get_config().mesh)
+  own = (own_mesh, "none", 1)
+  return (own,) + tuple(t for t in TRIES if t != own)
+
+
 def cell(get_config, topology, images):
-  """The first layout of TRIES that fits with 10% spare: (try, plan) or None."""
-  for mesh, remat, accum in TRIES:
+  """The first layout of _tries that fits with 10% spare: (try, plan) or None."""
+  for mesh, remat, accum in _tries(get_config):
     config = get_config()
     config.model.scan = True
     config.model.remat_policy = remat

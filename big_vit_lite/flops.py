@@ -137,6 +137,35 @@ def _attention_flops(eqn):
   return matmuls * one, recomputed * one
 
 
+# Splash attention's kernels (models/splash.py), by the name of their
+# pallas_call: the share of their matmuls that is model work. The forward's two
+# (Q K^T, P V) are; the backward's dkv kernel recomputes Q K^T besides dV, dP
+# and dK, the dq kernel Q K^T and dP besides dQ: 4 of the backward's 7 matmuls
+# are the model's (dV, dP, dK, dQ), as in _CUDNN_ATTENTION.
+_SPLASH_MODEL_SHARES = (("_dkv", 3 / 4), ("_dq", 1 / 3))
+
+
+def _splash_model_share(kernel_name: str) -> float:
+  if kernel_name.startswith("splash_"):
+    for part, share in _SPLASH_MODEL_SHARES:
+      if part in kernel_name:
+        return share
+  return 1.0
+
+
+def _distinct_shards(mesh, out_specs) -> int:
+  """How many devices of a shard_map do distinct work: the sizes of the mesh
+  axes its outputs are split over (over the other axes they compute copies).
+  """
+  axes = set()
+  for spec in out_specs:
+    for entry in spec:
+      if entry is None:
+        continue
+      axes.update((entry,) if isinstance(entry, str) else entry)
+  return math.prod(mesh.shape[axis] for axis in axes)
+
+
 def _recompute_mask(jaxpr):
   """Per eqn of a differentiated remat body: True where it recomputes forward work.
 
@@ -178,6 +207,18 @@ def _eqn_flops(eqn, xla, all_iterations):
   if not xla and name in _CUDNN_ATTENTION:
     model, recomputed = _attention_flops(eqn)
     return model + recomputed, recomputed
+  if (
+      name == "pallas_call"
+  ):  # a kernel (splash attention): its body per grid cell
+    total, recomputed = _count(eqn.params["jaxpr"], xla, all_iterations)
+    cells = math.prod(eqn.params["grid_mapping"].grid)
+    total, recomputed = total * cells, recomputed * cells
+    model_share = _splash_model_share(eqn.params["name"])
+    return total, recomputed + (total - recomputed) * (1 - model_share)
+  if name == "shard_map":  # the body per device, on its shard
+    total, recomputed = _count(eqn.params["jaxpr"], xla, all_iterations)
+    shards = _distinct_shards(eqn.params["mesh"], eqn.params["out_specs"])
+    return total * shards, recomputed * shards
   if name == "cond":  # one branch runs: the costliest
     return max(
         (_count(b, xla, all_iterations) for b in eqn.params["branches"]),
@@ -218,8 +259,10 @@ def matmul_flops(jaxpr) -> tuple[int, int]:
   """(model FLOPs, hardware matmul FLOPs) of a jaxpr: matmuls without / with remat's recompute.
 
   Every scan body counts times its length, `cond` its costliest branch, a `while` body once
-  (its trip count is data). For a step traced under jit on a mesh: the global figure
-  (a shard_map body, with per-device shapes, would count once).
+  (its trip count is data), a Pallas kernel's body once per grid cell (splash attention:
+  the padded tokens' work too, 197 -> 256, +2% of L/16's model FLOPs). For a step traced
+  under jit on a mesh: the global figure (a shard_map body times the devices its outputs
+  are split over).
   """
   total, recomputed = _count(jaxpr)
   return total - recomputed, total

@@ -83,7 +83,7 @@ ACCELERATOR_KNOBS = dict(
     dtype_act="auto",  # "auto" | "float32" | "bfloat16"
     # True: the blocks under nn.scan (compiles one block; params stacked)
     scan=False,
-    # "auto" | "custom" | "xla" | "cudnn" (vit.py's docstring)
+    # "auto" | "custom" | "xla" | "cudnn" | "splash" (vit.py's docstring)
     attention="auto",
     # stochastic depth of the last block (linear from 0 in depth)
     drop_path=0.0,

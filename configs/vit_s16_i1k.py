@@ -13,11 +13,13 @@ Expected result (paper: 76.5% ImageNet val top-1 after 90 epochs, ~7h on a
 TPU v3-8): "val/prec@1" ~ 0.765. On CPU only `runlocal` is practical.
 
 Accelerators: meant for a TPU v3-8 (8 TensorCores, 128 images each), as in the paper.
-bfloat16 matmuls wherever the backend is not the CPU (model.dtype_mm="auto"); the other
-accelerator knobs are config.model's dtype_act, scan, remat_policy, attention, drop_path, gelu.
+The "auto" model settings (configs/vit_l16.py's rule): bfloat16 matmuls wherever the backend is
+not the CPU, and on a TPU a bfloat16 residual stream and XLA's attention; the other
+accelerator knobs are config.model's scan, remat_policy, drop_path, gelu.
 The TPU compiler (`python -m big_vit_lite.plan --topology=v3-8 --config=configs/vit_s16_i1k.py
---compile`, libtpu 0.0.42.1): 7.3 of 16 GiB HBM per core (55% spare), est. 146 ms per step,
-~1750 img/s per chip, MFU ~39% (its cost model; ~4.6 h for 90 epochs against the paper's ~7 h).
+--compile`, libtpu 0.0.42.1): 5.5 of 16 GiB HBM per core (66% spare), est. 123 ms per step,
+~2080 img/s per chip, MFU ~46% (its cost model; ~3.8 h for 90 epochs against the paper's ~7 h;
+with attention=custom and dtype_act=float32, the defaults before, 7.3 GiB and 146 ms).
 
 Args: runlocal (3 steps, 32x32 images, tiny model, batch 8; the tests run it
 under tfds.testing.mock_data since ImageNet is not on the machine).

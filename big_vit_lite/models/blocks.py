@@ -116,7 +116,7 @@ class MultiHeadDotProductAttention(nn.Module):
 
   num_heads: int
   dtype_mm: Any = jnp.float32
-  # resolved: custom | xla | cudnn (see Model.attention)
+  # resolved: custom | xla | cudnn | splash (see Model.attention)
   attention: str = "custom"
   opts: BlockOptions = BlockOptions()
 

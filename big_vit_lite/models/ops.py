@@ -11,6 +11,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from big_vit_lite.models import splash
+
 # cuDNN's tokens are padded to a multiple of this (see NOTES.md)
 CUDNN_SEQ_MULTIPLE = 8
 
@@ -120,10 +122,11 @@ def padded_attention(q, k, v, implementation="cudnn", multiple=None):
 
 
 def attention_fn(kind: str):
-  """The (batch, seq, heads, D/H) attention function of a resolved kind: custom | xla | cudnn."""
+  """The (batch, seq, heads, D/H) attention function of a resolved kind: custom | xla | cudnn | splash."""
   return {
       "custom": dot_product_attention,
       "cudnn": padded_attention,
+      "splash": splash.splash_attention,
       "xla": functools.partial(
           jax.nn.dot_product_attention, implementation="xla"
       ),

@@ -33,8 +33,11 @@ attention (bf16/fp16 matmuls on an NVIDIA GPU) with the tokens padded to a
 multiple of CUDNN_SEQ_MULTIPLE and the padded keys masked; "auto" (default)
 takes cudnn on a CUDA GPU where the shapes allow it, xla on a TPU (the TPU
 compiler's cost model puts it 6% faster than custom for L/16,
-benchmarks/NOTES.md "TPU step time by depth") and custom elsewhere. All
-give the same function (to rounding) and the same params. GELU is exact (erf),
+benchmarks/NOTES.md "TPU step time by depth") and custom elsewhere. "splash" is
+Pallas' splash attention, TPU kernels that keep no (seq x seq) probabilities
+(models/splash.py: the tokens padded to 256, the padded keys masked); it
+compiles for a TPU only. All give the same function (to rounding) and the same
+params. GELU is exact (erf),
 as in timm; `gelu="tanh"` is the original code's approximation.
 Attention, LayerNorm and GELU are hand-written in `ops` (why, with
 measurements: benchmarks/NOTES.md, section "Model (models/)").
@@ -86,7 +89,7 @@ class Model(nn.Module):
   forward is recomputed in the backward pass, activations ~1/depth), or None (default): no
   remat, the fastest where memory allows; `python -m big_vit_lite.plan` says when a config
   needs it.
-  `attention`: "auto" | "custom" | "xla" | "cudnn" (module docstring).
+  `attention`: "auto" | "custom" | "xla" | "cudnn" | "splash" (module docstring).
   `dtype_act`: dtype of the residual stream between blocks (default float32). "bfloat16"
   halves its memory traffic; LayerNorm statistics stay float32. Changes numerics (~1e-2).
   "auto": bfloat16 on a TPU, float32 elsewhere (resolve_dtype_act).
@@ -202,7 +205,7 @@ class Model(nn.Module):
         ("pool_type", ("tok", "gap", "map")),
         ("gelu", ("exact", "tanh")),
         ("dtype_act", ("auto", "float32", "bfloat16")),
-        ("attention", ("auto", "custom", "xla", "cudnn")),
+        ("attention", ("auto", "custom", "xla", "cudnn", "splash")),
         ("mlp", ("gelu", "swiglu")),
         ("norm", ("layernorm", "rmsnorm")),
     ):
