@@ -222,6 +222,12 @@ def make_model(config, *, batch_spec, mesh, rules) -> Model:
     module = model_mod.Model(**model_kw.to_dict())
   else:
     module = model_mod.Model(**model_kw)
+  backend = jax.default_backend()
+  if module.resolved_attention() == "splash" and backend != "tpu":
+    raise ValueError(
+        f"model.attention='splash' runs Pallas TPU kernels; this backend is "
+        f"{backend}: use 'auto' (or 'xla', 'custom') here"
+    )
   labels = batch_spec.get("labels")
   # Integer class ids would broadcast against the logits: nonsense, and without
   # an error when the batch size equals the class count.

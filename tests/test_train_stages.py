@@ -250,6 +250,23 @@ def test_unknown_model_name_is_one_line():
   )
 
 
+def test_splash_attention_off_a_tpu_is_one_line():
+  # (It was jax's "Only interpret mode is supported on CPU backend" traceback
+  # at the first step.)
+  checks.one_line_error(
+      lambda: train_setup.make_model(
+          checks.tracked_config(
+              model=dict(variant="mu/16", num_classes=10, attention="splash")
+          ),
+          batch_spec=None,
+          mesh=None,
+          rules=None,
+      ),
+      "model.attention='splash' runs Pallas TPU kernels",
+      "this backend is cpu",
+  )
+
+
 def _losses(workdir):
   rows = [
       json.loads(line)
