@@ -304,6 +304,7 @@ def plan(
                   dataclasses.asdict(model.block_options()),
                   attention=model.resolved_attention(platform),
                   dtype_act=model.resolved_dtype_act(platform),
+                  remat_policy=model.remat_policy,
               )
           )
           if backend == "tpu"
@@ -431,18 +432,13 @@ def plan_on_slice(
       pairs, tpu_slice.devices, f"--topology={topology}"
   )
   mesh = parse_mesh(list(sizes.items()))
-  # The model runs on the TPU, not on this host: "auto" is decided for the TPU.
-  resolve_for_tpu = dict(
-      dtype_mm=vit.resolve_dtype_mm,
-      dtype_act=vit.resolve_dtype_act,
-      attention=lambda auto, platform: vit.Model(
-          num_classes=0,
-          attention=auto,
-      ).resolved_attention(platform),
-  )
-  for key, resolve in resolve_for_tpu.items():
-    if config.model.get(key) == "auto":
-      config.model[key] = resolve("auto", platform="tpu")
+  # The model runs on the TPU, not on this host: its "auto" settings (given or
+  # vit.Model's defaults) are decided for the TPU.
+  model = vit.Model(**config.model.to_dict())
+  with config.unlocked():
+    config.model.dtype_mm = model.resolved_dtype_mm("tpu")
+    config.model.dtype_act = model.resolved_dtype_act("tpu")
+    config.model.attention = model.resolved_attention("tpu")
   abstract = abstract_state(config, image_res(config, res))
   p = plan(config, mesh, tpu_slice.device_key, res, abstract=abstract)
   if compile_step:

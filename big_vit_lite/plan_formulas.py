@@ -158,11 +158,14 @@ def tpu_activation_bytes(
   """activation_bytes for the TPU compiler: the blocks' residuals as it tiles them.
 
   Without remat every block's residuals (tpu_block_bytes) stay for the backward
-  pass, with remat only each block's f32 input; either way more is live while a
-  block's backward runs: one block's worth without remat, three with it (its
-  recomputed residuals and the backward's temporaries; fitted to the compiled
-  L/16, H/14, g/14 at 32 and L/16 at 256 images per chip, benchmarks/NOTES.md).
-  Outside the blocks as activation_bytes counts it.
+  pass, with remat each block's input (in the residual stream's dtype) and what
+  the policy (opts["remat_policy"], _remat_saved_bytes) saves; either way more
+  is live while a block's backward runs: one block's worth without remat, with
+  it the recomputed residuals and the backward's temporaries: three blocks'
+  worth with the custom attention (fitted to the compiled L/16, H/14, g/14 at 32
+  and L/16 at 256 images per chip), 1.6 with XLA's (L/16 at 256 per chip; it
+  reads 8-9% high at 32 per chip, benchmarks/NOTES.md). Outside the blocks as
+  activation_bytes counts it.
   """
   block = tpu_block_bytes(
       arch,
@@ -172,15 +175,58 @@ def tpu_activation_bytes(
       dropout=dropout,
       opts=opts,
   )
+  opts = opts or {}
   depth, t, d = arch["depth"], tokens, arch["width"]
-  act_bytes = 2 if (opts or {}).get("dtype_act") == "bfloat16" else 4
+  act_bytes = 2 if opts.get("dtype_act") == "bfloat16" else 4
+  saved = _remat_saved_bytes(
+      arch,
+      tokens=tokens,
+      mm_bytes=mm_bytes,
+      tp=tp,
+      policy=opts.get("remat_policy"),
+  )
+  live_blocks = 1.6 if opts.get("attention") == "xla" else 3
   kept = (
-      depth * _tiled(t, d, act_bytes) + 3 * block
+      depth * (_tiled(t, d, act_bytes) + saved) + live_blocks * block
       if remat
       else (depth + 1) * block
   )
   outside = image_numel * 4 + 6 * t * d * 4 + num_classes * 4 * 2
   return int(local_batch * (kept + outside))
+
+
+# jax.checkpoint_policies names that save matmul outputs, by what they save (their
+# aliases too); any other policy is counted as nothing_saveable.
+_SAVED_DOTS = {
+    "dots_with_no_batch_dims_saveable": "weights",
+    "checkpoint_dots_with_no_batch_dims": "weights",
+    "dots_saveable": "all",
+    "checkpoint_dots": "all",
+}
+
+
+def _remat_saved_bytes(arch, *, tokens, mm_bytes, tp, policy) -> int:
+  """Bytes per block and example that a remat policy saves besides the block input.
+
+  "dots_with_no_batch_dims_saveable": the outputs of the matmuls with weights
+  (q, k, v, the out projection, the MLP's two; untiled, the compiled L/16 at 256
+  images per chip kept 5% less); "dots_saveable" also the attention logits (f32,
+  T x T per head, tiled; +3% on the same run). Measured: benchmarks/NOTES.md.
+  """
+  saves = _SAVED_DOTS.get(policy)
+  if saves is None:
+    return 0
+  t, d = tokens, arch["width"]
+  m = arch["mlp_dim"] // tp if arch["mlp_dim"] % tp == 0 else arch["mlp_dim"]
+  h = (
+      arch["num_heads"] // tp
+      if arch["num_heads"] % tp == 0
+      else arch["num_heads"]
+  )
+  weights = (3 * t * d // tp + 2 * t * d + t * m) * mm_bytes
+  if saves == "weights":
+    return weights
+  return weights + h * _tiled(t, t, 4)
 
 
 def tpu_weight_bytes(block_params, depth, tp, fsdp, remat, *, mm_bytes):

@@ -705,9 +705,75 @@ _TPU_COMPILER_PEAKS = {
 }
 
 
+# With remat and XLA's attention plan's count of what is live in a recomputed
+# block's backward is a fit to the L/16 run at 256 images per chip (1.6 blocks);
+# at 32 per chip it reads 6-9% high. The remat policies that save matmul outputs:
+# L/16 on v5p-32 (fsdp:16, 256 per chip).
+_TPU_COMPILER_PEAKS_WITHIN_10 = {
+    (
+        "L/16",
+        "nothing_saveable",
+        "data:4",
+        128,
+        "tpu_v5p",
+        "xla",
+        "bfloat16",
+    ): 7105999712,
+    (
+        "L/16",
+        "nothing_saveable",
+        "data:4",
+        128,
+        "tpu_v5p",
+        "custom",
+        "bfloat16",
+    ): 7288451936,
+    (
+        "H/14",
+        "nothing_saveable",
+        "data:4",
+        128,
+        "tpu_v5p",
+        "xla",
+        "bfloat16",
+    ): 14412524352,
+    (
+        "L/16",
+        "nothing_saveable",
+        "fsdp:16",
+        4096,
+        "tpu_v5p",
+        "xla",
+        "bfloat16",
+    ): 10325443808,
+    (
+        "L/16",
+        "dots_with_no_batch_dims_saveable",
+        "fsdp:16",
+        4096,
+        "tpu_v5p",
+        "xla",
+        "bfloat16",
+    ): 31591926400,
+    (
+        "L/16",
+        "dots_saveable",
+        "fsdp:16",
+        4096,
+        "tpu_v5p",
+        "xla",
+        "bfloat16",
+    ): 51116411520,
+}
+
+
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("case", list(_TPU_COMPILER_PEAKS))
-def test_tpu_plan_is_within_5_percent_of_the_tpu_compiler(case):
+@pytest.mark.parametrize(
+    "case, rel",
+    [(case, 0.05) for case in _TPU_COMPILER_PEAKS]
+    + [(case, 0.10) for case in _TPU_COMPILER_PEAKS_WITHIN_10],
+)
+def test_tpu_plan_is_within_5_or_10_percent_of_the_tpu_compiler(case, rel):
   variant, remat, mesh, batch, device, attention, dtype_act = case
   sys.path.insert(0, REPO)
   from configs import vit_l16  # pylint: disable=g-import-not-at-top
@@ -722,6 +788,6 @@ def test_tpu_plan_is_within_5_percent_of_the_tpu_compiler(case):
       dtype_act=dtype_act,
   )
   p = plan.plan(config, plan.parse_mesh(mesh), device)
-  assert p["total_bytes_per_device"] == pytest.approx(
-      _TPU_COMPILER_PEAKS[case], rel=0.05
-  )
+  peaks = {**_TPU_COMPILER_PEAKS, **_TPU_COMPILER_PEAKS_WITHIN_10}
+  print(f"{case}: plan {p['total_bytes_per_device'] / peaks[case] - 1:+.1%}")
+  assert p["total_bytes_per_device"] == pytest.approx(peaks[case], rel=rel)
