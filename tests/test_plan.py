@@ -596,6 +596,14 @@ def test_tpu_block_options_change_what_a_block_keeps():
   # XLA's attention (jax's residuals: exp of the logits, f32 [16,197,197], and
   # two f32 [16,197,1] sums) besides the bf16 probabilities the custom one keeps.
   assert opts(attention="xla") - base == 16 * 4 * 200 * 256 + 2 * 4 * 16 * 256
+  # Splash attention: per head, no bf16 probabilities (208 x 256) and of the
+  # custom attention's four D/H x T arrays only the output's (64 x 256), but q,
+  # k, v and the kernels' output with the tokens padded to 256, D/H minor
+  # (256 x 128 lanes), and the f32 log-sum-exp (8 x 256).
+  assert opts(attention="splash") - base == 16 * (
+      (2 * 64 * 256 + 4 * 2 * 256 * 128 + 4 * 8 * 256)
+      - (4 * 2 * 64 * 256 + 2 * 208 * 256)
+  )
   # A bf16 residual stream: the block input and the stream after attention in
   # bf16 (208 rows of 1024) instead of f32 (200 rows).
   assert base - opts(dtype_act="bfloat16") == 2 * (
@@ -710,6 +718,26 @@ _TPU_COMPILER_PEAKS = {
 # at 32 per chip it reads 6-9% high. The remat policies that save matmul outputs:
 # L/16 on v5p-32 (fsdp:16, 256 per chip).
 _TPU_COMPILER_PEAKS_WITHIN_10 = {
+    # vit_l16 as shipped on v5p-512 (16 per chip), and with splash attention on
+    # v5p-128.
+    (
+        "L/16",
+        "none",
+        "fsdp:256",
+        4096,
+        "tpu_v5p",
+        "xla",
+        "bfloat16",
+    ): 5545126144,
+    (
+        "L/16",
+        "none",
+        "fsdp:64",
+        4096,
+        "tpu_v5p",
+        "splash",
+        "bfloat16",
+    ): 18474508064,
     (
         "L/16",
         "nothing_saveable",
