@@ -207,15 +207,15 @@ def _eqn_flops(eqn, xla, all_iterations):
   if not xla and name in _CUDNN_ATTENTION:
     model, recomputed = _attention_flops(eqn)
     return model + recomputed, recomputed
-  if (
-      name == "pallas_call"
-  ):  # a kernel (splash attention): its body per grid cell
+  # A kernel (splash attention): its body runs once per grid cell.
+  if name == "pallas_call":
     total, recomputed = _count(eqn.params["jaxpr"], xla, all_iterations)
     cells = math.prod(eqn.params["grid_mapping"].grid)
     total, recomputed = total * cells, recomputed * cells
     model_share = _splash_model_share(eqn.params["name"])
     return total, recomputed + (total - recomputed) * (1 - model_share)
-  if name == "shard_map":  # the body per device, on its shard
+  # The body runs on every device, on its shard.
+  if name == "shard_map":
     total, recomputed = _count(eqn.params["jaxpr"], xla, all_iterations)
     shards = _distinct_shards(eqn.params["mesh"], eqn.params["out_specs"])
     return total * shards, recomputed * shards

@@ -1,4 +1,4 @@
-"""The library's shape: at most 6,600 statements (ast, docstrings not counted, so
+"""The library's shape: at most 6,700 statements (ast, docstrings not counted, so
 that a call split over lines or a comment costs nothing, and a named
 intermediate one statement), no module over 600 (pyink-formatted) lines, no
 function over 60 statements; figures from scripts/code_size.py, which the
@@ -27,10 +27,14 @@ def test_no_module_over_600_lines_nor_function_over_60_statements():
   # README's size paragraph). 6,500 until issue 35 unpacked the code (about
   # 200 statements: conditional expressions as if/else, walrus as assignments,
   # lambdas as named functions) and moved transfer's checkpoint reading (69)
-  # in from configs/, which is not counted.
+  # in from configs/, which is not counted. 6,600 until issue 36's TPU step
+  # choices (6,580 -> 6,680; `duplicates --change` found nothing to merge):
+  # splash attention (models/splash.py, 30) and the FLOP count of its kernels
+  # and shard_map (flops.py, 25); plan's TPU formulas for XLA's attention, the
+  # bf16 stream, splash and the remat policies (30); the "auto" rules (15).
   assert (
-      r["statements"] <= 6600
-  ), f"{r['statements']} statements: the budget is 6,600"
+      r["statements"] <= 6700
+  ), f"{r['statements']} statements: the budget is 6,700"
 
 
 def test_the_counter_counts_statements_not_docstrings_comments_or_line_breaks(

@@ -37,8 +37,8 @@ benchmarks/NOTES.md "TPU step time by depth") and custom elsewhere. "splash" is
 Pallas' splash attention, TPU kernels that keep no (seq x seq) probabilities
 (models/splash.py: the tokens padded to 256, the padded keys masked); it
 compiles for a TPU only. All give the same function (to rounding) and the same
-params. GELU is exact (erf),
-as in timm; `gelu="tanh"` is the original code's approximation.
+params. GELU is exact (erf), as in timm; `gelu="tanh"` is the original code's
+approximation.
 Attention, LayerNorm and GELU are hand-written in `ops` (why, with
 measurements: benchmarks/NOTES.md, section "Model (models/)").
 """
