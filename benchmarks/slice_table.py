@@ -3,8 +3,8 @@
   python benchmarks/slice_table.py
 
 For each config and slice, plan (the TPU formulas, no compile) tries the layouts in
-order, the config's own mesh, data parallel, FSDP, then each with remat, then gradient
-accumulation, and keeps the first that fits with at least 10% of the HBM spare, with the
+order, the config's own mesh, data parallel, FSDP, then each with a remat policy (the
+one that saves most first), then gradient accumulation, and keeps the first that fits with at least 10% of the HBM spare, with the
 config's "auto" model settings as a TPU takes them. Prints a markdown row
 per cell: mesh, HBM per chip, the step time at the chips' bf16 peak (a bound: plan's
 roofline, not an estimate of the compiler's) with its img/s per chip, and the chip-hours
@@ -48,11 +48,22 @@ CONFIGS = {
     "vit_b16": (_get_config("vit_b16"), 90 * 14_197_122),
     "vit_s16_i1k": (_get_config("vit_s16_i1k"), 90 * 1_281_167),
 }
+# The remat policies, fastest first by the TPU compiler's cost model (L/16 and
+# B/16 at 256 images per chip, benchmarks/NOTES.md): the more a policy saves,
+# the less it recomputes.
+REMAT_POLICIES = (
+    "dots_saveable",
+    "dots_with_no_batch_dims_saveable",
+    "nothing_saveable",
+)
 TRIES = (
     ("data:-1", "none", 1),
     ("fsdp:-1", "none", 1),
-    ("data:-1", "nothing_saveable", 1),
-    ("fsdp:-1", "nothing_saveable", 1),
+    *[
+        (mesh, policy, 1)
+        for policy in REMAT_POLICIES
+        for mesh in ("data:-1", "fsdp:-1")
+    ],
     ("fsdp:-1", "nothing_saveable", 2),
     ("fsdp:-1", "nothing_saveable", 4),
 )
@@ -98,7 +109,7 @@ def main():
       (mesh, remat, accum), p, chip_hours = found
       layout = ", ".join(
           [mesh.replace(":-1", f":{p['devices']}")]
-          + (["remat"] if remat != "none" else [])
+          + ([f"remat {remat}"] if remat != "none" else [])
           + ([f"accum {accum}"] if accum > 1 else [])
       )
       chips = tpu_compile.parse_slice(topology).chips

@@ -338,6 +338,7 @@ def plan(
       tokens=tokens,
       remat=remat,
       channels=channels,
+      remat_policy=model.remat_policy,
   )
   peak = spec.bf16_flops if mm_bytes == 2 else spec.f32_flops
   compute_s, comm_s = _step_time(

@@ -265,11 +265,15 @@ def train_flops(
     tokens: int,
     remat: bool,
     channels: int = 3,
+    remat_policy: str | None = None,
 ) -> tuple[float, float]:
   """(model FLOPs, hardware FLOPs) of one train step on the global batch.
 
   Model FLOPs: the matmuls of forward + backward (flops.vit_train_flops), what bench and the
-  trainer count from the step's jaxpr for MFU. Hardware: plus remat's recomputation.
+  trainer count from the step's jaxpr for MFU. Hardware: plus remat's recomputation of the
+  matmuls the policy does not save: all of the blocks' forward (nothing_saveable and any
+  other policy), the attention's two batched ones (dots_with_no_batch_dims_saveable), none
+  (dots_saveable).
   """
   kw = dict(
       tokens=tokens,
@@ -279,7 +283,12 @@ def train_flops(
   )
   model = flops_lib.vit_train_flops(arch, batch=batch, **kw)
   blocks = flops_lib.vit_forward_flops(arch, **kw)["blocks"]
-  return float(model), float(model + (blocks * batch if remat else 0))
+  recomputed = 0
+  if remat:
+    saves = _SAVED_DOTS.get(remat_policy)
+    attention = arch["depth"] * 2 * 2 * tokens * tokens * arch["width"]
+    recomputed = {None: blocks, "weights": attention, "all": 0}[saves]
+  return float(model), float(model + recomputed * batch)
 
 
 def _gather_bytes(n_params, depth, tp, fsdp, remat):

@@ -11,16 +11,15 @@ Expected result (from the paper, not reproducible on CPU): fine-tuned on
 ImageNet-1k at 384px, ViT-B/16 pretrained on ImageNet-21k reaches ~84% top-1.
 About 1/3.5 of the compute of L/16 (86M vs 304M params).
 
-Accelerators: meant for a TPU v4-32 (16 chips, 256 images per chip) with remat:
---config.model.remat_policy=nothing_saveable (plan: 9.6 GiB of 32 per chip on the default mesh
-fsdp:16, 11.3 on data:16; 33 without remat), or a v5litepod-16 on data:4,fsdp:4 with remat (9.8
-of 16 GiB); docs/tpu.md has the commands. The "auto" model settings as configs/vit_l16.py's
-ACCELERATOR_KNOBS: bfloat16 matmuls off the CPU, and on a TPU a bfloat16 residual stream and
-XLA's attention. The TPU compiler (plan --topology=... --compile, libtpu 0.0.42.1) needs less:
-5.1 of 32 GiB per chip on v4-32 (data:16) and 4.1 of 16 GiB on v5litepod-16, both with remat
-(6.3 and 5.9 with the defaults before: custom attention, float32 stream); its cost model gives
-no step time for v4 and v5e programs. On a v5p-32 (the same 16 chips and batch, with a cost
-model) it estimates 178 ms per step with remat, ~1440 img/s per chip, MFU ~33%.
+Accelerators: meant for a TPU v4-32 (16 chips, 256 images per chip), which needs remat (plan:
+35 GiB of 32 per chip without it): --config.model.remat_policy=dots_saveable (it recomputes no
+matmul; the TPU compiler: 19.1 of 32 GiB per chip on data:16, plan 22.7) or nothing_saveable
+(5.1 GiB, plan 7.9); or a v5litepod-16 on data:4,fsdp:4 with remat. docs/tpu.md has the
+commands. The "auto" model settings as configs/vit_l16.py's ACCELERATOR_KNOBS: bfloat16 matmuls
+off the CPU, and on a TPU a bfloat16 residual stream and XLA's attention. The compiler's cost
+model gives no step time for v4 and v5e programs; on a v5p-32 (the same 16 chips and batch) it
+estimates 156 ms per step with dots_saveable (~1640 img/s per chip, MFU ~38%) and 178 ms with
+nothing_saveable (~33%).
 
 Args: the ones of configs/vit_l16.py (data=i21k|i1k|folder:ROOT, classes=N,
 runlocal), e.g. `configs/vit_b16.py:data=i1k` or `configs/vit_b16.py:runlocal`.

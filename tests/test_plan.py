@@ -348,6 +348,25 @@ def test_flops_match_the_literature():
   assert fwd["embed"] == 2 * 196 * 16 * 16 * 3 * 768
   assert model == 10 * (3 * sum(fwd.values()) - fwd["embed"])
   assert hw > model  # Remat recomputes the forward of every block.
+  assert hw - model == 10 * 12 * 2 * (
+      4 * 197 * 768**2 + 2 * 197 * 768 * 3072 + 2 * 197**2 * 768
+  )
+  # Policies that save matmul outputs recompute fewer: the attention's two
+  # batched matmuls (scores, weighted sum), or none.
+  flops_with = lambda policy: plan.train_flops(
+      arch,
+      batch=10,
+      res=224,
+      num_classes=1000,
+      tokens=197,
+      remat=True,
+      remat_policy=policy,
+  )
+  assert flops_with("dots_with_no_batch_dims_saveable") == (
+      model,
+      model + 10 * 12 * 2 * 2 * 197**2 * 768,
+  )
+  assert flops_with("dots_saveable") == (model, model)
 
 
 def test_activations_shrink_with_remat_and_tensor_parallelism():
