@@ -360,6 +360,8 @@ def plan(
       remat=remat,
       backend=backend,
       dtype_mm=str(model.resolved_dtype_mm(platform)),
+      dtype_act=str(model.resolved_dtype_act(platform)),
+      attention=model.resolved_attention(platform),
       num_params=int(n_params),
       **{f"{k}_bytes_per_device": int(b) for k, b in state_b.items()},
       grad_accum_bytes_per_device=int(accum_b),

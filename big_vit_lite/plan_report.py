@@ -18,7 +18,8 @@ def format_report(p: dict) -> str:
       f"({p['tokens']} tokens), {p['num_params'] / 1e6:.1f}M params, global batch "
       f"{p['global_batch']} ({p['local_batch']}/device"
       f"{f' in {k} microbatches of {micro}' if k > 1 else ''}), remat={p['remat']}, "
-      f"matmuls in {p['dtype_mm']}",
+      f"matmuls in {p['dtype_mm']}, residual stream in {p['dtype_act']}, "
+      f"{p['attention']} attention",
       f"mesh {','.join(f'{n}:{v}' for n, v in p['mesh'].items())} = {p['devices']} x "
       f"{p['device']} ({p['hbm_bytes'] / GIB:.0f} GiB each)",
       "per device:",

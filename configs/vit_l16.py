@@ -19,13 +19,14 @@ end. It needs a TPU v3-64 / 8xA100-class machine for days: the mesh is FSDP by d
 Accelerators: meant for a TPU v5p-128 slice (64 chips, 64 images per chip, FSDP over all of
 them: the default mesh fsdp:-1). On a TPU the "auto" model settings (ACCELERATOR_KNOBS below)
 take bfloat16 matmuls, a bfloat16 residual stream and XLA's attention, the step the TPU
-compiler's cost model puts fastest (benchmarks/NOTES.md, "TPU step time by depth"); on a GPU
+compiler's cost model puts fastest (benchmarks/NOTES.md, "The TPU defaults"); on a GPU
 bfloat16 matmuls; on the CPU float32 throughout. The TPU compiler's figures for this config on
 v5p-128 (`python -m big_vit_lite.plan --topology=v5p-128 --config=configs/vit_l16.py --compile
 --time_by_depth --config.model.scan=True`, libtpu 0.0.42.1; estimates of its cost model):
 20.0 of 95 GiB HBM per chip (79% spare; plan 20.8), est. 101 ms per step, ~630 img/s per chip,
 MFU ~51%, ~560 chip-hours for the 90 epochs. On a v5p-256 (32 images per chip) 59 ms, ~44%;
-on a v4-256 plan gives 14.4 of 32 GiB per chip on data:32,fsdp:4.
+on a v5p-512 (16 per chip) 36 ms, ~36%; on a v4-256 plan gives 11.6 of 32 GiB per chip on
+data:32,fsdp:4.
 
 Weight decay: the paper's "0.1" was flax.optim's decay (p -= lr * 0.1 * p);
 here `wd` is decoupled from lr (big_vision convention, see optim.py), so the

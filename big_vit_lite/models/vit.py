@@ -160,10 +160,12 @@ class Model(nn.Module):
   def resolved_attention(self, platform=None) -> str:
     """The attention kind this model runs here: custom | xla | cudnn ("auto" decided).
 
-    platform: the backend the model will run on (default: jax's default backend).
+    platform: the backend the model will run on (default: jax's default backend;
+    a "gpu" named here counts as a CUDA one).
     """
     if self.attention != "auto":
       return self.attention
+    on_cuda = _on_cuda() if platform is None else platform == "gpu"
     platform = platform or jax.default_backend()
     if platform == "tpu":
       return "xla"
@@ -177,7 +179,7 @@ class Model(nn.Module):
     fits = dtype_mm in (jnp.bfloat16, jnp.float16) and head_dim in range(
         8, 257, 8
     )
-    return "cudnn" if fits and _on_cuda() else "custom"
+    return "cudnn" if fits and on_cuda else "custom"
 
   def resolved_dtype_mm(self, platform=None) -> str:
     """The matmul dtype this model runs with here ("auto" decided by the backend)."""
