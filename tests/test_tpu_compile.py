@@ -314,8 +314,10 @@ def test_training_configs_expose_the_accelerator_knobs(name):
   ]
   assert vit.resolve_dtype_act("float32", "tpu") == "float32"
   shipped = vit.Model(**model.to_dict())
-  assert [shipped.resolved_attention(p) for p in ("cpu", "tpu")] == [
+  # (On a GPU plan assumes CUDA: cuDNN takes bf16 matmuls and D/H = 64.)
+  assert [shipped.resolved_attention(p) for p in ("cpu", "gpu", "tpu")] == [
       "custom",
+      "cudnn",
       "xla",
   ]
   assert shipped.resolved_attention() == "custom"  # this CPU
