@@ -16,11 +16,11 @@ Accelerators: meant for a TPU v4-32 (16 chips, 256 images per chip), which needs
 matmul; the TPU compiler: 19.1 of 32 GiB per chip on data:16, plan 22.7) or nothing_saveable
 (5.1 GiB, plan 7.9); or a v5litepod-16 on data:4,fsdp:4 with
 --config.model.remat_policy=dots_with_no_batch_dims_saveable (12.5 of 16 GiB, plan 14.2).
-docs/tpu.md has the commands. The "auto" model settings as configs/vit_l16.py's ACCELERATOR_KNOBS: bfloat16 matmuls
-off the CPU, and on a TPU a bfloat16 residual stream and XLA's attention. The compiler's cost
-model gives no step time for v4 and v5e programs; on a v5p-32 (the same 16 chips and batch) it
-estimates 156 ms per step with dots_saveable (~1640 img/s per chip, MFU ~38%) and 178 ms with
-nothing_saveable (~33%).
+docs/tpu.md has the commands. The "auto" model settings as configs/vit_l16.py's
+ACCELERATOR_KNOBS: bfloat16 matmuls off the CPU, and on a TPU a bfloat16 residual stream and
+XLA's attention. The compiler's cost model gives no step time for v4 and v5e programs; on a
+v5p-32 (the same 16 chips and batch) it estimates 156 ms per step with dots_saveable (~1640
+img/s per chip, MFU ~38%) and 178 ms with nothing_saveable (~33%).
 
 Args: the ones of configs/vit_l16.py (data=i21k|i1k|folder:ROOT, classes=N,
 runlocal), e.g. `configs/vit_b16.py:data=i1k` or `configs/vit_b16.py:runlocal`.

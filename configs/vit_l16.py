@@ -13,8 +13,8 @@ token, learned position embedding, dropout 0.1, global gradient clipping at
 Expected result (not reproducible on CPU; from the paper, Table 2 / 5): this
 checkpoint fine-tuned on ImageNet-1k at 384px reaches ~85.3% top-1 (ViT-L/16
 I21k); upstream, minival prec@1 (one of 21k labels) is roughly 45-50% at the
-end. It needs a TPU v3-64 / 8xA100-class machine for days: the mesh is FSDP by default
-(--config.mesh sets another; `python -m big_vit_lite.plan` first).
+end. It needs a TPU v3-64 / 8xA100-class machine for days: the mesh is FSDP by
+default (--config.mesh sets another; `python -m big_vit_lite.plan` first).
 
 Accelerators: meant for a TPU v5p-128 slice (64 chips, 64 images per chip, FSDP over all of
 them: the default mesh fsdp:-1). On a TPU the "auto" model settings (ACCELERATOR_KNOBS below)
