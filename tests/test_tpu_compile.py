@@ -137,6 +137,25 @@ def test_a_missing_libtpu_is_one_line(monkeypatch):
     tpu_compile.slice_devices(tpu_compile.parse_slice("v5e:2x2"))
 
 
+def test_a_slice_is_planned_and_compiled_with_the_tpu_choices():
+  """On this CPU host "auto" would mean float32 and the custom attention; for a
+  slice plan decides it for the TPU, in the config that the compile builds."""
+  # No attention key: vit.Model's default, "auto".
+  config = _tiny_config()
+  config.model.dtype_act = "auto"
+  p = plan.plan_on_slice(config, "data:-1", "v5e:2x2")
+  assert (p["dtype_mm"], p["dtype_act"], p["attention"]) == (
+      "bfloat16",
+      "bfloat16",
+      "xla",
+  )
+  assert (
+      config.model.dtype_mm,
+      config.model.dtype_act,
+      config.model.attention,
+  ) == ("bfloat16", "bfloat16", "xla")
+
+
 @needs_libtpu
 def test_compiled_on_a_small_slice_through_the_cli_path():
   """v5e:2x2, data parallel: the TPU compiler's figures against hand-countable ones."""
