@@ -15,6 +15,13 @@ from big_vit_lite import flops as flops_lib
 USABLE_FRACTION = 0.9
 
 
+def _split_by_tp(arch: dict, tp: int) -> tuple[int, int]:
+  """(MLP width, heads) per device: divided by the tensor-parallel degree where
+  it divides them, else whole."""
+  m, h = arch["mlp_dim"], arch["num_heads"]
+  return (m // tp if m % tp == 0 else m), (h // tp if h % tp == 0 else h)
+
+
 def activation_bytes(
     arch: dict,
     *,
@@ -38,12 +45,7 @@ def activation_bytes(
   metrics").
   """
   t, d = tokens, arch["width"]
-  m = arch["mlp_dim"] / tp if arch["mlp_dim"] % tp == 0 else arch["mlp_dim"]
-  h = (
-      arch["num_heads"] // tp
-      if arch["num_heads"] % tp == 0
-      else arch["num_heads"]
-  )
+  m, h = _split_by_tp(arch, tp)
   per_block = (
       t * d * (3.4 * 4 + 2 * mm_bytes)
       + t * m * (1.9 * 4 + 1.85 * mm_bytes)
@@ -110,12 +112,7 @@ def tpu_block_bytes(
   """
   opts = opts or {}
   t, d = tokens, arch["width"]
-  m = arch["mlp_dim"] // tp if arch["mlp_dim"] % tp == 0 else arch["mlp_dim"]
-  h = (
-      arch["num_heads"] // tp
-      if arch["num_heads"] % tp == 0
-      else arch["num_heads"]
-  )
+  m, h = _split_by_tp(arch, tp)
   head_dim, mm = arch["width"] // arch["num_heads"], mm_bytes
   streams = 1 if opts.get("parallel_block") else 2
   qk_norm_arrays = 2 * bool(opts.get("qk_norm"))
@@ -230,12 +227,7 @@ def _remat_saved_bytes(arch, *, tokens, mm_bytes, tp, policy) -> int:
   if saves is None:
     return 0
   t, d = tokens, arch["width"]
-  m = arch["mlp_dim"] // tp if arch["mlp_dim"] % tp == 0 else arch["mlp_dim"]
-  h = (
-      arch["num_heads"] // tp
-      if arch["num_heads"] % tp == 0
-      else arch["num_heads"]
-  )
+  m, h = _split_by_tp(arch, tp)
   weights = (3 * t * d // tp + 2 * t * d + t * m) * mm_bytes
   if saves == "weights":
     return weights
