@@ -32,7 +32,9 @@ import contextlib
 import dataclasses
 import functools
 import os
+import shutil
 import sys
+import tempfile
 from typing import NamedTuple
 
 from absl import app
@@ -48,6 +50,7 @@ from big_vit_lite import config_loading
 from big_vit_lite import console
 from big_vit_lite import ema as ema_lib
 from big_vit_lite import flops as flops_lib
+from big_vit_lite import job_check
 from big_vit_lite import metrics as metrics_lib
 from big_vit_lite import oom
 from big_vit_lite import optim
@@ -60,7 +63,7 @@ from big_vit_lite import train_step
 # The flags, defined only when run as a command (at the end): importing this
 # module (tests, other CLIs) must not clash with other CLIs' --config/--workdir
 # in one process.
-_CONFIG = _WORKDIR = None
+_CONFIG = _WORKDIR = _CHECK = None
 
 
 # A failure with a one-line explanation (exit status 1).
@@ -73,13 +76,22 @@ def main(argv):
   del argv
   # Other libraries' INFO lines (orbax: every file) when verbose.
   console.keep_log_readable()
-  if _WORKDIR.value is None or _CONFIG.value is None:
+  workdir = _WORKDIR.value
+  if _CHECK.value and workdir is None:
+    # Nothing is kept: the lock and the log go to a throwaway folder.
+    workdir = tempfile.mkdtemp(prefix="big_vit_lite_check_")
+    atexit.register(shutil.rmtree, workdir, ignore_errors=True)
+  if workdir is None or _CONFIG.value is None:
     raise app.UsageError(
         "--config and --workdir are required, e.g. --config=configs/demo.py "
         "--workdir=workdirs/demo"
     )
   try:
-    train(config_loading.loaded(_CONFIG.value, "--config"), _WORKDIR.value)
+    train(
+        config_loading.loaded(_CONFIG.value, "--config"),
+        workdir,
+        check=_CHECK.value,
+    )
   except TrainingInterrupted as e:
     print(f"big_vit_lite.train: {e}", file=sys.stderr, flush=True)
     _exit_now(130)
@@ -116,8 +128,11 @@ def _exit_now(status):
   os._exit(status)  # pylint: disable=protected-access
 
 
-def train(raw_config, workdir):
+def train(raw_config, workdir, check=False):
   """The training job; returns the final (global) params.
+
+  check=True: only the job's checks (job_check.py) and the step's compile;
+  prints "ok" with the run's shapes and returns None.
 
   Ctrl-C anywhere raises TrainingInterrupted, a failed write (a full disk,
   a checkpoint save) a one-line TrainingError saying which checkpoint is left.
@@ -126,7 +141,7 @@ def train(raw_config, workdir):
     # Undone however train ends: the workdir lock, the signal handlers, a save
     # in flight.
     with contextlib.ExitStack() as cleanup:
-      return _train(raw_config, workdir, cleanup)
+      return _train(raw_config, workdir, cleanup, check)
   # Before the loop's handler is in place, or a second Ctrl-C.
   except KeyboardInterrupt:
     raise TrainingInterrupted(
@@ -149,7 +164,7 @@ def train(raw_config, workdir):
     ) from e
 
 
-def _train(raw_config, workdir, cleanup):
+def _train(raw_config, workdir, cleanup, check=False):
   """The stages, in order; each reads its part of the config (all of it before the compile).
 
   Each stage returns a frozen value (train_setup.Job, Inputs, Model, Settings;
@@ -173,15 +188,20 @@ def _train(raw_config, workdir, cleanup):
         mesh=job.mesh,
         dur=inputs.dur,
     )
-    start = restore_or_init(
-        raw_config,
-        job=job,
-        inputs=inputs,
-        model=model,
-        layout=layout,
-        settings=settings,
-        cleanup=cleanup,
-    )
+    # Before the first step: the evals' images against the model, ...
+    job_check.check_job(inputs=inputs, model=model, settings=settings)
+    if check:
+      start = None  # Nothing restored or initialised.
+    else:
+      start = restore_or_init(
+          raw_config,
+          job=job,
+          inputs=inputs,
+          model=model,
+          layout=layout,
+          settings=settings,
+          cleanup=cleanup,
+      )
     # One training step: (state, batch) -> (new state, measurements).
     update_fn = train_step.make_update_fn(
         model=model.module,
@@ -206,7 +226,7 @@ def _train(raw_config, workdir, cleanup):
         out_shardings=(layout.state_sh, job.repl),
         donate_argnums=(0,),
     )
-    if start.step is not None and start.step >= inputs.total_steps:
+    if start and start.step is not None and start.step >= inputs.total_steps:
       # A finished run started again (e.g. by a scheduler): no step to compile.
       step_fn, flops = None, {}
     else:
@@ -217,6 +237,17 @@ def _train(raw_config, workdir, cleanup):
           model=model,
           layout=layout,
       )
+    if check:
+      print(
+          job_check.describe(
+              inputs=inputs,
+              model=model,
+              settings=settings,
+              params_abstract=layout.params_abstract,
+          ),
+          flush=True,
+      )
+      return None
     loop = train_loop.Loop(
         raw_config=raw_config,
         job=job,
@@ -482,6 +513,12 @@ if __name__ == "__main__":
   _CONFIG = config_loading.define_config_flag()
   _WORKDIR = flags.DEFINE_string(
       "workdir", None, "Directory for checkpoints, metrics and logs."
+  )
+  _CHECK = flags.DEFINE_bool(
+      "check",
+      False,
+      "Only check the job (every eval's images against the model, datasets, "
+      "W&B, ranges) and compile its step; print 'ok' and the run's shapes.",
   )
   app.run(
       main,

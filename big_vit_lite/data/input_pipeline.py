@@ -450,6 +450,21 @@ class EvalIterable:
     )
     return ds.map(lambda d: dict(d, _mask=tf.constant(True)))
 
+  def example_shapes(self):
+    """{key: (shape, numpy dtype)} of one preprocessed example (the split's first), padding
+    and batching aside: read from the static spec when the pp gives fixed shapes, else
+    from that example."""
+    ds = self._examples(0, 1)
+    spec = ds.element_spec
+    if not all(d is not None for s in spec.values() for d in s.shape):
+      with _data_errors(f"eval data {self._source.name}"):
+        spec = next(iter(ds))
+    return {
+        k: (tuple(s.shape), s.dtype.as_numpy_dtype)
+        for k, s in spec.items()
+        if k != "_mask"
+    }
+
   def __iter__(self):
     ds = self._examples(self._start, self._end)
     if pad := self.num_batches * self._local_batch - self.num_examples:
