@@ -60,14 +60,13 @@ def eval_inputs(evaluator):
     batch = jax.process_count()
     for dataset, (train_cfg, test_cfg, pp) in datasets.items():
       for data_cfg in (train_cfg, test_cfg):
-        what = f"dataset {dataset}, split {data_cfg['split']}"
-        yield what, input_pipeline.make_eval_iterator(data_cfg, pp, batch)
+        iterable = input_pipeline.make_eval_iterator(data_cfg, pp, batch)
+        yield f"dataset {dataset}, {iterable.name}", iterable
     return
   # classification, multilabel: one split.
   batches = getattr(evaluator, "batches", None)
   if isinstance(batches, input_pipeline.EvalIterable):
-    data = evaluator.data
-    yield f"{data['name']}, split {data['split']}", batches
+    yield batches.name, batches
 
 
 def check_eval_images(name, what, eval_shape, image_shape):

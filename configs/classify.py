@@ -13,7 +13,8 @@ here exactly its own final "val/prec@1" (the same split and pp).
 
 Args (after ':', comma separated):
   data=NAME    tfds dataset (default mnist10k), split=SPLIT (default test).
-  folder=ROOT  an image folder instead: ROOT/SPLIT/CLASS/* (labels: sorted class folders).
+  folder=ROOT  an image folder instead: ROOT/SPLIT/CLASS/* (labels: sorted class folders);
+               SPLIT by default the first of val, validation and test it holds.
   res=R        the model's input resolution (default 28, the demo's).
   channels=C   the model's input channels (default 1; 3 decodes grey images to RGB).
   runlocal     the first 200 examples of the split.
@@ -31,7 +32,7 @@ def get_config(arg=None):
   args = config_loading.parse_arg(
       arg,
       data="mnist10k",
-      split="test",
+      split="",
       folder="",
       res=28,
       channels=1,
@@ -50,9 +51,11 @@ def get_config(arg=None):
   config.mesh = (("data", -1),)
   if args.folder:
     data = dict(presets.folder_datasets(args.folder).popitem()[1])
+    # Unset: found (val, validation or test: imagefolder.EVAL_SPLITS).
+    data["split"] = args.split or config_dict.placeholder(str)
   else:
     data = dict(name=args.data, data_dir=config_dict.placeholder(str))
-  data["split"] = args.split + ("[:200]" if args.runlocal else "")
+    data["split"] = (args.split or "test") + ("[:200]" if args.runlocal else "")
   config.evals = ml_collections.ConfigDict()
   config.evals.classify = dict(
       type="classification",

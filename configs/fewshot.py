@@ -21,7 +21,8 @@ Args (after ':', comma separated):
                evaluator refuses images of another size and says which.
   channels=C   the model's input channels (default 1, the demo's grey input;
                3 decodes grey images to RGB, for RGB models).
-  folder=ROOT  evaluate on the image folder ROOT/{train,test}/CLASS/* instead;
+  folder=ROOT  evaluate on the image folder ROOT/{train,val}/CLASS/* instead (the
+               test split: val/, validation/ or test/, the first found);
                metrics "fewshot/basename(ROOT)_10shot".
   layer=NAME   the representation: pre_logits (default), encoded, block00..,
                logits.

@@ -16,7 +16,8 @@ Args (after ':', comma separated):
   res=R        the model's input resolution (default 28, the demo's).
   channels=C   the model's input channels (default 1, the demo's grey input;
                3 decodes grey images to RGB, for RGB models).
-  folder=ROOT  probe the image folder ROOT/{train,test}/CLASS/* instead;
+  folder=ROOT  probe the image folder ROOT/{train,val}/CLASS/* instead (the test
+               split: val/, validation/ or test/, the first found);
                metric "linear_probe/basename(ROOT)".
   layer=NAME   the representation: pre_logits (default), encoded, block00..,
                logits.

@@ -35,7 +35,8 @@ same decay is wd = 0.1 * lr.
 Other data (see big_vit_lite/data and the README's data section):
   * another tfds dataset:  --config.input.data.name=imagenet2012 --config.input.data.split=train
     plus --config.model.num_classes=1000 and matching evals (or use arg data=i1k);
-  * an image folder (ROOT/{train,val}/CLASS/*.jpg): args data=folder:/path/to/ROOT,classes=N.
+  * an image folder (ROOT/{train,val}/CLASS/*.jpg; the minival split is ROOT/val, validation
+    or test, the first found): args data=folder:/path/to/ROOT,classes=N.
   * JFT-300M itself is not public: the paper's 7-epoch JFT run is this config
     with that data, total_epochs=7 and lr=4e-4 (L/16).
 
@@ -102,7 +103,13 @@ def data_source(data, classes=0):
     root = data.split(":", 1)[1]
     return (
         dict(name="imagefolder", split="train", data_dir=root),
-        dict(name="imagefolder", split="val", data_dir=root),
+        # Unset: found, ROOT/val, validation or test (imagefolder.EVAL_SPLITS);
+        # --config.evals.minival.data.split=NAME names another.
+        dict(
+            name="imagefolder",
+            split=config_dict.placeholder(str),
+            data_dir=root,
+        ),
         int(classes),
     )
   if data not in DATA:
@@ -153,10 +160,10 @@ def make_config(*, variant, data, classes, runlocal):
       ),
       shuffle_buffer_size=250_000,
   )
-  # Gradient accumulation: the batch runs as N sequential microbatches per step
-  # (same update, ~1/N of the activation memory): --config.grad_accum_steps=4
-  # when the batch does not fit.
-  config.grad_accum_steps = 1
+  # grad_accum_steps, ema_decay, profile_steps, wandb: unset or off, settable
+  # from the command line (--config.grad_accum_steps=4 when the batch does not
+  # fit).
+  config.update(config_loading.trainer_knobs())
   config.total_steps = config_dict.placeholder(int)  # None: counted in epochs.
   config.total_epochs = 90.0  # float: --config.total_epochs=0.5 works too.
   config.log_training_steps = 50
@@ -174,7 +181,7 @@ def make_config(*, variant, data, classes, runlocal):
   config.hang_timeout_s = config_dict.placeholder(float)
 
   config.model_name = "vit"
-  config.model = dict(
+  config.model = config_loading.vit_model(
       variant=variant,
       num_classes=num_classes,
       pool_type="tok",
@@ -186,9 +193,7 @@ def make_config(*, variant, data, classes, runlocal):
       # 20 of 95 GiB without it (the TPU compiler), and remat
       # costs ~20% of the step. With more images per device
       # `plan` says when 'nothing_saveable' is needed.
-      remat_policy=config_dict.placeholder(str),
       **ACCELERATOR_KNOBS,
-      **config_loading.vit_block_options(),
   )
   config.loss = "sigmoid_xent"
   # Start from another run / an .npz instead of random init:

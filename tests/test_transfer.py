@@ -248,8 +248,9 @@ def test_transfer_config_reads_the_model_off_an_npz(
   )
   # a folder: natural images by default
   assert "|inception_crop(20)|flip_lr|" in config.input.pp
+  # The split unset: found (val, validation, then test; here test/).
   assert config.evals.val.data.to_dict() == dict(
-      name="imagefolder", data_dir=str(tmp_path / "pets"), split="test"
+      name="imagefolder", data_dir=str(tmp_path / "pets"), split=None
   )
   # a flip changes a digit
   digits = transfer.get_config(f"init={npz},data=mnist10k,classes=10")

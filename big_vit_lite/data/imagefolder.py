@@ -11,6 +11,9 @@ sorted order). Hidden files and folders (".x", macOS's
 dataset, nor classes.
 
 Config: data=dict(name="imagefolder", data_dir=ROOT, split="train").
+An eval's split may be left unset (None): it is then found, the first of
+EVAL_SPLITS that ROOT holds ("val", "validation", then "test"), so that
+ROOT/{train,val} and ROOT/{train,test} both work with every config.
 Labels are the index of CLASS in the sorted union of class folders over all
 splits of ROOT (so train and val agree even if a split lacks a class).
 
@@ -77,6 +80,8 @@ EXTENSIONS = (
 
 log = logging.getLogger(__name__)
 
+# An eval's split when the config names none, in this order (eval_split).
+EVAL_SPLITS = ("val", "validation", "test")
 SPLIT_SEED = 20250101  # seeds the fixed file order that split slices index
 
 
@@ -121,6 +126,36 @@ def _try_convert(path, out_dir, index):
     return out, None
   except Exception as e:  # pylint: disable=broad-except
     return None, f"{type(e).__name__}: {e}"
+
+
+def eval_split(root):
+  """The first of EVAL_SPLITS that ROOT holds; else a one-line ValueError naming the keys."""
+  root = os.path.expanduser(root or "")
+  for name in EVAL_SPLITS:
+    if os.path.isdir(os.path.join(root, name)):
+      return name
+  if os.path.isdir(root):
+    found = f"its folders: {_subdirs(root)[:8]}"
+  else:
+    found = "it does not exist"
+  raise ValueError(
+      f"imagefolder {root} has no eval split: none of "
+      f"{', '.join(n + '/' for n in EVAL_SPLITS)} ({found}); add one, or name "
+      "the split: evals.NAME.data.split (classification), "
+      "evals.NAME.test_split (fewshot, linear_probe), split= of "
+      "configs/classify.py"
+  )
+
+
+def class_names(root):
+  """The classes of ROOT as its splits make them: the class folders of every split, those
+  equal in Unicode NFC one class (module docstring), sorted."""
+  return _class_labels(_class_folders(root))[0]
+
+
+def _class_folders(root):
+  """The names of the class folders of every split of ROOT."""
+  return {c for s in _subdirs(root) for c in _subdirs(os.path.join(root, s))}
 
 
 def _hidden(name):
@@ -221,10 +256,7 @@ class ImageFolderSource:
             f"imagefolder: no folder {os.path.join(root, name)} (expected "
             f"ROOT/SPLIT/CLASS/*.jpg); splits in {root}: {found[:8]}"
         )
-    folder_names = {
-        c for s in _subdirs(root) for c in _subdirs(os.path.join(root, s))
-    }
-    self.class_names, labels = _class_labels(folder_names)
+    self.class_names, labels = _class_labels(_class_folders(root))
     # [(file, label)] of each split folder, sorted by class, then path
     per_split = {}
     for name in names:

@@ -430,6 +430,7 @@ class EvalIterable:
 
   def __init__(self, source, pp_fn, local_batch, process_index, process_count):
     self._source, self._pp_fn, self._local_batch = source, pp_fn, local_batch
+    self.name = source.name  # e.g. "imagefolder ROOT/val"
     bounds = _bounds(source.num_examples, process_count)
     self._start, self._end = bounds[process_index], bounds[process_index + 1]
     # (the parts differ by 1 at most)
@@ -495,6 +496,7 @@ def make_eval_iterator(
         f"eval batch_size={batch_size} must be divisible by the process count "
         f"{process_count}"
     )
+  data_cfg = sources.with_eval_split(data_cfg)
   source = sources.get_source(data_cfg)
   if source.num_examples == 0:
     raise ValueError(

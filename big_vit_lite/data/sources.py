@@ -43,10 +43,11 @@ def resolve_data_dir(data_dir):
 
 
 def _prepare_hint(name, data_dir):
-  if name == "imagenet21k":
+  if name.split("/")[0] == "imagenet21k":
+    # The release too (imagenet21k/winter21): plain imagenet21k builds fall11.
     return (
         f"put the official ImageNet-21k tar file(s) in a folder and run `python -m "
-        f"big_vit_lite.data.prepare imagenet21k --data_dir={data_dir} --manual_dir=FOLDER`"
+        f"big_vit_lite.data.prepare {name} --data_dir={data_dir} --manual_dir=FOLDER`"
     )
   return (
       f"run `python -m big_vit_lite.data.prepare {name} --data_dir={data_dir}`"
@@ -97,6 +98,17 @@ def encoded_images(features):
   }
 
 
+def with_eval_split(data_cfg):
+  """An eval's data config with its split: an image folder's unset split is found
+  (imagefolder.eval_split: val, validation, then test)."""
+  data_cfg = config_dict(data_cfg, ("name", "split", "data_dir"), "data config")
+  if data_cfg.get("name") == "imagefolder" and not data_cfg.get("split"):
+    from big_vit_lite.data import imagefolder  # pylint: disable=import-outside-toplevel
+
+    data_cfg["split"] = imagefolder.eval_split(data_cfg.get("data_dir"))
+  return data_cfg
+
+
 _SOURCES = {}
 
 
@@ -134,7 +146,7 @@ class TfdsSource:
 
   def __init__(self, name, split, data_dir=None):
     data_dir = resolve_data_dir(data_dir)
-    hint = _prepare_hint(name.split(":")[0].split("/")[0], data_dir)
+    hint = _prepare_hint(name.split(":")[0], data_dir)
     builder = tfds_builder(
         name,
         data_dir,

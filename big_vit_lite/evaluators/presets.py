@@ -7,8 +7,9 @@ Light on purpose (no jax / tf imports): config files import it.
 
 gives few-shot ridge evals on the offline datasets (mnist10k, animal_mnist)
 whose metrics appear as "fewshot/mnist10k_10shot" etc.; `folder=ROOT`
-evaluates an image folder ROOT/{train,test}/CLASS/* instead, named after
-basename(ROOT).
+evaluates an image folder ROOT/{train,val}/CLASS/* instead, named after
+basename(ROOT); its test split is found (val, validation, then test:
+imagefolder.EVAL_SPLITS) unless `test_split` names one.
 """
 
 import os
@@ -31,12 +32,17 @@ def eval_pp(res, channels=3, label_key="label"):
 
 
 def folder_datasets(root):
-  """{basename(ROOT): imagefolder data cfg} for ROOT/{train,test}/CLASS/*."""
+  """{basename(ROOT): imagefolder data cfg} for ROOT/{train,val}/CLASS/*."""
   root = os.path.abspath(os.path.expanduser(str(root)))
+  if not os.path.isdir(root):
+    raise ValueError(
+        f"folder={root}: no such folder; give the image folder that holds "
+        "train/CLASS/* and val/CLASS/* (the README's layout)."
+    )
   name = os.path.basename(root.rstrip(os.sep))
   if not name:
     raise ValueError(
-        f"folder={root!r}: use a named folder holding train/ and test/."
+        f"folder={root!r}: use a named folder holding train/ and val/."
     )
   return {name: dict(name="imagefolder", data_dir=root)}
 
@@ -56,6 +62,13 @@ def _datasets(datasets, folder, data_dir):
     else:
       out[name] = dict(name=name, data_dir=data_dir)
   return out
+
+
+def folder_test_split(folder):
+  """An image folder's: unset, so found (imagefolder.EVAL_SPLITS); a tfds dataset's: "test"."""
+  if folder:
+    return config_dict.placeholder(str)
+  return "test"
 
 
 def _entry(cfg, runlocal, folder, log_steps, **local):
@@ -100,7 +113,7 @@ def fewshot(
       token_pool=token_pool,
       batch_size=batch_size,
       train_split="train",
-      test_split="test",
+      test_split=folder_test_split(folder),
       l2_regs=tuple(ridge.DEFAULT_L2_REGS),
   )
   return _entry(
@@ -130,7 +143,7 @@ def linear_probe(
       token_pool=token_pool,
       batch_size=batch_size,
       train_split="train",
-      test_split="test",
+      test_split=folder_test_split(folder),
       l2_regs=LINEAR_PROBE_L2_REGS,
       holdout_fraction=0.1,
       max_iter=1000,
