@@ -87,22 +87,39 @@ def resolve_config_path(value):
   """`--config` value -> a file path: a file that exists as given, else a shipped config.
 
   `vit_l16`, `vit_l16.py` and `configs/vit_l16.py` (the README's spelling, from any directory)
-  name the shipped file; `:arg` is kept. A bare name that is not shipped is a one-line
-  ValueError listing the shipped configs; other paths go on unchanged (and fail as a missing file).
+  name the shipped file; `:arg` is kept. A missing file is a one-line ValueError with the
+  nearest name ("did you mean 'configs/demo.py'?": among the shipped configs, or the .py
+  files of its folder) and the shipped configs; a missing path with no near name goes on
+  (and fails as a missing file), except a bare name, which lists the shipped configs.
   """
   path, colon, arg = value.partition(":")
   head, base = os.path.split(path)
-  if not path or os.path.exists(path) or head not in ("", "configs"):
+  if not path or os.path.exists(path):
     return value
   name = base.removesuffix(".py")
-  if name in shipped_config_names():
+  if head in ("", "configs") and name in shipped_config_names():
     return os.path.join(shipped_configs_dir(), name + ".py") + colon + arg
-  if head:
-    return value
+  if head in ("", "configs"):
+    near = [
+        os.path.join(head, n + ".py") if head else n
+        for n in difflib.get_close_matches(name, shipped_config_names(), n=1)
+    ]
+  elif os.path.isdir(head):
+    # A mistyped file name in an existing folder: its .py files.
+    files = [f for f in os.listdir(head) if f.endswith(".py")]
+    near = [
+        os.path.join(head, f)
+        for f in difflib.get_close_matches(base, files, n=1)
+    ]
+  else:
+    near = []
+  if head and not near:
+    return value  # The loader says which file is missing.
+  hint = f" (did you mean '{near[0]}'?)" if near else ""
   raise ValueError(
-      f"'{path}' {_NOT_SHIPPED} (shipped: "
-      f"{', '.join(shipped_config_names()) or 'none found'}); give a path "
-      "to a .py file or one of those names."
+      f"'{path}' {_NOT_SHIPPED}{hint}; shipped: "
+      f"{', '.join(shipped_config_names()) or 'none found'}. Give a path to "
+      "a .py file or one of those names."
   )
 
 
@@ -250,6 +267,9 @@ def parse_flags(argv, prog="big_vit_lite", flag_values=flags.FLAGS):
   `--config.no_such_key=1` makes ml_collections raise an AttributeError /
   KeyError with three chained tracebacks; a user needs the key's name.
   """
+  if any(a in HELP_ARGS for a in argv[1:]):
+    print(usage(prog, argv[0], flag_values))
+    sys.exit(0)
   try:
     return flag_values(argv)
   except Exception as e:  # pylint: disable=broad-except
@@ -257,6 +277,34 @@ def parse_flags(argv, prog="big_vit_lite", flag_values=flags.FLAGS):
     if message is None:
       raise
     sys.exit(f"{prog}: error: {message}")
+
+
+HELP_ARGS = ("--help", "-h", "-?", "--helpshort")
+
+
+def usage(prog, main_file, flag_values=flags.FLAGS):
+  """A user's help: what the command does (the first line of its docstring), its own flags,
+  and how config keys are set."""
+  main = sys.modules.get("__main__")
+  doc = (getattr(main, "__doc__", None) or prog).strip().splitlines()[0]
+  lines = [doc, "", f"usage: python -m {prog} [flags]", ""]
+  # The command's own flags; --config is defined here, in this module.
+  own = {f.name: f for f in flag_values.get_key_flags_for_module(main_file)}
+  if "config" in flag_values:
+    own["config"] = flag_values["config"]
+  for flag in sorted(own.values(), key=lambda f: f.name):
+    if flag.name.startswith("help"):
+      continue
+    default = "" if flag.default is None else f" (default: {flag.default})"
+    lines.append(f"  --{flag.name}: {flag.help}{default}")
+  if "config" in flag_values:
+    lines += [
+        "",
+        "  --config.KEY=VALUE sets any key of the config file, e.g. "
+        "--config.total_steps=1000.",
+    ]
+  lines.append("  --helpfull lists every flag, those of the libraries too.")
+  return "\n".join(lines)
 
 
 def _flag_error(e, argv, flag_values):
@@ -525,4 +573,60 @@ def vit_block_options():
       # DeiT's distillation token and head (with config.distill;
       # docs/distillation.md).
       distill_token=False,
+  )
+
+
+def vit_model(**fields):
+  """A training config's `config.model`: `fields` over every knob of vit.Model at the model's
+  own default, so that the command line can set each on every config
+  (--config.model.drop_path=0.1): the matmul and residual-stream dtypes, scan, remat,
+  attention, dropout, drop_path, gelu, and the block options (vit_block_options).
+  """
+  knobs = dict(
+      dtype_mm="float32",  # "auto" | "float32" | "bfloat16"
+      # the residual stream between blocks; "bfloat16" halves its traffic
+      dtype_act="float32",  # "auto" | "float32" | "bfloat16"
+      # True: the blocks under nn.scan (compiles one block; params stacked)
+      scan=False,
+      # None: no remat; a jax.checkpoint_policies name, e.g. "nothing_saveable"
+      remat_policy=config_dict.placeholder(str),
+      # "auto" | "custom" | "xla" | "cudnn" | "splash" (vit.py's docstring)
+      attention="auto",
+      dropout=0.0,
+      # stochastic depth of the last block (linear from 0 in depth)
+      drop_path=0.0,
+      gelu="exact",  # "exact" | "tanh"
+      **vit_block_options(),
+  )
+  # A None among `fields` (a checkpoint's saved model config) keeps the knob's
+  # typed placeholder: a plain None could not be set from the command line.
+  fields = {k: v for k, v in fields.items() if v is not None or k not in knobs}
+  return dict(knobs, **fields)
+
+
+def trainer_knobs():
+  """The trainer's knobs that every training config has (config.update(trainer_knobs())),
+  unset or off, so that the command line can set each: gradient accumulation, an EMA of
+  the weights, profiled steps, and Weights & Biases (wandb_writer.py; unset: none).
+  """
+  return dict(
+      # The batch as N sequential microbatches per step (same update, ~1/N of
+      # the activation memory): --config.grad_accum_steps=4.
+      grad_accum_steps=1,
+      # e.g. 0.9999; --config.evals.NAME.use_ema=True scores it.
+      ema_decay=config_dict.placeholder(float),
+      # Steps traced by jax.profiler, e.g. --config.profile_steps="(10, 11)".
+      profile_steps=config_dict.placeholder(tuple),
+      # --config.wandb.project=NAME starts logging to W&B.
+      wandb=dict(
+          project=config_dict.placeholder(str),
+          entity=config_dict.placeholder(str),
+          name=config_dict.placeholder(str),
+          group=config_dict.placeholder(str),
+          tags=config_dict.placeholder(tuple),
+          notes=config_dict.placeholder(str),
+          mode=config_dict.placeholder(
+              str
+          ),  # "online" | "offline" | "disabled"
+      ),
   )

@@ -10,8 +10,11 @@ environment (WANDB_MODE, WANDB_API_KEY, ...) works as usual. Process 0 only.
 Needs wandb: pip install 'big_vit_lite[wandb]'.
 """
 
+import netrc
 import os
 import secrets
+import socket
+import urllib.parse
 
 from absl import logging
 import jax
@@ -28,11 +31,20 @@ def _plain(cfg):
   return cfg.to_dict() if hasattr(cfg, "to_dict") else dict(cfg)
 
 
+def configured(cfg):
+  """config.wandb's set keys as a plain dict; None when none is set (every training config
+  has the keys, unset: config_loading.trainer_knobs)."""
+  if cfg is None:
+    return None
+  cfg = {k: v for k, v in _plain(cfg).items() if v is not None}
+  return cfg or None
+
+
 def check(cfg):
   """A one-line ValueError for a config.wandb that cannot work (before the compile)."""
+  cfg = configured(cfg)
   if cfg is None:
     return
-  cfg = _plain(cfg)
   unknown = sorted(set(cfg) - set(KEYS))
   if unknown:
     raise ValueError(
@@ -48,6 +60,48 @@ def check(cfg):
     raise ValueError(
         f"config.wandb needs wandb, which is not installed: {INSTALL}"
     ) from None
+  mode = cfg.get("mode") or os.environ.get("WANDB_MODE") or "online"
+  if mode in ("online", "run"):
+    check_online()
+
+
+OFFLINE_HINT = (
+    "or --config.wandb.mode=offline (the run is written under WORKDIR/wandb; "
+    "upload it later with `wandb sync`)"
+)
+
+
+def check_online():
+  """W&B's online mode: a login (WANDB_API_KEY or `wandb login`'s netrc entry) and its
+  server reachable; else a one-line ValueError saying what to do."""
+  base_url = os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai"
+  url = urllib.parse.urlparse(base_url)
+  host = url.hostname or "api.wandb.ai"
+  if not os.environ.get("WANDB_API_KEY") and not _netrc_login(host):
+    raise ValueError(
+        "config.wandb: W&B's online mode needs a login, and there is none "
+        "(no WANDB_API_KEY, no `wandb login`): run `wandb login`, "
+        + OFFLINE_HINT
+        + "."
+    )
+  port = url.port or (80 if url.scheme == "http" else 443)
+  try:
+    socket.create_connection((host, port), timeout=5).close()
+  except OSError as e:
+    raise ValueError(
+        f"config.wandb: W&B's online mode cannot reach {base_url} ({e}): check "
+        f"the network, {OFFLINE_HINT}."
+    ) from None
+
+
+def _netrc_login(host):
+  """True when the netrc file (`wandb login` writes it) has a password for `host`."""
+  path = os.environ.get("NETRC") or os.path.expanduser("~/.netrc")
+  try:
+    entry = netrc.netrc(path).authenticators(host)
+  except (OSError, netrc.NetrcParseError):
+    return False
+  return bool(entry and entry[2])
 
 
 class Writer:
@@ -84,6 +138,7 @@ class Writer:
 
 def start(cfg, workdir, raw_config):
   """The Writer of config.wandb (checked), or None: not configured, or not process 0."""
+  cfg = configured(cfg)
   if cfg is None or jax.process_index() != 0:
     return None
   import wandb  # pylint: disable=g-import-not-at-top
@@ -102,7 +157,7 @@ def start(cfg, workdir, raw_config):
       dir=local_dir,
       config=raw_config.to_dict(),
       settings=wandb.Settings(console="off", silent=True),
-      **_plain(cfg),
+      **cfg,
   )
   run.define_metric("*", step_metric="step")
   where = (

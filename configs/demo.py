@@ -68,7 +68,9 @@ def make_config(*, runlocal):
   # (distributed.set_cpu_devices). On a GPU/TPU machine this changes nothing.
   config.num_cpu_devices = 2
   config.mesh = (("data", -1),)
-  config.model = dict(
+  # Every vit.Model knob at its default, settable from the command line
+  # (--config.model.drop_path=0.1).
+  config.model = config_loading.vit_model(
       variant=config_dict.placeholder(str),
       width=128,
       depth=4,
@@ -78,12 +80,10 @@ def make_config(*, runlocal):
       posemb="learn",
       pool_type="gap",
       num_classes=10,
-      # No remat (None): a model this small fits anywhere; remat
-      # would only recompute each block's forward (~1/3 more
-      # block FLOPs).
-      remat_policy=config_dict.placeholder(str),
+      # No remat (vit_model's None): a model this small fits anywhere;
+      # remat would only recompute each block's forward (~1/3 more block
+      # FLOPs).
       stem_channels=(),
-      **config_loading.vit_block_options(),
   )
   config.loss = "softmax_xent"
   # Start from another run / an .npz instead of random init:
@@ -93,10 +93,9 @@ def make_config(*, runlocal):
   config.model_init = config_dict.placeholder(str)
   config.model_load = dict(dont_load=())
 
-  # Gradient accumulation: the batch runs as N sequential microbatches per step
-  # (same update, ~1/N of the activation memory): --config.grad_accum_steps=4
-  # when the batch does not fit.
-  config.grad_accum_steps = 1
+  # grad_accum_steps, ema_decay, profile_steps, wandb: unset or off, settable
+  # from the command line (--config.wandb.project=NAME).
+  config.update(config_loading.trainer_knobs())
   # 32 epochs = 30,000 steps at batch 64. In epochs, so that
   # --config.total_epochs=E works too (a total_steps set here would win over
   # it); --config.total_steps=N wins over both.

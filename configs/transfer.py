@@ -38,7 +38,9 @@ within what a second seed could move.
 Args (comma-separated after the file name, e.g. `configs/transfer.py:data=animal_mnist,res=42`):
   init=SRC      the pretrained checkpoint (default workdirs/demo, the demo's workdir).
   data=NAME     a tfds dataset with train/test splits and an integer "label" (default mnist10k).
-  folder=ROOT   an image folder ROOT/{train,test}/CLASS/* instead of data=.
+  folder=ROOT   an image folder ROOT/{train,val}/CLASS/* instead of data= (the test split:
+                val/, validation/ or test/, the first found; --config.evals.val.data.split
+                names another).
   res=R         input resolution (default: the checkpoint's); the posemb is resampled.
   channels=C    input channels (default: the checkpoint's; 3 turns grey images to RGB).
   classes=K     number of classes (default: read from the dataset or the folder).
@@ -150,8 +152,11 @@ def get_config(arg=None):
   config.seed = 0
   if folder:
     data = dict(name="imagefolder", data_dir=folder)
+    # Found: val, validation or test (imagefolder.EVAL_SPLITS).
+    eval_split = config_dict.placeholder(str)
   else:
     data = dict(name=args.data, data_dir=config_dict.placeholder(str))
+    eval_split = "test"
   decode = f"decode(channels={channels})|resize({res})|value_range(-1, 1)"
   train_decode = "|".join(
       [
@@ -177,7 +182,9 @@ def get_config(arg=None):
   # no pre_logits layer (as the ViT paper fine-tunes), at this resolution.
   model.update(num_classes=classes, rep_size=False, head_zeroinit=True)
   config.model_name = "vit"
-  config.model = model
+  # The checkpoint's model; every other vit.Model knob at its default,
+  # settable from the command line (--config.model.drop_path=0.1).
+  config.model = config_loading.vit_model(**model)
   config.model_init = (
       config_dict.placeholder(str) if args.scratch else args.init
   )
@@ -202,7 +209,9 @@ def get_config(arg=None):
   )
   config.grad_clip_norm = 1.0
   config.layer_decay = config_dict.placeholder(float)
-  config.ema_decay = config_dict.placeholder(float)
+  # grad_accum_steps, ema_decay, profile_steps, wandb: unset or off, settable
+  # from the command line.
+  config.update(config_loading.trainer_knobs())
   if args.mixup:
     config.mixup = dict(mixup_alpha=0.2)
 
@@ -212,7 +221,7 @@ def get_config(arg=None):
   config.evals = ml_collections.ConfigDict()
   config.evals.val = dict(
       type="classification",
-      data=dict(data, split="test"),
+      data=dict(data, split=eval_split),
       pp=f"{decode}|{labels}",
       batch_size=500,
       use_ema=False,

@@ -52,10 +52,10 @@ def get_config(arg=None):
       ),
       shuffle_buffer_size=250_000,
   )
-  # Gradient accumulation: the batch runs as N sequential microbatches per step
-  # (same update, ~1/N of the activation memory): --config.grad_accum_steps=4
-  # when the batch does not fit.
-  config.grad_accum_steps = 1
+  # grad_accum_steps, ema_decay, profile_steps, wandb: unset or off, settable
+  # from the command line (--config.grad_accum_steps=4 when the batch does not
+  # fit).
+  config.update(config_loading.trainer_knobs())
   config.total_steps = config_dict.placeholder(int)  # None: counted in epochs.
   config.total_epochs = 90.0  # float: --config.total_epochs=0.5 works too.
   config.log_training_steps = 50
@@ -73,16 +73,15 @@ def get_config(arg=None):
   config.hang_timeout_s = config_dict.placeholder(float)
 
   config.model_name = "vit"
-  config.model = dict(
+  config.model = config_loading.vit_model(
       variant="S/16",
       num_classes=1000,
       pool_type="gap",
       posemb="sincos2d",
       rep_size=False,
       head_zeroinit=True,
-      # No remat (None): S/16 fits without it (see `plan`); it
-      # costs ~20%.
-      remat_policy=config_dict.placeholder(str),
+      # No remat (vit_model's None): S/16 fits without it (see
+      # `plan`); it costs ~20%.
       # Accelerator knobs (--config.model.KEY=VALUE).
       # "auto", the rule of configs/vit_l16.py's ACCELERATOR_KNOBS:
       # bfloat16 matmuls wherever the backend is not the CPU, a
@@ -93,7 +92,6 @@ def get_config(arg=None):
       attention="auto",
       drop_path=0.0,
       gelu="exact",
-      **config_loading.vit_block_options(),
   )
   config.loss = "softmax_xent"
   # Start from another run / an .npz instead of random init:
