@@ -93,21 +93,20 @@ def _params_file_model(src):
 def num_classes(data=None, folder=None):
   """The classes of image folder `folder` (ROOT/SPLIT/CLASS/*), else of tfds dataset `data`.
 
-  A folder's classes are the class folders of all its splits together
-  (hidden ones left out); a tfds dataset's, its "label" feature's.
+  A folder's classes are those its image folder reads (imagefolder.class_names:
+  the class folders of all its splits, hidden ones left out, spellings equal in
+  Unicode NFC one class); a tfds dataset's, its "label" feature's.
   """
   if folder:
-    classes = set()
-    for split in os.listdir(folder):
-      split_dir = os.path.join(folder, split)
-      if not os.path.isdir(split_dir):
-        continue
-      for name in os.listdir(split_dir):
-        if not name.startswith(".") and os.path.isdir(
-            os.path.join(split_dir, name)
-        ):
-          classes.add(name)
-    return len(classes)
+    if not os.path.isdir(folder):
+      raise ValueError(
+          f"folder={folder}: no such folder; give the image folder that "
+          "holds train/CLASS/* and val/CLASS/* (the README's layout)."
+      )
+    # As the image folder counts them: NFC and NFD spellings are one class.
+    from big_vit_lite.data import imagefolder  # pylint: disable=g-import-not-at-top
+
+    return len(imagefolder.class_names(folder))
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
 
   try:

@@ -15,6 +15,7 @@ from big_vit_lite.models.variants import VARIANTS, size_name
 # Re-exported: export.py and the tests call them as timm.timm_usage, ...
 from big_vit_lite.models.timm_names import (  # noqa: F401
     TIMM_CLASSES,
+    timm_class,
     timm_model_name,
     timm_usage,
 )
@@ -352,17 +353,47 @@ def to_timm(params, image_size=None) -> tuple[dict, dict]:
 def write_timm(params, path, image_size=None) -> dict:
   """Writes params as a timm safetensors file; returns the timm create_model kwargs.
 
-  The kwargs are also stored as JSON in the file's metadata under "timm_kwargs".
+  The file's metadata holds them as JSON (file_metadata): "timm_kwargs", what
+  `timm_class(**kwargs)` takes as it is; "timm_class", that class's import path;
+  "timm_classes", the kwargs whose value is a class (mlp_layer, block_fn), as import
+  paths for `pkgutil.resolve_name` (JSON holds no class).
   """
   from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
 
   sd, kwargs = to_timm(params, image_size)
-  save_file(
-      sd,
-      os.fspath(path),
-      metadata={"format": "pt", "timm_kwargs": json.dumps(kwargs)},
-  )
+  save_file(sd, os.fspath(path), metadata=file_metadata(kwargs))
+  # safetensors writes 0600 whatever the umask: give the file the mode any
+  # other file of its owner gets (0644 under the usual umask 022).
+  os.chmod(path, 0o666 & ~_umask())
   return kwargs
+
+
+def file_metadata(kwargs):
+  """The safetensors metadata (str -> str) for `to_timm`'s kwargs; see write_timm."""
+  # "distilled" picks the class (timm_class); it is no constructor kwarg.
+  plain = {
+      k: v
+      for k, v in kwargs.items()
+      if k not in TIMM_CLASSES and k != "distilled"
+  }
+  classes = {
+      k: TIMM_CLASSES[k] + v for k, v in kwargs.items() if k in TIMM_CLASSES
+  }
+  metadata = {
+      "format": "pt",
+      "timm_kwargs": json.dumps(plain),
+      "timm_class": timm_class(kwargs),
+  }
+  if classes:
+    metadata["timm_classes"] = json.dumps(classes)
+  return metadata
+
+
+def _umask():
+  """The process's umask (os.umask can only read it by setting it)."""
+  umask = os.umask(0o077)
+  os.umask(umask)
+  return umask
 
 
 def _read_safetensors(path, tensors=True):

@@ -216,6 +216,16 @@ class Model(nn.Module):
             f"Unknown ViT {name}={getattr(self, name)!r}: use one of "
             f"{', '.join(allowed)}."
         )
+    for name, what in (
+        ("dropout", "the dropout rate"),
+        ("drop_path", "the stochastic-depth rate of the last block"),
+    ):
+      rate = getattr(self, name)
+      if not 0 <= rate < 1:
+        raise ValueError(
+            f"ViT {name}={rate!r} is out of range: {what} is a probability in "
+            f"[0, 1), e.g. 0.1 (config.model.{name})."
+        )
     if not isinstance(self.reg_tokens, int) or self.reg_tokens < 0:
       raise ValueError(
           f"reg_tokens={self.reg_tokens!r}: use a count of register tokens >= 0."
