@@ -102,12 +102,10 @@ def describe(*, inputs, model, settings, params_abstract):
   """The "ok" line of `train --check`: the run's shapes."""
   evals = []
   for name, (evaluator, every, _) in settings.evaluators.items():
-    sizes = sorted(
-        {
-            _size(iterable.example_shapes()["image"][0])
-            for _, iterable in eval_inputs(evaluator)
-        }
-    )
+    shapes = [
+        iterable.example_shapes() for _, iterable in eval_inputs(evaluator)
+    ]
+    sizes = sorted({_size(s["image"][0]) for s in shapes if "image" in s})
     evals.append(f"{name} {'/'.join(sizes)} every {every} steps")
   labels = model.batch_spec["labels"].shape[-1]
   params = sum(x.size for x in jax.tree.leaves(params_abstract))
