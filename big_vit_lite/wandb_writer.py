@@ -33,7 +33,7 @@ def _plain(cfg):
 
 def configured(cfg):
   """config.wandb's set keys as a plain dict; None when none is set (every training config
-  has the keys, unset: config_loading.trainer_knobs)."""
+  has the keys, unset: config_knobs.trainer_knobs)."""
   if cfg is None:
     return None
   cfg = {k: v for k, v in _plain(cfg).items() if v is not None}

@@ -18,6 +18,7 @@ Args (comma-separated after the file name, e.g. `configs/demo.py:runlocal`):
 import ml_collections
 from ml_collections import config_dict
 
+from big_vit_lite import config_knobs
 from big_vit_lite import config_loading
 
 # No random ops here: the shifts and flips run on device (config.device_aug).
@@ -70,7 +71,7 @@ def make_config(*, runlocal):
   config.mesh = (("data", -1),)
   # Every vit.Model knob at its default, settable from the command line
   # (--config.model.drop_path=0.1).
-  config.model = config_loading.vit_model(
+  config.model = config_knobs.vit_model(
       variant=config_dict.placeholder(str),
       width=128,
       depth=4,
@@ -95,7 +96,7 @@ def make_config(*, runlocal):
 
   # grad_accum_steps, ema_decay, profile_steps, wandb: unset or off, settable
   # from the command line (--config.wandb.project=NAME).
-  config.update(config_loading.trainer_knobs())
+  config.update(config_knobs.trainer_knobs())
   # 32 epochs = 30,000 steps at batch 64. In epochs, so that
   # --config.total_epochs=E works too (a total_steps set here would win over
   # it); --config.total_steps=N wins over both.

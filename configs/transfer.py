@@ -68,6 +68,7 @@ import os
 import ml_collections
 from ml_collections import config_dict
 
+from big_vit_lite import config_knobs
 from big_vit_lite import config_loading
 from big_vit_lite import transfer
 
@@ -184,7 +185,7 @@ def get_config(arg=None):
   config.model_name = "vit"
   # The checkpoint's model; every other vit.Model knob at its default,
   # settable from the command line (--config.model.drop_path=0.1).
-  config.model = config_loading.vit_model(**model)
+  config.model = config_knobs.vit_model(**model)
   config.model_init = (
       config_dict.placeholder(str) if args.scratch else args.init
   )
@@ -211,7 +212,7 @@ def get_config(arg=None):
   config.layer_decay = config_dict.placeholder(float)
   # grad_accum_steps, ema_decay, profile_steps, wandb: unset or off, settable
   # from the command line.
-  config.update(config_loading.trainer_knobs())
+  config.update(config_knobs.trainer_knobs())
   if args.mixup:
     config.mixup = dict(mixup_alpha=0.2)
 

@@ -52,6 +52,7 @@ Args (comma-separated, e.g. `configs/vit_l16.py:variant=H/14,data=i1k`):
 import ml_collections
 from ml_collections import config_dict
 
+from big_vit_lite import config_knobs
 from big_vit_lite import config_loading
 
 DATA = {
@@ -163,7 +164,7 @@ def make_config(*, variant, data, classes, runlocal):
   # grad_accum_steps, ema_decay, profile_steps, wandb: unset or off, settable
   # from the command line (--config.grad_accum_steps=4 when the batch does not
   # fit).
-  config.update(config_loading.trainer_knobs())
+  config.update(config_knobs.trainer_knobs())
   config.total_steps = config_dict.placeholder(int)  # None: counted in epochs.
   config.total_epochs = 90.0  # float: --config.total_epochs=0.5 works too.
   config.log_training_steps = 50
@@ -181,7 +182,7 @@ def make_config(*, variant, data, classes, runlocal):
   config.hang_timeout_s = config_dict.placeholder(float)
 
   config.model_name = "vit"
-  config.model = config_loading.vit_model(
+  config.model = config_knobs.vit_model(
       variant=variant,
       num_classes=num_classes,
       pool_type="tok",

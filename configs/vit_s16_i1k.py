@@ -28,6 +28,7 @@ under tfds.testing.mock_data since ImageNet is not on the machine).
 import ml_collections
 from ml_collections import config_dict
 
+from big_vit_lite import config_knobs
 from big_vit_lite import config_loading
 
 
@@ -55,7 +56,7 @@ def get_config(arg=None):
   # grad_accum_steps, ema_decay, profile_steps, wandb: unset or off, settable
   # from the command line (--config.grad_accum_steps=4 when the batch does not
   # fit).
-  config.update(config_loading.trainer_knobs())
+  config.update(config_knobs.trainer_knobs())
   config.total_steps = config_dict.placeholder(int)  # None: counted in epochs.
   config.total_epochs = 90.0  # float: --config.total_epochs=0.5 works too.
   config.log_training_steps = 50
@@ -73,7 +74,7 @@ def get_config(arg=None):
   config.hang_timeout_s = config_dict.placeholder(float)
 
   config.model_name = "vit"
-  config.model = config_loading.vit_model(
+  config.model = config_knobs.vit_model(
       variant="S/16",
       num_classes=1000,
       pool_type="gap",

@@ -32,9 +32,15 @@ def test_no_module_over_600_lines_nor_function_over_60_statements():
   # splash attention (models/splash.py, 30) and the FLOP count of its kernels
   # and shard_map (flops.py, 25); plan's TPU formulas for XLA's attention, the
   # bf16 stream, splash and the remat policies (30); the "auto" rules (15).
+  # 6,700 until issue 41 (6,686 -> 6,860): the job checked before its first
+  # step and train --check (job_check.py 52, train.py 14, the eval example's
+  # shapes 9), W&B's login and server check (29), the user's --help and "did
+  # you mean" for a --config path (25), the image-folder split convention and
+  # class names (25), the shared config knobs (9), the export's file mode and
+  # timm metadata (12), the model's rate ranges (4).
   assert (
-      r["statements"] <= 6700
-  ), f"{r['statements']} statements: the budget is 6,700"
+      r["statements"] <= 6860
+  ), f"{r['statements']} statements: the budget is 6,860"
 
 
 def test_the_counter_counts_statements_not_docstrings_comments_or_line_breaks(

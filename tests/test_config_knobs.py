@@ -1,5 +1,5 @@
-"""Every shipped training config takes the same command-line knobs (config_loading.vit_model,
-config_loading.trainer_knobs)."""
+"""Every shipped training config takes the same command-line knobs (config_knobs.vit_model,
+config_knobs.trainer_knobs)."""
 
 import dataclasses
 import subprocess
@@ -9,6 +9,7 @@ from unittest import mock
 from absl import flags
 import pytest
 
+from big_vit_lite import config_knobs
 from big_vit_lite import config_loading
 from big_vit_lite import wandb_writer
 from big_vit_lite.models import vit
@@ -84,7 +85,7 @@ def test_model_knobs_sit_at_the_models_own_defaults():
   gained a knob would then train other bits), against a model field with no knob.
   """
   fields = {f.name: f.default for f in dataclasses.fields(vit.Model)}
-  knobs = config_loading.vit_model()
+  knobs = config_knobs.vit_model()
   for key, value in knobs.items():
     assert fields[key] == value, key
   architecture = {
@@ -108,7 +109,7 @@ def test_model_knobs_sit_at_the_models_own_defaults():
 
 def test_unset_wandb_keys_are_no_wandb():
   """Guards against the unset wandb keys every config has starting (or requiring) W&B."""
-  unset = config_loading.trainer_knobs()["wandb"]
+  unset = config_knobs.trainer_knobs()["wandb"]
   cfg = _parse_cli("demo:runlocal")
   assert wandb_writer.configured(cfg.wandb) is None
   wandb_writer.check(cfg.wandb)  # No project needed, no wandb installed.
