@@ -104,7 +104,8 @@ class Evaluator(feats.DatasetsEvaluator):
   def probe(self, name, x_train, y_train, x_test, y_test, num_classes):
     """The test accuracy of the probe fitted on host features (l2 picked on a held-out part).
 
-    Logs a line per fit (the dataset, l2, accuracy, L-BFGS iterations, seconds).
+    Logs a line per fit (the dataset, l2, L-BFGS iterations, seconds), the held-out
+    accuracies and the test accuracy.
     """
     standardize = ridge.Standardizer.fit(x_train)
     x_train, x_test = standardize(x_train), standardize(x_test)
