@@ -23,17 +23,6 @@ PARAMS_FILE = "params.txt"
 PRINT_EVERY_S = 30.0
 
 
-def quiet_startup():
-  """Call before TensorFlow loads (a `__main__` block's first lines); the user's settings win.
-
-  TensorFlow's oneDNN ops print a banner and, on CPUs without AVX-512, an error-level line
-  about DT_UINT8 at the first batch; they run only in the input pipeline here. C++ INFO lines
-  go too (TF_CPP_MIN_LOG_LEVEL=1): warnings and errors stay.
-  """
-  os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
-  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
-
-
 def _shown(record):
   """Whether the absl handler shows `record`: ours, any warning, or anything when verbose."""
   ours = f"{os.sep}big_vit_lite{os.sep}" in record.pathname

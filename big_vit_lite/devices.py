@@ -23,7 +23,7 @@ run them as one bf16 pass (full bf16 rate); Ampere and newer GPUs use TF32
 tensor cores at half the bf16 rate.
 
 CPUs have no entry: their rate depends on cores, SIMD width and neighbours,
-so MFU on CPU is against a matmul timed in the same process (metrics.py).
+so MFU on CPU is against a matmul rate measured once per machine (metrics.py).
 """
 
 import dataclasses

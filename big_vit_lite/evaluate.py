@@ -304,8 +304,15 @@ def load_model(src, key, config, mesh, rules, default_res=None):
   )
 
 
-def format_table(results):
-  """Readable text for {eval_name: {key: value}}; few-shot keys as datasets x shots."""
+# Eval types whose every result is an accuracy: shown in percent, as few-shot's.
+ACCURACY_TYPES = ("fewshot", "linear_probe")
+
+
+def format_table(results, accuracies=()):
+  """Readable text for {eval_name: {key: value}}; few-shot keys as datasets x shots.
+
+  accuracies: the eval names whose values are accuracies (in percent).
+  """
   lines = []
   for name, res in results.items():
     lines.append(f"== {name}")
@@ -313,6 +320,8 @@ def format_table(results):
     for k, v in res.items():
       if m := re.fullmatch(r"(.+)_(\d+)shot", k):
         shots.setdefault(m.group(1), {})[int(m.group(2))] = v
+      elif name in accuracies:
+        lines.append(f"  {k:<24}{100 * v:8.2f}%")
       else:
         lines.append(f"  {k:<24}{v:9.4f}")
     if shots:
@@ -526,7 +535,8 @@ def main(argv):
   # finished.
   signal.signal(signal.SIGINT, _CTRL_C)
   try:
-    results = evaluate(config_loading.loaded(_CONFIG.value), _WORKDIR.value)
+    config = config_loading.loaded(_CONFIG.value)
+    results = evaluate(config, _WORKDIR.value)
   except (Interrupted, KeyboardInterrupt) as e:
     _exit_interrupted(
         str(e)
@@ -558,7 +568,12 @@ def main(argv):
       ),
   )
   if jax.process_index() == 0:
-    print(format_table(results))
+    accuracies = [
+        name
+        for name, entry in config.evals.items()
+        if entry.get("type") in ACCURACY_TYPES
+    ]
+    print(format_table(results, accuracies))
     print(f"(written to {paths.resolve(_WORKDIR.value) / 'metrics.jsonl'})")
 
 

@@ -7,15 +7,19 @@ TensorBoard writer. Only process 0 writes, so every process may call it.
 `mfu` = model FLOPs of the step (its matmuls counted from the jaxpr, remat's
 recomputation not included: `flops.matmul_flops`) / step time / peak FLOP/s;
 `mfu_xla` uses XLA's FLOPs (`flops.step_flops`) where they are sane. The peak
-is the datasheet figure of devices.py for accelerators, and for CPUs the best matmul
-rate timed at start (on one device and on all at once) divided among the devices (see
+is the datasheet figure of devices.py for accelerators, and for CPUs the machine's best
+matmul rate (on one device and on all at once), measured once per machine and kept in
+~/.cache/big_vit_lite/cpu_peak.json, divided among the devices (see
 benchmarks/NOTES.md, section "Plan, bench, FLOPs, metrics").
 """
 
 import json
 import os
+import platform
+import socket
 import time
 
+from absl import logging
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -70,16 +74,83 @@ def cpu_machine_flops(dtype="float32", sizes=(256, 512, 1024), reps=5):
   return max(rates)
 
 
+# Where the CPU peak is kept between runs (one entry per machine set-up):
+# $BVL_CPU_PEAK_FILE, else this file.
+CPU_PEAK_FILE = "~/.cache/big_vit_lite/cpu_peak.json"
+# The calibration behind it: once per machine, so more calls than a run could
+# afford at each start (the best of them: a shared machine only ever makes a
+# call slower).
+CPU_PEAK_REPS = 10
+
+
+def cpu_peak_file():
+  return os.path.expanduser(os.environ.get("BVL_CPU_PEAK_FILE", CPU_PEAK_FILE))
+
+
+def cpu_peak_key(dtype):
+  """What the CPU peak depends on: the host, its CPU, cores, local devices, jax, dtype."""
+  model = platform.processor() or platform.machine()
+  if os.path.exists("/proc/cpuinfo"):
+    with open("/proc/cpuinfo") as f:
+      names = [
+          l.split(":", 1)[1].strip() for l in f if l.startswith("model name")
+      ]
+    model = names[0] if names else model
+  return (
+      f"{socket.gethostname()}|{model}|{os.cpu_count()} cores|"
+      f"{jax.local_device_count()} devices|jax {jax.__version__}|{dtype}"
+  )
+
+
+def cached_cpu_peak(dtype, measure=None):
+  """The whole machine's CPU matmul FLOP/s in `dtype`, measured once per machine and kept.
+
+  The first run on a machine (per cpu_peak_key) measures it with `measure` (default
+  cpu_machine_flops with CPU_PEAK_REPS calls) and writes it to cpu_peak_file(); later runs
+  read it, so that the same job on the same machine divides by the same figure whatever
+  the load at its start. Delete the file (its path is logged) to measure again.
+  """
+  path, key = cpu_peak_file(), cpu_peak_key(dtype)
+  try:
+    with open(path) as f:
+      known = json.load(f)
+  except (OSError, ValueError):
+    known = {}
+  if isinstance(known.get(key), dict) and known[key].get("flops", 0) > 0:
+    return float(known[key]["flops"])
+  if measure is None:
+    measure = lambda: cpu_machine_flops(dtype, reps=CPU_PEAK_REPS)
+  flops = float(measure())
+  known[key] = dict(flops=flops, measured=time.strftime("%Y-%m-%d %H:%M:%S %Z"))
+  try:  # Through a rename: another run may read it meanwhile.
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+      json.dump(known, f, indent=1)
+    os.replace(tmp, path)
+    where = f"kept in {path} for the next runs (delete it to measure again)"
+  except OSError as e:
+    where = f"not kept ({e})"
+  logging.info(
+      "This machine's CPU matmul peak: %.4g GFLOP/s (%s, all local devices); %s.",
+      flops / 1e9,
+      dtype,
+      where,
+  )
+  return flops
+
+
 def peak_flops_per_device(dtype="bfloat16"):
   """Peak FLOP/s of one device for matmuls in `dtype`, or None when its kind is unknown.
 
-  CPU: the whole machine's best matmul rate (cpu_machine_flops) divided among the local
-  devices, which run their shares of a step side by side on the same cores.
+  CPU: the whole machine's best matmul rate, measured once per machine (cached_cpu_peak),
+  divided among the local devices, which run their shares of a step side by side on the
+  same cores.
   """
   device = jax.local_devices()[0]
   dtype = "float32" if str(jnp.dtype(dtype)) == "float32" else "bfloat16"
   if device.platform == "cpu":
-    return cpu_machine_flops(dtype) / jax.local_device_count()
+    return cached_cpu_peak(dtype) / jax.local_device_count()
   # bf16: the usual MFU denominator; f32 runs at JAX's default precision (TF32
   # on GPUs).
   return devices.datasheet_peak(device, dtype)

@@ -79,12 +79,15 @@ def load(workdir):
         "(a run writes its first line at its first logged step)."
     )
   config = wd / "config.json"
+  attempts = summary.read(wd).get("attempts", [])
+  # The resumed attempts' first steps (where the time starts again).
+  resume_steps = [a["start_step"] for a in attempts[1:]]
   run = dict(
       workdir=wd,
       name=wd.name,
       rows=rows,
       summary=summary.read(wd),
-      stats=summary.stats(rows),
+      stats=summary.stats(rows, resume_steps),
       checkpoints=ckpt_lib.complete_steps(wd),
       config=dict(summary.flat_config(json.loads(config.read_text())))
       if config.exists()
@@ -94,7 +97,7 @@ def load(workdir):
       resume_hours=[],
   )
   run["train_keys"], run["eval_keys"] = summary.split_keys(rows)
-  segments, offset = summary.segments(rows), 0.0
+  segments, offset = summary.segments(rows, resume_steps), 0.0
   # Hours: each attempt's uptime after those before it.
   for i, seg in enumerate(segments):
     run["resume_hours"] += [offset] if i else []
@@ -105,11 +108,8 @@ def load(workdir):
       else:
         run["hours"].append(None)
     offset += max([r.get("uptime_hours", 0.0) for r in seg])
-  attempts = run["summary"].get("attempts", [])
   run["resume_steps"] = (
-      [a["start_step"] for a in attempts[1:]]
-      if attempts
-      else [s[0]["step"] for s in segments[1:]]
+      resume_steps if attempts else [s[0]["step"] for s in segments[1:]]
   )
   # Where the run is: a checkpoint (a preemption's) may be past the last logged
   # step.

@@ -52,21 +52,33 @@ def split_keys(rows):
   return list(train), [k for k in evals if k not in train]
 
 
-def segments(rows):
-  """Training rows split into attempts, where `uptime_hours` starts again from 0."""
-  out, last = [], 0.0
+def segments(rows, starts=()):
+  """Training rows split into attempts: after each step of `starts`, and where `uptime_hours`
+  starts again from 0.
+
+  starts: the first steps of the resumed attempts (summary.json's `attempts`); a row at
+  such a step is the earlier attempt's (its saved step), the rows after it the next one's.
+  Without them an attempt that took longer than the one before would not show.
+  """
+  out, last, last_step = [], 0.0, None
   for row in (r for r in rows if "training_loss" in r):
     # (A line without timing: the attempt goes on.)
     up = row.get("uptime_hours", last)
-    if not out or up < last:
+    resumed = last_step is not None and any(
+        last_step <= s < row["step"] for s in starts
+    )
+    if not out or up < last or resumed:
       out.append([])
     out[-1].append(row)
-    last = up
+    last, last_step = up, row["step"]
   return out
 
 
-def stats(rows):
-  """Final and best values of the metrics, throughput and time, from metrics.jsonl's rows."""
+def stats(rows, starts=()):
+  """Final and best values of the metrics, throughput and time, from metrics.jsonl's rows.
+
+  starts: the resumed attempts' first steps (segments).
+  """
   train_keys, eval_keys = split_keys(rows)
   final, best = {}, {}
   for row in rows:
@@ -93,7 +105,8 @@ def stats(rows):
       epochs=final.get("epoch"),
       final=final,
       best=best,
-      hours=sum(s[-1].get("uptime_hours", 0.0) for s in segments(rows)) or None,
+      hours=sum(s[-1].get("uptime_hours", 0.0) for s in segments(rows, starts))
+      or None,
       core_hours=final.get("core_hours"),
       img_per_sec=median("img/sec"),
       mfu={k: median(k) for k in train_keys if k.startswith("mfu")},
@@ -169,9 +182,10 @@ def block(s, path):
   # (No error line: the job's last line says it, once; summary.json keeps it.)
   lines = [f"==== Summary: {head} ===="]
   for k, v in s.get("final", {}).items():
-    # (An evaluate run has none: it shows every result.)
+    # (An evaluate run has none: it shows the results that finished, unless
+    # it finished: then its table follows, evaluate.format_table.)
     b = s.get("best", {}).get(k)
-    if b or s["kind"] == "evaluate":
+    if b or (s["kind"] == "evaluate" and s["status"] != "finished"):
       best = f"   best {b['value']:.4g} at step {b['step']}" if b else ""
       lines.append(f"  {k:<32} {v:.4g}{best}")
   speed = [
@@ -266,8 +280,9 @@ class TrainRun:
 
   def _write(self, status, error=None):
     s = self.summary
+    starts = [a["start_step"] for a in s["attempts"][1:]]
     s.update(
-        stats(metrics.read_metrics(self.workdir)),
+        stats(metrics.read_metrics(self.workdir), starts),
         status=status,
         error=error,
         updated=_now(),

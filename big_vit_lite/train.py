@@ -19,12 +19,11 @@ full disk, a checkpoint save) ends in one line naming the last complete
 checkpoint, which a rerun resumes from.
 """
 
-# First, before jax and TF load: once more with huge pages.
+# First, before jax and TF load: once more with huge pages. (TensorFlow's
+# start-up lines: the package's __init__.)
 if __name__ == "__main__":
-  from big_vit_lite import console  # pylint: disable=g-import-not-at-top
   from big_vit_lite import hostmem  # pylint: disable=g-import-not-at-top
 
-  console.quiet_startup()
   hostmem.use_huge_pages(__file__)
 
 import atexit

@@ -145,6 +145,11 @@ class Loop:
       chrono.pause()
       preempted = self.preemption.reached(step)
       ckpt_due = inputs.ckpt_steps and step % inputs.ckpt_steps == 0
+      if preempted and not (step % inputs.log_steps == 0 or final):
+        # The saved step's line: this attempt's time, core-hours and loss,
+        # also when it stopped before its first logged step (the resume keeps
+        # the lines up to the checkpoint).
+        self._log(step, measured)
       if preempted or final or ckpt_due:
         self._check_finite(step, measured["training_loss"])
         self._save(step)

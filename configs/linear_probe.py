@@ -4,13 +4,13 @@ r"""Linear probe of a checkpoint: logistic regression on frozen pre-logits.
       --workdir=workdirs/linear_probe --config.model_init=workdirs/demo
 
 Forwards the whole train and test splits once, standardises the features,
-picks the l2 penalty on a held-out 10% of train (L-BFGS, optax, all values
-at once), refits on all of train and reports "linear_probe/DATASET" (test
+picks the l2 penalty on a held-out 10% of train (L-BFGS, optax, along the
+l2 path with warm starts), refits on all of train and reports "linear_probe/DATASET" (test
 accuracy). Defaults: the offline datasets mnist10k and animal_mnist.
 
 Expected, demo model (configs/demo.py checkpoint at step 1000): mnist10k
 77.8%, animal_mnist 72.9% (pre_logits); logistic regression on raw pixels
-gives 91.5% and 77.6%. A few minutes of CPU time (2 cores).
+gives 91.5% and 77.6%. About a minute on 2 CPU cores.
 
 Args (after ':', comma separated):
   res=R        the model's input resolution (default 28, the demo's).

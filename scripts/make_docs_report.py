@@ -105,8 +105,8 @@ def results_table(summary, steps):
           f"{summary['hours'] * 60:.1f} min | {summary['img_per_sec']:,.0f} | "
           f"{100 * summary['mfu']['mfu']:.1f}% | {dev['devices']} x {dev['device_kind']} |",
           "",
-          "(On CPU, MFU is against the machine's best matmul rate (one device or all at once, timed "
-          "when each attempt starts) divided among the devices: a machine whose load changes during the run, like this shared one, moves it.)",
+          "(On CPU, MFU is against the machine's best matmul rate, measured once per machine and "
+          "kept, divided among the devices: [docs/performance.md](docs/performance.md#mfu).)",
       ]
   )
 

@@ -97,6 +97,37 @@ def test_logistic_matches_sklearn():
   assert 0 < iters[0] < 1000
 
 
+def test_logistic_path_of_warm_started_fits_matches_sklearn_per_l2():
+  """Guards the regularisation path (each fit started from the previous one's
+  solution): every l2 value must still reach its own minimiser, returned in the
+  order of `l2s` (not the path's), and a fit started from a solution is shorter.
+  """
+  sklearn_lm = pytest.importorskip("sklearn.linear_model")
+  x, labels = _blobs(600, 16, 5, 0.35, seed=2)
+  xs = ridge.Standardizer.fit(x)(x)
+  l2s = [1e-3, 1e-1, 1e-2]  # Not sorted: the path runs 1e-1, 1e-2, 1e-3.
+  seen = []
+  kernels, biases, iters = logistic.fit(
+      xs, labels, 5, l2s, on_fit=lambda l2, it, sec: seen.append((l2, it))
+  )
+  assert [l2 for l2, _ in seen] == [1e-1, 1e-2, 1e-3]
+  assert dict(seen) == dict(zip(l2s, iters.tolist()))
+  for k, b, l2 in zip(kernels, biases, l2s):
+    ref = sklearn_lm.LogisticRegression(
+        C=1.0 / (len(labels) * l2), max_iter=5000, tol=1e-8
+    ).fit(xs, labels)
+    np.testing.assert_allclose(k, ref.coef_.T, atol=2e-3, err_msg=str(l2))
+    # (softmax biases are defined up to a constant.)
+    np.testing.assert_allclose(
+        b - b.mean(), ref.intercept_ - ref.intercept_.mean(), atol=2e-3
+    )
+  # Started from its own solution, a fit has (almost) nothing left to do.
+  _, _, again = logistic.fit(
+      xs, labels, 5, [1e-3], start=(kernels[0], biases[0])
+  )
+  assert again[0] < iters[0] / 4, (again, iters)
+
+
 def test_logistic_fits_several_l2_at_once():
   x, labels = _blobs(200, 8, 3, 1.0)
   kernels, _, _ = logistic.fit(x, labels, 3, [1e-4, 1.0])

@@ -6,6 +6,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -199,3 +200,69 @@ def test_failed_run_says_why(tfds_data_dir, tmp_path):
   assert "==== Summary: train failed at step 1/12" in p.stderr
   # The error once: the last line, not in the block too.
   assert p.stderr.count(s["error"]) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_an_attempt_stopped_before_its_first_logged_step_is_counted(
+    tfds_data_dir, tmp_path
+):
+  """Guards against losing an attempt's time, core-hours and steps when Ctrl-C stops it
+  before its first progress line: the interrupted summary held "final": {} and null hours,
+  and the resumed run's summary counted only the second attempt."""
+  workdir = str(tmp_path / "run")
+  # No logged step before the end: log_training_steps > total_steps.
+  cmd = trainer_runs.train_cmd(
+      workdir,
+      trainer_runs.TINY,
+      "--config.total_steps=100000",
+      "--config.log_training_steps=100000",
+      "--config.ckpt_steps=100000",
+  )
+  env = trainer_runs.env_for(tfds_data_dir)
+  proc = subprocess.Popen(
+      cmd,
+      env=env,
+      cwd=trainer_runs.ROOT,
+      stdout=subprocess.DEVNULL,
+      stderr=subprocess.PIPE,
+      text=True,
+  )
+  try:
+    for line in proc.stderr:  # Compiled: the loop starts next.
+      if "Train step: " in line:
+        break
+    time.sleep(3.0)  # Some steps (milliseconds each).
+    proc.send_signal(signal.SIGINT)
+    _, log = proc.communicate(timeout=120)
+  finally:
+    proc.kill()
+  assert proc.returncode == 130, log[-3000:]
+  first = _summary(workdir)
+  step = first["step"]
+  assert first["status"] == "interrupted" and 0 < step < 100000, first
+  assert first["final"]["training_loss"] > 0, first
+  assert first["hours"] > 0 and first["core_hours"] > 0, first
+  assert first["attempts"][0]["end_step"] == step
+
+  # Resumed to a few more steps (the final step is logged).
+  p = subprocess.run(
+      cmd[:-3] + [f"--config.total_steps={step + 5}"] + cmd[-2:],
+      env=env,
+      cwd=trainer_runs.ROOT,
+      capture_output=True,
+      text=True,
+      timeout=300,
+  )
+  assert p.returncode == 0, p.stderr[-3000:]
+  s = _summary(workdir)
+  assert s["status"] == "finished" and s["step"] == step + 5, s
+  assert [(a["start_step"], a.get("end_step")) for a in s["attempts"]] == [
+      (0, step),
+      (step, step + 5),
+  ]
+  rows = [r for r in metrics.read_metrics(workdir) if "training_loss" in r]
+  assert [r["step"] for r in rows] == [step, step + 5]
+  # Both attempts: the first's own figures plus the second's.
+  assert s["hours"] == pytest.approx(first["hours"] + rows[-1]["uptime_hours"])
+  assert s["core_hours"] > first["core_hours"]

@@ -280,7 +280,8 @@ class Evaluator(feats.DatasetsEvaluator):
               self.l2_regs,
           )
           accs.append(acc)
-          logging.info(
+          # Per seed only when verbose (--verbosity=1); the mean is the result.
+          logging.debug(
               "fewshot %s %d-shot seed %d: %.4f (l2=%g)",
               name,
               shot,

@@ -2,9 +2,11 @@
 
 For each dataset: forward the whole train and test splits once, standardise
 with train statistics, hold out a seeded fraction of train to pick the l2
-penalty among `l2_regs` (all fitted at once by a vmapped L-BFGS, see
-logistic.py), refit on the whole train split with that penalty and report
-the test accuracy under the dataset's name.
+penalty among `l2_regs` (L-BFGS along the path from the largest, each fit
+starting from the previous one's solution, see logistic.py), refit on the
+whole train split with that penalty (starting from its held-out fit) and
+report the test accuracy under the dataset's name. A line per fit shows the
+progress.
 
 Config (evals.NAME minus type/log_steps):
   datasets: {NAME: dict(name=TFDS_NAME, data_dir=None, [train_split], [test_split], [pp])}
@@ -73,37 +75,42 @@ class Evaluator(feats.DatasetsEvaluator):
         self.split_features(params, cfg, pp) for cfg in (train_cfg, test_cfg)
     ]
 
-  def _fit(self, x, y, num_classes, weights):
-    """logistic.fit for every l2 value at once; running out of device memory is one line."""
+  def _fit(self, x, y, num_classes, l2s, weights, start, on_fit):
+    """logistic.fit along `l2s`; running out of device memory is one line."""
     try:
       return logistic.fit(
           x,
           y,
           num_classes,
-          self.l2_regs,
+          l2s,
           weights=weights,
           mesh=self.mesh,
           max_iter=self.max_iter,
           tol=self.tol,
+          start=start,
+          on_fit=on_fit,
       )
     except jax.errors.JaxRuntimeError as e:
       if not oom.is_oom(e):
         raise
       # Not the eval batch size: L-BFGS keeps ~20 copies of the (d x classes)
-      # weights per l2 value, besides the features themselves.
+      # weights, besides the features themselves.
       raise ValueError(
           f"The linear probe ran out of device memory fitting {x.shape[0]} examples x "
-          f"{x.shape[1]} features, {num_classes} classes, {len(self.l2_regs)} l2 "
-          "values at once; use fewer l2_regs, token_pool='mean' or another "
-          "representation_layer (fewer features), or a smaller train split."
+          f"{x.shape[1]} features, {num_classes} classes; use token_pool='mean' or "
+          "another representation_layer (fewer features), or a smaller train split."
       ) from None
 
-  def probe(self, x_train, y_train, x_test, y_test, num_classes):
-    """The test accuracy of the probe fitted on host features (l2 picked on a held-out part)."""
+  def probe(self, name, x_train, y_train, x_test, y_test, num_classes):
+    """The test accuracy of the probe fitted on host features (l2 picked on a held-out part).
+
+    Logs a line per fit (the dataset, l2, L-BFGS iterations, seconds), the held-out
+    accuracies and the test accuracy.
+    """
     standardize = ridge.Standardizer.fit(x_train)
     x_train, x_test = standardize(x_train), standardize(x_test)
     n = len(y_train)
-    best = 0
+    best, start = 0, None
     if len(self.l2_regs) > 1:
       # Both fits use all rows with 0/1 weights (same shapes: one compilation).
       hold = np.random.default_rng(self.seed).permutation(n)[
@@ -111,7 +118,19 @@ class Evaluator(feats.DatasetsEvaluator):
       ]
       weights = np.ones((n,), np.float32)
       weights[hold] = 0.0
-      kernels, biases, _ = self._fit(x_train, y_train, num_classes, weights)
+
+      def held_out(l2, iters, seconds):
+        logging.info(
+            "linear probe %s: l2=%g, %d L-BFGS iterations (%.1f s)",
+            name,
+            l2,
+            iters,
+            seconds,
+        )
+
+      kernels, biases, _ = self._fit(
+          x_train, y_train, num_classes, self.l2_regs, weights, None, held_out
+      )
       accs = [
           logistic.accuracy(k, b, x_train[hold], y_train[hold])
           for k, b in zip(kernels, biases)
@@ -119,16 +138,28 @@ class Evaluator(feats.DatasetsEvaluator):
       # Ties go to the larger penalty (the smoother model).
       best = max(range(len(accs)), key=lambda i: (accs[i], self.l2_regs[i]))
       logging.info(
-          "linear probe holdout accuracy per l2: %s",
-          dict(zip(self.l2_regs, accs)),
+          "linear probe %s: held-out accuracy per l2 %s; refitting l2=%g on "
+          "all %d train examples",
+          name,
+          ", ".join(
+              f"{l2:g}: {100 * a:.2f}%" for l2, a in zip(self.l2_regs, accs)
+          ),
+          self.l2_regs[best],
+          n,
       )
-    kernels, biases, iters = self._fit(x_train, y_train, num_classes, None)
-    acc = logistic.accuracy(kernels[best], biases[best], x_test, y_test)
+      # The refit starts from the held-out fit of the same l2.
+      start = (kernels[best], biases[best])
+    l2 = self.l2_regs[best]
+    (kernel,), (bias,), (iters,) = self._fit(
+        x_train, y_train, num_classes, (l2,), None, start, None
+    )
+    acc = logistic.accuracy(kernel, bias, x_test, y_test)
     logging.info(
-        "linear probe: l2=%g, %d L-BFGS iterations, test accuracy %.4f",
-        self.l2_regs[best],
-        int(iters[best]),
-        acc,
+        "linear probe %s: test accuracy %.2f%% (l2=%g, %d L-BFGS iterations)",
+        name,
+        100 * acc,
+        l2,
+        int(iters),
     )
     return acc
 
@@ -142,5 +173,5 @@ class Evaluator(feats.DatasetsEvaluator):
           f"Linear-probe dataset {name!r} ({test_cfg['name']}, "
           f"split {test_cfg['split']!r})",
       )
-      results[name] = self.probe(x_tr, y_tr, x_te, y_te, num_classes)
+      results[name] = self.probe(name, x_tr, y_tr, x_te, y_te, num_classes)
     return results
