@@ -48,6 +48,10 @@ EXTRAS = {
     # for Cloud TPU VMs, and on any CPU machine for `plan --topology=SLICE
     # --compile` (the TPU compiler).
     "tpu": TPU,
+    # XLA's GPU compiler without the NVIDIA wheels (~480 MB): `plan --gpu=HOST
+    # --compile` on any CPU machine (docs/gpu.md). cuDNN attention needs the
+    # cuDNN library too: the cuda extra (5.6 GB).
+    "gpu-compile": ["jax[cuda12-local]>=0.10.2,<0.13"],
     "gcs": GCS,
     "report": REPORT,
     "wandb": WANDB,

@@ -18,8 +18,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # pylint: disable=g-import-not-at-top
 from big_vit_lite import config_loading
-from big_vit_lite import plan as plan_lib
-from big_vit_lite import tpu_compile
+from big_vit_lite.planner import plan as plan_lib
+from big_vit_lite.planner import tpu as tpu_compile
 from big_vit_lite.devices import GIB
 
 SLICES = (

@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # pylint: disable=g-import-not-at-top
 import plan_vs_tpu
-from big_vit_lite import plan as plan_lib
+from big_vit_lite.planner import plan as plan_lib
 from big_vit_lite.devices import GIB
 
 

@@ -141,20 +141,6 @@ def calibrate_matmul(n=2048, dtype="float32", reps=5):
   )
 
 
-def program_bytes(compiled):
-  """Peak bytes the compiled program needs: args + outputs + temps - aliased."""
-  try:
-    m = compiled.memory_analysis()
-    return int(
-        m.argument_size_in_bytes
-        + m.output_size_in_bytes
-        + m.temp_size_in_bytes
-        - m.alias_size_in_bytes
-    )
-  except Exception:  # pylint: disable=broad-except  # not every backend implements it
-    return None
-
-
 def _compile(fn, *args):
   t0 = time.perf_counter()
   traced = fn.trace(*args)
@@ -166,6 +152,11 @@ def _results(prefix, timing, *, batch, n_dev, peak, calib_gflops):
   """The JSON keys of one timed step: times, FLOPs (the whole step, all devices) and MFUs."""
   traced, compiled, compile_s, times, cpu_times = timing
   med = statistics.median(times)
+  # args + outputs + temps - aliased (None where the backend does not say).
+  memory = flops_lib.program_memory(compiled)
+  program_bytes = None
+  if memory:
+    program_bytes = memory["peak"]
   model, hw = flops_lib.matmul_flops(traced.jaxpr)
   # XLA: one device's share of a partitioned program, loops counted in full.
   xla = flops_lib.step_flops(traced, compiled, num_devices=n_dev)
@@ -181,7 +172,7 @@ def _results(prefix, timing, *, batch, n_dev, peak, calib_gflops):
       "hw_step_flops": float(hw),
       "xla_step_flops": xla,
       "achieved_gflops": model / med / 1e9,
-      "program_bytes": program_bytes(compiled),
+      "program_bytes": program_bytes,
   }
   if peak:
     # XLA's figure only where it is sane (on GPU it misses the cuBLAS/cuDNN

@@ -62,7 +62,7 @@ class Teacher:
   """A loaded teacher and the loss mix; the trainer's hooks are `targets`, `loss` and `bind`."""
 
   params: object  # on the mesh, sharded like a student's
-  # evaluate.make_predict_fn's: (params, images) -> (logits, out)
+  # models.loading.make_predict_fn's: (params, images) -> (logits, out)
   predict_fn: object
   weight: float
   temperature: float
@@ -145,11 +145,12 @@ def _feature_width(model) -> int:
 
 
 def from_config(
-    cfg, mesh, rules, num_classes: int, image_shape, student=None
+    cfg, mesh, rules, num_classes: int, image_shape, student=None, place=True
 ) -> Teacher | None:
   """The teacher of config.distill (None without one), checked against the student's task.
 
-  student: the student's vit.Model (its feature width, for feature distillation).
+  student: the student's vit.Model (its feature width, for feature distillation);
+  place=False: the teacher's params stay ShapeDtypeStructs with their shardings (`plan`).
   """
   if cfg is None:
     return None
@@ -175,12 +176,12 @@ def from_config(
         f"temperature={cfg['temperature']} > 0 and "
         f"feature_weight={cfg['feature_weight']} >= 0."
     )
-  from big_vit_lite import evaluate  # pylint: disable=g-import-not-at-top  (heavy; only here)
+  from big_vit_lite.models import loading  # pylint: disable=g-import-not-at-top  (heavy; only here)
   from big_vit_lite.models import vit  # pylint: disable=g-import-not-at-top
 
   no_overrides = config_loading.TrackedConfig(ml_collections.ConfigDict())
-  t = evaluate.load_model(
-      cfg["teacher"], cfg["params"], no_overrides, mesh, rules
+  t = loading.load_model(
+      cfg["teacher"], cfg["params"], no_overrides, mesh, rules, place=place
   )
   src, h, w, c = cfg["teacher"], *image_shape
   if t.model_cfg["num_classes"] != num_classes:

@@ -36,7 +36,7 @@ from absl import flags
 import safetensors
 
 from big_vit_lite import console
-from big_vit_lite import evaluate
+from big_vit_lite.models import loading
 from big_vit_lite.models import formats
 from big_vit_lite.models import steps
 from big_vit_lite.models import timm
@@ -95,7 +95,7 @@ def export(src: str, out: str, fmt=None, res=None, key="params") -> dict:
   parent = os.path.dirname(os.path.abspath(out))
   if not os.path.isdir(parent):
     raise ValueError(f"--out={out}: the directory {parent} does not exist.")
-  flat, config, _ = evaluate.read_source(src, key)
+  flat, config, _ = loading.read_source(src, key)
   res = _parse_res(res)
   # Our timm file or a run's config says its image size.
   if res is None and fmt == "timm":

@@ -345,3 +345,23 @@ def step_flops(
       - _count(traced.jaxpr, xla=True, all_iterations=False)[0]
   )
   return float(cost["flops"]) + missed / max(1, num_devices)
+
+
+def program_memory(compiled) -> dict | None:
+  """A compiled program's bytes per device: argument, output, alias, temp and peak.
+
+  peak = argument + output + temp - alias (donated inputs reused as outputs). None where
+  the backend does not report a memory analysis.
+  """
+  try:
+    analysis = compiled.memory_analysis()
+  except Exception:  # pylint: disable=broad-except  # not every backend implements it
+    return None
+  if analysis is None:
+    return None
+  out = {
+      k: int(getattr(analysis, f"{k}_size_in_bytes"))
+      for k in ("argument", "output", "alias", "temp")
+  }
+  out["peak"] = out["argument"] + out["output"] + out["temp"] - out["alias"]
+  return out

@@ -33,7 +33,7 @@ import numpy as np
 from big_vit_lite import checkpoint
 from big_vit_lite import config_loading
 from big_vit_lite import console
-from big_vit_lite import evaluate
+from big_vit_lite.models import loading
 from big_vit_lite import sharding
 from big_vit_lite.data import imagefolder
 from big_vit_lite.evaluators import features
@@ -179,7 +179,7 @@ def predict(
         f"({', '.join(imagefolder.EXTENSIONS[:5])}, ...)."
     )
   mesh = sharding.make_mesh(None)
-  model = evaluate.load_model(
+  model = loading.load_model(
       model_src,
       key,
       config_loading.TrackedConfig(ml_collections.ConfigDict()),

@@ -3,7 +3,7 @@ r"""Pretrain a ViT: `python -m big_vit_lite.train --config=configs/FILE.py[:args
 Reads top to bottom in stages (_train), each returning a frozen value that the
 next ones take as arguments: the job (workdir, mesh) -> the inputs and step
 counts -> the model -> the state's layout -> the settings and evals -> the
-start (restored or fresh) -> the update step (train_step.make_update_fn),
+start (restored or fresh) -> the update step (train_state.jit_step),
 jitted with its shardings and compiled -> the loop (train_loop.Loop).
 
 The same code runs on one CPU core and on a pod: everything is global
@@ -28,7 +28,6 @@ if __name__ == "__main__":
 
 import atexit
 import contextlib
-import dataclasses
 import functools
 import os
 import shutil
@@ -57,7 +56,7 @@ from big_vit_lite import resume
 from big_vit_lite import sharding
 from big_vit_lite import train_loop
 from big_vit_lite import train_setup
-from big_vit_lite import train_step
+from big_vit_lite import train_state
 
 # The flags, defined only when run as a command (at the end): importing this
 # module (tests, other CLIs) must not clash with other CLIs' --config/--workdir
@@ -201,29 +200,13 @@ def _train(raw_config, workdir, cleanup, check=False):
           settings=settings,
           cleanup=cleanup,
       )
-    # One training step: (state, batch) -> (new state, measurements).
-    update_fn = train_step.make_update_fn(
-        model=model.module,
-        opt=layout.opt,
-        loss_fn=model.loss_fn,
+    # One training step: (state, batch) -> (new state, measurements), jitted
+    # with the state's shardings (train_state.jit_step).
+    jitted_update = train_state.jit_step(
+        model=model,
+        layout=layout,
+        mesh=job.mesh,
         accum_steps=inputs.accum_steps,
-        mixup_fn=model.mixup_fn,
-        device_aug_fn=model.device_aug_fn,
-        ema=layout.ema,
-        distill=model.distill,
-        batch_sharding=job.batch_sh,
-        param_shardings=layout.params_sh,
-    )
-    in_shardings = (layout.state_sh, job.batch_sh)
-    if model.distill:
-      # The teacher's params: a third argument, so never in the saved state.
-      in_shardings += (None,)
-    # Donating the state lets XLA update it in place.
-    jitted_update = jax.jit(
-        update_fn,
-        in_shardings=in_shardings,
-        out_shardings=(layout.state_sh, job.repl),
-        donate_argnums=(0,),
     )
     if start and start.step is not None and start.step >= inputs.total_steps:
       # A finished run started again (e.g. by a scheduler): no step to compile.
@@ -261,74 +244,31 @@ def _train(raw_config, workdir, cleanup, check=False):
     return loop.run()
 
 
-@dataclasses.dataclass(frozen=True)
-class Layout:
-  """The state's shapes and shardings, its optimizer and EMA: all before any array exists."""
-
-  rng_init: jax.Array
-  rng_train: jax.Array
-  params_abstract: object
-  params_sh: object
-  opt: object  # optim.make(...)
-  opt_sh: object
-  ema: object  # ema.Ema or None
-  state_sh: dict
-  state_abstract: dict  # ShapeDtypeStructs with their shardings.
+# The state's shapes and shardings (train_state.py).
+Layout = train_state.Layout
 
 
 def lay_out_state(config, *, job, inputs, model) -> Layout:
   """Shapes and shardings of params, optimizer state (and EMA), without computing any."""
-  rng_init, rng_train = jax.random.split(jax.random.PRNGKey(job.seed))
-  boxed_abstract = jax.eval_shape(model.init_params, rng_init)
-  params_sh = sharding.logical_shardings(boxed_abstract, job.mesh, job.rules)
-  params_abstract = sharding.unbox(boxed_abstract)
-  opt = optim.make(config, params_abstract, **inputs.dur)
-  opt_abstract = jax.eval_shape(opt.tx.init, params_abstract)
-  opt_sh = sharding.like_params_shardings(
-      opt_abstract, params_abstract, params_sh, job.mesh
+  layout = train_state.lay_out(
+      config,
+      model=model,
+      mesh=job.mesh,
+      rules=job.rules,
+      seed=job.seed,
+      dur=inputs.dur,
   )
-  state_sh = dict(
-      params=params_sh,
-      opt_state=opt_sh,
-      step=job.repl,
-      rng=job.repl,
-  )
-  state_shapes = dict(
-      params=params_abstract,
-      opt_state=opt_abstract,
-      step=jax.ShapeDtypeStruct((), jnp.int32),
-      rng=jax.ShapeDtypeStruct((2,), jnp.uint32),
-  )
-  # An EMA of the weights in the state, if configured.
-  ema = ema_lib.from_config(config)
-  if ema:
-    state_sh[ema_lib.KEY] = params_sh
-    state_shapes[ema_lib.KEY] = params_abstract
-  state_abstract = jax.tree.map(
-      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-      state_shapes,
-      state_sh,
-  )
+  params_abstract = layout.params_abstract
   num_params, table = metrics_lib.parameter_overview(params_abstract)
   console.header(
       workdir=job.workdir,
       mesh=job.mesh,
       num_params=num_params,
       table=table,
-      params_bytes=sharding.describe(params_sh, params_abstract),
-      opt_bytes=sharding.describe(opt_sh, opt_abstract),
+      params_bytes=sharding.describe(layout.params_sh, params_abstract),
+      opt_bytes=sharding.describe(layout.opt_sh, layout.opt_abstract),
   )
-  return Layout(
-      rng_init=rng_init,
-      rng_train=rng_train,
-      params_abstract=params_abstract,
-      params_sh=params_sh,
-      opt=opt,
-      opt_sh=opt_sh,
-      ema=ema,
-      state_sh=state_sh,
-      state_abstract=state_abstract,
-  )
+  return layout
 
 
 class Start(NamedTuple):
@@ -470,17 +410,10 @@ def compile_step(jitted_update, *, job, inputs, model, layout):
   The step: step_fn(state, batch) -> (new state, measurements), the
   teacher's params (config.distill) bound in.
   """
-  batch_abstract = {
-      k: jax.ShapeDtypeStruct(
-          (inputs.batch_size,) + v.shape[1:], v.dtype, sharding=job.batch_sh
-      )
-      for k, v in model.batch_spec.items()
-  }
-  args = (layout.state_abstract, batch_abstract)
-  if model.distill:
-    args += (model.distill.abstract(),)
-  traced = jitted_update.trace(*args)
-  compiled = traced.lower().compile()
+  args = train_state.step_args(
+      model=model, layout=layout, mesh=job.mesh, batch_size=inputs.batch_size
+  )
+  traced, compiled = train_state.compile_step(jitted_update, args)
   # Matmuls in the jaxpr: `mfu`.
   model_flops = flops_lib.model_flops(traced) / job.mesh.size
   # `mfu_xla`.
@@ -488,8 +421,11 @@ def compile_step(jitted_update, *, job, inputs, model, layout):
   peak = metrics_lib.peak_flops_per_device(
       dtype=model.module.resolved_dtype_mm()
   )
-  memory = compiled.memory_analysis()  # (None where the backend does not say.)
-  temp = getattr(memory, "temp_size_in_bytes", None)
+  # (None where the backend does not say.)
+  memory = flops_lib.program_memory(compiled)
+  temp = None
+  if memory:
+    temp = memory["temp"]
   logging.info(
       "Train step: %.6g model GFLOP per device (XLA: %s); device peak %s "
       "GFLOP/s; XLA temporaries %s MiB per device",

@@ -1,7 +1,6 @@
 """The trainer's config read into frozen values: the job, its inputs, the model, the settings."""
 
 import dataclasses
-import functools
 import importlib
 
 from absl import logging
@@ -121,30 +120,10 @@ def read_inputs(config, *, mesh, seed):
       sharding.batch_devices(mesh),
   )
   train_iter = input_pipeline.make_train_iterator(input_cfg, seed=seed)
-  steps_per_epoch = train_iter.num_examples / batch_size
-  total_steps = positive(
-      "total_steps",
-      config_loading.get_steps(
-          "total",
-          config,
-          steps_per_epoch=steps_per_epoch,
-          batch_size=batch_size,
-          required=True,
-      ),
+  dur = read_duration(
+      config, batch_size=batch_size, num_examples=train_iter.num_examples
   )
-  for other in ("total_epochs", "total_examples", "total_percent"):
-    if config.get("total_steps") is not None and config.get(other) is not None:
-      logging.info(
-          "config.total_steps=%d wins over config.%s=%s.",
-          total_steps,
-          other,
-          config.get(other),
-      )
-  dur = dict(
-      steps_per_epoch=steps_per_epoch,
-      batch_size=batch_size,
-      total_steps=total_steps,
-  )
+  steps_per_epoch, total_steps = dur["steps_per_epoch"], dur["total_steps"]
   log_steps = positive(
       "log_training_steps",
       config_loading.get_steps("log_training", config, default=50, **dur),
@@ -208,10 +187,13 @@ class Model:
   distill: object  # distill.Teacher (config.distill) or None
 
 
-def make_model(config, *, batch_spec, mesh, rules) -> Model:
+def make_model(config, *, batch_spec, mesh, rules, target=None) -> Model:
   """The model from config.model_name/model, its loss, mixup and on-device augmentation.
 
   batch_spec: the train iterator's batch_spec(); mesh, rules: the job's.
+  target: None to run here; or the platform the step is planned for ("tpu", "gpu": `plan`
+  on abstract devices): the model's "auto" settings are decided for it, and a
+  distillation teacher's params stay abstract (shapes and shardings, never placed).
   """
   name = config.get("model_name", "vit")
   if name != "vit":
@@ -223,6 +205,14 @@ def make_model(config, *, batch_spec, mesh, rules) -> Model:
   else:
     module = model_mod.Model(**model_kw)
   backend = jax.default_backend()
+  if target is not None:
+    backend = target
+    # The settings the model takes there, decided here.
+    module = module.clone(
+        dtype_mm=module.resolved_dtype_mm(target),
+        dtype_act=module.resolved_dtype_act(target),
+        attention=module.resolved_attention(target),
+    )
   if module.resolved_attention() == "splash" and backend != "tpu":
     raise ValueError(
         f"model.attention='splash' runs Pallas TPU kernels; this backend is "
@@ -252,11 +242,18 @@ def make_model(config, *, batch_spec, mesh, rules) -> Model:
       labels.shape[-1],
       image_shape,
       module,
+      place=target is None,
   )
+
+  init_module = module
+  if target is not None and module.attention == "cudnn":
+    # The same params; their shapes traced on this host without the cuDNN
+    # library.
+    init_module = module.clone(attention="xla")
 
   def init_params(rng):
     images = jnp.zeros((n_batch_dev,) + tuple(image_shape), jnp.float32)
-    return module.init(rng, images)["params"]
+    return init_module.init(rng, images)["params"]
 
   if teacher:
     # Feature distillation's projection joins the student's params.
@@ -267,12 +264,43 @@ def make_model(config, *, batch_spec, mesh, rules) -> Model:
       module=module,
       loss_fn=losses.get(config.get("loss", "softmax_xent")),
       init_head_bias=config.get("init_head_bias"),
-      mixup_fn=make_mixup(config.consume("mixup", None)),
+      mixup_fn=mixup_lib.make_mixup(config.consume("mixup", None)),
       device_aug_fn=device_aug_lib.make(config.consume("device_aug", None)),
       batch_spec=batch_spec,
       image_shape=image_shape,
       init_params=init_params,
       distill=teacher,
+  )
+
+
+def read_duration(config, *, batch_size, num_examples) -> dict:
+  """The run's length, as Inputs.dur: steps_per_epoch, batch_size and total_steps.
+
+  config.total_steps wins over total_epochs/examples/percent (said in the log).
+  """
+  steps_per_epoch = num_examples / batch_size
+  total_steps = positive(
+      "total_steps",
+      config_loading.get_steps(
+          "total",
+          config,
+          steps_per_epoch=steps_per_epoch,
+          batch_size=batch_size,
+          required=True,
+      ),
+  )
+  for other in ("total_epochs", "total_examples", "total_percent"):
+    if config.get("total_steps") is not None and config.get(other) is not None:
+      logging.info(
+          "config.total_steps=%d wins over config.%s=%s.",
+          total_steps,
+          other,
+          config.get(other),
+      )
+  return dict(
+      steps_per_epoch=steps_per_epoch,
+      batch_size=batch_size,
+      total_steps=total_steps,
   )
 
 
@@ -284,25 +312,6 @@ def positive(name, value, allow_none=False):
       f"config.{name} must be a positive number of steps, got {value}"
       f"{' (leave it unset for none)' if allow_none else ''}."
   )
-
-
-def make_mixup(mixup_cfg):
-  """mixup/cutmix applied in the jitted step, or None when not configured.
-
-  config.mixup = dict(mixup_alpha=0.2, cutmix_alpha=0.0, switch_prob=0.5)
-  (data/mixup.py's mixup_or_cutmix; big_vision's `p` is accepted for mixup_alpha).
-  """
-  if not mixup_cfg:
-    return None
-  kw = dict(mixup_cfg.to_dict() if hasattr(mixup_cfg, "to_dict") else mixup_cfg)
-  if "p" in kw:
-    kw["mixup_alpha"] = kw.pop("p")
-  mix = functools.partial(mixup_lib.mixup_or_cutmix, **kw)
-  try:  # Checks the keys now, before the compile.
-    mix(jax.random.PRNGKey(0), jnp.zeros((2, 1, 1, 1)), jnp.zeros((2, 2)))
-  except TypeError as e:  # An unknown key.
-    raise ValueError(f"config.mixup: {e}") from None
-  return mix
 
 
 def make_evaluators(config, model, mesh, ema=None, **dur):

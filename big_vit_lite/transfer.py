@@ -74,11 +74,11 @@ def _saved_run_model(src):
 
 
 def _params_file_model(src):
-  from big_vit_lite import evaluate  # pylint: disable=g-import-not-at-top
+  from big_vit_lite.models import loading  # pylint: disable=g-import-not-at-top
   from big_vit_lite.models import formats  # pylint: disable=g-import-not-at-top
 
   flat = formats.read_params(src)
-  model = evaluate.infer_model_cfg(flat)
+  model = loading.infer_model_cfg(flat)
   # The image goes into the stem, if any.
   kernel = flat.get("stem/conv_0/kernel", flat["embedding/kernel"])
   posemb = flat.get("Transformer/posembed_input/pos_embedding")

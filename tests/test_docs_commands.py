@@ -247,6 +247,14 @@ COMMANDS = [
     ),
     # Speed and planning (docs/performance.md, docs/scale_out.md).
     Cmd("python -m big_vit_lite.plan", "run"),
+    # The GPU compiler (docs/gpu.md): the CUDA plugin lives apart from the test
+    # venv (scripts/setup.sh); tests/test_gpu_compile.py compiles this path.
+    Cmd(
+        "python -m big_vit_lite.plan --config=configs/vit_b16.py --gpu=",
+        "help",
+        why="the CUDA plugin, kept out of the test venv (.venv/gpu-compiler); "
+        "tests/test_gpu_compile.py runs this path",
+    ),
     # The TPU compiler (docs/tpu.md): a big model on a big slice takes minutes;
     # the same path on a tiny config and slice (the later --topology wins).
     Cmd(

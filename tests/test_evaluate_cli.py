@@ -19,6 +19,7 @@ from big_vit_lite import evaluate
 from big_vit_lite.evaluators import classification
 from big_vit_lite.evaluators import presets
 from big_vit_lite.models import vit
+from big_vit_lite.models import loading
 
 import evaluator_fixtures
 
@@ -283,8 +284,8 @@ def test_model_config_is_read_off_any_npz_layout():
       pool_type="gap",
       posemb="learn",
   )
-  assert evaluate.infer_model_cfg(flat) == want
-  assert evaluate.native_input_shape(flat, None) == (28, 3)
+  assert loading.infer_model_cfg(flat) == want
+  assert loading.native_input_shape(flat, None) == (28, 3)
   # The original paper's pre-linen block numbering.
   pre_linen = {
       k.replace(
@@ -292,7 +293,7 @@ def test_model_config_is_read_off_any_npz_layout():
       ).replace("MlpBlock_0", "MlpBlock_3"): v
       for k, v in flat.items()
   }
-  assert evaluate.infer_model_cfg(pre_linen) == want
+  assert loading.infer_model_cfg(pre_linen) == want
   # big_vision: top-level posemb without a class-token row, here with a cls
   # token.
   bv = dict(
@@ -301,10 +302,10 @@ def test_model_config_is_read_off_any_npz_layout():
       pos_embedding=flat["Transformer/posembed_input/pos_embedding"],
   )
   del bv["Transformer/posembed_input/pos_embedding"]
-  assert evaluate.infer_model_cfg(bv)["pool_type"] == "tok"
-  assert evaluate.native_input_shape(bv, None) == (28, 3)
+  assert loading.infer_model_cfg(bv)["pool_type"] == "tok"
+  assert loading.native_input_shape(bv, None) == (28, 3)
   with pytest.raises(ValueError, match="no ViT params"):
-    evaluate.infer_model_cfg({"dense/kernel": np.zeros((2, 2))})
+    loading.infer_model_cfg({"dense/kernel": np.zeros((2, 2))})
 
 
 def test_model_input_read_off_stem_big_vision_and_sincos_checkpoints():
@@ -323,17 +324,17 @@ def test_model_input_read_off_stem_big_vision_and_sincos_checkpoints():
   }
   # A conv-stem model takes grey images: the stem's input channels, not the
   # embedding's (8).
-  assert evaluate.native_input_shape(flat, None) == (28, 1)
-  assert evaluate.infer_model_cfg(flat)["stem_channels"] == (8,)
+  assert loading.native_input_shape(flat, None) == (28, 1)
+  assert loading.infer_model_cfg(flat)["stem_channels"] == (8,)
   # big_vision train checkpoints keep the params under "params/" next to the
   # optimizer.
   bv = {f"params/{k}": v for k, v in flat.items()}
   bv["opt/state/count"] = np.zeros(())
-  assert evaluate.infer_model_cfg(bv)["depth"] == 1
-  assert evaluate.native_input_shape(bv, None) == (28, 1)
+  assert loading.infer_model_cfg(bv)["depth"] == 1
+  assert loading.native_input_shape(bv, None) == (28, 1)
   # A non-square grid (4x2 tokens) was taken for a 2x2 one (isqrt).
   with pytest.raises(ValueError, match="8 patch tokens, not a square grid"):
-    evaluate.native_input_shape(
+    loading.native_input_shape(
         dict(
             flat,
             **{
@@ -362,18 +363,18 @@ def test_model_input_read_off_stem_big_vision_and_sincos_checkpoints():
   with pytest.raises(
       ValueError, match=r"trained on 28x63 images .*square images only"
   ):
-    evaluate.native_input_shape(nonsquare, saved)
+    loading.native_input_shape(nonsquare, saved)
   saved.input.pp = "decode(1)|resize(42)|keep('image')"
-  assert evaluate.native_input_shape(nonsquare, saved) == (42, 1)
+  assert loading.native_input_shape(nonsquare, saved) == (42, 1)
   # A distillation pp's teacher copy at another size is not the student's image.
   saved.input.pp = "decode(1)|resize(42)|resize((28, 63), outkey='prof')"
-  assert evaluate.native_input_shape(nonsquare, saved) == (42, 1)
+  assert loading.native_input_shape(nonsquare, saved) == (42, 1)
   # sincos2d without a saved pp: no fixed resolution (it runs at the eval pp's
   # size).
   del flat["Transformer/posembed_input/pos_embedding"]
-  assert evaluate.native_input_shape(flat, None) == (None, 1)
+  assert loading.native_input_shape(flat, None) == (None, 1)
   saved.input.pp = "decode(1)|inception_crop([24, 24])|keep('image')"
-  assert evaluate.native_input_shape(flat, saved) == (24, 1)
+  assert loading.native_input_shape(flat, saved) == (24, 1)
 
 
 def test_evaluate_headless_and_sincos_npz_in_process(tmp_path):

@@ -11,9 +11,9 @@ import sys
 import numpy as np
 import pytest
 
-from big_vit_lite import evaluate
 from big_vit_lite import export
 from big_vit_lite.models import vit
+from big_vit_lite.models import loading
 
 import checks
 
@@ -45,7 +45,7 @@ def test_damaged_checkpoint_files_are_one_line_errors(tmp_path):
     for what, fn in (
         ("vit.load", lambda: vit.load(abstract, path)),
         ("export", lambda: export.export(str(path), str(tmp_path / "o.npz"))),
-        ("evaluate", lambda: evaluate.read_source(str(path))),
+        ("evaluate", lambda: loading.read_source(str(path))),
     ):
       with pytest.raises(ValueError, match=re.escape(message)) as e:
         fn()

@@ -89,9 +89,12 @@ def test_cycle_finder_finds_a_cycle():
 def test_models_depend_on_nothing_above_them():
   # Package __init__s are imported on the way to any module, so they are no
   # "dependency".
+  # (sharding.py: the mesh and logical-axis plumbing, which the checkpoint
+  # loader (models/loading.py) places params with.)
   allowed = (
       "big_vit_lite.models",
       "big_vit_lite.paths",
+      "big_vit_lite.sharding",
       "big_vit_lite.data.pp",
   )
   for name, deps in _graph().items():
@@ -105,3 +108,15 @@ def test_models_depend_on_nothing_above_them():
       assert (
           not above
       ), f"{name} imports {above}: models/ must not depend on the rest"
+
+
+def test_the_planner_sits_below_nothing_of_the_trainer():
+  """Guards the layering: the planner (big_vit_lite/planner/) builds on the trainer's
+  modules; nothing but the `python -m big_vit_lite.plan` entry imports it."""
+  graph = _graph()
+  assert "big_vit_lite.train_state" in graph["big_vit_lite.planner.assemble"]
+  for name, deps in graph.items():
+    if name.startswith("big_vit_lite.planner") or name == "big_vit_lite.plan":
+      continue
+    planner = sorted(d for d in deps if d.startswith("big_vit_lite.planner"))
+    assert not planner, f"{name} imports the planner: {planner}"

@@ -16,6 +16,7 @@ from big_vit_lite.evaluators import presets
 from big_vit_lite.models import layout
 from big_vit_lite.models import posemb
 from big_vit_lite.models import vit
+from big_vit_lite.models import loading
 
 import checks
 import evaluator_fixtures
@@ -299,10 +300,10 @@ def test_big_vision_two_tower_image_tower_loads(tmp_path):
       ),
       params,
   )
-  src, _, _ = evaluate.read_source(str(tmp_path / "siglip.npz"))
-  cfg = evaluate.infer_model_cfg(src)
+  src, _, _ = loading.read_source(str(tmp_path / "siglip.npz"))
+  cfg = loading.infer_model_cfg(src)
   assert (cfg["pool_type"], cfg["depth"], cfg["patch_size"]) == ("map", 2, 4)
-  assert evaluate.native_input_shape(src, None) == (16, 3)
+  assert loading.native_input_shape(src, None) == (16, 3)
 
 
 def test_bfloat16_npz_loads(tmp_path):
@@ -439,7 +440,7 @@ def test_evaluate_at_a_trained_size_the_patch_does_not_divide(tmp_path):
   saved = ml_collections.ConfigDict(
       dict(input=dict(pp="decode(1)|resize(30)|keep('image')"))
   )
-  assert evaluate.native_input_shape(flat, saved) == (30, 1)
+  assert loading.native_input_shape(flat, saved) == (30, 1)
 
 
 def test_sincos_posemb_values_by_hand():

@@ -10,8 +10,9 @@ import sys
 import ml_collections
 import pytest
 
-from big_vit_lite import plan
-from big_vit_lite import plan_formulas
+from big_vit_lite.planner import plan
+from big_vit_lite.planner import report as plan_report
+from big_vit_lite.planner import formulas as plan_formulas
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -225,7 +226,7 @@ def test_plan_counts_the_ema_copy_of_the_params(tiny_config):
       with_ema["total_bytes_per_device"]
       == without["total_bytes_per_device"] + with_ema["ema_bytes_per_device"]
   )
-  assert "EMA of params" in plan.format_report(with_ema)
+  assert "EMA of params" in plan_report.format_report(with_ema)
 
 
 def _big_config(
@@ -309,7 +310,7 @@ def test_plan_says_when_only_remat_makes_it_fit():
   assert p["total_bytes_with_remat"] < p["total_bytes_per_device"]
   assert (
       "fits with --config.model.remat_policy=nothing_saveable"
-      in plan.format_report(p)
+      in plan_report.format_report(p)
   )
   with_remat = plan.plan(_big_config("L/16", 256), mesh, "h100")
   assert with_remat["fits"] and with_remat["fits_with_remat"] is None
@@ -326,14 +327,14 @@ def test_plan_says_when_only_remat_makes_it_fit():
   p = plan.plan(_big_config("g/14", 2048, remat=None), mesh, "h100")
   assert p[
       "fits_with_remat"
-  ] is False and "not fit with remat either" in plan.format_report(p)
+  ] is False and "not fit with remat either" in plan_report.format_report(p)
 
 
 def test_flops_match_the_literature():
   # ViT-B/16 at 224: 17.58 GMACs forward (timm's table); model FLOPs/step = 3 x
   # 2 x MACs x batch.
   arch = dict(width=768, depth=12, mlp_dim=3072, num_heads=12, patch_size=16)
-  model, hw = plan.train_flops(
+  model, hw = plan_formulas.train_flops(
       arch, batch=10, res=224, num_classes=1000, tokens=197, remat=True
   )
   assert model / (3 * 2 * 10) == pytest.approx(17.58e9, rel=0.01)
@@ -353,7 +354,7 @@ def test_flops_match_the_literature():
   )
   # Policies that save matmul outputs recompute fewer: the attention's two
   # batched matmuls (scores, weighted sum), or none.
-  flops_with = lambda policy: plan.train_flops(
+  flops_with = lambda policy: plan_formulas.train_flops(
       arch,
       batch=10,
       res=224,
@@ -372,9 +373,9 @@ def test_flops_match_the_literature():
 def test_activations_shrink_with_remat_and_tensor_parallelism():
   arch = dict(width=1024, depth=24, mlp_dim=4096, num_heads=16, patch_size=16)
   kw = dict(local_batch=16, tokens=197, mm_bytes=2)
-  full = plan.activation_bytes(arch, remat=False, **kw)
-  remat = plan.activation_bytes(arch, remat=True, **kw)
-  tp = plan.activation_bytes(arch, remat=False, tp=4, **kw)
+  full = plan_formulas.activation_bytes(arch, remat=False, **kw)
+  remat = plan_formulas.activation_bytes(arch, remat=True, **kw)
+  tp = plan_formulas.activation_bytes(arch, remat=False, tp=4, **kw)
   assert remat < full / 5 and tp < full
 
 
@@ -481,16 +482,17 @@ def test_plan_counts_params_the_trainer_cannot_split_as_whole():
   assert p["tokens"] == 16 and p["ignored_px"] == 2
   assert (
       "note: 30 px is not a multiple of the patch size 7"
-      in plan.format_report(p)
+      in plan_report.format_report(p)
   )
   assert p["unsplit_params"] == [
       "size 18 over fsdp (4): 15 param(s) whole, e.g. Transformer/encoder_norm/bias",
       "size 18 over fsdp (4): 3 param(s) split along another dim, e.g. "
       "Transformer/encoderblock_0/MlpBlock_0/Dense_0/kernel",
   ]
-  assert "note: param dims not divisible" in plan.format_report(p)
-  assert "(width 18, depth 1, MLP 32, 2 heads, patch 7)" in plan.format_report(
-      p
+  assert "note: param dims not divisible" in plan_report.format_report(p)
+  assert (
+      "(width 18, depth 1, MLP 32, 2 heads, patch 7)"
+      in plan_report.format_report(p)
   )
   # Divisible: split 4 ways (all but the 10-class head bias), nothing noted.
   p = plan.plan(_tiny_config(width=16), {"fsdp": 4}, "tpu_v4")
@@ -513,12 +515,12 @@ def test_plan_shards_optimizer_state_by_path_not_shape():
 def test_plan_activations_without_a_tensor_split_that_does_not_divide():
   arch = dict(width=1024, depth=24, mlp_dim=4096, num_heads=16, patch_size=16)
   kw = dict(local_batch=8, tokens=197, mm_bytes=2, remat=False)
-  assert plan.activation_bytes(arch, tp=3, **kw) == plan.activation_bytes(
-      arch, tp=1, **kw
-  )
-  assert plan.activation_bytes(arch, tp=4, **kw) < plan.activation_bytes(
-      arch, tp=1, **kw
-  )
+  assert plan_formulas.activation_bytes(
+      arch, tp=3, **kw
+  ) == plan_formulas.activation_bytes(arch, tp=1, **kw)
+  assert plan_formulas.activation_bytes(
+      arch, tp=4, **kw
+  ) < plan_formulas.activation_bytes(arch, tp=1, **kw)
 
 
 def test_plan_mesh_mistakes_are_one_line():

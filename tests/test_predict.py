@@ -12,9 +12,9 @@ from PIL import Image
 import pytest
 import tensorflow_datasets as tfds
 
-from big_vit_lite import evaluate
 from big_vit_lite.models import layout
 from big_vit_lite.models import vit
+from big_vit_lite.models import loading
 from trainer_runs import ROOT, env_for, run_train
 
 FASHION = [
@@ -91,7 +91,7 @@ def test_predict_jsonl_skips_the_corrupt_file_and_matches_the_model(
     assert probs == sorted(probs, reverse=True) and 0 < sum(probs) <= 1.0 + 1e-5
 
   # The same probabilities as the model applied here to the same image.
-  flat, saved, _ = evaluate.read_source(workdir)
+  flat, saved, _ = loading.read_source(workdir)
   model = vit.Model(**dict(saved.model.to_dict(), dropout=0.0))
   params = layout.unflatten(flat)
   image = np.asarray(Image.open(os.path.join(folder, "0.png")), np.float32)[

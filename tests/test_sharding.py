@@ -155,7 +155,7 @@ _SAME_STEP_ON_EVERY_MESH = textwrap.dedent("""
     # The planner's per-device state on a mesh that cannot split width 18 four ways: what XLA
     # compiles for the same step (it used to fail to compile there, and to count 1/4 of it).
     import importlib.util
-    from big_vit_lite import plan
+    from big_vit_lite.planner import plan
     spec = importlib.util.spec_from_file_location("tiny", "tests/train_config_tiny.py")
     tiny = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tiny)

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from big_vit_lite import flops
-from big_vit_lite import plan
+from big_vit_lite.planner import plan
 from big_vit_lite import sharding
 from big_vit_lite.models import ops
 from big_vit_lite.models import splash

@@ -22,6 +22,7 @@ from big_vit_lite import export
 from big_vit_lite.evaluators import presets
 from big_vit_lite.models import timm
 from big_vit_lite.models import vit
+from big_vit_lite.models import loading
 
 import checks
 import test_bucket_workdir
@@ -362,8 +363,8 @@ def test_evaluate_refuses_a_non_square_timm_export(tmp_path):
       tmp_path / "p7.safetensors",
       image_size=30,
   )
-  flat, saved, _ = evaluate.read_source(str(tmp_path / "p7.safetensors"))
-  assert evaluate.native_input_shape(
+  flat, saved, _ = loading.read_source(str(tmp_path / "p7.safetensors"))
+  assert loading.native_input_shape(
       flat, saved, timm.timm_image_size(tmp_path / "p7.safetensors")
   ) == (30, 3)
 
@@ -376,8 +377,8 @@ def test_timm_export_as_model_init_on_a_bucket(fake_bucket):
   checks.assert_same_params(
       vit.load(checks.vit_shapes(), "gs://m.safetensors"), params
   )
-  flat, _, _ = evaluate.read_source("gs://m.safetensors")
-  assert evaluate.native_input_shape(
+  flat, _, _ = loading.read_source("gs://m.safetensors")
+  assert loading.native_input_shape(
       flat, None, timm.timm_image_size("gs://m.safetensors")
   ) == (16, 3)
   export.export("gs://m.safetensors", str(fake_bucket.parent / "m.npz"))
@@ -422,8 +423,8 @@ def test_timm_hub_file_of_a_standard_size_reads_without_metadata(tmp_path):
       params,
   )
   assert (
-      evaluate.infer_model_cfg(
-          evaluate.read_source(str(tmp_path / "hub.safetensors"))[0]
+      loading.infer_model_cfg(
+          loading.read_source(str(tmp_path / "hub.safetensors"))[0]
       )["num_heads"]
       == 2
   )

@@ -13,11 +13,11 @@ import jax
 import numpy as np
 import pytest
 
-from big_vit_lite import evaluate
 from big_vit_lite import export
 from big_vit_lite.models import layout
 from big_vit_lite.models import timm
 from big_vit_lite.models import vit
+from big_vit_lite.models import loading
 
 import checks
 import timm_reference
@@ -99,7 +99,7 @@ def test_timm_state_dict_round_trips_every_option(opts):
   assert timm.timm_model_name(kwargs) is None
   # And the model options evaluate infers from the params are the ones it was
   # built with.
-  inferred = evaluate.infer_model_cfg(flat)
+  inferred = loading.infer_model_cfg(flat)
   assert {k: inferred.get(k) for k in opts if k != "layerscale_init"} == {
       k: v for k, v in opts.items() if k != "layerscale_init"
   }
@@ -188,8 +188,8 @@ def test_export_timm_file_evaluates_as_the_same_model(tmp_path):
       str(tmp_path / "m.npz"), str(tmp_path / "m.safetensors")
   )
   assert "mlp_layer=timm.layers.SwiGLU" in summary["timm_usage"]
-  flat, _, _ = evaluate.read_source(str(tmp_path / "m.safetensors"))
-  cfg = evaluate.infer_model_cfg(flat)
+  flat, _, _ = loading.read_source(str(tmp_path / "m.safetensors"))
+  cfg = loading.infer_model_cfg(flat)
   model = vit.Model(num_classes=10, **cfg)
   loaded = vit.load(
       jax.eval_shape(model.init, jax.random.key(0), IMAGES)["params"],

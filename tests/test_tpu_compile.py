@@ -5,12 +5,15 @@ import os
 import subprocess
 import sys
 
+import jax
 import ml_collections
 import pytest
 
 from big_vit_lite import config_loading
-from big_vit_lite import plan
-from big_vit_lite import tpu_compile
+from big_vit_lite.planner import assemble
+from big_vit_lite.planner import plan
+from big_vit_lite.planner import report as plan_report
+from big_vit_lite.planner import tpu as tpu_compile
 from big_vit_lite.models import vit
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -139,21 +142,26 @@ def test_a_missing_libtpu_is_one_line(monkeypatch):
 
 def test_a_slice_is_planned_and_compiled_with_the_tpu_choices():
   """On this CPU host "auto" would mean float32 and the custom attention; for a
-  slice plan decides it for the TPU, in the config that the compile builds."""
+  slice plan decides it for the TPU, in the model that the compile builds, and
+  the caller's config is left as it was (guards plan writing into it)."""
   # No attention key: vit.Model's default, "auto".
   config = _tiny_config()
   config.model.dtype_act = "auto"
+  before = config.to_dict()
   p = plan.plan_on_slice(config, "data:-1", "v5e:2x2")
   assert (p["dtype_mm"], p["dtype_act"], p["attention"]) == (
       "bfloat16",
       "bfloat16",
       "xla",
   )
-  assert (
-      config.model.dtype_mm,
-      config.model.dtype_act,
-      config.model.attention,
-  ) == ("bfloat16", "bfloat16", "xla")
+  assert config.to_dict() == before
+  mesh = jax.sharding.AbstractMesh((4,), ("data",))
+  module = assemble.assemble(config, mesh, 16, target="tpu").model.module
+  assert (module.dtype_mm, module.dtype_act, module.attention) == (
+      "bfloat16",
+      "bfloat16",
+      "xla",
+  )
 
 
 @needs_libtpu
@@ -233,7 +241,7 @@ def test_a_too_big_batch_does_not_fit():
   # compiler said it needs.
   assert not p["tpu_fits"] and "exceeds available HBM" in p["tpu_refused"]
   assert p["tpu_needed_bytes"] > p["tpu_hbm_bytes"]
-  assert "does NOT fit" in plan.format_report(p)
+  assert "does NOT fit" in plan_report.format_report(p)
 
 
 @needs_libtpu

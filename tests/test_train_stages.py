@@ -17,6 +17,7 @@ from big_vit_lite import config_loading
 from big_vit_lite import train
 from big_vit_lite import train_setup
 from big_vit_lite import train_step
+from big_vit_lite.data import mixup as mixup_lib
 
 import checks
 import train_config_tiny
@@ -194,7 +195,7 @@ _one_line_error = checks.one_line_error
 
 def test_big_vision_and_timm_mixup_configs():
   # big_vision's vit_i1k config: was "unexpected keyword argument 'fold_in'".
-  mix = train_setup.make_mixup(dict(p=0.2, fold_in=None))
+  mix = mixup_lib.make_mixup(dict(p=0.2, fold_in=None))
   _, labels = mix(
       jax.random.PRNGKey(1),
       np.zeros((4, 2, 2, 1), np.float32),
@@ -207,7 +208,7 @@ def test_big_vision_and_timm_mixup_configs():
       # was: off, silently
       (dict(mixup_alpha=-0.2), ["mixup_alpha", ">= 0"]),
   ):
-    _one_line_error(lambda cfg=cfg: train_setup.make_mixup(cfg), *words)
+    _one_line_error(lambda cfg=cfg: mixup_lib.make_mixup(cfg), *words)
 
 
 _cfg = checks.tracked_config

@@ -15,6 +15,7 @@ from scipy.special import erf
 from big_vit_lite.models import layout
 from big_vit_lite.models import ops
 from big_vit_lite.models import vit
+from big_vit_lite.models import loading
 
 import checks
 
@@ -382,7 +383,7 @@ def test_model_flops_of_each_option_are_the_hand_count(opts):
 
 def test_plan_counts_registers_and_swiglu():
   import test_plan  # pylint: disable=import-outside-toplevel
-  from big_vit_lite import plan  # pylint: disable=import-outside-toplevel
+  from big_vit_lite.planner import plan  # pylint: disable=import-outside-toplevel
 
   config = test_plan._big_config("mu/16", 8)  # pylint: disable=protected-access
   config.model.update(reg_tokens=4, mlp="swiglu", remat_policy=None)
@@ -404,7 +405,6 @@ def test_plan_counts_registers_and_swiglu():
 def test_distill_token_heads_npz_round_trip_and_inference(tmp_path):
   """The two heads apart in `out`, the logits their mean; .npz and the param-name reader
   (what evaluate builds a teacher from) keep the token."""
-  from big_vit_lite import evaluate  # pylint: disable=import-outside-toplevel
 
   params = checks.vit_params(distill_token=True)
   logits, out = _apply(params, distill_token=True)
@@ -429,9 +429,9 @@ def test_distill_token_heads_npz_round_trip_and_inference(tmp_path):
         logits,
         atol=1e-5,
     )
-  cfg = evaluate.infer_model_cfg(flat)
+  cfg = loading.infer_model_cfg(flat)
   assert cfg["distill_token"] is True and cfg["pool_type"] == "tok"
-  assert evaluate.native_input_shape(flat, None) == (16, 3)
+  assert loading.native_input_shape(flat, None) == (16, 3)
   # A model without the token refuses the file in one line (it is another
   # model).
   checks.one_line_error(

@@ -8,6 +8,8 @@ communication. Call with an rng that differs per step (e.g.
 jax.random.fold_in(rng, step)) so resumes stay exact.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -89,3 +91,22 @@ def mixup_or_cutmix(
       lambda: cutmix(rng, images, labels, alpha=cutmix_alpha),
       lambda: mixup(rng, images, labels, alpha=mixup_alpha),
   )
+
+
+def make_mixup(mixup_cfg):
+  """mixup/cutmix applied in the jitted step, or None when not configured.
+
+  config.mixup = dict(mixup_alpha=0.2, cutmix_alpha=0.0, switch_prob=0.5)
+  (mixup_or_cutmix below; big_vision's `p` is accepted for mixup_alpha).
+  """
+  if not mixup_cfg:
+    return None
+  kw = dict(mixup_cfg.to_dict() if hasattr(mixup_cfg, "to_dict") else mixup_cfg)
+  if "p" in kw:
+    kw["mixup_alpha"] = kw.pop("p")
+  mix = functools.partial(mixup_or_cutmix, **kw)
+  try:  # Checks the keys now, before the compile.
+    mix(jax.random.PRNGKey(0), jnp.zeros((2, 1, 1, 1)), jnp.zeros((2, 2)))
+  except TypeError as e:  # An unknown key.
+    raise ValueError(f"config.mixup: {e}") from None
+  return mix

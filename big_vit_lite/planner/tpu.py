@@ -12,32 +12,21 @@ cost model, not measurements.
 Slices are named as Cloud TPU names them (`v5p-256`, `v4-32`, `v5litepod-16`, `v6e-256`:
 TensorCores for v2, v3, v4 and v5p, chips for v5e and v6e) or as topologies (`v5p:8x8x8`,
 `v5e:2x2`). A JAX device is a TensorCore on v2/v3 (two per chip) and a chip from v4 on.
-
-Without a topology, `plan --compile` checks its figures against the same step compiled by
-XLA:CPU on simulated devices, in a subprocess (`cpu_compiled_stats_subprocess`).
 """
 
 import dataclasses
 import importlib.util
-import json
 import math
 import os
 import re
-import subprocess
-import sys
 
-import flax.linen as nn
 import jax
-import jax.numpy as jnp
 
-from big_vit_lite import ema as ema_lib
 from big_vit_lite import flops as flops_lib
-from big_vit_lite import losses
 from big_vit_lite import sharding
-from big_vit_lite import train_setup
-from big_vit_lite import train_step
-from big_vit_lite.data import device_aug as device_aug_lib
-from big_vit_lite.devices import DEVICES, GIB
+from big_vit_lite.devices import DEVICES
+from big_vit_lite.devices import GIB
+from big_vit_lite.planner import assemble
 
 # Generation (as in accelerator names) -> (topology prefix, counted in cores,
 # devices.py key, topology dims).
@@ -189,65 +178,6 @@ def resolve_mesh(mesh: list, n_devices: int, what: str) -> dict:
   return sizes
 
 
-def compile_step(
-    config, mesh: dict, devices, res: int, channels: int, abstract
-):
-  """(traced, compiled) of the trainer's step (train_step.make_update_fn) for `mesh` over
-  `devices` (real CPU devices or a TPU slice's abstract ones); `abstract` is plan's
-  abstract_state(config, res). The batch: float images and one-hot float labels, as the
-  trainer's input pipeline gives them."""
-  model, boxed, params, opt, opt_state = abstract
-  jmesh = sharding.make_mesh(list(mesh.items()), devices)
-  rules = sharding.make_rules(config.get("sharding_rules"), jmesh)
-  params_sh = sharding.logical_shardings(boxed, jmesh, rules, unsplit=[])
-  opt_sh = sharding.like_params_shardings(opt_state, params, params_sh, jmesh)
-  repl, batch_sh = sharding.replicated(jmesh), sharding.batch_sharding(jmesh)
-  state = dict(
-      params=params,
-      opt_state=opt_state,
-      step=jax.ShapeDtypeStruct((), jnp.int32),
-      rng=jax.ShapeDtypeStruct((2,), jnp.uint32),
-  )
-  state_sh = dict(params=params_sh, opt_state=opt_sh, step=repl, rng=repl)
-  ema = ema_lib.from_config(config)
-  if ema:
-    state[ema_lib.KEY], state_sh[ema_lib.KEY] = params, params_sh
-  state = jax.tree.map(
-      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-      state,
-      state_sh,
-  )
-  batch_size = int(config.input.batch_size)
-  num_classes = int(config.model.get("num_classes", 0) or 0)
-  batch = dict(
-      image=jax.ShapeDtypeStruct(
-          (batch_size, res, res, channels), jnp.float32, sharding=batch_sh
-      ),
-      labels=jax.ShapeDtypeStruct(
-          (batch_size, num_classes), jnp.float32, sharding=batch_sh
-      ),
-  )
-  update = train_step.make_update_fn(
-      model=model,
-      opt=opt,
-      loss_fn=losses.get(config.get("loss", "softmax_xent")),
-      accum_steps=int(config.get("grad_accum_steps", 1)),
-      mixup_fn=train_setup.make_mixup(config.get("mixup", None)),
-      device_aug_fn=device_aug_lib.make(config.get("device_aug", None)),
-      ema=ema,
-      batch_sharding=batch_sh,
-      param_shardings=params_sh,
-  )
-  with jax.set_mesh(jmesh), nn.logical_axis_rules(rules):
-    traced = jax.jit(
-        update,
-        in_shardings=(state_sh, batch_sh),
-        out_shardings=(state_sh, repl),
-        donate_argnums=(0,),
-    ).trace(state, batch)
-    return traced, traced.lower().compile()
-
-
 def collectives(hlo_text: str) -> dict:
   """{op: {"count", "bytes"}} of the collectives in a compiled program's HLO text.
 
@@ -277,27 +207,22 @@ def collectives(hlo_text: str) -> dict:
   return found
 
 
-def compiled_stats(
-    config, mesh: dict, res: int, channels: int, abstract, tpu_slice: Slice
-):
+def compiled_stats(config, mesh: dict, res: int, tpu_slice: Slice):
   """The TPU compiler's figures for the trainer's step on `tpu_slice` (plan's tpu_* fields)."""
   devices = slice_devices(tpu_slice)
   spec = DEVICES[tpu_slice.device_key]
+  jmesh = sharding.make_mesh(list(mesh.items()), devices)
+  built = assemble.assemble(config, jmesh, res, target="tpu")
   try:
-    traced, compiled = compile_step(
-        config, mesh, devices, res, channels, abstract
-    )
+    traced, compiled = assemble.compile_built(built)
   # The compiler refuses a program over the HBM.
   except jax.errors.JaxRuntimeError as e:
     if "RESOURCE_EXHAUSTED" not in str(e):
       raise
     return _refused(str(e), tpu_slice, spec)
-  mem = compiled.memory_analysis()
-  mem_b = {
-      k: int(getattr(mem, f"{k}_size_in_bytes"))
-      for k in ("argument", "output", "alias", "temp")
-  }
-  peak_b = mem_b["argument"] + mem_b["output"] + mem_b["temp"] - mem_b["alias"]
+  memory = flops_lib.program_memory(compiled)
+  peak_b = memory.pop("peak")
+  mem_b = memory
   cost = compiled.cost_analysis() or {}
   raw_flops = float(cost.get("flops", 0.0))
   # XLA counts a loop body (nn.scan's layers, the microbatches) once: scale its
@@ -321,7 +246,7 @@ def compiled_stats(
       tpu_flops_per_device=flops,
       tpu_model_flops=model_flops,
       tpu_loop_scale=loop_scale,
-      **estimates(est_s, int(config.input.batch_size), model_flops, tpu_slice),
+      **estimates(est_s, built.batch_size, model_flops, tpu_slice),
       tpu_collectives=collectives(compiled.as_text()),
   )
 
@@ -401,45 +326,3 @@ def format_lines(p: dict) -> list:
           f"  {op}: {c['count']} in the program, {c['bytes'] / GIB:.3f} GiB"
       )
   return lines
-
-
-def cpu_compiled_stats_subprocess(
-    config_arg: str, overrides: list[str], mesh: dict, res: int
-):
-  """plan --compile without a topology: plan.compiled_stats (the step compiled by
-  XLA:CPU) in a fresh python with prod(mesh) simulated CPU devices."""
-  n_dev = math.prod(mesh.values())
-  # The memory-minimising scheduler (not the default concurrency-optimised one)
-  # is what accelerator backends approximate; its peak is the meaningful one to
-  # compare with.
-  env = dict(
-      os.environ,
-      JAX_PLATFORMS="cpu",
-      XLA_FLAGS=(
-          os.environ.get("XLA_FLAGS", "")
-          + f" --xla_force_host_platform_device_count={n_dev}"
-          " --xla_cpu_enable_concurrency_optimized_scheduler=false"
-      ).strip(),
-  )
-  mesh_str = ",".join(f"{k}:{v}" for k, v in mesh.items())
-  cmd = [
-      sys.executable,
-      "-m",
-      "big_vit_lite.plan",
-      f"--config={config_arg}",
-      *overrides,
-      f"--mesh={mesh_str}",
-      f"--res={res}",
-      "--compiled_only",
-      "--json",
-  ]
-  proc = subprocess.run(
-      cmd, env=env, capture_output=True, text=True, timeout=1800, check=False
-  )
-  # Its last line: the "plan: ..." message, or the exception's.
-  if proc.returncode != 0:
-    last = ((proc.stderr or proc.stdout).strip().splitlines() or ["?"])[-1]
-    raise ValueError(
-        f"compiling the step on {n_dev} simulated CPU devices failed: {last}"
-    )
-  return json.loads(proc.stdout.strip().splitlines()[-1])

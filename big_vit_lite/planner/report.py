@@ -1,8 +1,9 @@
 """plan's report: the plan dict (plan.plan, plan.plan_on_slice) as the text the CLI prints."""
 
-from big_vit_lite import tpu_compile
 from big_vit_lite.devices import GIB
-from big_vit_lite.plan_formulas import USABLE_FRACTION
+from big_vit_lite.planner import gpu
+from big_vit_lite.planner import tpu
+from big_vit_lite.planner.formulas import USABLE_FRACTION
 
 
 def _fmt_bytes(b: float) -> str:
@@ -83,7 +84,9 @@ def format_report(p: dict) -> str:
         f"{'; '.join(p['unsplit_params'])}"
     )
   if "tpu_topology" in p:
-    lines += tpu_compile.format_lines(p)
+    lines += tpu.format_lines(p)
+  if "gpu_host" in p:
+    lines += gpu.format_lines(p)
   if "compiled_temp_bytes" in p:
     lines.append(
         f"compiled on {p['devices']} simulated CPU devices: arguments "

@@ -283,7 +283,7 @@ def train_flops(
   return float(model), float(model + recomputed * batch)
 
 
-def _gather_bytes(n_params, depth, tp, fsdp, remat):
+def gather_bytes(n_params, depth, tp, fsdp, remat):
   """FSDP's all-gathered (unsharded / tp) weights alive at once: all of them without remat
   (XLA keeps them from forward to backward), about two blocks' worth with remat.
   """
@@ -292,7 +292,7 @@ def _gather_bytes(n_params, depth, tp, fsdp, remat):
   return int((2 * n_params / max(1, depth) if remat else n_params) * 4 / tp)
 
 
-def _step_time(spec, peak, hw_flops, n_dev, n_params, mesh, tp, fsdp, accum):
+def step_time(spec, peak, hw_flops, n_dev, n_params, mesh, tp, fsdp, accum):
   """(compute s, collectives s) of a step at peak FLOP/s and link bandwidth.
 
   With FSDP the params are all-gathered for forward and backward (once per step: XLA hoists

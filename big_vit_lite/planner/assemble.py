@@ -1,0 +1,138 @@
+"""The trainer's own model, state layout and step, assembled for a plan on any mesh.
+
+    built = assemble(config, mesh, res, target="tpu")   # mesh: Mesh or AbstractMesh
+    traced, compiled = compile_built(built)              # a Mesh of real or abstract devices
+
+No second builder: the model comes from train_setup.make_model (its checks included: the
+model name, splash off a TPU, float labels, the distillation teacher) and the state and the
+jitted step from train_state, as train.py builds them. What the trainer reads from its
+input pipeline the plan makes up: the batch's keys and shapes (float images of the
+training size, one-hot float labels), and the dataset's size for the schedule where the
+data cannot be read here. The config is read through a TrackedConfig, never written.
+"""
+
+import dataclasses
+import re
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from big_vit_lite import config_loading
+from big_vit_lite import grad_accum
+from big_vit_lite import sharding
+from big_vit_lite import train_setup
+from big_vit_lite import train_state
+from big_vit_lite.data import input_pipeline
+
+# Examples per epoch where the dataset cannot be read here (an ImageNet not
+# prepared on the planning machine): only the schedule's constants depend on it.
+STAND_IN_EXAMPLES = 10**9
+
+
+@dataclasses.dataclass(frozen=True)
+class Built:
+  """The trainer's pieces for one mesh: train_setup.Model, train_state.Layout and more."""
+
+  model: object  # train_setup.Model
+  layout: object  # train_state.Layout
+  mesh: object
+  rules: object
+  batch_size: int
+  accum_steps: int
+  unsplit: list  # The param dims the mesh axes do not divide (sharding.py).
+
+
+def image_channels(config) -> int:
+  """Channels of the training images: `channels=N` of a decode op in input.pp, else 3."""
+  found = re.findall(r"channels\s*=\s*(\d+)", str(config.input.get("pp", "")))
+  if found:
+    return int(found[-1])
+  return 3
+
+
+def batch_spec(config, res: int) -> dict:
+  """The train iterator's batch_spec() as the plan takes it: float images, one-hot labels."""
+  num_classes = int(config.model.get("num_classes", 0) or 0)
+  shape = (1, res, res, image_channels(config))
+  return dict(
+      image=jax.ShapeDtypeStruct(shape, jnp.float32),
+      labels=jax.ShapeDtypeStruct((1, num_classes), jnp.float32),
+  )
+
+
+def num_examples(input_cfg) -> int:
+  """The training split's size, or STAND_IN_EXAMPLES where it cannot be read here."""
+  try:
+    return input_pipeline.get_num_examples(input_cfg["data"])
+  # Any reason the dataset is not readable here (not prepared, no access).
+  except Exception:  # pylint: disable=broad-except
+    return STAND_IN_EXAMPLES
+
+
+def assemble(raw_config, mesh, res: int, target=None) -> Built:
+  """The trainer's model and state layout for `mesh`, images res x res.
+
+  target: None to build what runs on `mesh`'s own (real) devices, as train.py does; else
+  the platform planned for ("tpu", "gpu", "cpu"): "auto" model settings decided for it,
+  a distillation teacher's params abstract (train_setup.make_model's `target`).
+  """
+  config = config_loading.TrackedConfig(raw_config)
+  rules = sharding.make_rules(config.get("sharding_rules", None), mesh)
+  input_cfg = config.consume("input")
+  batch_size = int(input_cfg["batch_size"])
+  accum_steps = grad_accum.check(
+      config.get("grad_accum_steps", 1),
+      batch_size,
+      sharding.batch_devices(mesh),
+  )
+  model = train_setup.make_model(
+      config,
+      batch_spec=batch_spec(raw_config, res),
+      mesh=mesh,
+      rules=rules,
+      target=target,
+  )
+  dur = train_setup.read_duration(
+      config, batch_size=batch_size, num_examples=num_examples(input_cfg)
+  )
+  unsplit = []
+  layout = train_state.lay_out(
+      config,
+      model=model,
+      mesh=mesh,
+      rules=rules,
+      seed=int(config.get("seed", 0)),
+      dur=dur,
+      unsplit=unsplit,
+  )
+  return Built(
+      model=model,
+      layout=layout,
+      mesh=mesh,
+      rules=rules,
+      batch_size=batch_size,
+      accum_steps=accum_steps,
+      unsplit=unsplit,
+  )
+
+
+def compile_built(built: Built, compiler_options=None):
+  """(traced, compiled) of the trainer's step (train_state.jit_step) for `built`.
+
+  compiler_options: XLA options for this compile (the GPU target's), or None.
+  """
+  with jax.set_mesh(built.mesh), nn.logical_axis_rules(built.rules):
+    step = train_state.jit_step(
+        model=built.model,
+        layout=built.layout,
+        mesh=built.mesh,
+        accum_steps=built.accum_steps,
+    )
+    args = train_state.step_args(
+        model=built.model,
+        layout=built.layout,
+        mesh=built.mesh,
+        batch_size=built.batch_size,
+    )
+    return train_state.compile_step(step, args, compiler_options)
