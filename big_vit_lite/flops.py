@@ -21,6 +21,7 @@ Measurements: benchmarks/NOTES.md, section "Plan, bench, FLOPs, metrics".
 from __future__ import annotations
 
 import math
+import re
 
 import jax
 from jax.extend import core as jex_core
@@ -365,3 +366,56 @@ def program_memory(compiled) -> dict | None:
   }
   out["peak"] = out["argument"] + out["output"] + out["temp"] - out["alias"]
   return out
+
+
+_DTYPE_BYTES = {
+    "pred": 1,
+    "s8": 1,
+    "u8": 1,
+    "bf16": 2,
+    "f16": 2,
+    "s16": 2,
+    "u16": 2,
+    "f32": 4,
+    "s32": 4,
+    "u32": 4,
+    "f64": 8,
+    "s64": 8,
+    "u64": 8,
+}
+COLLECTIVES = (
+    "all-gather",
+    "reduce-scatter",
+    "all-reduce",
+    "all-to-all",
+    "collective-permute",
+)
+
+
+def collectives(hlo_text: str) -> dict:
+  """{op: {"count", "bytes"}} of the collectives in a compiled program's HLO text.
+
+  Counted as written in the program: an op inside a loop body (the layer scan, the microbatch
+  loop) counts once. Bytes: the op's result (for an async start, its largest buffer).
+  """
+  found = {op: {"count": 0, "bytes": 0} for op in COLLECTIVES}
+  ops = "|".join(COLLECTIVES)
+  for line in hlo_text.splitlines():
+    match = re.search(rf"=\s*(.*?)\s+({ops})(-start)?\(", line)
+    if not match:
+      continue
+    shapes = re.findall(r"\b([a-z]+\d*)\[([\d,]*)\]", match.group(1))
+    sizes = [
+        _DTYPE_BYTES.get(dt, 4)
+        * math.prod(int(d) for d in dims.split(",") if d)
+        for dt, dims in shapes
+    ]
+    is_pair = match.group(3) and match.group(2) in (
+        "all-gather",
+        "collective-permute",
+    )
+    found[match.group(2)]["count"] += 1
+    found[match.group(2)]["bytes"] += (
+        max(sizes, default=0) if is_pair else sum(sizes)
+    )
+  return found

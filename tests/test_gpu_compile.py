@@ -37,6 +37,7 @@ out = []
 for batch, attention in ((16, "xla"), (2**24, "xla"), (16, "auto")):
   config = train_config_tiny.get_config()
   config.model.attention = attention
+  config.model.dtype_mm = "auto"  # bfloat16 on a GPU
   config.input.batch_size = batch
   try:
     p = plan.plan_on_gpus(config, "data:-1", "h100x2", res=28, compile_step=True)

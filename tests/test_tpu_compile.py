@@ -10,6 +10,7 @@ import ml_collections
 import pytest
 
 from big_vit_lite import config_loading
+from big_vit_lite import flops as flops_lib
 from big_vit_lite.planner import assemble
 from big_vit_lite.planner import plan
 from big_vit_lite.planner import report as plan_report
@@ -95,10 +96,10 @@ def test_unknown_slices_are_one_line(name):
 
 
 def test_mesh_is_resolved_against_the_slice():
-  assert tpu_compile.resolve_mesh([("data", -1), ("fsdp", 4)], 64, "x") == dict(
+  assert assemble.resolve_mesh([("data", -1), ("fsdp", 4)], 64, "x") == dict(
       data=16, fsdp=4
   )
-  assert tpu_compile.resolve_mesh([("fsdp", 16)], 16, "x") == dict(fsdp=16)
+  assert assemble.resolve_mesh([("fsdp", 16)], 16, "x") == dict(fsdp=16)
   for mesh in (
       [("data", 8)],
       [("data", -1), ("fsdp", 3)],
@@ -107,7 +108,7 @@ def test_mesh_is_resolved_against_the_slice():
     with pytest.raises(
         ValueError, match=r"does not match v4-32 \(16 devices\)"
     ) as e:
-      tpu_compile.resolve_mesh(mesh, 16, "v4-32")
+      assemble.resolve_mesh(mesh, 16, "v4-32")
     assert "\n" not in str(e.value)
 
 
@@ -123,7 +124,7 @@ def test_collectives_are_counted_from_the_hlo():
           "  %add = f32[1024]{0} add(%all-reduce.1, %c)",
       ]
   )
-  found = tpu_compile.collectives(hlo)
+  found = flops_lib.collectives(hlo)
   assert found["all-reduce"] == {"count": 2, "bytes": 1024 * 4 + 8 * 16 * 2 + 4}
   assert found["all-gather"] == {"count": 1, "bytes": 16 * 8 * 4}
   assert found["reduce-scatter"] == {"count": 1, "bytes": 2 * 8 * 4}
@@ -224,7 +225,7 @@ def test_step_time_by_depth_matches_the_full_unrolled_compile():
       unrolled["tpu_est_step_s"], rel=0.05
   )
   assert p["tpu_est_mfu"] == pytest.approx(unrolled["tpu_est_mfu"], rel=0.05)
-  report = "\n".join(tpu_compile.format_lines(p))
+  report = "\n".join(plan_report.tpu_lines(p))
   assert "extrapolated to depth 4" in report
 
 

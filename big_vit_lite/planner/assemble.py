@@ -12,6 +12,7 @@ data cannot be read here. The config is read through a TrackedConfig, never writ
 """
 
 import dataclasses
+import math
 import re
 
 import flax.linen as nn
@@ -136,3 +137,26 @@ def compile_built(built: Built, compiler_options=None):
         batch_size=built.batch_size,
     )
     return train_state.compile_step(step, args, compiler_options)
+
+
+def resolve_mesh(mesh: list, n_devices: int, what: str) -> dict:
+  """[(axis, size)] with at most one -1 -> {axis: size} covering exactly n_devices."""
+  pairs = [(str(axis), int(size)) for axis, size in mesh]
+  known = math.prod(size for _, size in pairs if size != -1)
+  if (
+      sum(size == -1 for _, size in pairs) == 1
+      and known
+      and n_devices % known == 0
+  ):
+    pairs = [
+        (axis, n_devices // known if size == -1 else size)
+        for axis, size in pairs
+    ]
+  sizes = dict(pairs)
+  if math.prod(sizes.values()) != n_devices or min(sizes.values()) < 1:
+    text = ",".join(f"{axis}:{size}" for axis, size in pairs)
+    raise ValueError(
+        f"mesh {text} does not match {what} ({n_devices} devices): pass e.g. "
+        f"--mesh=data:{n_devices} or --mesh=data:-1,fsdp:{min(n_devices, 8)}"
+    )
+  return sizes

@@ -26,9 +26,7 @@ import jax
 from big_vit_lite import sharding
 from big_vit_lite import flops as flops_lib
 from big_vit_lite.devices import DEVICES
-from big_vit_lite.devices import GIB
 from big_vit_lite.planner import assemble
-from big_vit_lite.planner import tpu
 
 # What the GPU compiler needs deviceless: no autotuning (it runs kernels), and no
 # Triton GEMMs (autotuning picks their tiles: "Couldn't find output tile sizes").
@@ -227,33 +225,8 @@ def compiled_stats(config, mesh: dict, res: int, host: Host) -> dict:
       gpu_fits=bool(memory["peak"] <= hbm),
       gpu_spare=1.0 - memory["peak"] / hbm,
       gpu_attention=built.model.module.resolved_attention("gpu"),
-      gpu_collectives=tpu.collectives(compiled.as_text()),
+      gpu_collectives=flops_lib.collectives(compiled.as_text()),
   )
-
-
-def format_lines(p: dict) -> list:
-  """plan's report lines for the gpu_* fields."""
-  if p["gpu_fits"]:
-    fits = "yes"
-  else:
-    fits = "NO"
-  lines = [
-      f"GPU compiler, {p['gpu_hosts']} x {p['gpu_host']} ({p['devices']} x "
-      f"{p['gpu_name']}), {p['gpu_attention']} attention, per GPU: arguments "
-      f"{p['gpu_argument_bytes'] / GIB:.2f} GiB, outputs "
-      f"{p['gpu_output_bytes'] / GIB:.2f} GiB (aliased "
-      f"{p['gpu_alias_bytes'] / GIB:.2f}), temporaries "
-      f"{p['gpu_temp_bytes'] / GIB:.2f} GiB",
-      f"  total {p['gpu_peak_bytes'] / GIB:.2f} of "
-      f"{p['gpu_memory_bytes'] / GIB:.1f} GiB -> fits: {fits} "
-      f"({p['gpu_spare']:.0%} spare)",
-  ]
-  for op, c in p["gpu_collectives"].items():
-    if c["count"]:
-      lines.append(
-          f"  {op}: {c['count']} in the program, {c['bytes'] / GIB:.3f} GiB"
-      )
-  return lines
 
 
 def prepare_environment():

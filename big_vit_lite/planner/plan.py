@@ -384,7 +384,9 @@ def plan_on_slice(
   pairs = mesh_spec
   if isinstance(mesh_spec, str):
     pairs = sharding.parse_mesh(mesh_spec)
-  sizes = tpu.resolve_mesh(pairs, tpu_slice.devices, f"--topology={topology}")
+  sizes = assemble.resolve_mesh(
+      pairs, tpu_slice.devices, f"--topology={topology}"
+  )
   mesh = parse_mesh(list(sizes.items()))
   # The model runs on the TPU, not on this host: plan() decides its "auto"
   # settings for the TPU (train_setup.make_model's target).
@@ -425,7 +427,7 @@ def plan_on_gpus(
   if isinstance(mesh_spec, str):
     pairs = sharding.parse_mesh(mesh_spec)
   what = f"--gpu={gpu_host} --hosts={hosts}"
-  sizes = tpu.resolve_mesh(pairs, host.devices, what)
+  sizes = assemble.resolve_mesh(pairs, host.devices, what)
   mesh = parse_mesh(list(sizes.items()))
   p = plan(config, mesh, gpu.GPUS[host.gpu].device_key, res)
   if compile_step:

@@ -1,8 +1,6 @@
 """plan's report: the plan dict (plan.plan, plan.plan_on_slice) as the text the CLI prints."""
 
 from big_vit_lite.devices import GIB
-from big_vit_lite.planner import gpu
-from big_vit_lite.planner import tpu
 from big_vit_lite.planner.formulas import USABLE_FRACTION
 
 
@@ -84,9 +82,9 @@ def format_report(p: dict) -> str:
         f"{'; '.join(p['unsplit_params'])}"
     )
   if "tpu_topology" in p:
-    lines += tpu.format_lines(p)
+    lines += tpu_lines(p)
   if "gpu_host" in p:
-    lines += gpu.format_lines(p)
+    lines += gpu_lines(p)
   if "compiled_temp_bytes" in p:
     lines.append(
         f"compiled on {p['devices']} simulated CPU devices: arguments "
@@ -96,3 +94,71 @@ def format_report(p: dict) -> str:
         f"{p['compiled_model_flops']:.3e} (jaxpr)"
     )
   return "\n".join(lines)
+
+
+def tpu_lines(p: dict) -> list:
+  """plan's report lines for the tpu_* fields."""
+  if "tpu_refused" in p:
+    return [
+        f"TPU compiler, {p['tpu_topology']} ({p['tpu_chips']} chips, {p['devices']} "
+        f"devices): does NOT fit, the compiler refused the step: {p['tpu_refused']}"
+    ]
+  est_s = p["tpu_est_step_s"]
+  estimate = (
+      f"step {est_s * 1e3:.1f} ms, {p['tpu_est_img_per_s_per_chip']:.1f} img/s per chip, "
+      f"MFU {p['tpu_est_mfu']:.1%} (model FLOPs {p['tpu_model_flops']:.3e}/step)"
+      if est_s
+      else "none for this program"
+  )
+  lines = [
+      f"TPU compiler, {p['tpu_topology']} ({p['tpu_chips']} chips, {p['devices']} devices), "
+      f"per device: arguments {p['tpu_argument_bytes'] / GIB:.2f} GiB, outputs "
+      f"{p['tpu_output_bytes'] / GIB:.2f} GiB (aliased {p['tpu_alias_bytes'] / GIB:.2f}), "
+      f"temporaries {p['tpu_temp_bytes'] / GIB:.2f} GiB",
+      f"  total {p['tpu_peak_bytes'] / GIB:.2f} of {p['tpu_hbm_bytes'] / GIB:.0f} GiB HBM -> "
+      f"fits: {'yes' if p['tpu_fits'] else 'NO'} ({p['tpu_hbm_spare']:.0%} spare)",
+      f"  estimated by the compiler's cost model: {estimate}",
+  ]
+  if all(p.get("tpu_est_by_depth") or [None]):
+    lines.append(
+        "  (the time of the unrolled step compiled at depth 1 and 2 ("
+        + ", ".join(f"{t * 1e3:.3g} ms" for t in p["tpu_est_by_depth"])
+        + f"), extrapolated to depth {p['arch']['depth']})"
+    )
+  elif est_s and p["tpu_loop_scale"] > 1.01:
+    lines.append(
+        f"  (loops in the program, nn.scan or grad_accum: the cost model's time is scaled "
+        f"by their FLOPs, x{p['tpu_loop_scale']:.1f}, a rough figure; --time_by_depth "
+        "extrapolates it from two shallow unrolled compiles)"
+    )
+  for op, c in p["tpu_collectives"].items():
+    if c["count"]:
+      lines.append(
+          f"  {op}: {c['count']} in the program, {c['bytes'] / GIB:.3f} GiB"
+      )
+  return lines
+
+
+def gpu_lines(p: dict) -> list:
+  """plan's report lines for the gpu_* fields."""
+  if p["gpu_fits"]:
+    fits = "yes"
+  else:
+    fits = "NO"
+  lines = [
+      f"GPU compiler, {p['gpu_hosts']} x {p['gpu_host']} ({p['devices']} x "
+      f"{p['gpu_name']}), {p['gpu_attention']} attention, per GPU: arguments "
+      f"{p['gpu_argument_bytes'] / GIB:.2f} GiB, outputs "
+      f"{p['gpu_output_bytes'] / GIB:.2f} GiB (aliased "
+      f"{p['gpu_alias_bytes'] / GIB:.2f}), temporaries "
+      f"{p['gpu_temp_bytes'] / GIB:.2f} GiB",
+      f"  total {p['gpu_peak_bytes'] / GIB:.2f} of "
+      f"{p['gpu_memory_bytes'] / GIB:.1f} GiB -> fits: {fits} "
+      f"({p['gpu_spare']:.0%} spare)",
+  ]
+  for op, c in p["gpu_collectives"].items():
+    if c["count"]:
+      lines.append(
+          f"  {op}: {c['count']} in the program, {c['bytes'] / GIB:.3f} GiB"
+      )
+  return lines

@@ -25,7 +25,6 @@ import jax
 from big_vit_lite import flops as flops_lib
 from big_vit_lite import sharding
 from big_vit_lite.devices import DEVICES
-from big_vit_lite.devices import GIB
 from big_vit_lite.planner import assemble
 
 # Generation (as in accelerator names) -> (topology prefix, counted in cores,
@@ -42,28 +41,6 @@ _GENERATIONS = {
 _PREFIXES = {
     prefix: gen for gen, (prefix, *_) in reversed(_GENERATIONS.items())
 }
-_DTYPE_BYTES = {
-    "pred": 1,
-    "s8": 1,
-    "u8": 1,
-    "bf16": 2,
-    "f16": 2,
-    "s16": 2,
-    "u16": 2,
-    "f32": 4,
-    "s32": 4,
-    "u32": 4,
-    "f64": 8,
-    "s64": 8,
-    "u64": 8,
-}
-COLLECTIVES = (
-    "all-gather",
-    "reduce-scatter",
-    "all-reduce",
-    "all-to-all",
-    "collective-permute",
-)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,58 +132,6 @@ def slice_devices(tpu_slice: Slice):
   return devices
 
 
-def resolve_mesh(mesh: list, n_devices: int, what: str) -> dict:
-  """[(axis, size)] with at most one -1 -> {axis: size} covering exactly n_devices."""
-  pairs = [(str(axis), int(size)) for axis, size in mesh]
-  known = math.prod(size for _, size in pairs if size != -1)
-  if (
-      sum(size == -1 for _, size in pairs) == 1
-      and known
-      and n_devices % known == 0
-  ):
-    pairs = [
-        (axis, n_devices // known if size == -1 else size)
-        for axis, size in pairs
-    ]
-  sizes = dict(pairs)
-  if math.prod(sizes.values()) != n_devices or min(sizes.values()) < 1:
-    text = ",".join(f"{axis}:{size}" for axis, size in pairs)
-    raise ValueError(
-        f"mesh {text} does not match {what} ({n_devices} devices): pass e.g. "
-        f"--mesh=data:{n_devices} or --mesh=data:-1,fsdp:{min(n_devices, 8)}"
-    )
-  return sizes
-
-
-def collectives(hlo_text: str) -> dict:
-  """{op: {"count", "bytes"}} of the collectives in a compiled program's HLO text.
-
-  Counted as written in the program: an op inside a loop body (the layer scan, the microbatch
-  loop) counts once. Bytes: the op's result (for an async start, its largest buffer).
-  """
-  found = {op: {"count": 0, "bytes": 0} for op in COLLECTIVES}
-  ops = "|".join(COLLECTIVES)
-  for line in hlo_text.splitlines():
-    match = re.search(rf"=\s*(.*?)\s+({ops})(-start)?\(", line)
-    if not match:
-      continue
-    shapes = re.findall(r"\b([a-z]+\d*)\[([\d,]*)\]", match.group(1))
-    sizes = [
-        _DTYPE_BYTES.get(dt, 4)
-        * math.prod(int(d) for d in dims.split(",") if d)
-        for dt, dims in shapes
-    ]
-    is_pair = match.group(3) and match.group(2) in (
-        "all-gather",
-        "collective-permute",
-    )
-    found[match.group(2)]["count"] += 1
-    found[match.group(2)]["bytes"] += (
-        max(sizes, default=0) if is_pair else sum(sizes)
-    )
-  return found
-
-
 def compiled_stats(config, mesh: dict, res: int, tpu_slice: Slice):
   """The TPU compiler's figures for the trainer's step on `tpu_slice` (plan's tpu_* fields)."""
   devices = slice_devices(tpu_slice)
@@ -247,7 +172,7 @@ def compiled_stats(config, mesh: dict, res: int, tpu_slice: Slice):
       tpu_model_flops=model_flops,
       tpu_loop_scale=loop_scale,
       **estimates(est_s, built.batch_size, model_flops, tpu_slice),
-      tpu_collectives=collectives(compiled.as_text()),
+      tpu_collectives=flops_lib.collectives(compiled.as_text()),
   )
 
 
@@ -283,46 +208,3 @@ def _refused(message, tpu_slice, spec):
       tpu_refused=first,
       tpu_needed_bytes=needed,
   )
-
-
-def format_lines(p: dict) -> list:
-  """plan's report lines for the tpu_* fields."""
-  if "tpu_refused" in p:
-    return [
-        f"TPU compiler, {p['tpu_topology']} ({p['tpu_chips']} chips, {p['devices']} "
-        f"devices): does NOT fit, the compiler refused the step: {p['tpu_refused']}"
-    ]
-  est_s = p["tpu_est_step_s"]
-  estimate = (
-      f"step {est_s * 1e3:.1f} ms, {p['tpu_est_img_per_s_per_chip']:.1f} img/s per chip, "
-      f"MFU {p['tpu_est_mfu']:.1%} (model FLOPs {p['tpu_model_flops']:.3e}/step)"
-      if est_s
-      else "none for this program"
-  )
-  lines = [
-      f"TPU compiler, {p['tpu_topology']} ({p['tpu_chips']} chips, {p['devices']} devices), "
-      f"per device: arguments {p['tpu_argument_bytes'] / GIB:.2f} GiB, outputs "
-      f"{p['tpu_output_bytes'] / GIB:.2f} GiB (aliased {p['tpu_alias_bytes'] / GIB:.2f}), "
-      f"temporaries {p['tpu_temp_bytes'] / GIB:.2f} GiB",
-      f"  total {p['tpu_peak_bytes'] / GIB:.2f} of {p['tpu_hbm_bytes'] / GIB:.0f} GiB HBM -> "
-      f"fits: {'yes' if p['tpu_fits'] else 'NO'} ({p['tpu_hbm_spare']:.0%} spare)",
-      f"  estimated by the compiler's cost model: {estimate}",
-  ]
-  if all(p.get("tpu_est_by_depth") or [None]):
-    lines.append(
-        "  (the time of the unrolled step compiled at depth 1 and 2 ("
-        + ", ".join(f"{t * 1e3:.3g} ms" for t in p["tpu_est_by_depth"])
-        + f"), extrapolated to depth {p['arch']['depth']})"
-    )
-  elif est_s and p["tpu_loop_scale"] > 1.01:
-    lines.append(
-        f"  (loops in the program, nn.scan or grad_accum: the cost model's time is scaled "
-        f"by their FLOPs, x{p['tpu_loop_scale']:.1f}, a rough figure; --time_by_depth "
-        "extrapolates it from two shallow unrolled compiles)"
-    )
-  for op, c in p["tpu_collectives"].items():
-    if c["count"]:
-      lines.append(
-          f"  {op}: {c['count']} in the program, {c['bytes'] / GIB:.3f} GiB"
-      )
-  return lines
