@@ -50,6 +50,6 @@ python -m pip install -q -c requirements/lock.txt --no-deps timm
 if [ ! -d .venv/gpu-compiler/jax_plugins ] || [ ! -d .venv/gpu-compiler/nvidia/cudnn ]; then
   JAXV="$(python -c 'import jax; print(jax.__version__)')"
   python -m pip install -q --no-deps --upgrade --target .venv/gpu-compiler \
-    "jax-cuda12-plugin==$JAXV" "jax-cuda12-pjrt==$JAXV" "nvidia-cudnn-cu12>=9.8,<10"
+    "jax-cuda12-plugin==$JAXV" "jax-cuda12-pjrt==$JAXV" "nvidia-cudnn-cu12==9.28.0.42"
 fi
 bash scripts/fetch_offline_sources.sh
