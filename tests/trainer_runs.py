@@ -10,6 +10,8 @@ import numpy as np
 
 from big_vit_lite import checkpoint
 
+import shared_dirs
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "tests", "train_config_tiny.py")
 
@@ -50,6 +52,26 @@ def run_train(
       text=True,
       timeout=timeout,
   )
+
+
+def demo_runlocal(data_dir):
+  """(workdir, newest checkpoint step) of a real `configs/demo.py:runlocal` run: made once per
+  pytest run and shared by the tests that read one (test_docs_commands.py's `workdirs/NAME`,
+  test_evaluate_cli.py), which write nothing in it."""
+
+  def build(folder):
+    r = run_train(
+        data_dir, folder, config="configs/demo.py:runlocal", timeout=600
+    )
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+
+  workdir = shared_dirs.built_once("demo_runlocal", build)
+  steps = [
+      int(d)
+      for d in os.listdir(os.path.join(workdir, "checkpoints"))
+      if d.isdigit()
+  ]
+  return workdir, max(steps)
 
 
 def read_losses(workdir):
