@@ -54,6 +54,23 @@ def run_train(
   )
 
 
+def tiny_run(data_dir):
+  """(workdir, its log: stderr + stdout) of a real run of the tiny config as it is (12 steps):
+  made once per pytest run and shared by the tests that read one, which write nothing in it.
+  """
+
+  def build(folder):
+    workdir = os.path.join(folder, "workdir")
+    r = run_train(data_dir, workdir)
+    assert r.returncode == 0, r.stderr[-3000:]
+    with open(os.path.join(folder, "log.txt"), "w") as f:
+      f.write(r.stderr + r.stdout)
+
+  folder = shared_dirs.built_once("tiny_run", build)
+  with open(os.path.join(folder, "log.txt")) as f:
+    return os.path.join(folder, "workdir"), f.read()
+
+
 def demo_runlocal(data_dir):
   """(workdir, newest checkpoint step) of a real `configs/demo.py:runlocal` run: made once per
   pytest run and shared by the tests that read one (test_docs_commands.py's `workdirs/NAME`,
