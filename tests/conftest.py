@@ -92,19 +92,26 @@ SPLIT = {"tests/test_docs_commands.py": 6}
 # The longest files and parts, started first so that neither worker is left
 # with a long one at the end; the rest follow in xdist's order (most tests
 # first), which would otherwise leave the long files of few tests to the end.
-# From where the time went on 2026-12-05 (a loaded 2-core machine: each docs
-# part ~12 min, test_grad_accum 10, test_train 7, test_vit and test_plan 5).
+# Longest first, as timed on 2026-12-05 on a loaded 2-core machine (minutes:
+# test_docs_commands.py 70 whole, so ~12 a part; test_grad_accum 10,
+# test_multiprocess ~10, test_tpu_compile ~9, test_timm_options 7, test_train 7,
+# test_bench 6, test_vit, test_plan, test_train_stages, test_train_faults and
+# test_npz ~5, test_timm and test_ema 4). A file that grows long belongs here.
 LONGEST_FIRST = (
     *(f"tests/test_docs_commands.py::part{i}" for i in range(6)),
     "tests/test_grad_accum.py",
     "tests/test_multiprocess.py",
-    "tests/test_train.py",
     "tests/test_tpu_compile.py",
+    "tests/test_timm_options.py",
+    "tests/test_train.py",
+    "tests/test_bench.py",
     "tests/test_vit.py",
     "tests/test_plan.py",
-    "tests/test_ema.py",
-    "tests/test_timm.py",
+    "tests/test_train_stages.py",
     "tests/test_train_faults.py",
+    "tests/test_npz.py",
+    "tests/test_timm.py",
+    "tests/test_ema.py",
 )
 
 
