@@ -10,15 +10,25 @@ JAX's persistent compilation cache is on for the whole run (a temporary dir,
 shared with the trainer subprocesses and xdist workers through the
 environment): the kill/resume tests start the same tiny run several times,
 and each start compiled the same programs again (~7 s of a ~22 s start).
+
+shared_dirs.built_once(name, build): a folder several test files read (a
+trained workdir), built once per pytest run in a temporary dir the xdist
+workers share (BVL_TEST_BUILT_DIR, made here).
+
+With xdist's `--dist loadfile` (scripts/test.sh), one worker runs each test
+file (its module fixtures built once), except that the files in SPLIT are
+dealt to both (pytest_xdist_make_scheduler, at the end).
 """
 
 import atexit
-import fcntl
+import collections
 import os
 import shutil
 import tempfile
 
 import pytest
+
+import shared_dirs
 
 OFFLINE = ("fashion_mnist", "mnist10k", "animal_mnist")
 
@@ -30,6 +40,12 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
       JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
       JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
   )
+# Set by the first process (pytest itself, or xdist's controller before it
+# starts the workers): the workers find it in their environment.
+if "BVL_TEST_BUILT_DIR" not in os.environ:
+  _built = tempfile.mkdtemp(prefix="bvl-test-built-")
+  atexit.register(shutil.rmtree, _built, ignore_errors=True)
+  os.environ["BVL_TEST_BUILT_DIR"] = _built
 
 
 def _test_data_dir():
@@ -46,13 +62,9 @@ def prepare_shared(data_dir, names, **kwargs):
   (a reader that did not wait could find a half-written dataset)."""
   from big_vit_lite.data import prepare  # pylint: disable=import-outside-toplevel
 
-  with open(os.path.join(data_dir, ".bvl_prepare.lock"), "w") as lock:
-    fcntl.flock(lock, fcntl.LOCK_EX)
-    try:
-      for name in names:
-        prepare.prepare(name, data_dir, **kwargs)
-    finally:
-      fcntl.flock(lock, fcntl.LOCK_UN)
+  with shared_dirs.locked(os.path.join(data_dir, ".bvl_prepare.lock")):
+    for name in names:
+      prepare.prepare(name, data_dir, **kwargs)
 
 
 @pytest.fixture(scope="session")
@@ -70,3 +82,71 @@ def tfds_data_dir():
 def prepare_in_test_data(tfds_data_dir):
   """`prepare_in_test_data(name)` prepares one more dataset in tfds_data_dir."""
   return lambda name: prepare_shared(tfds_data_dir, [name])
+
+
+# xdist (scripts/test.sh: --dist loadfile) runs each test file on one worker.
+# These files take longer than the rest of the suite keeps the other worker
+# busy: their tests are dealt (in turn, in collection order) to this many parts,
+# each scheduled like a file of its own.
+SPLIT = {"tests/test_docs_commands.py": 6}
+# The longest files and parts, started first so that neither worker is left
+# with a long one at the end; the rest follow in xdist's order (most tests
+# first), which would otherwise leave the long files of few tests to the end.
+# Longest first, as timed on 2026-12-05 on a loaded 2-core machine (minutes:
+# test_docs_commands.py 70 whole, so ~12 a part; test_grad_accum 10,
+# test_multiprocess ~10, test_tpu_compile ~9, test_timm_options 7, test_train 7,
+# test_bench 6, test_vit, test_plan, test_train_stages, test_train_faults and
+# test_npz ~5, test_timm and test_ema 4). A file that grows long belongs here.
+LONGEST_FIRST = (
+    *(f"tests/test_docs_commands.py::part{i}" for i in range(6)),
+    "tests/test_grad_accum.py",
+    "tests/test_multiprocess.py",
+    "tests/test_tpu_compile.py",
+    "tests/test_timm_options.py",
+    "tests/test_train.py",
+    "tests/test_bench.py",
+    "tests/test_vit.py",
+    "tests/test_plan.py",
+    "tests/test_train_stages.py",
+    "tests/test_train_faults.py",
+    "tests/test_npz.py",
+    "tests/test_timm.py",
+    "tests/test_ema.py",
+)
+
+
+def pytest_xdist_make_scheduler(config, log):
+  """--dist loadfile with SPLIT's files in parts and LONGEST_FIRST first."""
+  if config.getvalue("dist") != "loadfile":
+    return None
+  from xdist.scheduler import LoadFileScheduling  # pylint: disable=import-outside-toplevel
+
+  class LoadFileSplitScheduling(LoadFileScheduling):
+
+    def __init__(self, config, log):
+      super().__init__(config, log)
+      self.part_of = None  # nodeid -> its part, for the tests of SPLIT's files
+      self.ordered = False
+
+    def _split_scope(self, nodeid):
+      path = super()._split_scope(nodeid)
+      if path not in SPLIT:
+        return path
+      if self.part_of is None:
+        self.part_of, dealt = {}, collections.Counter()
+        for n in self.collection:
+          file = super()._split_scope(n)
+          if file in SPLIT:
+            self.part_of[n] = dealt[file] % SPLIT[file]
+            dealt[file] += 1
+      return f"{path}::part{self.part_of[nodeid]}"
+
+    def _assign_work_unit(self, node):
+      if not self.ordered:
+        for scope in reversed(LONGEST_FIRST):
+          if scope in self.workqueue:
+            self.workqueue.move_to_end(scope, last=False)
+        self.ordered = True
+      super()._assign_work_unit(node)
+
+  return LoadFileSplitScheduling(config, log)

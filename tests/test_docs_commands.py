@@ -40,6 +40,8 @@ reads like an error (`error:`, `did you mean`) must be one of them.
 import ast
 import dataclasses
 import glob
+import hashlib
+import json
 import os
 import re
 import shlex
@@ -54,6 +56,8 @@ from PIL import Image
 
 from test_launch import FAKE_GCLOUD
 from test_packaging import build_tree
+import shared_dirs
+import trainer_runs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = ["README.md"] + sorted(
@@ -583,29 +587,9 @@ def fake_gcloud(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory, tfds_data_dir):
+def trained(tfds_data_dir):
   """(workdir, newest step) of a real `demo:runlocal` training run: the docs' `workdirs/NAME`."""
-  root = tmp_path_factory.mktemp("workdirs") / "demo"
-  env = dict(os.environ, TFDS_DATA_DIR=tfds_data_dir)
-  cmd = [
-      sys.executable,
-      "-m",
-      "big_vit_lite.train",
-      "--config=configs/demo.py:runlocal",
-      f"--workdir={root}",
-  ]
-  proc = subprocess.run(
-      cmd,
-      cwd=REPO,
-      env=env,
-      capture_output=True,
-      text=True,
-      timeout=600,
-      check=False,
-  )
-  assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-  steps = [int(d) for d in os.listdir(root / "checkpoints") if d.isdigit()]
-  return str(root), max(steps)
+  return trainer_runs.demo_runlocal(tfds_data_dir)
 
 
 @pytest.fixture(scope="module")
@@ -634,7 +618,31 @@ def folder(tmp_path_factory):
   return str(root)
 
 
-_RUNS = {}
+def _run_once(key, cmd, **kwargs):
+  """subprocess.run(cmd, **kwargs) once per pytest run for each `key`, later calls get its result:
+  a command documented twice runs once, also when both xdist workers meet it (conftest.py deals
+  this file's tests to both)."""
+  name = "docs_command_" + hashlib.sha1(repr(key).encode()).hexdigest()[:16]
+
+  def run(folder):
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, check=False, **kwargs
+    )
+    with open(os.path.join(folder, "result.json"), "w") as f:
+      json.dump(
+          dict(
+              returncode=proc.returncode, stdout=proc.stdout, stderr=proc.stderr
+          ),
+          f,
+      )
+
+  with open(
+      os.path.join(shared_dirs.built_once(name, run), "result.json")
+  ) as f:
+    result = json.load(f)
+  return subprocess.CompletedProcess(
+      cmd, result["returncode"], result["stdout"], result["stderr"]
+  )
 
 
 def _command(row, words, raw, tmp_path, request, data):
@@ -708,8 +716,7 @@ def test_documented_command_runs(
   # The same command documented twice runs once (the help and pip lines, and
   # identical runs).
   key = (row.mode, tuple(words)) if row.mode in ("run", "shell") else tuple(cmd)
-  proc = _RUNS.get(key) if row.mode != "tpu" else None
-  if proc is None:
+  if row.mode == "tpu":
     proc = subprocess.run(
         cmd,
         cwd=REPO,
@@ -719,7 +726,8 @@ def test_documented_command_runs(
         timeout=row.timeout,
         check=False,
     )
-    _RUNS[key] = proc
+  else:
+    proc = _run_once(key, cmd, cwd=REPO, env=env, timeout=row.timeout)
   out = proc.stdout + proc.stderr
   where = f"{doc}:{line}: {shlex.join(cmd)}\n{out[-3000:]}"
   if row.mode == "help" and cmd[-1] == "--help" and cmd[0] == sys.executable:
@@ -783,19 +791,13 @@ def test_quoted_error_is_what_the_program_prints(
       _norm(quote) in docs
   ), f"no doc quotes {quote!r} any more: drop its QUOTED_ERRORS entry"
   cmd = [sys.executable] + [a.replace("{tmp}", str(tmp_path)) for a in argv]
-  key = tuple(argv)
-  proc = _RUNS.get(key)
-  if proc is None:
-    proc = subprocess.run(
-        cmd,
-        cwd=REPO,
-        env=dict(os.environ, TFDS_DATA_DIR=tfds_data_dir),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    _RUNS[key] = proc
+  proc = _run_once(
+      tuple(argv),
+      cmd,
+      cwd=REPO,
+      env=dict(os.environ, TFDS_DATA_DIR=tfds_data_dir),
+      timeout=300,
+  )
   out = _norm(proc.stdout + proc.stderr)
   assert proc.returncode != 0 and _norm(quote) in out, (
       shlex.join(cmd),

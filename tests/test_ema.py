@@ -23,7 +23,7 @@ from big_vit_lite import checkpoint
 from big_vit_lite import ema as ema_lib
 from big_vit_lite import train_setup
 import checks
-from trainer_runs import ROOT, env_for, flatten, read_losses, run_train, train_cmd, wait_for_step
+from trainer_runs import ROOT, env_for, flatten, read_losses, run_train, tiny_run, train_cmd, wait_for_step
 
 TRANSFER = os.path.join(ROOT, "configs", "transfer.py")
 
@@ -70,11 +70,9 @@ def test_ema_config_errors_are_one_line():
 
 
 @pytest.fixture(scope="module")
-def pretrained(tfds_data_dir, tmp_path_factory):
+def pretrained(tfds_data_dir):
   """A tiny ViT pretrained on Fashion-MNIST for a few steps, in a real process."""
-  workdir = str(tmp_path_factory.mktemp("pretrained"))
-  r = run_train(tfds_data_dir, workdir, "--config.total_steps=4")
-  assert r.returncode == 0, r.stderr[-3000:]
+  workdir, _ = tiny_run(tfds_data_dir)
   return workdir
 
 

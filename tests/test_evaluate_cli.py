@@ -22,6 +22,7 @@ from big_vit_lite.models import vit
 from big_vit_lite.models import loading
 
 import evaluator_fixtures
+import trainer_runs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -49,18 +50,8 @@ def _metrics(workdir):
 
 
 @pytest.fixture(scope="module")
-def demo_workdir(tmp_path_factory, tfds_data_dir):
-  workdir = str(tmp_path_factory.mktemp("demo"))
-  p = _run(
-      [
-          "big_vit_lite.train",
-          "--config=configs/demo.py:runlocal",
-          f"--workdir={workdir}",
-      ],
-      tfds_data_dir,
-      timeout=240,
-  )
-  assert p.returncode == 0, p.stderr[-3000:]
+def demo_workdir(tfds_data_dir):
+  workdir, _ = trainer_runs.demo_runlocal(tfds_data_dir)
   return workdir
 
 

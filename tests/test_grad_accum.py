@@ -19,6 +19,7 @@ from big_vit_lite import flops
 from big_vit_lite import grad_accum
 from big_vit_lite import losses
 from big_vit_lite import sharding
+from big_vit_lite import train
 from big_vit_lite.models import vit
 from trainer_runs import (
     assert_same_params,
@@ -27,6 +28,8 @@ from trainer_runs import (
     start_train,
     wait_for_step,
 )
+
+import train_config_tiny
 
 STEPS = 8
 NO_DROPOUT = ("--config.model.dropout=0.", f"--config.total_steps={STEPS}")
@@ -114,16 +117,19 @@ def test_sigkill_and_resume_with_microbatches_is_bit_identical(
   assert_same_params(ref, killed)
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_indivisible_batch_is_a_one_line_error(tfds_data_dir, tmp_path):
-  r = run_train(tfds_data_dir, str(tmp_path), "--config.grad_accum_steps=3")
-  assert r.returncode == 1
-  last = r.stderr.strip().splitlines()[-1]
-  assert last.startswith(
-      "big_vit_lite.train: error: grad_accum_steps=3 does not divide"
-  ), last
-  assert "16 per device" in last
+  """In process: the command line prints a ValueError of train() as its last line
+  (test_console.py's test_an_error_is_said_once)."""
+  config = train_config_tiny.get_config()
+  config.input.data.data_dir = tfds_data_dir
+  config.grad_accum_steps = 3
+  with pytest.raises(ValueError) as e:
+    train.train(config, str(tmp_path))
+  message = str(e.value)
+  assert "\n" not in message, message
+  assert message.startswith("grad_accum_steps=3 does not divide"), message
+  assert "16 per device" in message, message
 
 
 @pytest.mark.parametrize("bad", [0, -2, 1.5, True, "2"])

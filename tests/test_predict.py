@@ -15,7 +15,7 @@ import tensorflow_datasets as tfds
 from big_vit_lite.models import layout
 from big_vit_lite.models import vit
 from big_vit_lite.models import loading
-from trainer_runs import ROOT, env_for, run_train
+from trainer_runs import ROOT, env_for, tiny_run
 
 FASHION = [
     "T-shirt/top",
@@ -34,9 +34,7 @@ FASHION = [
 @pytest.fixture(scope="module")
 def trained(tfds_data_dir, tmp_path_factory):
   """A tiny ViT trained on Fashion-MNIST in a real process, and a folder of its test images."""
-  workdir = str(tmp_path_factory.mktemp("trained"))
-  r = run_train(tfds_data_dir, workdir, "--config.total_steps=8")
-  assert r.returncode == 0, r.stderr[-3000:]
+  workdir, _ = tiny_run(tfds_data_dir)
   folder = tmp_path_factory.mktemp("images")
   os.makedirs(folder / "sub")
   ds = tfds.load("fashion_mnist", split="test[:5]", data_dir=tfds_data_dir)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from big_vit_lite import checkpoint
-from trainer_runs import read_losses, run_train
+from trainer_runs import read_losses, run_train, tiny_run
 
 STEPS = 12
 
@@ -26,11 +26,11 @@ def _per_device_param_bytes(stderr):
 
 
 @pytest.fixture(scope="module")
-def one_device(tfds_data_dir, tmp_path_factory):
-  workdir = str(tmp_path_factory.mktemp("one_device"))
-  r = run_train(tfds_data_dir, workdir, f"--config.total_steps={STEPS}")
-  assert r.returncode == 0, r.stderr[-3000:]
-  return workdir, read_losses(workdir), _per_device_param_bytes(r.stderr)
+def one_device(tfds_data_dir):
+  # The tiny config's own total_steps.
+  workdir, log = tiny_run(tfds_data_dir)
+  assert f"[{STEPS}/{STEPS}]" in log
+  return workdir, read_losses(workdir), _per_device_param_bytes(log)
 
 
 @pytest.mark.slow

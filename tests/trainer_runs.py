@@ -10,6 +10,8 @@ import numpy as np
 
 from big_vit_lite import checkpoint
 
+import shared_dirs
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "tests", "train_config_tiny.py")
 
@@ -50,6 +52,43 @@ def run_train(
       text=True,
       timeout=timeout,
   )
+
+
+def tiny_run(data_dir):
+  """(workdir, its log: stderr + stdout) of a real run of the tiny config as it is (12 steps):
+  made once per pytest run and shared by the tests that read one, which write nothing in it.
+  """
+
+  def build(folder):
+    workdir = os.path.join(folder, "workdir")
+    r = run_train(data_dir, workdir)
+    assert r.returncode == 0, r.stderr[-3000:]
+    with open(os.path.join(folder, "log.txt"), "w") as f:
+      f.write(r.stderr + r.stdout)
+
+  folder = shared_dirs.built_once("tiny_run", build)
+  with open(os.path.join(folder, "log.txt")) as f:
+    return os.path.join(folder, "workdir"), f.read()
+
+
+def demo_runlocal(data_dir):
+  """(workdir, newest checkpoint step) of a real `configs/demo.py:runlocal` run: made once per
+  pytest run and shared by the tests that read one (test_docs_commands.py's `workdirs/NAME`,
+  test_evaluate_cli.py), which write nothing in it."""
+
+  def build(folder):
+    r = run_train(
+        data_dir, folder, config="configs/demo.py:runlocal", timeout=600
+    )
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+
+  workdir = shared_dirs.built_once("demo_runlocal", build)
+  steps = [
+      int(d)
+      for d in os.listdir(os.path.join(workdir, "checkpoints"))
+      if d.isdigit()
+  ]
+  return workdir, max(steps)
 
 
 def read_losses(workdir):
