@@ -65,6 +65,9 @@ def module_settings(module):
   if missing:
     sys.exit(f"error: {module}'s tests do not exist: {missing}")
   settings = dict(tool["mutmut"])
+  if "preload_modules_file" in settings:
+    preload = REPO / settings["preload_modules_file"]
+    settings["preload_modules_file"] = str(preload)
   settings["only_mutate"] = [module]
   settings["pytest_add_cli_args_test_selection"] = tests
   return settings
