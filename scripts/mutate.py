@@ -16,10 +16,13 @@ settings plus this module's only_mutate and test selection. mutmut writes its
 mutants/ there. A run starts afresh (the old scratch folder is removed), so a
 row of docs/testing.md's table is reproduced by one command.
 
-At the end it prints the module's counts (killed, survived, no tests, timeout)
-and the score killed / (killed + survived), and lists the survivors; `--show`
-prints each survivor's diff. Equivalent mutants (no observable difference) are
-listed with their reason in docs/testing.md and subtracted there.
+At the end it prints the module's counts (killed, survived, no tests, timeout,
+equivalent) and the score killed / (killed + survived + no tests), and lists
+the survivors; `--show` prints each survivor's diff. A survivor that no test
+can tell from the original (an equivalent mutant) is listed with the reason in
+pyproject.toml, [tool.big_vit_lite.equivalent_mutants], and left out of the
+score; mutmut numbers the mutants of a function in order, so an edit of the
+function renumbers them (check the list after one).
 """
 
 import argparse
@@ -73,6 +76,13 @@ def module_settings(module):
   return settings
 
 
+def equivalent_mutants():
+  """{mutant name: why no test can tell it from the original} (pyproject.toml)."""
+  with open(REPO / "pyproject.toml", "rb") as f:
+    tool = tomllib.load(f)["tool"]
+  return tool["big_vit_lite"].get("equivalent_mutants", {})
+
+
 def prepare_scratch(module):
   """.mutate/<module>/: links to the repo's files and this module's settings."""
   scratch = REPO / ".mutate" / module.replace("/", "__").removesuffix(".py")
@@ -120,6 +130,11 @@ def main():
   parser.add_argument(
       "--show", action="store_true", help="print each survivor's diff"
   )
+  parser.add_argument(
+      "--only",
+      metavar="GLOB",
+      help="test only the mutants named so, e.g. 'big_vit_lite.losses.x_get*'",
+  )
   args = parser.parse_args()
   module = args.module.removeprefix("./")
   if not (REPO / module).is_file():
@@ -131,9 +146,12 @@ def main():
   env.pop("PYTHONPATH", None)
   log = scratch / "mutmut.log"
   print(f"mutating {module} (mutmut's output: {log})", flush=True)
+  command = [_mutmut(), "run", "--max-children", str(args.max_children)]
+  if args.only:
+    command.append(args.only)
   with open(log, "w") as f:
     run = subprocess.run(
-        [_mutmut(), "run", "--max-children", str(args.max_children)],
+        command,
         cwd=scratch,
         env=env,
         stdout=f,
@@ -143,6 +161,10 @@ def main():
   if run.returncode:
     print(log.read_text()[-3000:])
   statuses = read_results(scratch)
+  equivalent = equivalent_mutants()
+  for name, status in statuses.items():
+    if status == "survived" and name in equivalent:
+      statuses[name] = "equivalent"
   counts = collections.Counter(statuses.values())
   # A mutant no listed test runs ("no tests") is one they would miss; a
   # timeout (the mutant made the tests hang) is one they catch.
@@ -157,10 +179,12 @@ def main():
     score = killed / (killed + survived)
     print(
         f"score = killed / (killed + survived + no tests) = {killed}/"
-        f"{killed + survived} = {score:.1%} (before equivalents, docs/testing.md)"
+        f"{killed + survived} = {score:.1%}"
     )
   for name, status in sorted(statuses.items()):
-    if status != "killed":
+    if status == "equivalent":
+      print(f"  equivalent: {name} ({equivalent[name]})")
+    elif status != "killed":
       print(f"  {status}: {name}")
       if args.show:
         show = subprocess.run(
