@@ -133,7 +133,11 @@ def main():
   parser.add_argument(
       "--only",
       metavar="GLOB",
-      help="test only the mutants named so, e.g. 'big_vit_lite.losses.x_get*'",
+      action="append",
+      help=(
+          "test only the mutants named so, e.g. 'big_vit_lite.losses.x_get*'"
+          " (repeatable; the others are reported 'not checked')"
+      ),
   )
   args = parser.parse_args()
   module = args.module.removeprefix("./")
@@ -148,7 +152,7 @@ def main():
   print(f"mutating {module} (mutmut's output: {log})", flush=True)
   command = [_mutmut(), "run", "--max-children", str(args.max_children)]
   if args.only:
-    command.append(args.only)
+    command.extend(args.only)
   with open(log, "w") as f:
     run = subprocess.run(
         command,
