@@ -63,6 +63,34 @@ def test_value_and_grad_is_the_mean_over_interleaved_microbatches(steps):
     assert grads[key].dtype == params[key].dtype
 
 
+def test_sharded_batch_gives_the_same_mean_gradient():
+  """Guards: the sharding branch (a mesh's batch sharding and the params'
+  shardings given, as the trainer does) dropping or mis-ranking a microbatch
+  (P(None, ...) for the microbatch axis) or the accumulators."""
+  params, batch = _problem()
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",))
+  rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  rng = jax.random.PRNGKey(5)
+  plain = jax.jit(
+      lambda p, b: grad_accum.value_and_grad(_loss_fn, p, b, rng, 3)
+  )(params, batch)
+  sharded = jax.jit(
+      lambda p, b: grad_accum.value_and_grad(
+          _loss_fn,
+          p,
+          b,
+          rng,
+          3,
+          batch_sharding=rows,
+          param_shardings={"w": replicated, "b": replicated},
+      )
+  )(params, batch)
+  np.testing.assert_allclose(float(sharded[0]), float(plain[0]), rtol=1e-6)
+  for key in params:
+    np.testing.assert_allclose(sharded[1][key], plain[1][key], rtol=1e-6)
+
+
 def test_one_step_is_plain_value_and_grad():
   """Guards: k = 1 taking the scan path (a fold_in of the rng: the k = 1 run
   would not reproduce runs made without accumulation)."""
@@ -98,7 +126,8 @@ def test_bfloat16_gradients_are_summed_in_float32():
 
 
 @pytest.mark.parametrize(
-    "steps, batch_size, devices", [(1, 8, 1), (2, 8, 2), (4, 16, 2), (3, 6, 1)]
+    "steps, batch_size, devices",
+    [(1, 1, 1), (1, 8, 1), (2, 8, 2), (4, 16, 2), (3, 6, 1)],
 )
 def test_check_accepts_dividing_steps(steps, batch_size, devices):
   """Guards: the divisibility checks rejecting valid configs (a batch that
