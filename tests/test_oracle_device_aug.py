@@ -122,3 +122,19 @@ def test_make_is_none_when_nothing_is_on(cfg):
   """Guards: an identity augmentation (an extra split of the step's rng)
   where nothing is configured."""
   assert device_aug.make(cfg) is None
+
+
+def test_config_errors_name_the_config_key():
+  """Guards: an error that names another key than the one a user wrote
+  (config.device_aug / config.device_aug.translate)."""
+  with pytest.raises(ValueError) as e:
+    device_aug.make({"translate": 2, "flip": True})
+  assert str(e.value) == (
+      "config.device_aug has unknown key(s) ['flip']; allowed: translate, fill,"
+      " flip_lr"
+  )
+  with pytest.raises(ValueError) as e:
+    device_aug.make({"translate": -1})
+  assert str(e.value) == (
+      "config.device_aug.translate must be an int >= 0, got -1"
+  )
