@@ -53,13 +53,15 @@ def test_translate_offsets_are_uniform_and_independent_per_example():
   """Guards: offsets drawn from a narrower or shifted range (randint's bound
   off by one), one offset for the whole batch, or the same offset for both
   axes; the fill value not the one shifted in."""
-  s, fill, b = 1, -3.0, 180
+  # b = 600: an off-by-one upper bound (offsets 0..3, the 3 clamped to 2 by
+  # dynamic_slice) puts 300 draws on offset 2 against 200 +- 5 sd (58).
+  s, fill, b = 1, -3.0, 600
   images = _images(b)
   out = np.asarray(
       device_aug.translate(jax.random.PRNGKey(0), jnp.asarray(images), s, fill)
   )
   found = np.array([k[:2] for k in _which(images, out, s, fill, False)])
-  # 3 values per axis, uniform: each expected b/3 = 60 times, sd sqrt(b p (1-p)).
+  # 3 values per axis, uniform: each expected b/3 times, sd sqrt(b p (1-p)).
   sd = np.sqrt(b * (1 / 3) * (2 / 3))
   for axis in range(2):
     counts = np.bincount(found[:, axis], minlength=3)
