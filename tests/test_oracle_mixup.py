@@ -150,21 +150,27 @@ def test_mixup_or_cutmix_routes_each_alpha_to_its_method():
   key = jax.random.PRNGKey(0)
   out = mixup_lib.mixup_or_cutmix(key, images, labels)
   assert out[0] is images and out[1] is labels
+  # Alphas other than mixup()'s and cutmix()'s defaults (0.2, 1.0), so that
+  # an alpha not passed through shows in the statistics.
   only_cutmix = functools.partial(
-      mixup_lib.mixup_or_cutmix, mixup_alpha=0.0, cutmix_alpha=1.0
+      mixup_lib.mixup_or_cutmix, mixup_alpha=0.0, cutmix_alpha=0.3
   )
-  cut_images, cut_labels = _draws(only_cutmix, draws=200)
+  cut_images, cut_labels = _draws(only_cutmix, seed=5)
   assert _is_cutmix(cut_images).all()
-  # ...and it does paste: most draws move some label mass (not the identity).
-  assert (cut_labels[:, 0, 0] < 1).mean() > 0.5
+  area = 1 - cut_labels[:, 0, 0]  # the label mass the box moved
+  want, sd, _ = _numpy_cutmix_stats(0.3)
+  assert abs(area.mean() - want) < 5 * sd / np.sqrt(DRAWS), (area.mean(), want)
+  # The spread tells the alphas apart (sd 0.206 at 0.3, 0.171 at 1.0); the sd
+  # of a sample sd is about sd / sqrt(2 n), 6 of them here.
+  assert abs(area.std() - sd) < 6 * sd / np.sqrt(2 * DRAWS), (area.std(), sd)
   only_mixup = functools.partial(
-      mixup_lib.mixup_or_cutmix, mixup_alpha=0.2, cutmix_alpha=0.0
+      mixup_lib.mixup_or_cutmix, mixup_alpha=0.5, cutmix_alpha=0.0
   )
   mixed, mixed_labels = _draws(only_mixup, seed=4)
   # mixup keeps each (constant) image constant; a cutmix box would not.
   np.testing.assert_array_equal(mixed, mixed[:, :, :1, :1, :] + 0 * mixed)
   lam = mixed_labels[:, 0, 0]
-  want, sd = _mean_max_beta(0.2)  # mixup_alpha's ratio, not cutmix's default
+  want, sd = _mean_max_beta(0.5)  # mixup_alpha's ratio, not a default's
   assert abs(lam.mean() - want) < 5 * sd / np.sqrt(DRAWS), lam.mean()
 
 
