@@ -65,6 +65,8 @@ EXTRAS = {
             "build>=1.6.1",
             # tests/test_format.py: the code is pyink-formatted (pyproject.toml).
             "pyink>=26.5.1",
+            # Mutation testing: python scripts/mutate.py MODULE (docs/testing.md).
+            "mutmut>=3.8.1",
         ]
         + REPORT
         + WANDB

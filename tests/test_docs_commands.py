@@ -133,6 +133,14 @@ COMMANDS = [
     Cmd("export", "env"),
     Cmd("python -c", "run"),
     Cmd("python scripts/code_size.py", "run"),
+    # docs/testing.md: mutation testing of one module (a few mutants here:
+    # every mutant of a module takes minutes).
+    Cmd(
+        "python scripts/mutate.py",
+        "run",
+        extra=("--only", "big_vit_lite.losses.x_get__mutmut_1"),
+        slow=True,
+    ),
     # Training (README, docs/training.md, configs/demo.py).
     Cmd(
         "python -m big_vit_lite.train --config=configs/demo.py",

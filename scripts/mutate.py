@@ -1,0 +1,206 @@
+"""Mutation testing of one module against the tests that cover it (mutmut 3).
+
+  python scripts/mutate.py big_vit_lite/losses.py [--max-children 1]
+
+What it does: mutmut plants one small bug at a time in the module (an operator
+flipped, a constant changed, an argument dropped...) and runs the module's tests
+on each; a mutant the tests pass on is a bug they would miss. The tests of each
+module are listed in pyproject.toml, [tool.big_vit_lite.mutation_tests] (the
+module's own unit tests and its tests/test_oracle_*.py); the mutmut settings
+all modules share are [tool.mutmut] there.
+
+mutmut reads its settings from the pyproject.toml of the folder it runs in, so
+each module gets a scratch folder, .mutate/<module>/ (git-ignored): links to
+the package, the tests and pytest.ini, and a pyproject.toml holding the shared
+settings plus this module's only_mutate and test selection. mutmut writes its
+mutants/ there. A run starts afresh (the old scratch folder is removed), so a
+row of docs/testing.md's table is reproduced by one command.
+
+At the end it prints the module's counts (killed, survived, no tests, timeout,
+equivalent) and the score killed / (killed + survived + no tests), and lists
+the survivors; `--show` prints each survivor's diff. A survivor that no test
+can tell from the original (an equivalent mutant) is listed with the reason in
+pyproject.toml, [tool.big_vit_lite.equivalent_mutants], and left out of the
+score; mutmut numbers the mutants of a function in order, so an edit of the
+function renumbers them (check the list after one).
+"""
+
+import argparse
+import collections
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import tomllib
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+LINKED = ("big_vit_lite", "tests", "configs", "pytest.ini")
+
+
+def _toml_value(value):
+  """TOML for the value types [tool.mutmut] uses (str, bool, number, list)."""
+  if isinstance(value, bool):
+    return "true" if value else "false"
+  if isinstance(value, (int, float)):
+    return repr(value)
+  if isinstance(value, str):
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+  if isinstance(value, list):
+    return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+  raise TypeError(f"cannot write {value!r} as TOML")
+
+
+def module_settings(module):
+  """The [tool.mutmut] settings for mutating `module` alone with its tests."""
+  with open(REPO / "pyproject.toml", "rb") as f:
+    tool = tomllib.load(f)["tool"]
+  tests_by_module = tool["big_vit_lite"]["mutation_tests"]
+  if module not in tests_by_module:
+    known = "\n  ".join(sorted(tests_by_module))
+    sys.exit(
+        f"error: no tests listed for {module} in pyproject.toml"
+        " [tool.big_vit_lite.mutation_tests]; add a row (the module's own"
+        f" tests). Modules listed:\n  {known}"
+    )
+  tests = tests_by_module[module]
+  missing = [t for t in tests if not (REPO / t.split("::")[0]).exists()]
+  if missing:
+    sys.exit(f"error: {module}'s tests do not exist: {missing}")
+  settings = dict(tool["mutmut"])
+  if "preload_modules_file" in settings:
+    preload = REPO / settings["preload_modules_file"]
+    settings["preload_modules_file"] = str(preload)
+  settings["only_mutate"] = [module]
+  settings["pytest_add_cli_args_test_selection"] = tests
+  return settings
+
+
+def equivalent_mutants():
+  """{mutant name: why no test can tell it from the original} (pyproject.toml)."""
+  with open(REPO / "pyproject.toml", "rb") as f:
+    tool = tomllib.load(f)["tool"]
+  return tool["big_vit_lite"].get("equivalent_mutants", {})
+
+
+def prepare_scratch(module):
+  """.mutate/<module>/: links to the repo's files and this module's settings."""
+  scratch = REPO / ".mutate" / module.replace("/", "__").removesuffix(".py")
+  shutil.rmtree(scratch, ignore_errors=True)
+  scratch.mkdir(parents=True)
+  for name in LINKED:
+    (scratch / name).symlink_to(REPO / name)
+  lines = ["[tool.mutmut]"]
+  for key, value in module_settings(module).items():
+    lines.append(f"{key} = {_toml_value(value)}")
+  (scratch / "pyproject.toml").write_text("\n".join(lines) + "\n")
+  return scratch
+
+
+def read_results(scratch):
+  """{mutant name: status} from `mutmut results --all true`."""
+  out = subprocess.run(
+      [_mutmut(), "results", "--all", "true"],
+      cwd=scratch,
+      capture_output=True,
+      text=True,
+      check=True,
+  ).stdout
+  statuses = {}
+  for line in out.splitlines():
+    name, sep, status = line.strip().rpartition(": ")
+    if sep:
+      statuses[name] = status
+  return statuses
+
+
+def _mutmut():
+  return str(pathlib.Path(sys.executable).parent / "mutmut")
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("module", help="e.g. big_vit_lite/losses.py")
+  parser.add_argument(
+      "--max-children",
+      type=int,
+      default=1,
+      help="mutants tested at once (default 1: each runs jax on all cores)",
+  )
+  parser.add_argument(
+      "--show", action="store_true", help="print each survivor's diff"
+  )
+  parser.add_argument(
+      "--only",
+      metavar="GLOB",
+      action="append",
+      help=(
+          "test only the mutants named so, e.g. 'big_vit_lite.losses.x_get*'"
+          " (repeatable; the others are reported 'not checked')"
+      ),
+  )
+  args = parser.parse_args()
+  module = args.module.removeprefix("./")
+  if not (REPO / module).is_file():
+    sys.exit(f"error: {module} is not a file of this repository")
+  scratch = prepare_scratch(module)
+  env = dict(os.environ)
+  # mutmut puts its mutated copy first on sys.path; a PYTHONPATH naming this
+  # checkout would not hurt the tests in-process, but keep it out of the way.
+  env.pop("PYTHONPATH", None)
+  log = scratch / "mutmut.log"
+  print(f"mutating {module} (mutmut's output: {log})", flush=True)
+  command = [_mutmut(), "run", "--max-children", str(args.max_children)]
+  if args.only:
+    command.extend(args.only)
+  with open(log, "w") as f:
+    run = subprocess.run(
+        command,
+        cwd=scratch,
+        env=env,
+        stdout=f,
+        stderr=subprocess.STDOUT,
+        check=False,
+    )
+  if run.returncode:
+    print(log.read_text()[-3000:])
+  statuses = read_results(scratch)
+  equivalent = equivalent_mutants()
+  for name, status in statuses.items():
+    if status == "survived" and name in equivalent:
+      statuses[name] = "equivalent"
+  counts = collections.Counter(statuses.values())
+  # A mutant no listed test runs ("no tests") is one they would miss; a
+  # timeout (the mutant made the tests hang) is one they catch.
+  killed = counts["killed"] + counts["timeout"]
+  survived = counts["survived"] + counts["no tests"]
+  print()
+  print(
+      f"{module}: {len(statuses)} mutants, "
+      + ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+  )
+  if killed + survived:
+    score = killed / (killed + survived)
+    print(
+        f"score = killed / (killed + survived + no tests) = {killed}/"
+        f"{killed + survived} = {score:.1%}"
+    )
+  for name, status in sorted(statuses.items()):
+    if status == "equivalent":
+      print(f"  equivalent: {name} ({equivalent[name]})")
+    elif status != "killed":
+      print(f"  {status}: {name}")
+      if args.show:
+        show = subprocess.run(
+            [_mutmut(), "show", name],
+            cwd=scratch,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        print(show.stdout)
+  sys.exit(run.returncode)
+
+
+if __name__ == "__main__":
+  main()
