@@ -19,6 +19,7 @@ stand-in module is installed in that interpreter for the run.
 import argparse
 import json
 import os
+import pkgutil
 import subprocess
 import sys
 import tempfile
@@ -175,7 +176,6 @@ def timm_side(workdir, cases):
   import safetensors.torch  # pylint: disable=g-import-not-at-top
   import timm  # pylint: disable=g-import-not-at-top
   import torch  # pylint: disable=g-import-not-at-top
-  from timm.models.vision_transformer import VisionTransformer  # pylint: disable=g-import-not-at-top
 
   torch.set_num_threads(2)
   results = {}
@@ -183,26 +183,20 @@ def timm_side(workdir, cases):
     timm_name = CASES[name][2]
     path = os.path.join(workdir, f"{name}.safetensors")
     with safetensors.safe_open(path, "np") as f:
-      kwargs = json.loads(f.metadata()["timm_kwargs"])
+      metadata = f.metadata()
+    kwargs = json.loads(metadata["timm_kwargs"])
     if timm_name:
       model = timm.create_model(
           timm_name, pretrained=False, num_classes=kwargs["num_classes"]
       )
-    else:  # A class-valued kwarg (mlp_layer, block_fn) is stored as its name.
-      classes = {
-          "mlp_layer": timm.layers,
-          "block_fn": timm.models.vision_transformer,
-      }
-      kwargs.update(
-          {k: getattr(m, kwargs[k]) for k, m in classes.items() if k in kwargs}
-      )
-      # DeiT's distillation token: its own class (inference: the heads' mean).
-      distilled = kwargs.pop("distilled", False)
-      model = (
-          timm.models.deit.VisionTransformerDistilled
-          if distilled
-          else VisionTransformer
-      )(**kwargs)
+    else:
+      # Class-valued kwargs (mlp_layer, block_fn) and the class itself (DeiT's
+      # distillation token has its own) are stored as import paths.
+      classes = json.loads(metadata.get("timm_classes", "{}"))
+      for key, import_path in classes.items():
+        kwargs[key] = pkgutil.resolve_name(import_path)
+      model_class = pkgutil.resolve_name(metadata["timm_class"])
+      model = model_class(**kwargs)
     model.load_state_dict(safetensors.torch.load_file(path), strict=True)
     model.eval()
     images = np.load(os.path.join(workdir, f"{name}_images.npy"))

@@ -200,7 +200,7 @@ def test_eval_configs_name_metrics_after_the_folder(tmp_path):
     spec.loader.exec_module(module)
     return module.get_config(arg)
 
-  root = str(tmp_path / "flowers")
+  root = evaluator_fixtures.write_image_folder(str(tmp_path / "flowers"))
   fs = load("fewshot.py", f"folder={root},res=224,channels=3")
   assert fs.evals.fewshot.datasets.to_dict() == {
       "flowers": dict(name="imagefolder", data_dir=root)

@@ -250,8 +250,8 @@ def test_an_unknown_config_name_is_one_line_listing_the_shipped_ones(tmp_path):
   assert "vit_l16" in shipped and "demo" in shipped
   assert last == (
       "plan: error: flag --config=vit_l32: 'vit_l32' is neither a config file nor a "
-      f"shipped config (shipped: {shipped}); give a path to a .py file or one of "
-      "those names."
+      f"shipped config (did you mean 'vit_l16'?); shipped: {shipped}. Give a path "
+      "to a .py file or one of those names."
   ), last
 
 
