@@ -46,6 +46,13 @@ if "BVL_TEST_BUILT_DIR" not in os.environ:
   _built = tempfile.mkdtemp(prefix="bvl-test-built-")
   atexit.register(shutil.rmtree, _built, ignore_errors=True)
   os.environ["BVL_TEST_BUILT_DIR"] = _built
+# The trainers the tests start keep the CPU's measured peak (metrics.py) in the
+# run's temporary dir, not in the user's ~/.cache: a peak timed while the
+# suite loads the machine would make the user's own runs read a high MFU.
+if "BVL_CPU_PEAK_FILE" not in os.environ:
+  os.environ["BVL_CPU_PEAK_FILE"] = os.path.join(
+      os.environ["BVL_TEST_BUILT_DIR"], "cpu_peak.json"
+  )
 
 
 def _test_data_dir():
