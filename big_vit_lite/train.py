@@ -48,14 +48,12 @@ from big_vit_lite import config_loading
 from big_vit_lite import console
 from big_vit_lite import ema as ema_lib
 from big_vit_lite import flops as flops_lib
-from big_vit_lite import job_check
 from big_vit_lite import metrics as metrics_lib
 from big_vit_lite import oom
 from big_vit_lite import optim
 from big_vit_lite import resume
 from big_vit_lite import sharding
 from big_vit_lite import train_loop
-from big_vit_lite import train_setup
 from big_vit_lite import train_state
 
 # The flags, defined only when run as a command (at the end): importing this
@@ -168,6 +166,11 @@ def _train(raw_config, workdir, cleanup, check=False):
   Each stage returns a frozen value (train_setup.Job, Inputs, Model, Settings;
   Layout, Start below) that the later stages take as arguments.
   """
+  # Here, not at the top: both load TensorFlow (tf.data), ~5 s of CPU that
+  # --help and a config error caught while parsing the flags do without.
+  from big_vit_lite import job_check  # pylint: disable=g-import-not-at-top
+  from big_vit_lite import train_setup  # pylint: disable=g-import-not-at-top
+
   config = config_loading.TrackedConfig(raw_config)
   job = train_setup.start_job(config, workdir, cleanup)
   inputs = train_setup.read_inputs(config, mesh=job.mesh, seed=job.seed)

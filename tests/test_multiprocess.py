@@ -470,7 +470,7 @@ def test_sigkill_one_process_then_restart_resumes(mp_env, tmp_path):
   checkpoint and finishes."""
   config, env = mp_env
   workdir = tmp_path / "wd"
-  total = 80
+  total = 30
   cmd = _train_cmd(
       config,
       workdir,
