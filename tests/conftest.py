@@ -99,26 +99,40 @@ SPLIT = {"tests/test_docs_commands.py": 6}
 # The longest files and parts, started first so that neither worker is left
 # with a long one at the end; the rest follow in xdist's order (most tests
 # first), which would otherwise leave the long files of few tests to the end.
-# Longest first, as timed on 2026-12-05 on a loaded 2-core machine (minutes:
-# test_docs_commands.py 70 whole, so ~12 a part; test_grad_accum 10,
-# test_multiprocess ~10, test_tpu_compile ~9, test_timm_options 7, test_train 7,
-# test_bench 6, test_vit, test_plan, test_train_stages, test_train_faults and
-# test_npz ~5, test_timm and test_ema 4). A file that grows long belongs here.
+# Longest first, as timed on a quiet 2-core machine (the junit XML of the
+# whole suite on 2026-12-05, worker seconds; test_multiprocess and test_bucket
+# less since): test_multiprocess ~240, test_bucket ~160, test_docs_commands.py
+# 860 whole, so ~145 a part, test_plan 122, test_train 119, test_grad_accum 93,
+# test_train_sharded 86, test_evaluate_cli and test_bench 80, test_timm_options
+# 76, test_summary 74, test_tpu_compile 66, test_vit 64, test_distill 61,
+# test_ema 58, test_configs 56, test_report 52, test_train_stages 47,
+# test_train_faults 43, test_vit_options 42, test_data_random_access 41,
+# test_folder_walk and test_train_state 36 (the rest under 35). A file that
+# grows long belongs here.
 LONGEST_FIRST = (
-    *(f"tests/test_docs_commands.py::part{i}" for i in range(6)),
-    "tests/test_grad_accum.py",
     "tests/test_multiprocess.py",
-    "tests/test_tpu_compile.py",
-    "tests/test_timm_options.py",
-    "tests/test_train.py",
-    "tests/test_bench.py",
-    "tests/test_vit.py",
+    "tests/test_bucket.py",
+    *(f"tests/test_docs_commands.py::part{i}" for i in range(6)),
     "tests/test_plan.py",
+    "tests/test_train.py",
+    "tests/test_grad_accum.py",
+    "tests/test_train_sharded.py",
+    "tests/test_evaluate_cli.py",
+    "tests/test_bench.py",
+    "tests/test_timm_options.py",
+    "tests/test_summary.py",
+    "tests/test_tpu_compile.py",
+    "tests/test_vit.py",
+    "tests/test_distill.py",
+    "tests/test_ema.py",
+    "tests/test_configs.py",
+    "tests/test_report.py",
     "tests/test_train_stages.py",
     "tests/test_train_faults.py",
-    "tests/test_npz.py",
-    "tests/test_timm.py",
-    "tests/test_ema.py",
+    "tests/test_vit_options.py",
+    "tests/test_data_random_access.py",
+    "tests/test_folder_walk.py",
+    "tests/test_train_state.py",
 )
 
 
