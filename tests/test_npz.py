@@ -441,30 +441,3 @@ def test_evaluate_at_a_trained_size_the_patch_does_not_divide(tmp_path):
       dict(input=dict(pp="decode(1)|resize(30)|keep('image')"))
   )
   assert loading.native_input_shape(flat, saved) == (30, 1)
-
-
-def test_sincos_posemb_values_by_hand():
-  # Rows in raster order (token y * w + x), x's sin/cos before y's, frequencies
-  # 1 and 1e-4 for width 8 (omega_k = 1 / 10000 ** (k / (width / 4 - 1))); the
-  # prefix row is zeros. A non-square grid, so that swapping x and y (or h and
-  # w) shows.
-  pe = posemb.sincos_2d(2, 3, 8, num_prefix=1)
-  assert pe.shape == (1, 1 + 6, 8) and pe.dtype == np.float32
-  np.testing.assert_array_equal(pe[0, 0], 0.0)
-
-  def row(y, x):
-    return [
-        np.sin(x),
-        np.sin(x * 1e-4),
-        np.cos(x),
-        np.cos(x * 1e-4),
-        np.sin(y),
-        np.sin(y * 1e-4),
-        np.cos(y),
-        np.cos(y * 1e-4),
-    ]
-
-  # y=1, x=2
-  np.testing.assert_allclose(pe[0, 1 + 1 * 3 + 2], row(1, 2), atol=1e-6)
-  # y=0, x=1
-  np.testing.assert_allclose(pe[0, 1 + 0 * 3 + 1], row(0, 1), atol=1e-6)
