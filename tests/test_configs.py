@@ -25,6 +25,8 @@ from big_vit_lite import optim
 from big_vit_lite import metrics
 from big_vit_lite import train
 
+import trainer_runs
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = ("demo", "vit_l16", "vit_b16", "vit_s16_i1k", "multilabel")
 
@@ -76,6 +78,11 @@ def test_total_steps_override_wins_over_epochs(name):
 
 def _run_runlocal(config, workdir):
   train.train(config, str(workdir))
+  return _trained_rows(config, workdir)
+
+
+def _trained_rows(config, workdir):
+  """The metrics rows of a finished run of `config`: finite losses up to its last step."""
   rows = metrics.read_metrics(str(workdir))
   losses = [r["training_loss"] for r in rows if "training_loss" in r]
   assert losses and all(math.isfinite(l) for l in losses)
@@ -136,15 +143,13 @@ def test_imagenet_configs_runlocal_train_on_mock_data(name, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_demo_runlocal_trains_on_offline_data(
-    tfds_data_dir, tmp_path, monkeypatch
-):
-  monkeypatch.setenv("TFDS_DATA_DIR", tfds_data_dir)
-  config = _load("demo").get_config("runlocal")
-  rows = _run_runlocal(config, tmp_path)
+def test_demo_runlocal_trains_on_offline_data(tfds_data_dir):
+  """The suite's shared run of demo:runlocal (trainer_runs.demo_runlocal)."""
+  workdir, _ = trainer_runs.demo_runlocal(tfds_data_dir)
+  rows = _trained_rows(_load("demo").get_config("runlocal"), workdir)
   keys = {k for r in rows for k in r}
   assert "val/prec@1" in keys and any(k.startswith("fewshot/") for k in keys)
-  assert os.path.exists(tmp_path / "config.json")
+  assert os.path.exists(os.path.join(workdir, "config.json"))
 
 
 # --------------------------------------------------------------------------

@@ -17,7 +17,9 @@ by the row's mode:
          a few steps: the `trained` fixture), `workdirs/NAME/checkpoints/N` its newest step;
          `runlocal=True` adds the `runlocal` config arg (tiny data and steps); `subs` replaces
          text (e.g. a documented image folder by a tiny one), `extra` appends arguments (later
-         absl flags win), `args` replaces them. It must exit 0.
+         absl flags win), `args` replaces them. It must exit 0. `trained=True`: the `trained`
+         fixture runs this very command (only --workdir differs), so the row checks that run
+         instead of starting the same training twice.
   shell  the same, the documented line run by bash as it is (loops).
   help   `PROGRAM --help` (or `help=`) instead, only where a real run needs what CI has not:
          a GPU, TPU, hosts, a cluster, a cloud account or data that cannot be downloaded here.
@@ -89,6 +91,9 @@ class Cmd:
   subs: tuple = ()
   # run: give it a copy of the sources to build in, as {tmp}/src
   copy: bool = False
+  # run: the `trained` fixture (trainer_runs.demo_runlocal) runs this command
+  # as written (only its --workdir differs): the row is checked by that run
+  trained: bool = False
   # run: datasets it reads from the shared test data dir besides the offline
   # three, prepared there first (a command must not rely on another test file)
   needs: tuple = ()
@@ -151,7 +156,10 @@ COMMANDS = [
         slow=True,
     ),
     Cmd(
-        "python -m big_vit_lite.train --config=demo:runlocal", "run", slow=True
+        "python -m big_vit_lite.train --config=demo:runlocal",
+        "run",
+        trained=True,
+        slow=True,
     ),
     # configs/demo.py: prepare the three offline sets
     Cmd("for ds in", "shell", slow=True),
@@ -695,6 +703,18 @@ def test_documented_command_runs(
     request,
 ):
   env_vars, words = _split_env(words)
+  if row.trained:
+    # The fixture's build asserts exit 0; the same command, or no check.
+    config, *others = words[3:]
+    assert config == f"--config={trainer_runs.DEMO_RUNLOCAL}" and all(
+        w.startswith("--workdir=") for w in others
+    ), (
+        f"{doc}:{line}: the `trained` fixture runs `--config="
+        f"{trainer_runs.DEMO_RUNLOCAL} --workdir=DIR`, not {shlex.join(words)}:"
+        " update trainer_runs.demo_runlocal or drop the row's trained=True"
+    )
+    request.getfixturevalue("trained")
+    return
   env = dict(os.environ, TFDS_DATA_DIR=tfds_data_dir)
   env.update(block_env)
   env.update(env_vars)
@@ -722,8 +742,14 @@ def test_documented_command_runs(
   elif cmd[0].endswith(".sh") or cmd[0].endswith(".sbatch"):
     cmd = ["bash"] + cmd
   # The same command documented twice runs once (the help and pip lines, and
-  # identical runs).
-  key = (row.mode, tuple(words)) if row.mode in ("run", "shell") else tuple(cmd)
+  # identical runs); so does a row whose `args` replace the documented ones
+  # (the plan --topology lines: the row's later --topology wins).
+  if row.mode == "run" and row.args is not None:
+    key = (row.mode, row.prefix, row.args)
+  elif row.mode in ("run", "shell"):
+    key = (row.mode, tuple(words))
+  else:
+    key = tuple(cmd)
   if row.mode == "tpu":
     proc = subprocess.run(
         cmd,

@@ -23,7 +23,7 @@ from big_vit_lite import checkpoint
 from big_vit_lite import ema as ema_lib
 from big_vit_lite import train_setup
 import checks
-from trainer_runs import ROOT, env_for, flatten, read_losses, run_train, tiny_run, train_cmd, wait_for_step
+from trainer_runs import ROOT, env_for, flatten, read_losses, run_train, start_train, tiny_run, wait_for_step
 
 TRANSFER = os.path.join(ROOT, "configs", "transfer.py")
 
@@ -119,13 +119,8 @@ def test_finetune_with_ema_killed_and_resumed_is_bit_identical(
   assert not np.array_equal(ref_params["head/kernel"], ref_ema["head/kernel"])
 
   killed = str(tmp_path / "killed")
-  proc = subprocess.Popen(
-      train_cmd(killed, _config(pretrained), *_args(pretrained)),
-      env=env_for(tfds_data_dir),
-      cwd=ROOT,
-      stdout=subprocess.DEVNULL,
-      stderr=subprocess.PIPE,
-      text=True,
+  proc = start_train(
+      tfds_data_dir, killed, *_args(pretrained), config=_config(pretrained)
   )
   # Past the checkpoints of steps 20..60 (saved async).
   wait_for_step(proc, killed, 70)

@@ -44,22 +44,12 @@ def resumed_run(tmp_path_factory, tfds_data_dir):
   Returns (workdir, the report written while it ran).
   """
   workdir = str(tmp_path_factory.mktemp("runs") / "resumed")
-  cmd = trainer_runs.train_cmd(
-      workdir,
-      EVALS,
+  args = (
       "--config.total_steps=60",
       "--config.ckpt_steps=10",
       "--config.evals.val.log_steps=20",
   )
-  env = trainer_runs.env_for(tfds_data_dir)
-  proc = subprocess.Popen(
-      cmd,
-      env=env,
-      cwd=trainer_runs.ROOT,
-      stdout=subprocess.DEVNULL,
-      stderr=subprocess.PIPE,
-      text=True,
-  )
+  proc = trainer_runs.start_train(tfds_data_dir, workdir, *args, config=EVALS)
   try:
     trainer_runs.wait_for_step(proc, workdir, 21)
     # Mid-run (steps take milliseconds), until the kill.
@@ -70,14 +60,7 @@ def resumed_run(tmp_path_factory, tfds_data_dir):
   finally:
     proc.send_signal(signal.SIGKILL)
     proc.communicate()
-  p = subprocess.run(
-      cmd,
-      env=env,
-      cwd=trainer_runs.ROOT,
-      capture_output=True,
-      text=True,
-      timeout=300,
-  )
+  p = trainer_runs.run_train(tfds_data_dir, workdir, *args, config=EVALS)
   assert p.returncode == 0, p.stderr[-3000:]
   return workdir, str(live)
 

@@ -82,21 +82,9 @@ def test_an_evaluate_run_keeps_the_training_summary(tmp_path):
 def test_preempted_then_resumed_run(tfds_data_dir, tmp_path):
   workdir = str(tmp_path / "run")
   # Steps take milliseconds: enough of them that SIGTERM lands mid-run.
-  cmd = trainer_runs.train_cmd(
-      workdir,
-      trainer_runs.TINY + ":evals",
-      "--config.total_steps=300",
-      "--config.evals.val.log_steps=100",
-  )
-  env = trainer_runs.env_for(tfds_data_dir)
-  proc = subprocess.Popen(
-      cmd,
-      env=env,
-      cwd=trainer_runs.ROOT,
-      stdout=subprocess.DEVNULL,
-      stderr=subprocess.PIPE,
-      text=True,
-  )
+  config = trainer_runs.TINY + ":evals"
+  args = ("--config.total_steps=300", "--config.evals.val.log_steps=100")
+  proc = trainer_runs.start_train(tfds_data_dir, workdir, *args, config=config)
   trainer_runs.wait_for_step(proc, workdir, 20)
   proc.send_signal(signal.SIGTERM)
   _, log = proc.communicate(timeout=120)
@@ -110,20 +98,14 @@ def test_preempted_then_resumed_run(tfds_data_dir, tmp_path):
       (0, "preempted")
   ]
   # The command that resumes it is the one that ran (as a user would type it).
+  cmd = trainer_runs.train_cmd(workdir, config, *args)
   assert s["commands"]["resume"] == shlex.join(
       ["python", "-m", "big_vit_lite.train", *cmd[3:]]
   )
   assert f"==== Summary: train preempted at step {step}/300" in log
   assert f"  resume: {s['commands']['resume']}" in log
 
-  p = subprocess.run(
-      cmd,
-      env=env,
-      cwd=trainer_runs.ROOT,
-      capture_output=True,
-      text=True,
-      timeout=300,
-  )
+  p = trainer_runs.run_train(tfds_data_dir, workdir, *args, config=config)
   assert p.returncode == 0, p.stderr[-3000:]
   s = _summary(workdir)
   assert s["status"] == "finished" and s["step"] == 300 and s["error"] is None
@@ -165,7 +147,7 @@ def test_preempted_then_resumed_run(tfds_data_dir, tmp_path):
           "--config.evals.fewshot.num_seeds=1",
           "--config.evals.fewshot.shots=(1,)",
       ],
-      env=env,
+      env=trainer_runs.env_for(tfds_data_dir),
       cwd=trainer_runs.ROOT,
       capture_output=True,
       text=True,
@@ -212,21 +194,12 @@ def test_an_attempt_stopped_before_its_first_logged_step_is_counted(
   and the resumed run's summary counted only the second attempt."""
   workdir = str(tmp_path / "run")
   # No logged step before the end: log_training_steps > total_steps.
-  cmd = trainer_runs.train_cmd(
-      workdir,
-      trainer_runs.TINY,
-      "--config.total_steps=100000",
+  args = (
       "--config.log_training_steps=100000",
       "--config.ckpt_steps=100000",
   )
-  env = trainer_runs.env_for(tfds_data_dir)
-  proc = subprocess.Popen(
-      cmd,
-      env=env,
-      cwd=trainer_runs.ROOT,
-      stdout=subprocess.DEVNULL,
-      stderr=subprocess.PIPE,
-      text=True,
+  proc = trainer_runs.start_train(
+      tfds_data_dir, workdir, "--config.total_steps=100000", *args
   )
   try:
     for line in proc.stderr:  # Compiled: the loop starts next.
@@ -246,13 +219,8 @@ def test_an_attempt_stopped_before_its_first_logged_step_is_counted(
   assert first["attempts"][0]["end_step"] == step
 
   # Resumed to a few more steps (the final step is logged).
-  p = subprocess.run(
-      cmd[:-3] + [f"--config.total_steps={step + 5}"] + cmd[-2:],
-      env=env,
-      cwd=trainer_runs.ROOT,
-      capture_output=True,
-      text=True,
-      timeout=300,
+  p = trainer_runs.run_train(
+      tfds_data_dir, workdir, f"--config.total_steps={step + 5}", *args
   )
   assert p.returncode == 0, p.stderr[-3000:]
   s = _summary(workdir)

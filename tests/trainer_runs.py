@@ -71,15 +71,19 @@ def tiny_run(data_dir):
     return os.path.join(folder, "workdir"), f.read()
 
 
+# The README's `python -m big_vit_lite.train --config=demo:runlocal --workdir=...`: the run
+# demo_runlocal makes (test_docs_commands.py checks that command by it).
+DEMO_RUNLOCAL = "demo:runlocal"
+
+
 def demo_runlocal(data_dir):
-  """(workdir, newest checkpoint step) of a real `configs/demo.py:runlocal` run: made once per
-  pytest run and shared by the tests that read one (test_docs_commands.py's `workdirs/NAME`,
-  test_evaluate_cli.py), which write nothing in it."""
+  """(workdir, newest checkpoint step) of a real `--config=demo:runlocal` run: made once per
+  pytest run and shared by the tests that read one (test_docs_commands.py's `workdirs/NAME`
+  and its row of that very command, test_configs.py, test_evaluate_cli.py), which write
+  nothing in it."""
 
   def build(folder):
-    r = run_train(
-        data_dir, folder, config="configs/demo.py:runlocal", timeout=600
-    )
+    r = run_train(data_dir, folder, config=DEMO_RUNLOCAL, timeout=600)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
 
   workdir = shared_dirs.built_once("demo_runlocal", build)
@@ -112,9 +116,10 @@ def last_logged_step(workdir):
   return max(steps, default=0)
 
 
-def start_train(data_dir, workdir, *overrides):
+def start_train(data_dir, workdir, *overrides, config=TINY):
+  """The trainer started in the background (its stderr a pipe), for a test to stop or kill."""
   return subprocess.Popen(
-      train_cmd(workdir, TINY, *overrides),
+      train_cmd(workdir, config, *overrides),
       env=env_for(data_dir),
       cwd=ROOT,
       stdout=subprocess.DEVNULL,
