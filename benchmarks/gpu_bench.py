@@ -96,7 +96,7 @@ def numerics(batch=4):
   out["padded_xla_vs_xla_rel_err"] = max(
       rel(a, b) for a, b in zip(padded(q, k, v), xla(q, k, v))
   )
-  if not vit._on_cuda():  # pylint: disable=protected-access
+  if not vit.on_cuda():
     out["cudnn"] = f"skipped: no CUDA GPU (backend {jax.default_backend()})"
     # The model-level comparison all the same, of the two attentions a CPU has.
     out.update(
@@ -209,16 +209,16 @@ def worker_ours(args):
   if args.seq_multiple:  # what an earlier worker's numerics check found
     ops.CUDNN_SEQ_MULTIPLE = args.seq_multiple
   if args.no_cudnn:
-    vit._on_cuda = lambda: False  # pylint: disable=protected-access  # "auto" takes custom
+    vit.on_cuda = lambda: False  # "auto" takes custom
   if args.numerics:
     t0 = time.time()
     try:
       out = numerics()
     except Exception as e:  # pylint: disable=broad-except
       out = dict(kind="numerics", error=_one_line(e))
-    if vit._on_cuda() and "seq_multiple" not in out:  # pylint: disable=protected-access
+    if vit.on_cuda() and "seq_multiple" not in out:
       out["auto_attention"] = "custom: cuDNN refused every padding tried"
-      vit._on_cuda = lambda: False  # pylint: disable=protected-access
+      vit.on_cuda = lambda: False
     out["elapsed_s"] = time.time() - t0
     emit(out)
   calib = bench.calibrate_matmul(args.calib_n, args.dtype, reps=5)

@@ -159,8 +159,10 @@ def _results(prefix, timing, *, batch, n_dev, peak, calib_gflops):
     program_bytes = memory["peak"]
   model, hw = flops_lib.matmul_flops(traced.jaxpr)
   # XLA: one device's share of a partitioned program, loops counted in full.
-  xla = flops_lib.step_flops(traced, compiled, num_devices=n_dev)
-  xla = float("nan") if xla is None else xla * n_dev
+  xla_per_device = flops_lib.step_flops(traced, compiled, num_devices=n_dev)
+  xla = float("nan")
+  if xla_per_device is not None:
+    xla = xla_per_device * n_dev
   out = {
       "cpu_s": statistics.median(cpu_times),
       "compile_s": compile_s,
@@ -178,11 +180,10 @@ def _results(prefix, timing, *, batch, n_dev, peak, calib_gflops):
     # XLA's figure only where it is sane (on GPU it misses the cuBLAS/cuDNN
     # calls).
     sane = flops_lib.sane_xla_flops(xla, model)
-    out.update(
-        mfu=model / med / peak,
-        mfu_hw=hw / med / peak,
-        mfu_xla=sane / med / peak if sane else None,
-    )
+    mfu_xla = None
+    if sane:
+      mfu_xla = sane / med / peak
+    out.update(mfu=model / med / peak, mfu_hw=hw / med / peak, mfu_xla=mfu_xla)
   if calib_gflops:
     out["mfu_calib"] = model / med / 1e9 / calib_gflops
   return {f"{prefix}_{k}": v for k, v in out.items()}
@@ -245,11 +246,10 @@ def _time_train(
     measurements["training_loss"].block_until_ready()
 
   time_calls(run, warmup, 0)
-  with (
-      jax.profiler.trace(trace_dir, create_perfetto_trace=True)
-      if trace_dir
-      else contextlib.nullcontext()
-  ):
+  profiler = contextlib.nullcontext()
+  if trace_dir:
+    profiler = jax.profiler.trace(trace_dir, create_perfetto_trace=True)
+  with profiler:
     times = time_calls(run, 0, steps)
   return (traced, compiled, compile_s, *times), state["params"]
 
@@ -301,12 +301,14 @@ def bench_model(
       res=res,
       params=int(sum(p.size for p in jax.tree.leaves(params))),
   )
-  kw = dict(
-      batch=batch,
-      n_dev=mesh.size if mesh is not None else 1,
-      calib_gflops=calib_gflops,
-      peak=peak_flops or (calib_gflops * 1e9 if calib_gflops else None),
-  )
+  n_dev = 1
+  if mesh is not None:
+    n_dev = mesh.size
+  # The datasheet's peak; else the measured matmul rate.
+  peak = peak_flops
+  if not peak and calib_gflops:
+    peak = calib_gflops * 1e9
+  kw = dict(batch=batch, n_dev=n_dev, calib_gflops=calib_gflops, peak=peak)
   if "train" in mode:
     timing, params = _time_train(
         model,
@@ -331,7 +333,9 @@ def bench_model(
     )
     out.update(_results("infer", (traced, compiled, compile_s, *times), **kw))
   # Contract keys: step_flops / mfu refer to the training step when timed.
-  main = "train" if "train" in mode else "infer"
+  main = "infer"
+  if "train" in mode:
+    main = "train"
   for key in (
       "step_flops",
       "xla_step_flops",
@@ -409,6 +413,13 @@ def check_args(
       raise ValueError(f"{variant}: {e}") from None
 
 
+def _mesh_scope(mesh):
+  """jax.set_mesh(mesh); no mesh where there is none."""
+  if mesh is None:
+    return contextlib.nullcontext()
+  return jax.set_mesh(mesh)
+
+
 def main(argv):
   del argv
   # Other libraries' INFO lines (orbax, tfds) only with --verbosity=1.
@@ -439,12 +450,21 @@ def main(argv):
   except ValueError as e:
     sys.exit(f"bench: {e}")
   dev = jax.devices()[0]
-  peak = (
-      f.peak_tflops * 1e12
-      if f.peak_tflops
-      else devices.datasheet_peak(dev, f.dtype)
-  )
-  n_dev = mesh.size if mesh is not None else 1
+  if f.peak_tflops:
+    peak = f.peak_tflops * 1e12
+  else:
+    peak = devices.datasheet_peak(dev, f.dtype)
+  n_dev = 1
+  if mesh is not None:
+    n_dev = mesh.size
+  calib_devices = n_dev
+  if dev.platform == "cpu":
+    calib_devices = 1
+  peak_all = None
+  datasheet_peak_tflops = None
+  if peak:
+    peak_all = peak * n_dev
+    datasheet_peak_tflops = peak / 1e12
 
   for variant, batch, remat in itertools.product(f.variant, batches, f.remat):
     model = build_model(
@@ -455,7 +475,7 @@ def main(argv):
     # whole machine's.
     calib_before = calibrate_matmul(f.calib_n, f.dtype)
     try:
-      with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
+      with _mesh_scope(mesh):
         res = bench_model(
             model,
             batch=batch,
@@ -465,8 +485,8 @@ def main(argv):
             mesh=mesh,
             steps=f.steps,
             warmup=f.warmup,
-            calib_gflops=calib_before * (1 if dev.platform == "cpu" else n_dev),
-            peak_flops=peak * n_dev if peak else None,
+            calib_gflops=calib_before * calib_devices,
+            peak_flops=peak_all,
             grad_accum_steps=f.grad_accum,
         )
     except jax.errors.JaxRuntimeError as e:
@@ -497,7 +517,7 @@ def main(argv):
         jax_version=jax.__version__,
         calib_gflops=calib_before,
         calib_gflops_after=calibrate_matmul(f.calib_n, f.dtype),
-        datasheet_peak_tflops=peak / 1e12 if peak else None,
+        datasheet_peak_tflops=datasheet_peak_tflops,
         **res,
         **peak_memory(),
     )

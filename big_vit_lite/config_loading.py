@@ -77,10 +77,19 @@ def shipped_configs_dir():
 
 def shipped_config_names():
   d = shipped_configs_dir()
-  files = os.listdir(d) if d else []
+  files = []
+  if d:
+    files = os.listdir(d)
   return sorted(
       f[:-3] for f in files if f.endswith(".py") and not f.startswith("_")
   )
+
+
+def did_you_mean(near):
+  """ " (did you mean 'X'?)" for the first of `near`, a list of near names; "" if none."""
+  if not near:
+    return ""
+  return f" (did you mean '{near[0]}'?)"
 
 
 def resolve_config_path(value):
@@ -100,10 +109,9 @@ def resolve_config_path(value):
   if head in ("", "configs") and name in shipped_config_names():
     return os.path.join(shipped_configs_dir(), name + ".py") + colon + arg
   if head in ("", "configs"):
-    near = [
-        os.path.join(head, n + ".py") if head else n
-        for n in difflib.get_close_matches(name, shipped_config_names(), n=1)
-    ]
+    near = difflib.get_close_matches(name, shipped_config_names(), n=1)
+    if head:
+      near = [os.path.join(head, n + ".py") for n in near]
   elif os.path.isdir(head):
     # A mistyped file name in an existing folder: its .py files.
     files = [f for f in os.listdir(head) if f.endswith(".py")]
@@ -115,9 +123,8 @@ def resolve_config_path(value):
     near = []
   if head and not near:
     return value  # The loader says which file is missing.
-  hint = f" (did you mean '{near[0]}'?)" if near else ""
   raise ValueError(
-      f"'{path}' {_NOT_SHIPPED}{hint}; shipped: "
+      f"'{path}' {_NOT_SHIPPED}{did_you_mean(near)}; shipped: "
       f"{', '.join(shipped_config_names()) or 'none found'}. Give a path to "
       "a .py file or one of those names."
   )
@@ -146,7 +153,8 @@ class _ShippedConfigParser(config_flags_impl.ConfigFileFlagParser):
       ) from None
     except Exception as e:  # pylint: disable=broad-except
       # (Re-raised.)
-      e = e.__context__ if "Error whilst parsing config file" in str(e) else e
+      if "Error whilst parsing config file" in str(e):
+        e = e.__context__
       if isinstance(e, AttributeError) and "get_config" in str(e):
         raise _ConfigFileError(
             f"the config file {file} has no get_config() function: define "
@@ -157,7 +165,9 @@ class _ShippedConfigParser(config_flags_impl.ConfigFileFlagParser):
           for f in traceback.extract_tb(e.__traceback__)
           if os.path.abspath(f.filename) == os.path.abspath(file)
       ]
-      where = f" (line {lines[-1]})" if lines else ""
+      where = ""
+      if lines:
+        where = f" (line {lines[-1]})"
       raise _ConfigFileError(
           f"the config file {path} failed: {type(e).__name__}: {e}" f"{where}"
       ) from None
@@ -214,7 +224,9 @@ def parse_arg(arg, **defaults):
       raise ValueError(
           f"Unknown config arg '{name}': use one of {', '.join(defaults)}."
       )
-    values[name] = _arg_value(name, text if has_value else None, defaults[name])
+    if not has_value:  # the bare name
+      text = None
+    values[name] = _arg_value(name, text, defaults[name])
   return config_dict.FrozenConfigDict(values)
 
 
@@ -232,7 +244,9 @@ def _arg_value(name, text, default):
     except ValueError:
       pass
   given = "nothing" if text is None else repr(text)
-  spelling = f"{name} or {name}=false" if kind is bool else f"{name}=VALUE"
+  spelling = f"{name}=VALUE"
+  if kind is bool:
+    spelling = f"{name} or {name}=false"
   raise ValueError(
       f"Config arg '{name}' needs a value of type {kind.__name__} (default "
       f"{default!r}), not {given}: write {spelling}."
@@ -258,7 +272,10 @@ def _load_error(flag, error):
   lines = [
       l.strip() for l in str(error.__cause__ or error).splitlines() if l.strip()
   ]
-  return f"Cannot load the {flag} file: {lines[-1] if lines else error}"
+  reason = error
+  if lines:
+    reason = lines[-1]
+  return f"Cannot load the {flag} file: {reason}"
 
 
 def parse_flags(argv, prog="big_vit_lite", flag_values=flags.FLAGS):
@@ -295,7 +312,9 @@ def usage(prog, main_file, flag_values=flags.FLAGS):
   for flag in sorted(own.values(), key=lambda f: f.name):
     if flag.name.startswith("help"):
       continue
-    default = "" if flag.default is None else f" (default: {flag.default})"
+    default = ""
+    if flag.default is not None:
+      default = f" (default: {flag.default})"
     lines.append(f"  --{flag.name}: {flag.help}{default}")
   if "config" in flag_values:
     lines += [
@@ -323,8 +342,7 @@ def _flag_error(e, argv, flag_values):
     flag_args = [a for a in argv[1:] if a.startswith("-")]
     names = [a.lstrip("-").split("=", 1)[0] for a in flag_args]
   for name in names:
-    message = _no_such_key(name, flag_values) if "." in name else None
-    if message:
+    if "." in name and (message := _no_such_key(name, flag_values)):
       return message
   if not isinstance(e, flags.Error):
     return None
@@ -350,11 +368,9 @@ def _no_such_key(flag_name, flag_values):
   None if the file has every key of the dotted path.
   """
   flag, *path = flag_name.split(".")
-  node = (
-      getattr(flag_values[flag].parser, "config", None)
-      if flag in flag_values
-      else None
-  )
+  node = None
+  if flag in flag_values:
+    node = getattr(flag_values[flag].parser, "config", None)
   for i, part in enumerate(path):
     if not isinstance(node, config_dict.ConfigDict):
       return None
@@ -362,10 +378,9 @@ def _no_such_key(flag_name, flag_values):
       close = difflib.get_close_matches(
           part, list(node.keys()), n=1, cutoff=0.8
       )
-      hint = f" (did you mean '{close[0]}'?)" if close else ""
       return (
           f"--{flag_name}: the config file has no key "
-          f"'{'.'.join(path[:i + 1])}'{hint}. Fix the spelling, or add the "
+          f"'{'.'.join(path[:i + 1])}'{did_you_mean(close)}. Fix the spelling, or add the "
           "key to the config file (a key whose default is None as "
           "config_dict.placeholder(TYPE))."
       )
@@ -388,12 +403,11 @@ class TrackedConfig:
   def __init__(self, cfg, _prefix="", _log=None, _asked=None):
     # (__setattr__ refuses.) _asked: every key the code asked for, present or
     # not: the candidates for "did you mean".
-    self.__dict__.update(
-        _cfg=cfg,
-        _prefix=_prefix,
-        _log=set() if _log is None else _log,
-        _asked=set() if _asked is None else _asked,
-    )
+    if _log is None:
+      _log = set()
+    if _asked is None:
+      _asked = set()
+    self.__dict__.update(_cfg=cfg, _prefix=_prefix, _log=_log, _asked=_asked)
 
   # -- reading
   def _wrap(self, name, value):
@@ -426,8 +440,9 @@ class TrackedConfig:
     )
 
   def get(self, name, default=None):
-    value = self[name] if name in self else None
-    return default if value is None else value
+    if name not in self or self[name] is None:
+      return default
+    return self[name]
 
   def __contains__(self, name):
     self._asked.add(self._prefix + name)
@@ -453,9 +468,9 @@ class TrackedConfig:
   def to_dict(self):
     """A plain dict of this subtree, all of it marked read."""
     cfg = self.consume()
-    return (
-        cfg.to_dict() if isinstance(cfg, config_dict.ConfigDict) else dict(cfg)
-    )
+    if isinstance(cfg, config_dict.ConfigDict):
+      return cfg.to_dict()
+    return dict(cfg)
 
   @property
   def raw(self):
@@ -478,11 +493,9 @@ class TrackedConfig:
 
   def check_all_read(self):
     if unread := self.unread_keys():
-      more = (
-          f" (and {len(unread) - 1} more: {', '.join(unread[1:4])})"
-          if len(unread) > 1
-          else ""
-      )
+      more = ""
+      if len(unread) > 1:
+        more = f" (and {len(unread) - 1} more: {', '.join(unread[1:4])})"
       raise UnreadConfigKeyError(
           f"Config key '{unread[0]}' is set but nothing reads "
           f"it{self.hint(unread[0])}{more}: remove it or fix its spelling."
@@ -493,7 +506,7 @@ class TrackedConfig:
     close = difflib.get_close_matches(
         path, sorted(self._asked - {path}), n=1, cutoff=0.8
     )
-    return f" (did you mean '{close[0]}'?)" if close else ""
+    return did_you_mean(close)
 
 
 def _leaf_paths(cfg, prefix=""):

@@ -62,7 +62,9 @@ _SLURM_VARS = (
 def _env_number(name: str, env, kind=float, default=None):
   """$name as `kind` (int or float); `default` when unset or empty."""
   value = env.get(name)
-  return default if value in (None, "") else kind(value)
+  if value in (None, ""):
+    return default
+  return kind(value)
 
 
 def describe_environment(env=None) -> dict | None:
@@ -70,7 +72,8 @@ def describe_environment(env=None) -> dict | None:
 
   Pure function of the environment, so it can be tested without starting processes.
   """
-  env = os.environ if env is None else env
+  if env is None:
+    env = os.environ
   mode = env.get(ENV_MODE, "").lower()
   if mode == "off":
     return None
@@ -78,9 +81,8 @@ def describe_environment(env=None) -> dict | None:
     raise ValueError(
         f"{ENV_MODE}={env[ENV_MODE]!r}: expected 'auto', 'off' or unset"
     )
-  num, pid = _env_number(ENV_NUM_PROCESSES, env, int), _env_number(
-      ENV_PROCESS_ID, env, int
-  )
+  num = _env_number(ENV_NUM_PROCESSES, env, int)
+  pid = _env_number(ENV_PROCESS_ID, env, int)
   if num is not None or pid is not None:
     coord = env.get(ENV_COORDINATOR)
     if num is None or pid is None or not coord:
@@ -93,11 +95,9 @@ def describe_environment(env=None) -> dict | None:
       raise ValueError(
           f"need 0 <= {ENV_PROCESS_ID} < {ENV_NUM_PROCESSES}; got {pid} and {num}"
       )
-    return (
-        None
-        if num == 1
-        else dict(coordinator_address=coord, num_processes=num, process_id=pid)
-    )
+    if num == 1:
+      return None
+    return dict(coordinator_address=coord, num_processes=num, process_id=pid)
   # {}: jax detects the rest: SLURM (coordinator = first node of the step), or
   # with BVL_DISTRIBUTED=auto a Cloud TPU pod / Open MPI / k8s (one host: a
   # 1-process job).
@@ -106,7 +106,9 @@ def describe_environment(env=None) -> dict | None:
       and (_env_number("SLURM_NTASKS", env, int) or 1) > 1
   ):
     return {}
-  return {} if mode == "auto" else None
+  if mode == "auto":
+    return {}
+  return None
 
 
 def set_cpu_devices(n) -> None:
@@ -258,14 +260,16 @@ class HangGuard:
       exit_code: int = HANG_EXIT_CODE,
       stream=None,
   ):
-    self.timeout_s = timeout_s if timeout_s and timeout_s > 0 else None
+    if not timeout_s or timeout_s <= 0:  # 0 or less turns the guard off
+      timeout_s = None
+    self.timeout_s = timeout_s
     if self.timeout_s is not None and startup_timeout_s is None:
       startup_timeout_s = max(self.timeout_s, 900.0)
     if startup_timeout_s is not None and startup_timeout_s <= 0:
       # 0 turns the startup limit off, as 0 does the guard.
       startup_timeout_s = float("inf")
     self.startup_timeout_s, self.exit_code = startup_timeout_s, exit_code
-    self._stream = stream if stream is not None else sys.stderr
+    self._stream = stream or sys.stderr
     self._last, self._step, self._started = time.monotonic(), None, False
     self._stop, self._thread = threading.Event(), None
     if self.timeout_s is not None:
@@ -298,7 +302,8 @@ class HangGuard:
     return self._thread is not None
 
   def tick(self, step: int | None = None) -> None:
-    self._step = step if step is not None else self._step
+    if step is not None:
+      self._step = step
     self._last, self._started = time.monotonic(), True
 
   def stop(self) -> None:
@@ -320,11 +325,9 @@ class HangGuard:
       limit = self.timeout_s if self._started else self.startup_timeout_s
       if idle <= limit:
         continue
-      where = (
-          f"after step {self._step}"
-          if self._step is not None
-          else "before the first step"
-      )
+      where = "before the first step"
+      if self._step is not None:
+        where = f"after step {self._step}"
       try:
         proc = f"process {jax.process_index()} of {jax.process_count()}"
       except Exception:  # pylint: disable=broad-except  (never let the message itself hang/fail)

@@ -163,7 +163,9 @@ def _distinct_shards(mesh, out_specs) -> int:
     for entry in spec:
       if entry is None:
         continue
-      axes.update((entry,) if isinstance(entry, str) else entry)
+      if isinstance(entry, str):
+        entry = (entry,)
+      axes.update(entry)
   return math.prod(mesh.shape[axis] for axis in axes)
 
 

@@ -198,7 +198,9 @@ class MetricWriter:
       writer.write(step, row)
 
   def _rows(self):
-    return read_metrics(self.workdir) if self._active else []
+    if not self._active:
+      return []
+    return read_metrics(self.workdir)
 
   def logged_keys(self, step):
     """The keys metrics.jsonl holds for `step` (empty on processes other than 0)."""
@@ -285,7 +287,9 @@ def read_metrics(workdir):
   """metrics.jsonl's rows ([] without one); a torn last line (a run in progress) is skipped."""
   path = paths.resolve(workdir) / "metrics.jsonl"
   rows = []
-  for line in (path.read_text().splitlines() if path.exists() else []):
+  if not path.exists():
+    return rows
+  for line in path.read_text().splitlines():
     try:
       row = json.loads(line)
     except ValueError:
@@ -339,11 +343,9 @@ class Chrono:
     self.train_seconds = 0.0
     self.num_devices = jax.device_count()
     # Cores a run occupies, for core-hours: devices, or CPU cores on CPU.
-    self.num_cores = (
-        (os.cpu_count() or 1) * jax.process_count()
-        if jax.devices()[0].platform == "cpu"
-        else self.num_devices
-    )
+    self.num_cores = self.num_devices
+    if jax.devices()[0].platform == "cpu":
+      self.num_cores = (os.cpu_count() or 1) * jax.process_count()
 
   def pause(self):
     self._pause_start = time.perf_counter()

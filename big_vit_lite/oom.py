@@ -40,7 +40,9 @@ def is_oom(err: BaseException) -> bool:
 def requested_bytes(err: BaseException):
   """The size of the allocation that failed, in bytes, where XLA's message says it."""
   m = _BYTES.search(str(err))
-  return float(m.group(1)) * _UNITS[(m.group(2) or "").lower()] if m else None
+  if not m:
+    return None
+  return float(m.group(1)) * _UNITS[(m.group(2) or "").lower()]
 
 
 TRAIN_ADVICE = (
@@ -65,15 +67,17 @@ def message(
     advice=TRAIN_ADVICE,
 ) -> str:
   """One line: what ran out of memory, how much was asked, and the knobs that help."""
-  asked = requested_bytes(err)
-  asked = f" (an allocation of {asked / 2**30:.2f} GiB failed)" if asked else ""
-  detail = (
-      [f"{batch_size // devices:,} per device"]
-      if batch_size and devices
-      else []
-  )
+  asked = ""
+  if asked_bytes := requested_bytes(err):
+    asked = f" (an allocation of {asked_bytes / 2**30:.2f} GiB failed)"
+  detail = []
+  if batch_size and devices:
+    detail.append(f"{batch_size // devices:,} per device")
   if batch_size and (grad_accum_steps or 1) > 1:
     detail.append(f"{grad_accum_steps} microbatches")
-  where = f" at input.batch_size={batch_size}" if batch_size else ""
-  where += f" ({', '.join(detail)})" if detail else ""
+  where = ""
+  if batch_size:
+    where = f" at input.batch_size={batch_size}"
+  if detail:
+    where += f" ({', '.join(detail)})"
   return f"out of memory during {what}{where}{asked}. {advice}"

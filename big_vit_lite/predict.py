@@ -68,10 +68,6 @@ def _define_flags():
   )
 
 
-_hidden = imagefolder._hidden  # pylint: disable=protected-access  (".x", "__MACOSX")
-_try_convert = imagefolder._try_convert  # pylint: disable=protected-access
-
-
 def image_files(items):
   """The image files named by `items` (files as given, folders walked in sorted order)."""
   files = []
@@ -79,11 +75,12 @@ def image_files(items):
     item = os.path.expanduser(item)
     if os.path.isdir(item):
       for root, dirs, names in os.walk(item):
-        dirs[:] = sorted(d for d in dirs if not _hidden(d))
+        dirs[:] = sorted(d for d in dirs if not imagefolder.is_hidden(d))
         files += [
             os.path.join(root, n)
             for n in sorted(names)
-            if not _hidden(n) and n.lower().endswith(imagefolder.EXTENSIONS)
+            if not imagefolder.is_hidden(n)
+            and n.lower().endswith(imagefolder.EXTENSIONS)
         ]
     elif os.path.exists(item):
       files.append(item)
@@ -139,7 +136,7 @@ def _read(path, preprocess, tmp_dir):
     return None, reason
   # A format tf decodes wrong: through Pillow to PNG first.
   if status == "convert":
-    path, reason = _try_convert(path, tmp_dir, abs(hash(path)))
+    path, reason = imagefolder.convert_to_png(path, tmp_dir, abs(hash(path)))
     if path is None:
       return None, reason
   try:

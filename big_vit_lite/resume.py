@@ -39,13 +39,17 @@ def check_resumable(checkpointer, step, state_abstract, opt, config=None):
     if mismatch and not checkpointer.state_mismatch(
         step, with_opt_layout(state_abstract, opt, not opt.clipped)
     ):
-      mismatch, saved_clipped = None, not opt.clipped
+      mismatch = None
+      if opt.clipped:
+        saved, now = "without", "clips"
+      else:
+        saved, now = "with", "does not clip"
       logging.info(
           "The checkpoint at step %d was saved %s gradient clipping; this run %s "
           "(config.grad_clip_norm): its optimizer state carries over as it is.",
           step,
-          "with" if saved_clipped else "without",
-          "clips" if opt.clipped else "does not clip",
+          saved,
+          now,
       )
   except Exception as e:  # pylint: disable=broad-except
     raise TrainingError(damaged(checkpointer, step, e)) from e
@@ -54,11 +58,9 @@ def check_resumable(checkpointer, step, state_abstract, opt, config=None):
     changed = changed_keys(step_dir, config)
     # Params of another shape cannot initialise this model either: model_init is
     # no way out.
-    fix = (
-        "Use a new --workdir"
-        if mismatch.startswith("'params/")
-        else f"Use a new --workdir with config.model_init={step_dir} to start from its params"
-    )
+    fix = f"Use a new --workdir with config.model_init={step_dir} to start from its params"
+    if mismatch.startswith("'params/"):
+      fix = "Use a new --workdir"
     raise TrainingError(
         f"Cannot resume from {step_dir}: it was written for another model or "
         f"optimizer ({mismatch}; {changed}). {fix}, or undo the change."
@@ -127,14 +129,13 @@ def restore(checkpointer, step, state_abstract):
 def damaged(checkpointer, step, error):
   """One line for a checkpoint that cannot be read (files deleted or truncated after the save)."""
   reason = ckpt_lib.error_reason(error)
-  reason = reason[:300] + "..." if len(reason) > 300 else reason
+  if len(reason) > 300:
+    reason = reason[:300] + "..."
   older = sorted(s for s in checkpointer.all_steps() if s < step)
   step_dir = checkpointer.step_dir(step)
-  where = (
-      f"(e.g. to {step_dir}.damaged) to resume from step {older[-1]}"
-      if older
-      else "to start afresh"
-  )
+  where = "to start afresh"
+  if older:
+    where = f"(e.g. to {step_dir}.damaged) to resume from step {older[-1]}"
   return (
       f"Cannot read checkpoint {step_dir} ({reason}); if it is damaged, move it out of "
       f"{checkpointer.directory} {where}."

@@ -67,8 +67,10 @@ def make_mesh(mesh_cfg=(("data", -1),), devices=None):
   mesh_cfg may also be a string, 'data:2,fsdp:-1'. Auto (not jax.make_mesh's
   default Explicit) axis types: Flax linen's logical constraints only work with Auto.
   """
-  devices = jax.devices() if devices is None else devices
-  mesh_cfg = parse_mesh(mesh_cfg) if isinstance(mesh_cfg, str) else mesh_cfg
+  if devices is None:
+    devices = jax.devices()
+  if isinstance(mesh_cfg, str):
+    mesh_cfg = parse_mesh(mesh_cfg)
   try:
     mesh_cfg = [
         (name, operator.index(size))
@@ -114,9 +116,9 @@ def batch_axes(mesh):
 
 def batch_devices(mesh):
   """How many ways the batch is split: the product of the batch axes (1 without a mesh)."""
-  return (
-      1 if mesh is None else math.prod(mesh.shape[a] for a in batch_axes(mesh))
-  )
+  if mesh is None:
+    return 1
+  return math.prod(mesh.shape[a] for a in batch_axes(mesh))
 
 
 def batch_sharding(mesh):
@@ -129,27 +131,28 @@ def replicated(mesh):
 
 def _rule_pairs(rules_cfg):
   """config.sharding_rules (pairs, or a dict) -> [(logical, axes tuple or None)], checked."""
-  rules_cfg = (
-      list(rules_cfg.items()) if hasattr(rules_cfg, "items") else rules_cfg
-  )
+  if hasattr(rules_cfg, "items"):
+    rules_cfg = list(rules_cfg.items())
   try:
-    pairs = [
-        (logical, (axes,) if isinstance(axes, str) else axes)
-        for logical, axes in rules_cfg
-    ]
+    pairs = [(logical, axes) for logical, axes in rules_cfg]
   except (TypeError, ValueError):
     raise ValueError(
         f"sharding_rules={rules_cfg!r}: use (logical axis, mesh axes) pairs, e.g. "
         "(('embed', 'fsdp'),) (one rule needs the trailing comma)."
     ) from None
+  checked = []
   for logical, axes in pairs:
     if logical not in _LOGICAL_NAMES:
       near = difflib.get_close_matches(str(logical), _LOGICAL_NAMES, n=1)
+      hint = ""
+      if near:
+        hint = f" (did you mean {near[0]!r}?)"
       raise ValueError(
-          f"sharding_rules: unknown logical axis {logical!r}"
-          f"{f' (did you mean {near[0]!r}?)' if near else ''}; the model's logical "
+          f"sharding_rules: unknown logical axis {logical!r}{hint}; the model's logical "
           f"axes are {', '.join(_LOGICAL_NAMES)}."
       )
+    if isinstance(axes, str):
+      axes = (axes,)
     if axes is not None and (
         not isinstance(axes, (list, tuple))
         or len(set(axes)) < len(axes)
@@ -159,10 +162,10 @@ def _rule_pairs(rules_cfg):
           f"sharding_rules: {logical!r} maps to {axes!r}; use a mesh axis "
           f"({', '.join(MESH_AXES)}), a tuple of distinct ones, or None."
       )
-  return [
-      (logical, None if axes is None else tuple(axes))
-      for logical, axes in pairs
-  ]
+    if axes is not None:
+      axes = tuple(axes)
+    checked.append((logical, axes))
+  return checked
 
 
 def as_axes(axes) -> tuple:
@@ -184,8 +187,9 @@ def make_rules(rules_cfg, mesh):
   name are tried in their order. Returns a tuple for Flax.
   """
   named = {}
-  for logical, axes in ([] if rules_cfg is None else _rule_pairs(rules_cfg)):
-    named.setdefault(logical, []).append(axes)
+  if rules_cfg is not None:
+    for logical, axes in _rule_pairs(rules_cfg):
+      named.setdefault(logical, []).append(axes)
   out = []
   for logical, default in DEFAULT_RULES:
     for axes in named.get(logical, [default]):
@@ -208,12 +212,14 @@ def unbox(tree):
   (`nn.meta.unbox` constrains each value to its logical sharding, which fails on
   ShapeDtypeStructs under `jax.set_mesh`.)
   """
+
+  def value(x):
+    if isinstance(x, nn.meta.AxisMetadata):
+      return x.unbox(apply_constraint=False)
+    return x
+
   return jax.tree.map(
-      lambda x: x.unbox(apply_constraint=False)
-      if isinstance(x, nn.meta.AxisMetadata)
-      else x,
-      tree,
-      is_leaf=lambda x: isinstance(x, nn.meta.AxisMetadata),
+      value, tree, is_leaf=lambda x: isinstance(x, nn.meta.AxisMetadata)
   )
 
 
@@ -255,11 +261,14 @@ def _summarize(found):
   """[(param, dim size, axes, n, moved)] -> one note per case: what, how many, an example."""
   groups = {}
   for name, size, axes, n, moved in found:
-    groups.setdefault((size, axes, n, moved is not None), []).append(name)
+    what = "whole"
+    if moved is not None:
+      what = "split along another dim"
+    groups.setdefault((size, axes, n, what), []).append(name)
   return [
-      f"size {size} over {axes} ({n}): {len(names)} param(s) "
-      f"{'split along another dim' if moved else 'whole'}, e.g. {names[0]}"
-      for (size, axes, n, moved), names in groups.items()
+      f"size {size} over {axes} ({n}): {len(names)} param(s) {what}, e.g. "
+      f"{names[0]}"
+      for (size, axes, n, what), names in groups.items()
   ]
 
 
@@ -272,13 +281,14 @@ def fit_spec(spec, shape, axis_sizes, unsplit=None, name="array"):
   MLP's 6144 does); what finds no such dim stays whole. Each case is noted in the list
   `unsplit` as (name, dim size, axes, their size, dim moved to or None), if given.
   """
-  spec = spec if isinstance(spec, P) else P()
+  if not isinstance(spec, P):
+    spec = P()
   dims = list(spec) + [None] * (len(shape) - len(spec))
   dropped = []
   for i, axes in enumerate(dims):
     if axes is None:
       continue
-    names = (axes,) if isinstance(axes, str) else tuple(axes)
+    names = as_axes(axes)
     size = math.prod(axis_sizes[a] for a in names)
     if shape[i] % size:
       dims[i] = None
@@ -292,11 +302,9 @@ def fit_spec(spec, shape, axis_sizes, unsplit=None, name="array"):
         and shape[j] >= size
         and shape[j] % size == 0
     ]
-    moved = (
-        max(free, key=lambda j: shape[j])
-        if free and "model" not in names
-        else None
-    )
+    moved = None
+    if free and "model" not in names:
+      moved = max(free, key=lambda j: shape[j])
     if moved is not None:
       dims[moved] = axes
     if unsplit is not None:

@@ -426,16 +426,21 @@ def compile_step(jitted_update, *, job, inputs, model, layout):
   )
   # (None where the backend does not say.)
   memory = flops_lib.program_memory(compiled)
-  temp = None
+  # Each figure None where the backend does not say.
+  xla_gflops = peak_gflops = temp_mib = None
+  if xla_flops is not None:
+    xla_gflops = f"{xla_flops / 1e9:.4g}"
+  if peak is not None:
+    peak_gflops = f"{peak / 1e9:.6g}"
   if memory:
-    temp = memory["temp"]
+    temp_mib = f"{memory['temp'] / 2**20:.1f}"
   logging.info(
       "Train step: %.6g model GFLOP per device (XLA: %s); device peak %s "
       "GFLOP/s; XLA temporaries %s MiB per device",
       model_flops / 1e9,
-      None if xla_flops is None else f"{xla_flops / 1e9:.4g}",
-      None if peak is None else f"{peak / 1e9:.6g}",
-      None if temp is None else f"{temp / 2**20:.1f}",
+      xla_gflops,
+      peak_gflops,
+      temp_mib,
   )
   if model.distill:
     compiled = model.distill.bind(compiled)

@@ -84,14 +84,19 @@ class Loop:
     self.first_step = int(jax.device_get(start.state["step"]))
     # summary.json now ("running") and however the run ends, with the log's
     # summary block.
+    write_report = on_end = None
+    if settings.report:
+      write_report = report_lib.write
+    if self.tracker:
+      on_end = self.tracker.finish
     self.summary = summary_lib.TrainRun(
         job.workdir,
         total_steps=inputs.total_steps,
         start_step=start.step,
         checkpoint_dir=start.checkpointer.directory,
         image_shape=image_shape,
-        report=report_lib.write if settings.report else None,
-        on_end=self.tracker.finish if self.tracker else None,
+        report=write_report,
+        on_end=on_end,
     )
     cleanup.push(self.summary.exit)
     # core_hours counts the earlier attempts too (their lines up to the

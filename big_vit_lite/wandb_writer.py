@@ -131,9 +131,10 @@ class Writer:
             **{k: v for k, v in speed.items() if v is not None},
         }
     )
-    self.run.finish(
-        exit_code=0 if summary["status"] in ("finished", "preempted") else 1
-    )
+    exit_code = 1  # failed, stopped by a signal
+    if summary["status"] in ("finished", "preempted"):
+      exit_code = 0
+    self.run.finish(exit_code=exit_code)
 
 
 def start(cfg, workdir, raw_config):

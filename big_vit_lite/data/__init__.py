@@ -20,7 +20,9 @@ import numbers
 
 def config_dict(cfg, allowed, what):
   """A config (dict or ConfigDict) as a plain dict; keys outside `allowed` are an error."""
-  cfg = dict(cfg.to_dict() if hasattr(cfg, "to_dict") else cfg)
+  if hasattr(cfg, "to_dict"):  # a ConfigDict
+    cfg = cfg.to_dict()
+  cfg = dict(cfg)
   unknown = sorted(set(cfg) - set(allowed))
   if unknown:
     raise ValueError(

@@ -130,5 +130,7 @@ def prefetch(iterator, size, mesh):
   checkpoint `prefetcher.get_state()`, which is the position after the
   last batch returned, whatever was prefetched.
   """
-  size = count(0 if size is None else size, "device prefetch size", 0)
+  if size is None:
+    size = 0
+  size = count(size, "device prefetch size", 0)
   return _Prefetcher(iterator, size, mesh)

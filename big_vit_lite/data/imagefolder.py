@@ -102,7 +102,7 @@ def fixed_order(n):
   return np.argsort(np.random.PCG64(SPLIT_SEED).random_raw(n), kind="stable")
 
 
-def _try_convert(path, out_dir, index):
+def convert_to_png(path, out_dir, index):
   """Converts an image to out_dir/index.png -> (PNG path, None), or (None, why it cannot)."""
   out = os.path.join(out_dir, f"{index}.png")
   try:
@@ -158,7 +158,7 @@ def _class_folders(root):
   return {c for s in _subdirs(root) for c in _subdirs(os.path.join(root, s))}
 
 
-def _hidden(name):
+def is_hidden(name):
   """Hidden files and folders, and what macOS leaves in copies and zips ("._x.jpg" resource
   forks, "__MACOSX/"): not images of the dataset, and not a class."""
   return name.startswith(".") or name == "__MACOSX"
@@ -168,7 +168,7 @@ def _subdirs(path):
   return sorted(
       d
       for d in os.listdir(path)
-      if os.path.isdir(os.path.join(path, d)) and not _hidden(d)
+      if os.path.isdir(os.path.join(path, d)) and not is_hidden(d)
   )
 
 
@@ -199,11 +199,11 @@ def _images_under(cdir):
           "imagefolder: not following %s: it leads back to a folder above it (a cycle)",
           os.path.join(top, cycles[0]),
       )
-    dirs[:] = [d for d in dirs if not _hidden(d) and d not in cycles]
+    dirs[:] = [d for d in dirs if not is_hidden(d) and d not in cycles]
     out += [
         os.path.join(top, n)
         for n in names
-        if not _hidden(n) and n.lower().endswith(EXTENSIONS)
+        if not is_hidden(n) and n.lower().endswith(EXTENSIONS)
     ]
   return sorted(out)
 
@@ -278,7 +278,7 @@ class ImageFolderSource:
         out_dir = tempfile.mkdtemp(prefix="bvl_imagefolder_")
         _CONVERTED_DIRS.append(out_dir)
         for i, (path, error) in zip(
-            todo, pool.map(lambda i: _try_convert(paths[i], out_dir, i), todo)
+            todo, pool.map(lambda i: convert_to_png(paths[i], out_dir, i), todo)
         ):
           paths[i] = path
           if error:

@@ -11,7 +11,6 @@ from typing import Any, Optional
 
 import flax.linen as nn
 import jax
-from jax.extend import backend as jex_backend
 import jax.numpy as jnp
 import numpy as np
 
@@ -24,17 +23,11 @@ from big_vit_lite.models.posemb import sincos_2d as posemb_sincos_2d
 _partitioned = nn.with_logical_partitioning
 
 
-def _gelu(kind: str):
-  return (
-      gelu_exact if kind == "exact" else lambda x: nn.gelu(x, approximate=True)
-  )
-
-
-def _on_cuda() -> bool:
-  return (
-      jax.default_backend() == "gpu"
-      and "cuda" in jex_backend.get_backend().platform_version.lower()
-  )
+def gelu_fn(kind: str):
+  """The GELU of config.model.gelu: "exact" (erf) or "tanh" (the approximation)."""
+  if kind == "exact":
+    return gelu_exact
+  return lambda x: nn.gelu(x, approximate=True)
 
 
 def resolve_dtype_mm(dtype_mm, platform=None) -> str:
@@ -62,7 +55,9 @@ def resolve_dtype_act(dtype_act, platform=None) -> str:
   )
 
 
-@dataclasses.dataclass(frozen=True)
+# Keyword-only and not frozen so that vit.Model can take these fields as its
+# own (config.model.qk_norm, ...) by subclassing: one definition of each.
+@dataclasses.dataclass(unsafe_hash=True, kw_only=True)
 class BlockOptions:
   """The block options of `Model` (see its docstring), handed down as one hashable value."""
 
@@ -182,7 +177,7 @@ class MlpBlock(nn.Module):
           * hidden
       )
     else:
-      hidden = _gelu(self.gelu)(hidden)
+      hidden = gelu_fn(self.gelu)(hidden)
     x = nn.with_logical_constraint(hidden, ("batch", "seq", "mlp"))
     x = nn.Dropout(rate=self.dropout)(x, deterministic)
     return nn.Dropout(rate=self.dropout)(

@@ -44,7 +44,10 @@ def read_source(src, key="params"):
   src = steps.resolve_step_dir(src)
   params, config = steps.load_params(src, key)
   flat = layout.canonicalize(layout.to_numpy_flat(params))
-  return flat, config, int(src.name) if src.name.isdigit() else 0
+  step = 0
+  if src.name.isdigit():
+    step = int(src.name)
+  return flat, config, step
 
 
 def infer_model_cfg(flat):
@@ -55,6 +58,9 @@ def infer_model_cfg(flat):
     raise ValueError(
         "model_init holds no ViT params (no patch embedding, attention or MLP)."
     )
+  posemb = "sincos2d"  # (no params)
+  if any(k.endswith("pos_embedding") for k in flat):
+    posemb = "learn"
   cfg = dict(
       variant=None,
       width=a["width"],
@@ -63,9 +69,7 @@ def infer_model_cfg(flat):
       num_heads=a["heads"],
       patch_size=a["patch"],
       pool_type=a["pool_type"],
-      posemb="learn"
-      if any(k.endswith("pos_embedding") for k in flat)
-      else "sincos2d",
+      posemb=posemb,
   )
   cfg.update(layout.model_options(flat))
   if "pre_logits/kernel" in flat:
@@ -96,19 +100,19 @@ def native_input_shape(flat, saved_config, hw=None):
   if hw and hw[0] != hw[1]:
     # A 4x9 grid has as many tokens as a 6x6 one: run square, its posemb would
     # be scrambled.
-    said = (
-        f"its pp: {str(saved_config.input.pp)!r}"
-        if from_pp
-        else "its timm metadata"
-    )
+    said = "its timm metadata"
+    if from_pp:
+      said = f"its pp: {str(saved_config.input.pp)!r}"
     raise ValueError(
         f"The checkpoint was trained on {hw[0]}x{hw[1]} images ({said}): evaluate "
         "runs square images only."
     )
   posemb = flat.get("Transformer/posembed_input/pos_embedding")
   # sincos posemb has no params: the training pp's size, if known.
+  if posemb is None and hw:
+    return hw[0], channels
   if posemb is None:
-    return (hw[0] if hw else None), channels
+    return None, channels
   # canonical: a row for each of cls and dist iff there is one
   tokens = posemb.shape[1] - layout.num_prefix(flat)
   side = math.isqrt(tokens)
@@ -126,10 +130,8 @@ def native_input_shape(flat, saved_config, hw=None):
 def build_model(config, flat, saved_config):
   """(vit.Model, kwargs) from the saved run config or the param shapes + overrides."""
   if saved_config is not None and "model" in saved_config:
-    model_cfg, source = (
-        saved_config.model.to_dict(),
-        "the checkpoint's saved config",
-    )
+    model_cfg = saved_config.model.to_dict()
+    source = "the checkpoint's saved config"
   else:
     model_cfg = infer_model_cfg(flat)
     source = "the param shapes"
@@ -143,17 +145,14 @@ def build_model(config, flat, saved_config):
       k: v for k, v in config.consume("model", {}).items() if v is not None
   }
   model_cfg.update(overrides)
-  model_cfg["num_classes"] = (
-      int(flat["head/kernel"].shape[1]) if "head/kernel" in flat else 0
-  )
+  model_cfg["num_classes"] = 0  # no head: the pre-logits
+  if "head/kernel" in flat:
+    model_cfg["num_classes"] = int(flat["head/kernel"].shape[1])
   # Evaluation never uses dropout or remat.
   model_cfg.update(dropout=0.0, drop_path=0.0, remat_policy=None)
-  logging.info(
-      "Model from %s%s: %s",
-      source,
-      f" with overrides {overrides}" if overrides else "",
-      model_cfg,
-  )
+  if overrides:
+    source = f"{source} with overrides {overrides}"
+  logging.info("Model from %s: %s", source, model_cfg)
   try:
     return vit.Model(**model_cfg), model_cfg
   except TypeError as e:
@@ -172,16 +171,11 @@ def make_predict_fn(model, res, channels, patch=1):
     if c != channels or (
         res is not None and (h // patch, w // patch) != (res // patch,) * 2
     ):
-      want = (
-          f"{channels} channels:"
-          if res is None
-          else f"{res}x{res}x{channels}: resize to {res} and"
-      )
-      example = (
-          f"channels={channels}"
-          if res is None
-          else f"res={res},channels={channels}"
-      )
+      want = f"{channels} channels:"
+      example = f"channels={channels}"
+      if res is not None:
+        want = f"{res}x{res}x{channels}: resize to {res} and"
+        example = f"res={res},channels={channels}"
       raise ValueError(
           f"The eval pp gives {h}x{w}x{c} images but the model takes {want} decode "
           f"with channels={channels} in the pp (e.g. configs/fewshot.py:{example})."
@@ -206,9 +200,9 @@ def load_model(src, key, config, mesh, rules, default_res=None, place=True):
   """
   flat, saved_config, step = read_source(src, key)
   model, model_cfg = build_model(config, flat, saved_config)
-  timm_hw = (
-      timm.timm_image_size(src) if str(src).endswith(".safetensors") else None
-  )
+  timm_hw = None
+  if str(src).endswith(".safetensors"):
+    timm_hw = timm.timm_image_size(src)
   res, channels = native_input_shape(flat, saved_config, timm_hw)
   res = res or default_res
   logging.info(

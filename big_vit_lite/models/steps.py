@@ -185,11 +185,9 @@ def complete_steps(workdir):
   """The committed checkpoint steps in `workdir` (a listing: no orbax manager, nothing written)."""
   directory = paths.resolve(workdir) / CKPT_SUBDIR
   try:
-    return (
-        sorted(ocp.utils.checkpoint_steps(directory))
-        if directory.is_dir()
-        else []
-    )
+    if not directory.is_dir():
+      return []
+    return sorted(ocp.utils.checkpoint_steps(directory))
   except (OSError, ValueError):
     return []
 
@@ -252,10 +250,12 @@ def load_params(src, key="params"):
   except Exception as e:  # pylint: disable=broad-except
     raise ValueError(_cannot_read(step_dir, e)) from e
   config_path = step_dir / "config" / "metadata"
-  config = (
-      json.loads(config_path.read_text()) if config_path.is_file() else None
-  )
-  return out[key], ml_collections.ConfigDict(config) if config else None
+  config = None  # a file written by another tool has none
+  if config_path.is_file():
+    config = json.loads(config_path.read_text())
+  if not config:
+    return out[key], None
+  return out[key], ml_collections.ConfigDict(config)
 
 
 def _cannot_read(step_dir, error):
@@ -265,11 +265,9 @@ def _cannot_read(step_dir, error):
       for s in ocp.utils.checkpoint_steps(step_dir.parent)
       if step_dir.name.isdigit() and s < int(step_dir.name)
   ]
-  other = (
-      f"an older step ({step_dir.parent / str(max(older))})"
-      if older
-      else "another checkpoint"
-  )
+  other = "another checkpoint"
+  if older:
+    other = f"an older step ({step_dir.parent / str(max(older))})"
   return (
       f"Cannot read checkpoint {step_dir} ({error_reason(error)}); if it is damaged, "
       f"pass {other}."
@@ -283,11 +281,9 @@ def load_npz(path):
 
 def trained_hw(config, flat) -> Optional[tuple[int, int]]:
   """(h, w) a training run's pp gives its images (config: the run's saved config), or None."""
-  pp = (
-      str(config.input.get("pp", ""))
-      if config is not None and "input" in config
-      else ""
-  )
+  pp = ""
+  if config is not None and "input" in config:
+    pp = str(config.input.get("pp", ""))
   if not pp.strip() or "embedding/kernel" not in flat:
     return None
   from big_vit_lite.data import pp as pp_lib  # pylint: disable=g-import-not-at-top

@@ -48,6 +48,7 @@ from typing import Any, Optional, Sequence, Union
 
 import flax.linen as nn
 import jax
+from jax.extend import backend as jex_backend
 import jax.numpy as jnp
 
 # Re-exported, so that vit.Encoder1DBlock, vit.dot_product_attention, ... work.
@@ -56,12 +57,11 @@ from big_vit_lite.models.blocks import (  # noqa: F401
     BlockOptions,
     Encoder,
     Encoder1DBlock,
-    _gelu,
+    gelu_fn,
     LayerNorm,
     MAPHead,
     MlpBlock,
     MultiHeadDotProductAttention,
-    _on_cuda,
     resolve_dtype_act,
     resolve_dtype_mm,
 )
@@ -77,7 +77,15 @@ from big_vit_lite.models.variants import VARIANTS, decode_variant  # noqa: F401
 _partitioned = nn.with_logical_partitioning
 
 
-class Model(nn.Module):
+def on_cuda() -> bool:
+  """Whether jax's default backend is an NVIDIA GPU (where "auto" attention can take cuDNN's)."""
+  return (
+      jax.default_backend() == "gpu"
+      and "cuda" in jex_backend.get_backend().platform_version.lower()
+  )
+
+
+class Model(nn.Module, BlockOptions):
   """ViT classifier. `apply({"params": p}, images_nhwc, train=False) -> (logits, out)`.
 
   `variant` ("B/16", ...) sets width/depth/mlp_dim/num_heads/patch_size; any of
@@ -104,7 +112,8 @@ class Model(nn.Module):
   (each block's output), "encoded" (all tokens after the final LayerNorm),
   "head_input" (pooled), "pre_logits" (after rep_size) and "logits".
 
-  Block options (all off by default; docs/vit_options.md): `reg_tokens` N learned register
+  Block options (all off by default; docs/vit_options.md; the fields of
+  `BlockOptions`, which Model subclasses to take them as its own): `reg_tokens` N learned register
   tokens after the class token, without posemb, dropped after the encoder ("encoded" and
   pooling never see them); `qk_norm` normalises each head's q and k; `layerscale_init`: a
   per-channel scale on each residual branch, initialised to this value (None: none);
@@ -141,12 +150,6 @@ class Model(nn.Module):
   attention: str = "auto"
   dtype_act: str = "float32"
   reg_tokens: int = 0
-  qk_norm: bool = False
-  layerscale_init: Optional[float] = None
-  mlp: str = "gelu"
-  norm: str = "layernorm"
-  parallel_block: bool = False
-  use_bias: bool = True
   distill_token: bool = False
 
   def block_options(self) -> BlockOptions:
@@ -165,7 +168,7 @@ class Model(nn.Module):
     """
     if self.attention != "auto":
       return self.attention
-    on_cuda = _on_cuda() if platform is None else platform == "gpu"
+    cuda = on_cuda() if platform is None else platform == "gpu"
     platform = platform or jax.default_backend()
     if platform == "tpu":
       return "xla"
@@ -179,7 +182,7 @@ class Model(nn.Module):
     fits = dtype_mm in (jnp.bfloat16, jnp.float16) and head_dim in range(
         8, 257, 8
     )
-    return "cudnn" if fits and on_cuda else "custom"
+    return "cudnn" if fits and cuda else "custom"
 
   def resolved_dtype_mm(self, platform=None) -> str:
     """The matmul dtype this model runs with here ("auto" decided by the backend)."""
@@ -390,7 +393,7 @@ class _ConvStem(nn.Module):
   @nn.compact
   def __call__(self, x):
     for i, ch in enumerate(self.channels):
-      x = _gelu(self.gelu)(
+      x = gelu_fn(self.gelu)(
           nn.Conv(
               ch,
               (3, 3),

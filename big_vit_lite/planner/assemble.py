@@ -44,6 +44,14 @@ class Built:
   unsplit: list  # The param dims the mesh axes do not divide (sharding.py).
 
 
+def first_line(error) -> str:
+  """The first line of a compiler's or plugin's error (its type's name if it is empty)."""
+  text = str(error).strip()
+  if not text:
+    return type(error).__name__
+  return text.splitlines()[0]
+
+
 def image_channels(config) -> int:
   """Channels of the training images: `channels=N` of a decode op in input.pp, else 3."""
   found = re.findall(r"channels\s*=\s*(\d+)", str(config.input.get("pp", "")))

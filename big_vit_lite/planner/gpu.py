@@ -183,9 +183,9 @@ def host_devices(host: Host):
         topology=f"1x{host.hosts}x{host.per_host}",
     )
   except Exception as e:  # pylint: disable=broad-except  # the plugin's own error types
-    reason = str(e).strip().splitlines()[0] if str(e).strip() else repr(e)
     raise ValueError(
-        f"--gpu={host.name}: the CUDA plugin gave no devices ({reason}); run "
+        f"--gpu={host.name}: the CUDA plugin gave no devices "
+        f"({assemble.first_line(e)}); run "
         "with JAX_PLATFORMS=cpu JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 (docs/gpu.md)"
     ) from None
   devices = list(desc.devices)

@@ -71,11 +71,10 @@ _NATIVE_RES = {
 
 def parse_mesh(spec) -> dict:
   """--mesh 'data:64,fsdp:4' or config.mesh [("data", 64), ("fsdp", 4)] -> {'data': 64, ...}."""
-  pairs = (
-      sharding.parse_mesh(spec)
-      if isinstance(spec, str)
-      else [tuple(a) for a in spec]
-  )
+  if isinstance(spec, str):
+    pairs = sharding.parse_mesh(spec)
+  else:
+    pairs = [tuple(a) for a in spec]
   mesh = dict(pairs)
   if (
       len(mesh) != len(pairs)
@@ -95,11 +94,9 @@ def image_res(config, override: int | None = None) -> int:
   if override is not None:
     return int(override)
   pp = str(config.input.get("pp", ""))
-  hw = (
-      pp_lib.output_hw(pp, channels=assemble.image_channels(config))
-      if pp.strip()
-      else None
-  )
+  hw = None
+  if pp.strip():
+    hw = pp_lib.output_hw(pp, channels=assemble.image_channels(config))
   if hw and hw[0] != hw[1]:
     raise ValueError(
         f"input.pp={pp!r} gives {hw[0]}x{hw[1]} images; the planner models "
@@ -110,7 +107,9 @@ def image_res(config, override: int | None = None) -> int:
     raise ValueError(
         f"cannot tell the training image size from input.pp={pp!r}; pass --res=N"
     )
-  return hw[0] if hw else _NATIVE_RES[name]
+  if hw:
+    return hw[0]
+  return _NATIVE_RES[name]
 
 
 def _abstract_mesh(mesh: dict):

@@ -8,15 +8,25 @@ def _fmt_bytes(b: float) -> str:
   return f"{b / GIB:8.2f} GiB"
 
 
+def _yes_no(fits):
+  if fits:
+    return "yes"
+  return "NO"
+
+
 def format_report(p: dict) -> str:
   """The plan as the CLI prints it."""
   k, micro, a = p["grad_accum_steps"], p["micro_batch"], p["arch"]
+  microbatches, per_microbatch = "", ""
+  if k > 1:
+    microbatches = f" in {k} microbatches of {micro}"
+    per_microbatch = f", per microbatch of {micro}"
   lines = [
       f"ViT {p['variant'] or 'custom'} (width {a['width']}, depth {a['depth']}, MLP "
       f"{a['mlp_dim']}, {a['num_heads']} heads, patch {a['patch_size']}) @ {p['res']}px "
       f"({p['tokens']} tokens), {p['num_params'] / 1e6:.1f}M params, global batch "
       f"{p['global_batch']} ({p['local_batch']}/device"
-      f"{f' in {k} microbatches of {micro}' if k > 1 else ''}), remat={p['remat']}, "
+      f"{microbatches}), remat={p['remat']}, "
       f"matmuls in {p['dtype_mm']}, residual stream in {p['dtype_act']}, "
       f"{p['attention']} attention",
       f"mesh {','.join(f'{n}:{v}' for n, v in p['mesh'].items())} = {p['devices']} x "
@@ -36,8 +46,7 @@ def format_report(p: dict) -> str:
       (
           "activations",
           "act",
-          "(peak, kept for backward"
-          + (f", per microbatch of {micro})" if k > 1 else ")"),
+          f"(peak, kept for backward{per_microbatch})",
       ),
       ("input batch", "batch", ""),
       (
@@ -51,17 +60,18 @@ def format_report(p: dict) -> str:
       lines.append(f"  {name:<15} {_fmt_bytes(b)}  {note}".rstrip())
   lines.append(
       f"  total           {_fmt_bytes(p['total_bytes_per_device'])}  -> fits: "
-      f"{'yes' if p['fits'] else 'NO'} (limit {USABLE_FRACTION:.0%} of HBM)"
+      f"{_yes_no(p['fits'])} (limit {USABLE_FRACTION:.0%} of HBM)"
   )
   if p["fits_with_remat"] is not None:
+    with_remat = "does not fit with remat either"
+    if p["fits_with_remat"]:
+      with_remat = (
+          "fits with --config.model.remat_policy=nothing_saveable (each block's "
+          "forward recomputed: ~1/3 more block FLOPs)"
+      )
     lines.append(
         f"  with remat      {_fmt_bytes(p['total_bytes_with_remat'])}  -> "
-        + (
-            "fits with --config.model.remat_policy=nothing_saveable (each block's forward "
-            "recomputed: ~1/3 more block FLOPs)"
-            if p["fits_with_remat"]
-            else "does not fit with remat either"
-        )
+        + with_remat
     )
   lines += [
       f"FLOPs per step: {p['flops_per_step']:.3e} model (matmuls, as MFU counts them), "
@@ -104,19 +114,19 @@ def tpu_lines(p: dict) -> list:
         f"devices): does NOT fit, the compiler refused the step: {p['tpu_refused']}"
     ]
   est_s = p["tpu_est_step_s"]
-  estimate = (
-      f"step {est_s * 1e3:.1f} ms, {p['tpu_est_img_per_s_per_chip']:.1f} img/s per chip, "
-      f"MFU {p['tpu_est_mfu']:.1%} (model FLOPs {p['tpu_model_flops']:.3e}/step)"
-      if est_s
-      else "none for this program"
-  )
+  estimate = "none for this program"
+  if est_s:
+    estimate = (
+        f"step {est_s * 1e3:.1f} ms, {p['tpu_est_img_per_s_per_chip']:.1f} img/s per "
+        f"chip, MFU {p['tpu_est_mfu']:.1%} (model FLOPs {p['tpu_model_flops']:.3e}/step)"
+    )
   lines = [
       f"TPU compiler, {p['tpu_topology']} ({p['tpu_chips']} chips, {p['devices']} devices), "
       f"per device: arguments {p['tpu_argument_bytes'] / GIB:.2f} GiB, outputs "
       f"{p['tpu_output_bytes'] / GIB:.2f} GiB (aliased {p['tpu_alias_bytes'] / GIB:.2f}), "
       f"temporaries {p['tpu_temp_bytes'] / GIB:.2f} GiB",
       f"  total {p['tpu_peak_bytes'] / GIB:.2f} of {p['tpu_hbm_bytes'] / GIB:.0f} GiB HBM -> "
-      f"fits: {'yes' if p['tpu_fits'] else 'NO'} ({p['tpu_hbm_spare']:.0%} spare)",
+      f"fits: {_yes_no(p['tpu_fits'])} ({p['tpu_hbm_spare']:.0%} spare)",
       f"  estimated by the compiler's cost model: {estimate}",
   ]
   if all(p.get("tpu_est_by_depth") or [None]):
@@ -141,10 +151,7 @@ def tpu_lines(p: dict) -> list:
 
 def gpu_lines(p: dict) -> list:
   """plan's report lines for the gpu_* fields."""
-  if p["gpu_fits"]:
-    fits = "yes"
-  else:
-    fits = "NO"
+  fits = _yes_no(p["gpu_fits"])
   lines = [
       f"GPU compiler, {p['gpu_hosts']} x {p['gpu_host']} ({p['devices']} x "
       f"{p['gpu_name']}), {p['gpu_attention']} attention, per GPU: arguments "

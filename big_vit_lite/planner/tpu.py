@@ -73,11 +73,13 @@ def parse_slice(name: str) -> Slice:
   if match_acc and match_acc.group(1) in _GENERATIONS:
     prefix, in_cores, key, dims = _GENERATIONS[match_acc.group(1)]
     count = int(match_acc.group(2))
-    chips = count // 2 if in_cores else count
+    chips, unit = count, "chips"
+    if in_cores:
+      chips, unit = count // 2, "cores"
     if chips < 1 or chips & (chips - 1) or (in_cores and count % 2):
       raise ValueError(
           f"--topology={name}: {count} is not a slice size (a power of two "
-          f"{'cores' if in_cores else 'chips'}); use {known}."
+          f"{unit}); use {known}."
       )
     topology = f"{prefix}:{_shape(chips, dims)}"
   elif match_topo and match_topo.group(1) in _PREFIXES:
@@ -106,22 +108,17 @@ def slice_devices(tpu_slice: Slice):
   from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
   # A v4 VM runs its chips' two cores as one JAX device (megacore); the
   # topology's default is a device per core.
-  megacore = (
-      {"chip_config_name": "megacore"}
-      if tpu_slice.topology.startswith("v4:")
-      else {}
-  )
+  megacore = {}
+  if tpu_slice.topology.startswith("v4:"):
+    megacore = {"chip_config_name": "megacore"}
   try:
     desc = topologies.get_topology_desc(
         platform="tpu", topology_name=tpu_slice.topology, **megacore
     )
   except Exception as e:  # pylint: disable=broad-except  # libtpu's own error types
-    reason = (
-        str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    )
     raise ValueError(
         f"--topology={tpu_slice.name}: libtpu refused topology "
-        f"{tpu_slice.topology}: {reason}"
+        f"{tpu_slice.topology}: {assemble.first_line(e)}"
     ) from None
   devices = list(desc.devices)
   if len(devices) != tpu_slice.devices:
@@ -199,7 +196,9 @@ def _refused(message, tpu_slice, spec):
   # available HBM ..."
   sizes = re.findall(r"\(([\d.]+)([KMGT])\)", first)
   units = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
-  needed = int(float(sizes[0][0]) * units[sizes[0][1]]) if sizes else None
+  needed = None
+  if sizes:
+    needed = int(float(sizes[0][0]) * units[sizes[0][1]])
   return dict(
       tpu_topology=tpu_slice.topology,
       tpu_chips=tpu_slice.chips,
