@@ -135,7 +135,9 @@ def make_config(*, runlocal):
       batch_size=500,
       log_steps=4000,
   )
-  # The ViT paper's few-shot linear probe on the other offline datasets.
+  # The ViT paper's few-shot linear probe on the other offline datasets, each
+  # beside the same probe on the raw pixels ("fewshot/mnist10k_10shot_pixels";
+  # computed once per run): what the pretrained features must beat.
   config.evals.fewshot = dict(
       type="fewshot",
       datasets=dict(
@@ -145,6 +147,7 @@ def make_config(*, runlocal):
       shots=(10,),
       num_seeds=3,
       batch_size=500,
+      pixel_baseline=True,
       log_steps=30_000,
   )
 

@@ -144,6 +144,8 @@ def test_demo_runlocal_trains_on_offline_data(
   rows = _run_runlocal(config, tmp_path)
   keys = {k for r in rows for k in r}
   assert "val/prec@1" in keys and any(k.startswith("fewshot/") for k in keys)
+  # Each few-shot metric beside its raw-pixel baseline (pixel_baseline=True).
+  assert {"fewshot/mnist10k_1shot", "fewshot/mnist10k_1shot_pixels"} <= keys
   assert os.path.exists(tmp_path / "config.json")
 
 
