@@ -6,7 +6,8 @@ workdirs, overlaid for comparison, need --out):
   training.png    training loss (per logged step, and training_loss_avg: averaged over
                   each logging interval) and learning rate against step and wall-clock time
   evals.png       every eval metric against step, with those `evaluate` wrote into
-                  WORKDIR/eval (the command the trainer prints), as "evaluate/KEY"
+                  WORKDIR/eval (the command the trainer prints), as "evaluate/KEY";
+                  a metric's raw-pixel baseline (KEY_pixels) dotted in its panel
   throughput.png  img/s, MFU (every key starting with "mfu") and core-hours
   other.png       every other numeric training metric (grad_norm, step_time, ...)
 Wall-clock time is each attempt's uptime, the attempts of a resumed run
@@ -36,6 +37,7 @@ from big_vit_lite import checkpoint as ckpt_lib
 from big_vit_lite import metrics
 from big_vit_lite import paths
 from big_vit_lite import summary
+from big_vit_lite.evaluators import presets
 
 INSTALL = "pip install 'big_vit_lite[report]'"
 _TRAINING = ("training_loss", "learning_rate")
@@ -146,11 +148,19 @@ def _points(run, key, x, scale):
   ]
 
 
+def _baseline_key(run, key):
+  """KEY_pixels where `run` logged that pixel baseline of eval metric `key`, else None."""
+  pixels = key + presets.PIXELS_SUFFIX
+  if key in run["eval_keys"] and pixels in run["eval_keys"]:
+    return pixels
+  return None
+
+
 def _plot(ax, runs, key, x):
   """`key` of every run against "step" or "hours"/"minutes", resumes as dashed lines.
 
   Its _OVERLAY key in the same panel (the loss averaged over each interval, bold, the
-  per-step loss thin); a single point gets a marker.
+  per-step loss thin), and its pixel baseline dotted; a single point gets a marker.
   """
   scale = 60 if x == "minutes" else 1
   overlay = _OVERLAY.get(key)
@@ -178,6 +188,19 @@ def _plot(ax, runs, key, x):
           marker="o" if len(avg) == 1 else None,
           ms=4,
       )
+    baseline_key = _baseline_key(run, key)
+    baseline = []
+    if baseline_key:
+      baseline = _points(run, baseline_key, x, scale)
+      ax.plot(
+          *zip(*baseline),
+          color=color,
+          label=f"{run['name']}: raw pixels",
+          ls=":",
+          lw=1.5,
+          marker="x",
+          ms=4,
+      )
     resumes = (
         run["resume_steps"]
         if x == "step"
@@ -192,7 +215,7 @@ def _plot(ax, runs, key, x):
           alpha=0.8,
           label=f"resumed ({run['name']})" if j == 0 else None,
       )
-    right = max([right, *resumes, *(p[0] for p in pts + avg)])
+    right = max([right, *resumes, *(p[0] for p in pts + avg + baseline)])
   # From 0, with room on the right: a last point or a resume line is not on the
   # frame.
   ax.set_xlim(0, right * 1.05 or 1)
@@ -203,7 +226,11 @@ def _plot(ax, runs, key, x):
   )
   ax.tick_params(labelsize=8)
   ax.grid(alpha=0.3)
-  if len(runs) > 1 or overlay or any(run["resume_steps"] for run in runs):
+  baselines = any(_baseline_key(run, key) for run in runs)
+  resumed = any(run["resume_steps"] for run in runs)
+  # (A panel against time of rows without timing has no lines to name.)
+  named = ax.get_legend_handles_labels()[0]
+  if named and (len(runs) > 1 or overlay or baselines or resumed):
     ax.legend(fontsize=7)
 
 
@@ -250,6 +277,13 @@ def figures(plt, runs):
     return list(dict.fromkeys(k for run in runs for k in run[kind]))
 
   train_keys, eval_keys = keys("train_keys"), keys("eval_keys")
+  # Pixel baselines are drawn in their metric's panel.
+  baselines = {
+      k
+      for run in runs
+      for key in run["eval_keys"]
+      if (k := _baseline_key(run, key))
+  }
   throughput = [k for k in train_keys if k.startswith(_THROUGHPUT)]
   longest = max(
       (h for run in runs for h in run["hours"] if h is not None), default=0
@@ -265,7 +299,10 @@ def figures(plt, runs):
           ],
           2,
       ),
-      "evals": ([(k, "step") for k in sorted(eval_keys)], 3),
+      "evals": (
+          [(k, "step") for k in sorted(eval_keys) if k not in baselines],
+          3,
+      ),
       "throughput": ([(k, "step") for k in throughput], 3),
       "other": (
           [
@@ -284,7 +321,7 @@ def figures(plt, runs):
     keys = [
         k
         for key, _ in panels
-        for k in (key, _OVERLAY.get(key))
+        for k in (key, _OVERLAY.get(key), key + presets.PIXELS_SUFFIX)
         if k in train_keys + eval_keys
     ]
     out[name] = (png, list(dict.fromkeys(keys)), shown)
@@ -360,16 +397,23 @@ def _metrics_table(runs):
   keys = []
   for run in runs:
     wanted = ["training_loss", "training_loss_avg", *sorted(run["eval_keys"])]
-    keys += [k for k in wanted if k in run["stats"]["final"]]
+    baselines = {_baseline_key(run, k) for k in run["eval_keys"]}
+    keys += [
+        k for k in wanted if k in run["stats"]["final"] and k not in baselines
+    ]
   keys = list(dict.fromkeys(keys))
 
   def cell(run, k):
     final = run["stats"]["final"].get(k)
     best = run["stats"]["best"].get(k)
+    text = _fmt(final)
     # (No final, no best.)
-    if not best:
-      return _fmt(final)
-    return f"{_fmt(final)} (best {_fmt(best['value'])} at {best['step']})"
+    if best:
+      text += f" (best {_fmt(best['value'])} at {best['step']})"
+    baseline_key = _baseline_key(run, k)
+    if baseline_key:
+      text += f"; raw pixels {_fmt(run['stats']['final'][baseline_key])}"
+    return text
 
   return _table(
       ["metric: final (best at step)", *(run["name"] for run in runs)],

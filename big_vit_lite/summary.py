@@ -27,6 +27,7 @@ import jax
 from big_vit_lite import checkpoint as ckpt_lib
 from big_vit_lite import metrics
 from big_vit_lite import paths
+from big_vit_lite.evaluators import presets
 
 FILE = "summary.json"
 EVAL_FILE = "summary_evaluate.json"
@@ -181,13 +182,21 @@ def block(s, path):
     head += f", {len(s['attempts'])} attempts"
   # (No error line: the job's last line says it, once; summary.json keeps it.)
   lines = [f"==== Summary: {head} ===="]
-  for k, v in s.get("final", {}).items():
-    # (An evaluate run has none: it shows the results that finished, unless
+  final = s.get("final", {})
+  suffix = presets.PIXELS_SUFFIX
+  for k, v in final.items():
+    if k.endswith(suffix) and k.removesuffix(suffix) in final:
+      continue  # A pixel baseline: in its metric's line.
+    # (An evaluate run has no best: it shows the results that finished, unless
     # it finished: then its table follows, evaluate.format_table.)
     b = s.get("best", {}).get(k)
     if b or (s["kind"] == "evaluate" and s["status"] != "finished"):
-      best = f"   best {b['value']:.4g} at step {b['step']}" if b else ""
-      lines.append(f"  {k:<32} {v:.4g}{best}")
+      line = f"  {k:<32} {v:.4g}"
+      if b:
+        line += f"   best {b['value']:.4g} at step {b['step']}"
+      if k + suffix in final:
+        line += f"   pixels {final[k + suffix]:.4g}"
+      lines.append(line)
   speed = [
       f"{duration(s['hours'])} of training and evals"
       if s.get("hours")

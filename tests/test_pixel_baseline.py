@@ -5,12 +5,17 @@ pp's images, flattened: each oracle here fits scikit-learn on the pixels read by
 over the split, never on anything the evaluator computed.
 """
 
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from big_vit_lite import evaluate
+from big_vit_lite import report
 from big_vit_lite import sharding
+from big_vit_lite import summary
 from big_vit_lite.data import input_pipeline
 from big_vit_lite.evaluators import fewshot
 from big_vit_lite.evaluators import linear_probe
@@ -159,3 +164,86 @@ def test_linear_probe_pixel_baseline_equals_scikit_learn_logistic_regression(
   # (Two L-BFGS runs to a tolerance: a test prediction or two may differ.)
   assert abs(got["m_pixels"] - want) <= 0.01, (got, want)
   assert abs(got["m"] - want) > 0.05, got
+
+
+def test_summary_report_and_evaluate_table_show_each_baseline_beside_its_metric(
+    tmp_path,
+):
+  """Guards: a baseline in a line, row or panel of its own (or lost), the model's and the
+  pixels' values swapped, a baseline from another metric."""
+  rows = [
+      {"step": 2, "training_loss": 1.0, "learning_rate": 0.1},
+      {
+          "step": 4,
+          "fewshot/a_10shot": 0.5,
+          "fewshot/a_10shot_pixels": 0.75,
+          "fewshot/b_10shot": 0.25,
+      },
+      {"step": 6, "training_loss": 0.5, "learning_rate": 0.1},
+      {
+          "step": 8,
+          "fewshot/a_10shot": 0.625,
+          "fewshot/a_10shot_pixels": 0.75,
+          "fewshot/b_10shot": 0.375,
+      },
+  ]
+  (tmp_path / "metrics.jsonl").write_text(
+      "".join(json.dumps(r) + "\n" for r in rows)
+  )
+  block = summary.block(
+      dict(kind="train", status="finished", **summary.stats(rows)), "S"
+  )
+  assert (
+      "  fewshot/a_10shot                 0.625   best 0.625 at step 8   pixels 0.75\n"
+      in block
+  )
+  assert (
+      "  fewshot/b_10shot                 0.375   best 0.375 at step 8\n"
+      in block
+  )
+  assert "a_10shot_pixels" not in block
+
+  run = report.load(str(tmp_path))
+  plt = report.require_matplotlib()
+  _, keys, shown = report.figures(plt, [run])["evals"]
+  assert keys == [
+      "fewshot/a_10shot",
+      "fewshot/a_10shot_pixels",
+      "fewshot/b_10shot",
+  ]
+  lines = {(l["panel"], l["label"]): (l["xs"], l["ys"]) for l in shown}
+  assert lines == {
+      ("fewshot/a_10shot", tmp_path.name): ([4.0, 8.0], [0.5, 0.625]),
+      ("fewshot/a_10shot", f"{tmp_path.name}: raw pixels"): (
+          [4.0, 8.0],
+          [0.75, 0.75],
+      ),
+      ("fewshot/b_10shot", tmp_path.name): ([4.0, 8.0], [0.25, 0.375]),
+  }
+  table = report._metrics_table([run])  # pylint: disable=protected-access
+  assert "<td>0.625 (best 0.625 at 8); raw pixels 0.75</td>" in table
+  assert "<td>0.375 (best 0.375 at 8)</td>" in table
+  assert "a_10shot_pixels" not in table
+
+  table = evaluate.format_table(
+      {
+          "fewshot": {
+              "a_1shot": 0.5,
+              "a_1shot_pixels": 0.25,
+              "a_10shot": 0.625,
+              "a_10shot_pixels": 0.75,
+              "bb_10shot": 0.125,
+          },
+          "probe": {"a": 0.875, "a_pixels": 0.9375, "b": 0.5},
+      },
+      accuracies=("fewshot", "probe"),
+  )
+  assert table == (
+      "== fewshot\n"
+      "  dataset   1-shot   pixels  10-shot   pixels\n"
+      "  a         50.00%   25.00%   62.50%   75.00%\n"
+      "  bb             -        -   12.50%        -\n"
+      "== probe\n"
+      "  a" + " " * 23 + "   87.50%  (pixels 93.75%)\n"
+      "  b" + " " * 23 + "   50.00%"
+  )

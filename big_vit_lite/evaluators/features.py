@@ -29,8 +29,6 @@ from big_vit_lite.evaluators import presets
 
 DEFAULT_DATASETS = {name: dict(name=name) for name in presets.OFFLINE_DATASETS}
 DEFAULT_PP = "decode|value_range(-1, 1)|keep('image', 'label')"
-# A metric's pixel baseline (pixel_baseline=True) is logged under its key plus this.
-PIXELS_SUFFIX = "_pixels"
 
 
 def require_keys(batch, keys):
@@ -277,7 +275,7 @@ class DatasetsEvaluator:
 
   pixel_baseline=True: `run` also scores the eval pp's images, flattened, with the same
   protocol (splits, shots, seeds, l2 grid): each metric KEY is followed by
-  KEY + PIXELS_SUFFIX. They do not depend on the params: computed at the first `run`
+  KEY + presets.PIXELS_SUFFIX. They do not depend on the params: computed at the first `run`
   and kept for the evaluator's life (a training run's).
   """
 
@@ -364,5 +362,5 @@ class DatasetsEvaluator:
     side_by_side = {}
     for key, value in results.items():
       side_by_side[key] = value
-      side_by_side[key + PIXELS_SUFFIX] = self._pixel_results[key]
+      side_by_side[key + presets.PIXELS_SUFFIX] = self._pixel_results[key]
     return side_by_side

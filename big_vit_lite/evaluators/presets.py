@@ -19,6 +19,9 @@ from ml_collections import config_dict
 from big_vit_lite.evaluators import ridge  # numpy only
 
 OFFLINE_DATASETS = ("mnist10k", "animal_mnist")
+# A metric's raw-pixel baseline (pixel_baseline=True) is logged under its key
+# plus this (summary, report and evaluate's table show the two side by side).
+PIXELS_SUFFIX = "_pixels"
 # The linear probe's l2 candidates (picked on a held-out part of train).
 LINEAR_PROBE_L2_REGS = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2)
 
