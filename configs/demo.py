@@ -7,8 +7,9 @@ Runs anywhere, no internet needed once the datasets are prepared:
 
 Expected result: Fashion-MNIST test prec@1 ("val/prec@1" in
 workdirs/demo/metrics.jsonl) 0.91 after 30,000 steps (32 epochs at batch 64),
-few-shot 10-shot ~0.64 (MNIST) / ~0.56-0.60 (Animal-MNIST), in about 15 minutes on
-2 quiet CPU cores. Deterministic on a given machine; the measured runs and the
+few-shot 10-shot ~0.64 (MNIST) / ~0.56-0.60 (Animal-MNIST) against 0.698 / 0.501
+for the same ridge on the raw pixels ("fewshot/mnist10k_10shot_pixels"), in about 15
+minutes on 2 quiet CPU cores. Deterministic on a given machine; the measured runs and the
 variants tried: benchmarks/NOTES.md, section "Config, optimizer, sharding, distributed".
 
 Args (comma-separated after the file name, e.g. `configs/demo.py:runlocal`):
