@@ -201,11 +201,10 @@ def write_results(workdir, step, results):
     writer.write(step, row)
     writer.close()
   finally:
-    if main:  # (None: a handler not set from Python.)
-      signal.signal(
-          signal.SIGINT,
-          signal.default_int_handler if previous is None else previous,
-      )
+    if main:
+      if previous is None:  # A handler not set from Python.
+        previous = signal.default_int_handler
+      signal.signal(signal.SIGINT, previous)
   return writer.path
 
 
@@ -220,8 +219,11 @@ def _eval_entries(cfg):
           f"dict(type='fewshot', ...), got {entry!r}."
       )
     ecfg = entry.to_dict()  # marks the whole entry read
-    # Like big_vision, an entry named after a type needs no `type`.
-    etype = ecfg.pop("type", name if name in evaluators.available() else None)
+    etype = ecfg.pop("type", None)
+    if etype is None and name in evaluators.available():
+      etype = (
+          name  # Like big_vision, an entry named after a type needs no `type`.
+      )
     if etype is None:
       raise ValueError(
           f"evals.{name} needs a `type` (one of {', '.join(evaluators.available())})."
@@ -313,9 +315,10 @@ def evaluate(config, workdir):
   entries = _eval_entries(cfg)
   mesh = sharding.make_mesh(cfg.get("mesh"))
   rules = sharding.make_rules(cfg.get("sharding_rules"), mesh)
-  model = loading.load_model(
-      src, "ema" if cfg.get("use_ema", False) else "params", cfg, mesh, rules
-  )
+  weights = "params"
+  if cfg.get("use_ema", False):
+    weights = "ema"
+  model = loading.load_model(src, weights, cfg, mesh, rules)
   return _run_evals(
       _make_evaluators(entries, model, mesh, cfg),
       model,
@@ -341,12 +344,10 @@ def main(argv):
   try:
     config = config_loading.loaded(_CONFIG.value)
     results = evaluate(config, _WORKDIR.value)
-  except (Interrupted, KeyboardInterrupt) as e:
-    _exit_interrupted(
-        str(e)
-        if isinstance(e, Interrupted)
-        else "interrupted (Ctrl-C); nothing was written."
-    )
+  except Interrupted as e:
+    _exit_interrupted(str(e))
+  except KeyboardInterrupt:
+    _exit_interrupted("interrupted (Ctrl-C); nothing was written.")
   except (
       ValueError,
       OSError,

@@ -80,7 +80,10 @@ def load(workdir):
         f"{wd} has no metrics.jsonl lines: pass a training or evaluate workdir "
         "(a run writes its first line at its first logged step)."
     )
-  config = wd / "config.json"
+  config_path = wd / "config.json"
+  config = {}
+  if config_path.exists():
+    config = dict(summary.flat_config(json.loads(config_path.read_text())))
   attempts = summary.read(wd).get("attempts", [])
   # The resumed attempts' first steps (where the time starts again).
   resume_steps = [a["start_step"] for a in attempts[1:]]
@@ -91,9 +94,7 @@ def load(workdir):
       summary=summary.read(wd),
       stats=summary.stats(rows, resume_steps),
       checkpoints=ckpt_lib.complete_steps(wd),
-      config=dict(summary.flat_config(json.loads(config.read_text())))
-      if config.exists()
-      else {},
+      config=config,
       train_rows=[],
       hours=[],
       resume_hours=[],
@@ -170,24 +171,18 @@ def _plot(ax, runs, key, x):
     pts = _points(run, key, x, scale)
     avg = _points(run, overlay, x, scale) if overlay else []
     if pts:
-      ax.plot(
-          *zip(*pts),
-          color=color,
-          label=run["name"],
-          ms=4,
-          lw=0.8 if avg else 1.2,
-          alpha=0.45 if avg else 1.0,
-          marker="o" if key in run["eval_keys"] or len(pts) == 1 else None,
-      )
+      style = dict(lw=1.2, alpha=1.0, marker=None)
+      if avg:  # Thin and faint under its average.
+        style.update(lw=0.8, alpha=0.45)
+      if key in run["eval_keys"] or len(pts) == 1:
+        style.update(marker="o")
+      ax.plot(*zip(*pts), color=color, label=run["name"], ms=4, **style)
     if avg:
-      ax.plot(
-          *zip(*avg),
-          color=color,
-          label=f"{run['name']}: {overlay}",
-          lw=1.8,
-          marker="o" if len(avg) == 1 else None,
-          ms=4,
-      )
+      marker = None
+      if len(avg) == 1:
+        marker = "o"
+      label = f"{run['name']}: {overlay}"
+      ax.plot(*zip(*avg), color=color, label=label, lw=1.8, marker=marker, ms=4)
     baseline_key = _baseline_key(run, key)
     baseline = []
     if baseline_key:
@@ -201,29 +196,22 @@ def _plot(ax, runs, key, x):
           marker="x",
           ms=4,
       )
-    resumes = (
-        run["resume_steps"]
-        if x == "step"
-        else [h * scale for h in run["resume_hours"]]
-    )
-    for j, at in enumerate(resumes):
-      ax.axvline(
-          at,
-          color=color,
-          ls="--",
-          lw=0.8,
-          alpha=0.8,
-          label=f"resumed ({run['name']})" if j == 0 else None,
-      )
+    resumes = run["resume_steps"]
+    if x != "step":
+      resumes = [h * scale for h in run["resume_hours"]]
+    # One legend entry per run, at its first resume.
+    labels = [f"resumed ({run['name']})"] + [None] * (len(resumes) - 1)
+    for at, label in zip(resumes, labels):
+      ax.axvline(at, color=color, ls="--", lw=0.8, alpha=0.8, label=label)
     right = max([right, *resumes, *(p[0] for p in pts + avg + baseline)])
   # From 0, with room on the right: a last point or a resume line is not on the
   # frame.
   ax.set_xlim(0, right * 1.05 or 1)
   ax.set_title(key, fontsize=10)
-  ax.set_xlabel(
-      x if x == "step" else f"wall-clock {x} (attempts back to back)",
-      fontsize=8,
-  )
+  xlabel = x
+  if x != "step":
+    xlabel = f"wall-clock {x} (attempts back to back)"
+  ax.set_xlabel(xlabel, fontsize=8)
   ax.tick_params(labelsize=8)
   ax.grid(alpha=0.3)
   baselines = any(_baseline_key(run, key) for run in runs)
@@ -355,23 +343,28 @@ def _runs_table(runs):
   rows = []
   for run in runs:
     s, st, dev = run["summary"], run["stats"], run["summary"].get("device")
-    total, resumed = s.get("total_steps"), ", ".join(
-        map(str, run["resume_steps"])
-    )
+    step = f"{run['final_step']}"
+    if s.get("total_steps"):
+      step += f" / {s['total_steps']}"
+    device = "-"
+    if dev:
+      device = f"{dev['devices']} x {dev['device_kind']}"
+    attempts = f"{max(len(s.get('attempts', [])), 1)}"
+    if run["resume_steps"]:
+      attempts += f" (resumed at {', '.join(map(str, run['resume_steps']))})"
     rows.append(
         [
             run["name"],
             s.get("status", "?"),
-            f"{run['final_step']}" + (f" / {total}" if total else ""),
+            step,
             _fmt(st["epochs"]),
             summary.duration(st["hours"]),
             _fmt(st["core_hours"]),
             _fmt(st["img_per_sec"]),
             ", ".join(f"{k} {_fmt(v, pct=True)}" for k, v in st["mfu"].items())
             or "-",
-            f"{dev['devices']} x {dev['device_kind']}" if dev else "-",
-            f"{max(len(s.get('attempts', [])), 1)}"
-            + (f" (resumed at {resumed})" if resumed else ""),
+            device,
+            attempts,
             ", ".join(map(str, run["checkpoints"][-3:])) or "-",
         ]
     )
