@@ -66,6 +66,7 @@ from big_vit_lite import paths
 from big_vit_lite import sharding
 from big_vit_lite import summary
 from big_vit_lite import evaluators
+from big_vit_lite.evaluators import presets
 from big_vit_lite.models import loading
 
 _CONFIG = _WORKDIR = None  # flag holders, defined by _define_flags()
@@ -86,34 +87,59 @@ def _define_flags():
 ACCURACY_TYPES = ("fewshot", "linear_probe")
 
 
+def _percent_cell(value):
+  """A 9-wide table cell: the accuracy in percent, or "-" where there is none."""
+  if value is None:
+    return f"{'-':>9}"
+  return f"{100 * value:8.2f}%"
+
+
 def format_table(results, accuracies=()):
   """Readable text for {eval_name: {key: value}}; few-shot keys as datasets x shots.
 
-  accuracies: the eval names whose values are accuracies (in percent).
+  accuracies: the eval names whose values are accuracies (in percent). A key's
+  pixel baseline (KEY_pixels, pixel_baseline=True) is shown beside it.
   """
+  suffix = presets.PIXELS_SUFFIX
   lines = []
   for name, res in results.items():
     lines.append(f"== {name}")
     shots = {}
     for k, v in res.items():
+      base = k.removesuffix(suffix)
+      if k.endswith(suffix) and base in res:
+        continue  # In its key's line.
+      pixels = res.get(k + suffix)
       if m := re.fullmatch(r"(.+)_(\d+)shot", k):
-        shots.setdefault(m.group(1), {})[int(m.group(2))] = v
+        shots.setdefault(m.group(1), {})[int(m.group(2))] = (v, pixels)
       elif name in accuracies:
-        lines.append(f"  {k:<24}{100 * v:8.2f}%")
+        line = f"  {k:<24}{_percent_cell(v)}"
+        if pixels is not None:
+          line += f"  (pixels {100 * pixels:.2f}%)"
+        lines.append(line)
       else:
         lines.append(f"  {k:<24}{v:9.4f}")
     if shots:
       cols = sorted({s for d in shots.values() for s in d})
+      # A "pixels" column after each shot count that has a baseline.
+      with_pixels = {
+          s for d in shots.values() for s, (_, p) in d.items() if p is not None
+      }
       width = max(len("dataset"), *map(len, shots))
-      lines.append(
-          f"  {'dataset':<{width}}" + "".join(f"{f'{s}-shot':>9}" for s in cols)
-      )
+      head = f"  {'dataset':<{width}}"
+      for s in cols:
+        head += f"{f'{s}-shot':>9}"
+        if s in with_pixels:
+          head += f"{'pixels':>9}"
+      lines.append(head)
       for ds, by_shot in shots.items():
-        cells = "".join(
-            f"{100 * by_shot[s]:8.2f}%" if s in by_shot else f"{'-':>9}"
-            for s in cols
-        )
-        lines.append(f"  {ds:<{width}}{cells}")
+        row = f"  {ds:<{width}}"
+        for s in cols:
+          value, pixels = by_shot.get(s, (None, None))
+          row += _percent_cell(value)
+          if s in with_pixels:
+            row += _percent_cell(pixels)
+        lines.append(row)
   return "\n".join(lines)
 
 
@@ -175,11 +201,10 @@ def write_results(workdir, step, results):
     writer.write(step, row)
     writer.close()
   finally:
-    if main:  # (None: a handler not set from Python.)
-      signal.signal(
-          signal.SIGINT,
-          signal.default_int_handler if previous is None else previous,
-      )
+    if main:
+      if previous is None:  # A handler not set from Python.
+        previous = signal.default_int_handler
+      signal.signal(signal.SIGINT, previous)
   return writer.path
 
 
@@ -194,8 +219,11 @@ def _eval_entries(cfg):
           f"dict(type='fewshot', ...), got {entry!r}."
       )
     ecfg = entry.to_dict()  # marks the whole entry read
-    # Like big_vision, an entry named after a type needs no `type`.
-    etype = ecfg.pop("type", name if name in evaluators.available() else None)
+    etype = ecfg.pop("type", None)
+    if etype is None and name in evaluators.available():
+      etype = (
+          name  # Like big_vision, an entry named after a type needs no `type`.
+      )
     if etype is None:
       raise ValueError(
           f"evals.{name} needs a `type` (one of {', '.join(evaluators.available())})."
@@ -287,9 +315,10 @@ def evaluate(config, workdir):
   entries = _eval_entries(cfg)
   mesh = sharding.make_mesh(cfg.get("mesh"))
   rules = sharding.make_rules(cfg.get("sharding_rules"), mesh)
-  model = loading.load_model(
-      src, "ema" if cfg.get("use_ema", False) else "params", cfg, mesh, rules
-  )
+  weights = "params"
+  if cfg.get("use_ema", False):
+    weights = "ema"
+  model = loading.load_model(src, weights, cfg, mesh, rules)
   return _run_evals(
       _make_evaluators(entries, model, mesh, cfg),
       model,
@@ -315,12 +344,10 @@ def main(argv):
   try:
     config = config_loading.loaded(_CONFIG.value)
     results = evaluate(config, _WORKDIR.value)
-  except (Interrupted, KeyboardInterrupt) as e:
-    _exit_interrupted(
-        str(e)
-        if isinstance(e, Interrupted)
-        else "interrupted (Ctrl-C); nothing was written."
-    )
+  except Interrupted as e:
+    _exit_interrupted(str(e))
+  except KeyboardInterrupt:
+    _exit_interrupted("interrupted (Ctrl-C); nothing was written.")
   except (
       ValueError,
       OSError,

@@ -6,7 +6,8 @@ workdirs, overlaid for comparison, need --out):
   training.png    training loss (per logged step, and training_loss_avg: averaged over
                   each logging interval) and learning rate against step and wall-clock time
   evals.png       every eval metric against step, with those `evaluate` wrote into
-                  WORKDIR/eval (the command the trainer prints), as "evaluate/KEY"
+                  WORKDIR/eval (the command the trainer prints), as "evaluate/KEY";
+                  a metric's raw-pixel baseline (KEY_pixels) dotted in its panel
   throughput.png  img/s, MFU (every key starting with "mfu") and core-hours
   other.png       every other numeric training metric (grad_norm, step_time, ...)
 Wall-clock time is each attempt's uptime, the attempts of a resumed run
@@ -36,6 +37,7 @@ from big_vit_lite import checkpoint as ckpt_lib
 from big_vit_lite import metrics
 from big_vit_lite import paths
 from big_vit_lite import summary
+from big_vit_lite.evaluators import presets
 
 INSTALL = "pip install 'big_vit_lite[report]'"
 _TRAINING = ("training_loss", "learning_rate")
@@ -78,7 +80,10 @@ def load(workdir):
         f"{wd} has no metrics.jsonl lines: pass a training or evaluate workdir "
         "(a run writes its first line at its first logged step)."
     )
-  config = wd / "config.json"
+  config_path = wd / "config.json"
+  config = {}
+  if config_path.exists():
+    config = dict(summary.flat_config(json.loads(config_path.read_text())))
   attempts = summary.read(wd).get("attempts", [])
   # The resumed attempts' first steps (where the time starts again).
   resume_steps = [a["start_step"] for a in attempts[1:]]
@@ -89,9 +94,7 @@ def load(workdir):
       summary=summary.read(wd),
       stats=summary.stats(rows, resume_steps),
       checkpoints=ckpt_lib.complete_steps(wd),
-      config=dict(summary.flat_config(json.loads(config.read_text())))
-      if config.exists()
-      else {},
+      config=config,
       train_rows=[],
       hours=[],
       resume_hours=[],
@@ -146,11 +149,19 @@ def _points(run, key, x, scale):
   ]
 
 
+def _baseline_key(run, key):
+  """KEY_pixels where `run` logged that pixel baseline of eval metric `key`, else None."""
+  pixels = key + presets.PIXELS_SUFFIX
+  if key in run["eval_keys"] and pixels in run["eval_keys"]:
+    return pixels
+  return None
+
+
 def _plot(ax, runs, key, x):
   """`key` of every run against "step" or "hours"/"minutes", resumes as dashed lines.
 
   Its _OVERLAY key in the same panel (the loss averaged over each interval, bold, the
-  per-step loss thin); a single point gets a marker.
+  per-step loss thin), and its pixel baseline dotted; a single point gets a marker.
   """
   scale = 60 if x == "minutes" else 1
   overlay = _OVERLAY.get(key)
@@ -160,50 +171,54 @@ def _plot(ax, runs, key, x):
     pts = _points(run, key, x, scale)
     avg = _points(run, overlay, x, scale) if overlay else []
     if pts:
-      ax.plot(
-          *zip(*pts),
-          color=color,
-          label=run["name"],
-          ms=4,
-          lw=0.8 if avg else 1.2,
-          alpha=0.45 if avg else 1.0,
-          marker="o" if key in run["eval_keys"] or len(pts) == 1 else None,
-      )
+      style = dict(lw=1.2, alpha=1.0, marker=None)
+      if avg:  # Thin and faint under its average.
+        style.update(lw=0.8, alpha=0.45)
+      if key in run["eval_keys"] or len(pts) == 1:
+        style.update(marker="o")
+      ax.plot(*zip(*pts), color=color, label=run["name"], ms=4, **style)
     if avg:
+      marker = None
+      if len(avg) == 1:
+        marker = "o"
+      label = f"{run['name']}: {overlay}"
+      ax.plot(*zip(*avg), color=color, label=label, lw=1.8, marker=marker, ms=4)
+    baseline_key = _baseline_key(run, key)
+    baseline = []
+    if baseline_key:
+      baseline = _points(run, baseline_key, x, scale)
       ax.plot(
-          *zip(*avg),
+          *zip(*baseline),
           color=color,
-          label=f"{run['name']}: {overlay}",
-          lw=1.8,
-          marker="o" if len(avg) == 1 else None,
+          label=f"{run['name']}: raw pixels",
+          ls=":",
+          lw=1.5,
+          marker="x",
           ms=4,
       )
-    resumes = (
-        run["resume_steps"]
-        if x == "step"
-        else [h * scale for h in run["resume_hours"]]
-    )
-    for j, at in enumerate(resumes):
-      ax.axvline(
-          at,
-          color=color,
-          ls="--",
-          lw=0.8,
-          alpha=0.8,
-          label=f"resumed ({run['name']})" if j == 0 else None,
-      )
-    right = max([right, *resumes, *(p[0] for p in pts + avg)])
+    resumes = run["resume_steps"]
+    if x != "step":
+      resumes = [h * scale for h in run["resume_hours"]]
+    # One legend entry per run, at its first resume.
+    labels = [f"resumed ({run['name']})"] + [None] * (len(resumes) - 1)
+    for at, label in zip(resumes, labels):
+      ax.axvline(at, color=color, ls="--", lw=0.8, alpha=0.8, label=label)
+    right = max([right, *resumes, *(p[0] for p in pts + avg + baseline)])
   # From 0, with room on the right: a last point or a resume line is not on the
   # frame.
   ax.set_xlim(0, right * 1.05 or 1)
   ax.set_title(key, fontsize=10)
-  ax.set_xlabel(
-      x if x == "step" else f"wall-clock {x} (attempts back to back)",
-      fontsize=8,
-  )
+  xlabel = x
+  if x != "step":
+    xlabel = f"wall-clock {x} (attempts back to back)"
+  ax.set_xlabel(xlabel, fontsize=8)
   ax.tick_params(labelsize=8)
   ax.grid(alpha=0.3)
-  if len(runs) > 1 or overlay or any(run["resume_steps"] for run in runs):
+  baselines = any(_baseline_key(run, key) for run in runs)
+  resumed = any(run["resume_steps"] for run in runs)
+  # (A panel against time of rows without timing has no lines to name.)
+  named = ax.get_legend_handles_labels()[0]
+  if named and (len(runs) > 1 or overlay or baselines or resumed):
     ax.legend(fontsize=7)
 
 
@@ -250,6 +265,13 @@ def figures(plt, runs):
     return list(dict.fromkeys(k for run in runs for k in run[kind]))
 
   train_keys, eval_keys = keys("train_keys"), keys("eval_keys")
+  # Pixel baselines are drawn in their metric's panel.
+  baselines = {
+      k
+      for run in runs
+      for key in run["eval_keys"]
+      if (k := _baseline_key(run, key))
+  }
   throughput = [k for k in train_keys if k.startswith(_THROUGHPUT)]
   longest = max(
       (h for run in runs for h in run["hours"] if h is not None), default=0
@@ -265,7 +287,10 @@ def figures(plt, runs):
           ],
           2,
       ),
-      "evals": ([(k, "step") for k in sorted(eval_keys)], 3),
+      "evals": (
+          [(k, "step") for k in sorted(eval_keys) if k not in baselines],
+          3,
+      ),
       "throughput": ([(k, "step") for k in throughput], 3),
       "other": (
           [
@@ -284,7 +309,7 @@ def figures(plt, runs):
     keys = [
         k
         for key, _ in panels
-        for k in (key, _OVERLAY.get(key))
+        for k in (key, _OVERLAY.get(key), key + presets.PIXELS_SUFFIX)
         if k in train_keys + eval_keys
     ]
     out[name] = (png, list(dict.fromkeys(keys)), shown)
@@ -318,23 +343,28 @@ def _runs_table(runs):
   rows = []
   for run in runs:
     s, st, dev = run["summary"], run["stats"], run["summary"].get("device")
-    total, resumed = s.get("total_steps"), ", ".join(
-        map(str, run["resume_steps"])
-    )
+    step = f"{run['final_step']}"
+    if s.get("total_steps"):
+      step += f" / {s['total_steps']}"
+    device = "-"
+    if dev:
+      device = f"{dev['devices']} x {dev['device_kind']}"
+    attempts = f"{max(len(s.get('attempts', [])), 1)}"
+    if run["resume_steps"]:
+      attempts += f" (resumed at {', '.join(map(str, run['resume_steps']))})"
     rows.append(
         [
             run["name"],
             s.get("status", "?"),
-            f"{run['final_step']}" + (f" / {total}" if total else ""),
+            step,
             _fmt(st["epochs"]),
             summary.duration(st["hours"]),
             _fmt(st["core_hours"]),
             _fmt(st["img_per_sec"]),
             ", ".join(f"{k} {_fmt(v, pct=True)}" for k, v in st["mfu"].items())
             or "-",
-            f"{dev['devices']} x {dev['device_kind']}" if dev else "-",
-            f"{max(len(s.get('attempts', [])), 1)}"
-            + (f" (resumed at {resumed})" if resumed else ""),
+            device,
+            attempts,
             ", ".join(map(str, run["checkpoints"][-3:])) or "-",
         ]
     )
@@ -360,16 +390,23 @@ def _metrics_table(runs):
   keys = []
   for run in runs:
     wanted = ["training_loss", "training_loss_avg", *sorted(run["eval_keys"])]
-    keys += [k for k in wanted if k in run["stats"]["final"]]
+    baselines = {_baseline_key(run, k) for k in run["eval_keys"]}
+    keys += [
+        k for k in wanted if k in run["stats"]["final"] and k not in baselines
+    ]
   keys = list(dict.fromkeys(keys))
 
   def cell(run, k):
     final = run["stats"]["final"].get(k)
     best = run["stats"]["best"].get(k)
+    text = _fmt(final)
     # (No final, no best.)
-    if not best:
-      return _fmt(final)
-    return f"{_fmt(final)} (best {_fmt(best['value'])} at {best['step']})"
+    if best:
+      text += f" (best {_fmt(best['value'])} at {best['step']})"
+    baseline_key = _baseline_key(run, k)
+    if baseline_key:
+      text += f"; raw pixels {_fmt(run['stats']['final'][baseline_key])}"
+    return text
 
   return _table(
       ["metric: final (best at step)", *(run["name"] for run in runs)],

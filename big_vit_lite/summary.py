@@ -27,6 +27,7 @@ import jax
 from big_vit_lite import checkpoint as ckpt_lib
 from big_vit_lite import metrics
 from big_vit_lite import paths
+from big_vit_lite.evaluators import presets
 
 FILE = "summary.json"
 EVAL_FILE = "summary_evaluate.json"
@@ -98,10 +99,12 @@ def stats(rows, starts=()):
     values = [r[key] for r in train_rows if numeric(r.get(key))]
     return statistics.median(values) if values else None
 
+  # The last training step; an evaluate run's: its newest row.
+  step = max((r["step"] for r in rows), default=0)
+  if train_rows:
+    step = train_rows[-1]["step"]
   return dict(
-      step=train_rows[-1]["step"]
-      if train_rows
-      else max((r["step"] for r in rows), default=0),
+      step=step,
       epochs=final.get("epoch"),
       final=final,
       best=best,
@@ -181,34 +184,44 @@ def block(s, path):
     head += f", {len(s['attempts'])} attempts"
   # (No error line: the job's last line says it, once; summary.json keeps it.)
   lines = [f"==== Summary: {head} ===="]
-  for k, v in s.get("final", {}).items():
-    # (An evaluate run has none: it shows the results that finished, unless
+  final = s.get("final", {})
+  suffix = presets.PIXELS_SUFFIX
+  for k, v in final.items():
+    if k.endswith(suffix) and k.removesuffix(suffix) in final:
+      continue  # A pixel baseline: in its metric's line.
+    # (An evaluate run has no best: it shows the results that finished, unless
     # it finished: then its table follows, evaluate.format_table.)
     b = s.get("best", {}).get(k)
     if b or (s["kind"] == "evaluate" and s["status"] != "finished"):
-      best = f"   best {b['value']:.4g} at step {b['step']}" if b else ""
-      lines.append(f"  {k:<32} {v:.4g}{best}")
-  speed = [
-      f"{duration(s['hours'])} of training and evals"
-      if s.get("hours")
-      else None,
-      f"{s['core_hours']:.3g} core-hours" if s.get("core_hours") else None,
-      f"{s['img_per_sec']:,.0f} img/s (median)"
-      if s.get("img_per_sec")
-      else None,
-      f"{s['seconds']:.1f} s" if s.get("seconds") else None,
-  ]
-  speed = [x for x in speed if x] + [
+      line = f"  {k:<32} {v:.4g}"
+      if b:
+        line += f"   best {b['value']:.4g} at step {b['step']}"
+      if k + suffix in final:
+        line += f"   pixels {final[k + suffix]:.4g}"
+      lines.append(line)
+  speed = []
+  if s.get("hours"):
+    speed.append(f"{duration(s['hours'])} of training and evals")
+  if s.get("core_hours"):
+    speed.append(f"{s['core_hours']:.3g} core-hours")
+  if s.get("img_per_sec"):
+    speed.append(f"{s['img_per_sec']:,.0f} img/s (median)")
+  if s.get("seconds"):
+    speed.append(f"{s['seconds']:.1f} s")
+  speed += [
       f"{k} {100 * v:.1f}%"
       for k, v in (s.get("mfu") or {}).items()
       if v is not None
   ]
-  lines += ["  " + ", ".join(speed)] if speed else []
+  if speed:
+    lines.append("  " + ", ".join(speed))
   dev = s.get("device")
   if dev:
+    processes = f"{dev['processes']} process"
+    if dev["processes"] > 1:
+      processes += "es"
     lines.append(
-        f"  device: {dev['devices']} x {dev['device_kind']} ({dev['processes']} "
-        f"process{'es' if dev['processes'] > 1 else ''})"
+        f"  device: {dev['devices']} x {dev['device_kind']} ({processes})"
     )
   lines += [
       f"  {key}: {s[key]}" for key in ("checkpoint", "source") if s.get(key)
@@ -216,7 +229,8 @@ def block(s, path):
   lines += [
       f"  {name}: {cmd}" for name, cmd in s.get("commands", {}).items() if cmd
   ]
-  lines += [f"  report: {s['report']}"] if s.get("report") else []
+  if s.get("report"):
+    lines.append(f"  report: {s['report']}")
   return "\n".join(lines + [f"  summary: {path}"])
 
 
@@ -288,17 +302,20 @@ class TrainRun:
         updated=_now(),
     )
     steps = ckpt_lib.complete_steps(self.workdir)
-    s["checkpoint"] = f"{s['checkpoint_dir']}/{steps[-1]}" if steps else None
-    # A preemption saves unlogged steps.
-    s["step"] = max(s["step"], steps[-1] if steps else 0)
+    s["checkpoint"] = s["report"] = None
+    s["commands"] = dict(resume=None, evaluate=None)
+    if steps:
+      s["checkpoint"] = f"{s['checkpoint_dir']}/{steps[-1]}"
+      # A preemption saves unlogged steps.
+      s["step"] = max(s["step"], steps[-1])
+      s["commands"]["evaluate"] = self._evaluate
     s["attempts"][-1].update(status=status, end_step=s["step"])
-    s["report"] = str(self.workdir / REPORT) if self.report else None
-    # The same command resumes a run that did not finish (it also trains on a
-    # finished one whose total_steps was raised).
-    s["commands"] = dict(
-        resume=command("big_vit_lite.train") if status != "finished" else None,
-        evaluate=self._evaluate if steps else None,
-    )
+    if self.report:
+      s["report"] = str(self.workdir / REPORT)
+    if status != "finished":
+      # (The same command also trains on a finished run whose total_steps was
+      # raised.)
+      s["commands"]["resume"] = command("big_vit_lite.train")
     write(self.workdir, s)
 
   def evaluated(self):
@@ -351,6 +368,8 @@ def write_evaluate(
     status = "interrupted"
   elif error:
     status = "failed"
+  if error is not None:
+    error = str(error).splitlines()[0][:300]
   s = dict(
       kind="evaluate",
       status=status,
@@ -360,7 +379,7 @@ def write_evaluate(
       final={f"{n}/{k}": v for n, r in results.items() for k, v in r.items()},
       seconds=seconds,
       device=_device(),
-      error=None if error is None else str(error).splitlines()[0][:300],
+      error=error,
       commands=dict(again=command("big_vit_lite.evaluate")),
       updated=_now(),
   )

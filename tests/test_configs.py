@@ -149,6 +149,8 @@ def test_demo_runlocal_trains_on_offline_data(tfds_data_dir):
   rows = _trained_rows(_load("demo").get_config("runlocal"), workdir)
   keys = {k for r in rows for k in r}
   assert "val/prec@1" in keys and any(k.startswith("fewshot/") for k in keys)
+  # Each few-shot metric beside its raw-pixel baseline (pixel_baseline=True).
+  assert {"fewshot/mnist10k_1shot", "fewshot/mnist10k_1shot_pixels"} <= keys
   assert os.path.exists(os.path.join(workdir, "config.json"))
 
 

@@ -9,12 +9,14 @@ every process as numpy via `process_allgather`. Padding rows carry
 Also here: reading a representation (a named intermediate of the model) out
 of `predict_fn`'s output, re-batching a chosen subset of a split (few-shot
 forwards only the examples it samples), and `DatasetsEvaluator`, what fewshot
-and linear_probe share (their datasets config, checks and features cached per params).
+and linear_probe share (their datasets config, checks, features cached per params
+and the pixel baseline).
 """
 
 import math
 import weakref
 
+from absl import logging
 import numpy as np
 import jax
 import jax.numpy as jnp
@@ -256,13 +258,25 @@ def dataset_cfgs(datasets, pp, train_split, test_split):
   return out
 
 
+def pixels_predict_fn(params, images):
+  """A predict_fn whose one output, "pixels", is its input: the eval pp's images."""
+  del params
+  return None, {"pixels": images}
+
+
 class DatasetsEvaluator:
   """Base of fewshot and linear_probe: train/test splits per dataset, features per params.
 
-  Subclasses define `_features(params, name)`; `features_per_dataset` computes it
-  once per dataset and reuses it while the params are the very same arrays (jax arrays
-  are immutable; weak references keep no old params alive; numpy leaves, mutable, disable
-  the cache).
+  Subclasses define `_features(extractor, params, name)` (one dataset's features) and
+  `scores(named_features)` ({metric: value} from (name, features) pairs). `run` scores
+  the features of `params`; `features_per_dataset` computes them once per dataset and
+  reuses them while the params are the very same arrays (jax arrays are immutable; weak
+  references keep no old params alive; numpy leaves, mutable, disable the cache).
+
+  pixel_baseline=True: `run` also scores the eval pp's images, flattened, with the same
+  protocol (splits, shots, seeds, l2 grid): each metric KEY is followed by
+  KEY + presets.PIXELS_SUFFIX. They do not depend on the params: computed at the first `run`
+  and kept for the evaluator's life (a training run's).
   """
 
   def __init__(
@@ -277,7 +291,13 @@ class DatasetsEvaluator:
       token_pool,
       batch_size,
       label_key,
+      pixel_baseline,
   ):
+    if not isinstance(pixel_baseline, bool):
+      raise ValueError(
+          f"pixel_baseline={pixel_baseline!r}: use True (also score the raw "
+          "pixels, as a baseline) or False."
+      )
     self.mesh = mesh
     self.datasets = dataset_cfgs(
         DEFAULT_DATASETS if datasets is None else datasets,
@@ -294,11 +314,15 @@ class DatasetsEvaluator:
     self.extractor = FeatureExtractor(
         predict_fn, mesh, representation_layer, token_pool
     )
-    self._refs, self._cache = None, {}
+    self.pixel_baseline = pixel_baseline
+    self.pixel_extractor = FeatureExtractor(
+        pixels_predict_fn, mesh, "pixels", "flatten"
+    )
+    self._refs, self._cache, self._pixel_results = None, {}, None
 
-  def split_features(self, params, data_cfg, pp):
+  def split_features(self, extractor, params, data_cfg, pp):
     """(features, int64 labels) of every example of one split."""
-    f = self.extractor(
+    f = extractor(
         params,
         input_pipeline.make_eval_iterator(data_cfg, pp, self.batch_size),
         keys=(self.label_key,),
@@ -318,5 +342,25 @@ class DatasetsEvaluator:
       self._refs = [weakref.ref(leaf) for leaf in leaves] if cacheable else None
     for name in self.datasets:
       if name not in self._cache:
-        self._cache[name] = self._features(params, name)
+        self._cache[name] = self._features(self.extractor, params, name)
       yield name, self._cache[name]
+
+  def run(self, params):
+    """{metric: value} of the model's features; with the pixel baseline, each metric's beside it."""
+    results = self.scores(self.features_per_dataset(params))
+    if not self.pixel_baseline:
+      return results
+    if self._pixel_results is None:
+      logging.info(
+          "Pixel baseline of %s (once per run) ...", list(self.datasets)
+      )
+      pixels = (
+          (name, self._features(self.pixel_extractor, {}, name))
+          for name in self.datasets
+      )
+      self._pixel_results = self.scores(pixels)
+    side_by_side = {}
+    for key, value in results.items():
+      side_by_side[key] = value
+      side_by_side[key + presets.PIXELS_SUFFIX] = self._pixel_results[key]
+    return side_by_side

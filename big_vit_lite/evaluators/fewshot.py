@@ -32,6 +32,9 @@ Config (evals.NAME minus type/log_steps):
   representation_layer: "pre_logits" (default), "logits" or any key of the
     model's `out` ("encoded", "block03", ...); token_pool: "mean" or
     "flatten" for token-shaped layers (see features.representation).
+  pixel_baseline: True also reports the same protocol (the same samples and
+    l2 grid) on the pp's images, flattened, as f"{dataset}_{k}shot_pixels":
+    computed once per run (see features.DatasetsEvaluator).
 """
 
 import dataclasses
@@ -128,6 +131,7 @@ class Evaluator(feats.DatasetsEvaluator):
       label_key="label",
       train_split="train",
       test_split="test",
+      pixel_baseline=False,
   ):
     self.default_shots = shots is None  # Adapted per dataset in _samples.
     if shots is None:
@@ -150,6 +154,7 @@ class Evaluator(feats.DatasetsEvaluator):
         token_pool,
         batch_size,
         label_key,
+        pixel_baseline,
     )
     # Now, not at the first run: a dataset with too few examples for `shots`
     # stops the trainer before it trains.
@@ -238,14 +243,14 @@ class Evaluator(feats.DatasetsEvaluator):
         keys=("image", self.label_key),
     )
 
-  def _features(self, params, name):
+  def _features(self, extractor, params, name):
     _, test_cfg, pp = self.datasets[name]
     plan = self._plans[name]
-    train = self.extractor(
+    train = extractor(
         params, self._sampled_batches(name), keys=(self.label_key, "_id")
     )
     row_of = {int(g): i for i, g in enumerate(train["_id"])}
-    test_x, test_labels = self.split_features(params, test_cfg, pp)
+    test_x, test_labels = self.split_features(extractor, params, test_cfg, pp)
     classes = np.unique(plan.train_labels)
     _, test_y, num_classes = class_ids(
         classes,
@@ -264,9 +269,10 @@ class Evaluator(feats.DatasetsEvaluator):
         num_classes=num_classes,
     )
 
-  def run(self, params):
+  def scores(self, named_features):
+    """{f"{dataset}_{shot}shot": mean test accuracy over the seeds} of (name, _Features) pairs."""
     results = {}
-    for name, f in self.features_per_dataset(params):
+    for name, f in named_features:
       for shot in self._plans[name].shots:
         accs = []
         for seed in self.seeds:

@@ -12,6 +12,9 @@ Config (evals.NAME minus type/log_steps):
   datasets: {NAME: dict(name=TFDS_NAME, data_dir=None, [train_split], [test_split], [pp])}
   pp: preprocessing of both splits; must keep "image" and the integer label.
   representation_layer, token_pool: which features, as in fewshot.py.
+  pixel_baseline: True also reports the same probe (the same held-out part and
+    l2 grid) on the pp's images, flattened, as f"{dataset}_pixels": computed
+    once per run (see features.DatasetsEvaluator).
 """
 
 from absl import logging
@@ -47,6 +50,7 @@ class Evaluator(feats.DatasetsEvaluator):
       label_key="label",
       train_split="train",
       test_split="test",
+      pixel_baseline=False,
   ):
     self.holdout_fraction = float(holdout_fraction)
     self.l2_regs = tuple(
@@ -67,12 +71,14 @@ class Evaluator(feats.DatasetsEvaluator):
         token_pool,
         batch_size,
         label_key,
+        pixel_baseline,
     )
 
-  def _features(self, params, name):
+  def _features(self, extractor, params, name):
     train_cfg, test_cfg, pp = self.datasets[name]
     return [
-        self.split_features(params, cfg, pp) for cfg in (train_cfg, test_cfg)
+        self.split_features(extractor, params, cfg, pp)
+        for cfg in (train_cfg, test_cfg)
     ]
 
   def _fit(self, x, y, num_classes, l2s, weights, start, on_fit):
@@ -163,9 +169,10 @@ class Evaluator(feats.DatasetsEvaluator):
     )
     return acc
 
-  def run(self, params):
+  def scores(self, named_features):
+    """{dataset: test accuracy} of (name, ((train x, y), (test x, y))) pairs."""
     results = {}
-    for name, ((x_tr, y_tr), (x_te, y_te)) in self.features_per_dataset(params):
+    for name, ((x_tr, y_tr), (x_te, y_te)) in named_features:
       test_cfg = self.datasets[name][1]
       y_tr, y_te, num_classes = fewshot.class_ids(
           y_tr,

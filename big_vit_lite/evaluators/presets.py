@@ -19,6 +19,9 @@ from ml_collections import config_dict
 from big_vit_lite.evaluators import ridge  # numpy only
 
 OFFLINE_DATASETS = ("mnist10k", "animal_mnist")
+# A metric's raw-pixel baseline (pixel_baseline=True) is logged under its key
+# plus this (summary, report and evaluate's table show the two side by side).
+PIXELS_SUFFIX = "_pixels"
 # The linear probe's l2 candidates (picked on a held-out part of train).
 LINEAR_PROBE_L2_REGS = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2)
 
@@ -94,12 +97,14 @@ def fewshot(
     representation_layer="pre_logits",
     token_pool="mean",
     batch_size=256,
+    pixel_baseline=False,
     log_steps=None,
     runlocal=False,
 ):
   """A `type="fewshot"` evals entry (dict); `log_steps=None` for eval-only configs.
 
   shots=None: 1, 5, 10, 25 less those a dataset has too few images per class for.
+  pixel_baseline=True: each metric also on the raw pixels, KEY_pixels.
   """
   # Every setting spelled out, so that each can be set from the command line
   # (e.g. --config.evals.fewshot.l2_regs='(1.0,)').
@@ -115,6 +120,7 @@ def fewshot(
       train_split="train",
       test_split=folder_test_split(folder),
       l2_regs=tuple(ridge.DEFAULT_L2_REGS),
+      pixel_baseline=pixel_baseline,
   )
   return _entry(
       cfg, runlocal, folder, log_steps, shots=(1, 5), num_seeds=2, batch_size=64
@@ -131,10 +137,11 @@ def linear_probe(
     representation_layer="pre_logits",
     token_pool="mean",
     batch_size=256,
+    pixel_baseline=False,
     log_steps=None,
     runlocal=False,
 ):
-  """A `type="linear_probe"` evals entry (dict)."""
+  """A `type="linear_probe"` evals entry (dict); pixel_baseline as in `fewshot`."""
   cfg = dict(
       type="linear_probe",
       datasets=_datasets(datasets, folder, data_dir),
@@ -147,5 +154,6 @@ def linear_probe(
       l2_regs=LINEAR_PROBE_L2_REGS,
       holdout_fraction=0.1,
       max_iter=1000,
+      pixel_baseline=pixel_baseline,
   )
   return _entry(cfg, runlocal, folder, log_steps, batch_size=64, max_iter=200)
