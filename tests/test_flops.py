@@ -136,7 +136,7 @@ def test_cudnn_attention_is_counted_by_its_shapes(monkeypatch):
   from jax._src.cudnn import fused_attention_stablehlo as cudnn_attention
 
   monkeypatch.setattr(cudnn_attention, "check_cudnn_version", lambda: 91000)
-  monkeypatch.setattr(vit, "_on_cuda", lambda: True)
+  monkeypatch.setattr(vit, "on_cuda", lambda: True)
   counts = {}
   for attention in ("cudnn", "xla"):
     model = vit.Model(

@@ -24,13 +24,15 @@ from big_vit_lite.models.posemb import sincos_2d as posemb_sincos_2d
 _partitioned = nn.with_logical_partitioning
 
 
-def _gelu(kind: str):
-  return (
-      gelu_exact if kind == "exact" else lambda x: nn.gelu(x, approximate=True)
-  )
+def gelu_fn(kind: str):
+  """The GELU of `kind`: "exact" (erf, custom backward pass) or "tanh" (the approximation)."""
+  if kind == "exact":
+    return gelu_exact
+  return functools.partial(nn.gelu, approximate=True)
 
 
-def _on_cuda() -> bool:
+def on_cuda() -> bool:
+  """Whether jax's default backend is a CUDA GPU."""
   return (
       jax.default_backend() == "gpu"
       and "cuda" in jex_backend.get_backend().platform_version.lower()
@@ -44,9 +46,9 @@ def resolve_dtype_mm(dtype_mm, platform=None) -> str:
   """
   if dtype_mm != "auto":
     return dtype_mm
-  return (
-      "float32" if (platform or jax.default_backend()) == "cpu" else "bfloat16"
-  )
+  if (platform or jax.default_backend()) == "cpu":
+    return "float32"
+  return "bfloat16"
 
 
 def resolve_dtype_act(dtype_act, platform=None) -> str:
@@ -57,9 +59,9 @@ def resolve_dtype_act(dtype_act, platform=None) -> str:
   """
   if dtype_act != "auto":
     return dtype_act
-  return (
-      "bfloat16" if (platform or jax.default_backend()) == "tpu" else "float32"
-  )
+  if (platform or jax.default_backend()) == "tpu":
+    return "bfloat16"
+  return "float32"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,7 +100,10 @@ class _Heads(nn.Module):
 
     kernel = self.param("kernel", _partitioned(init, names), shape, jnp.float32)
     x, kernel = x.astype(self.dtype_mm), kernel.astype(self.dtype_mm)
-    y = jnp.einsum("btnh,nhd->btd" if self.out else "btd,dnh->btnh", x, kernel)
+    equation = "btd,dnh->btnh"
+    if self.out:
+      equation = "btnh,nhd->btd"
+    y = jnp.einsum(equation, x, kernel)
     if not self.use_bias:
       return y
     cut = 2 if self.out else 1  # The bias has the output's axes.
@@ -182,7 +187,7 @@ class MlpBlock(nn.Module):
           * hidden
       )
     else:
-      hidden = _gelu(self.gelu)(hidden)
+      hidden = gelu_fn(self.gelu)(hidden)
     x = nn.with_logical_constraint(hidden, ("batch", "seq", "mlp"))
     x = nn.Dropout(rate=self.dropout)(x, deterministic)
     return nn.Dropout(rate=self.dropout)(

@@ -56,12 +56,12 @@ from big_vit_lite.models.blocks import (  # noqa: F401
     BlockOptions,
     Encoder,
     Encoder1DBlock,
-    _gelu,
+    gelu_fn,
     LayerNorm,
     MAPHead,
     MlpBlock,
     MultiHeadDotProductAttention,
-    _on_cuda,
+    on_cuda,
     resolve_dtype_act,
     resolve_dtype_mm,
 )
@@ -165,7 +165,10 @@ class Model(nn.Module):
     """
     if self.attention != "auto":
       return self.attention
-    on_cuda = _on_cuda() if platform is None else platform == "gpu"
+    if platform is None:
+      cuda = on_cuda()
+    else:
+      cuda = platform == "gpu"
     platform = platform or jax.default_backend()
     if platform == "tpu":
       return "xla"
@@ -179,7 +182,9 @@ class Model(nn.Module):
     fits = dtype_mm in (jnp.bfloat16, jnp.float16) and head_dim in range(
         8, 257, 8
     )
-    return "cudnn" if fits and on_cuda else "custom"
+    if fits and cuda:
+      return "cudnn"
+    return "custom"
 
   def resolved_dtype_mm(self, platform=None) -> str:
     """The matmul dtype this model runs with here ("auto" decided by the backend)."""
@@ -325,12 +330,15 @@ class Model(nn.Module):
     else:
       # One query: cuDNN's padding would be all waste, so the probe takes the
       # custom path.
+      probe_attention = attention
+      if attention == "cudnn":
+        probe_attention = "custom"
       x = MAPHead(
           mlp_dim=a["mlp_dim"],
           num_heads=a["num_heads"],
           dtype_mm=dtype_mm,
           gelu=self.gelu,
-          attention="custom" if attention == "cudnn" else attention,
+          attention=probe_attention,
           norm=self.norm,
           name="MAPHead_0",
       )(x)
@@ -390,7 +398,7 @@ class _ConvStem(nn.Module):
   @nn.compact
   def __call__(self, x):
     for i, ch in enumerate(self.channels):
-      x = _gelu(self.gelu)(
+      x = gelu_fn(self.gelu)(
           nn.Conv(
               ch,
               (3, 3),
