@@ -6,6 +6,7 @@ example's branch kept with probability 1 - rate and then scaled by
 """
 
 import math
+import types
 
 import flax.linen as nn
 import jax
@@ -119,3 +120,23 @@ def test_layerscale_scales_the_branch_before_drop_path():
   np.testing.assert_allclose(
       scaled_out - x, 0.1 * (plain_out - x), rtol=1e-4, atol=1e-6
   )
+
+
+def test_on_cuda_needs_a_gpu_backend_and_a_cuda_platform(monkeypatch):
+  """Guards: cuDNN attention picked on a ROCm GPU (the `and` of the two checks
+  turned into `or`) or on a CPU host whose jaxlib was built with CUDA (the
+  backend check negated). Oracle: the four cases worked by hand, with the
+  backend and its platform version faked."""
+  for backend, version, want in [
+      ("gpu", "cuda 12.4", True),
+      ("gpu", "rocm 6.0", False),
+      ("cpu", "cuda 12.4", False),
+      ("cpu", "<unknown>", False),
+  ]:
+    monkeypatch.setattr(jax, "default_backend", lambda b=backend: b)
+    monkeypatch.setattr(
+        blocks.jex_backend,
+        "get_backend",
+        lambda v=version: types.SimpleNamespace(platform_version=v),
+    )
+    assert blocks.on_cuda() == want, (backend, version)

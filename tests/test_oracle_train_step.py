@@ -97,6 +97,7 @@ def _by_hand(state, batch, loss_of_out=None):
 
 
 def _close(a, b):
+  assert jax.tree.structure(a) == jax.tree.structure(b)
   for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
     np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5)
 
