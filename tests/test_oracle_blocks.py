@@ -82,11 +82,12 @@ def test_drop_path_drops_whole_examples_and_rescales_the_rest():
   n, rate = 400, 0.25
   x = jax.random.normal(jax.random.PRNGKey(0), (n, 3, 4))
   params = _block(True).init(jax.random.PRNGKey(1), x, rate)
-  eval_out, _ = _block(True).apply(params, x, rate)
+  eval_out, _ = jax.jit(_block(True).apply)(params, x, rate)
   branch = np.asarray(eval_out - x, np.float64)
-  train_out, _ = _block(False).apply(
-      params, x, rate, rngs={"dropout": jax.random.PRNGKey(2)}
+  train = jax.jit(
+      lambda key: _block(False).apply(params, x, rate, rngs={"dropout": key})
   )
+  train_out, _ = train(jax.random.PRNGKey(2))
   got = np.asarray(train_out - x, np.float64)
   dropped = np.all(np.abs(got) < 1e-6, axis=(1, 2))
   kept = np.all(
@@ -96,9 +97,7 @@ def test_drop_path_drops_whole_examples_and_rescales_the_rest():
   assert np.all(dropped | kept)  # whole examples, nothing in between
   sd = math.sqrt(n * rate * (1 - rate))
   assert abs(dropped.sum() - n * rate) < 4 * sd, dropped.sum()
-  again, _ = _block(False).apply(
-      params, x, rate, rngs={"dropout": jax.random.PRNGKey(3)}
-  )
+  again, _ = train(jax.random.PRNGKey(3))
   assert not np.allclose(again, train_out)
 
 
