@@ -1,6 +1,6 @@
 """distill.kl_loss against the KL divergence written out in float64 with
 scipy (rel_entr), on a batch whose rows have different divergences and a
-temperature of 2, so that T against T^2, the direction of the KL, a sum over
+temperature of 3 (at 2, T * 2 would be T^2), so that T against T^2, the direction of the KL, a sum over
 the batch instead of a mean, or the temperature applied to one side only all
 change the number.
 """
@@ -19,7 +19,7 @@ def test_kl_loss_is_t_squared_times_the_mean_kl_of_the_tempered_softmaxes():
   rng = np.random.default_rng(0)
   student = rng.normal(size=(3, 5)) * [[1.0], [2.0], [3.0]]
   teacher = rng.normal(size=(3, 5)) * 2.0
-  t = 2.0
+  t = 3.0  # not 2: T * 2 == T ** 2 there
   p_teacher = scipy.special.softmax(teacher / t, axis=-1)
   p_student = scipy.special.softmax(student / t, axis=-1)
   per_row = scipy.special.rel_entr(p_teacher, p_student).sum(axis=-1)
