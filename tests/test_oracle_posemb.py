@@ -8,6 +8,8 @@ implementation of the same filter.
 fit: the cls/prefix rows and the grid part on small tables with distinct rows.
 """
 
+import logging
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -154,3 +156,26 @@ def test_fit_width_mismatch_and_non_square_target():
       match="cannot fit checkpoint shape .1, 5, 2. to model shape .1, 9, 2.",
   ):
     posemb.fit(src, 1, (1, 9, 2), 1)
+
+
+def test_fit_warns_only_when_square_rows_go_to_another_grid(caplog):
+  """Guards: the warning about a square row count taken for a non-square
+  grid given when nothing is in doubt (the same square grid on both sides: a
+  false alarm on every plain fine-tune), or a crash formatting it for a
+  source grid that is not square (12 rows: no square grid to name). Oracle:
+  the three cases worked by hand."""
+  src36 = _table(0, 36)
+  with caplog.at_level(logging.WARNING):
+    np.testing.assert_array_equal(posemb.fit(src36, 0, (1, 36, 2), 0), src36)
+    np.testing.assert_array_equal(
+        posemb.fit(_table(0, 12), 0, (1, 12, 2), 0, grid_hw=(3, 4)),
+        _table(0, 12),
+    )
+  assert not caplog.records
+  with caplog.at_level(logging.WARNING):
+    posemb.fit(src36, 0, (1, 36, 2), 0, grid_hw=(4, 9))
+  [record] = caplog.records
+  assert record.getMessage().startswith(
+      "Took the checkpoint's 36 posemb rows for the model's 4x9 grid as they"
+      " are; if it was trained on another grid (e.g. 6x6)"
+  )

@@ -11,6 +11,7 @@ from typing import Any, Optional
 
 import flax.linen as nn
 import jax
+from jax.extend import backend as jex_backend
 import jax.numpy as jnp
 import numpy as np
 
@@ -24,10 +25,18 @@ _partitioned = nn.with_logical_partitioning
 
 
 def gelu_fn(kind: str):
-  """The GELU of config.model.gelu: "exact" (erf) or "tanh" (the approximation)."""
+  """The GELU of `kind`: "exact" (erf, custom backward pass) or "tanh" (the approximation)."""
   if kind == "exact":
     return gelu_exact
-  return lambda x: nn.gelu(x, approximate=True)
+  return functools.partial(nn.gelu, approximate=True)
+
+
+def on_cuda() -> bool:
+  """Whether jax's default backend is a CUDA GPU."""
+  return (
+      jax.default_backend() == "gpu"
+      and "cuda" in jex_backend.get_backend().platform_version.lower()
+  )
 
 
 def resolve_dtype_mm(dtype_mm, platform=None) -> str:
@@ -37,9 +46,9 @@ def resolve_dtype_mm(dtype_mm, platform=None) -> str:
   """
   if dtype_mm != "auto":
     return dtype_mm
-  return (
-      "float32" if (platform or jax.default_backend()) == "cpu" else "bfloat16"
-  )
+  if (platform or jax.default_backend()) == "cpu":
+    return "float32"
+  return "bfloat16"
 
 
 def resolve_dtype_act(dtype_act, platform=None) -> str:
@@ -50,14 +59,12 @@ def resolve_dtype_act(dtype_act, platform=None) -> str:
   """
   if dtype_act != "auto":
     return dtype_act
-  return (
-      "bfloat16" if (platform or jax.default_backend()) == "tpu" else "float32"
-  )
+  if (platform or jax.default_backend()) == "tpu":
+    return "bfloat16"
+  return "float32"
 
 
-# Keyword-only and not frozen so that vit.Model can take these fields as its
-# own (config.model.qk_norm, ...) by subclassing: one definition of each.
-@dataclasses.dataclass(unsafe_hash=True, kw_only=True)
+@dataclasses.dataclass(frozen=True)
 class BlockOptions:
   """The block options of `Model` (see its docstring), handed down as one hashable value."""
 
@@ -93,7 +100,10 @@ class _Heads(nn.Module):
 
     kernel = self.param("kernel", _partitioned(init, names), shape, jnp.float32)
     x, kernel = x.astype(self.dtype_mm), kernel.astype(self.dtype_mm)
-    y = jnp.einsum("btnh,nhd->btd" if self.out else "btd,dnh->btnh", x, kernel)
+    equation = "btd,dnh->btnh"
+    if self.out:
+      equation = "btnh,nhd->btd"
+    y = jnp.einsum(equation, x, kernel)
     if not self.use_bias:
       return y
     cut = 2 if self.out else 1  # The bias has the output's axes.

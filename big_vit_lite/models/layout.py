@@ -142,9 +142,9 @@ def merge(
   # Names the architectures when they differ: "add X to dont_load" alone would
   # send a user loading a B/16 into a Ti/16 through every param in turn.
   arch_note = _arch_difference(src_flat, loop)
-  advice = ("build the model to match, or " if arch_note else "") + (
-      "add it to dont_load to re-initialise it"
-  )
+  advice = "add it to dont_load to re-initialise it"
+  if arch_note:
+    advice = "build the model to match, or " + advice
 
   loaded = {}
   for k, spec in tgt_loop.items():
@@ -226,9 +226,11 @@ def arch(flat) -> dict:
   ):
     if f"Transformer/encoderblock_0/{name}" in flat:
       facts[fact] = flat[f"Transformer/encoderblock_0/{name}"].shape[1]
-  facts["pool_type"] = (
-      "tok" if "cls" in flat else "map" if "MAPHead_0/probe" in flat else "gap"
-  )
+  facts["pool_type"] = "gap"
+  if "cls" in flat:
+    facts["pool_type"] = "tok"
+  elif "MAPHead_0/probe" in flat:
+    facts["pool_type"] = "map"
   return facts
 
 
@@ -258,14 +260,18 @@ def model_options(flat) -> dict:
   attn = f"{b}MultiHeadDotProductAttention_0/"
   opts = dict(
       distill_token="dist" in flat,
-      reg_tokens=int(flat["reg"].shape[1]) if "reg" in flat else 0,
       qk_norm=f"{attn}query_norm/scale" in flat,
-      layerscale_init=1.0 if f"{b}LayerScale_0/scale" in flat else None,
-      mlp="swiglu" if f"{b}MlpBlock_0/Dense_gate/kernel" in flat else "gelu",
-      norm="rmsnorm" if f"{b}LayerNorm_0/bias" not in flat else "layernorm",
       parallel_block=f"{b}LayerNorm_1/scale" not in flat,
       use_bias=f"{attn}query/bias" in flat,
   )
+  if "reg" in flat:
+    opts["reg_tokens"] = int(flat["reg"].shape[1])
+  if f"{b}LayerScale_0/scale" in flat:
+    opts["layerscale_init"] = 1.0
+  if f"{b}MlpBlock_0/Dense_gate/kernel" in flat:
+    opts["mlp"] = "swiglu"
+  if f"{b}LayerNorm_0/bias" not in flat:
+    opts["norm"] = "rmsnorm"
   return {k: v for k, v in opts.items() if v != _OPTION_DEFAULTS[k]}
 
 
@@ -283,7 +289,9 @@ def _arch_difference(src_flat, tgt_loop) -> str:
   size = size_name(
       *(src.get(k) for k in ("width", "depth", "mlp_dim", "heads"))
   )
-  hint = f", a ViT-{size}/{src['patch']}" if size and "patch" in src else ""
+  hint = ""
+  if size and "patch" in src:
+    hint = f", a ViT-{size}/{src['patch']}"
   return (
       f" (another architecture{hint}; checkpoint vs model: {', '.join(diff)})"
   )

@@ -16,9 +16,9 @@ def sincos_2d(h: int, w: int, width: int, num_prefix: int = 0) -> np.ndarray:
   position, as in big_vision. The width must be divisible by 4.
   """
   y, x = np.mgrid[:h, :w]
-  omega = 1.0 / (
-      10_000.0 ** (np.arange(width // 4) / (width // 4 - 1 if width > 4 else 1))
-  )
+  # The width // 4 frequencies run from 1 to 1/10,000 (one frequency: just 1).
+  last_index = max(width // 4 - 1, 1)
+  omega = 1.0 / (10_000.0 ** (np.arange(width // 4) / last_index))
   y, x = np.einsum("m,d->md", y.flatten(), omega), np.einsum(
       "m,d->md", x.flatten(), omega
   )
@@ -81,8 +81,12 @@ def fit(
   if grid.shape[2] != tgt_shape[2]:
     # Another width: merge's shape check says so, naming both architectures.
     return src
-  tgt_hw = tuple(grid_hw) if grid_hw is not None else square_grid(n_tgt)
-  src_hw = tuple(src_grid_hw) if src_grid_hw is not None else square_grid(n_src)
+  tgt_hw = square_grid(n_tgt)
+  if grid_hw is not None:
+    tgt_hw = tuple(grid_hw)
+  src_hw = square_grid(n_src)
+  if src_grid_hw is not None:
+    src_hw = tuple(src_grid_hw)
   if n_src == n_tgt and (src_grid_hw is None or tgt_hw is None):
     # Nothing says the two grids differ: keep the rows.
     if src_hw is not None and tgt_hw is not None and src_hw != tgt_hw:
@@ -106,9 +110,8 @@ def fit(
     )
   # Without a source cls row (big_vision, gap), the cls token had no posemb: a
   # zero row.
-  prefix = (
-      prefix[:, :tgt_prefix]
-      if src_prefix
-      else np.zeros((1, tgt_prefix, src.shape[2]), src.dtype)
-  )
+  if src_prefix:
+    prefix = prefix[:, :tgt_prefix]
+  else:
+    prefix = np.zeros((1, tgt_prefix, src.shape[2]), src.dtype)
   return np.concatenate([prefix, grid], axis=1)

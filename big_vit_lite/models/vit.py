@@ -48,7 +48,6 @@ from typing import Any, Optional, Sequence, Union
 
 import flax.linen as nn
 import jax
-from jax.extend import backend as jex_backend
 import jax.numpy as jnp
 
 # Re-exported, so that vit.Encoder1DBlock, vit.dot_product_attention, ... work.
@@ -62,6 +61,7 @@ from big_vit_lite.models.blocks import (  # noqa: F401
     MAPHead,
     MlpBlock,
     MultiHeadDotProductAttention,
+    on_cuda,
     resolve_dtype_act,
     resolve_dtype_mm,
 )
@@ -75,14 +75,6 @@ from big_vit_lite.models.ops import (  # noqa: F401
 from big_vit_lite.models.variants import VARIANTS, decode_variant  # noqa: F401
 
 _partitioned = nn.with_logical_partitioning
-
-
-def on_cuda() -> bool:
-  """Whether jax's default backend is an NVIDIA GPU (where "auto" attention can take cuDNN's)."""
-  return (
-      jax.default_backend() == "gpu"
-      and "cuda" in jex_backend.get_backend().platform_version.lower()
-  )
 
 
 class Model(nn.Module, BlockOptions):
@@ -168,7 +160,10 @@ class Model(nn.Module, BlockOptions):
     """
     if self.attention != "auto":
       return self.attention
-    cuda = on_cuda() if platform is None else platform == "gpu"
+    if platform is None:
+      cuda = on_cuda()
+    else:
+      cuda = platform == "gpu"
     platform = platform or jax.default_backend()
     if platform == "tpu":
       return "xla"
@@ -182,7 +177,9 @@ class Model(nn.Module, BlockOptions):
     fits = dtype_mm in (jnp.bfloat16, jnp.float16) and head_dim in range(
         8, 257, 8
     )
-    return "cudnn" if fits and cuda else "custom"
+    if fits and cuda:
+      return "cudnn"
+    return "custom"
 
   def resolved_dtype_mm(self, platform=None) -> str:
     """The matmul dtype this model runs with here ("auto" decided by the backend)."""
@@ -328,12 +325,15 @@ class Model(nn.Module, BlockOptions):
     else:
       # One query: cuDNN's padding would be all waste, so the probe takes the
       # custom path.
+      probe_attention = attention
+      if attention == "cudnn":
+        probe_attention = "custom"
       x = MAPHead(
           mlp_dim=a["mlp_dim"],
           num_heads=a["num_heads"],
           dtype_mm=dtype_mm,
           gelu=self.gelu,
-          attention="custom" if attention == "cudnn" else attention,
+          attention=probe_attention,
           norm=self.norm,
           name="MAPHead_0",
       )(x)
