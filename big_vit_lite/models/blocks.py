@@ -64,7 +64,9 @@ def resolve_dtype_act(dtype_act, platform=None) -> str:
   return "float32"
 
 
-@dataclasses.dataclass(frozen=True)
+# Keyword-only and not frozen so that vit.Model can take these fields as its
+# own (config.model.qk_norm, ...) by subclassing: one definition of each.
+@dataclasses.dataclass(unsafe_hash=True, kw_only=True)
 class BlockOptions:
   """The block options of `Model` (see its docstring), handed down as one hashable value."""
 
