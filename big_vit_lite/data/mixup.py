@@ -101,7 +101,9 @@ def make_mixup(mixup_cfg):
   """
   if not mixup_cfg:
     return None
-  kw = dict(mixup_cfg.to_dict() if hasattr(mixup_cfg, "to_dict") else mixup_cfg)
+  if hasattr(mixup_cfg, "to_dict"):  # a ConfigDict
+    mixup_cfg = mixup_cfg.to_dict()
+  kw = dict(mixup_cfg)
   if "p" in kw:
     kw["mixup_alpha"] = kw.pop("p")
   mix = functools.partial(mixup_or_cutmix, **kw)

@@ -145,9 +145,12 @@ def _names(depth, cls, map_head, head, o):
         f"{b}/MlpBlock_0",
         o["bias"],
     )
-    names += (
-        qk_norm(t if o["parallel"] else f"{t}.attn", a) if o["qk_norm"] else []
-    )
+    if o["qk_norm"]:
+      # A parallel block's q/k norms sit on the block itself, not on .attn.
+      qk_norm_owner = f"{t}.attn"
+      if o["parallel"]:
+        qk_norm_owner = t
+      names += qk_norm(qk_norm_owner, a)
     # timm's ParallelScalingBlock: MLP fc1 and qkv fused into in_proj.
     if o["parallel"]:
       ours = [f"{m}/Dense_0"] + [f"{a}/{k}" for k in ("query", "key", "value")]
@@ -176,10 +179,11 @@ def _names(depth, cls, map_head, head, o):
         + ln(f"{t}.norm2", f"{b}/LayerNorm_1")
         + mlp(f"{t}.mlp", m, o["swiglu"], bias)
     )
-    names += [
-        (f"{t}.ls{j + 1}.gamma", [f"{b}/LayerScale_{j}/scale"], "copy")
-        for j in range(2 if o["ls"] else 0)
-    ]
+    if o["ls"]:
+      names += [
+          (f"{t}.ls{j + 1}.gamma", [f"{b}/LayerScale_{j}/scale"], "copy")
+          for j in range(2)
+      ]
   names += ln("norm", "Transformer/encoder_norm")
   if map_head:
     names += (
@@ -332,22 +336,28 @@ def to_timm(params, image_size=None) -> tuple[dict, dict]:
       fc_norm=False,
   )
   # The block options, only where on (a plain ViT's kwargs stay as they were).
-  no_bias = None if o["bias"] else False
-  options = dict(
-      reg_tokens=n_reg or None,
-      qk_norm=o["qk_norm"] or None,
-      init_values=1.0 if o["ls"] else None,
-      qkv_bias=no_bias,
-      proj_bias=no_bias,
-      norm_layer="rmsnorm" if o["rms"] else None,
-      mlp_layer="SwiGLU" if o["swiglu"] else None,
-      act_layer="silu" if o["swiglu"] else None,
-      block_fn="ParallelScalingBlock" if o["parallel"] else None,
-      # Not a constructor kwarg: says the class, VisionTransformerDistilled
-      # (timm_names.timm_class).
-      distilled=o["dist"] or None,
-  )
-  return sd, dict(kwargs, **{k: v for k, v in options.items() if v is not None})
+  options = {}
+  if n_reg:
+    options["reg_tokens"] = n_reg
+  if o["qk_norm"]:
+    options["qk_norm"] = o["qk_norm"]
+  if o["ls"]:
+    options["init_values"] = 1.0
+  if not o["bias"]:
+    options["qkv_bias"] = False
+    options["proj_bias"] = False
+  if o["rms"]:
+    options["norm_layer"] = "rmsnorm"
+  if o["swiglu"]:
+    options["mlp_layer"] = "SwiGLU"
+    options["act_layer"] = "silu"
+  if o["parallel"]:
+    options["block_fn"] = "ParallelScalingBlock"
+  if o["dist"]:
+    # Not a constructor kwarg: says the class, VisionTransformerDistilled
+    # (timm_names.timm_class).
+    options["distilled"] = o["dist"]
+  return sd, dict(kwargs, **options)
 
 
 def write_timm(params, path, image_size=None) -> dict:
