@@ -16,10 +16,18 @@ from sklearn import preprocessing
 from big_vit_lite.evaluators import ridge
 
 
-def _problem(n, d, c, seed, sep=1.0):
-  """n rows of c classes, every class present, dims on scales 0.1 to 10."""
+def _problem(n, d, c, seed, sep=1.0, balanced=True):
+  """n rows of c classes, every class present, dims on scales 0.1 to 10.
+
+  Unbalanced: class k has about k + 1 times the rows of class 0 (so the
+  intercepts differ between classes and decide some predictions).
+  """
   rng = np.random.default_rng(seed)
   labels = np.arange(n) % c
+  if not balanced:
+    labels = np.arange(c).repeat(
+        np.arange(1, c + 1) * n // (c * (c + 1) // 2) + 1
+    )[:n]
   rng.shuffle(labels)
   centres = rng.normal(0, sep, (c, d))
   scales = np.geomspace(0.1, 10.0, d)
@@ -56,17 +64,23 @@ def _brute_force_choice(x, labels, c, regs):
 def test_fit_and_score_is_sklearn_scaler_and_ridge_classifier():
   """Guards: standardisation with the wrong statistics (test rows', std with
   ddof, no centring, constant-dim threshold off), {0, 1} or {-1, +1} targets
-  swapped, the intercept penalised or dropped, l2 scaled (l2 / 2, l2 * n),
-  predictions not the argmax over classes, accuracy against the wrong labels."""
+  swapped, the intercept penalised, dropped or subtracted in predict, l2
+  scaled (l2 / 2, l2 * n) or the grid ignored, predictions not the argmax
+  over classes, accuracy against the wrong labels, float32 features (what
+  models give) not computed in float64. Unbalanced classes: the intercepts
+  differ."""
   for seed, (n, d, c) in enumerate([(24, 6, 4), (15, 30, 3), (40, 5, 5)]):
-    x, labels = _problem(n, d, c, seed)
-    xt, lt = _problem(60, d, c, seed + 100)
+    rows = _problem(n + 60, d, c, seed, balanced=False)
+    x, labels = rows[0][:n].astype(np.float32), rows[1][:n]
+    xt, lt = rows[0][n:].astype(np.float32), rows[1][n:]
     acc, fit = ridge.fit_and_score(x, labels, xt, lt, c, l2_regs=(0.3, 9.0))
+    assert fit.l2 in (0.3, 9.0)
+    x, xt = x.astype(np.float64), xt.astype(np.float64)
     scaler = preprocessing.StandardScaler().fit(x)
     ref = linear_model.RidgeClassifier(alpha=fit.l2, solver="svd")
     ref.fit(scaler.transform(x), labels)
-    np.testing.assert_allclose(fit.w, ref.coef_.T, atol=1e-8)
-    np.testing.assert_allclose(fit.b, ref.intercept_, atol=1e-8)
+    np.testing.assert_allclose(fit.w, ref.coef_.T, atol=1e-10)
+    np.testing.assert_allclose(fit.b, ref.intercept_, atol=1e-10)
     expected = np.mean(ref.predict(scaler.transform(xt)) == lt)
     assert acc == expected, (seed, acc, expected)
     assert 0.0 < acc < 1.0, acc  # a problem where a wrong fit shows
@@ -83,6 +97,36 @@ def test_standardizer_is_sklearns_standard_scaler():
   scaler = preprocessing.StandardScaler().fit(x)
   np.testing.assert_allclose(standardize(xt), scaler.transform(xt), atol=1e-9)
   np.testing.assert_allclose(standardize(x), scaler.transform(x), atol=1e-9)
+
+
+def test_float32_features_are_standardised_and_fit_in_float64():
+  """Guards the module's float64 promise: float32 features (what a model
+  gives) must not be averaged, decomposed or regressed in float32 (errors of
+  1e-7 relative, against 1e-12 here)."""
+  x, labels = _problem(30, 8, 3, seed=4)
+  x32 = (x * 1000 + 5e4).astype(np.float32)  # large offset: float32 sums drift
+  x64 = x32.astype(np.float64)
+  scaler = preprocessing.StandardScaler().fit(x64)
+  standardize = ridge.Standardizer.fit(x32)
+  np.testing.assert_allclose(standardize.mean, scaler.mean_, rtol=1e-13)
+  np.testing.assert_allclose(standardize.std, scaler.scale_, rtol=1e-12)
+  y = ridge.signed_onehot(labels, 3)
+  ws, bs, _ = ridge.ridge_path(x32, y, [4.0])
+  ref = linear_model.Ridge(alpha=4.0, solver="svd").fit(x64, y)
+  np.testing.assert_allclose(ws[0], ref.coef_.T, rtol=1e-8, atol=1e-12)
+  np.testing.assert_allclose(bs[0], ref.intercept_, rtol=1e-9)
+
+
+def test_one_l2_value_may_be_a_plain_number():
+  """Guards the l2 vector's shape: one number is a grid of one (not a 0-d
+  array that cannot be indexed)."""
+  assert ridge.check_l2_regs(2.0).shape == (1,)
+  x, labels = _problem(12, 4, 3, seed=0)
+  ws, bs, loo = ridge.ridge_path(x, ridge.signed_onehot(labels, 3), 2.0)
+  assert (
+      ws.shape == (1, 4, 3) and bs.shape == (1, 3) and loo.shape == (1, 12, 3)
+  )
+  assert ridge.fit(x, labels, 3, 2.0).l2 == 2.0
 
 
 def test_standardizer_treats_relatively_tiny_dims_as_constant():
