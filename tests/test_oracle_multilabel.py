@@ -112,3 +112,23 @@ def test_average_precision_by_hand():
       (1 + 2 / 3 + 3 / 4) / 3, abs=1e-12
   )
   assert np.isnan(multilabel.average_precision(scores, np.zeros(4, bool)))
+
+
+def test_each_row_positive_at_its_own_largest_entry_and_logit_zero_is_no():
+  """Guards: a row's classes taken at the largest entry of the whole batch
+  (a smoothed row, max 0.9, would lose its label next to a 1.0 row), and
+  "predicted" at sigmoid(logit) >= 0.5 instead of > 0.5 (logit 0 exactly).
+  Hand-worked: rows {0} (smoothed), {1}, {0, 1}; class 0 predicted for row
+  0 only (row 1's logit is exactly 0): precision 1, recall 1/2."""
+  labels = np.array(
+      [[0.9, 0.05, 0.05], [0.0, 1.0, 0.0], [1.0, 1.0, 0.0]], np.float32
+  )
+  logits = np.array(
+      [[2.0, -1.0, -1.0], [0.0, 3.0, -1.0], [-1.0, 4.0, -1.0]], np.float32
+  )
+  got = multilabel.metrics(logits, labels)
+  assert got["precision/0"] == 1.0 and got["recall/0"] == 0.5
+  assert got["precision/1"] == 1.0 and got["recall/1"] == 1.0
+  assert got["precision/2"] == 0.0  # never predicted
+  assert got["recall"] == 0.75  # class 2 has no positive: left out
+  assert got["prec@1"] == 1.0
