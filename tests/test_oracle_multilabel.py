@@ -16,7 +16,10 @@ from big_vit_lite import sharding
 from big_vit_lite.evaluators import multilabel
 
 
-def _run(monkeypatch, logits, labels, batch_size=4):
+def _evaluator(monkeypatch, logits, labels, batch_size=4, head=None):
+  """An Evaluator whose pipeline yields `labels` in padded batches and whose
+  model gives `logits` row by row (times params["scale"]); the pipeline
+  checks it is asked for the evaluator's data, pp and batch size."""
   n = len(labels)
   batches = []
   for start in range(0, n, batch_size):
@@ -24,25 +27,31 @@ def _run(monkeypatch, logits, labels, batch_size=4):
     valid = idx < n
     rows = np.where(valid, idx, 0)
     batches.append({"image": rows, "labels": labels[rows], "_mask": valid})
+
+  def make_eval_iterator(data, pp, size):
+    assert (data, pp, size) == ({"name": "fake"}, "PP", batch_size)
+    return batches
+
   monkeypatch.setattr(
-      multilabel.input_pipeline,
-      "make_eval_iterator",
-      lambda data, pp, batch_size: batches,
+      multilabel.input_pipeline, "make_eval_iterator", make_eval_iterator
   )
   table = jnp.asarray(logits)
 
   def predict_fn(params, images):
-    del params
-    return table[images], {}
+    return table[images] * params["scale"], {}
 
-  ev = multilabel.Evaluator(
+  return multilabel.Evaluator(
       predict_fn,
       mesh=sharding.make_mesh([("data", -1)]),
       data={"name": "fake"},
-      pp="",
+      pp="PP",
       batch_size=batch_size,
   )
-  return ev.run({})
+
+
+def _run(monkeypatch, logits, labels, batch_size=4):
+  ev = _evaluator(monkeypatch, logits, labels, batch_size)
+  return ev.run({"scale": jnp.float32(1.0)})
 
 
 def _case(n, c, seed):
@@ -132,3 +141,27 @@ def test_each_row_positive_at_its_own_largest_entry_and_logit_zero_is_no():
   assert got["precision/2"] == 0.0  # never predicted
   assert got["recall"] == 0.75  # class 2 has no positive: left out
   assert got["prec@1"] == 1.0
+
+
+def test_bad_labels_and_outputs_are_one_line_errors(monkeypatch):
+  """Guards the evaluator's refusals (each names what is wrong and what to
+  do): a pp whose k-hot labels have another class count than the head, a pp
+  without 'labels', NaN logits, a split without any positive label."""
+  logits, labels = _case(6, 4, seed=2)
+  ev = _evaluator(monkeypatch, logits, labels[:, :3])
+  with pytest.raises(ValueError) as e:
+    ev.run({"scale": jnp.float32(1.0)})
+  assert str(e.value) == (
+      "The eval pp makes 3-class 'labels' but the model's head has 4 outputs;"
+      " use onehot(4, key='labels') in the pp."
+  )
+  ev = _evaluator(monkeypatch, logits, labels)
+  ev.batches = [{"image": np.arange(4), "_mask": np.ones(4, bool)}]
+  with pytest.raises(ValueError, match=r"makes no k-hot 'labels' \(it gives"):
+    ev.run({"scale": jnp.float32(1.0)})
+  ev = _evaluator(monkeypatch, logits, labels)
+  with pytest.raises(ValueError, match="logits are NaN/inf"):
+    ev.run({"scale": jnp.float32(np.nan)})
+  ev = _evaluator(monkeypatch, logits, np.zeros_like(labels))
+  with pytest.raises(ValueError, match="has no positive label"):
+    ev.run({"scale": jnp.float32(1.0)})
