@@ -148,7 +148,8 @@ def test_bad_labels_and_outputs_are_one_line_errors(monkeypatch):
   do): a pp whose k-hot labels have another class count than the head, a pp
   without 'labels', NaN logits, a split without any positive label."""
   logits, labels = _case(6, 4, seed=2)
-  ev = _evaluator(monkeypatch, logits, labels[:, :3])
+  # (batches of 5: no shape of the batch is 3 or 4 but the class counts)
+  ev = _evaluator(monkeypatch, logits, labels[:, :3], batch_size=5)
   with pytest.raises(ValueError) as e:
     ev.run({"scale": jnp.float32(1.0)})
   assert str(e.value) == (
