@@ -152,3 +152,18 @@ def test_non_finite_rows_are_counted_but_masked_ones_are_not():
   sums = classification.batch_sums(logits, labels, mask, "softmax_xent")
   assert float(sums["non_finite"]) == 2.0
   assert float(sums["count"]) == 3.0
+
+
+def test_unlabelled_splits_and_labels_outside_the_head_are_refused(monkeypatch):
+  """Guards the refusals that keep a wrong prec@1 from being reported: a
+  split whose rows all lack a positive label (count 0), integer labels
+  outside the head's classes (the message names the largest, 9)."""
+  logits, label = _case(6, 7, seed=1)
+  with pytest.raises(ValueError, match="yielded no labelled examples"):
+    _run(monkeypatch, logits, _batches(np.zeros((6, 7), np.float32), "labels"))
+  label[2] = 9
+  with pytest.raises(
+      ValueError,
+      match=r"1 examples have a label outside the model's 7 classes \(largest label 9\)",
+  ):
+    _run(monkeypatch, logits, _batches(label, "label"))
