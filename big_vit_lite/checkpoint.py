@@ -115,12 +115,13 @@ class Checkpointer:
 
   def save(self, step, state, data_state, config=None):
     """Starts an (async) save of `state` (pytree), `data_state` (JSON dict) and `config`."""
+    config_json = {}
+    if config:
+      config_json = json.loads(config.to_json_best_effort())
     items = ocp.args.Composite(
         state=ocp.args.StandardSave(state),
         data=ocp.args.JsonSave(data_state or {}),
-        config=ocp.args.JsonSave(
-            json.loads(config.to_json_best_effort()) if config else {}
-        ),
+        config=ocp.args.JsonSave(config_json),
         checksums=ocp.args.JsonSave(checksums(state)),
     )
     # A failed earlier (async) save is reported as that step, before this one

@@ -24,12 +24,14 @@ DEFAULT_L2_REGS = tuple(2.0**k for k in range(-4, 17, 2))
 def check_l2_regs(l2_regs, allow_zero=False):
   """l2_regs (one number or several) as a float64 vector: finite, > 0 (>= 0 with allow_zero)."""
   regs = np.asarray(l2_regs, np.float64).reshape(-1)
+  if allow_zero:
+    in_range, bound = regs >= 0, ">="
+  else:
+    in_range, bound = regs > 0, ">"
   # (NaN or inf would fit nothing and report chance accuracy.)
-  if not regs.size or not np.all(
-      np.isfinite(regs) & ((regs >= 0) if allow_zero else (regs > 0))
-  ):
+  if not regs.size or not np.all(np.isfinite(regs) & in_range):
     raise ValueError(
-        f"l2_regs must be finite numbers {'>=' if allow_zero else '>'} 0, e.g. "
+        f"l2_regs must be finite numbers {bound} 0, e.g. "
         f"(1e-6, 1e-4, 1e-2); got {l2_regs!r}."
     )
   return regs

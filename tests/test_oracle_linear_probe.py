@@ -1,0 +1,82 @@
+"""The linear probe's choice of l2 and its test accuracy against scikit-learn.
+
+Oracle: sklearn's LogisticRegression fitted for every l2 candidate on the
+rows the probe keeps for fitting, scored on the rows it holds out; the
+highest held-out accuracy wins, ties to the larger l2; then sklearn's refit
+on every train row with that l2 gives the test accuracy. The held-out rows
+are read from the probe's own call (a spy on logistic.fit), their count is
+checked against holdout_fraction. Problems where the l2 matters: 40
+features for 120 rows, classes that overlap, held-out accuracies peaked
+at the largest l2 while the training rows' accuracy peaks at the smallest
+(seed 1), and tied between two values inside the grid (seed 9).
+"""
+
+import numpy as np
+import pytest
+from sklearn import linear_model
+
+from big_vit_lite import sharding
+from big_vit_lite.evaluators import linear_probe
+from big_vit_lite.evaluators import logistic
+
+L2S = (1e-4, 1e-2, 1e-1, 1.0)
+
+
+def _problem(n, d, c, seed, sep=0.3):
+  rng = np.random.default_rng(seed)
+  labels = np.arange(n) % c
+  rng.shuffle(labels)
+  centres = rng.normal(0, sep, (c, d))
+  x = centres[labels] + rng.normal(0, 1, (n, d))
+  return x * np.geomspace(0.5, 4.0, d) + 1.0, labels
+
+
+def _sklearn(x, y, l2):
+  return linear_model.LogisticRegression(
+      C=1.0 / (len(y) * l2), max_iter=10_000, tol=1e-9
+  ).fit(x, y)
+
+
+@pytest.mark.parametrize("seed,want_l2", [(1, 1.0), (9, 0.1)])
+def test_probe_picks_l2_on_held_out_rows_like_sklearn(
+    monkeypatch, seed, want_l2
+):
+  """Guards the hyper-parameter choice: the l2 with the best held-out
+  accuracy (not the worst, the first, the smallest or the train accuracy's
+  best), ties to the larger penalty, the held-out rows left out of the fit
+  (weight 0) and of the right count, the refit with the chosen l2 (not the
+  grid's first or last) on all train rows, standardised with train
+  statistics, scored on the test rows."""
+  calls = []
+  real_fit = logistic.fit
+
+  def spy(x, labels, num_classes, l2s, **kw):
+    calls.append((tuple(l2s), kw.get("weights")))
+    return real_fit(x, labels, num_classes, l2s, **kw)
+
+  monkeypatch.setattr(logistic, "fit", spy)
+  x, y = _problem(210, 40, 3, seed)
+  x, y, xt, yt = x[:120], y[:120], x[120:], y[120:]
+  ev = linear_probe.Evaluator.__new__(linear_probe.Evaluator)
+  ev.l2_regs, ev.seed, ev.holdout_fraction = L2S, 0, 0.5
+  ev.max_iter, ev.tol = 5000, 1e-6
+  ev.mesh = sharding.make_mesh([("data", -1)])
+  acc = ev.probe("toy", x, y, xt, yt, 3)
+
+  (l2s, weights), (refit_l2s, refit_weights) = calls
+  assert l2s == L2S and refit_weights is None
+  hold = weights == 0
+  assert hold.sum() == 60 and set(np.unique(weights)) == {0.0, 1.0}
+  mean, std = x.mean(0), x.std(0)
+  xs, xts = (x - mean) / std, (xt - mean) / std
+  held_acc = [
+      _sklearn(xs[~hold], y[~hold], l2).score(xs[hold], y[hold]) for l2 in L2S
+  ]
+  best = max(range(len(L2S)), key=lambda i: (held_acc[i], L2S[i]))
+  assert L2S[best] == want_l2, held_acc  # the case is what it claims
+  assert refit_l2s == (want_l2,)
+  theirs = _sklearn(xs, y, want_l2).score(xts, yt)
+  assert abs(acc - theirs) <= 1 / len(yt), (acc, theirs)
+  if seed == 1:  # a refit with another l2 would score differently here
+    others = [_sklearn(xs, y, l2).score(xts, yt) for l2 in L2S if l2 != 1.0]
+    assert all(abs(o - theirs) > 2 / len(yt) for o in others), others
