@@ -299,8 +299,10 @@ class DatasetsEvaluator:
           "pixels, as a baseline) or False."
       )
     self.mesh = mesh
+    if datasets is None:
+      datasets = DEFAULT_DATASETS
     self.datasets = dataset_cfgs(
-        DEFAULT_DATASETS if datasets is None else datasets,
+        datasets,
         pp,
         train_split,
         test_split,

@@ -107,13 +107,17 @@ def fewshot(
   pixel_baseline=True: each metric also on the raw pixels, KEY_pixels.
   """
   # Every setting spelled out, so that each can be set from the command line
-  # (e.g. --config.evals.fewshot.l2_regs='(1.0,)').
+  # (e.g. --config.evals.fewshot.l2_regs='(1.0,)'); shots unset until a
+  # caller names them.
+  shots_setting = config_dict.placeholder(tuple)
+  if shots is not None:
+    shots_setting = tuple(shots)
   cfg = dict(
       type="fewshot",
       datasets=_datasets(datasets, folder, data_dir),
       pp=eval_pp(res, channels),
       num_seeds=num_seeds,
-      shots=config_dict.placeholder(tuple) if shots is None else tuple(shots),
+      shots=shots_setting,
       representation_layer=representation_layer,
       token_pool=token_pool,
       batch_size=batch_size,

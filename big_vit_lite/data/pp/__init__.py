@@ -94,9 +94,10 @@ def op_error(op_text, reason):
   autograph rewrites any error raised inside into a multi-line "in user
   code: ..." report; `ag_pass_through` tells it to re-raise this one as it is.
   """
-  reason = " ".join(str(reason).split())
-  prefix = f"pp op {op_text!r}: "
-  e = ValueError(reason if reason.startswith("pp op ") else prefix + reason)
+  message = " ".join(str(reason).split())
+  if not message.startswith("pp op "):
+    message = f"pp op {op_text!r}: {message}"
+  e = ValueError(message)
   e.ag_pass_through = True
   return e
 
