@@ -18,7 +18,7 @@ the kernel every step). ViT-S/16, batch 32, --old_grad_accum=2 vs 1 read
 8.8-9.0 img/s); ViT-Ti/16 --grad_accum=4 read 1.12x here, 1.0x there. Check a
 gain from changing the program's memory footprint with separate processes.
 Like the job entry points it runs with glibc's huge-page tunable
-(big_vit_lite/hostmem.py); BIG_VIT_LITE_HUGE_PAGES=0 turns that off.
+(big_vit_lite/runtime/hostmem.py); BIG_VIT_LITE_HUGE_PAGES=0 turns that off.
 """
 
 # First, before jax loads: once more with huge pages.
@@ -41,9 +41,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from big_vit_lite import grad_accum
-from big_vit_lite import losses
-from big_vit_lite import sharding
+from big_vit_lite.trainer import grad_accum
+from big_vit_lite.trainer import losses
+from big_vit_lite.runtime import sharding
 from big_vit_lite.models import vit as vit_current
 
 

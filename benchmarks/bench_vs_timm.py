@@ -190,7 +190,7 @@ def render_markdown(records):
       "rounds. MFU: achieved FLOP/s (our step's FLOPs; the same count for timm) over a square",
       "matmul timed in the same process (`jnp.dot` for ours, `torch.mm` for timm). Step FLOPs:",
       "XLA's cost analysis (elementwise work included) in rows before 2026-12-05, model FLOPs",
-      "(the matmuls of the step's jaxpr, big_vit_lite/flops.py: ~1% fewer on CPU) from then on.",
+      "(the matmuls of the step's jaxpr, big_vit_lite/runtime/flops.py: ~1% fewer on CPU) from then on.",
       "The machines are shared, so absolute img/s drift; the ratios are the figures to quote.",
       "CPU-time ratio: timm's process CPU seconds per training step over ours (median over",
       "rounds); it tracks each framework's own cost even when the neighbours' load swamps wall",

@@ -16,7 +16,7 @@ own process (so that JAX and torch never hold the GPU at the same time), within 
      and an XLA GPU flag preset (its own process: XLA reads flags at start).
 Same batch (256) and 224 px everywhere. A case that would not finish before its group's
 deadline is skipped (and listed), so the run stops cleanly with what it has. Model MFU:
-model FLOPs (big_vit_lite/flops.py, our step's jaxpr; timm at the same FLOPs per image) over
+model FLOPs (big_vit_lite/runtime/flops.py, our step's jaxpr; timm at the same FLOPs per image) over
 the datasheet peak (devices.py). Prints elapsed time per case, a summary table, appends it
 to benchmarks/RESULTS.md, and writes JSON lines (and the table) to $OUT/ when OUT is set.
 """
@@ -190,7 +190,7 @@ def compare_models(kind, ref_kind, dtype_mm, key, batch, res=224):
 def worker_ours(args):
   import jax
   from big_vit_lite import bench
-  from big_vit_lite import devices
+  from big_vit_lite.runtime import devices
   from big_vit_lite.models import vit
   from big_vit_lite.models import ops
 

@@ -19,7 +19,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from configs import vit_l16  # pylint: disable=g-import-not-at-top
 from big_vit_lite.planner import plan as plan_lib
-from big_vit_lite.devices import GIB
+from big_vit_lite.runtime.devices import GIB
 
 
 def add_arguments(parser):

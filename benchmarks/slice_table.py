@@ -17,10 +17,10 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # pylint: disable=g-import-not-at-top
-from big_vit_lite import config_loading
+from big_vit_lite.config import config_loading
 from big_vit_lite.planner import plan as plan_lib
 from big_vit_lite.planner import tpu as tpu_compile
-from big_vit_lite.devices import GIB
+from big_vit_lite.runtime.devices import GIB
 
 SLICES = (
     "v4-32",

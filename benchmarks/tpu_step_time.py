@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # pylint: disable=g-import-not-at-top
 import plan_vs_tpu
 from big_vit_lite.planner import plan as plan_lib
-from big_vit_lite.devices import GIB
+from big_vit_lite.runtime.devices import GIB
 
 
 def main():

@@ -37,20 +37,19 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from big_vit_lite import console
-from big_vit_lite import devices
-from big_vit_lite import distributed
-from big_vit_lite import flops as flops_lib
-from big_vit_lite import grad_accum
-from big_vit_lite import hostmem
-from big_vit_lite import losses
-from big_vit_lite import metrics
-from big_vit_lite import oom
-from big_vit_lite import sharding
-from big_vit_lite import train_step
+from big_vit_lite.logs import console
+from big_vit_lite.runtime import devices
+from big_vit_lite.runtime import distributed
+from big_vit_lite.runtime import flops as flops_lib
+from big_vit_lite.trainer import grad_accum
+from big_vit_lite.runtime import hostmem
+from big_vit_lite.trainer import losses
+from big_vit_lite.logs import metrics
+from big_vit_lite.runtime import oom
+from big_vit_lite.runtime import sharding
+from big_vit_lite.trainer import train_step  # Defined when run as a command, not on import: plan imports this module and has
 
 
-# Defined when run as a command, not on import: plan imports this module and has
 # flags of the same names (--mesh, --res).
 def _define_flags():
   flags.DEFINE_list("variant", ["Ti/16"], "ViT variant(s), e.g. Ti/16,S/16.")
@@ -275,7 +274,7 @@ def bench_model(
   calib_gflops: in-process matmul rate of all devices together (None: no mfu_calib).
   peak_flops: datasheet peak of all devices together; `mfu` is against it, else against
   calib_gflops (neither: mfu None).
-  grad_accum_steps: the training step's microbatches (big_vit_lite.grad_accum); the batch must
+  grad_accum_steps: the training step's microbatches (big_vit_lite.trainer.grad_accum); the batch must
   split into them on every device (check_args).
   trace_dir: if set, the timed training steps run under jax.profiler.trace (Perfetto JSON too).
   FLOPs and achieved FLOP/s are of the whole step, summed over the mesh's devices.

@@ -58,13 +58,13 @@ from absl import logging
 import flax.linen as nn
 import jax
 
-from big_vit_lite import config_loading
-from big_vit_lite import console
-from big_vit_lite import metrics
-from big_vit_lite import oom
-from big_vit_lite import paths
-from big_vit_lite import sharding
-from big_vit_lite import summary
+from big_vit_lite.config import config_loading
+from big_vit_lite.logs import console
+from big_vit_lite.logs import metrics
+from big_vit_lite.runtime import oom
+from big_vit_lite.runtime import paths
+from big_vit_lite.runtime import sharding
+from big_vit_lite.logs import summary
 from big_vit_lite import evaluators
 from big_vit_lite.evaluators import presets
 from big_vit_lite.models import loading

@@ -35,7 +35,7 @@ from absl import app
 from absl import flags
 import safetensors
 
-from big_vit_lite import console
+from big_vit_lite.logs import console
 from big_vit_lite.models import loading
 from big_vit_lite.models import formats
 from big_vit_lite.models import steps

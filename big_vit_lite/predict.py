@@ -30,11 +30,11 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from big_vit_lite import checkpoint
-from big_vit_lite import config_loading
-from big_vit_lite import console
+from big_vit_lite.trainer import checkpoint
+from big_vit_lite.config import config_loading
+from big_vit_lite.logs import console
 from big_vit_lite.models import loading
-from big_vit_lite import sharding
+from big_vit_lite.runtime import sharding
 from big_vit_lite.data import imagefolder
 from big_vit_lite.evaluators import features
 

@@ -33,10 +33,10 @@ from absl import app
 from absl import flags
 from absl import logging
 
-from big_vit_lite import checkpoint as ckpt_lib
-from big_vit_lite import metrics
-from big_vit_lite import paths
-from big_vit_lite import summary
+from big_vit_lite.trainer import checkpoint as ckpt_lib
+from big_vit_lite.logs import metrics
+from big_vit_lite.runtime import paths
+from big_vit_lite.logs import summary
 from big_vit_lite.evaluators import presets
 
 INSTALL = "pip install 'big_vit_lite[report]'"

@@ -43,20 +43,19 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import multihost_utils
 
-from big_vit_lite import checkpoint as ckpt_lib
-from big_vit_lite import config_loading
-from big_vit_lite import console
-from big_vit_lite import ema as ema_lib
-from big_vit_lite import flops as flops_lib
-from big_vit_lite import metrics as metrics_lib
-from big_vit_lite import oom
-from big_vit_lite import optim
-from big_vit_lite import resume
-from big_vit_lite import sharding
-from big_vit_lite import train_loop
-from big_vit_lite import train_state
+from big_vit_lite.trainer import checkpoint as ckpt_lib
+from big_vit_lite.config import config_loading
+from big_vit_lite.logs import console
+from big_vit_lite.trainer import ema as ema_lib
+from big_vit_lite.runtime import flops as flops_lib
+from big_vit_lite.logs import metrics as metrics_lib
+from big_vit_lite.runtime import oom
+from big_vit_lite.trainer import optim
+from big_vit_lite.trainer import resume
+from big_vit_lite.runtime import sharding
+from big_vit_lite.trainer import train_loop
+from big_vit_lite.trainer import train_state  # The flags, defined only when run as a command (at the end): importing this
 
-# The flags, defined only when run as a command (at the end): importing this
 # module (tests, other CLIs) must not clash with other CLIs' --config/--workdir
 # in one process.
 _CONFIG = _WORKDIR = _CHECK = None

@@ -24,7 +24,7 @@ Args (after ':', comma separated):
 import ml_collections
 from ml_collections import config_dict
 
-from big_vit_lite import config_loading
+from big_vit_lite.config import config_loading
 from big_vit_lite.evaluators import presets
 
 

@@ -19,10 +19,9 @@ Args (comma-separated after the file name, e.g. `configs/demo.py:runlocal`):
 import ml_collections
 from ml_collections import config_dict
 
-from big_vit_lite import config_knobs
-from big_vit_lite import config_loading
+from big_vit_lite.config import config_knobs
+from big_vit_lite.config import config_loading  # No random ops here: the shifts and flips run on device (config.device_aug).
 
-# No random ops here: the shifts and flips run on device (config.device_aug).
 TRAIN_PP = (
     "decode(channels=1)|value_range(-1, 1)"
     "|onehot(10, key='label', key_result='labels')|keep('image', 'labels')"

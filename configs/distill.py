@@ -27,9 +27,7 @@ Args (comma-separated after the file name):
 
 from ml_collections import config_dict
 
-from big_vit_lite import config_loading
-
-# configs/demo.py, a module here (config_loading's docstring).
+from big_vit_lite.config import config_loading  # configs/demo.py, a module here (config_loading's docstring).
 import demo
 
 

@@ -37,7 +37,7 @@ For an .npz of another model, e.g. ViT-B/16 at 224:
 
 import ml_collections
 
-from big_vit_lite import config_loading
+from big_vit_lite.config import config_loading
 from big_vit_lite.evaluators import presets
 
 

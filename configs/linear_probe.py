@@ -30,7 +30,7 @@ Every setting of the probe can be set on the command line, e.g.
 
 import ml_collections
 
-from big_vit_lite import config_loading
+from big_vit_lite.config import config_loading
 from big_vit_lite.evaluators import presets
 
 

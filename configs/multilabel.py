@@ -26,9 +26,7 @@ Args (comma-separated after the file name, e.g. `configs/multilabel.py:runlocal`
 import ml_collections
 from ml_collections import config_dict
 
-from big_vit_lite import config_loading
-
-# configs/demo.py, a module here (config_loading's docstring).
+from big_vit_lite.config import config_loading  # configs/demo.py, a module here (config_loading's docstring).
 import demo
 
 PP = (

@@ -68,11 +68,10 @@ import os
 import ml_collections
 from ml_collections import config_dict
 
-from big_vit_lite import config_knobs
-from big_vit_lite import config_loading
-from big_vit_lite import transfer
+from big_vit_lite.config import config_knobs
+from big_vit_lite.config import config_loading
+from big_vit_lite.trainer import transfer  # The demo's architecture: the model when `init` does not exist (yet): training
 
-# The demo's architecture: the model when `init` does not exist (yet): training
 # then stops on it.
 DEMO_MODEL = dict(
     variant=None,

@@ -26,9 +26,7 @@ Args: the ones of configs/vit_l16.py (data=i21k|i1k|folder:ROOT, classes=N,
 runlocal), e.g. `configs/vit_b16.py:data=i1k` or `configs/vit_b16.py:runlocal`.
 """
 
-from big_vit_lite import config_loading
-
-# configs/vit_l16.py, a module here (config_loading's docstring).
+from big_vit_lite.config import config_loading  # configs/vit_l16.py, a module here (config_loading's docstring).
 import vit_l16
 
 

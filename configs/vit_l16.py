@@ -52,8 +52,8 @@ Args (comma-separated, e.g. `configs/vit_l16.py:variant=H/14,data=i1k`):
 import ml_collections
 from ml_collections import config_dict
 
-from big_vit_lite import config_knobs
-from big_vit_lite import config_loading
+from big_vit_lite.config import config_knobs
+from big_vit_lite.config import config_loading
 
 DATA = {
     # name, train split, minival split, classes

@@ -28,8 +28,8 @@ under tfds.testing.mock_data since ImageNet is not on the machine).
 import ml_collections
 from ml_collections import config_dict
 
-from big_vit_lite import config_knobs
-from big_vit_lite import config_loading
+from big_vit_lite.config import config_knobs
+from big_vit_lite.config import config_loading
 
 
 def get_config(arg=None):

@@ -8,7 +8,7 @@
 #   JAX_COORDINATOR_ADDRESS=127.0.0.1:PORT (a free loopback port), JAX_NUM_PROCESSES=NPROC,
 #   JAX_PROCESS_ID=i, JAX_PLATFORMS=cpu (unless set), and
 #   XLA_FLAGS+=--xla_force_host_platform_device_count=$DEVICES_PER_PROCESS (default 1).
-# big_vit_lite.distributed.initialize() turns those into jax.distributed.initialize(); CPU
+# big_vit_lite.runtime.distributed.initialize() turns those into jax.distributed.initialize(); CPU
 # collectives go over gloo.
 #
 # Environment knobs:

@@ -33,7 +33,7 @@
 #   REMOTE_DIR, VENV      where the project and its virtualenv live on the workers
 #                         (default ~/big_vit_lite and ~/bvl_venv).
 # The workdir must be a bucket path (gs://...): every worker writes its shards of each checkpoint.
-# `run` sets BVL_DISTRIBUTED=auto, so big_vit_lite.distributed.initialize() lets jax find the
+# `run` sets BVL_DISTRIBUTED=auto, so big_vit_lite.runtime.distributed.initialize() lets jax find the
 # slice's workers through the TPU metadata server. A restart after a preemption or crash is the
 # same `run` command: training resumes from the newest complete checkpoint in the workdir.
 set -euo pipefail

@@ -1,7 +1,7 @@
 """Mutation testing of one module against the tests that cover it (mutmut 3).
 
-  python scripts/mutate.py big_vit_lite/losses.py [--max-children 1]
-  python scripts/mutate.py big_vit_lite/optim.py --sample 40 [--seed 0]
+  python scripts/mutate.py big_vit_lite/trainer/losses.py [--max-children 1]
+  python scripts/mutate.py big_vit_lite/trainer/optim.py --sample 40 [--seed 0]
 
 What it does: mutmut plants one small bug at a time in the module (an operator
 flipped, a constant changed, an argument dropped...) and runs the module's tests
@@ -162,7 +162,7 @@ def _mutmut():
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("module", help="e.g. big_vit_lite/losses.py")
+  parser.add_argument("module", help="e.g. big_vit_lite/trainer/losses.py")
   parser.add_argument(
       "--max-children",
       type=int,
@@ -177,7 +177,7 @@ def main():
       metavar="GLOB",
       action="append",
       help=(
-          "test only the mutants named so, e.g. 'big_vit_lite.losses.x_get*'"
+          "test only the mutants named so, e.g. 'big_vit_lite.trainer.losses.x_get*'"
           " (repeatable; the others are reported 'not checked')"
       ),
   )

@@ -9,8 +9,8 @@ import jax
 import pytest
 
 from big_vit_lite import bench
-from big_vit_lite import hostmem
-from big_vit_lite import sharding
+from big_vit_lite.runtime import hostmem
+from big_vit_lite.runtime import sharding
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
@@ -457,7 +457,7 @@ def test_bench_runs_from_a_checkout_without_tensorflow_and_friends(tmp_path):
   env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
   env["JAX_PLATFORMS"] = "cpu"
   code = _BLOCKER + (
-      "import big_vit_lite.bench, big_vit_lite.metrics, big_vit_lite.flops\n"
+      "import big_vit_lite.bench, big_vit_lite.logs.metrics, big_vit_lite.runtime.flops\n"
       "from big_vit_lite.models import vit\n"
       "assert not any(m.split('.')[0] in %r for m in sys.modules)\n"
       % (_BLOCKED,)

@@ -18,7 +18,7 @@ import sys
 import numpy as np
 import pytest
 
-from big_vit_lite import checkpoint
+from big_vit_lite.trainer import checkpoint
 import fake_gcs
 import test_docs_commands
 import trainer_runs

@@ -15,9 +15,9 @@ import pytest
 from etils.epath import gpath
 from etils.epath import testing as epath_testing
 
-from big_vit_lite import checkpoint
-from big_vit_lite import metrics
-from big_vit_lite import paths
+from big_vit_lite.trainer import checkpoint
+from big_vit_lite.logs import metrics
+from big_vit_lite.runtime import paths
 
 
 @pytest.fixture

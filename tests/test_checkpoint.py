@@ -12,8 +12,8 @@ import numpy as np
 import optax
 import pytest
 
-from big_vit_lite import checkpoint
-from big_vit_lite import resume
+from big_vit_lite.trainer import checkpoint
+from big_vit_lite.trainer import resume
 from big_vit_lite import train
 from trainer_runs import ROOT, run_train
 

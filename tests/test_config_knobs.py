@@ -9,9 +9,9 @@ from unittest import mock
 from absl import flags
 import pytest
 
-from big_vit_lite import config_knobs
-from big_vit_lite import config_loading
-from big_vit_lite import wandb_writer
+from big_vit_lite.config import config_knobs
+from big_vit_lite.config import config_loading
+from big_vit_lite.logs import wandb_writer
 from big_vit_lite.models import vit
 
 import trainer_runs

@@ -10,8 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from big_vit_lite import config_loading
-from big_vit_lite import optim
+from big_vit_lite.config import config_loading
+from big_vit_lite.trainer import optim
 from big_vit_lite.models import vit
 from trainer_runs import ROOT, TINY
 

@@ -20,9 +20,9 @@ import pytest
 import tensorflow_datasets as tfds
 from tensorflow_datasets.testing import test_utils as tfds_test_utils
 
-from big_vit_lite import config_loading
-from big_vit_lite import optim
-from big_vit_lite import metrics
+from big_vit_lite.config import config_loading
+from big_vit_lite.trainer import optim
+from big_vit_lite.logs import metrics
 from big_vit_lite import train
 
 import trainer_runs

@@ -7,8 +7,7 @@ import re
 import numpy as np
 import pytest
 
-from big_vit_lite import console
-
+from big_vit_lite.logs import console
 import trainer_runs
 
 # What the log must not show: TensorFlow's C++ start-up lines, clu's raw writer

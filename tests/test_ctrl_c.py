@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from big_vit_lite import checkpoint
+from big_vit_lite.trainer import checkpoint
 from trainer_runs import last_logged_step, start_train, wait_for_step
 
 

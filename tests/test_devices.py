@@ -4,7 +4,7 @@ import types
 
 import pytest
 
-from big_vit_lite import devices
+from big_vit_lite.runtime import devices
 
 
 @pytest.mark.parametrize(

@@ -6,9 +6,9 @@ import ml_collections
 import numpy as np
 import pytest
 
-from big_vit_lite import checkpoint
-from big_vit_lite import distill
-from big_vit_lite import losses
+from big_vit_lite.trainer import checkpoint
+from big_vit_lite.trainer import distill
+from big_vit_lite.trainer import losses
 from big_vit_lite import train
 from big_vit_lite.models import layout
 from big_vit_lite.models import vit

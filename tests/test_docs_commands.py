@@ -143,7 +143,7 @@ COMMANDS = [
     Cmd(
         "python scripts/mutate.py",
         "run",
-        extra=("--only", "big_vit_lite.losses.x_get__mutmut_1"),
+        extra=("--only", "big_vit_lite.trainer.losses.x_get__mutmut_1"),
         slow=True,
     ),
     # Training (README, docs/training.md, configs/demo.py).

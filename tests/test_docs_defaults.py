@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from big_vit_lite import flops
-from big_vit_lite import metrics
+from big_vit_lite.runtime import flops
+from big_vit_lite.logs import metrics
 from big_vit_lite.models import ops
 from big_vit_lite.models import vit
 

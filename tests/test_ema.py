@@ -19,9 +19,9 @@ import ml_collections
 import numpy as np
 import pytest
 
-from big_vit_lite import checkpoint
-from big_vit_lite import ema as ema_lib
-from big_vit_lite import train_setup
+from big_vit_lite.trainer import checkpoint
+from big_vit_lite.trainer import ema as ema_lib
+from big_vit_lite.trainer import train_setup
 import checks
 from trainer_runs import ROOT, env_for, flatten, read_losses, run_train, start_train, tiny_run, wait_for_step
 

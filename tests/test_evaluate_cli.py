@@ -14,7 +14,7 @@ import numpy as np
 import jax.numpy as jnp
 import pytest
 
-from big_vit_lite import checkpoint
+from big_vit_lite.trainer import checkpoint
 from big_vit_lite import evaluate
 from big_vit_lite.evaluators import classification
 from big_vit_lite.evaluators import presets

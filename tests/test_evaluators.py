@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from big_vit_lite import sharding
+from big_vit_lite.runtime import sharding
 from big_vit_lite import train
 from big_vit_lite.data import input_pipeline
 from big_vit_lite.evaluators import classification

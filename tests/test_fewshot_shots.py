@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from big_vit_lite import sharding
+from big_vit_lite.runtime import sharding
 from big_vit_lite.evaluators import fewshot
 from big_vit_lite.evaluators import presets
 from big_vit_lite.models import vit

@@ -1,4 +1,4 @@
-"""Model FLOPs counted from a step's jaxpr (big_vit_lite/flops.py) vs the analytic ViT count."""
+"""Model FLOPs counted from a step's jaxpr (big_vit_lite/runtime/flops.py) vs the analytic ViT count."""
 
 import json
 import os
@@ -9,11 +9,11 @@ import jax.numpy as jnp
 import optax
 import pytest
 
-from big_vit_lite import flops
-from big_vit_lite import grad_accum
-from big_vit_lite import losses
-from big_vit_lite import metrics
-from big_vit_lite import sharding
+from big_vit_lite.runtime import flops
+from big_vit_lite.trainer import grad_accum
+from big_vit_lite.trainer import losses
+from big_vit_lite.logs import metrics
+from big_vit_lite.runtime import sharding
 from big_vit_lite.models import vit
 
 import trainer_runs

@@ -14,11 +14,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from big_vit_lite import checkpoint
-from big_vit_lite import flops
-from big_vit_lite import grad_accum
-from big_vit_lite import losses
-from big_vit_lite import sharding
+from big_vit_lite.trainer import checkpoint
+from big_vit_lite.runtime import flops
+from big_vit_lite.trainer import grad_accum
+from big_vit_lite.trainer import losses
+from big_vit_lite.runtime import sharding
 from big_vit_lite import train
 from big_vit_lite.models import vit
 from trainer_runs import (

@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from big_vit_lite import hostmem
+from big_vit_lite.runtime import hostmem
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -26,7 +26,7 @@ _MAIN = textwrap.dedent("""
     import os, sys
     print("pid_before", os.getpid(), flush=True)
     if __name__ == "__main__":
-      from big_vit_lite import hostmem
+      from big_vit_lite.runtime import hostmem
       hostmem.use_huge_pages(__file__)
     import json, resource
     out = dict(pid=os.getpid(), argv=sys.argv[1:], tunables=os.environ.get("GLIBC_TUNABLES"),

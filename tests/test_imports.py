@@ -93,8 +93,8 @@ def test_models_depend_on_nothing_above_them():
   # loader (models/loading.py) places params with.)
   allowed = (
       "big_vit_lite.models",
-      "big_vit_lite.paths",
-      "big_vit_lite.sharding",
+      "big_vit_lite.runtime.paths",
+      "big_vit_lite.runtime.sharding",
       "big_vit_lite.data.pp",
   )
   for name, deps in _graph().items():
@@ -114,7 +114,10 @@ def test_the_planner_sits_below_nothing_of_the_trainer():
   """Guards the layering: the planner (big_vit_lite/planner/) builds on the trainer's
   modules; nothing but the `python -m big_vit_lite.plan` entry imports it."""
   graph = _graph()
-  assert "big_vit_lite.train_state" in graph["big_vit_lite.planner.assemble"]
+  assert (
+      "big_vit_lite.trainer.train_state"
+      in graph["big_vit_lite.planner.assemble"]
+  )
   for name, deps in graph.items():
     if name.startswith("big_vit_lite.planner") or name == "big_vit_lite.plan":
       continue

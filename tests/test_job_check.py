@@ -8,7 +8,7 @@ import numpy as np
 from PIL import Image
 import pytest
 
-from big_vit_lite import job_check
+from big_vit_lite.trainer import job_check
 from big_vit_lite.models import vit
 
 import trainer_runs

@@ -3,7 +3,7 @@
 import jax.numpy as jnp
 import numpy as np
 
-from big_vit_lite import losses
+from big_vit_lite.trainer import losses
 
 
 def test_values():

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from big_vit_lite import metrics
+from big_vit_lite.logs import metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -19,8 +19,7 @@ import jax
 jax.config.update("jax_num_cpu_devices", 2)
 import jax.numpy as jnp
 import numpy as np
-from big_vit_lite import metrics
-
+from big_vit_lite.logs import metrics
 peak = metrics.peak_flops_per_device("float32")
 # A "step" that is nothing but matmuls, run the way the trainer runs: data parallel, each
 # device its share (the demo's shapes: 512 tokens x 128 wide, times a 128 x 512 MLP kernel).

@@ -20,7 +20,7 @@ import time
 import numpy as np
 import pytest
 
-from big_vit_lite import distributed
+from big_vit_lite.runtime import distributed
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LOCAL_SH = os.path.join(REPO, "launch", "local.sh")
@@ -196,7 +196,7 @@ def _checkpoint_steps(workdir):
 
 
 def test_describe_environment():
-  from big_vit_lite import distributed
+  from big_vit_lite.runtime import distributed
 
   describe = distributed.describe_environment
   assert describe({}) is None  # Plain single process.
@@ -232,7 +232,7 @@ def test_describe_environment():
 
 
 def test_hang_guard_disabled_costs_nothing_and_ticks():
-  from big_vit_lite import distributed
+  from big_vit_lite.runtime import distributed
 
   guard = distributed.HangGuard(None)
   assert not guard.enabled
@@ -316,7 +316,7 @@ def test_local_sh_rejects_bad_arguments(tmp_path):
 
 HANG_SCRIPT = textwrap.dedent("""
     import sys, time
-    from big_vit_lite import distributed
+    from big_vit_lite.runtime import distributed
     distributed.initialize()
     import jax, jax.numpy as jnp, numpy as np
     from jax.sharding import NamedSharding, PartitionSpec as P

@@ -17,10 +17,10 @@ import numpy as np
 from PIL import Image
 import pytest
 
-from big_vit_lite import config_loading
+from big_vit_lite.config import config_loading
 from big_vit_lite import export
-from big_vit_lite import transfer
-from big_vit_lite import wandb_writer
+from big_vit_lite.trainer import transfer
+from big_vit_lite.logs import wandb_writer
 from big_vit_lite.data import imagefolder
 from big_vit_lite.data import sources
 from big_vit_lite.evaluators import presets

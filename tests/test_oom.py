@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from big_vit_lite import oom
+from big_vit_lite.runtime import oom
 
 
 def _real_cpu_oom():

@@ -7,8 +7,8 @@ import numpy as np
 import optax
 import pytest
 
-from big_vit_lite import config_loading
-from big_vit_lite import optim
+from big_vit_lite.config import config_loading
+from big_vit_lite.trainer import optim
 
 
 def _cfg(**kw):

@@ -10,8 +10,7 @@ import numpy as np
 import optax
 import pytest
 
-from big_vit_lite import optim
-
+from big_vit_lite.trainer import optim
 import checks
 
 _cfg = checks.tracked_config

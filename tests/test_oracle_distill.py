@@ -8,7 +8,7 @@ change the number.
 import numpy as np
 import scipy.special
 
-from big_vit_lite import distill
+from big_vit_lite.trainer import distill
 
 
 def test_kl_loss_is_t_squared_times_the_mean_kl_of_the_tempered_softmaxes():

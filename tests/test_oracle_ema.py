@@ -14,7 +14,7 @@ import numpy as np
 import optax
 import pytest
 
-from big_vit_lite import ema as ema_lib
+from big_vit_lite.trainer import ema as ema_lib
 
 
 def _numpy_ema(decay, ema0, params_by_step, first_step):

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from big_vit_lite import grad_accum
+from big_vit_lite.trainer import grad_accum
 
 
 def _loss_fn(params, batch, rng):

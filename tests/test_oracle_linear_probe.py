@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from sklearn import linear_model
 
-from big_vit_lite import sharding
+from big_vit_lite.runtime import sharding
 from big_vit_lite.evaluators import linear_probe
 from big_vit_lite.evaluators import logistic
 

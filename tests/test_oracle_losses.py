@@ -11,9 +11,8 @@ import numpy as np
 import optax
 import pytest
 
-from big_vit_lite import losses
+from big_vit_lite.trainer import losses  # bfloat16 has an 8-bit mantissa: a result rounded to it is off by up to 2^-9
 
-# bfloat16 has an 8-bit mantissa: a result rounded to it is off by up to 2^-9
 # relative; the float32 path is exact to ~1e-7. 1e-5 tells them apart.
 RTOL = 1e-5
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from sklearn import metrics as skm
 
-from big_vit_lite import sharding
+from big_vit_lite.runtime import sharding
 from big_vit_lite.evaluators import multilabel
 
 

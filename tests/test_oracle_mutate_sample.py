@@ -37,9 +37,9 @@ def test_sample_is_seeded_distinct_and_from_the_module():
   no one can reproduce), repeats a mutant, ignores the seed, or names mutants
   mutmut does not make. Oracle: the module's mutant names as mutmut lists
   them, counted by name pattern."""
-  names = mutate.mutant_names("big_vit_lite/losses.py")
+  names = mutate.mutant_names("big_vit_lite/trainer/losses.py")
   assert len(names) == len(set(names))
-  assert all(n.startswith("big_vit_lite.losses.x_") for n in names)
+  assert all(n.startswith("big_vit_lite.trainer.losses.x_") for n in names)
   assert all("__mutmut_" in n for n in names)
   first = mutate.sample_mutants(names, 10, seed=0)
   assert first == mutate.sample_mutants(list(reversed(names)), 10, seed=0)

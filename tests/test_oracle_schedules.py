@@ -11,7 +11,7 @@ import numpy as np
 import optax
 import pytest
 
-from big_vit_lite import optim
+from big_vit_lite.trainer import optim
 
 TOTAL = 50
 

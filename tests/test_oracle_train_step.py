@@ -16,8 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from big_vit_lite import grad_accum
-from big_vit_lite import train_step
+from big_vit_lite.trainer import grad_accum
+from big_vit_lite.trainer import train_step
 
 
 class _Tiny(nn.Module):

@@ -191,7 +191,7 @@ def test_installed_wheel_finds_its_configs_by_name(wheel, tmp_path):
   run_dir = tmp_path / "elsewhere"
   run_dir.mkdir()
   code = (
-      "import big_vit_lite.config_loading as c; print(c.__file__); "
+      "import big_vit_lite.config.config_loading as c; print(c.__file__); "
       "print(c.resolve_config_path('demo:runlocal')); print(c.resolve_config_path('configs/vit_l16.py'))"
   )
   proc = _run(["-c", code], run_dir, PYTHONPATH=str(site))
@@ -219,7 +219,7 @@ def test_installed_wheel_finds_its_configs_by_name(wheel, tmp_path):
 
 
 def test_checkout_and_editable_install_find_configs_by_name(tmp_path):
-  code = "import big_vit_lite.config_loading as c; print(c.resolve_config_path('vit_b16:runlocal'))"
+  code = "import big_vit_lite.config.config_loading as c; print(c.resolve_config_path('vit_b16:runlocal'))"
   # the .venv's editable install, from another directory
   proc = _run(["-c", code], tmp_path)
   assert proc.returncode == 0, proc.stderr

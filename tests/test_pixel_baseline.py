@@ -14,8 +14,8 @@ import pytest
 
 from big_vit_lite import evaluate
 from big_vit_lite import report
-from big_vit_lite import sharding
-from big_vit_lite import summary
+from big_vit_lite.runtime import sharding
+from big_vit_lite.logs import summary
 from big_vit_lite.data import input_pipeline
 from big_vit_lite.evaluators import fewshot
 from big_vit_lite.evaluators import linear_probe

@@ -340,7 +340,7 @@ def test_flops_match_the_literature():
   assert model / (3 * 2 * 10) == pytest.approx(17.58e9, rel=0.01)
   # What flops.py counts in the step's jaxpr (tests/test_flops.py): 3x the
   # forward less the patch embedding's input gradient (the image needs none).
-  from big_vit_lite import flops
+  from big_vit_lite.runtime import flops
 
   assert model == flops.vit_train_flops(
       arch, batch=10, tokens=197, patches=196, num_classes=1000

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from big_vit_lite import profiling
+from big_vit_lite.trainer import profiling
 from big_vit_lite import train
 
 import checks

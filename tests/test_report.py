@@ -15,10 +15,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from big_vit_lite import metrics
+from big_vit_lite.logs import metrics
 from big_vit_lite import report
-from big_vit_lite import summary
-
+from big_vit_lite.logs import summary
 import trainer_runs
 from test_bucket_workdir import fake_bucket  # pylint: disable=unused-import
 

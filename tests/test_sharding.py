@@ -9,7 +9,7 @@ import jax
 from jax.sharding import AbstractMesh
 import pytest
 
-from big_vit_lite import sharding
+from big_vit_lite.runtime import sharding
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -44,7 +44,7 @@ def test_rules_drop_axes_the_mesh_lacks():
 _SCRIPT = textwrap.dedent("""
     import jax, jax.numpy as jnp, flax.linen as nn, optax
     from jax.sharding import PartitionSpec as P
-    from big_vit_lite import sharding
+    from big_vit_lite.runtime import sharding
     from big_vit_lite.models import vit
     mesh = sharding.make_mesh([("fsdp", 4), ("model", 2)])
     rules = sharding.make_rules(None, mesh)
@@ -97,7 +97,8 @@ def test_fsdp_and_tensor_parallel_specs_on_8_devices():
 _SAME_STEP_ON_EVERY_MESH = textwrap.dedent("""
     import functools
     import flax.linen as nn, jax, jax.numpy as jnp, numpy as np, optax
-    from big_vit_lite import grad_accum, losses, sharding
+    from big_vit_lite.trainer import grad_accum, losses
+    from big_vit_lite.runtime import sharding
     from big_vit_lite.models import vit
 
     def run(model_kw, mesh_cfg, devices=None):

@@ -17,9 +17,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from big_vit_lite import flops
+from big_vit_lite.runtime import flops
 from big_vit_lite.planner import plan
-from big_vit_lite import sharding
+from big_vit_lite.runtime import sharding
 from big_vit_lite.models import ops
 from big_vit_lite.models import splash
 from big_vit_lite.models import vit
@@ -62,7 +62,7 @@ def test_splash_on_a_mesh_splits_the_batch_and_the_heads():
       jax.config.update("jax_num_cpu_devices", 4)
       import flax.linen as nn, jax.numpy as jnp, numpy as np
       from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-      from big_vit_lite import sharding
+      from big_vit_lite.runtime import sharding
       from big_vit_lite.models import ops, splash
       rng = np.random.default_rng(0)
       q, k, v = (jnp.asarray(rng.normal(size=(4, 9, 2, 8)), jnp.float32)

@@ -7,7 +7,7 @@ import numpy as np
 from PIL import Image
 import pytest
 
-from big_vit_lite import config_loading
+from big_vit_lite.config import config_loading
 from big_vit_lite.data import input_pipeline
 from big_vit_lite.data import imagefolder
 from big_vit_lite.evaluators import features

@@ -12,7 +12,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from big_vit_lite import checkpoint
+from big_vit_lite.trainer import checkpoint
 from big_vit_lite import evaluate
 from big_vit_lite import export
 from big_vit_lite.evaluators import presets
@@ -25,7 +25,7 @@ import evaluator_fixtures
 
 @pytest.mark.timeout(120)
 def test_load_and_export_from_training_checkpoint(tmp_path):
-  checkpoint = pytest.importorskip("big_vit_lite.checkpoint")
+  checkpoint = pytest.importorskip("big_vit_lite.trainer.checkpoint")
   # The trainer may train with scan: load/export convert it.
   params = checks.vit_params(boxed=True, scan=True)
   ckpt = checkpoint.Checkpointer(str(tmp_path / "work"), async_save=False)

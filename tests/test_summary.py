@@ -10,9 +10,8 @@ import time
 
 import pytest
 
-from big_vit_lite import metrics
-from big_vit_lite import summary
-
+from big_vit_lite.logs import metrics
+from big_vit_lite.logs import summary
 import trainer_runs
 
 

@@ -18,7 +18,7 @@ import pytest
 from tensorboard.backend.event_processing import plugin_event_accumulator as event_accumulator
 from tensorboard.util import tensor_util
 
-from big_vit_lite import metrics
+from big_vit_lite.logs import metrics
 from trainer_runs import read_losses, run_train, start_train, wait_for_step
 
 

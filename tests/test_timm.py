@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from big_vit_lite import checkpoint
+from big_vit_lite.trainer import checkpoint
 from big_vit_lite import evaluate
 from big_vit_lite import export
 from big_vit_lite.evaluators import presets

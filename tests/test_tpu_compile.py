@@ -9,8 +9,8 @@ import jax
 import ml_collections
 import pytest
 
-from big_vit_lite import config_loading
-from big_vit_lite import flops as flops_lib
+from big_vit_lite.config import config_loading
+from big_vit_lite.runtime import flops as flops_lib
 from big_vit_lite.planner import assemble
 from big_vit_lite.planner import plan
 from big_vit_lite.planner import report as plan_report

@@ -15,9 +15,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from big_vit_lite import checkpoint
-from big_vit_lite import config_loading
-from big_vit_lite import metrics
+from big_vit_lite.trainer import checkpoint
+from big_vit_lite.config import config_loading
+from big_vit_lite.logs import metrics
 from big_vit_lite import train
 from trainer_runs import (
     TINY,

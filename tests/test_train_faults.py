@@ -17,13 +17,13 @@ import threading
 from absl import flags
 import pytest
 
-from big_vit_lite import checkpoint
-from big_vit_lite import config_loading
-from big_vit_lite import metrics
-from big_vit_lite import paths
+from big_vit_lite.trainer import checkpoint
+from big_vit_lite.config import config_loading
+from big_vit_lite.logs import metrics
+from big_vit_lite.runtime import paths
 from big_vit_lite import train
-from big_vit_lite import train_loop
-from big_vit_lite import train_setup
+from big_vit_lite.trainer import train_loop
+from big_vit_lite.trainer import train_setup
 from trainer_runs import TINY
 
 import checks

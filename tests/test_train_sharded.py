@@ -11,7 +11,7 @@ import shutil
 import numpy as np
 import pytest
 
-from big_vit_lite import checkpoint
+from big_vit_lite.trainer import checkpoint
 from trainer_runs import read_losses, run_train, tiny_run
 
 STEPS = 12

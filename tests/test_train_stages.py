@@ -12,11 +12,11 @@ import ml_collections
 import numpy as np
 import pytest
 
-from big_vit_lite import checkpoint
-from big_vit_lite import config_loading
+from big_vit_lite.trainer import checkpoint
+from big_vit_lite.config import config_loading
 from big_vit_lite import train
-from big_vit_lite import train_setup
-from big_vit_lite import train_step
+from big_vit_lite.trainer import train_setup
+from big_vit_lite.trainer import train_step
 from big_vit_lite.data import mixup as mixup_lib
 
 import checks

@@ -14,11 +14,11 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from big_vit_lite import config_loading
-from big_vit_lite import sharding
+from big_vit_lite.config import config_loading
+from big_vit_lite.runtime import sharding
 from big_vit_lite import train
-from big_vit_lite import train_setup
-from big_vit_lite import train_state
+from big_vit_lite.trainer import train_setup
+from big_vit_lite.trainer import train_state
 from big_vit_lite.data import input_pipeline
 from big_vit_lite.models import npz
 from big_vit_lite.models import vit

@@ -8,10 +8,10 @@ import ml_collections
 import numpy as np
 import pytest
 
-from big_vit_lite import checkpoint
-from big_vit_lite import config_loading
-from big_vit_lite import optim
-from big_vit_lite import transfer
+from big_vit_lite.trainer import checkpoint
+from big_vit_lite.config import config_loading
+from big_vit_lite.trainer import optim
+from big_vit_lite.trainer import transfer
 from big_vit_lite.models import layout
 from big_vit_lite.models import timm
 from big_vit_lite.models import vit

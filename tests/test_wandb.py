@@ -7,9 +7,8 @@ import struct
 
 import pytest
 
-from big_vit_lite import metrics
-from big_vit_lite import wandb_writer
-
+from big_vit_lite.logs import metrics
+from big_vit_lite.logs import wandb_writer
 import trainer_runs
 
 

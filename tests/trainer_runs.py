@@ -8,8 +8,7 @@ import time
 
 import numpy as np
 
-from big_vit_lite import checkpoint
-
+from big_vit_lite.trainer import checkpoint
 import shared_dirs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

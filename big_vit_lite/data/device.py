@@ -15,7 +15,7 @@ import weakref
 import jax
 import numpy as np
 
-from big_vit_lite import sharding
+from big_vit_lite.runtime import sharding
 from big_vit_lite.data import count
 
 

@@ -29,7 +29,7 @@ from absl import flags
 from absl import logging
 import tensorflow_datasets as tfds
 
-from big_vit_lite import console
+from big_vit_lite.logs import console
 from big_vit_lite.data import builders  # noqa: F401  (registers our builders)
 from big_vit_lite.data import offline_sources
 from big_vit_lite.data import sources

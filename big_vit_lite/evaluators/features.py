@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import multihost_utils
 
-from big_vit_lite import sharding
+from big_vit_lite.runtime import sharding
 from big_vit_lite.data import device as data_device
 from big_vit_lite.data import input_pipeline
 from big_vit_lite.evaluators import presets

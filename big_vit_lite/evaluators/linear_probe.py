@@ -21,7 +21,7 @@ from absl import logging
 import jax
 import numpy as np
 
-from big_vit_lite import oom
+from big_vit_lite.runtime import oom
 from big_vit_lite.evaluators import features as feats
 from big_vit_lite.evaluators import fewshot
 from big_vit_lite.evaluators import logistic

@@ -26,7 +26,7 @@ import numpy as np
 import optax
 from jax.experimental import multihost_utils
 
-from big_vit_lite import sharding
+from big_vit_lite.runtime import sharding
 
 
 def _objective(params, x, y, w, l2):

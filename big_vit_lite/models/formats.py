@@ -10,7 +10,7 @@ from typing import Sequence
 
 import flax.linen as nn
 
-from big_vit_lite import paths
+from big_vit_lite.runtime import paths
 from big_vit_lite.models import npz
 from big_vit_lite.models import layout
 from big_vit_lite.models import steps

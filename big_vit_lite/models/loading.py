@@ -17,8 +17,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from big_vit_lite import paths
-from big_vit_lite import sharding
+from big_vit_lite.runtime import paths
+from big_vit_lite.runtime import sharding
 from big_vit_lite.models import formats
 from big_vit_lite.models import layout
 from big_vit_lite.models import steps

@@ -5,7 +5,7 @@ import zipfile
 import jax
 import numpy as np
 
-from big_vit_lite import paths
+from big_vit_lite.runtime import paths
 from big_vit_lite.models import layout
 
 

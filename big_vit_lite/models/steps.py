@@ -1,6 +1,6 @@
 """Reading our orbax training checkpoints: params, saved config, checksums.
 
-A step directory `WORKDIR/checkpoints/<step>/` (see `big_vit_lite.checkpoint`,
+A step directory `WORKDIR/checkpoints/<step>/` (see `big_vit_lite.trainer.checkpoint`,
 which writes them) holds `state/` (params, optimizer state, `ema`),
 `config/` (the run's config as JSON) and `checksums/`. Everything here reads
 them, on local disk or a bucket, without a mesh or an orbax manager.
@@ -21,7 +21,7 @@ import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
-from big_vit_lite import paths
+from big_vit_lite.runtime import paths
 from big_vit_lite.models import npz
 
 CKPT_SUBDIR = "checkpoints"

@@ -7,7 +7,7 @@ from typing import Mapping, Optional
 
 import numpy as np
 
-from big_vit_lite import paths
+from big_vit_lite.runtime import paths
 from big_vit_lite.models import layout
 from big_vit_lite.models import posemb
 from big_vit_lite.models.variants import VARIANTS, size_name

@@ -19,11 +19,11 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from big_vit_lite import config_loading
-from big_vit_lite import grad_accum
-from big_vit_lite import sharding
-from big_vit_lite import train_setup
-from big_vit_lite import train_state
+from big_vit_lite.config import config_loading
+from big_vit_lite.trainer import grad_accum
+from big_vit_lite.runtime import sharding
+from big_vit_lite.trainer import train_setup
+from big_vit_lite.trainer import train_state
 from big_vit_lite.data import input_pipeline
 
 # Examples per epoch where the dataset cannot be read here (an ImageNet not

@@ -7,9 +7,8 @@ count (tpu_activation_bytes): section "Plan vs the TPU compiler".
 
 import math
 
-from big_vit_lite import flops as flops_lib
+from big_vit_lite.runtime import flops as flops_lib  # XLA needs room beyond live buffers (fragmentation, collective and conv
 
-# XLA needs room beyond live buffers (fragmentation, collective and conv
 # scratch, program): a plan "fits" if its peak is under this fraction of the
 # device memory.
 USABLE_FRACTION = 0.9

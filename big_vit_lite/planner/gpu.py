@@ -23,9 +23,9 @@ import re
 
 import jax
 
-from big_vit_lite import sharding
-from big_vit_lite import flops as flops_lib
-from big_vit_lite.devices import DEVICES
+from big_vit_lite.runtime import sharding
+from big_vit_lite.runtime import flops as flops_lib
+from big_vit_lite.runtime.devices import DEVICES
 from big_vit_lite.planner import assemble
 
 # What the GPU compiler needs deviceless: no autotuning (it runs kernels), and no

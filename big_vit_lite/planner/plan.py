@@ -45,12 +45,12 @@ import jax
 import jax.numpy as jnp
 from ml_collections import config_flags
 
-from big_vit_lite import config_loading
-from big_vit_lite import console
-from big_vit_lite import flops as flops_lib
-from big_vit_lite import sharding
+from big_vit_lite.config import config_loading
+from big_vit_lite.logs import console
+from big_vit_lite.runtime import flops as flops_lib
+from big_vit_lite.runtime import sharding
 from big_vit_lite.data import pp as pp_lib
-from big_vit_lite.devices import DEVICES
+from big_vit_lite.runtime.devices import DEVICES
 from big_vit_lite.planner import assemble
 from big_vit_lite.planner import formulas
 from big_vit_lite.planner import gpu

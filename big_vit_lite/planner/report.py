@@ -1,6 +1,6 @@
 """plan's report: the plan dict (plan.plan, plan.plan_on_slice) as the text the CLI prints."""
 
-from big_vit_lite.devices import GIB
+from big_vit_lite.runtime.devices import GIB
 from big_vit_lite.planner.formulas import USABLE_FRACTION
 
 

@@ -29,7 +29,7 @@ import jax
 from jax.experimental import multihost_utils
 import orbax.checkpoint as ocp
 
-from big_vit_lite import paths
+from big_vit_lite.runtime import paths
 from big_vit_lite.models import steps
 from big_vit_lite.models.steps import (  # noqa: F401  (the names callers use)
     CKPT_SUBDIR,

@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from big_vit_lite import config_loading
+from big_vit_lite.config import config_loading
 
 _DEFAULTS = dict(
     weight=0.5, temperature=1.0, params="params", feature_weight=0.0

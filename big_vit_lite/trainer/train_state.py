@@ -17,10 +17,10 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from big_vit_lite import ema as ema_lib
-from big_vit_lite import optim
-from big_vit_lite import sharding
-from big_vit_lite import train_step
+from big_vit_lite.trainer import ema as ema_lib
+from big_vit_lite.trainer import optim
+from big_vit_lite.runtime import sharding
+from big_vit_lite.trainer import train_step
 
 
 @dataclasses.dataclass(frozen=True)

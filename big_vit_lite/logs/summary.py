@@ -24,9 +24,9 @@ import sys
 from absl import logging
 import jax
 
-from big_vit_lite import checkpoint as ckpt_lib
-from big_vit_lite import metrics
-from big_vit_lite import paths
+from big_vit_lite.trainer import checkpoint as ckpt_lib
+from big_vit_lite.logs import metrics
+from big_vit_lite.runtime import paths
 from big_vit_lite.evaluators import presets
 
 FILE = "summary.json"

@@ -22,7 +22,7 @@ file runs, the loader (the --config flag, `config_module`) puts its directory
 first on sys.path, so configs/ needs no package and works the same from a
 checkout and from the wheel (big_vit_lite/configs). Config files do no file
 I/O of their own: what they read off disk comes from the library (e.g.
-big_vit_lite/transfer.py for the checkpoint a fine-tuning config starts from).
+big_vit_lite/trainer/transfer.py for the checkpoint a fine-tuning config starts from).
 """
 
 import contextlib
@@ -65,7 +65,8 @@ def shipped_configs_dir():
   The wheel maps the repository's top-level configs/ to big_vit_lite.configs; a checkout or
   an editable install reads configs/ beside the package.
   """
-  here = os.path.dirname(os.path.abspath(__file__))
+  config_dir = os.path.dirname(os.path.abspath(__file__))
+  here = os.path.dirname(config_dir)  # the package, big_vit_lite/
   for d in (
       os.path.join(here, "configs"),
       os.path.join(os.path.dirname(here), "configs"),

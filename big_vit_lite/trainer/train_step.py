@@ -12,8 +12,8 @@ resumed run draws the same numbers as an uninterrupted one.
 import jax
 import optax
 
-from big_vit_lite import ema as ema_lib
-from big_vit_lite import grad_accum
+from big_vit_lite.trainer import ema as ema_lib
+from big_vit_lite.trainer import grad_accum
 
 
 def make_update_fn(

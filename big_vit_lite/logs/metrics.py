@@ -24,8 +24,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from big_vit_lite import devices
-from big_vit_lite import paths
+from big_vit_lite.runtime import devices
+from big_vit_lite.runtime import paths
 
 
 def matmul_rates(n, dtype="float32", reps=5, devs=None):

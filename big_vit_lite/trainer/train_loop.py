@@ -8,16 +8,16 @@ from jax.experimental import multihost_utils
 import jax.numpy as jnp
 import numpy as np
 
-from big_vit_lite import checkpoint as ckpt_lib
-from big_vit_lite import console
-from big_vit_lite import distributed
-from big_vit_lite import metrics as metrics_lib
-from big_vit_lite import profiling
+from big_vit_lite.trainer import checkpoint as ckpt_lib
+from big_vit_lite.logs import console
+from big_vit_lite.runtime import distributed
+from big_vit_lite.logs import metrics as metrics_lib
+from big_vit_lite.trainer import profiling
 from big_vit_lite import report as report_lib
-from big_vit_lite import summary as summary_lib
-from big_vit_lite import wandb_writer
+from big_vit_lite.logs import summary as summary_lib
+from big_vit_lite.logs import wandb_writer
 from big_vit_lite.data import device as device_lib
-from big_vit_lite.resume import TrainingError
+from big_vit_lite.trainer.resume import TrainingError
 
 
 class TrainingInterrupted(TrainingError):

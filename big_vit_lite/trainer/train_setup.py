@@ -8,20 +8,20 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from big_vit_lite import config_loading
-from big_vit_lite import distill as distill_lib
-from big_vit_lite import distributed
-from big_vit_lite import ema as ema_lib
+from big_vit_lite.config import config_loading
+from big_vit_lite.trainer import distill as distill_lib
+from big_vit_lite.runtime import distributed
+from big_vit_lite.trainer import ema as ema_lib
 from big_vit_lite import evaluators as evaluators_lib
-from big_vit_lite import grad_accum
-from big_vit_lite import hostmem
-from big_vit_lite import losses
-from big_vit_lite import metrics as metrics_lib
-from big_vit_lite import paths
-from big_vit_lite import profiling
-from big_vit_lite import resume
-from big_vit_lite import sharding
-from big_vit_lite import wandb_writer
+from big_vit_lite.trainer import grad_accum
+from big_vit_lite.runtime import hostmem
+from big_vit_lite.trainer import losses
+from big_vit_lite.logs import metrics as metrics_lib
+from big_vit_lite.runtime import paths
+from big_vit_lite.trainer import profiling
+from big_vit_lite.trainer import resume
+from big_vit_lite.runtime import sharding
+from big_vit_lite.logs import wandb_writer
 from big_vit_lite.data import device_aug as device_aug_lib
 from big_vit_lite.data import input_pipeline
 from big_vit_lite.data import mixup as mixup_lib

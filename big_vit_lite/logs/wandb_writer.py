@@ -19,8 +19,8 @@ import urllib.parse
 from absl import logging
 import jax
 
-from big_vit_lite import paths
-from big_vit_lite import summary as summary_lib
+from big_vit_lite.runtime import paths
+from big_vit_lite.logs import summary as summary_lib
 
 INSTALL = "pip install 'big_vit_lite[wandb]'"
 KEYS = ("project", "entity", "name", "group", "tags", "notes", "mode")

@@ -51,7 +51,7 @@ import ml_collections
 import numpy as np
 import optax
 
-from big_vit_lite import config_loading
+from big_vit_lite.config import config_loading
 
 
 def _dtype(value):

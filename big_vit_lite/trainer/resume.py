@@ -7,9 +7,9 @@ import json
 
 from absl import logging
 
-from big_vit_lite import checkpoint as ckpt_lib
-from big_vit_lite import optim
-from big_vit_lite import paths
+from big_vit_lite.trainer import checkpoint as ckpt_lib
+from big_vit_lite.trainer import optim
+from big_vit_lite.runtime import paths
 
 
 class TrainingError(RuntimeError):

@@ -1,0 +1,1 @@
+"""What a run tells: the console, metrics.jsonl and TensorBoard, W&B, the summary."""

@@ -1,0 +1,1 @@
+"""Shared plumbing: devices, processes, meshes and sharding, paths, host memory, FLOPs."""
