@@ -23,7 +23,7 @@ Like the job entry points it runs with glibc's huge-page tunable
 
 # First, before jax loads: once more with huge pages.
 if __name__ == "__main__":
-  from big_vit_lite import hostmem  # pylint: disable=g-import-not-at-top
+  from big_vit_lite.runtime import hostmem  # pylint: disable=g-import-not-at-top
 
   hostmem.use_huge_pages(__file__)
 

@@ -19,7 +19,7 @@ own step (train_step.make_update_fn) with a fixed AdamW.
 
 # First, before jax and TF load: once more with huge pages.
 if __name__ == "__main__":
-  from big_vit_lite import hostmem  # pylint: disable=g-import-not-at-top
+  from big_vit_lite.runtime import hostmem  # pylint: disable=g-import-not-at-top
 
   hostmem.use_huge_pages(__file__)
 

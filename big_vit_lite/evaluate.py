@@ -48,7 +48,7 @@ if __name__ == "__main__":
       ),
   )
   # First, before jax and TF load: once more with huge pages.
-  from big_vit_lite import hostmem  # pylint: disable=g-import-not-at-top
+  from big_vit_lite.runtime import hostmem  # pylint: disable=g-import-not-at-top
 
   hostmem.use_huge_pages(__file__)
 
@@ -296,7 +296,7 @@ def _run_evals(evaluators_by_name, model, mesh, rules, workdir, src):
 
 def evaluate(config, workdir):
   """Runs every evaluator of `config.evals` on `config.model_init`; returns {name: results}."""
-  from big_vit_lite import distributed  # pylint: disable=g-import-not-at-top
+  from big_vit_lite.runtime import distributed  # pylint: disable=g-import-not-at-top
   # Multi-process runs (launch/local.sh, pods): before any backend use.
   distributed.initialize()
   cfg = config_loading.TrackedConfig(config)

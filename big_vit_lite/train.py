@@ -22,7 +22,7 @@ checkpoint, which a rerun resumes from.
 # First, before jax and TF load: once more with huge pages. (TensorFlow's
 # start-up lines: the package's __init__.)
 if __name__ == "__main__":
-  from big_vit_lite import hostmem  # pylint: disable=g-import-not-at-top
+  from big_vit_lite.runtime import hostmem  # pylint: disable=g-import-not-at-top
 
   hostmem.use_huge_pages(__file__)
 
@@ -167,8 +167,8 @@ def _train(raw_config, workdir, cleanup, check=False):
   """
   # Here, not at the top: both load TensorFlow (tf.data), ~5 s of CPU that
   # --help and a config error caught while parsing the flags do without.
-  from big_vit_lite import job_check  # pylint: disable=g-import-not-at-top
-  from big_vit_lite import train_setup  # pylint: disable=g-import-not-at-top
+  from big_vit_lite.trainer import job_check  # pylint: disable=g-import-not-at-top
+  from big_vit_lite.trainer import train_setup  # pylint: disable=g-import-not-at-top
 
   config = config_loading.TrackedConfig(raw_config)
   job = train_setup.start_job(config, workdir, cleanup)

@@ -56,7 +56,7 @@ import importlib.metadata as md, big_vit_lite, big_vit_lite.train, big_vit_lite.
 assert "site-packages" in big_vit_lite.__file__, big_vit_lite.__file__
 print(" ".join(f"{n}=={md.version(n)}" for n in ("jax", "flax", "optax", "orbax-checkpoint", "tensorflow-cpu", "tensorflow-datasets", "numpy")))'
 check shipped_config "$VPY" -c '
-from big_vit_lite import config_loading as c
+from big_vit_lite.config import config_loading as c
 p = c.resolve_config_path("demo:runlocal")
 assert p.endswith("site-packages/big_vit_lite/configs/demo.py:runlocal"), p
 print(p, c.shipped_config_names())'

@@ -89,7 +89,7 @@ def vit_params(hw=(16, 16), seed=0, channels=3, boxed=False, **kw):
 def tracked_config(**kw):
   """config_loading.TrackedConfig of a ConfigDict of kw (a config that reports unread keys)."""
   import ml_collections  # pylint: disable=import-outside-toplevel
-  from big_vit_lite import config_loading  # pylint: disable=import-outside-toplevel
+  from big_vit_lite.config import config_loading  # pylint: disable=import-outside-toplevel
 
   return config_loading.TrackedConfig(ml_collections.ConfigDict(kw))
 

@@ -163,7 +163,7 @@ def test_damaged_checkpoint_reads_are_one_line_errors_and_nothing_else(
   step_dir = _damaged_workdir(tmp_path)
   child = (
       "import sys, time\n"
-      "from big_vit_lite import checkpoint\n"
+      "from big_vit_lite.trainer import checkpoint\n"
       "for read in (lambda: checkpoint.load_params(sys.argv[1]),\n"
       "             lambda: checkpoint.Checkpointer(sys.argv[1]).state_mismatch(2, {})) * 2:\n"
       "  try:\n"

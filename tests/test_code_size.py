@@ -96,7 +96,7 @@ def test_the_style_counters_on_a_hand_counted_module(tmp_path):
   (tmp_path / "pkg").mkdir()
   (tmp_path / "pkg" / "m.py").write_text(
       "import os\n"
-      "from big_vit_lite import sharding\n"
+      "from big_vit_lite.runtime import sharding\n"
       "from big_vit_lite.models.blocks import _gelu, gelu_fn\n"
       "from os.path import _joinrealpath\n"  # not the package's: not counted
       "a = 1 if os.sep else 2\n"

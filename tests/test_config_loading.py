@@ -213,7 +213,7 @@ def _sibling_configs(tmp_path):
       "  return ml_collections.ConfigDict(dict(width=width, depth=2))\n"
   )
   (tmp_path / "child.py").write_text(
-      "from big_vit_lite import config_loading\n"
+      "from big_vit_lite.config import config_loading\n"
       "import sibling_base_cfg\n"
       "def get_config(arg=None):\n"
       "  args = config_loading.parse_arg(arg, width=8)\n"

@@ -452,7 +452,7 @@ def test_checkpoint_from_2_processes_restores_in_1(mp_env, run_2x2, tmp_path):
   assert _checkpoint_steps(workdir)[-1] == 8
   # And the params load whole in this (single-device) process.
   code = (
-      "from big_vit_lite import checkpoint; import jax, numpy as np; "
+      "from big_vit_lite.trainer import checkpoint; import jax, numpy as np; "
       f"p, cfg = checkpoint.load_params({str(run_2x2[0])!r}); "
       "leaves = jax.tree.leaves(p); "
       "assert all(isinstance(l, np.ndarray) for l in leaves); "
@@ -593,7 +593,7 @@ def test_missing_peer_ends_with_one_line_after_the_join_timeout():
       [
           sys.executable,
           "-c",
-          "from big_vit_lite import distributed; "
+          "from big_vit_lite.runtime import distributed; "
           "distributed.initialize(); print('joined')",
       ],
       cwd=REPO,
@@ -614,7 +614,7 @@ def test_missing_peer_ends_with_one_line_after_the_join_timeout():
 def test_hang_guard_startup_limit_zero_means_none():
   """BVL_HANG_STARTUP_TIMEOUT_S=0 (0 turns BVL_HANG_TIMEOUT_S off) killed the job at once."""
   script = (
-      "import sys, time\nfrom big_vit_lite import distributed\n"
+      "import sys, time\nfrom big_vit_lite.runtime import distributed\n"
       "guard = distributed.HangGuard(0.3, startup_timeout_s=0, stream=sys.stdout)\n"
       "time.sleep(0.8)\nprint('alive')\nguard.tick(1)\ntime.sleep(1.0)\nprint('still')\n"
   )

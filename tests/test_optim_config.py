@@ -225,7 +225,7 @@ def test_clip_relayout_round_trips_the_optimizer_state():
 
 @pytest.mark.parametrize("decay", [1.0, 1.5, -0.1, float("nan")])
 def test_ema_decay_out_of_range_is_a_one_line_error(decay):
-  from big_vit_lite import ema  # pylint: disable=import-outside-toplevel
+  from big_vit_lite.trainer import ema  # pylint: disable=import-outside-toplevel
 
   checks.one_line_error(
       lambda: ema.from_config(_cfg(ema_decay=decay)),
@@ -234,7 +234,7 @@ def test_ema_decay_out_of_range_is_a_one_line_error(decay):
 
 
 def test_edge_values_of_the_ranges_are_accepted():
-  from big_vit_lite import ema  # pylint: disable=import-outside-toplevel
+  from big_vit_lite.trainer import ema  # pylint: disable=import-outside-toplevel
 
   assert ema.from_config(_cfg(ema_decay=0.0)).decay == 0.0
   # layer_decay 0 freezes all but the head; multipliers of 0 switch a group off.

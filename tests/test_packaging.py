@@ -229,7 +229,7 @@ def test_checkout_and_editable_install_find_configs_by_name(tmp_path):
   )
   own = tmp_path / "mine.py"
   own.write_text("def get_config(arg=None):\n  return None\n")
-  from big_vit_lite import config_loading  # pylint: disable=import-outside-toplevel
+  from big_vit_lite.config import config_loading  # pylint: disable=import-outside-toplevel
   # a path stays a path
   assert config_loading.resolve_config_path(f"{own}:x") == f"{own}:x"
 

@@ -102,7 +102,7 @@ def test_num_cpu_devices_splits_the_cpu_and_matches_one(
 
 def test_num_cpu_devices_errors():
   import jax  # pylint: disable=import-outside-toplevel
-  from big_vit_lite import distributed  # pylint: disable=import-outside-toplevel
+  from big_vit_lite.runtime import distributed  # pylint: disable=import-outside-toplevel
 
   distributed.set_cpu_devices(None)  # Unset: nothing happens.
   for bad in (0, -2, 1.5, "2", True):

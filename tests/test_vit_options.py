@@ -352,7 +352,7 @@ def _hand_train_flops(
 )
 def test_model_flops_of_each_option_are_the_hand_count(opts):
   import test_flops  # pylint: disable=import-outside-toplevel
-  from big_vit_lite import flops  # pylint: disable=import-outside-toplevel
+  from big_vit_lite.runtime import flops  # pylint: disable=import-outside-toplevel
 
   model = checks.tiny_vit(**opts)
   jaxpr, _ = test_flops._train_step_jaxpr(model, 2, 16, 10)  # pylint: disable=protected-access

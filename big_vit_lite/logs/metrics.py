@@ -413,7 +413,7 @@ def _hms(seconds):
 def parameter_overview(params):
   """(parameter count, a table of names, shapes and counts) of `params` (boxed params ok)."""
   from clu import parameter_overview  # pylint: disable=g-import-not-at-top
-  from big_vit_lite import sharding  # pylint: disable=g-import-not-at-top
+  from big_vit_lite.runtime import sharding  # pylint: disable=g-import-not-at-top
 
   params = sharding.unbox(params)
   # Without stats only shapes are read: works on sharded arrays and

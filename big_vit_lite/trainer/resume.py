@@ -40,10 +40,11 @@ def check_resumable(checkpointer, step, state_abstract, opt, config=None):
         step, with_opt_layout(state_abstract, opt, not opt.clipped)
     ):
       mismatch = None
-      if opt.clipped:
-        saved, now = "without", "clips"
-      else:
+      saved_clipped = not opt.clipped
+      if saved_clipped:
         saved, now = "with", "does not clip"
+      else:
+        saved, now = "without", "clips"
       logging.info(
           "The checkpoint at step %d was saved %s gradient clipping; this run %s "
           "(config.grad_clip_norm): its optimizer state carries over as it is.",
