@@ -77,9 +77,38 @@ def test_iterations_stop_at_max_iter_or_tolerance():
 
 
 def test_accuracy_by_hand():
-  """Guards: accuracy taken on the wrong axis or against the wrong labels."""
+  """Guards: accuracy taken on the wrong axis or against the wrong labels, and
+  the bias dropped or subtracted (the labels are chosen so that each of those
+  gives another figure)."""
   kernel = np.array([[1.0, 0.0], [0.0, 1.0]], np.float32)
   bias = np.array([0.0, 0.5], np.float32)
   x = np.array([[2.0, 0.0], [0.0, 0.0], [1.0, 1.0], [0.0, 3.0]], np.float32)
-  # Scores: [2, .5], [0, .5], [1, 1.5], [0, 3.5] -> 0, 1, 1, 1.
+  # Scores: [2, .5], [0, .5], [1, 1.5], [0, 3.5] -> 0, 1, 1, 1. Without the
+  # bias: 0, 0, 0, 1 (argmax takes the first of a tie) -> 0.5; with it
+  # subtracted: [2, -.5], [0, -.5], [1, .5], [0, 2.5] -> 0, 0, 0, 1 -> 0.5.
   assert logistic.accuracy(kernel, bias, x, [0, 1, 0, 1]) == pytest.approx(0.75)
+  assert logistic.accuracy(kernel, bias, x, [0, 1, 1, 1]) == pytest.approx(1.0)
+
+
+def test_on_fit_hears_each_l2_with_its_iterations_and_seconds():
+  """Guards: the progress callback told another l2, no iteration count or no
+  elapsed time (the caller's progress line prints all three)."""
+  x, labels = _problem()
+  heard = []
+  _, _, iterations = logistic.fit(
+      x, labels, 3, [0.3, 0.01], on_fit=lambda *a: heard.append(a)
+  )
+  assert [h[0] for h in heard] == pytest.approx([0.3, 0.01])
+  assert [h[1] for h in heard] == [int(i) for i in iterations]
+  for _, _, seconds in heard:
+    assert isinstance(seconds, float) and seconds >= 0.0
+
+
+def test_weights_as_a_column_fit_like_a_flat_vector():
+  """Guards: row weights not flattened to (n,): a (n, 1) column would then
+  broadcast against the (n,) per-row losses into an (n, n) table."""
+  x, labels = _problem()
+  weights = (np.arange(len(labels)) % 3 != 0).astype(np.float32)
+  flat, _, _ = logistic.fit(x, labels, 3, [0.1], weights=weights)
+  column, _, _ = logistic.fit(x, labels, 3, [0.1], weights=weights[:, None])
+  np.testing.assert_allclose(column, flat, rtol=1e-5, atol=1e-6)
