@@ -17,6 +17,36 @@ def one_line_error(fn, *words, error=ValueError):
   return msg
 
 
+def padded_batches(label_rows, key, batch_size):
+  """Eval batches of row ids and their labels under `key`, the last one padded
+  as the eval pipeline pads: row 0 repeated with `_mask` False."""
+  n = len(label_rows)
+  batches = []
+  for start in range(0, n, batch_size):
+    idx = np.arange(start, start + batch_size)
+    valid = idx < n
+    rows = np.where(valid, idx, 0)
+    batches.append({"image": rows, key: label_rows[rows], "_mask": valid})
+  return batches
+
+
+def record_eval_reads(monkeypatch):
+  """The splits input_pipeline.make_eval_iterator is asked for, in order (a
+  list that grows as the code under test reads); the reads still happen."""
+  # Here: it loads TensorFlow, which most users of these helpers never need.
+  from big_vit_lite.data import input_pipeline  # pylint: disable=import-outside-toplevel
+
+  reads = []
+  real = input_pipeline.make_eval_iterator
+
+  def recording(*args, **kwargs):
+    reads.append(args[0]["split"])
+    return real(*args, **kwargs)
+
+  monkeypatch.setattr(input_pipeline, "make_eval_iterator", recording)
+  return reads
+
+
 def set_dotted(config, overrides):
   """config["a"]["b"] = v for each "a.b": v of `overrides`, as --config.a.b=v would."""
   for key, value in overrides.items():

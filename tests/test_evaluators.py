@@ -23,6 +23,7 @@ from big_vit_lite.evaluators import presets
 from big_vit_lite.evaluators import ridge
 from big_vit_lite.models import vit
 
+import checks
 import evaluator_fixtures
 
 GREY_PP = "decode(channels=1)|value_range(-1, 1)|keep('image', 'label')"
@@ -103,13 +104,7 @@ def test_fewshot_reuses_features_only_for_the_same_params(
       model.init(jax.random.key(seed), jnp.zeros((1, 28, 28, 1)))["params"]
   )
   params = init(0)
-  reads = []
-  real = input_pipeline.make_eval_iterator
-  monkeypatch.setattr(
-      input_pipeline,
-      "make_eval_iterator",
-      lambda *a, **k: reads.append(a[0]["split"]) or real(*a, **k),
-  )
+  reads = checks.record_eval_reads(monkeypatch)
   ev = fewshot.Evaluator(
       lambda p, x: model.apply({"params": p}, x, train=False),
       mesh=mesh,

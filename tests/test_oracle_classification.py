@@ -14,6 +14,7 @@ from sklearn import metrics as skm
 
 from big_vit_lite.runtime import sharding
 from big_vit_lite.evaluators import classification
+import checks
 
 
 def _log_softmax(z):
@@ -57,16 +58,9 @@ def _run(monkeypatch, logits, batches, loss_name="softmax_xent"):
   return ev.run({})
 
 
-def _batches(label_rows, key, batch_size=4):
-  """Batches of row ids and labels; the last one padded with masked rows."""
-  n = len(label_rows)
-  out = []
-  for start in range(0, n, batch_size):
-    idx = np.arange(start, start + batch_size)
-    valid = idx < n
-    rows = np.where(valid, idx, 0)
-    out.append({"image": rows, key: label_rows[rows], "_mask": valid})
-  return out
+def _batches(label_rows, key):
+  """Batches of 4 row ids and labels; the last one padded with masked rows."""
+  return checks.padded_batches(label_rows, key, batch_size=4)
 
 
 @pytest.mark.parametrize("c", [7, 5])

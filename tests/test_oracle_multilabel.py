@@ -14,19 +14,14 @@ from sklearn import metrics as skm
 
 from big_vit_lite.runtime import sharding
 from big_vit_lite.evaluators import multilabel
+import checks
 
 
 def _evaluator(monkeypatch, logits, labels, batch_size=4, head=None):
   """An Evaluator whose pipeline yields `labels` in padded batches and whose
   model gives `logits` row by row (times params["scale"]); the pipeline
   checks it is asked for the evaluator's data, pp and batch size."""
-  n = len(labels)
-  batches = []
-  for start in range(0, n, batch_size):
-    idx = np.arange(start, start + batch_size)
-    valid = idx < n
-    rows = np.where(valid, idx, 0)
-    batches.append({"image": rows, "labels": labels[rows], "_mask": valid})
+  batches = checks.padded_batches(labels, "labels", batch_size)
 
   def make_eval_iterator(data, pp, size):
     assert (data, pp, size) == ({"name": "fake"}, "PP", batch_size)

@@ -20,6 +20,8 @@ from big_vit_lite.data import input_pipeline
 from big_vit_lite.evaluators import fewshot
 from big_vit_lite.evaluators import linear_probe
 
+import checks
+
 GREY_PP = "decode(channels=1)|value_range(-1, 1)|keep('image', 'label')"
 
 
@@ -78,13 +80,7 @@ def test_fewshot_pixel_baseline_equals_scikit_learn_ridge_on_the_pixels(
           "a": dict(data, train_split="train[:150]", test_split="test[:200]")
       },
   )
-  reads = []
-  real = input_pipeline.make_eval_iterator
-  monkeypatch.setattr(
-      input_pipeline,
-      "make_eval_iterator",
-      lambda *a, **k: reads.append(a[0]["split"]) or real(*a, **k),
-  )
+  reads = checks.record_eval_reads(monkeypatch)
   got = ev.run(random_params(0, 784))
   # Each model metric, then its baseline.
   assert list(got) == ["a_1shot", "a_1shot_pixels", "a_3shot", "a_3shot_pixels"]
