@@ -636,12 +636,12 @@ def test_tpu_plan_counts_the_replicated_weights_twice_and_fsdp_two_blocks():
   config = _big_config("L/16", 128, remat=None)
   n_blocks = 24 * 12596224  # an L/16 block's params
   data = plan.plan(config, plan.parse_mesh("data:4"), "tpu_v5p")
-  assert data["backend"] == "tpu"
+  assert data["platform"] == "tpu"
   assert data["fsdp_gather_bytes_per_device"] == 2 * n_blocks * 2
   fsdp = plan.plan(config, plan.parse_mesh("fsdp:4"), "tpu_v5p")
   assert fsdp["fsdp_gather_bytes_per_device"] == 2 * n_blocks // 24 * 2
   # The same mesh planned for the CPU compiler: its fitted formulas.
-  cpu = plan.plan(config, plan.parse_mesh("data:4"), "tpu_v5p", backend="cpu")
+  cpu = plan.plan(config, plan.parse_mesh("data:4"), "tpu_v5p", platform="cpu")
   assert cpu["act_bytes_per_device"] != data["act_bytes_per_device"]
 
 

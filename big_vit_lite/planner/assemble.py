@@ -21,6 +21,7 @@ import jax.numpy as jnp
 
 from big_vit_lite.config import config_loading
 from big_vit_lite.trainer import grad_accum
+from big_vit_lite.runtime import flops as flops_lib
 from big_vit_lite.runtime import sharding
 from big_vit_lite.trainer import train_setup
 from big_vit_lite.trainer import train_state
@@ -145,6 +146,20 @@ def compile_built(built: Built, compiler_options=None):
         batch_size=built.batch_size,
     )
     return train_state.compile_step(step, args, compiler_options)
+
+
+def compile_on(
+    config, mesh: dict, devices, res: int, target=None, options=None
+):
+  """The trainer's step compiled for `mesh` ({axis: size}) over `devices` (real or
+  abstract): (built, traced, compiled, memory), memory as flops.program_memory reads it.
+
+  target, options: assemble's target and compile_built's compiler options.
+  """
+  jmesh = sharding.make_mesh(list(mesh.items()), devices)
+  built = assemble(config, jmesh, res, target=target)
+  traced, compiled = compile_built(built, options)
+  return built, traced, compiled, flops_lib.program_memory(compiled)
 
 
 def resolve_mesh(mesh: list, n_devices: int, what: str) -> dict:

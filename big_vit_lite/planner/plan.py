@@ -160,10 +160,10 @@ def _state_bytes(layout):
   )
 
 
-def _formulas(backend, model, platform, arch, params, tp, fsdp, act_kw):
-  """The backend's formulas: (remat -> activation bytes, remat -> FSDP's gathered
-  weight bytes), the TPU compiler's or the one fitted to XLA:CPU."""
-  if backend == "tpu":
+def _formulas(model, platform, arch, params, tp, fsdp, act_kw):
+  """The platform's formulas: (remat -> activation bytes, remat -> FSDP's gathered
+  weight bytes), the TPU compiler's, or elsewhere the ones fitted to XLA:CPU."""
+  if platform == "tpu":
     opts = dict(
         dataclasses.asdict(model.block_options()),
         attention=model.resolved_attention(platform),
@@ -200,7 +200,7 @@ def plan(
     device: str,
     res: int | None = None,
     *,
-    backend: str | None = None,
+    platform: str | None = None,
     built=None,
 ) -> dict:
   """The analytic plan as a dict: sizes, *_bytes_per_device, fits, FLOPs and step time.
@@ -209,26 +209,18 @@ def plan(
   counts them); hw_flops_per_step adds remat's recomputation. fits_with_remat: None where it
   fits or remat is on, else whether remat_policy='nothing_saveable' would fit. ignored_px: the
   image rows/columns the patchify drops; unsplit_params: param dims the mesh axes do not divide.
-  backend: whose compiler the activations follow, "tpu" (tpu_activation_bytes: the TPU's tiled
-  residuals; the default for a TPU device) or "cpu" (activation_bytes, fitted to XLA:CPU; the
-  default elsewhere). built: assemble.assemble's for this mesh, if already made.
+  platform: whose "auto" model settings (vit.Model: matmul and residual dtypes, attention)
+  and whose compiler's activations the plan follows: "tpu" (tpu_activation_bytes: the TPU's
+  tiled residuals), "gpu" or "cpu" (activation_bytes, fitted to XLA:CPU; "cpu" is what
+  plan --compile without a target compiles); default: the device's, "tpu" or "gpu".
+  built: assemble.assemble's for this mesh, if already made.
   """
   key = resolve_device(device)
   spec = DEVICES[key]
-  on_tpu = key.startswith("tpu_")
-  # Whose "auto" model settings (vit.Model: matmul and residual dtypes,
-  # attention) count: the device's; backend="cpu" plans what XLA:CPU compiles
-  # (plan --compile without --topology).
-  if backend == "cpu":
-    platform = "cpu"
-  elif on_tpu:
+  if platform is None and key.startswith("tpu_"):
     platform = "tpu"
-  else:
+  elif platform is None:
     platform = "gpu"
-  if backend is None and on_tpu:
-    backend = "tpu"
-  elif backend is None:
-    backend = "cpu"
   res = image_res(config, res)
   n_dev = math.prod(mesh.values())
   if built is None:
@@ -269,9 +261,7 @@ def plan(
       image_numel=res * res * channels,
       dropout=model.dropout > 0,
   )
-  act, gather = _formulas(
-      backend, model, platform, arch, params, tp, fsdp, act_kw
-  )
+  act, gather = _formulas(model, platform, arch, params, tp, fsdp, act_kw)
   act_b = act(remat=remat)
   accum_b = 0
   if accum > 1:
@@ -318,7 +308,7 @@ def plan(
       grad_accum_steps=accum,
       micro_batch=local_batch // accum,
       remat=remat,
-      backend=backend,
+      platform=platform,
       dtype_mm=str(model.resolved_dtype_mm(platform)),
       dtype_act=str(model.resolved_dtype_act(platform)),
       attention=model.resolved_attention(platform),
@@ -349,11 +339,9 @@ def plan(
 def compiled_stats(config, mesh: dict, res: int) -> dict:
   """XLA memory analysis + FLOPs of the trainer's step compiled for `mesh` (CPU devices)."""
   n_dev = math.prod(mesh.values())
-  jmesh = sharding.make_mesh(list(mesh.items()), jax.devices()[:n_dev])
-  traced, compiled = assemble.compile_built(
-      assemble.assemble(config, jmesh, res)
+  _, traced, compiled, memory = assemble.compile_on(
+      config, mesh, jax.devices()[:n_dev], res
   )
-  memory = flops_lib.program_memory(compiled)
   return dict(
       {f"compiled_{k}_bytes": b for k, b in memory.items()},
       compiled_model_flops=float(flops_lib.model_flops(traced)),
@@ -363,6 +351,16 @@ def compiled_stats(config, mesh: dict, res: int) -> dict:
           flops_lib.step_flops(traced, compiled, n_dev) or 0
       ),
   )
+
+
+def _plan_on_devices(config, mesh_spec, n_devices, device_key, what, res):
+  """plan() for a target of n_devices (a TPU slice, GPU hosts: `what`, as its flags name
+  it): the mesh's -1 axis sized to them."""
+  pairs = mesh_spec
+  if isinstance(mesh_spec, str):
+    pairs = sharding.parse_mesh(mesh_spec)
+  sizes = assemble.resolve_mesh(pairs, n_devices, what)
+  return plan(config, parse_mesh(list(sizes.items())), device_key, res)
 
 
 def plan_on_slice(
@@ -380,18 +378,18 @@ def plan_on_slice(
   time_by_depth too, the step time is step_time_by_depth's.
   """
   tpu_slice = tpu.parse_slice(topology)
-  pairs = mesh_spec
-  if isinstance(mesh_spec, str):
-    pairs = sharding.parse_mesh(mesh_spec)
-  sizes = assemble.resolve_mesh(
-      pairs, tpu_slice.devices, f"--topology={topology}"
-  )
-  mesh = parse_mesh(list(sizes.items()))
   # The model runs on the TPU, not on this host: plan() decides its "auto"
   # settings for the TPU (train_setup.make_model's target).
-  p = plan(config, mesh, tpu_slice.device_key, res)
+  p = _plan_on_devices(
+      config,
+      mesh_spec,
+      tpu_slice.devices,
+      tpu_slice.device_key,
+      f"--topology={topology}",
+      res,
+  )
   if compile_step:
-    p.update(tpu.compiled_stats(config, mesh, p["res"], tpu_slice))
+    p.update(tpu.compiled_stats(config, p["mesh"], p["res"], tpu_slice))
   if compile_step and time_by_depth and p["tpu_fits"]:
     times = step_time_by_depth(config, mesh_spec, topology, res)
     step_s = None
@@ -422,15 +420,16 @@ def plan_on_gpus(
   compiler's figures for the trainer's step (gpu.compiled_stats: the gpu_* fields).
   """
   host = gpu.parse_host(gpu_host, hosts)
-  pairs = mesh_spec
-  if isinstance(mesh_spec, str):
-    pairs = sharding.parse_mesh(mesh_spec)
-  what = f"--gpu={gpu_host} --hosts={hosts}"
-  sizes = assemble.resolve_mesh(pairs, host.devices, what)
-  mesh = parse_mesh(list(sizes.items()))
-  p = plan(config, mesh, gpu.GPUS[host.gpu].device_key, res)
+  p = _plan_on_devices(
+      config,
+      mesh_spec,
+      host.devices,
+      gpu.GPUS[host.gpu].device_key,
+      f"--gpu={gpu_host} --hosts={hosts}",
+      res,
+  )
   if compile_step:
-    p.update(gpu.compiled_stats(config, mesh, p["res"], host))
+    p.update(gpu.compiled_stats(config, p["mesh"], p["res"], host))
   return p
 
 
@@ -593,10 +592,10 @@ def main(argv):
         )
         return
       # With --compile the plan is checked against XLA:CPU's memory analysis.
-      backend = None
+      platform = None
       if f.compile:
-        backend = "cpu"
-      p = plan(config, mesh, f.device, f.res, backend=backend)
+        platform = "cpu"
+      p = plan(config, mesh, f.device, f.res, platform=platform)
       if f.compile:
         overrides = [a for a in sys.argv[1:] if a.startswith("--config.")]
         p.update(
