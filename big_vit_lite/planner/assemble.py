@@ -12,6 +12,7 @@ data cannot be read here. The config is read through a TrackedConfig, never writ
 """
 
 import dataclasses
+import functools
 import math
 import re
 
@@ -20,7 +21,9 @@ import jax
 import jax.numpy as jnp
 
 from big_vit_lite.config import config_loading
+from big_vit_lite.trainer import ema as ema_lib
 from big_vit_lite.trainer import grad_accum
+from big_vit_lite.trainer import optim
 from big_vit_lite.runtime import flops as flops_lib
 from big_vit_lite.runtime import sharding
 from big_vit_lite.trainer import train_setup
@@ -108,12 +111,12 @@ def assemble(raw_config, mesh, res: int, target=None) -> Built:
   )
   unsplit = []
   layout = train_state.lay_out(
-      config,
       model=model,
       mesh=mesh,
       rules=rules,
       seed=int(config.get("seed", 0)),
-      dur=dur,
+      make_opt=functools.partial(optim.make, config, **dur),
+      ema=ema_lib.from_config(config),
       unsplit=unsplit,
   )
   return Built(
