@@ -11,7 +11,7 @@ activations are those of a microbatch (local_batch / k), plus a float32 gradient
 when k > 1; the gradient reductions happen once per microbatch.
 
 --compile also compiles the trainer's step (train_step.py) against abstract inputs on
-simulated CPU devices in a subprocess (any mesh size works on one machine) and adds XLA's
+simulated CPU devices in a subprocess (planner/cpu.py) (any mesh size works on one machine) and adds XLA's
 memory analysis and FLOPs (compiled_* fields), what tests/test_plan.py checks the formulas
 against.
 
@@ -25,7 +25,7 @@ time, img/s per chip and MFU, collectives): planner/tpu.py, docs/tpu.md.
   python -m big_vit_lite.plan --config=configs/vit_l16.py --topology=v5p-256 --compile
 
 With --json the last line is the plan as one JSON object (its keys: `plan`'s dict, and
-`compiled_stats`'). How the formulas were fitted, and their known gaps: benchmarks/NOTES.md,
+cpu.compiled_stats'). How the formulas were fitted, and their known gaps: benchmarks/NOTES.md,
 section "Plan, bench, FLOPs, metrics".
 """
 
@@ -35,8 +35,6 @@ import dataclasses
 import functools
 import json
 import math
-import os
-import subprocess
 import sys
 
 from absl import app
@@ -47,11 +45,11 @@ from ml_collections import config_flags
 
 from big_vit_lite.config import config_loading
 from big_vit_lite.logs import console
-from big_vit_lite.runtime import flops as flops_lib
 from big_vit_lite.runtime import sharding
 from big_vit_lite.data import pp as pp_lib
 from big_vit_lite.runtime.devices import DEVICES
 from big_vit_lite.planner import assemble
+from big_vit_lite.planner import cpu
 from big_vit_lite.planner import formulas
 from big_vit_lite.planner import gpu
 from big_vit_lite.planner import report
@@ -336,23 +334,6 @@ def plan(
   )
 
 
-def compiled_stats(config, mesh: dict, res: int) -> dict:
-  """XLA memory analysis + FLOPs of the trainer's step compiled for `mesh` (CPU devices)."""
-  n_dev = math.prod(mesh.values())
-  _, traced, compiled, memory = assemble.compile_on(
-      config, mesh, jax.devices()[:n_dev], res
-  )
-  return dict(
-      {f"compiled_{k}_bytes": b for k, b in memory.items()},
-      compiled_model_flops=float(flops_lib.model_flops(traced)),
-      # XLA's count with the loops' (layer scan, microbatch scan) other
-      # iterations added.
-      compiled_flops_per_device=float(
-          flops_lib.step_flops(traced, compiled, n_dev) or 0
-      ),
-  )
-
-
 def _plan_on_devices(config, mesh_spec, n_devices, device_key, what, res):
   """plan() for a target of n_devices (a TPU slice, GPU hosts: `what`, as its flags name
   it): the mesh's -1 axis sized to them."""
@@ -457,48 +438,6 @@ def step_time_by_depth(config, mesh_spec, topology, res=None) -> tuple:
   return tuple(times)
 
 
-def cpu_compiled_stats_subprocess(
-    config_arg: str, overrides: list[str], mesh: dict, res: int
-):
-  """plan --compile without a topology: plan.compiled_stats (the step compiled by
-  XLA:CPU) in a fresh python with prod(mesh) simulated CPU devices."""
-  n_dev = math.prod(mesh.values())
-  # The memory-minimising scheduler (not the default concurrency-optimised one)
-  # is what accelerator backends approximate; its peak is the meaningful one to
-  # compare with.
-  env = dict(
-      os.environ,
-      JAX_PLATFORMS="cpu",
-      XLA_FLAGS=(
-          os.environ.get("XLA_FLAGS", "")
-          + f" --xla_force_host_platform_device_count={n_dev}"
-          " --xla_cpu_enable_concurrency_optimized_scheduler=false"
-      ).strip(),
-  )
-  mesh_str = ",".join(f"{k}:{v}" for k, v in mesh.items())
-  cmd = [
-      sys.executable,
-      "-m",
-      "big_vit_lite.plan",
-      f"--config={config_arg}",
-      *overrides,
-      f"--mesh={mesh_str}",
-      f"--res={res}",
-      "--compiled_only",
-      "--json",
-  ]
-  proc = subprocess.run(
-      cmd, env=env, capture_output=True, text=True, timeout=1800, check=False
-  )
-  # Its last line: the "plan: ..." message, or the exception's.
-  if proc.returncode != 0:
-    last = ((proc.stderr or proc.stdout).strip().splitlines() or ["?"])[-1]
-    raise ValueError(
-        f"compiling the step on {n_dev} simulated CPU devices failed: {last}"
-    )
-  return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
 def define_flags():
   config_loading.define_config_flag()
   flags.DEFINE_string(
@@ -588,7 +527,9 @@ def main(argv):
       mesh = parse_mesh(mesh_spec)
       if f.compiled_only:
         print(
-            json.dumps(compiled_stats(config, mesh, image_res(config, f.res)))
+            json.dumps(
+                cpu.compiled_stats(config, mesh, image_res(config, f.res))
+            )
         )
         return
       # With --compile the plan is checked against XLA:CPU's memory analysis.
@@ -599,7 +540,7 @@ def main(argv):
       if f.compile:
         overrides = [a for a in sys.argv[1:] if a.startswith("--config.")]
         p.update(
-            cpu_compiled_stats_subprocess(
+            cpu.compiled_stats_subprocess(
                 config_flags.get_config_filename(f["config"]),
                 overrides,
                 mesh,
