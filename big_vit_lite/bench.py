@@ -14,7 +14,8 @@ against the devices' datasheet peak (devices.py, or --peak_tflops), or where non
 (`calib_gflops`); `mfu_basis` says which. `mfu_calib` is always against the timed matmul,
 `mfu_xla` uses XLA's FLOPs. The training step is the real thing minus the input pipeline:
 forward, softmax cross-entropy, backward, AdamW, with the train state donated: the trainer's
-own step (train_step.make_update_fn) with a fixed AdamW.
+own state layout and jitted step (train_state.lay_out, train_state.jit_step, as train and
+plan build them) with a fixed AdamW, on a one-device mesh where --mesh is empty.
 """
 
 # First, before jax and TF load: once more with huge pages.
@@ -33,6 +34,7 @@ import time
 
 from absl import app
 from absl import flags
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
@@ -47,7 +49,7 @@ from big_vit_lite.trainer import losses
 from big_vit_lite.logs import metrics
 from big_vit_lite.runtime import oom
 from big_vit_lite.runtime import sharding
-from big_vit_lite.trainer import train_step  # Defined when run as a command, not on import: plan imports this module and has
+from big_vit_lite.trainer import train_state  # Defined when run as a command, not on import: plan imports this module and has
 
 
 # flags of the same names (--mesh, --res).
@@ -78,7 +80,7 @@ def _define_flags():
       "mesh",
       "",
       "Mesh as axis:size pairs, e.g. 'data:-1' or 'data:2,fsdp:4' "
-      "(-1 = the remaining devices). Empty: one device, plain jit.",
+      "(-1 = the remaining devices). Empty: one device.",
   )
   flags.DEFINE_integer(
       "grad_accum",
@@ -142,8 +144,7 @@ def calibrate_matmul(n=2048, dtype="float32", reps=5):
 
 def _compile(fn, *args):
   t0 = time.perf_counter()
-  traced = fn.trace(*args)
-  compiled = traced.lower().compile()
+  traced, compiled = train_state.compile_step(fn, args)
   return traced, compiled, time.perf_counter() - t0
 
 
@@ -189,7 +190,7 @@ def _results(prefix, timing, *, batch, n_dev, peak, calib_gflops):
 
 
 class _AdamW:
-  """A fixed AdamW with optim.make's interface (apply, lr_fn), for train_step.make_update_fn."""
+  """A fixed AdamW with optim.make's interface (tx, apply, lr_fn): the timed step's."""
 
   def __init__(self, lr=1e-3, weight_decay=1e-4):
     self.lr = lr
@@ -204,40 +205,48 @@ class _AdamW:
     return jnp.float32(self.lr)
 
 
-def _time_train(
-    model,
-    params,
-    x,
-    labels,
-    *,
-    accum,
-    batch_sh,
-    params_sh,
-    warmup,
-    steps,
-    trace_dir,
-):
-  """Times the trainer's step (train_step.py) with softmax xent and AdamW; returns (timing for
-  _results, the params it trained)."""
-  opt = _AdamW()
-  step = train_step.make_update_fn(
-      model=model,
-      opt=opt,
+def trainer_model(module, batch_spec) -> train_state.Model:
+  """The trainer's Model (train_setup.py) of a flax module: softmax cross-entropy, no
+  mixup, on-device augmentation or teacher; params initialised on one image."""
+
+  def init_params(rng):
+    image = batch_spec["image"]
+    return module.init(rng, jnp.zeros((1,) + image.shape[1:], image.dtype))[
+        "params"
+    ]
+
+  return train_state.Model(
+      model_mod=None,
+      model_kw=None,
+      module=module,
       loss_fn=losses.softmax_xent,
-      accum_steps=accum,
-      batch_sharding=batch_sh,
-      param_shardings=params_sh,
+      init_head_bias=None,
+      mixup_fn=None,
+      device_aug_fn=None,
+      batch_spec=batch_spec,
+      image_shape=batch_spec["image"].shape[1:],
+      init_params=init_params,
+      distill=None,
+  )
+
+
+def _time_train(
+    model, layout, params, batch, *, accum, mesh, warmup, steps, trace_dir
+):
+  """Times the trainer's jitted step (train_state.jit_step) on `batch`; returns (timing
+  for _results, the params it trained)."""
+  step = train_state.jit_step(
+      model=model, layout=layout, mesh=mesh, accum_steps=accum
   )
   state = dict(
       params=params,
-      opt_state=jax.jit(opt.tx.init)(params),
+      opt_state=jax.jit(layout.opt.tx.init, out_shardings=layout.opt_sh)(
+          params
+      ),
       step=jnp.zeros([], jnp.int32),
-      rng=jax.random.PRNGKey(0),
+      rng=layout.rng_train,
   )
-  batch = {"image": x, "labels": labels}
-  traced, compiled, compile_s = _compile(
-      jax.jit(step, donate_argnums=0), state, batch
-  )
+  traced, compiled, compile_s = _compile(step, state, batch)
 
   def run():
     nonlocal state
@@ -271,6 +280,8 @@ def bench_model(
   """Times one model's train and/or inference step; returns the JSON-able result dict.
 
   model: a flax module whose apply(..., train=) returns (logits, out).
+  mesh: the Mesh to run on (None: a one-device mesh); the state laid out and the step
+  jitted on it by train_state, as the trainer's.
   calib_gflops: in-process matmul rate of all devices together (None: no mfu_calib).
   peak_flops: datasheet peak of all devices together; `mfu` is against it, else against
   calib_gflops (neither: mfu None).
@@ -282,55 +293,60 @@ def bench_model(
   rng = jax.random.PRNGKey(0)
   x = jax.random.normal(rng, (batch, res, res, 3), jnp.float32)
   labels = jax.nn.one_hot(jnp.arange(batch) % num_classes, num_classes)
-  params_sh = batch_sh = None
-  # Param and batch shardings from the model's logical axis names.
-  if mesh is not None:
-    abstract = jax.eval_shape(lambda: model.init(rng, x))["params"]
-    params_sh = sharding.logical_shardings(
-        abstract, mesh, sharding.make_rules(None, mesh)
-    )
-    batch_sh = sharding.batch_sharding(mesh)
-    x, labels = jax.device_put((x, labels), batch_sh)
-  params = jax.jit(
-      lambda r, x: sharding.unbox(model.init(r, x)["params"]),
-      out_shardings=params_sh,
-  )(rng, x)
-  out = dict(
-      batch=batch,
-      res=res,
-      params=int(sum(p.size for p in jax.tree.leaves(params))),
-  )
-  n_dev = 1
-  if mesh is not None:
-    n_dev = mesh.size
+  if mesh is None:
+    mesh = sharding.make_mesh([("data", 1)], jax.devices()[:1])
+  rules = sharding.make_rules(None, mesh)
+  x, labels = jax.device_put((x, labels), sharding.batch_sharding(mesh))
+  images = {"image": x, "labels": labels}
+  batch_spec = {
+      k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in images.items()
+  }
+  trained = trainer_model(model, batch_spec)
   # The datasheet's peak; else the measured matmul rate.
   peak = peak_flops
   if not peak and calib_gflops:
     peak = calib_gflops * 1e9
-  kw = dict(batch=batch, n_dev=n_dev, calib_gflops=calib_gflops, peak=peak)
-  if "train" in mode:
-    timing, params = _time_train(
-        model,
-        params,
-        x,
-        labels,
-        accum=grad_accum_steps,
-        batch_sh=batch_sh,
-        params_sh=params_sh,
-        warmup=warmup,
-        steps=steps,
-        trace_dir=trace_dir,
+  kw = dict(batch=batch, n_dev=mesh.size, calib_gflops=calib_gflops, peak=peak)
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    layout = train_state.lay_out(
+        model=trained,
+        mesh=mesh,
+        rules=rules,
+        seed=0,
+        make_opt=lambda params: _AdamW(),
     )
-    out.update(_results("train", timing, **kw))
-  if "infer" in mode:
-    predict = jax.jit(
-        lambda p, x: model.apply({"params": p}, x, train=False)[0]
+    # Born sharded, as the trainer's params.
+    params = jax.jit(
+        lambda r: sharding.unbox(trained.init_params(r)),
+        out_shardings=layout.params_sh,
+    )(layout.rng_init)
+    out = dict(
+        batch=batch,
+        res=res,
+        params=int(sum(p.size for p in jax.tree.leaves(params))),
     )
-    traced, compiled, compile_s = _compile(predict, params, x)
-    times = time_calls(
-        lambda: compiled(params, x).block_until_ready(), warmup, steps
-    )
-    out.update(_results("infer", (traced, compiled, compile_s, *times), **kw))
+    if "train" in mode:
+      timing, params = _time_train(
+          trained,
+          layout,
+          params,
+          images,
+          accum=grad_accum_steps,
+          mesh=mesh,
+          warmup=warmup,
+          steps=steps,
+          trace_dir=trace_dir,
+      )
+      out.update(_results("train", timing, **kw))
+    if "infer" in mode:
+      predict = jax.jit(
+          lambda p, x: model.apply({"params": p}, x, train=False)[0]
+      )
+      traced, compiled, compile_s = _compile(predict, params, x)
+      times = time_calls(
+          lambda: compiled(params, x).block_until_ready(), warmup, steps
+      )
+      out.update(_results("infer", (traced, compiled, compile_s, *times), **kw))
   # Contract keys: step_flops / mfu refer to the training step when timed.
   main = "infer"
   if "train" in mode:
@@ -412,13 +428,6 @@ def check_args(
       raise ValueError(f"{variant}: {e}") from None
 
 
-def _mesh_scope(mesh):
-  """jax.set_mesh(mesh); no mesh where there is none."""
-  if mesh is None:
-    return contextlib.nullcontext()
-  return jax.set_mesh(mesh)
-
-
 def main(argv):
   del argv
   # Other libraries' INFO lines (orbax, tfds) only with --verbosity=1.
@@ -474,20 +483,19 @@ def main(argv):
     # whole machine's.
     calib_before = calibrate_matmul(f.calib_n, f.dtype)
     try:
-      with _mesh_scope(mesh):
-        res = bench_model(
-            model,
-            batch=batch,
-            res=f.res,
-            num_classes=f.num_classes,
-            mode=tuple(f.mode),
-            mesh=mesh,
-            steps=f.steps,
-            warmup=f.warmup,
-            calib_gflops=calib_before * calib_devices,
-            peak_flops=peak_all,
-            grad_accum_steps=f.grad_accum,
-        )
+      res = bench_model(
+          model,
+          batch=batch,
+          res=f.res,
+          num_classes=f.num_classes,
+          mode=tuple(f.mode),
+          mesh=mesh,
+          steps=f.steps,
+          warmup=f.warmup,
+          calib_gflops=calib_before * calib_devices,
+          peak_flops=peak_all,
+          grad_accum_steps=f.grad_accum,
+      )
     except jax.errors.JaxRuntimeError as e:
       if not oom.is_oom(e):
         raise

@@ -253,12 +253,12 @@ Layout = train_state.Layout
 def lay_out_state(config, *, job, inputs, model) -> Layout:
   """Shapes and shardings of params, optimizer state (and EMA), without computing any."""
   layout = train_state.lay_out(
-      config,
       model=model,
       mesh=job.mesh,
       rules=job.rules,
       seed=job.seed,
-      dur=inputs.dur,
+      make_opt=functools.partial(optim.make, config, **inputs.dur),
+      ema=ema_lib.from_config(config),
   )
   params_abstract = layout.params_abstract
   num_params, table = metrics_lib.parameter_overview(params_abstract)

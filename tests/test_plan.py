@@ -1,5 +1,6 @@
 """big_vit_lite.plan: analytic memory/FLOPs per device vs XLA's compiled memory analysis."""
 
+import copy
 import importlib.util
 import json
 import math
@@ -7,9 +8,11 @@ import os
 import subprocess
 import sys
 
+import jax
 import ml_collections
 import pytest
 
+from big_vit_lite.planner import assemble
 from big_vit_lite.planner import plan
 from big_vit_lite.planner import report as plan_report
 from big_vit_lite.planner import formulas as plan_formulas
@@ -17,6 +20,7 @@ from big_vit_lite.planner import formulas as plan_formulas
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 TINY_CONFIG = """
+import jax
 import ml_collections
 
 def get_config(arg=None):
@@ -404,6 +408,29 @@ def test_plan_errors_are_one_line(tiny_config, args, message):
   assert message in proc.stderr.strip().splitlines()[-1], proc.stderr[-2000:]
 
 
+def test_planning_leaves_the_callers_config_as_it_was():
+  """Guards against a planner that writes into its caller's config (plan_on_slice once
+  wrote the "auto" settings it resolved for the TPU back, so the caller's next run
+  trained with them): every entry point, for every target, on a deep copy's oracle.
+  """
+  namespace = {}
+  exec(TINY_CONFIG, namespace)  # pylint: disable=exec-used
+  config = namespace["get_config"]()
+  # "auto" settings each target resolves its own way; no attention key at all.
+  config.model.dtype_mm = "auto"
+  config.model.dtype_act = "auto"
+  config.ema_decay = 0.99
+  before = copy.deepcopy(config)
+  plan.plan(config, plan.parse_mesh("data:2,fsdp:2"), "h100")
+  plan.plan(config, plan.parse_mesh("data:4"), "tpu_v5p", platform="cpu")
+  plan.plan_on_slice(config, "data:-1", "v5e:2x2")
+  plan.plan_on_gpus(config, [("fsdp", -1)], "h100x8")
+  mesh = jax.sharding.AbstractMesh((4,), ("data",))
+  assemble.assemble(config, mesh, 28, target="gpu")
+  assert config == before
+  assert config.to_dict() == before.to_dict()
+
+
 def test_image_res_is_the_size_pp_gives_the_image_key():
   config = ml_collections.ConfigDict(
       dict(
@@ -636,12 +663,12 @@ def test_tpu_plan_counts_the_replicated_weights_twice_and_fsdp_two_blocks():
   config = _big_config("L/16", 128, remat=None)
   n_blocks = 24 * 12596224  # an L/16 block's params
   data = plan.plan(config, plan.parse_mesh("data:4"), "tpu_v5p")
-  assert data["backend"] == "tpu"
+  assert data["platform"] == "tpu"
   assert data["fsdp_gather_bytes_per_device"] == 2 * n_blocks * 2
   fsdp = plan.plan(config, plan.parse_mesh("fsdp:4"), "tpu_v5p")
   assert fsdp["fsdp_gather_bytes_per_device"] == 2 * n_blocks // 24 * 2
   # The same mesh planned for the CPU compiler: its fitted formulas.
-  cpu = plan.plan(config, plan.parse_mesh("data:4"), "tpu_v5p", backend="cpu")
+  cpu = plan.plan(config, plan.parse_mesh("data:4"), "tpu_v5p", platform="cpu")
   assert cpu["act_bytes_per_device"] != data["act_bytes_per_device"]
 
 

@@ -12,6 +12,7 @@ data cannot be read here. The config is read through a TrackedConfig, never writ
 """
 
 import dataclasses
+import functools
 import math
 import re
 
@@ -20,7 +21,10 @@ import jax
 import jax.numpy as jnp
 
 from big_vit_lite.config import config_loading
+from big_vit_lite.trainer import ema as ema_lib
 from big_vit_lite.trainer import grad_accum
+from big_vit_lite.trainer import optim
+from big_vit_lite.runtime import flops as flops_lib
 from big_vit_lite.runtime import sharding
 from big_vit_lite.trainer import train_setup
 from big_vit_lite.trainer import train_state
@@ -107,12 +111,12 @@ def assemble(raw_config, mesh, res: int, target=None) -> Built:
   )
   unsplit = []
   layout = train_state.lay_out(
-      config,
       model=model,
       mesh=mesh,
       rules=rules,
       seed=int(config.get("seed", 0)),
-      dur=dur,
+      make_opt=functools.partial(optim.make, config, **dur),
+      ema=ema_lib.from_config(config),
       unsplit=unsplit,
   )
   return Built(
@@ -145,6 +149,20 @@ def compile_built(built: Built, compiler_options=None):
         batch_size=built.batch_size,
     )
     return train_state.compile_step(step, args, compiler_options)
+
+
+def compile_on(
+    config, mesh: dict, devices, res: int, target=None, options=None
+):
+  """The trainer's step compiled for `mesh` ({axis: size}) over `devices` (real or
+  abstract): (built, traced, compiled, memory), memory as flops.program_memory reads it.
+
+  target, options: assemble's target and compile_built's compiler options.
+  """
+  jmesh = sharding.make_mesh(list(mesh.items()), devices)
+  built = assemble(config, jmesh, res, target=target)
+  traced, compiled = compile_built(built, options)
+  return built, traced, compiled, flops_lib.program_memory(compiled)
 
 
 def resolve_mesh(mesh: list, n_devices: int, what: str) -> dict:

@@ -23,7 +23,6 @@ import re
 
 import jax
 
-from big_vit_lite.runtime import sharding
 from big_vit_lite.runtime import flops as flops_lib
 from big_vit_lite.runtime.devices import DEVICES
 from big_vit_lite.planner import assemble
@@ -199,13 +198,12 @@ def host_devices(host: Host):
 
 def compiled_stats(config, mesh: dict, res: int, host: Host) -> dict:
   """The GPU compiler's figures for the trainer's step on `host` (plan's gpu_* fields)."""
-  devices = host_devices(host)
   gpu = GPUS[host.gpu]
-  jmesh = sharding.make_mesh(list(mesh.items()), devices)
   # (cuDNN attention looks for the library as it traces.)
   try:
-    built = assemble.assemble(config, jmesh, res, target="gpu")
-    _, compiled = assemble.compile_built(built, COMPILER_OPTIONS)
+    built, _, compiled, memory = assemble.compile_on(
+        config, mesh, host_devices(host), res, "gpu", COMPILER_OPTIONS
+    )
   except RuntimeError as e:
     if "cuDNN not found" not in str(e):
       raise
@@ -214,7 +212,6 @@ def compiled_stats(config, mesh: dict, res: int, host: Host) -> dict:
         "'big_vit_lite[cuda]' (docs/gpu.md), or plan with "
         "--config.model.attention=custom"
     ) from None
-  memory = flops_lib.program_memory(compiled)
   hbm = gpu.device_memory_size
   return dict(
       gpu_host=host.name,

@@ -11,7 +11,7 @@ activations are those of a microbatch (local_batch / k), plus a float32 gradient
 when k > 1; the gradient reductions happen once per microbatch.
 
 --compile also compiles the trainer's step (train_step.py) against abstract inputs on
-simulated CPU devices in a subprocess (any mesh size works on one machine) and adds XLA's
+simulated CPU devices in a subprocess (planner/cpu.py) (any mesh size works on one machine) and adds XLA's
 memory analysis and FLOPs (compiled_* fields), what tests/test_plan.py checks the formulas
 against.
 
@@ -25,7 +25,7 @@ time, img/s per chip and MFU, collectives): planner/tpu.py, docs/tpu.md.
   python -m big_vit_lite.plan --config=configs/vit_l16.py --topology=v5p-256 --compile
 
 With --json the last line is the plan as one JSON object (its keys: `plan`'s dict, and
-`compiled_stats`'). How the formulas were fitted, and their known gaps: benchmarks/NOTES.md,
+cpu.compiled_stats'). How the formulas were fitted, and their known gaps: benchmarks/NOTES.md,
 section "Plan, bench, FLOPs, metrics".
 """
 
@@ -35,8 +35,6 @@ import dataclasses
 import functools
 import json
 import math
-import os
-import subprocess
 import sys
 
 from absl import app
@@ -47,11 +45,11 @@ from ml_collections import config_flags
 
 from big_vit_lite.config import config_loading
 from big_vit_lite.logs import console
-from big_vit_lite.runtime import flops as flops_lib
 from big_vit_lite.runtime import sharding
 from big_vit_lite.data import pp as pp_lib
 from big_vit_lite.runtime.devices import DEVICES
 from big_vit_lite.planner import assemble
+from big_vit_lite.planner import cpu
 from big_vit_lite.planner import formulas
 from big_vit_lite.planner import gpu
 from big_vit_lite.planner import report
@@ -160,10 +158,10 @@ def _state_bytes(layout):
   )
 
 
-def _formulas(backend, model, platform, arch, params, tp, fsdp, act_kw):
-  """The backend's formulas: (remat -> activation bytes, remat -> FSDP's gathered
-  weight bytes), the TPU compiler's or the one fitted to XLA:CPU."""
-  if backend == "tpu":
+def _formulas(model, platform, arch, params, tp, fsdp, act_kw):
+  """The platform's formulas: (remat -> activation bytes, remat -> FSDP's gathered
+  weight bytes), the TPU compiler's, or elsewhere the ones fitted to XLA:CPU."""
+  if platform == "tpu":
     opts = dict(
         dataclasses.asdict(model.block_options()),
         attention=model.resolved_attention(platform),
@@ -200,7 +198,7 @@ def plan(
     device: str,
     res: int | None = None,
     *,
-    backend: str | None = None,
+    platform: str | None = None,
     built=None,
 ) -> dict:
   """The analytic plan as a dict: sizes, *_bytes_per_device, fits, FLOPs and step time.
@@ -209,26 +207,18 @@ def plan(
   counts them); hw_flops_per_step adds remat's recomputation. fits_with_remat: None where it
   fits or remat is on, else whether remat_policy='nothing_saveable' would fit. ignored_px: the
   image rows/columns the patchify drops; unsplit_params: param dims the mesh axes do not divide.
-  backend: whose compiler the activations follow, "tpu" (tpu_activation_bytes: the TPU's tiled
-  residuals; the default for a TPU device) or "cpu" (activation_bytes, fitted to XLA:CPU; the
-  default elsewhere). built: assemble.assemble's for this mesh, if already made.
+  platform: whose "auto" model settings (vit.Model: matmul and residual dtypes, attention)
+  and whose compiler's activations the plan follows: "tpu" (tpu_activation_bytes: the TPU's
+  tiled residuals), "gpu" or "cpu" (activation_bytes, fitted to XLA:CPU; "cpu" is what
+  plan --compile without a target compiles); default: the device's, "tpu" or "gpu".
+  built: assemble.assemble's for this mesh, if already made.
   """
   key = resolve_device(device)
   spec = DEVICES[key]
-  on_tpu = key.startswith("tpu_")
-  # Whose "auto" model settings (vit.Model: matmul and residual dtypes,
-  # attention) count: the device's; backend="cpu" plans what XLA:CPU compiles
-  # (plan --compile without --topology).
-  if backend == "cpu":
-    platform = "cpu"
-  elif on_tpu:
+  if platform is None and key.startswith("tpu_"):
     platform = "tpu"
-  else:
+  elif platform is None:
     platform = "gpu"
-  if backend is None and on_tpu:
-    backend = "tpu"
-  elif backend is None:
-    backend = "cpu"
   res = image_res(config, res)
   n_dev = math.prod(mesh.values())
   if built is None:
@@ -269,9 +259,7 @@ def plan(
       image_numel=res * res * channels,
       dropout=model.dropout > 0,
   )
-  act, gather = _formulas(
-      backend, model, platform, arch, params, tp, fsdp, act_kw
-  )
+  act, gather = _formulas(model, platform, arch, params, tp, fsdp, act_kw)
   act_b = act(remat=remat)
   accum_b = 0
   if accum > 1:
@@ -318,7 +306,7 @@ def plan(
       grad_accum_steps=accum,
       micro_batch=local_batch // accum,
       remat=remat,
-      backend=backend,
+      platform=platform,
       dtype_mm=str(model.resolved_dtype_mm(platform)),
       dtype_act=str(model.resolved_dtype_act(platform)),
       attention=model.resolved_attention(platform),
@@ -346,23 +334,14 @@ def plan(
   )
 
 
-def compiled_stats(config, mesh: dict, res: int) -> dict:
-  """XLA memory analysis + FLOPs of the trainer's step compiled for `mesh` (CPU devices)."""
-  n_dev = math.prod(mesh.values())
-  jmesh = sharding.make_mesh(list(mesh.items()), jax.devices()[:n_dev])
-  traced, compiled = assemble.compile_built(
-      assemble.assemble(config, jmesh, res)
-  )
-  memory = flops_lib.program_memory(compiled)
-  return dict(
-      {f"compiled_{k}_bytes": b for k, b in memory.items()},
-      compiled_model_flops=float(flops_lib.model_flops(traced)),
-      # XLA's count with the loops' (layer scan, microbatch scan) other
-      # iterations added.
-      compiled_flops_per_device=float(
-          flops_lib.step_flops(traced, compiled, n_dev) or 0
-      ),
-  )
+def _plan_on_devices(config, mesh_spec, n_devices, device_key, what, res):
+  """plan() for a target of n_devices (a TPU slice, GPU hosts: `what`, as its flags name
+  it): the mesh's -1 axis sized to them."""
+  pairs = mesh_spec
+  if isinstance(mesh_spec, str):
+    pairs = sharding.parse_mesh(mesh_spec)
+  sizes = assemble.resolve_mesh(pairs, n_devices, what)
+  return plan(config, parse_mesh(list(sizes.items())), device_key, res)
 
 
 def plan_on_slice(
@@ -380,18 +359,18 @@ def plan_on_slice(
   time_by_depth too, the step time is step_time_by_depth's.
   """
   tpu_slice = tpu.parse_slice(topology)
-  pairs = mesh_spec
-  if isinstance(mesh_spec, str):
-    pairs = sharding.parse_mesh(mesh_spec)
-  sizes = assemble.resolve_mesh(
-      pairs, tpu_slice.devices, f"--topology={topology}"
-  )
-  mesh = parse_mesh(list(sizes.items()))
   # The model runs on the TPU, not on this host: plan() decides its "auto"
   # settings for the TPU (train_setup.make_model's target).
-  p = plan(config, mesh, tpu_slice.device_key, res)
+  p = _plan_on_devices(
+      config,
+      mesh_spec,
+      tpu_slice.devices,
+      tpu_slice.device_key,
+      f"--topology={topology}",
+      res,
+  )
   if compile_step:
-    p.update(tpu.compiled_stats(config, mesh, p["res"], tpu_slice))
+    p.update(tpu.compiled_stats(config, p["mesh"], p["res"], tpu_slice))
   if compile_step and time_by_depth and p["tpu_fits"]:
     times = step_time_by_depth(config, mesh_spec, topology, res)
     step_s = None
@@ -422,15 +401,16 @@ def plan_on_gpus(
   compiler's figures for the trainer's step (gpu.compiled_stats: the gpu_* fields).
   """
   host = gpu.parse_host(gpu_host, hosts)
-  pairs = mesh_spec
-  if isinstance(mesh_spec, str):
-    pairs = sharding.parse_mesh(mesh_spec)
-  what = f"--gpu={gpu_host} --hosts={hosts}"
-  sizes = assemble.resolve_mesh(pairs, host.devices, what)
-  mesh = parse_mesh(list(sizes.items()))
-  p = plan(config, mesh, gpu.GPUS[host.gpu].device_key, res)
+  p = _plan_on_devices(
+      config,
+      mesh_spec,
+      host.devices,
+      gpu.GPUS[host.gpu].device_key,
+      f"--gpu={gpu_host} --hosts={hosts}",
+      res,
+  )
   if compile_step:
-    p.update(gpu.compiled_stats(config, mesh, p["res"], host))
+    p.update(gpu.compiled_stats(config, p["mesh"], p["res"], host))
   return p
 
 
@@ -456,48 +436,6 @@ def step_time_by_depth(config, mesh_spec, topology, res=None) -> tuple:
     p = plan_on_slice(shallow, mesh_spec, topology, res, compile_step=True)
     times.append(p["tpu_est_step_s"])
   return tuple(times)
-
-
-def cpu_compiled_stats_subprocess(
-    config_arg: str, overrides: list[str], mesh: dict, res: int
-):
-  """plan --compile without a topology: plan.compiled_stats (the step compiled by
-  XLA:CPU) in a fresh python with prod(mesh) simulated CPU devices."""
-  n_dev = math.prod(mesh.values())
-  # The memory-minimising scheduler (not the default concurrency-optimised one)
-  # is what accelerator backends approximate; its peak is the meaningful one to
-  # compare with.
-  env = dict(
-      os.environ,
-      JAX_PLATFORMS="cpu",
-      XLA_FLAGS=(
-          os.environ.get("XLA_FLAGS", "")
-          + f" --xla_force_host_platform_device_count={n_dev}"
-          " --xla_cpu_enable_concurrency_optimized_scheduler=false"
-      ).strip(),
-  )
-  mesh_str = ",".join(f"{k}:{v}" for k, v in mesh.items())
-  cmd = [
-      sys.executable,
-      "-m",
-      "big_vit_lite.plan",
-      f"--config={config_arg}",
-      *overrides,
-      f"--mesh={mesh_str}",
-      f"--res={res}",
-      "--compiled_only",
-      "--json",
-  ]
-  proc = subprocess.run(
-      cmd, env=env, capture_output=True, text=True, timeout=1800, check=False
-  )
-  # Its last line: the "plan: ..." message, or the exception's.
-  if proc.returncode != 0:
-    last = ((proc.stderr or proc.stdout).strip().splitlines() or ["?"])[-1]
-    raise ValueError(
-        f"compiling the step on {n_dev} simulated CPU devices failed: {last}"
-    )
-  return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def define_flags():
@@ -589,18 +527,20 @@ def main(argv):
       mesh = parse_mesh(mesh_spec)
       if f.compiled_only:
         print(
-            json.dumps(compiled_stats(config, mesh, image_res(config, f.res)))
+            json.dumps(
+                cpu.compiled_stats(config, mesh, image_res(config, f.res))
+            )
         )
         return
       # With --compile the plan is checked against XLA:CPU's memory analysis.
-      backend = None
+      platform = None
       if f.compile:
-        backend = "cpu"
-      p = plan(config, mesh, f.device, f.res, backend=backend)
+        platform = "cpu"
+      p = plan(config, mesh, f.device, f.res, platform=platform)
       if f.compile:
         overrides = [a for a in sys.argv[1:] if a.startswith("--config.")]
         p.update(
-            cpu_compiled_stats_subprocess(
+            cpu.compiled_stats_subprocess(
                 config_flags.get_config_filename(f["config"]),
                 overrides,
                 mesh,

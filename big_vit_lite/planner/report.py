@@ -106,12 +106,39 @@ def format_report(p: dict) -> str:
   return "\n".join(lines)
 
 
+def _compiled_lines(
+    p: dict, prefix: str, memory_key: str, spare_key: str
+) -> list:
+  """A compiler's memory per device, whether it fits, and its collectives: the
+  `prefix`_* fields (tpu, gpu), the memory in p[memory_key], the spare in p[spare_key].
+  """
+  memory_b, fits = p[memory_key], _yes_no(p[f"{prefix}_fits"])
+  lines = [
+      f"  per device: arguments {p[f'{prefix}_argument_bytes'] / GIB:.2f} GiB, "
+      f"outputs {p[f'{prefix}_output_bytes'] / GIB:.2f} GiB (aliased "
+      f"{p[f'{prefix}_alias_bytes'] / GIB:.2f}), temporaries "
+      f"{p[f'{prefix}_temp_bytes'] / GIB:.2f} GiB",
+      f"  total {p[f'{prefix}_peak_bytes'] / GIB:.2f} of {memory_b / GIB:.1f} GiB "
+      f"-> fits: {fits} ({p[spare_key]:.0%} spare)",
+  ]
+  for op, c in p[f"{prefix}_collectives"].items():
+    if c["count"]:
+      lines.append(
+          f"  {op}: {c['count']} in the program, {c['bytes'] / GIB:.3f} GiB"
+      )
+  return lines
+
+
 def tpu_lines(p: dict) -> list:
   """plan's report lines for the tpu_* fields."""
+  head = (
+      f"TPU compiler, {p['tpu_topology']} ({p['tpu_chips']} chips, "
+      f"{p['devices']} devices)"
+  )
   if "tpu_refused" in p:
     return [
-        f"TPU compiler, {p['tpu_topology']} ({p['tpu_chips']} chips, {p['devices']} "
-        f"devices): does NOT fit, the compiler refused the step: {p['tpu_refused']}"
+        f"{head}: does NOT fit, the compiler refused the step: "
+        + p["tpu_refused"]
     ]
   est_s = p["tpu_est_step_s"]
   estimate = "none for this program"
@@ -120,15 +147,8 @@ def tpu_lines(p: dict) -> list:
         f"step {est_s * 1e3:.1f} ms, {p['tpu_est_img_per_s_per_chip']:.1f} img/s per "
         f"chip, MFU {p['tpu_est_mfu']:.1%} (model FLOPs {p['tpu_model_flops']:.3e}/step)"
     )
-  lines = [
-      f"TPU compiler, {p['tpu_topology']} ({p['tpu_chips']} chips, {p['devices']} devices), "
-      f"per device: arguments {p['tpu_argument_bytes'] / GIB:.2f} GiB, outputs "
-      f"{p['tpu_output_bytes'] / GIB:.2f} GiB (aliased {p['tpu_alias_bytes'] / GIB:.2f}), "
-      f"temporaries {p['tpu_temp_bytes'] / GIB:.2f} GiB",
-      f"  total {p['tpu_peak_bytes'] / GIB:.2f} of {p['tpu_hbm_bytes'] / GIB:.0f} GiB HBM -> "
-      f"fits: {_yes_no(p['tpu_fits'])} ({p['tpu_hbm_spare']:.0%} spare)",
-      f"  estimated by the compiler's cost model: {estimate}",
-  ]
+  lines = [head] + _compiled_lines(p, "tpu", "tpu_hbm_bytes", "tpu_hbm_spare")
+  lines.append(f"  estimated by the compiler's cost model: {estimate}")
   if all(p.get("tpu_est_by_depth") or [None]):
     lines.append(
         "  (the time of the unrolled step compiled at depth 1 and 2 ("
@@ -141,31 +161,13 @@ def tpu_lines(p: dict) -> list:
         f"by their FLOPs, x{p['tpu_loop_scale']:.1f}, a rough figure; --time_by_depth "
         "extrapolates it from two shallow unrolled compiles)"
     )
-  for op, c in p["tpu_collectives"].items():
-    if c["count"]:
-      lines.append(
-          f"  {op}: {c['count']} in the program, {c['bytes'] / GIB:.3f} GiB"
-      )
   return lines
 
 
 def gpu_lines(p: dict) -> list:
   """plan's report lines for the gpu_* fields."""
-  fits = _yes_no(p["gpu_fits"])
-  lines = [
+  head = (
       f"GPU compiler, {p['gpu_hosts']} x {p['gpu_host']} ({p['devices']} x "
-      f"{p['gpu_name']}), {p['gpu_attention']} attention, per GPU: arguments "
-      f"{p['gpu_argument_bytes'] / GIB:.2f} GiB, outputs "
-      f"{p['gpu_output_bytes'] / GIB:.2f} GiB (aliased "
-      f"{p['gpu_alias_bytes'] / GIB:.2f}), temporaries "
-      f"{p['gpu_temp_bytes'] / GIB:.2f} GiB",
-      f"  total {p['gpu_peak_bytes'] / GIB:.2f} of "
-      f"{p['gpu_memory_bytes'] / GIB:.1f} GiB -> fits: {fits} "
-      f"({p['gpu_spare']:.0%} spare)",
-  ]
-  for op, c in p["gpu_collectives"].items():
-    if c["count"]:
-      lines.append(
-          f"  {op}: {c['count']} in the program, {c['bytes'] / GIB:.3f} GiB"
-      )
-  return lines
+      f"{p['gpu_name']}), {p['gpu_attention']} attention"
+  )
+  return [head] + _compiled_lines(p, "gpu", "gpu_memory_bytes", "gpu_spare")

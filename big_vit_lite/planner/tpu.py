@@ -23,7 +23,6 @@ import re
 import jax
 
 from big_vit_lite.runtime import flops as flops_lib
-from big_vit_lite.runtime import sharding
 from big_vit_lite.runtime.devices import DEVICES
 from big_vit_lite.planner import assemble
 
@@ -131,20 +130,16 @@ def slice_devices(tpu_slice: Slice):
 
 def compiled_stats(config, mesh: dict, res: int, tpu_slice: Slice):
   """The TPU compiler's figures for the trainer's step on `tpu_slice` (plan's tpu_* fields)."""
-  devices = slice_devices(tpu_slice)
   spec = DEVICES[tpu_slice.device_key]
-  jmesh = sharding.make_mesh(list(mesh.items()), devices)
-  built = assemble.assemble(config, jmesh, res, target="tpu")
   try:
-    traced, compiled = assemble.compile_built(built)
+    built, traced, compiled, memory = assemble.compile_on(
+        config, mesh, slice_devices(tpu_slice), res, target="tpu"
+    )
   # The compiler refuses a program over the HBM.
   except jax.errors.JaxRuntimeError as e:
     if "RESOURCE_EXHAUSTED" not in str(e):
       raise
     return _refused(str(e), tpu_slice, spec)
-  memory = flops_lib.program_memory(compiled)
-  peak_b = memory.pop("peak")
-  mem_b = memory
   cost = compiled.cost_analysis() or {}
   raw_flops = float(cost.get("flops", 0.0))
   # XLA counts a loop body (nn.scan's layers, the microbatches) once: scale its
@@ -160,11 +155,10 @@ def compiled_stats(config, mesh: dict, res: int, tpu_slice: Slice):
   return dict(
       tpu_topology=tpu_slice.topology,
       tpu_chips=tpu_slice.chips,
-      **{f"tpu_{k}_bytes": b for k, b in mem_b.items()},
-      tpu_peak_bytes=peak_b,
+      **{f"tpu_{k}_bytes": b for k, b in memory.items()},
       tpu_hbm_bytes=int(spec.hbm_bytes),
-      tpu_fits=bool(peak_b <= spec.hbm_bytes),
-      tpu_hbm_spare=1.0 - peak_b / spec.hbm_bytes,
+      tpu_fits=bool(memory["peak"] <= spec.hbm_bytes),
+      tpu_hbm_spare=1.0 - memory["peak"] / spec.hbm_bytes,
       tpu_flops_per_device=flops,
       tpu_model_flops=model_flops,
       tpu_loop_scale=loop_scale,

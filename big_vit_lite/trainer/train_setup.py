@@ -4,7 +4,6 @@ import dataclasses
 import importlib
 
 from absl import logging
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
@@ -20,6 +19,7 @@ from big_vit_lite.logs import metrics as metrics_lib
 from big_vit_lite.runtime import paths
 from big_vit_lite.trainer import profiling
 from big_vit_lite.trainer import resume
+from big_vit_lite.trainer import train_state
 from big_vit_lite.runtime import sharding
 from big_vit_lite.logs import wandb_writer
 from big_vit_lite.data import device_aug as device_aug_lib
@@ -170,24 +170,9 @@ def read_inputs(config, *, mesh, seed):
   )
 
 
-@dataclasses.dataclass(frozen=True)
-class Model:
-  """The model, its loss and augmentations, and the batch it is trained on."""
-
-  model_mod: object  # The module of the model family (load()).
-  model_kw: object  # config.model
-  module: nn.Module
-  loss_fn: object
-  init_head_bias: float | None
-  mixup_fn: object
-  device_aug_fn: object
-  batch_spec: dict
-  image_shape: tuple
-  init_params: object  # rng -> boxed params (logical axis names attached).
-  distill: object  # distill.Teacher (config.distill) or None
-
-
-def make_model(config, *, batch_spec, mesh, rules, target=None) -> Model:
+def make_model(
+    config, *, batch_spec, mesh, rules, target=None
+) -> train_state.Model:
   """The model from config.model_name/model, its loss, mixup and on-device augmentation.
 
   batch_spec: the train iterator's batch_spec(); mesh, rules: the job's.
@@ -258,7 +243,7 @@ def make_model(config, *, batch_spec, mesh, rules, target=None) -> Model:
   if teacher:
     # Feature distillation's projection joins the student's params.
     init_params = teacher.with_projection(init_params)
-  return Model(
+  return train_state.Model(
       model_mod=model_mod,
       model_kw=model_kw,
       module=module,

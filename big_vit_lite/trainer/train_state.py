@@ -1,26 +1,45 @@
 """The train state's layout and the jitted step, assembled once: for train, bench and plan.
 
-    layout = lay_out(config, model=model, mesh=mesh, rules=rules, seed=seed, dur=dur)
+    layout = lay_out(model=model, mesh=mesh, rules=rules, seed=seed, make_opt=..., ema=...)
     step = jit_step(model=model, layout=layout, mesh=mesh, accum_steps=k)
     traced, compiled = compile_step(step, step_args(model=..., layout=..., mesh=..., ...))
     memory = flops.program_memory(compiled)  # flops.py: the one reader of its memory
 
 `model` is train_setup.make_model's Model (the module, loss, mixup, device augmentation and
 the distillation teacher); `mesh` a Mesh over real devices or abstract TPU/GPU ones, or an
-AbstractMesh (layout only). The trainer compiles what this module builds, and so does
+AbstractMesh (layout only). The optimizer comes in made (`make_opt`: optim.make for the
+trainer's config, a fixed AdamW for bench): this module reads no config, and imports
+without ml_collections (bench runs on a GPU host that has only jax, flax and optax). The trainer compiles what this module builds, and so does
 `plan --compile` for a TPU slice or a GPU host: tests/test_train_state.py holds the two to
 the same optimized program for every shipped config.
 """
 
 import dataclasses
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from big_vit_lite.trainer import ema as ema_lib
-from big_vit_lite.trainer import optim
 from big_vit_lite.runtime import sharding
+from big_vit_lite.trainer import ema as ema_lib
 from big_vit_lite.trainer import train_step
+
+
+@dataclasses.dataclass(frozen=True)
+class Model:
+  """The model, its loss and augmentations, and the batch it is trained on (train_setup.make_model's)."""
+
+  model_mod: object  # The module of the model family (load()).
+  model_kw: object  # config.model
+  module: nn.Module
+  loss_fn: object
+  init_head_bias: float | None
+  mixup_fn: object
+  device_aug_fn: object
+  batch_spec: dict
+  image_shape: tuple
+  init_params: object  # rng -> boxed params (logical axis names attached).
+  distill: object  # distill.Teacher (config.distill) or None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,7 +50,7 @@ class Layout:
   rng_train: jax.Array
   params_abstract: object
   params_sh: object
-  opt: object  # optim.make(...)
+  opt: object  # make_opt(params_abstract): optim.make's Optimizer
   opt_abstract: object
   opt_sh: object
   ema: object  # ema.Ema or None
@@ -39,12 +58,14 @@ class Layout:
   state_abstract: dict  # ShapeDtypeStructs with their shardings.
 
 
-def lay_out(config, *, model, mesh, rules, seed, dur, unsplit=None) -> Layout:
+def lay_out(
+    *, model, mesh, rules, seed, make_opt, ema=None, unsplit=None
+) -> Layout:
   """Shapes and shardings of params, optimizer state (and EMA), without computing any.
 
-  config: the run's (tracked) config, read for the optimizer and config.ema_decay;
-  dur: train_setup.Inputs.dur (the schedule's step counts); unsplit: a list that collects
-  the param dims the mesh does not divide (else they are logged as a warning).
+  make_opt: abstract params -> the optimizer (optim.make's Optimizer: tx, apply, lr_fn);
+  ema: ema.Ema (config.ema_decay) or None; unsplit: a list that collects the param dims
+  the mesh does not divide (else they are logged as a warning).
   """
   rng_init, rng_train = jax.random.split(jax.random.PRNGKey(seed))
   boxed_abstract = jax.eval_shape(model.init_params, rng_init)
@@ -52,7 +73,7 @@ def lay_out(config, *, model, mesh, rules, seed, dur, unsplit=None) -> Layout:
       boxed_abstract, mesh, rules, unsplit=unsplit
   )
   params_abstract = sharding.unbox(boxed_abstract)
-  opt = optim.make(config, params_abstract, **dur)
+  opt = make_opt(params_abstract)
   opt_abstract = jax.eval_shape(opt.tx.init, params_abstract)
   opt_sh = sharding.like_params_shardings(
       opt_abstract, params_abstract, params_sh, mesh
@@ -66,7 +87,6 @@ def lay_out(config, *, model, mesh, rules, seed, dur, unsplit=None) -> Layout:
       rng=jax.ShapeDtypeStruct((2,), jnp.uint32),
   )
   # An EMA of the weights in the state, if configured.
-  ema = ema_lib.from_config(config)
   if ema:
     state_sh[ema_lib.KEY] = params_sh
     state_shapes[ema_lib.KEY] = params_abstract
