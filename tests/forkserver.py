@@ -27,7 +27,9 @@ variables act at start-up), and whether the command is one of this package's
 (`-m big_vit_lite.X`: the package's __init__ sets TensorFlow's log level for
 those before TensorFlow loads). The variables the imports set
 (JAX_PLATFORMS=cpu, TF_CPP_MIN_LOG_LEVEL, ...) are set in the child too,
-unless its environment has them. Everything else is read later and passes
+unless its environment has them, and what they printed (TensorFlow's start-up
+lines) is printed again at the start of each child, where the caller sees it
+(tests/test_console.py looks for such noise). Everything else is read later and passes
 through: XLA_FLAGS is read when jax starts a backend, after the fork
 (tests/test_forkserver.py checks that a forked child gets the devices it asks
 for).
@@ -322,8 +324,7 @@ def serve(path, ours):
   preload = PRELOAD
   if PRELOAD_ENV in os.environ:
     preload = [m for m in os.environ[PRELOAD_ENV].split(",") if m]
-  for name in preload:
-    __import__(name)
+  printed = _printed_by(lambda: [__import__(name) for name in preload])
   set_by_imports = {k: v for k, v in os.environ.items() if before.get(k) != v}
   wake_r, wake_w = os.pipe()
   os.set_blocking(wake_w, False)
@@ -372,6 +373,8 @@ def serve(path, ours):
           for i, fd in enumerate(request.pop("fds")):
             os.dup2(fd, i)
             os.close(fd)
+          for fd, text in enumerate(printed, start=1):
+            os.write(fd, text)  # what the imports printed, as they would have
           request["set_by_imports"] = set_by_imports
           return request
         for fd in request["fds"]:
@@ -385,6 +388,29 @@ def serve(path, ours):
         r.close()
         _kill_group(pid)
         orphans.add(pid)
+
+
+def _printed_by(run):
+  """(stdout, stderr) bytes that `run()` printed, Python's and C++'s (TensorFlow's start-up lines)."""
+  import tempfile  # pylint: disable=import-outside-toplevel
+
+  printed = []
+  saved = [os.dup(1), os.dup(2)]
+  files = [tempfile.TemporaryFile(), tempfile.TemporaryFile()]
+  try:
+    for fd, f in enumerate(files, start=1):
+      os.dup2(f.fileno(), fd)
+    run()
+  finally:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    for fd, f in enumerate(files, start=1):
+      os.dup2(saved[fd - 1], fd)
+      os.close(saved[fd - 1])
+      f.seek(0)
+      printed.append(f.read())
+      f.close()
+  return printed
 
 
 def _kill_group(pid):

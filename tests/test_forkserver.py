@@ -208,3 +208,21 @@ def test_a_re_executed_interpreter_runs_in_the_zygote_of_its_environment(
     p = _run([script, "x"], real=real)
     assert p.returncode == 0, p.stderr
     assert p.stdout.split() == ["1", "['x']", str(not real)]
+
+
+def test_what_the_imports_print_reaches_each_caller(tmp_path):
+  """Guards: the start-up lines of a preloaded module (TensorFlow's) printed to the zygote's log
+  only, where a test that checks the log for them cannot see them."""
+  (tmp_path / "lib").mkdir()
+  (tmp_path / "lib" / "noisy.py").write_text(
+      "import os, sys\nos.write(2, b'C++ line\\n')\nprint('Python line')\n"
+  )
+  script = _script(tmp_path, "uses.py", "import noisy\nprint('main')\n")
+  env = _env(
+      PYTHONPATH=f"{tmp_path / 'lib'}:{os.environ.get('PYTHONPATH', '')}"
+  )
+  env[forkserver.PRELOAD_ENV] = "noisy"
+  runs = [_run([script], real=real, env=env) for real in (False, True, False)]
+  for p in runs:
+    assert p.returncode == 0, p.stderr
+    assert (p.stdout, p.stderr) == ("Python line\nmain\n", "C++ line\n")
