@@ -147,6 +147,8 @@ COMMANDS = [
         extra=("--only", "big_vit_lite.trainer.losses.x_get__mutmut_1"),
         slow=True,
     ),
+    # docs/testing.md: a test rerun without the fork server.
+    Cmd("python -m pytest", "run"),
     # Training (README, docs/training.md, configs/demo.py).
     Cmd(
         "python -m big_vit_lite.train --config=configs/demo.py",
