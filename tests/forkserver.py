@@ -15,7 +15,7 @@ place of `python ARGS...` (`command(argv)`, and the `python`/`python3` shims of
 `bin_dir()` for commands run by bash). It execs the real interpreter instead
 where the zygote cannot stand in: `-c`, interpreter flags, no argument,
 BVL_TEST_NO_FORKSERVER=1, no pytest run around it (BVL_TEST_BUILT_DIR unset), a
-module or script folder that would shadow a preloaded module with another
+process of a multi-process job (JAX_COORDINATOR_ADDRESS set), a module or script folder that would shadow a preloaded module with another
 file, or a zygote that failed to start.
 
 What is read at import time, and so keys the zygote (one per distinct value,
@@ -96,6 +96,11 @@ PRELOAD = (
     "big_vit_lite.export",
     "big_vit_lite.report",
     "big_vit_lite.data.prepare",
+    # (evaluate imports each evaluator type's module when it reads the evals)
+    "big_vit_lite.evaluators.classification",
+    "big_vit_lite.evaluators.fewshot",
+    "big_vit_lite.evaluators.linear_probe",
+    "big_vit_lite.evaluators.multilabel",
 )
 FORWARDED = (
     signal.SIGTERM,
@@ -237,7 +242,9 @@ def _die_like(status):
 def run_client(args, env):
   """Runs `python ARGS` in a child of the zygote for `env` and exits with its status (or execs)."""
   target = _target(args)
-  if target is None or not enabled():
+  # A process of a multi-process job (launch/local.sh) is alone with its
+  # JAX_PROCESS_ID, and its launcher stops it by process group.
+  if target is None or not enabled() or "JAX_COORDINATOR_ADDRESS" in env:
     _exec_real(args)
   kind, name = target
   ours = kind == "module" and name.startswith("big_vit_lite.")
@@ -471,10 +478,21 @@ def become(request):
   kind, name = _target(args)
   sys.argv = [name, *args[2 if kind == "module" else 1 :]]
   if kind == "module":
-    sys.modules.pop(name, None)  # run afresh as __main__, as `python -m` does
+    # Run afresh as __main__, as `python -m` does (its absl flags defined again).
+    sys.modules.pop(name, None)
+    _forget_flags_of(name)
     runpy.run_module(name, run_name="__main__", alter_sys=True)
   else:
     runpy.run_path(name, run_name="__main__")
+
+
+def _forget_flags_of(module_name):
+  """Drops the absl flags that the preloaded `module_name` defined at import."""
+  flags = sys.modules.get("absl.flags")
+  if flags is None:
+    return
+  for flag in list(flags.FLAGS.flags_by_module_dict().get(module_name, [])):
+    delattr(flags.FLAGS, flag.name)
 
 
 _real_execve = os.execve

@@ -226,3 +226,23 @@ def test_what_the_imports_print_reaches_each_caller(tmp_path):
   for p in runs:
     assert p.returncode == 0, p.stderr
     assert (p.stdout, p.stderr) == ("Python line\nmain\n", "C++ line\n")
+
+
+def test_a_preloaded_module_with_absl_flags_runs_as_main(tmp_path):
+  """Guards: `python -m MOD` of a preloaded module that defines absl flags at import failing
+  with DuplicateFlagError (big_vit_lite.data.prepare did)."""
+  (tmp_path / "lib").mkdir()
+  (tmp_path / "lib" / "flagged.py").write_text(textwrap.dedent("""
+      from absl import app, flags
+      WHO = flags.DEFINE_string("who", "nobody", "who")
+      WHERE = flags.DEFINE_string("where", "nowhere", "where")
+      if __name__ == "__main__":
+        app.run(lambda argv: print(WHO.value, WHERE.value))
+      """))
+  env = _env(
+      PYTHONPATH=f"{tmp_path / 'lib'}:{os.environ.get('PYTHONPATH', '')}"
+  )
+  env[forkserver.PRELOAD_ENV] = "flagged"
+  for real in (False, True):
+    p = _run(["-m", "flagged", "--who=me"], real=real, env=env)
+    assert (p.returncode, p.stdout) == (0, "me nowhere\n"), p.stderr
