@@ -15,8 +15,9 @@ place of `python ARGS...` (`command(argv)`, and the `python`/`python3` shims of
 `bin_dir()` for commands run by bash). It execs the real interpreter instead
 where the zygote cannot stand in: `-c`, interpreter flags, no argument,
 BVL_TEST_NO_FORKSERVER=1, no pytest run around it (BVL_TEST_BUILT_DIR unset), a
-process of a multi-process job (JAX_COORDINATOR_ADDRESS set), a module or script folder that would shadow a preloaded module with another
-file, or a zygote that failed to start.
+process of a multi-process job (JAX_COORDINATOR_ADDRESS set: alone with its
+JAX_PROCESS_ID), a module or script folder that would shadow a preloaded module
+with another file, or a zygote that failed to start.
 
 What is read at import time, and so keys the zygote (one per distinct value,
 started on first use by the client, reused, gone when the pytest run that made
@@ -29,8 +30,8 @@ those before TensorFlow loads). The variables the imports set
 (JAX_PLATFORMS=cpu, TF_CPP_MIN_LOG_LEVEL, ...) are set in the child too,
 unless its environment has them, and what they printed (TensorFlow's start-up
 lines) is printed again at the start of each child, where the caller sees it
-(tests/test_console.py looks for such noise). Everything else is read later and passes
-through: XLA_FLAGS is read when jax starts a backend, after the fork
+(tests/test_console.py looks for such noise). Everything else is read later
+and passes through: XLA_FLAGS is read when jax starts a backend, after the fork
 (tests/test_forkserver.py checks that a forked child gets the devices it asks
 for).
 
@@ -44,7 +45,9 @@ only the client: tests of that keep real processes.
 Fork safety: the zygote's imports leave two idle native threads (OpenBLAS's
 worker, which re-forms after a fork, and one of TensorFlow's, waiting on a
 futex); jax's and TensorFlow's runtimes start in the child, which runs the
-demo's training (tests/test_forkserver.py).
+demo's training (the `trained` run of tests/test_docs_commands.py) and the
+kill/resume tests' reference runs, whose losses and params match a real
+process's bit for bit (tests/test_grad_accum.py).
 
 A command that re-executes the interpreter (hostmem.use_huge_pages: the same
 command with GLIBC_TUNABLES set) is served by the zygote of its new
