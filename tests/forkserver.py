@@ -163,10 +163,12 @@ def _key_env(env, ours):
   return key
 
 
-def _socket_path(key):
+def socket_path(env, ours):
+  """Where the zygote for `env` listens (`ours`: for a `-m big_vit_lite.X`)."""
   import hashlib  # pylint: disable=import-outside-toplevel
 
-  digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()
+  key = json.dumps(_key_env(env, ours), sort_keys=True)
+  digest = hashlib.sha1(key.encode()).hexdigest()
   folder = os.path.join(os.environ["BVL_TEST_BUILT_DIR"], "forkserver")
   os.makedirs(folder, exist_ok=True)
   return os.path.join(folder, digest[:16] + ".sock")
@@ -186,7 +188,7 @@ def _zygote(env, ours):
   """A socket connected to the zygote of `env`, started first if none is; None if it cannot start."""
   import fcntl  # pylint: disable=import-outside-toplevel
 
-  path = _socket_path(_key_env(env, ours))
+  path = socket_path(env, ours)
   sock = _connect(path)
   if sock:
     return sock
@@ -362,6 +364,9 @@ def serve(path, ours):
       elif r is listener:
         conn, _ = listener.accept()
         request = _receive(conn)
+        if request is None:  # a client that died before its request
+          conn.close()
+          continue
         if _shadowed(_first_path(request)):
           for fd in request["fds"]:
             os.close(fd)
@@ -450,11 +455,20 @@ def _reap(children, orphans):
 
 
 def _receive(conn):
+  """The client's request (args, cwd, env) with its fds, or None if it sent none whole."""
   header, fds, _, _ = socket.recv_fds(conn, 8, 3)
-  (size,) = struct.unpack("!Q", header)
   data = b""
-  while len(data) < size:
-    data += conn.recv(size - len(data))
+  if len(header) == 8:
+    (size,) = struct.unpack("!Q", header)
+    while len(data) < size:
+      chunk = conn.recv(size - len(data))
+      if not chunk:
+        break
+      data += chunk
+  if len(fds) != 3 or not data or len(data) != size:
+    for fd in fds:
+      os.close(fd)
+    return None
   request = json.loads(data)
   request["fds"] = fds
   return request

@@ -8,6 +8,7 @@ preload forkserver.PRELOAD.
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -246,3 +247,17 @@ def test_a_preloaded_module_with_absl_flags_runs_as_main(tmp_path):
   for real in (False, True):
     p = _run(["-m", "flagged", "--who=me"], real=real, env=env)
     assert (p.returncode, p.stdout) == (0, "me nowhere\n"), p.stderr
+
+
+def test_a_client_that_dies_mid_request_leaves_the_zygote_serving(tmp_path):
+  """Guards: a zygote that ends on a client killed before its request was whole (every later
+  command would pay a new zygote's imports)."""
+  script = _script(tmp_path, "parent.py", "import os\nprint(os.getppid())\n")
+  zygote = _run([script]).stdout
+  path = forkserver.socket_path(_env(), False)
+  for partial in (b"", b"\0\0"):
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+      sock.connect(path)
+      sock.sendall(partial)
+  p = _run([script])
+  assert p.returncode == 0 and p.stdout == zygote, p.stderr
