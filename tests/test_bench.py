@@ -11,6 +11,7 @@ import pytest
 from big_vit_lite import bench
 from big_vit_lite.runtime import hostmem
 from big_vit_lite.runtime import sharding
+import forkserver
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
@@ -50,7 +51,7 @@ ISSUE_KEYS = {
 
 def _run(args, timeout=100):
   p = subprocess.run(
-      [sys.executable, *args],
+      forkserver.command([sys.executable, *args]),
       cwd=ROOT,
       capture_output=True,
       text=True,
@@ -150,13 +151,15 @@ def test_cli_prints_one_json_line_per_case():
 @pytest.mark.timeout(60)
 def test_cli_rejects_bad_flags_in_one_line():
   p = subprocess.run(
-      [
-          sys.executable,
-          "-m",
-          "big_vit_lite.bench",
-          "--variant=mu/8",
-          "--mesh=data",
-      ],
+      forkserver.command(
+          [
+              sys.executable,
+              "-m",
+              "big_vit_lite.bench",
+              "--variant=mu/8",
+              "--mesh=data",
+          ]
+      ),
       cwd=ROOT,
       capture_output=True,
       text=True,
@@ -215,18 +218,20 @@ def test_bench_model_train_only_scan_and_grad_accum():
 @pytest.mark.timeout(90)
 def test_cli_out_of_memory_is_one_line():
   p = subprocess.run(
-      [
-          sys.executable,
-          "-m",
-          "big_vit_lite.bench",
-          "--variant=mu/16",
-          "--res=32",
-          "--batch=50000000",
-          "--mode=infer",
-          "--steps=1",
-          "--warmup=0",
-          "--calib_n=64",
-      ],
+      forkserver.command(
+          [
+              sys.executable,
+              "-m",
+              "big_vit_lite.bench",
+              "--variant=mu/16",
+              "--res=32",
+              "--batch=50000000",
+              "--mode=infer",
+              "--steps=1",
+              "--warmup=0",
+              "--calib_n=64",
+          ]
+      ),
       cwd=ROOT,
       capture_output=True,
       text=True,
@@ -411,14 +416,16 @@ def test_gpu_bench_smoke_runs_on_cpu(tmp_path):
 @pytest.mark.timeout(120)
 def test_gpu_bench_stops_at_its_deadline(tmp_path):
   p = subprocess.run(
-      [
-          sys.executable,
-          os.path.join(ROOT, "benchmarks", "gpu_bench.py"),
-          "--smoke",
-          "--only=main",
-          "--budget_s=1",
-          "--results_md=none",
-      ],
+      forkserver.command(
+          [
+              sys.executable,
+              os.path.join(ROOT, "benchmarks", "gpu_bench.py"),
+              "--smoke",
+              "--only=main",
+              "--budget_s=1",
+              "--results_md=none",
+          ]
+      ),
       cwd=tmp_path,
       capture_output=True,
       text=True,
@@ -492,12 +499,14 @@ def test_bench_runs_from_a_checkout_without_tensorflow_and_friends(tmp_path):
 @pytest.mark.timeout(200)
 def test_gpu_profile_summarises_a_trace_of_the_timed_steps(tmp_path):
   p = subprocess.run(
-      [
-          sys.executable,
-          os.path.join("benchmarks", "gpu_profile.py"),
-          "--smoke",
-          f"--trace_dir={tmp_path}",
-      ],
+      forkserver.command(
+          [
+              sys.executable,
+              os.path.join("benchmarks", "gpu_profile.py"),
+              "--smoke",
+              f"--trace_dir={tmp_path}",
+          ]
+      ),
       cwd=ROOT,
       capture_output=True,
       text=True,
@@ -555,14 +564,16 @@ def test_gpu_bench_skips_timm_in_one_line_without_torch(tmp_path):
     )
   os.chmod(python, 0o755)
   p = subprocess.run(
-      [
-          sys.executable,
-          os.path.join(ROOT, "benchmarks", "gpu_bench.py"),
-          "--smoke",
-          "--only=timm",
-          f"--timm_python={python}",
-          "--results_md=none",
-      ],
+      forkserver.command(
+          [
+              sys.executable,
+              os.path.join(ROOT, "benchmarks", "gpu_bench.py"),
+              "--smoke",
+              "--only=timm",
+              f"--timm_python={python}",
+              "--results_md=none",
+          ]
+      ),
       cwd=tmp_path,
       capture_output=True,
       text=True,
@@ -577,14 +588,16 @@ def test_gpu_bench_skips_timm_in_one_line_without_torch(tmp_path):
 @pytest.mark.timeout(60)
 def test_bench_cli_bad_remat_is_one_line_not_a_traceback():
   r = subprocess.run(
-      [
-          sys.executable,
-          "-m",
-          "big_vit_lite.bench",
-          "--variant=mu/8",
-          "--res=16",
-          "--remat=bogus",
-      ],
+      forkserver.command(
+          [
+              sys.executable,
+              "-m",
+              "big_vit_lite.bench",
+              "--variant=mu/8",
+              "--res=16",
+              "--remat=bogus",
+          ]
+      ),
       cwd=ROOT,
       capture_output=True,
       text=True,

@@ -25,6 +25,7 @@ from big_vit_lite.trainer import optim
 from big_vit_lite.logs import metrics
 from big_vit_lite import train
 
+import forkserver
 import trainer_runs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -331,7 +332,7 @@ def test_other_clis_say_config_file_mistakes_in_one_line(cli, extra, tmp_path):
   ]
   for args, want in cases:
     p = subprocess.run(
-        [sys.executable, "-m", cli, *args, *extra],
+        forkserver.command([sys.executable, "-m", cli, *args, *extra]),
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -58,6 +58,7 @@ from PIL import Image
 
 from test_launch import FAKE_GCLOUD
 from test_packaging import build_tree
+import forkserver
 import shared_dirs
 import trainer_runs
 
@@ -146,13 +147,19 @@ COMMANDS = [
         extra=("--only", "big_vit_lite.trainer.losses.x_get__mutmut_1"),
         slow=True,
     ),
+    # docs/testing.md: a test rerun without the fork server.
+    Cmd("python -m pytest", "run"),
     # Training (README, docs/training.md, configs/demo.py).
     Cmd(
         "python -m big_vit_lite.train --config=configs/demo.py",
         "run",
         runlocal=True,
-        # (runlocal's steps, over a documented N)
-        extra=("--config.total_steps=6",),
+        # (runlocal's steps, over a documented N; the pixel baseline, ~6 s of
+        # CPU, is checked by the `trained` run of demo:runlocal)
+        extra=(
+            "--config.total_steps=6",
+            "--config.evals.fewshot.pixel_baseline=False",
+        ),
         slow=True,
     ),
     Cmd(
@@ -642,7 +649,11 @@ def _run_once(key, cmd, **kwargs):
 
   def run(folder):
     proc = subprocess.run(
-        cmd, capture_output=True, text=True, check=False, **kwargs
+        forkserver.command(cmd),
+        capture_output=True,
+        text=True,
+        check=False,
+        **kwargs,
     )
     with open(os.path.join(folder, "result.json"), "w") as f:
       json.dump(
@@ -718,8 +729,10 @@ def test_documented_command_runs(
   env = dict(os.environ, TFDS_DATA_DIR=tfds_data_dir)
   env.update(block_env)
   env.update(env_vars)
-  # `python` = this venv's
+  # `python` = this venv's, through the fork server (tests/forkserver.py)
   env["PATH"] = f"{os.path.dirname(sys.executable)}:{env['PATH']}"
+  if forkserver.enabled():
+    env["PATH"] = f"{forkserver.bin_dir()}:{env['PATH']}"
   # where --out / --workdir go (a file's folder must exist)
   (tmp_path / "out").mkdir()
   if row.copy:

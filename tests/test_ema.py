@@ -24,6 +24,7 @@ from big_vit_lite.trainer import ema as ema_lib
 from big_vit_lite.trainer import train_setup
 import checks
 from trainer_runs import ROOT, env_for, flatten, read_losses, run_train, start_train, tiny_run, wait_for_step
+import forkserver
 
 TRANSFER = os.path.join(ROOT, "configs", "transfer.py")
 
@@ -150,15 +151,17 @@ def test_finetune_with_ema_killed_and_resumed_is_bit_identical(
   ]
   out = str(tmp_path / "classify")
   r = subprocess.run(
-      [
-          sys.executable,
-          "-m",
-          "big_vit_lite.evaluate",
-          "--config=configs/classify.py:data=mnist10k,res=42,runlocal",
-          f"--workdir={out}",
-          f"--config.model_init={ref}",
-          "--config.use_ema=True",
-      ],
+      forkserver.command(
+          [
+              sys.executable,
+              "-m",
+              "big_vit_lite.evaluate",
+              "--config=configs/classify.py:data=mnist10k,res=42,runlocal",
+              f"--workdir={out}",
+              f"--config.model_init={ref}",
+              "--config.use_ema=True",
+          ]
+      ),
       env=env_for(tfds_data_dir),
       cwd=ROOT,
       capture_output=True,
@@ -173,14 +176,16 @@ def test_finetune_with_ema_killed_and_resumed_is_bit_identical(
 
   npz = str(tmp_path / "ema.npz")
   r = subprocess.run(
-      [
-          sys.executable,
-          "-m",
-          "big_vit_lite.export",
-          f"--src={ref}",
-          f"--out={npz}",
-          "--params=ema",
-      ],
+      forkserver.command(
+          [
+              sys.executable,
+              "-m",
+              "big_vit_lite.export",
+              f"--src={ref}",
+              f"--out={npz}",
+              "--params=ema",
+          ]
+      ),
       env=env_for(tfds_data_dir),
       cwd=ROOT,
       capture_output=True,

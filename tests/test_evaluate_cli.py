@@ -22,6 +22,7 @@ from big_vit_lite.models import vit
 from big_vit_lite.models import loading
 
 import evaluator_fixtures
+import forkserver
 import trainer_runs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -35,7 +36,7 @@ def _run(args, data_dir, timeout, devices=1):
       XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
   )
   return subprocess.run(
-      [sys.executable, "-m", *args],
+      forkserver.command([sys.executable, "-m", *args]),
       cwd=REPO,
       env=env,
       capture_output=True,

@@ -16,6 +16,7 @@ from big_vit_lite.planner import assemble
 from big_vit_lite.planner import plan
 from big_vit_lite.planner import report as plan_report
 from big_vit_lite.planner import formulas as plan_formulas
+import forkserver
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -45,7 +46,7 @@ def _run_plan(*args, timeout=240):
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   env.pop("XLA_FLAGS", None)
   return subprocess.run(
-      [sys.executable, "-m", "big_vit_lite.plan", *args],
+      forkserver.command([sys.executable, "-m", "big_vit_lite.plan", *args]),
       cwd=REPO,
       env=env,
       capture_output=True,

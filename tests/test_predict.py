@@ -16,6 +16,7 @@ from big_vit_lite.models import layout
 from big_vit_lite.models import vit
 from big_vit_lite.models import loading
 from trainer_runs import ROOT, env_for, tiny_run
+import forkserver
 
 FASHION = [
     "T-shirt/top",
@@ -53,7 +54,7 @@ def trained(tfds_data_dir, tmp_path_factory):
 
 def _predict(data_dir, *args):
   return subprocess.run(
-      [sys.executable, "-m", "big_vit_lite.predict", *args],
+      forkserver.command([sys.executable, "-m", "big_vit_lite.predict", *args]),
       env=env_for(data_dir, devices=2),
       cwd=ROOT,
       capture_output=True,

@@ -20,6 +20,7 @@ from big_vit_lite import report
 from big_vit_lite.logs import summary
 import trainer_runs
 from test_bucket_workdir import fake_bucket  # pylint: disable=unused-import
+import forkserver
 
 # val/prec@1, val/prec@5, val/loss at steps 6 and 12
 EVALS = trainer_runs.TINY + ":evals"
@@ -130,14 +131,16 @@ def test_report_of_a_killed_and_resumed_run_overlaid(
   assert resumed_at in (10, 20)
   out = tmp_path / "compare"
   p = subprocess.run(
-      [
-          sys.executable,
-          "-m",
-          "big_vit_lite.report",
-          finished_run,
-          workdir,
-          f"--out={out}",
-      ],
+      forkserver.command(
+          [
+              sys.executable,
+              "-m",
+              "big_vit_lite.report",
+              finished_run,
+              workdir,
+              f"--out={out}",
+          ]
+      ),
       cwd=trainer_runs.ROOT,
       capture_output=True,
       text=True,
@@ -283,7 +286,7 @@ def test_one_line_errors(tmp_path, tfds_data_dir):
       PYTHONPATH=f"{shadow.parent}:{trainer_runs.ROOT}",
   )
   p = subprocess.run(
-      [sys.executable, "-m", "big_vit_lite.report", run],
+      forkserver.command([sys.executable, "-m", "big_vit_lite.report", run]),
       cwd=trainer_runs.ROOT,
       env=env,
       capture_output=True,

@@ -12,6 +12,7 @@ import pytest
 
 from big_vit_lite.logs import metrics
 from big_vit_lite.logs import summary
+import forkserver
 import trainer_runs
 
 
@@ -140,12 +141,14 @@ def test_preempted_then_resumed_run(tfds_data_dir, tmp_path):
   )
   args = shlex.split(s["commands"]["evaluate"])[1:]
   p = subprocess.run(
-      [
-          sys.executable,
-          *args,
-          "--config.evals.fewshot.num_seeds=1",
-          "--config.evals.fewshot.shots=(1,)",
-      ],
+      forkserver.command(
+          [
+              sys.executable,
+              *args,
+              "--config.evals.fewshot.num_seeds=1",
+              "--config.evals.fewshot.shots=(1,)",
+          ]
+      ),
       env=trainer_runs.env_for(tfds_data_dir),
       cwd=trainer_runs.ROOT,
       capture_output=True,

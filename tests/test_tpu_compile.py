@@ -16,6 +16,7 @@ from big_vit_lite.planner import plan
 from big_vit_lite.planner import report as plan_report
 from big_vit_lite.planner import tpu as tpu_compile
 from big_vit_lite.models import vit
+import forkserver
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 needs_libtpu = pytest.mark.skipif(
@@ -265,7 +266,7 @@ def test_cli_prints_the_report_and_one_line_errors():
 
   def run(*args):
     return subprocess.run(
-        [sys.executable, "-m", "big_vit_lite.plan", *args],
+        forkserver.command([sys.executable, "-m", "big_vit_lite.plan", *args]),
         cwd=REPO,
         env=env,
         capture_output=True,

@@ -9,6 +9,7 @@ import time
 import numpy as np
 
 from big_vit_lite.trainer import checkpoint
+import forkserver
 import shared_dirs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -44,7 +45,7 @@ def run_train(
     data_dir, workdir, *overrides, config=TINY, devices=1, timeout=300
 ):
   return subprocess.run(
-      train_cmd(workdir, config, *overrides),
+      forkserver.command(train_cmd(workdir, config, *overrides)),
       env=env_for(data_dir, devices),
       cwd=ROOT,
       capture_output=True,
@@ -116,7 +117,9 @@ def last_logged_step(workdir):
 
 
 def start_train(data_dir, workdir, *overrides, config=TINY):
-  """The trainer started in the background (its stderr a pipe), for a test to stop or kill."""
+  """The trainer started in the background (its stderr a pipe), for a test to stop or kill: a real
+  process, not the fork server's (a test may kill it and start another on its workdir at once).
+  """
   return subprocess.Popen(
       train_cmd(workdir, config, *overrides),
       env=env_for(data_dir),
