@@ -8,6 +8,9 @@ saved arrays themselves, and the one-line messages spelled out for a changed
 model, a changed optimizer and a damaged step.
 """
 
+import logging
+import shutil
+
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -65,21 +68,39 @@ def saved(tmp_path_factory):
 @pytest.mark.parametrize("saved_clip", [True, False])
 @pytest.mark.parametrize("now_clip", [True, False])
 def test_grad_clip_on_or_off_resumes_with_the_saved_layout(
-    saved, saved_clip, now_clip
+    saved, saved_clip, now_clip, caplog
 ):
   """Guards: the clip setting of the checkpoint (saved_clipped) lost or
   inverted when it differs from this run's (session 21's regression: the
   restore then asks orbax for the other layout and fails), a changed clip
   setting refused, or the optimizer state restored into the wrong slots.
   Oracle: the truth table (whatever now_clip is, the checkpoint's setting
-  comes back) and the saved arrays, bit for bit, in this run's layout."""
+  comes back, said in one log line when it differs) and the saved arrays,
+  bit for bit, in this run's layout."""
   workdir, state = saved[saved_clip]
   params = _params()
   opt = _opt(1.0 if now_clip else None, params)
   ckpt = checkpoint.Checkpointer(str(workdir), async_save=False)
   abstract = _abstract(_state(opt, params))
-  got = resume.check_resumable(ckpt, 1, abstract, opt)
+  with caplog.at_level(logging.INFO, logger="absl"):
+    got = resume.check_resumable(ckpt, 1, abstract, opt)
   assert got is saved_clip
+  said = [
+      r.getMessage()
+      for r in caplog.records
+      if "gradient clipping" in r.getMessage()
+  ]
+  if saved_clip == now_clip:
+    assert not said
+  else:
+    saved_how, now_how = (
+        ("with", "does not clip") if saved_clip else ("without", "clips")
+    )
+    assert said == [
+        f"The checkpoint at step 1 was saved {saved_how} gradient clipping; this "
+        f"run {now_how} (config.grad_clip_norm): its optimizer state carries "
+        "over as it is."
+    ]
   restored, data = resume.restore(
       ckpt, 1, resume.with_opt_layout(abstract, opt, got)
   )
@@ -141,7 +162,8 @@ def test_another_model_or_optimizer_is_one_line_naming_the_change(saved):
 def test_a_damaged_step_names_the_older_one_to_resume_from(tmp_path):
   """Guards: the one line for an unreadable checkpoint pointing at the wrong
   step (a newer one, or none when an older one exists), or the reason cut
-  elsewhere than at 300 characters."""
+  elsewhere than at 300 characters, a deleted step's files reported other
+  than in that line; the line naming the last complete checkpoint."""
   ckpt = checkpoint.Checkpointer(str(tmp_path), async_save=False)
   params = _params()
   state = _state(_opt(None, params), params)
@@ -155,6 +177,46 @@ def test_a_damaged_step_names_the_older_one_to_resume_from(tmp_path):
       "from step 5."
   )
   first = resume.damaged(ckpt, 2, OSError("gone"))
-  assert first.endswith(f"move it out of {ckpt.directory} to start afresh.")
-  assert "(gone)" in first
+  assert first == (
+      f"Cannot read checkpoint {ckpt.step_dir(2)} (gone); if it is damaged, "
+      f"move it out of {ckpt.directory} to start afresh."
+  )
+  # Files deleted after the save: check_resumable says so in the same line.
+  shutil.rmtree(step_dir / "state")
+  opt = _opt(None, params)
+  with pytest.raises(resume.TrainingError) as e:
+    resume.check_resumable(ckpt, 9, _abstract(state), opt)
+  assert str(e.value).startswith(f"Cannot read checkpoint {step_dir} (")
+  assert str(e.value).endswith(
+      f"(e.g. to {step_dir}.damaged) to resume from step 5."
+  )
   ckpt.close()
+  assert resume.last_checkpoint(tmp_path) == (
+      f"the last complete checkpoint is step 9 in {ckpt.directory}: run the "
+      "same command to resume"
+  )
+  assert resume.last_checkpoint(tmp_path, "free some disk space") == (
+      f"the last complete checkpoint is step 9 in {ckpt.directory}: free some "
+      "disk space and run the same command to resume"
+  )
+  empty = tmp_path / "empty"
+  assert resume.last_checkpoint(empty) == (
+      f"no checkpoint was saved in {empty / 'checkpoints'}: run the same "
+      "command to start again"
+  )
+
+
+def test_a_failing_close_on_the_way_out_is_logged_not_raised(caplog):
+  """Guards: the error of the save in flight hiding the run's own error
+  (raised from finish_saves), or not said at all."""
+
+  class Failing:
+
+    def close(self):
+      raise checkpoint.SaveError("disk full")
+
+  with caplog.at_level(logging.ERROR, logger="absl"):
+    resume.finish_saves(Failing())
+  assert [r.getMessage() for r in caplog.records] == [
+      "The checkpoint save in flight did not complete: disk full"
+  ]
