@@ -144,3 +144,20 @@ def test_a_state_of_another_run_is_refused_or_said_in_one_line(tiny, caplog):
       "48: resuming at example 12 per shard of different data"
   ]
   assert it.get_state()["examples_per_shard"] == 12
+
+
+def test_raw_cache_reads_the_files_once(tmp_path):
+  """Guards: cache="raw" not taking effect (a misspelt comparison): every
+  epoch reads the files again, the input-bound run the cache is for stays
+  input-bound. Oracle: the files deleted after the first batch, three more
+  epochs still come, and the same ids in each epoch."""
+  data_fixtures.prepare_tiny_ids(str(tmp_path))
+  c = dict(_cfg(str(tmp_path), split="train[:8]", batch_size=4), cache="raw")
+  it = ip.make_train_iterator(c, seed=1, process_index=0, process_count=1)
+  first = [next(it)["id"]]
+  for f in tmp_path.rglob("*.tfrecord*"):
+    f.unlink()
+  batches = first + [next(it)["id"] for _ in range(7)]
+  epochs = [np.sort(np.concatenate(batches[i : i + 2])) for i in (0, 2, 4, 6)]
+  for ids in epochs[1:]:
+    np.testing.assert_array_equal(ids, epochs[0])
