@@ -10,6 +10,7 @@ padding rows must not be sampled), classes that overlap (accuracy well
 between chance and 1, different per seed), two seeds and two shot counts.
 """
 
+import logging
 import re
 
 import numpy as np
@@ -193,7 +194,7 @@ def test_class_ids_are_positions_among_the_train_classes_by_hand():
     fewshot.class_ids(np.array([4, 30]), np.array([0, 1, 2, 3, 5, 6]), "x")
 
 
-def test_second_pass_forwards_only_the_sampled_rows(monkeypatch):
+def test_second_pass_forwards_only_the_sampled_rows(monkeypatch, caplog):
   """Guards: the second pass forwarding more than the samples' union (the
   whole train split, or extra batches of padding: a batch of forward passes
   per dataset per eval wasted). By hand: 1 shot, 1 seed, 3 classes: 3 rows,
@@ -211,6 +212,9 @@ def test_second_pass_forwards_only_the_sampled_rows(monkeypatch):
       yield batch
 
   monkeypatch.setattr(fewshot.feats, "select_batches", spy)
-  _evaluator(shots=(1,), num_seeds=1).run({})
+  with caplog.at_level(logging.DEBUG, logger="absl"):
+    _evaluator(shots=(1,), num_seeds=1).run({})
   assert [int(b["_mask"].sum()) for b in forwarded] == [3]
+  # The per-seed line of --verbosity=1 names the dataset, shot and seed.
+  assert "fewshot toy 1-shot seed 0: " in caplog.text
   assert len(forwarded[0]["_mask"]) == 8
