@@ -49,7 +49,9 @@ from mutmut.utils.format_utils import get_mutant_name
 import scipy.stats
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
-LINKED = ("big_vit_lite", "tests", "configs", "pytest.ini")
+# docs/: tests that run the commands and ops the docs show read it (mutmut's
+# mutants/ copy holds only what [tool.mutmut] also_copy names).
+LINKED = ("big_vit_lite", "tests", "configs", "docs", "pytest.ini")
 
 
 def _toml_value(value):

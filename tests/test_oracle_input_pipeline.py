@@ -9,6 +9,8 @@ just after an epoch boundary.
 """
 
 import json
+import logging
+import re
 
 import numpy as np
 import pytest
@@ -111,3 +113,51 @@ def test_an_example_is_augmented_afresh_each_epoch(tiny):
   assert sum(same) <= 2, same
   same = [np.array_equal(by_id[0][i], by_id[2][i]) for i in by_id[0]]
   assert sum(same) <= 2, same
+
+
+def test_a_state_of_another_run_is_refused_or_said_in_one_line(tiny, caplog):
+  """Guards: a saved position of another shard count or seed taken (other
+  data in another order, silently), the refusal naming the wrong config key,
+  and a split of another size resumed without a word (or a word naming the
+  wrong sizes or position). By hand: a split of 40 saved, one of 48 now."""
+  c = _cfg(tiny, split="train[:48]", batch_size=4)
+  it = ip.make_train_iterator(c, seed=2, process_index=0, process_count=1)
+  state = dict(it.get_state(), num_shards=4)
+  with pytest.raises(
+      ValueError,
+      match=re.escape(
+          "data iterator state was saved with num_shards=4 but this run has 1; "
+          "set input.num_shards=4 to resume the same data order"
+      ),
+  ):
+    it.set_state(state)
+  state = dict(it.get_state(), seed=5)
+  with pytest.raises(
+      ValueError, match=re.escape("set config.seed=5 to resume")
+  ):
+    it.set_state(state)
+  state = dict(it.get_state(), num_examples=40, examples_per_shard=12)
+  with caplog.at_level(logging.WARNING, logger="absl"):
+    it.set_state(state)
+  assert [r.getMessage() for r in caplog.records] == [
+      "data iterator state was saved for a split of 40 examples, this one has "
+      "48: resuming at example 12 per shard of different data"
+  ]
+  assert it.get_state()["examples_per_shard"] == 12
+
+
+def test_raw_cache_reads_the_files_once(tmp_path):
+  """Guards: cache="raw" not taking effect (a misspelt comparison): every
+  epoch reads the files again, the input-bound run the cache is for stays
+  input-bound. Oracle: the files deleted after the first batch, three more
+  epochs still come, and the same ids in each epoch."""
+  data_fixtures.prepare_tiny_ids(str(tmp_path))
+  c = dict(_cfg(str(tmp_path), split="train[:8]", batch_size=4), cache="raw")
+  it = ip.make_train_iterator(c, seed=1, process_index=0, process_count=1)
+  first = [next(it)["id"]]
+  for f in tmp_path.rglob("*.tfrecord*"):
+    f.unlink()
+  batches = first + [next(it)["id"] for _ in range(7)]
+  epochs = [np.sort(np.concatenate(batches[i : i + 2])) for i in (0, 2, 4, 6)]
+  for ids in epochs[1:]:
+    np.testing.assert_array_equal(ids, epochs[0])

@@ -8,6 +8,8 @@ for that many draws (flip_lr: 400 draws, p = 0.5, SE 0.025; random_crop:
 offsets uniform over every position).
 """
 
+import re
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -127,3 +129,17 @@ def test_inception_crop_is_a_resized_random_crop_of_the_right_area_and_ratio():
     crop = _run("inception_crop(area_min=50, area_max=60)", COORDS, seed)
     area = crop.shape[0] * crop.shape[1] / (H * W)
     assert 0.47 <= area <= 0.63 or area == 1.0, area
+
+
+@pytest.mark.parametrize("op", ["central_crop", "random_crop"])
+def test_a_crop_larger_than_images_of_known_size_is_one_line(op):
+  """Guards: the error for images of a known size smaller than the crop
+  turned into another exception, or naming the wrong sizes or the wrong
+  resize (the crop's larger side is what resize_small must reach). By hand:
+  4x5 images, a 3x6 crop."""
+  message = (
+      f"{op}: the 4x5 images are smaller than the crop 3x6; resize (e.g. "
+      "resize_small(6)) before it"
+  )
+  with pytest.raises(ValueError, match=re.escape(message)):
+    _run(f"{op}((3, 6))", np.zeros((4, 5, 3), np.uint8))

@@ -96,6 +96,18 @@ def _by_hand(state, batch, loss_of_out=None):
   return value, grads, params, grad_norm, images
 
 
+def _augmented_update_fn(**more):
+  """The step of _by_hand: the tiny model, SGD, MSE, augmentation and mixup."""
+  return train_step.make_update_fn(
+      model=_Tiny(),
+      opt=_opt(),
+      loss_fn=_mse,
+      mixup_fn=_mixup,
+      device_aug_fn=_augment,
+      **more,
+  )
+
+
 def _close(a, b):
   assert jax.tree.structure(a) == jax.tree.structure(b)
   for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
@@ -109,13 +121,7 @@ def test_step_matches_the_hand_written_step():
   learning rate of step+1), step not +1, the rng changed, the optimizer given
   the old gradients or params. Oracle: the same step in straight-line jax."""
   state, batch = _setup()
-  update = train_step.make_update_fn(
-      model=_Tiny(),
-      opt=_opt(),
-      loss_fn=_mse,
-      mixup_fn=_mixup,
-      device_aug_fn=_augment,
-  )
+  update = _augmented_update_fn()
   new_state, m = update(state, batch)
   value, _, params, grad_norm, _ = _by_hand(state, batch)
   assert sorted(new_state) == ["opt_state", "params", "rng", "step"]
@@ -198,14 +204,7 @@ def test_teacher_sees_the_augmented_images_and_makes_the_loss():
           (out["pre_logits"].sum(axis=1) - step_batch["teacher"]) ** 2
       )
 
-  update = train_step.make_update_fn(
-      model=_Tiny(),
-      opt=_opt(),
-      loss_fn=_mse,
-      mixup_fn=_mixup,
-      device_aug_fn=_augment,
-      distill=Teacher(),
-  )
+  update = _augmented_update_fn(distill=Teacher())
   new_state, m = update(state, batch, 2.0)
 
   def by_hand(out, images):
