@@ -336,6 +336,11 @@ def serve(path, ours):
   preload = PRELOAD
   if PRELOAD_ENV in os.environ:
     preload = [m for m in os.environ[PRELOAD_ENV].split(",") if m]
+  if ours:
+    # The package's __init__ first, as in `python -m big_vit_lite.X`: it sets
+    # TensorFlow's start-up settings (TF_ENABLE_ONEDNN_OPTS=0: no oneDNN, and no
+    # banner) before anything imports TensorFlow.
+    preload = ["big_vit_lite", *preload]
   printed = _printed_by(lambda: [__import__(name) for name in preload])
   set_by_imports = {k: v for k, v in os.environ.items() if before.get(k) != v}
   wake_r, wake_w = os.pipe()
