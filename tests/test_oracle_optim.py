@@ -44,19 +44,21 @@ def _vit_like_params(depth=3):
   return params
 
 
+def _plain_sgd(params, **config):
+  """optim.make for plain SGD (no momentum), lr 0.1 on a constant schedule,
+  10 steps; `config` adds keys or replaces those."""
+  sgd = dict(
+      lr=0.1,
+      optax_name="sgd",
+      optax=dict(momentum=None),
+      schedule=dict(decay_type="constant"),
+  )
+  return optim.make(_cfg(**(sgd | config)), params, total_steps=10)
+
+
 def _sgd_step_moves(params, **config):
   """{name: how far one plain-SGD step with gradients 1 moves each param}."""
-  opt = optim.make(
-      _cfg(
-          lr=0.1,
-          optax_name="sgd",
-          optax=dict(momentum=None),
-          schedule=dict(decay_type="constant"),
-          **config,
-      ),
-      params,
-      total_steps=10,
-  )
+  opt = _plain_sgd(params, **config)
   grads = jax.tree.map(jnp.ones_like, params)
   new, _ = opt.apply(params, grads, opt.tx.init(params))
   return _flat(new)
@@ -243,16 +245,11 @@ def test_gradient_clip_is_optax_global_norm_of_the_trainable_grads():
   the clip dropped. Oracle: optax.clip_by_global_norm on the trainable
   gradients alone, then plain SGD by hand."""
   params = {"body": jnp.zeros((3,)), "head": jnp.zeros((2,))}
-  opt = optim.make(
-      _cfg(
-          lr=1.0,
-          optax_name="sgd",
-          optax=dict(momentum=None),
-          grad_clip_norm=1.0,
-          schedule=[("body", None), ("head", dict(decay_type="constant"))],
-      ),
+  opt = _plain_sgd(
       params,
-      total_steps=10,
+      lr=1.0,
+      grad_clip_norm=1.0,
+      schedule=[("body", None), ("head", dict(decay_type="constant"))],
   )
   grads = {"body": jnp.full((3,), 100.0), "head": jnp.array([3.0, 4.0])}
   new, _ = opt.apply(params, grads, opt.tx.init(params))
@@ -273,16 +270,7 @@ def test_bfloat16_params_get_bfloat16_updates_rounded_once_there():
   p = rng.normal(size=(256,)).astype(ml_dtypes.bfloat16)
   g = rng.normal(size=(256,)).astype(ml_dtypes.bfloat16)
   params, grads = {"w": jnp.asarray(p)}, {"w": jnp.asarray(g)}
-  opt = optim.make(
-      _cfg(
-          lr=0.1,
-          optax_name="sgd",
-          optax=dict(momentum=None),
-          schedule=dict(decay_type="constant"),
-      ),
-      params,
-      total_steps=10,
-  )
+  opt = _plain_sgd(params)
   state = opt.tx.init(params)
   updates, _ = opt.tx.update(grads, state, params)
   assert updates["w"].dtype == jnp.bfloat16
