@@ -596,9 +596,11 @@ def main():
   spent_until = time.time()
   rows = []
   out_dir = os.environ.get("OUT")
-  jsonl = (
-      open(os.path.join(out_dir, "gpu_bench.jsonl"), "a") if out_dir else None
-  )
+  jsonl = None
+  if out_dir:
+    # $OUT names where the results go: made if it is not there yet.
+    os.makedirs(out_dir, exist_ok=True)
+    jsonl = open(os.path.join(out_dir, "gpu_bench.jsonl"), "a")
 
   def log(d):
     _log_line(d)

@@ -252,13 +252,15 @@ Layout = train_state.Layout
 
 def lay_out_state(config, *, job, inputs, model) -> Layout:
   """Shapes and shardings of params, optimizer state (and EMA), without computing any."""
-  layout = train_state.lay_out(
+  from big_vit_lite.trainer import train_setup  # pylint: disable=g-import-not-at-top (_train's)
+
+  layout = train_setup.lay_out(
+      config,
       model=model,
       mesh=job.mesh,
       rules=job.rules,
       seed=job.seed,
-      make_opt=functools.partial(optim.make, config, **inputs.dur),
-      ema=ema_lib.from_config(config),
+      dur=inputs.dur,
   )
   params_abstract = layout.params_abstract
   num_params, table = metrics_lib.parameter_overview(params_abstract)

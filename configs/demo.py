@@ -167,7 +167,13 @@ def make_config(*, runlocal):
     config.ckpt_steps = 3
     config.evals.val.log_steps = 6
     config.evals.val.batch_size = 100
+    # Slices of the test sets: a smoke run's evals check the path, not the
+    # number (the full sets cost a tiny run more than its training).
+    config.evals.val.data.split = "test[:1000]"
     config.evals.fewshot.log_steps = 6
     config.evals.fewshot.num_seeds = 1
     config.evals.fewshot.shots = (1,)
+    for name in config.evals.fewshot.datasets:
+      config.evals.fewshot.datasets[name].train_split = "train[:1000]"
+      config.evals.fewshot.datasets[name].test_split = "test[:500]"
   return config

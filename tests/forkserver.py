@@ -199,6 +199,9 @@ def _zygote(env, ours):
       return sock
     if os.path.exists(path):
       os.unlink(path)
+    # What keyed it, for a reader counting the zygotes of a run.
+    with open(path + ".key", "w") as f:
+      json.dump(_key_env(env, ours), f, sort_keys=True, indent=1)
     with open(path + ".log", "ab") as log:
       server = subprocess.Popen(
           [sys.executable, HERE, "--serve", path, str(ours)],

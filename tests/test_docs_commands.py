@@ -300,7 +300,11 @@ COMMANDS = [
         extra=("--batch=2", "--res=32", "--steps=1", "--warmup=0"),
         slow=True,
     ),
-    Cmd("bash benchmarks/gpu_bench.sh", "run", args=("--smoke",), slow=True),
+    Cmd(
+        "bash benchmarks/gpu_bench.sh",
+        "help",
+        why="one NVIDIA GPU; tests/test_bench.py runs it with --smoke (every group) on the CPU",
+    ),
     # JFT-scale data (docs/jft_scale.md): its --data_dir is moved to a fresh
     # dir.
     Cmd(

@@ -12,7 +12,6 @@ data cannot be read here. The config is read through a TrackedConfig, never writ
 """
 
 import dataclasses
-import functools
 import math
 import re
 
@@ -21,9 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from big_vit_lite.config import config_loading
-from big_vit_lite.trainer import ema as ema_lib
 from big_vit_lite.trainer import grad_accum
-from big_vit_lite.trainer import optim
 from big_vit_lite.runtime import flops as flops_lib
 from big_vit_lite.runtime import sharding
 from big_vit_lite.trainer import train_setup
@@ -110,13 +107,13 @@ def assemble(raw_config, mesh, res: int, target=None) -> Built:
       config, batch_size=batch_size, num_examples=num_examples(input_cfg)
   )
   unsplit = []
-  layout = train_state.lay_out(
+  layout = train_setup.lay_out(
+      config,
       model=model,
       mesh=mesh,
       rules=rules,
       seed=int(config.get("seed", 0)),
-      make_opt=functools.partial(optim.make, config, **dur),
-      ema=ema_lib.from_config(config),
+      dur=dur,
       unsplit=unsplit,
   )
   return Built(

@@ -1,6 +1,7 @@
 """The trainer's config read into frozen values: the job, its inputs, the model, the settings."""
 
 import dataclasses
+import functools
 import importlib
 
 from absl import logging
@@ -15,6 +16,7 @@ from big_vit_lite import evaluators as evaluators_lib
 from big_vit_lite.trainer import grad_accum
 from big_vit_lite.runtime import hostmem
 from big_vit_lite.trainer import losses
+from big_vit_lite.trainer import optim
 from big_vit_lite.logs import metrics as metrics_lib
 from big_vit_lite.runtime import paths
 from big_vit_lite.trainer import profiling
@@ -286,6 +288,23 @@ def read_duration(config, *, batch_size, num_examples) -> dict:
       steps_per_epoch=steps_per_epoch,
       batch_size=batch_size,
       total_steps=total_steps,
+  )
+
+
+def lay_out(config, *, model, mesh, rules, seed, dur, unsplit=None):
+  """train_state.lay_out with the config's optimizer and EMA slot.
+
+  The optimizer is optim.make over the run's length `dur` (read_duration's dict).
+  The trainer and the planner both lay out their state here, so they hold the same one.
+  """
+  return train_state.lay_out(
+      model=model,
+      mesh=mesh,
+      rules=rules,
+      seed=seed,
+      make_opt=functools.partial(optim.make, config, **dur),
+      ema=ema_lib.from_config(config),
+      unsplit=unsplit,
   )
 
 
