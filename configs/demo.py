@@ -13,7 +13,8 @@ minutes on 2 quiet CPU cores. Deterministic on a given machine; the measured run
 variants tried: benchmarks/NOTES.md, section "Config, optimizer, sharding, distributed".
 
 Args (comma-separated after the file name, e.g. `configs/demo.py:runlocal`):
-  runlocal   a few steps on a small batch, for tests and smoke runs.
+  runlocal   a few steps on a small batch, evals on slices of the test sets, for tests and
+             smoke runs.
 """
 
 import ml_collections
