@@ -29,6 +29,7 @@ import tempfile
 import pytest
 
 import shared_dirs
+import xla_flags
 
 OFFLINE = ("fashion_mnist", "mnist10k", "animal_mnist")
 
@@ -40,6 +41,10 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
       JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
       JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
   )
+# XLA's CPU compiler without LLVM's optimisations (tests/xla_flags.py): read when
+# jax starts its backend, in this process and in the ones the tests start.
+if xla_flags.FAST_COMPILE not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = xla_flags.for_run(os.environ.get("XLA_FLAGS"))
 # Set by the first process (pytest itself, or xdist's controller before it
 # starts the workers): the workers find it in their environment.
 if "BVL_TEST_BUILT_DIR" not in os.environ:

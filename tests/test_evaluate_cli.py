@@ -24,6 +24,7 @@ from big_vit_lite.models import loading
 import evaluator_fixtures
 import forkserver
 import trainer_runs
+import xla_flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -33,7 +34,7 @@ def _run(args, data_dir, timeout, devices=1):
       os.environ,
       TFDS_DATA_DIR=data_dir,
       JAX_PLATFORMS="cpu",
-      XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+      XLA_FLAGS=xla_flags.with_devices(devices),
   )
   return subprocess.run(
       forkserver.command([sys.executable, "-m", *args]),

@@ -11,6 +11,8 @@ import pytest
 
 from big_vit_lite.runtime import sharding
 
+import xla_flags
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -80,7 +82,7 @@ _SCRIPT = textwrap.dedent("""
 def test_fsdp_and_tensor_parallel_specs_on_8_devices():
   env = dict(
       os.environ,
-      XLA_FLAGS="--xla_force_host_platform_device_count=8",
+      XLA_FLAGS=xla_flags.with_devices(8),
       JAX_PLATFORMS="cpu",
       PYTHONPATH=ROOT,
   )
@@ -175,12 +177,9 @@ _SAME_STEP_ON_EVERY_MESH = textwrap.dedent("""
 def test_one_step_is_the_same_on_every_mesh():
   """fsdp:3 (width not divisible: MLP split along its own dim), fsdp:4 and data:2 x model:2
   (heads not divisible: whole) give the loss and params of 1 device."""
-  # Optimization level 0: the same program for every mesh, compiled in half the
-  # CPU time.
   env = dict(
       os.environ,
-      XLA_FLAGS="--xla_force_host_platform_device_count=4 "
-      "--xla_backend_optimization_level=0",
+      XLA_FLAGS=xla_flags.with_devices(4),
       JAX_PLATFORMS="cpu",
       PYTHONPATH=ROOT,
       TF_CPP_MIN_LOG_LEVEL="2",
