@@ -40,6 +40,7 @@ def main():
   parser.add_argument("--remat", default="none")
   parser.add_argument("--batch", type=int, default=4096)
   parser.add_argument("--depth", type=int, default=None)
+  parser.add_argument("--attention", default="auto")
   parser.add_argument("--out", default=None)
   args = parser.parse_args()
   gpu.prepare_environment()
@@ -47,6 +48,7 @@ def main():
   config.input.batch_size = args.batch
   with config.unlocked():
     config.model.remat_policy = args.remat
+    config.model.attention = args.attention
     if args.depth:
       config.model.depth = args.depth
   mesh = args.mesh or config.mesh
@@ -57,6 +59,7 @@ def main():
       depth=p["arch"]["depth"],
       remat=args.remat,
       gpu=args.gpu,
+      plan_attention=p["attention"],
       mesh=p["mesh"],
       local_batch=p["local_batch"],
       attention=p["gpu_attention"],

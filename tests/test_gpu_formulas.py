@@ -47,6 +47,12 @@ COMPILED = {
     ("H/14", "nothing_saveable"): {6: 16_534_959_324, 8: 17_941_641_324},
 }
 
+# B/16 as above with --attention=custom and --attention=xla: {depth: peak bytes}.
+COMPILED_ATTENTION = {
+    "custom": {4: 21_855_492_172, 6: 31_088_521_436},
+    "xla": {4: 21_749_820_492, 6: 31_176_328_156},
+}
+
 # The model sizes (the ViT paper's Table 1) and tokens at 224 px (a class token).
 ARCH = {
     "B/16": (dict(width=768, mlp_dim=3072, num_heads=12), 197),
@@ -78,12 +84,17 @@ def _shipped(variant, remat):
 
 def test_gpu_block_bytes_are_the_compilers_bytes_per_block():
   """Guards the per-block terms of gpu_block_bytes (a residual dropped or counted
-  twice, the wrong dtype, cuDNN's padding or the dropout masks lost): one block's
-  bytes by the formula, times the heap packing, within 10% of the compiler's
-  increase per block without remat (two depths' difference) for B/16, L/16, H/14.
+  twice, the wrong dtype, cuDNN's padding or the dropout masks lost, the TPU's f32
+  logits counted for XLA's attention): one block's bytes by the formula, times the
+  heap packing, within 10% of the compiler's increase per block without remat (two
+  depths' difference) for B/16, L/16, H/14 with cuDNN's attention, and B/16 with
+  the custom and XLA's attention.
   """
-  for variant, (arch, tokens) in ARCH.items():
-    peaks = COMPILED[(variant, None)]
+  cases = [
+      (variant, "cudnn", COMPILED[(variant, None)]) for variant in ARCH
+  ] + [("B/16", kind, peaks) for kind, peaks in COMPILED_ATTENTION.items()]
+  for variant, attention, peaks in cases:
+    arch, tokens = ARCH[variant]
     a, b = sorted(peaks)[:2]
     per_block = (peaks[b] - peaks[a]) / (b - a)
     block = formulas.gpu_block_bytes(
@@ -91,10 +102,10 @@ def test_gpu_block_bytes_are_the_compilers_bytes_per_block():
         tokens=tokens,
         mm_bytes=2,
         dropout=True,
-        opts=dict(attention="cudnn", dtype_act="float32"),
+        opts=dict(attention=attention, dtype_act="float32"),
     )
     got = formulas.GPU_HEAP_PACKING * block * IMAGES_PER_GPU
-    assert got == pytest.approx(per_block, rel=0.10), variant
+    assert got == pytest.approx(per_block, rel=0.10), (variant, attention)
 
 
 @pytest.mark.timeout(120)

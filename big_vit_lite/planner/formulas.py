@@ -282,25 +282,28 @@ def gpu_block_bytes(
   matmul dtype; cuDNN's attention (opts["attention"] "cudnn") keeps q, k, v and
   its output with the tokens padded to ops.CUDNN_SEQ_MULTIPLE, in the matmul
   dtype, and its softmax's log-sum-exp (f32, per head and token), no tokens x
-  tokens matrix. XLA's and the custom attention (not compiled for a GPU here) are
-  counted as on the TPU: q, k, v, the output and the probabilities in the matmul
-  dtype, XLA's also the exponentiated logits in f32. With dropout, a byte mask per
-  dropped tensor: the attention's output and the MLP's (T x D), the MLP's
-  activation (T x M).
+  tokens matrix. XLA's and the custom attention keep q, k, v, the output and the
+  probabilities (tokens x tokens per head) in the matmul dtype: the compiled B/16
+  per block, plan -4% (custom) and -6% (XLA's; unlike the TPU's, no f32 logits
+  kept). With dropout, a byte mask per dropped tensor: the attention's output and
+  the MLP's (T x D), the MLP's activation (T x M). Not compiled for a GPU here, and
+  counted as tpu_block_bytes counts them, untiled: SwiGLU (six T x M arrays),
+  qk_norm (q and k before their norm), parallel_block (one LayerNorm).
   """
   opts = opts or {}
   t, d = tokens, arch["width"]
   m, h = _split_by_tp(arch, tp)
   act_bytes = 2 if opts.get("dtype_act") == "bfloat16" else 4
-  norms = 2 * t * d * (act_bytes + mm_bytes)
-  mlp = 2 * t * m * mm_bytes
+  layer_norms = 1 if opts.get("parallel_block") else 2
+  norms = layer_norms * t * d * (act_bytes + mm_bytes)
+  mlp_arrays = 6 if opts.get("mlp") == "swiglu" else 2
+  mlp = mlp_arrays * t * m * mm_bytes
+  per_head_arrays = 4 + 2 * bool(opts.get("qk_norm"))
   if opts.get("attention") == "cudnn":
     padded = ops.CUDNN_SEQ_MULTIPLE * math.ceil(t / ops.CUDNN_SEQ_MULTIPLE)
-    attention = 4 * padded * d // tp * mm_bytes + 4 * h * padded
+    attention = per_head_arrays * padded * d // tp * mm_bytes + 4 * h * padded
   else:
-    attention = (4 * t * d // tp + h * t * t) * mm_bytes
-    if opts.get("attention") == "xla":
-      attention += 4 * h * t * t
+    attention = (per_head_arrays * t * d // tp + h * t * t) * mm_bytes
   total = norms + mlp + attention
   if dropout:
     total += 2 * t * d + t * m
@@ -342,7 +345,6 @@ def gpu_activation_bytes(
   )
   depth, t, d = arch["depth"], tokens, arch["width"]
   act_bytes = 2 if opts.get("dtype_act") == "bfloat16" else 4
-  kept = GPU_HEAP_PACKING * depth * block
   if remat:
     saved = _remat_saved_bytes(
         arch,
@@ -351,7 +353,10 @@ def gpu_activation_bytes(
         tp=tp,
         policy=opts.get("remat_policy"),
     )
-    kept = depth * (t * d * act_bytes + saved) + GPU_REMAT_LIVE_BLOCKS * block
+    block_input = t * d * act_bytes
+    kept = depth * (block_input + saved) + GPU_REMAT_LIVE_BLOCKS * block
+  else:
+    kept = GPU_HEAP_PACKING * depth * block
   outside = image_numel * 4 + 6 * t * d * 4 + num_classes * 4 * 2
   return int(local_batch * (kept + outside))
 
@@ -359,10 +364,11 @@ def gpu_activation_bytes(
 def gpu_weight_bytes(block_params, depth, tp, fsdp, remat, *, mm_bytes):
   """FSDP's all-gathered block weights in the matmul dtype that the GPU program keeps,
   per device: every block's from its forward to its backward without remat (the
-  compiled B/16: each block adds its q, k, v, out and MLP kernels in bf16), two
-  blocks' with remat (the recomputed one's and the next one's, gathered ahead).
-  Without FSDP the converted copies of every block's weights when the matmuls are
-  narrower than the f32 params.
+  compiled B/16: each block adds its q, k, v, out and MLP kernels in bf16); with
+  remat one block's at the compiled B/16's peak, counted two (the next block's
+  gather may be in flight). Without FSDP the converted copies of every block's
+  weights when the matmuls are narrower than the f32 params (data:8, B/16 at
+  depths 4 and 6: plan +0.8% and +1.2%).
   """
   per_block = block_params / max(1, depth) * mm_bytes / tp
   if fsdp > 1 and remat:
