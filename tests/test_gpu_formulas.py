@@ -5,12 +5,13 @@ alias, `memory_analysis()`), recorded on 2026-12-06 with jax 0.10.2,
 jax-cuda12-plugin 0.10.2 and cuDNN 9.28 on a CPU machine (no GPU) by
 
   PYTHONPATH=.venv/gpu-compiler python benchmarks/plan_vs_gpu.py --variant=V \
-      --depth=N --remat=R
+      --depth=N --remat=R [--attention=A]
 
 (configs/vit_l16.py:variant=V as shipped: batch 4096, fsdp:8 on 8x H100, bf16
 matmuls, f32 residual stream, cuDNN attention, dropout 0.1, 21,841 classes).
-Depths 6 and 8 give one block's bytes (their difference) and, extrapolated, the
-full depth, where no full-depth compile was made (benchmarks/NOTES.md, "Plan vs
+Two depths (4 and 6, or 6 and 8: shallower ones are not yet on the line) give one
+block's bytes (their difference) and, extrapolated, the full depth, where no
+full-depth compile was made (benchmarks/NOTES.md, "Plan vs
 the GPU compiler, fitted": the extrapolation came within 0.3% of the full B/16
 compile with remat).
 """
