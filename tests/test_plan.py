@@ -307,17 +307,18 @@ def test_plan_says_when_it_does_not_fit():
 
 @pytest.mark.timeout(120)
 def test_plan_says_when_only_remat_makes_it_fit():
-  # L/16 at 256 images on one H100: activations without remat do not fit 80 GB,
-  # with remat (only each block's input kept) they do.
+  # L/16 at 512 images on one H100: activations without remat do not fit 80 GB
+  # (the GPU compiler: ~5 GiB per block at 512), with remat (each block's input
+  # kept) they do.
   mesh = plan.parse_mesh("data:1")
-  p = plan.plan(_big_config("L/16", 256, remat=None), mesh, "h100")
+  p = plan.plan(_big_config("L/16", 512, remat=None), mesh, "h100")
   assert not p["fits"] and p["fits_with_remat"] is True
   assert p["total_bytes_with_remat"] < p["total_bytes_per_device"]
   assert (
       "fits with --config.model.remat_policy=nothing_saveable"
       in plan_report.format_report(p)
   )
-  with_remat = plan.plan(_big_config("L/16", 256), mesh, "h100")
+  with_remat = plan.plan(_big_config("L/16", 512), mesh, "h100")
   assert with_remat["fits"] and with_remat["fits_with_remat"] is None
   assert with_remat["total_bytes_per_device"] == pytest.approx(
       p["total_bytes_with_remat"]

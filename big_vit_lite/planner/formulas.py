@@ -2,13 +2,16 @@
 step's time at peak, each a function of the model's sizes and the mesh only (no jax).
 plan.py puts them together with the exact state shapes; how the coefficients were
 fitted: benchmarks/NOTES.md, section "Plan, bench, FLOPs, metrics"; the TPU's
-count (tpu_activation_bytes): section "Plan vs the TPU compiler".
+count (tpu_activation_bytes): section "Plan vs the TPU compiler"; the GPU's
+(gpu_activation_bytes): section "Plan vs the GPU compiler, fitted".
 """
 
 import math
 
-from big_vit_lite.runtime import flops as flops_lib  # XLA needs room beyond live buffers (fragmentation, collective and conv
+from big_vit_lite.models import ops
+from big_vit_lite.runtime import flops as flops_lib
 
+# XLA needs room beyond live buffers (fragmentation, collective and conv
 # scratch, program): a plan "fits" if its peak is under this fraction of the
 # device memory.
 USABLE_FRACTION = 0.9
@@ -245,6 +248,134 @@ def tpu_weight_bytes(block_params, depth, tp, fsdp, remat, *, mm_bytes):
   if fsdp > 1:
     return int(2 * per_block)
   return 0 if mm_bytes >= 4 else int(2 * depth * per_block)
+
+
+# XLA:GPU puts a step's temporaries in one buffer, at offsets its heap simulator
+# picks: without remat the compiled peak grew 1.16-1.21x as fast with the depth as
+# the residuals it holds live (B/16, L/16, H/14 at 512 images per GPU,
+# benchmarks/NOTES.md).
+GPU_HEAP_PACKING = 1.18
+# With remat: blocks' worth of residuals (gpu_block_bytes) live besides every
+# block's input at the peak, in the recomputed block's backward (fitted: the
+# compiled B/16 1.58, L/16 1.90, H/14 1.03).
+GPU_REMAT_LIVE_BLOCKS = 1.4
+
+
+def gpu_block_bytes(
+    arch: dict,
+    *,
+    tokens: int,
+    mm_bytes: int,
+    tp: int = 1,
+    dropout: bool = False,
+    opts: dict | None = None,
+) -> int:
+  """Bytes one block keeps for its backward pass, per example, as XLA's GPU compiler stores them.
+
+  Read from the compiled B/16 step's live buffers at its peak, depth 5 less depth 4
+  (benchmarks/NOTES.md, "Plan vs the GPU compiler, fitted"): the two LayerNorms'
+  inputs in the residual stream's dtype (the block input and the stream after
+  attention, T x D each: their backward recomputes the normalised values from them)
+  and their outputs in the matmul dtype (the inputs of the q/k/v and first MLP
+  matmuls, for the weight gradients); the MLP's pre-activation (the GELU's
+  backward) and its activation (the second matmul's input), T x M each in the
+  matmul dtype; cuDNN's attention (opts["attention"] "cudnn") keeps q, k, v and
+  its output with the tokens padded to ops.CUDNN_SEQ_MULTIPLE, in the matmul
+  dtype, and its softmax's log-sum-exp (f32, per head and token), no tokens x
+  tokens matrix. XLA's and the custom attention keep q, k, v, the output and the
+  probabilities (tokens x tokens per head) in the matmul dtype: the compiled B/16
+  per block, plan -4% (custom) and -6% (XLA's; unlike the TPU's, no f32 logits
+  kept). With dropout, a byte mask per dropped tensor: the attention's output and
+  the MLP's (T x D), the MLP's activation (T x M). Not compiled for a GPU here, and
+  counted as tpu_block_bytes counts them, untiled: SwiGLU (six T x M arrays),
+  qk_norm (q and k before their norm), parallel_block (one LayerNorm).
+  """
+  opts = opts or {}
+  t, d = tokens, arch["width"]
+  m, h = _split_by_tp(arch, tp)
+  act_bytes = 2 if opts.get("dtype_act") == "bfloat16" else 4
+  layer_norms = 1 if opts.get("parallel_block") else 2
+  norms = layer_norms * t * d * (act_bytes + mm_bytes)
+  mlp_arrays = 6 if opts.get("mlp") == "swiglu" else 2
+  mlp = mlp_arrays * t * m * mm_bytes
+  per_head_arrays = 4 + 2 * bool(opts.get("qk_norm"))
+  if opts.get("attention") == "cudnn":
+    padded = ops.CUDNN_SEQ_MULTIPLE * math.ceil(t / ops.CUDNN_SEQ_MULTIPLE)
+    attention = per_head_arrays * padded * d // tp * mm_bytes + 4 * h * padded
+  else:
+    attention = (per_head_arrays * t * d // tp + h * t * t) * mm_bytes
+  total = norms + mlp + attention
+  if dropout:
+    total += 2 * t * d + t * m
+  return total
+
+
+def gpu_activation_bytes(
+    arch: dict,
+    *,
+    local_batch: int,
+    tokens: int,
+    remat: bool,
+    mm_bytes: int,
+    tp: int = 1,
+    num_classes: int = 0,
+    image_numel: int = 0,
+    dropout: bool = False,
+    opts: dict | None = None,
+) -> int:
+  """activation_bytes for XLA's GPU compiler: its peak, in the last block's backward.
+
+  Without remat every block's residuals (gpu_block_bytes), times GPU_HEAP_PACKING;
+  the last block's gradients and temporaries fit in what its backward has freed.
+  With remat each block's input (in the residual stream's dtype) and what the
+  policy saves (_remat_saved_bytes), and the recomputed block's residuals with the
+  backward's temporaries (dropout's random bits among them, 32 bits per element of
+  the MLP's activation): GPU_REMAT_LIVE_BLOCKS blocks' worth. Outside the blocks
+  as activation_bytes counts it. Fitted to the compiled B/16, L/16 and H/14
+  (cuDNN attention, dropout 0.1, bf16 matmuls, 512 images per GPU).
+  """
+  opts = opts or {}
+  block = gpu_block_bytes(
+      arch,
+      tokens=tokens,
+      mm_bytes=mm_bytes,
+      tp=tp,
+      dropout=dropout,
+      opts=opts,
+  )
+  depth, t, d = arch["depth"], tokens, arch["width"]
+  act_bytes = 2 if opts.get("dtype_act") == "bfloat16" else 4
+  if remat:
+    saved = _remat_saved_bytes(
+        arch,
+        tokens=tokens,
+        mm_bytes=mm_bytes,
+        tp=tp,
+        policy=opts.get("remat_policy"),
+    )
+    block_input = t * d * act_bytes
+    kept = depth * (block_input + saved) + GPU_REMAT_LIVE_BLOCKS * block
+  else:
+    kept = GPU_HEAP_PACKING * depth * block
+  outside = image_numel * 4 + 6 * t * d * 4 + num_classes * 4 * 2
+  return int(local_batch * (kept + outside))
+
+
+def gpu_weight_bytes(block_params, depth, tp, fsdp, remat, *, mm_bytes):
+  """FSDP's all-gathered block weights in the matmul dtype that the GPU program keeps,
+  per device: every block's from its forward to its backward without remat (the
+  compiled B/16: each block adds its q, k, v, out and MLP kernels in bf16); with
+  remat one block's at the compiled B/16's peak, counted two (the next block's
+  gather may be in flight). Without FSDP the converted copies of every block's
+  weights when the matmuls are narrower than the f32 params (data:8, B/16 at
+  depths 4 and 6: plan +0.8% and +1.2%).
+  """
+  per_block = block_params / max(1, depth) * mm_bytes / tp
+  if fsdp > 1 and remat:
+    return int(2 * per_block)
+  if fsdp > 1 or mm_bytes < 4:
+    return int(depth * per_block)
+  return 0
 
 
 def train_flops(

@@ -158,21 +158,28 @@ def _state_bytes(layout):
   )
 
 
+# Each compiler's formulas: (activation bytes, gathered weight bytes).
+_COMPILER_FORMULAS = {
+    "tpu": (formulas.tpu_activation_bytes, formulas.tpu_weight_bytes),
+    "gpu": (formulas.gpu_activation_bytes, formulas.gpu_weight_bytes),
+}
+
+
 def _formulas(model, platform, arch, params, tp, fsdp, act_kw):
   """The platform's formulas: (remat -> activation bytes, remat -> FSDP's gathered
-  weight bytes), the TPU compiler's, or elsewhere the ones fitted to XLA:CPU."""
-  if platform == "tpu":
+  weight bytes), the TPU or GPU compiler's, or for the CPU the ones fitted to XLA:CPU.
+  """
+  if platform in _COMPILER_FORMULAS:
+    activation_bytes, weight_bytes = _COMPILER_FORMULAS[platform]
     opts = dict(
         dataclasses.asdict(model.block_options()),
         attention=model.resolved_attention(platform),
         dtype_act=model.resolved_dtype_act(platform),
         remat_policy=model.remat_policy,
     )
-    act = functools.partial(
-        formulas.tpu_activation_bytes, arch, opts=opts, **act_kw
-    )
+    act = functools.partial(activation_bytes, arch, opts=opts, **act_kw)
     gather = functools.partial(
-        formulas.tpu_weight_bytes,
+        weight_bytes,
         _block_params(params),
         arch["depth"],
         tp,
@@ -209,8 +216,9 @@ def plan(
   image rows/columns the patchify drops; unsplit_params: param dims the mesh axes do not divide.
   platform: whose "auto" model settings (vit.Model: matmul and residual dtypes, attention)
   and whose compiler's activations the plan follows: "tpu" (tpu_activation_bytes: the TPU's
-  tiled residuals), "gpu" or "cpu" (activation_bytes, fitted to XLA:CPU; "cpu" is what
-  plan --compile without a target compiles); default: the device's, "tpu" or "gpu".
+  tiled residuals), "gpu" (gpu_activation_bytes: XLA:GPU's residuals, cuDNN's
+  attention) or "cpu" (activation_bytes, fitted to XLA:CPU; what plan --compile
+  without a target compiles); default: the device's, "tpu" or "gpu".
   built: assemble.assemble's for this mesh, if already made.
   """
   key = resolve_device(device)

@@ -52,7 +52,7 @@ def format_report(p: dict) -> str:
       (
           "weight copies",
           "fsdp_gather",
-          "(FSDP's gathered weights; on a TPU also bf16 copies)",
+          "(FSDP's gathered weights, on a TPU or GPU in the matmul dtype)",
       ),
   ):
     b = p[f"{key}_bytes_per_device"]
