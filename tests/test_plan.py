@@ -17,6 +17,7 @@ from big_vit_lite.planner import plan
 from big_vit_lite.planner import report as plan_report
 from big_vit_lite.planner import formulas as plan_formulas
 import forkserver
+import xla_flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -43,8 +44,8 @@ def get_config(arg=None):
 
 
 def _run_plan(*args, timeout=240):
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
-  env.pop("XLA_FLAGS", None)
+  # One CPU device (a user's device count dropped), compiled fast (xla_flags.py).
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=xla_flags.for_run(None))
   return subprocess.run(
       forkserver.command([sys.executable, "-m", "big_vit_lite.plan", *args]),
       cwd=REPO,

@@ -11,6 +11,7 @@ import numpy as np
 from big_vit_lite.trainer import checkpoint
 import forkserver
 import shared_dirs
+import xla_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "tests", "train_config_tiny.py")
@@ -21,7 +22,7 @@ def env_for(data_dir, devices=1):
       os.environ,
       TFDS_DATA_DIR=data_dir,
       JAX_PLATFORMS="cpu",
-      XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+      XLA_FLAGS=xla_flags.with_devices(devices),
       TF_CPP_MIN_LOG_LEVEL="2",
       PYTHONPATH=ROOT,
   )
