@@ -169,41 +169,53 @@ def _install_torchvision_standin():
   sys.meta_path.insert(0, _Finder())
 
 
+def timm_logits(path, images, timm_name=None):
+  """timm's logits (numpy) for NHWC `images` from the export at `path`, loaded with strict=True.
+
+  The model is timm.create_model(timm_name) when given, else the class and kwargs the file's
+  metadata names. Needs torch and timm importable (and torchvision or its stand-in).
+  """
+  import safetensors  # pylint: disable=g-import-not-at-top
+  import safetensors.torch  # pylint: disable=g-import-not-at-top
+  import timm  # pylint: disable=g-import-not-at-top
+  import torch  # pylint: disable=g-import-not-at-top
+
+  path = os.fspath(path)
+  with safetensors.safe_open(path, "np") as f:
+    metadata = f.metadata()
+  kwargs = json.loads(metadata["timm_kwargs"])
+  if timm_name:
+    model = timm.create_model(
+        timm_name, pretrained=False, num_classes=kwargs["num_classes"]
+    )
+  else:
+    # Class-valued kwargs (mlp_layer, block_fn) and the class itself (DeiT's
+    # distillation token has its own) are stored as import paths.
+    classes = json.loads(metadata.get("timm_classes", "{}"))
+    for key, import_path in classes.items():
+      kwargs[key] = pkgutil.resolve_name(import_path)
+    model_class = pkgutil.resolve_name(metadata["timm_class"])
+    model = model_class(**kwargs)
+  model.load_state_dict(safetensors.torch.load_file(path), strict=True)
+  model.eval()
+  with torch.no_grad():
+    return model(
+        torch.from_numpy(np.array(images)).permute(0, 3, 1, 2).contiguous()
+    ).numpy()
+
+
 def timm_side(workdir, cases):
   """Runs in the torch interpreter: loads each export into timm and writes its logits."""
   _install_torchvision_standin()
-  import safetensors  # pylint: disable=g-import-not-at-top
-  import safetensors.torch  # pylint: disable=g-import-not-at-top
   import timm  # pylint: disable=g-import-not-at-top
   import torch  # pylint: disable=g-import-not-at-top
 
   torch.set_num_threads(2)
   results = {}
   for name in cases:
-    timm_name = CASES[name][2]
     path = os.path.join(workdir, f"{name}.safetensors")
-    with safetensors.safe_open(path, "np") as f:
-      metadata = f.metadata()
-    kwargs = json.loads(metadata["timm_kwargs"])
-    if timm_name:
-      model = timm.create_model(
-          timm_name, pretrained=False, num_classes=kwargs["num_classes"]
-      )
-    else:
-      # Class-valued kwargs (mlp_layer, block_fn) and the class itself (DeiT's
-      # distillation token has its own) are stored as import paths.
-      classes = json.loads(metadata.get("timm_classes", "{}"))
-      for key, import_path in classes.items():
-        kwargs[key] = pkgutil.resolve_name(import_path)
-      model_class = pkgutil.resolve_name(metadata["timm_class"])
-      model = model_class(**kwargs)
-    model.load_state_dict(safetensors.torch.load_file(path), strict=True)
-    model.eval()
     images = np.load(os.path.join(workdir, f"{name}_images.npy"))
-    with torch.no_grad():
-      logits = model(
-          torch.from_numpy(images).permute(0, 3, 1, 2).contiguous()
-      ).numpy()
+    logits = timm_logits(path, images, CASES[name][2])
     np.save(os.path.join(workdir, f"{name}_timm.npy"), logits)
     results[name] = list(logits.shape)
   print(
@@ -225,6 +237,30 @@ def _keys(tree, seed):
   return jax.tree.unflatten(
       treedef, list(jax.random.split(jax.random.key(seed), len(leaves)))
   )
+
+
+def our_case(name, index):
+  """(model, params, images) of case `name`, the `index`-th of a run: our ViT, its random init
+  (initialised op by op: no compile per case) and two random images."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from big_vit_lite.models import vit  # pylint: disable=g-import-not-at-top
+
+  kw, res, _ = CASES[name]
+  model = vit.Model(**kw, head_zeroinit=False, gelu="exact")
+  images = np.asarray(
+      jax.random.uniform(
+          jax.random.key(index), (2, res, res, 3), minval=-1, maxval=1
+      )
+  )
+  params = model.init(jax.random.key(100 + index), images)["params"]
+  # ones, zeros and LayerScale inits would hide swapped params
+  if name in OPTION_CASES:
+    params = jax.tree.map(
+        lambda a, k: a + 0.1 * jax.random.normal(k, a.shape),
+        params,
+        _keys(params, 300 + index),
+    )
+  return model, params, images
 
 
 def timm_python(flag=None):
@@ -266,31 +302,18 @@ def main():
     )
   import jax  # pylint: disable=g-import-not-at-top
   from big_vit_lite.models import timm  # pylint: disable=g-import-not-at-top
-  from big_vit_lite.models import vit  # pylint: disable=g-import-not-at-top
 
   with tempfile.TemporaryDirectory() as workdir:
     ours = {}
     for i, name in enumerate(cases):
-      kw, res, _ = CASES[name]
-      model = vit.Model(**kw, head_zeroinit=False, gelu="exact")
-      images = np.asarray(
-          jax.random.uniform(
-              jax.random.key(i), (2, res, res, 3), minval=-1, maxval=1
-          )
-      )
-      params = jax.jit(model.init)(jax.random.key(100 + i), images)["params"]
-      # ones, zeros and LayerScale inits would hide swapped params
-      if name in OPTION_CASES:
-        params = jax.tree.map(
-            lambda a, k: a + 0.1 * jax.random.normal(k, a.shape),
-            params,
-            _keys(params, 300 + i),
-        )
+      model, params, images = our_case(name, i)
       ours[name] = np.asarray(
           jax.jit(lambda p, x: model.apply({"params": p}, x)[0])(params, images)
       )
       timm.write_timm(
-          params, os.path.join(workdir, f"{name}.safetensors"), image_size=res
+          params,
+          os.path.join(workdir, f"{name}.safetensors"),
+          image_size=images.shape[1],
       )
       np.save(os.path.join(workdir, f"{name}_images.npy"), images)
     run = subprocess.run(

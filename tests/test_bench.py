@@ -49,6 +49,12 @@ ISSUE_KEYS = {
 }
 
 
+def _env():
+  """The environment of the commands these tests fork: one per zygote (tests/forkserver.py), so
+  every bench command shares the zygote of test_plan's (JAX_PLATFORMS=cpu)."""
+  return dict(os.environ, JAX_PLATFORMS="cpu")
+
+
 def _run(args, timeout=100):
   p = subprocess.run(
       forkserver.command([sys.executable, *args]),
@@ -56,6 +62,7 @@ def _run(args, timeout=100):
       capture_output=True,
       text=True,
       timeout=timeout,
+      env=_env(),
   )
   assert p.returncode == 0, p.stderr[-3000:]
   return p
@@ -164,6 +171,7 @@ def test_cli_rejects_bad_flags_in_one_line():
       capture_output=True,
       text=True,
       timeout=50,
+      env=_env(),
   )
   assert p.returncode != 0
   last = p.stderr.strip().splitlines()[-1]
@@ -236,6 +244,7 @@ def test_cli_out_of_memory_is_one_line():
       capture_output=True,
       text=True,
       timeout=80,
+      env=_env(),
   )
   assert p.returncode == 1
   last = p.stderr.strip().splitlines()[-1]
@@ -430,7 +439,7 @@ def test_gpu_bench_stops_at_its_deadline(tmp_path):
       capture_output=True,
       text=True,
       timeout=110,
-      env=dict(os.environ, JAX_PLATFORMS="cpu"),
+      env=_env(),
   )
   assert p.returncode == 0, p.stderr[-3000:]
   assert (
@@ -511,7 +520,7 @@ def test_gpu_profile_summarises_a_trace_of_the_timed_steps(tmp_path):
       capture_output=True,
       text=True,
       timeout=190,
-      env=dict(os.environ, JAX_PLATFORMS="cpu"),
+      env=_env(),
   )
   assert p.returncode == 0, p.stderr[-3000:]
   summary = json.loads(p.stdout.strip().splitlines()[-1])
@@ -578,6 +587,7 @@ def test_gpu_bench_skips_timm_in_one_line_without_torch(tmp_path):
       capture_output=True,
       text=True,
       timeout=50,
+      env=_env(),
   )
   assert p.returncode == 0, p.stderr[-2000:]
   assert [l for l in p.stdout.splitlines() if l.startswith("timm")] == [
@@ -602,7 +612,7 @@ def test_bench_cli_bad_remat_is_one_line_not_a_traceback():
       capture_output=True,
       text=True,
       timeout=50,
-      env=dict(os.environ, JAX_PLATFORMS="cpu"),
+      env=_env(),
   )
   assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
   assert (

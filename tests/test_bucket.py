@@ -8,6 +8,7 @@ bytes a real bucket would hold, and the oracle of each test is the same work
 done on a local disk.
 """
 
+import contextlib
 import json
 import os
 import re
@@ -26,22 +27,31 @@ import trainer_runs
 BUCKET = "fake-bucket"
 
 
-@pytest.fixture
-def gcs(tmp_path, monkeypatch):
-  """The fake serving tmp_path/gcs/fake-bucket; its env set in this process."""
+@contextlib.contextmanager
+def _fake_gcs(folder):
+  """The fake serving folder/gcs/fake-bucket (server.bucket); at the end, it refused nothing."""
   if not shutil.which("openssl"):
     pytest.skip("the fake's TLS certificates are made by the openssl command")
-  root = tmp_path / "gcs"
+  root = folder / "gcs"
   (root / BUCKET).mkdir(parents=True)
-  server = fake_gcs.FakeGcs(str(root), str(tmp_path / "gcs.log"))
-  for key, value in server.env.items():
-    monkeypatch.setenv(key, value)
+  server = fake_gcs.FakeGcs(str(root), str(folder / "gcs.log"))
   server.bucket = root / BUCKET
-  yield server
-  server.stop()
+  try:
+    yield server
+  finally:
+    server.stop()
   assert (
       not server.unhandled()
   ), f"requests the fake refused: {server.unhandled()}"
+
+
+@pytest.fixture
+def gcs(tmp_path, monkeypatch):
+  """The fake serving tmp_path/gcs/fake-bucket; its env set in this process."""
+  with _fake_gcs(tmp_path) as server:
+    for key, value in server.env.items():
+      monkeypatch.setenv(key, value)
+    yield server
 
 
 def test_tensorflow_reads_writes_lists_and_renames_on_the_bucket(gcs):
@@ -83,27 +93,15 @@ def test_tensorflow_reads_writes_lists_and_renames_on_the_bucket(gcs):
 
 
 @pytest.mark.slow
-def test_prepare_on_a_bucket_writes_what_it_writes_locally(gcs, tfds_data_dir):
-  """`prepare NAME --data_dir=gs://...`: tfds writes through the bucket (and
-  renames its incomplete.* folder there): its record files hold the examples
-  of a local prepare, in the same order."""
-  proc = subprocess.run(
-      [
-          sys.executable,
-          "-m",
-          "big_vit_lite.data.prepare",
-          "mnist10k",
-          f"--data_dir=gs://{BUCKET}/tfds",
-      ],
-      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
-      cwd=trainer_runs.ROOT,
-      capture_output=True,
-      text=True,
-      timeout=600,
-  )
-  assert proc.returncode == 0, proc.stderr[-3000:]
+def test_prepare_on_a_bucket_writes_what_it_writes_locally(
+    documented_bucket, tfds_data_dir
+):
+  """`prepare NAME --data_dir=gs://...` (the documented loop's, run once for this file): tfds
+  writes through the bucket (and renames its incomplete.* folder there): its record files hold
+  the examples of a local prepare, in the same order."""
+  prepared = documented_bucket.bucket / "tensorflow_datasets"
   local = os.path.join(tfds_data_dir, "mnist10k", "1.0.0")
-  on_bucket = gcs.bucket / "tfds" / "mnist10k" / "1.0.0"
+  on_bucket = prepared / "mnist10k" / "1.0.0"
   records = sorted(f for f in os.listdir(local) if ".tfrecord" in f)
   assert len(records) >= 2
   assert sorted(f for f in os.listdir(on_bucket) if ".tfrecord" in f) == records
@@ -120,7 +118,7 @@ def test_prepare_on_a_bucket_writes_what_it_writes_locally(gcs, tfds_data_dir):
     assert len(expected) > 100 and examples(on_bucket / name) == expected, name
   info = json.loads((on_bucket / "dataset_info.json").read_text())
   assert {s["name"] for s in info["splits"]} == {"train", "test"}
-  assert not [p for p in os.listdir(gcs.bucket / "tfds") if "incomplete" in p]
+  assert not [p for p in os.listdir(prepared) if "incomplete" in p]
 
 
 @pytest.mark.slow
@@ -188,10 +186,13 @@ def _bucket_commands():
   ]
 
 
-@pytest.mark.slow
-def test_documented_bucket_commands_run_against_the_fake(gcs, tfds_data_dir):
-  """docs/jft_scale.md's bucket example as written (MY_BUCKET: the fake's
-  bucket; the demo cut to runlocal, as test_docs_commands runs it)."""
+@pytest.fixture(scope="module")
+def documented_bucket(tmp_path_factory, tfds_data_dir):
+  """The fake after docs/jft_scale.md's bucket example ran on it as written (MY_BUCKET: the
+  fake's bucket; the demo cut to runlocal, as test_docs_commands runs it), once for the tests
+  that read what it wrote. (Real processes: through the fork server they cost more here, a
+  zygote for the prepares and two for the trainer's TFDS_DATA_DIR, each importing everything.)
+  """
   commands = _bucket_commands()
   assert [raw.split()[0] for _, _, raw, _ in commands] == [
       "for",
@@ -199,27 +200,35 @@ def test_documented_bucket_commands_run_against_the_fake(gcs, tfds_data_dir):
   ]
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
   env["PATH"] = f"{os.path.dirname(sys.executable)}:{env['PATH']}"
-  for doc, line, raw, block_env in commands:
-    cmd = raw.replace("MY_BUCKET", BUCKET).replace(
-        "--config=configs/demo.py",
-        "--config=configs/demo.py:runlocal --config.total_steps=6"
-        # (~6 s of CPU: the data it reads, the few-shot eval reads)
-        " --config.evals.fewshot.pixel_baseline=False",
-    )
-    proc = subprocess.run(
-        ["bash", "-c", cmd],
-        env={**env, **block_env, **gcs.env},
-        cwd=trainer_runs.ROOT,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert proc.returncode == 0, f"{doc}:{line}: {cmd}\n{proc.stderr[-3000:]}"
-  prepared = gcs.bucket / "tensorflow_datasets"
+  with _fake_gcs(tmp_path_factory.mktemp("documented")) as server:
+    for doc, line, raw, block_env in commands:
+      cmd = raw.replace("MY_BUCKET", BUCKET).replace(
+          "--config=configs/demo.py",
+          "--config=configs/demo.py:runlocal --config.total_steps=6"
+          # (~6 s of CPU: the data it reads, the few-shot eval reads)
+          " --config.evals.fewshot.pixel_baseline=False",
+      )
+      proc = subprocess.run(
+          ["bash", "-c", cmd],
+          env={**env, **block_env, **server.env},
+          cwd=trainer_runs.ROOT,
+          capture_output=True,
+          text=True,
+          timeout=900,
+      )
+      assert proc.returncode == 0, f"{doc}:{line}: {cmd}\n{proc.stderr[-3000:]}"
+    yield server
+
+
+@pytest.mark.slow
+def test_documented_bucket_commands_run_against_the_fake(documented_bucket):
+  """The documented commands prepared the three datasets on the bucket and trained the demo
+  there (documented_bucket ran them)."""
+  prepared = documented_bucket.bucket / "tensorflow_datasets"
   for name in ("fashion_mnist", "mnist10k", "animal_mnist"):
     assert (prepared / name).is_dir() and not [
         p for p in os.listdir(prepared / name) if "incomplete" in p
     ], name
-  run = gcs.bucket / "runs" / "demo"
+  run = documented_bucket.bucket / "runs" / "demo"
   assert max(trainer_runs.read_losses(str(run))) == 6
   assert "6" in os.listdir(run / "checkpoints")

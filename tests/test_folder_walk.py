@@ -10,6 +10,7 @@ import numpy as np
 from PIL import Image
 import pytest
 
+import forkserver
 import trainer_runs
 
 CLASSES = ("cat", "dog", "owl")
@@ -32,14 +33,22 @@ def _folder(root):
 
 
 def _run(data_dir, *args, umask=None):
+  """`python -m ARGS` through the fork server; a real process where it sets a umask (a
+  forked child has its zygote's)."""
+  cmd = [sys.executable, "-m", *args]
+  if umask is None:
+    cmd = forkserver.command(cmd)
+    preexec_fn = None
+  else:
+    preexec_fn = lambda: os.umask(umask)
   r = subprocess.run(
-      [sys.executable, "-m", *args],
+      cmd,
       env=trainer_runs.env_for(data_dir),
       cwd=trainer_runs.ROOT,
       capture_output=True,
       text=True,
       timeout=300,
-      preexec_fn=None if umask is None else (lambda: os.umask(umask)),
+      preexec_fn=preexec_fn,
   )
   assert r.returncode == 0, (args, r.stderr[-3000:])
   return r

@@ -117,7 +117,7 @@ def test_the_trainer_writes_the_report_with_every_metric(finished_run):
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_report_of_a_killed_and_resumed_run_overlaid(
-    finished_run, resumed_run, tmp_path
+    finished_run, resumed_run, tmp_path, tfds_data_dir
 ):
   workdir, live = resumed_run
   # Written while the run was going (before the kill): what it had logged by
@@ -145,7 +145,8 @@ def test_report_of_a_killed_and_resumed_run_overlaid(
       capture_output=True,
       text=True,
       timeout=120,
-      env=dict(os.environ, JAX_PLATFORMS="cpu"),
+      # (the trainer runs' environment: their zygote forks it)
+      env=trainer_runs.env_for(tfds_data_dir),
   )
   assert p.returncode == 0, p.stderr[-3000:]
   assert p.stdout.strip().splitlines()[-1] == str(out / "report.html")
@@ -285,8 +286,10 @@ def test_one_line_errors(tmp_path, tfds_data_dir):
       trainer_runs.env_for(tfds_data_dir),
       PYTHONPATH=f"{shadow.parent}:{trainer_runs.ROOT}",
   )
+  # A real process: a zygote of this PYTHONPATH would be this test's alone, and
+  # it would import far more than the report does.
   p = subprocess.run(
-      forkserver.command([sys.executable, "-m", "big_vit_lite.report", run]),
+      [sys.executable, "-m", "big_vit_lite.report", run],
       cwd=trainer_runs.ROOT,
       env=env,
       capture_output=True,
