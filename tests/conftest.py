@@ -108,8 +108,8 @@ SPLIT = {"tests/test_docs_commands.py": 6}
 # whole suite on 2026-12-05, worker seconds; test_multiprocess and test_bucket
 # less since): test_multiprocess ~240, test_bucket ~160, test_docs_commands.py
 # 860 whole, so ~145 a part, test_plan 122, test_train 119, test_grad_accum 93,
-# test_train_sharded 86, test_evaluate_cli and test_bench 80, test_timm_options
-# 76, test_summary 74, test_tpu_compile 66, test_vit 64, test_distill 61,
+# test_train_sharded 86, test_evaluate_cli and test_bench 80 (test_timm_options 76, ~40 since
+# it runs in-process), test_summary 74, test_tpu_compile 66, test_vit 64, test_distill 61,
 # test_ema 58, test_configs 56, test_report 52, test_train_stages 47,
 # test_train_faults 43, test_vit_options 42, test_data_random_access 41,
 # test_folder_walk and test_train_state 36 (the rest under 35). A file that
@@ -124,7 +124,6 @@ LONGEST_FIRST = (
     "tests/test_train_sharded.py",
     "tests/test_evaluate_cli.py",
     "tests/test_bench.py",
-    "tests/test_timm_options.py",
     "tests/test_summary.py",
     "tests/test_tpu_compile.py",
     "tests/test_vit.py",
@@ -132,6 +131,7 @@ LONGEST_FIRST = (
     "tests/test_ema.py",
     "tests/test_configs.py",
     "tests/test_report.py",
+    "tests/test_timm_options.py",
     "tests/test_train_stages.py",
     "tests/test_train_faults.py",
     "tests/test_vit_options.py",

@@ -25,6 +25,7 @@ from big_vit_lite.runtime import distributed
 from big_vit_lite.trainer import checkpoint
 import forkserver
 import trainer_runs
+import xla_flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LOCAL_SH = os.path.join(REPO, "launch", "local.sh")
@@ -65,12 +66,13 @@ def mp_env(tfds_data_dir, tmp_path_factory):
       LOCAL_PREFIX_OUTPUT="0",
       KILL_GRACE_S="5",
       PYTHONUNBUFFERED="1",
+      # Without a user's device count (local.sh adds its own), compiled fast.
+      XLA_FLAGS=xla_flags.for_run(None),
   )
   for k in (
       "JAX_COORDINATOR_ADDRESS",
       "JAX_NUM_PROCESSES",
       "JAX_PROCESS_ID",
-      "XLA_FLAGS",
       "BVL_HANG_TIMEOUT_S",
       "BVL_DISTRIBUTED",
   ):
