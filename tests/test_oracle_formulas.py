@@ -165,6 +165,11 @@ def test_tpu_block_bytes_of_a_partial_tile_by_hand():
       formulas.tpu_block_bytes(arch, tokens=20, mm_bytes=2, dropout=True)
       == want + 2 * 4096 + 8192
   )
+  # tp=2: 2 heads, MLP 68 (bf16 (20, 68): 32 rows x 128 lanes x 2 = 8192):
+  # a whole number of bytes (the int the -> int promises).
+  got = formulas.tpu_block_bytes(arch, tokens=20, mm_bytes=2, tp=2)
+  assert isinstance(got, int)
+  assert got == 43008 + 98304 // 2 + 2 * 8192
 
 
 def test_gather_bytes_and_step_time_by_hand():
