@@ -36,6 +36,10 @@ def test_activation_bytes_by_hand():
     return formulas.activation_bytes(TINY, **{"remat": False, **kw, **more})
 
   assert abs(got() - 3 * (2 * 1978 + 1808)) <= 1
+  bare = formulas.activation_bytes(
+      TINY, local_batch=3, tokens=T, mm_bytes=2, remat=False
+  )
+  assert abs(bare - 3 * (2 * 1978 + 960)) <= 1
   # Dropout: 8 bytes per element of T*M + 2*T*D = 160 elements: +1280 a block.
   assert abs(got(dropout=True) - 3 * (2 * (1978 + 1280) + 1808)) <= 1
   # Remat: each block's input (T*D f32 = 160) plus one block recomputed.
@@ -119,6 +123,9 @@ def test_tpu_activation_bytes_by_hand():
     )
 
   assert got(False) == 3 * (3 * block + outside)
+  # Without an image or classes (their defaults 0): the embeddings only.
+  bare = formulas.tpu_activation_bytes(TINY, local_batch=3, remat=False, **kw)
+  assert bare == 3 * (3 * block + 6 * T * 8 * 4)
   # A (5, 8) f32 block input is one 8 x 128 tile: 4096 bytes; bf16 the same
   # tile of 16 rows x 128 lanes x 2 bytes.
   assert got(True) == 3 * (2 * 4096 + 3 * block + outside)
