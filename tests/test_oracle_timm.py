@@ -178,7 +178,20 @@ def test_refusals_and_the_image_size_a_file_says(tmp_path):
     kwargs = timm.write_timm(params, path, image_size=size)
     assert kwargs["img_size"] == size
     assert timm.timm_image_size(path) == want
+  from safetensors import safe_open  # pylint: disable=import-outside-toplevel
   from safetensors.numpy import save_file  # pylint: disable=import-outside-toplevel
 
   save_file({"x": np.zeros(2, np.float32)}, str(tmp_path / "bare.safetensors"))
   assert timm.timm_image_size(tmp_path / "bare.safetensors") is None
+  # The format tag Hugging Face's loaders require of a PyTorch file
+  # (transformers refuses another), as safetensors.torch writes it.
+  with safe_open(str(path), "np") as f:
+    assert f.metadata()["format"] == "pt"
+  # A file that is not one: the reader's reason in the one line.
+  (tmp_path / "bad.safetensors").write_bytes(b"\xff" * 16)
+  msg = checks.one_line_error(
+      lambda: timm.read_timm(tmp_path / "bad.safetensors", 2),
+      "not a readable safetensors file (",
+      "copy or export it again",
+  )
+  assert "(None)" not in msg and "()" not in msg, msg
