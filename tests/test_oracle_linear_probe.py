@@ -175,6 +175,7 @@ def test_settings_are_read_and_a_fit_out_of_memory_is_one_line(monkeypatch):
   )
   assert type(ev.seed) is int and type(ev.max_iter) is int
   default = linear_probe.Evaluator("predict", mesh=mesh)
+  assert seen[-1][-1] is False  # no pixel baseline unless asked
   assert default.l2_regs == (1e-6, 1e-5, 1e-4, 1e-3, 1e-2)
   assert (default.holdout_fraction, default.seed) == (0.1, 0)
   assert (default.max_iter, default.tol) == (1000, 1e-4)
