@@ -50,8 +50,16 @@ import scipy.stats
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 # docs/: tests that run the commands and ops the docs show read it (mutmut's
-# mutants/ copy holds only what [tool.mutmut] also_copy names).
-LINKED = ("big_vit_lite", "tests", "configs", "docs", "pytest.ini")
+# mutants/ copy holds only what [tool.mutmut] also_copy names); benchmarks/:
+# timm_reference's torchvision stand-in, for the tests against real timm.
+LINKED = (
+    "big_vit_lite",
+    "tests",
+    "configs",
+    "docs",
+    "benchmarks",
+    "pytest.ini",
+)
 
 
 def _toml_value(value):

@@ -198,3 +198,22 @@ def test_integer_or_flat_labels_are_rejected(fn):
   for bad in (jnp.arange(3), labels.astype(jnp.int32)):
     with pytest.raises(ValueError, match="one-hot float labels"):
       fn(jax.random.PRNGKey(0), images, bad)
+
+
+def test_mixed_batches_keep_their_dtypes():
+  """Guards: bfloat16 images (or labels) handed back as float32 after the
+  float32 ratio multiplied them (cutmix did so with its labels, and
+  mixup_or_cutmix's lax.cond then refused bfloat16 labels: its two branches
+  disagreed). Oracle: the dtypes given, and mixup's float32 blend rounded
+  to bfloat16."""
+  images, labels = _batch()
+  images, labels = images.astype(jnp.bfloat16), labels.astype(jnp.bfloat16)
+  key = jax.random.PRNGKey(3)
+  # lax.cond traces both methods and needs their outputs' types to agree.
+  got = mixup_lib.mixup_or_cutmix(
+      key, images, labels, mixup_alpha=0.2, cutmix_alpha=1.0
+  )
+  assert [x.dtype for x in got] == [jnp.bfloat16, jnp.bfloat16]
+  want, _ = mixup_lib.mixup(key, images.astype(jnp.float32), labels)
+  got, _ = mixup_lib.mixup(key, images, labels)
+  np.testing.assert_array_equal(got, want.astype(jnp.bfloat16))

@@ -51,8 +51,10 @@ def cutmix(rng, images, labels, *, alpha=1.0):
   box = (ys >= y0) & (ys < y1) & (xs >= x0) & (xs < x1)  # [H, W]
   mixed = jnp.where(box[None, :, :, None], jnp.roll(images, 1, axis=0), images)
   kept = 1.0 - jnp.mean(box.astype(jnp.float32))  # exact after clipping
-  labels = kept * labels + (1.0 - kept) * jnp.roll(labels, 1, axis=0)
-  return mixed, labels.astype(labels.dtype)
+  # (in the labels' own dtype, as mixup's: lax.cond in mixup_or_cutmix needs
+  # both branches to agree)
+  mixed_labels = kept * labels + (1.0 - kept) * jnp.roll(labels, 1, axis=0)
+  return mixed, mixed_labels.astype(labels.dtype)
 
 
 def mixup_or_cutmix(
