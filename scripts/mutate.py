@@ -35,6 +35,8 @@ the adequacy of the whole set).
 
 import argparse
 import collections
+import contextlib
+import fcntl
 import fnmatch
 import os
 import pathlib
@@ -107,9 +109,37 @@ def equivalent_mutants():
   return tool["big_vit_lite"].get("equivalent_mutants", {})
 
 
+def scratch_dir(module):
+  """.mutate/<module>/, the folder mutmut runs in for `module`."""
+  return REPO / ".mutate" / module.replace("/", "__").removesuffix(".py")
+
+
+@contextlib.contextmanager
+def module_lock(module):
+  """Held while a run uses the module's scratch folder.
+
+  A second run of the same module (another terminal, or two rows of the docs
+  test on two xdist workers) would remove the folder under the first one's
+  mutmut, whose clean tests then fail: it waits for the first instead.
+  """
+  lock_path = scratch_dir(module).with_suffix(".lock")
+  lock_path.parent.mkdir(exist_ok=True)
+  with open(lock_path, "w") as lock:
+    try:
+      fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      print(
+          f"waiting for another run of scripts/mutate.py on {module}"
+          f" (it holds {lock_path})",
+          flush=True,
+      )
+      fcntl.flock(lock, fcntl.LOCK_EX)
+    yield
+
+
 def prepare_scratch(module):
   """.mutate/<module>/: links to the repo's files and this module's settings."""
-  scratch = REPO / ".mutate" / module.replace("/", "__").removesuffix(".py")
+  scratch = scratch_dir(module)
   shutil.rmtree(scratch, ignore_errors=True)
   scratch.mkdir(parents=True)
   for name in LINKED:
@@ -166,8 +196,88 @@ def wilson_interval(killed, tested):
   return interval.low, interval.high
 
 
+# The frames of mutmut's progress spinner (a line of its log starts with one).
+SPINNER = tuple("⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏")
+
+
 def _mutmut():
   return str(pathlib.Path(sys.executable).parent / "mutmut")
+
+
+def mutate_and_report(module, selected, max_children, sampled, show):
+  """Runs mutmut on `module` (the mutants `selected`, or all), prints the table
+  row's counts (with the Wilson interval where `sampled`) and the survivors
+  (their diffs where `show`); returns mutmut's exit status."""
+  scratch = prepare_scratch(module)
+  env = dict(os.environ)
+  # mutmut puts its mutated copy first on sys.path; a PYTHONPATH naming this
+  # checkout would not hurt the tests in-process, but keep it out of the way.
+  env.pop("PYTHONPATH", None)
+  log = scratch / "mutmut.log"
+  print(f"mutating {module} (mutmut's output: {log})", flush=True)
+  command = [_mutmut(), "run", "--max-children", str(max_children)]
+  if selected:
+    command.extend(selected)
+  with open(log, "w") as f:
+    run = subprocess.run(
+        command,
+        cwd=scratch,
+        env=env,
+        stdout=f,
+        stderr=subprocess.STDOUT,
+        check=False,
+    )
+  if run.returncode:
+    # mutmut redraws a spinner line many times a second: keep the rest (the
+    # failing clean test's output, mutmut's own error).
+    lines = log.read_text().splitlines()
+    kept = [line for line in lines if not line.lstrip().startswith(SPINNER)]
+    print("\n".join(kept[-60:]))
+  statuses = read_results(scratch)
+  equivalent = equivalent_mutants()
+  for name, status in statuses.items():
+    if status == "survived" and name in equivalent:
+      statuses[name] = "equivalent"
+  counts = collections.Counter(statuses.values())
+  # A mutant no listed test runs ("no tests") is one they would miss; a
+  # timeout (the mutant made the tests hang) is one they catch.
+  killed = counts["killed"] + counts["timeout"]
+  survived = counts["survived"] + counts["no tests"]
+  print()
+  print(
+      f"{module}: {len(statuses)} mutants, "
+      + ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+  )
+  tested = killed + survived
+  if tested:
+    score = killed / tested
+    print(
+        f"score = killed / (killed + survived + no tests) = {killed}/"
+        f"{tested} = {score:.1%}"
+    )
+  if tested and sampled:
+    low, high = wilson_interval(killed, tested)
+    print(
+        f"sampled {len(selected)} of {len(statuses)}: 95% Wilson interval"
+        f" {low:.1%} to {high:.1%}"
+    )
+  for name, status in sorted(statuses.items()):
+    if status == "not checked":
+      continue
+    if status == "equivalent":
+      print(f"  equivalent: {name} ({equivalent[name]})")
+    elif status != "killed":
+      print(f"  {status}: {name}")
+      if show:
+        diff = subprocess.run(
+            [_mutmut(), "show", name],
+            cwd=scratch,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        print(diff.stdout)
+  return run.returncode
 
 
 def main():
@@ -226,72 +336,15 @@ def main():
         f"sampled {len(selected)} of {len(names)} mutants (seed {args.seed})",
         flush=True,
     )
-  scratch = prepare_scratch(module)
-  env = dict(os.environ)
-  # mutmut puts its mutated copy first on sys.path; a PYTHONPATH naming this
-  # checkout would not hurt the tests in-process, but keep it out of the way.
-  env.pop("PYTHONPATH", None)
-  log = scratch / "mutmut.log"
-  print(f"mutating {module} (mutmut's output: {log})", flush=True)
-  command = [_mutmut(), "run", "--max-children", str(args.max_children)]
-  if selected:
-    command.extend(selected)
-  with open(log, "w") as f:
-    run = subprocess.run(
-        command,
-        cwd=scratch,
-        env=env,
-        stdout=f,
-        stderr=subprocess.STDOUT,
-        check=False,
+  with module_lock(module):
+    returncode = mutate_and_report(
+        module,
+        selected,
+        args.max_children,
+        sampled=args.sample is not None,
+        show=args.show,
     )
-  if run.returncode:
-    print(log.read_text()[-3000:])
-  statuses = read_results(scratch)
-  equivalent = equivalent_mutants()
-  for name, status in statuses.items():
-    if status == "survived" and name in equivalent:
-      statuses[name] = "equivalent"
-  counts = collections.Counter(statuses.values())
-  # A mutant no listed test runs ("no tests") is one they would miss; a
-  # timeout (the mutant made the tests hang) is one they catch.
-  killed = counts["killed"] + counts["timeout"]
-  survived = counts["survived"] + counts["no tests"]
-  print()
-  print(
-      f"{module}: {len(statuses)} mutants, "
-      + ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
-  )
-  tested = killed + survived
-  if tested:
-    score = killed / tested
-    print(
-        f"score = killed / (killed + survived + no tests) = {killed}/"
-        f"{tested} = {score:.1%}"
-    )
-  if tested and args.sample is not None:
-    low, high = wilson_interval(killed, tested)
-    print(
-        f"sampled {len(selected)} of {len(statuses)}: 95% Wilson interval"
-        f" {low:.1%} to {high:.1%}"
-    )
-  for name, status in sorted(statuses.items()):
-    if status == "not checked":
-      continue
-    if status == "equivalent":
-      print(f"  equivalent: {name} ({equivalent[name]})")
-    elif status != "killed":
-      print(f"  {status}: {name}")
-      if args.show:
-        show = subprocess.run(
-            [_mutmut(), "show", name],
-            cwd=scratch,
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        print(show.stdout)
-  sys.exit(run.returncode)
+  sys.exit(returncode)
 
 
 if __name__ == "__main__":

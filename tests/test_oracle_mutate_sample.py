@@ -48,3 +48,34 @@ def test_sample_is_seeded_distinct_and_from_the_module():
   assert sorted(mutate.sample_mutants(names, len(names) + 5, 0)) == sorted(
       names
   )
+
+
+def test_a_second_run_of_a_module_waits_for_the_first(monkeypatch, tmp_path):
+  """Guards: two runs on one module sharing .mutate/<module>/ (the second's
+  prepare_scratch removed the folder under the first's mutmut, whose clean
+  tests failed: 28 mutants, 28 not checked, exit 1; seen in CI when two docs
+  rows ran on two xdist workers)."""
+  import threading  # pylint: disable=import-outside-toplevel
+
+  monkeypatch.setattr(mutate, "REPO", tmp_path)
+  module = "big_vit_lite/trainer/losses.py"
+  events = []
+  second_entered = threading.Event()
+
+  def second_run():
+    with mutate.module_lock(module):
+      events.append("second runs")
+      second_entered.set()
+
+  with mutate.module_lock(module):
+    events.append("first runs")
+    thread = threading.Thread(target=second_run)
+    thread.start()
+    # The second waits while the first holds the lock.
+    assert not second_entered.wait(timeout=0.5)
+    events.append("first done")
+  thread.join(timeout=10)
+  assert events == ["first runs", "first done", "second runs"]
+  # Another module's run does not wait.
+  with mutate.module_lock(module), mutate.module_lock("big_vit_lite/ema.py"):
+    pass
