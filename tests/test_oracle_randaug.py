@@ -192,3 +192,25 @@ def test_layers_apply_in_sequence_with_their_own_draws():
     assert ops_two, "the second layer's output is none of the 16 ops"
     same += op_one in ops_two
   assert same <= 20, same
+
+
+def test_the_draw_does_not_depend_on_the_image_and_small_images_match_pil():
+  """Guards: ops that skip or break on small images (sharpness's 3x3
+  filter left off at a side of exactly 3 pixels, where PIL smooths the
+  middle row), a draw that depends on the image's size. The op a seed draws
+  is read from IMG's output; the 3x5 image's output with the same seed is
+  that op's oracle output (cutout's half-side, 0.7 * 40 / 224 * 3, rounds
+  to 0 pixels there: no box)."""
+  draws = 96
+  small = IMG[5:8, 10:15]
+  seeds = np.arange(draws)
+  big_out = _randaug(1, np.broadcast_to(IMG, (draws, H, W, 3)), seeds)
+  small_out = _randaug(1, np.broadcast_to(small, (draws, 3, 5, 3)), seeds)
+  oracles, small_oracles = _oracle_outputs(IMG), _oracle_outputs(small)
+  small_oracles["cutout", 1] = small
+  drawn = set()
+  for big, out in zip(big_out, small_out):
+    (op,) = _matches(IMG, big, oracles)
+    drawn.add(op[0])
+    np.testing.assert_allclose(out, small_oracles[op], atol=1, err_msg=op)
+  assert "sharpness" in drawn and len(drawn) >= 14, drawn
