@@ -176,8 +176,9 @@ def test_layers_apply_in_sequence_with_their_own_draws():
   twice), a layer applied to the input image instead of the previous
   layer's output. The first layer's draw does not depend on num_layers, so
   randaug(2)'s output is one op of the oracle applied to randaug(1)'s; over
-  96 draws the second op equals the first about 6 times (1/16), never all."""
-  draws = 96
+  64 draws the second op equals the first about 4 times (1/16, sd 1.9),
+  at most 14 (5 sd), never all."""
+  draws = 64
   seeds = np.arange(draws)
   images = np.broadcast_to(IMG, (draws, H, W, 3))
   np.testing.assert_array_equal(_randaug(0, images[:2], seeds[:2]), images[:2])
@@ -191,7 +192,7 @@ def test_layers_apply_in_sequence_with_their_own_draws():
     ops_two = _matches(after_one, after_two, _oracle_outputs(after_one))
     assert ops_two, "the second layer's output is none of the 16 ops"
     same += op_one in ops_two
-  assert same <= 20, same
+  assert same <= 14, same
 
 
 def test_the_draw_does_not_depend_on_the_image_and_small_images_match_pil():
