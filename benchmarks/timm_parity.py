@@ -77,8 +77,9 @@ CASES = {
         None,
     ),
 }
-# The block options (tests/test_timm_options.py), alone and together, on random
-# params.
+# The block options, alone and together, on random params: the one definition
+# of the all-options cases, which tests/test_timm_options.py and
+# tests/test_oracle_timm.py import.
 _TINY = dict(
     variant=None,
     width=64,
@@ -88,7 +89,7 @@ _TINY = dict(
     patch_size=8,
     num_classes=7,
 )
-_OPTIONS = dict(
+OPTIONS = dict(
     reg=dict(reg_tokens=2),
     qk_norm=dict(qk_norm=True),
     layerscale=dict(layerscale_init=0.5),
@@ -125,9 +126,9 @@ _OPTIONS = dict(
     ),
 )
 CASES.update(
-    {f"opt_{k}": (dict(_TINY, **v), 32, None) for k, v in _OPTIONS.items()}
+    {f"opt_{k}": (dict(_TINY, **v), 32, None) for k, v in OPTIONS.items()}
 )
-OPTION_CASES = [f"opt_{k}" for k in _OPTIONS]
+OPTION_CASES = [f"opt_{k}" for k in OPTIONS]
 
 
 def _install_torchvision_standin():

@@ -91,6 +91,49 @@ def test_sharded_batch_gives_the_same_mean_gradient():
     np.testing.assert_allclose(sharded[1][key], plain[1][key], rtol=1e-6)
 
 
+def test_shardings_constrain_the_microbatches_and_accumulators(monkeypatch):
+  """Guards: the batch's sharding not handed to split (the stacked
+  microbatches left to XLA's choice), split's spec without its leading None
+  for the microbatch axis or without the batch's axes, a microbatch or the
+  accumulators left unconstrained. On one CPU device jax normalises every
+  spec to P(), so no number shows these (on a pod each gathers or
+  re-shards every microbatch); the oracle is what reaches
+  jax.lax.with_sharding_constraint, recorded: microbatches stacked
+  (3, 4, ...) as P(None, "data"), each microbatch (4, ...) as P("data"),
+  the float32 accumulators as the params' shardings."""
+  P = jax.sharding.PartitionSpec  # pylint: disable=invalid-name
+  params, batch = _problem()
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",))
+  rows = jax.sharding.NamedSharding(mesh, P("data"))
+  replicated = jax.sharding.NamedSharding(mesh, P())
+  constrain, seen = jax.lax.with_sharding_constraint, []
+
+  def recording(x, shardings):
+    # One sharding for a whole tree, or a tree of them.
+    if isinstance(shardings, jax.sharding.Sharding):
+      seen.append(jax.tree.map(lambda a: (a.shape, shardings.spec), x))
+    else:
+      seen.append(jax.tree.map(lambda a, s: (a.shape, s.spec), x, shardings))
+    return constrain(x, shardings)
+
+  monkeypatch.setattr(jax.lax, "with_sharding_constraint", recording)
+  jax.jit(
+      lambda p, b: grad_accum.value_and_grad(
+          _loss_fn,
+          p,
+          b,
+          jax.random.PRNGKey(5),
+          3,
+          batch_sharding=rows,
+          param_shardings={"w": replicated, "b": replicated},
+      )
+  )(params, batch)
+  assert {"w": ((3, 2), P()), "b": ((2,), P())} in seen
+  assert ((3, 4, 3), P(None, "data")) in seen
+  assert ((3, 4, 2), P(None, "data")) in seen
+  assert {"x": ((4, 3), P("data")), "y": ((4, 2), P("data"))} in seen
+
+
 def test_one_step_is_plain_value_and_grad():
   """Guards: k = 1 taking the scan path (a fold_in of the rng: the k = 1 run
   would not reproduce runs made without accumulation)."""

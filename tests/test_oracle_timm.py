@@ -15,7 +15,9 @@ missing (timm_reference.require; a failure in CI).
 """
 
 import json
+import os
 import pkgutil
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -28,26 +30,20 @@ from big_vit_lite.models import timm
 import checks
 import timm_reference
 
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+try:
+  import timm_parity  # pylint: disable=g-import-not-at-top
+finally:
+  sys.path.pop(0)
+
 SMALL = dict(width=16, mlp_dim=24, num_classes=3)
+# benchmarks/timm_parity.py's all-options cases: the serial block's options
+# and registers (with global average pooling), the parallel block's with
+# the MAP head, and a plain block with DeiT's two tokens and heads.
 CASES = {
-    "gap_serial_options_registers": dict(
-        pool_type="gap",
-        reg_tokens=2,
-        qk_norm=True,
-        layerscale_init=0.5,
-        mlp="swiglu",
-        norm="rmsnorm",
-        use_bias=False,
-    ),
-    "map_parallel_no_bias": dict(
-        pool_type="map",
-        parallel_block=True,
-        qk_norm=True,
-        layerscale_init=0.5,
-        use_bias=False,
-    ),
-    # A plain block (LayerNorm, GELU, biases) and DeiT's two tokens and heads.
-    "distill_token": dict(distill_token=True),
+    "all_serial_gap": dict(timm_parity.OPTIONS["all_serial"], pool_type="gap"),
+    "all_parallel_map": timm_parity.OPTIONS["all_parallel_map"],
+    "distill_token": timm_parity.OPTIONS["distill_token"],
 }
 IMAGES = np.asarray(
     jax.random.uniform(jax.random.key(9), (2, 16, 16, 3), minval=-1, maxval=1)

@@ -193,6 +193,27 @@ def test_head_initial_values_are_zero_or_lecun_normal():
   assert not np.any(params["params"]["head"]["kernel"])
 
 
+def test_tokens_initial_values_are_timms():
+  """Guards: register tokens drawn as zeros or one value (identical
+  registers get identical updates forever: reg_tokens=8 trains as one),
+  drawn at another scale, or the class token drawn instead of zero. Oracle:
+  timm's init (VisionTransformer.init_weights: reg_token normal, std 1e-6;
+  DeiT's dist_token std 0.02) and big_vision's (a zero cls token);
+  8 x 32 register draws: the sample std within 25% of 1e-6 (> 5 standard
+  errors of ~4.4%), 32 dist draws within a factor of 2."""
+  model = vit.Model(
+      num_classes=4, **{**TINY, "width": 32}, reg_tokens=8, distill_token=True
+  )
+  params = nn.meta.unbox(jax.jit(model.init)(jax.random.key(2), IMAGES[:1]))
+  params = params["params"]
+  reg = np.asarray(params["reg"], np.float64)[0]
+  assert reg.shape == (8, 32)
+  np.testing.assert_allclose(reg.std(), 1e-6, rtol=0.25)
+  assert len(np.unique(reg[:, 0])) == 8  # eight different registers
+  assert not np.any(params["cls"])
+  assert 0.01 < np.asarray(params["dist"]).std() < 0.04
+
+
 def test_distilled_heads_by_hand_with_and_without_classes():
   """Guards: DeiT's logits not the mean of the two heads (their sum or
   difference, one head only), the heads swapped between the tokens, the

@@ -20,55 +20,20 @@ from big_vit_lite.models import loading
 import checks
 import timm_reference
 
-ALL_SERIAL = dict(
-    reg_tokens=2,
-    qk_norm=True,
-    layerscale_init=0.5,
-    mlp="swiglu",
-    norm="rmsnorm",
-    use_bias=False,
-)
-ALL_PARALLEL = dict(
-    reg_tokens=1,
-    qk_norm=True,
-    layerscale_init=0.5,
-    norm="rmsnorm",
-    parallel_block=True,
-    use_bias=False,
-    pool_type="map",
-)
-CASES = [
-    dict(reg_tokens=2),
-    dict(qk_norm=True),
-    dict(layerscale_init=0.5),
-    dict(mlp="swiglu"),
-    dict(norm="rmsnorm"),
-    dict(parallel_block=True),
-    dict(use_bias=False),
-    ALL_SERIAL,
-    ALL_PARALLEL,
-    dict(distill_token=True),
-    # (timm's DeiT has no registers)
-    {
-        **{k: v for k, v in ALL_SERIAL.items() if k != "reg_tokens"},
-        "distill_token": True,
-    },
-]
-IDS = [",".join(c) for c in CASES]
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+try:
+  import timm_parity  # pylint: disable=g-import-not-at-top
+finally:
+  sys.path.pop(0)
+
+ALL_SERIAL = timm_parity.OPTIONS["all_serial"]
+ALL_PARALLEL = timm_parity.OPTIONS["all_parallel_map"]
+# Each option alone, then together (serial, parallel, DeiT's).
+CASES = list(timm_parity.OPTIONS.values())
+IDS = list(timm_parity.OPTIONS)
 IMAGES = np.asarray(
     jax.random.uniform(jax.random.key(7), (2, 16, 16, 3), minval=-1, maxval=1)
 )
-
-
-def _timm_parity():
-  sys.path.insert(
-      0, os.path.join(os.path.dirname(__file__), "..", "benchmarks")
-  )
-  try:
-    import timm_parity  # pylint: disable=g-import-not-at-top,import-outside-toplevel
-  finally:
-    sys.path.pop(0)
-  return timm_parity
 
 
 @pytest.mark.parametrize("opts", CASES, ids=IDS)
@@ -208,7 +173,6 @@ def test_option_parity_with_real_timm(tmp_path):
   jitted, which spares a compile per case.
   """
   timm_reference.require()  # Skips where torch/timm are missing, except in CI.
-  timm_parity = _timm_parity()
   for i, name in enumerate(timm_parity.OPTION_CASES):
     model, params, images = timm_parity.our_case(name, i)
     ours = np.asarray(model.apply({"params": params}, images)[0])
