@@ -9,8 +9,9 @@ pixel round(a x + b y + c), round(d x + e y + f)) for shear and translate.
 The magnitude's arguments are worked by hand from the EfficientNet/big_vision
 ranges at magnitude 7 (level 0.7: enhance 0.7 * 1.8 + 0.1 = 1.36, rotate
 21 degrees, shear 0.21, translate 0.7 * 100 / 224 of the side, posterize 2
-bits, solarize at 179.2, solarize_add 77, cutout half-side 0.7 * 40 / 224
-of the short side): no op is the identity there, unlike magnitude 5
+bits, solarize at int(179.2) = 179 as big_vision truncates it, solarize_add
+77, cutout half-side 0.7 * 40 / 224 of the short side): no op is the
+identity there, unlike magnitude 5
 (enhance 1.0) or 10 (solarize's threshold 256).
 
 A 32x44 image of random pixels makes every op's output unlike every other's
@@ -65,7 +66,7 @@ def _oracle_outputs(image):
       ("invert", 1): 255 - image,
       ("posterize", 1): _pil(image, lambda i: ImageOps.posterize(i, 2)),
       # Values >= 179.2, i.e. >= 180, are inverted.
-      ("solarize", 1): _pil(image, lambda i: ImageOps.solarize(i, 180)),
+      ("solarize", 1): _pil(image, lambda i: ImageOps.solarize(i, 179)),
       ("color", 1): _pil(
           image, lambda i: ImageEnhance.Color(i).enhance(ENHANCE)
       ),

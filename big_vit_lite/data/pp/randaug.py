@@ -128,7 +128,9 @@ def _ops(image, level, sign, seed):
       lambda: 255 - image,  # invert
       lambda: _rotate(image, sign * level * 30.0),
       lambda: _posterize(image, bits),
-      lambda: _solarize(image, level * 256.0),
+      # big_vision's threshold is int(level * 256): 179 at magnitude 7 (179.2
+      # would keep the 179s that it inverts).
+      lambda: _solarize(image, tf.floor(level * 256.0)),
       lambda: _blend(_grey(image), image, enhance),  # color
       lambda: _contrast(image, enhance),
       lambda: _blend(tf.zeros_like(image), image, enhance),  # brightness
