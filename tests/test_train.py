@@ -28,6 +28,7 @@ from trainer_runs import (
     read_losses,
     run_train,
     start_train,
+    tiny_kill_reference,
     tiny_killed_twice,
     wait_for_step,
 )
@@ -39,12 +40,10 @@ STEPS = 300  # Long enough (a few seconds of steps) to interrupt mid-run.
 
 
 @pytest.fixture(scope="module")
-def reference_run(tfds_data_dir, tmp_path_factory):
-  """An uninterrupted run of trainer_runs.KILL_ARGS (STEPS steps)."""
-  workdir = str(tmp_path_factory.mktemp("reference"))
-  r = run_train(tfds_data_dir, workdir, *KILL_ARGS)
-  assert r.returncode == 0, r.stderr[-3000:]
-  losses = read_losses(workdir)
+def reference_run(tfds_data_dir):
+  """An uninterrupted run of trainer_runs.KILL_ARGS (STEPS steps; shared with
+  test_grad_accum.py)."""
+  workdir, losses = tiny_kill_reference(tfds_data_dir)
   assert sorted(losses) == list(range(1, STEPS + 1))
   return workdir, losses
 
@@ -74,7 +73,7 @@ def test_sigterm_saves_and_exits_zero_then_resumes(
   ref_dir, ref_losses = reference_run
   workdir = str(tmp_path / "preempted")
   # No periodic saves.
-  args = (f"--config.total_steps={STEPS}", "--config.ckpt_steps=1000")
+  args = (*KILL_ARGS, "--config.ckpt_steps=1000")
   proc = start_train(tfds_data_dir, workdir, *args)
   wait_for_step(proc, workdir, 60)
   proc.send_signal(signal.SIGTERM)

@@ -74,10 +74,29 @@ def tiny_run(data_dir):
     return os.path.join(folder, "workdir"), f.read()
 
 
-# The tiny config's kill/resume run (tiny_killed_twice): long enough (a few seconds of steps)
-# to kill mid-run, a checkpoint every 40 steps; killed after the steps KILLED_AFTER.
-KILL_ARGS = ("--config.total_steps=300", "--config.ckpt_steps=40")
+# The tiny config's kill/resume runs (tiny_kill_reference, tiny_killed_twice): long enough (a
+# few seconds of steps) to kill mid-run, a checkpoint every 40 steps, and 2 microbatches a step
+# (the accumulated step's resume: test_grad_accum.py; other kill tests resume whole batches);
+# killed after the steps KILLED_AFTER.
+KILL_ARGS = (
+    "--config.grad_accum_steps=2",
+    "--config.total_steps=300",
+    "--config.ckpt_steps=40",
+)
 KILLED_AFTER = (100, 161)
+
+
+def tiny_kill_reference(data_dir):
+  """(workdir, {step: loss}) of the KILL_ARGS run uninterrupted: made once per pytest run for
+  the tests that compare a killed and resumed run with it, which write nothing in it.
+  """
+
+  def build(folder):
+    r = run_train(data_dir, folder, *KILL_ARGS)
+    assert r.returncode == 0, r.stderr[-3000:]
+
+  workdir = shared_dirs.built_once("tiny_kill_reference", build)
+  return workdir, read_losses(workdir)
 
 
 def tiny_killed_twice(data_dir):
