@@ -26,7 +26,9 @@ whose names start with IMPORT_TIME (jax reads its JAX_* options and TensorFlow
 its TF_* ones at import, PYTHON* and LD_*, GLIBC_TUNABLES and the thread-pool
 variables act at start-up), and whether the command is one of this package's
 (`-m big_vit_lite.X`: the package's __init__ sets TensorFlow's log level for
-those before TensorFlow loads). The variables the imports set
+those before TensorFlow loads). Except READ_AGAIN: TFDS_DATA_DIR, which tfds keeps
+in a module constant at import (its only use of the variable), is read again in
+the child as a fresh tfds would, so one zygote serves every data dir. The variables the imports set
 (JAX_PLATFORMS=cpu, TF_CPP_MIN_LOG_LEVEL, ...) are set in the child too,
 unless its environment has them, and what they printed (TensorFlow's start-up
 lines) is printed again at the start of each child, where the caller sees it
@@ -83,6 +85,8 @@ IMPORT_TIME = (
     "LANG",
     "LC_",
 )
+# Variables read at import that the child reads again (become: _read_again): not keys.
+READ_AGAIN = ("TFDS_DATA_DIR",)
 PRELOAD = (
     "tensorflow",
     "tensorflow_datasets",
@@ -156,7 +160,9 @@ def _target(args):
 
 def _key_env(env, ours):
   key = {
-      k: v for k, v in env.items() if k.startswith((*IMPORT_TIME, PRELOAD_ENV))
+      k: v
+      for k, v in env.items()
+      if k.startswith((*IMPORT_TIME, PRELOAD_ENV)) and k not in READ_AGAIN
   }
   key["<big_vit_lite command>"] = str(ours)
   key["<python>"] = sys.executable
@@ -495,6 +501,7 @@ def become(request):
   os.environ.clear()
   os.environ.update(env)
   tempfile.tempdir = None  # TMPDIR is read again
+  _read_again()
   # (a pipe or file as the zygote's were; a terminal is line-buffered)
   sys.stdout.reconfigure(line_buffering=sys.stdout.isatty())
   sys.orig_argv = [sys.executable, *args]
@@ -509,6 +516,14 @@ def become(request):
     runpy.run_module(name, run_name="__main__", alter_sys=True)
   else:
     runpy.run_path(name, run_name="__main__")
+
+
+def _read_again():
+  """READ_AGAIN's variables, from the child's environment, where the zygote's imports kept them."""
+  constants = sys.modules.get("tensorflow_datasets.core.constants")
+  if constants is not None:
+    # tfds' default data dir, as its import computes it.
+    constants.DATA_DIR = constants.get_default_data_dir()
 
 
 def _forget_flags_of(module_name):

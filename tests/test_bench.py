@@ -55,14 +55,23 @@ def _env():
   return dict(os.environ, JAX_PLATFORMS="cpu")
 
 
-def _run(args, timeout=100):
+def _run(args, timeout=100, as_a_user=False):
+  """`python ARGS`, forked by the fork server; `as_a_user`: a real process, without the huge-page
+  tunable conftest.py sets (so that an entry point re-executes itself with it, as a user's
+  does)."""
+  cmd = [sys.executable, *args]
+  env = _env()
+  if as_a_user:
+    env.pop("GLIBC_TUNABLES", None)
+  else:
+    cmd = forkserver.command(cmd)
   p = subprocess.run(
-      forkserver.command([sys.executable, *args]),
+      cmd,
       cwd=ROOT,
       capture_output=True,
       text=True,
       timeout=timeout,
-      env=_env(),
+      env=env,
   )
   assert p.returncode == 0, p.stderr[-3000:]
   return p
@@ -131,17 +140,14 @@ def test_cli_prints_one_json_line_per_case():
           "--warmup=1",
           "--calib_n=64",
           "--mode=infer",
-      ]
+      ],
+      as_a_user=True,
   )
   one = json.loads([l for l in one.stdout.splitlines() if l.startswith("{")][0])
   assert one["num_devices"] == 1
   # The entry point re-executed itself with huge pages for XLA's buffers
   # (hostmem.py).
-  if (
-      hostmem.supported()
-      and "GLIBC_TUNABLES" not in os.environ
-      and os.environ.get(hostmem.OPT_OUT) != "0"
-  ):
+  if hostmem.supported() and os.environ.get(hostmem.OPT_OUT) != "0":
     assert one["host_malloc"].startswith("glibc.malloc.hugetlb=1"), one[
         "host_malloc"
     ]

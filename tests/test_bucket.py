@@ -21,6 +21,7 @@ import pytest
 
 from big_vit_lite.trainer import checkpoint
 import fake_gcs
+import forkserver
 import test_docs_commands
 import trainer_runs
 
@@ -138,8 +139,10 @@ def test_training_reads_a_bucket_and_resumes_from_a_bucket_workdir(
 
   def on_bucket(*overrides):
     return subprocess.run(
-        trainer_runs.train_cmd(
-            f"gs://{BUCKET}/run", trainer_runs.TINY, *overrides
+        forkserver.command(
+            trainer_runs.train_cmd(
+                f"gs://{BUCKET}/run", trainer_runs.TINY, *overrides
+            )
         ),
         env={**trainer_runs.env_for(f"gs://{BUCKET}/tfds"), **gcs.env},
         cwd=trainer_runs.ROOT,
@@ -190,16 +193,18 @@ def _bucket_commands():
 def documented_bucket(tmp_path_factory, tfds_data_dir):
   """The fake after docs/jft_scale.md's bucket example ran on it as written (MY_BUCKET: the
   fake's bucket; the demo cut to runlocal, as test_docs_commands runs it), once for the tests
-  that read what it wrote. (Real processes: through the fork server they cost more here, a
-  zygote for the prepares and two for the trainer's TFDS_DATA_DIR, each importing everything.)
+  that read what it wrote. Its `python` is the fork server's, as in test_docs_commands (the
+  same environment: the same zygotes).
   """
   commands = _bucket_commands()
   assert [raw.split()[0] for _, _, raw, _ in commands] == [
       "for",
       "TFDS_DATA_DIR=gs://MY_BUCKET/tensorflow_datasets",
   ]
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+  env = dict(os.environ)
   env["PATH"] = f"{os.path.dirname(sys.executable)}:{env['PATH']}"
+  if forkserver.enabled():
+    env["PATH"] = f"{forkserver.bin_dir()}:{env['PATH']}"
   with _fake_gcs(tmp_path_factory.mktemp("documented")) as server:
     for doc, line, raw, block_env in commands:
       cmd = raw.replace("MY_BUCKET", BUCKET).replace(

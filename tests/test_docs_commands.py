@@ -139,12 +139,22 @@ COMMANDS = [
     Cmd("export", "env"),
     Cmd("python -c", "run"),
     Cmd("python scripts/code_size.py", "run"),
-    # docs/testing.md: mutation testing of one module (a few mutants here:
-    # every mutant of a module takes minutes).
+    # docs/testing.md: mutation testing of one module (one mutant here: every
+    # mutant of a module takes minutes). Its two lines (all mutants, and a
+    # --sample) are one run: `args` takes the documented module and both
+    # lines' flags (a sample of the one mutant --only names).
     Cmd(
         "python scripts/mutate.py",
         "run",
-        extra=("--only", "big_vit_lite.trainer.losses.x_get__mutmut_1"),
+        args=(
+            "big_vit_lite/trainer/losses.py",
+            "--sample",
+            "10",
+            "--seed",
+            "0",
+            "--only",
+            "big_vit_lite.trainer.losses.x_get__mutmut_1",
+        ),
         slow=True,
     ),
     # docs/testing.md: a test rerun without the fork server.

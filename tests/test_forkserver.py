@@ -179,6 +179,30 @@ def test_xla_flags_reach_a_forked_child(tmp_path):
     assert p.stdout.split() == [str(n), "True"]
 
 
+def test_one_zygote_serves_each_tfds_data_dir_as_a_fresh_tfds_would(tmp_path):
+  """Guards: a child that keeps the data dir its zygote's tfds import read (the zygote's first
+  caller's TFDS_DATA_DIR) once TFDS_DATA_DIR no longer keys the zygote."""
+  script = _script(
+      tmp_path,
+      "data_dir.py",
+      "import sys\nfrom tensorflow_datasets.core import constants\n"
+      "print(constants.DATA_DIR, 'tensorflow_datasets' in sys.modules)\n",
+  )
+  preload = {forkserver.PRELOAD_ENV: "tensorflow_datasets.core.constants"}
+  envs = [dict(_env(TFDS_DATA_DIR=str(tmp_path / d)), **preload) for d in "ab"]
+  envs.append({k: v for k, v in envs[0].items() if k != "TFDS_DATA_DIR"})
+  paths = {forkserver.socket_path(env, False) for env in envs}
+  assert len(paths) == 1, "TFDS_DATA_DIR keys the zygote again"
+  for env in envs:
+    p = _run([script], env=env)
+    real = _run([script], env=env, real=True)
+    assert p.returncode == real.returncode == 0, p.stderr + real.stderr
+    assert p.stdout.split()[1] == "True", "not forked from the zygote"
+    assert p.stdout.split()[0] == real.stdout.split()[0], env.get(
+        "TFDS_DATA_DIR"
+    )
+
+
 def test_a_shadowing_folder_gets_a_real_interpreter(tmp_path):
   """Guards: a script beside its own copy of a preloaded module (a source tree) run with the
   zygote's copy."""

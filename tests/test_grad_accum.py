@@ -5,9 +5,7 @@ off (each microbatch draws its own dropout masks by design, so with dropout the
 runs differ). Also the loop-aware FLOP count the trainer logs.
 """
 
-import os
 import re
-import signal
 
 import jax
 import jax.numpy as jnp
@@ -22,11 +20,12 @@ from big_vit_lite.runtime import sharding
 from big_vit_lite import train
 from big_vit_lite.models import vit
 from trainer_runs import (
+    KILL_ARGS,
     assert_same_params,
     read_losses,
     run_train,
-    start_train,
-    wait_for_step,
+    tiny_kill_reference,
+    tiny_killed_twice,
 )
 
 import train_config_tiny
@@ -89,31 +88,15 @@ def test_microbatches_train_like_one_batch(
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_sigkill_and_resume_with_microbatches_is_bit_identical(
-    tfds_data_dir, tmp_path
-):
-  args = (
-      "--config.grad_accum_steps=2",
-      "--config.total_steps=300",
-      "--config.ckpt_steps=40",
-  )
-  ref, killed = str(tmp_path / "ref"), str(tmp_path / "killed")
-  r = run_train(tfds_data_dir, ref, *args)
-  assert r.returncode == 0, r.stderr[-3000:]
-  proc = start_train(tfds_data_dir, killed, *args)
-  wait_for_step(proc, killed, 100)  # past 2 checkpoint steps: one is complete
-  proc.send_signal(signal.SIGKILL)
-  proc.wait()
-  saved = [
-      int(d)
-      for d in os.listdir(os.path.join(killed, "checkpoints"))
-      if d.isdigit()
-  ]
-  assert max(saved, default=0) < 300, "killed too late: the run had finished"
-  r = run_train(tfds_data_dir, killed, *args)
-  assert r.returncode == 0, r.stderr[-3000:]
-  assert "Resuming from" in r.stderr
-  assert read_losses(killed) == read_losses(ref)
+def test_sigkill_and_resume_with_microbatches_is_bit_identical(tfds_data_dir):
+  """The kill/resume runs of the suite take 2 microbatches a step (trainer_runs.KILL_ARGS): the
+  run SIGKILLed twice (one kill right after a checkpoint step) and finished logs the losses of
+  the uninterrupted run and ends with its params (shared with test_train.py)."""
+  assert "--config.grad_accum_steps=2" in KILL_ARGS
+  ref, ref_losses = tiny_kill_reference(tfds_data_dir)
+  killed, resumed_from, log = tiny_killed_twice(tfds_data_dir)
+  assert len(resumed_from) == 2 and "Resuming from" in log
+  assert read_losses(killed) == ref_losses
   assert_same_params(ref, killed)
 
 

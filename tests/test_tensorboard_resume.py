@@ -10,8 +10,6 @@ tensor summaries, which is what TF2 / clu scalars are).
 
 import collections
 import math
-import re
-import signal
 
 import numpy as np
 import pytest
@@ -19,7 +17,7 @@ from tensorboard.backend.event_processing import plugin_event_accumulator as eve
 from tensorboard.util import tensor_util
 
 from big_vit_lite.logs import metrics
-from trainer_runs import read_losses, run_train, start_train, wait_for_step
+from trainer_runs import KILLED_AFTER, read_losses, tiny_killed_twice
 
 
 def _tensorboard_scalars(workdir, purge=True):
@@ -75,22 +73,16 @@ def test_resumed_writer_replaces_orphaned_steps_in_tensorboard(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_sigkill_and_resume_shows_each_step_once_in_tensorboard(
-    tfds_data_dir, tmp_path
-):
-  workdir = str(tmp_path / "run")
-  args = ("--config.total_steps=300", "--config.ckpt_steps=40")
-  proc = start_train(tfds_data_dir, workdir, *args)
-  # Steps 81..100+ are past the last checkpoint.
-  wait_for_step(proc, workdir, 100)
-  proc.send_signal(signal.SIGKILL)
-  proc.wait(timeout=30)
-  r = run_train(tfds_data_dir, workdir, *args)
-  assert r.returncode == 0, r.stderr[-3000:]
-  # Usually 80; 40 when a busy machine had not committed the async save of 80 at
-  # the kill.
-  resumed = int(re.search(r"Resuming from \S+/(\d+)", r.stderr).group(1))
-  assert resumed in (40, 80), resumed
+def test_sigkill_and_resume_shows_each_step_once_in_tensorboard(tfds_data_dir):
+  """The tiny run killed after step 100 and again after step 161, then run to the end
+  (trainer_runs.tiny_killed_twice, shared with test_train.py): two restarts, each leaving
+  the killed run's steps past its checkpoint orphaned in the event files."""
+  workdir, resumed_from, _ = tiny_killed_twice(tfds_data_dir)
+  assert KILLED_AFTER == (100, 161)
+  # Usually 80 and 160; 40 and 120 when a busy machine had not committed the
+  # async save at the kill.
+  first, second = resumed_from
+  assert first in (40, 80) and second in (120, 160), resumed_from
 
   rows = metrics.read_metrics(workdir)
   assert sorted(read_losses(workdir)) == list(range(1, 301))
@@ -110,8 +102,9 @@ def test_sigkill_and_resume_shows_each_step_once_in_tensorboard(
       ).items()
       if n > 1
   ]
-  # The killed run's steps past the checkpoint are in its file too.
-  assert orphans and min(orphans) == resumed + 1, (resumed, orphans)
+  # The killed runs' steps past their checkpoints are in their files too.
+  assert orphans and min(orphans) == first + 1, (resumed_from, orphans)
+  assert second + 1 in orphans, (resumed_from, orphans)
 
   shown = _tensorboard_scalars(workdir)
   assert set(shown) == set(expected)

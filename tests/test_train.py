@@ -20,12 +20,16 @@ from big_vit_lite.config import config_loading
 from big_vit_lite.logs import metrics
 from big_vit_lite import train
 from trainer_runs import (
+    KILL_ARGS,
+    KILLED_AFTER,
     TINY,
     assert_same_params,
     last_logged_step,
     read_losses,
     run_train,
     start_train,
+    tiny_kill_reference,
+    tiny_killed_twice,
     wait_for_step,
 )
 
@@ -36,17 +40,10 @@ STEPS = 300  # Long enough (a few seconds of steps) to interrupt mid-run.
 
 
 @pytest.fixture(scope="module")
-def reference_run(tfds_data_dir, tmp_path_factory):
-  """An uninterrupted run of STEPS steps."""
-  workdir = str(tmp_path_factory.mktemp("reference"))
-  r = run_train(
-      tfds_data_dir,
-      workdir,
-      f"--config.total_steps={STEPS}",
-      "--config.ckpt_steps=40",
-  )
-  assert r.returncode == 0, r.stderr[-3000:]
-  losses = read_losses(workdir)
+def reference_run(tfds_data_dir):
+  """An uninterrupted run of trainer_runs.KILL_ARGS (STEPS steps; shared with
+  test_grad_accum.py)."""
+  workdir, losses = tiny_kill_reference(tfds_data_dir)
   assert sorted(losses) == list(range(1, STEPS + 1))
   return workdir, losses
 
@@ -54,22 +51,14 @@ def reference_run(tfds_data_dir, tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_sigkill_anywhere_then_restart_is_bit_identical(
-    reference_run, tfds_data_dir, tmp_path
+    reference_run, tfds_data_dir
 ):
+  """Killed twice (trainer_runs.tiny_killed_twice: mid-interval, and right after a checkpoint
+  step, when an async save is likely in flight), then let finish: the same losses, each step
+  logged once, and the same params as the uninterrupted run."""
   ref_dir, ref_losses = reference_run
-  workdir = str(tmp_path / "killed")
-  args = (f"--config.total_steps={STEPS}", "--config.ckpt_steps=40")
-  # Kill twice at different points (mid-interval, and right after a checkpoint
-  # step, when an async save is likely in flight), then let it finish.
-  for kill_after in (100, 161):
-    proc = start_train(tfds_data_dir, workdir, *args)
-    wait_for_step(proc, workdir, kill_after)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=30)
-    assert proc.returncode == -signal.SIGKILL
-  r = run_train(tfds_data_dir, workdir, *args)
-  assert r.returncode == 0, r.stderr[-3000:]
-  assert "Resuming from" in r.stderr
+  workdir, resumed_from, log = tiny_killed_twice(tfds_data_dir)
+  assert len(resumed_from) == len(KILLED_AFTER) and "Resuming from" in log
   losses = read_losses(workdir)
   assert sorted(losses) == sorted(ref_losses)  # Each step logged exactly once.
   assert losses == ref_losses  # Bit for bit (JSON floats round-trip exactly).
@@ -84,7 +73,7 @@ def test_sigterm_saves_and_exits_zero_then_resumes(
   ref_dir, ref_losses = reference_run
   workdir = str(tmp_path / "preempted")
   # No periodic saves.
-  args = (f"--config.total_steps={STEPS}", "--config.ckpt_steps=1000")
+  args = (*KILL_ARGS, "--config.ckpt_steps=1000")
   proc = start_train(tfds_data_dir, workdir, *args)
   wait_for_step(proc, workdir, 60)
   proc.send_signal(signal.SIGTERM)

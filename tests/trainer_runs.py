@@ -2,6 +2,8 @@
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 import time
@@ -70,6 +72,67 @@ def tiny_run(data_dir):
   folder = shared_dirs.built_once("tiny_run", build)
   with open(os.path.join(folder, "log.txt")) as f:
     return os.path.join(folder, "workdir"), f.read()
+
+
+# The tiny config's kill/resume runs (tiny_kill_reference, tiny_killed_twice): long enough (a
+# few seconds of steps) to kill mid-run, a checkpoint every 40 steps, and 2 microbatches a step
+# (the accumulated step's resume: test_grad_accum.py; other kill tests resume whole batches);
+# killed after the steps KILLED_AFTER.
+KILL_ARGS = (
+    "--config.grad_accum_steps=2",
+    "--config.total_steps=300",
+    "--config.ckpt_steps=40",
+)
+KILLED_AFTER = (100, 161)
+
+
+def tiny_kill_reference(data_dir):
+  """(workdir, {step: loss}) of the KILL_ARGS run uninterrupted: made once per pytest run for
+  the tests that compare a killed and resumed run with it, which write nothing in it.
+  """
+
+  def build(folder):
+    r = run_train(data_dir, folder, *KILL_ARGS)
+    assert r.returncode == 0, r.stderr[-3000:]
+
+  workdir = shared_dirs.built_once("tiny_kill_reference", build)
+  return workdir, read_losses(workdir)
+
+
+def tiny_killed_twice(data_dir):
+  """(workdir, resumed_from, log) of the tiny config's KILL_ARGS run SIGKILLed twice, after
+  the steps KILLED_AFTER (mid-interval, and right after a checkpoint step, when an async save
+  is likely in flight: real processes), then run to the end: made once per pytest run for the
+  tests that read one (test_train.py's bit-exact resume, test_tensorboard_resume.py's
+  orphaned steps), which write nothing in it. `resumed_from`: the checkpoint step each restart
+  resumed from; `log`: the last run's stderr.
+  """
+
+  def build(folder):
+    workdir = os.path.join(folder, "workdir")
+    resumed_from = []
+    for kill_after in KILLED_AFTER:
+      proc = start_train(data_dir, workdir, *KILL_ARGS)
+      wait_for_step(proc, workdir, kill_after)
+      proc.send_signal(signal.SIGKILL)
+      _, err = proc.communicate(timeout=30)
+      assert proc.returncode == -signal.SIGKILL, err[-3000:]
+      resumed_from += _resumed_from(err)
+    r = run_train(data_dir, workdir, *KILL_ARGS)
+    assert r.returncode == 0, r.stderr[-3000:]
+    resumed_from += _resumed_from(r.stderr)
+    with open(os.path.join(folder, "run.json"), "w") as f:
+      json.dump(dict(resumed_from=resumed_from, log=r.stderr), f)
+
+  folder = shared_dirs.built_once("tiny_killed_twice", build)
+  with open(os.path.join(folder, "run.json")) as f:
+    run = json.load(f)
+  return os.path.join(folder, "workdir"), run["resumed_from"], run["log"]
+
+
+def _resumed_from(log):
+  """[the checkpoint step] a run's log says it resumed from, or []."""
+  return [int(s) for s in re.findall(r"Resuming from \S+/(\d+)", log)]
 
 
 # The README's `python -m big_vit_lite.train --config=demo:runlocal --workdir=...`: the run
