@@ -274,19 +274,22 @@ def gpu_block_bytes(
   return total
 
 
-def gpu_activation_bytes(arch: dict, **kw) -> int:
-  """compiled_activation_bytes for XLA's GPU compiler (GPU_KEEPS): its peak, in the
-  last block's backward.
+def gpu_activation_bytes(arch: dict, *, gpu: str = "h100", **kw) -> int:
+  """compiled_activation_bytes for XLA's GPU compiler compiling for `gpu` (a
+  devices.DEVICES key; GPU_KEEPS): its peak, in the last block's backward.
 
-  Without remat every block's residuals (gpu_block_bytes), times GPU_HEAP_PACKING;
+  Without remat every block's residuals (gpu_block_bytes), times the heap packing
+  (GPU_HEAP_PACKING on an H100; GPU_FITS);
   the last block's gradients and temporaries fit in what its backward has freed.
   With remat each block's input (in the residual stream's dtype) and what the
   policy saves, and the recomputed block's residuals with the backward's
   temporaries (dropout's random bits among them, 32 bits per element of the MLP's
-  activation): GPU_REMAT_LIVE_BLOCKS blocks' worth. Fitted to the compiled B/16,
-  L/16 and H/14 (cuDNN attention, dropout 0.1, bf16 matmuls, 512 images per GPU).
+  activation): GPU_REMAT_LIVE_BLOCKS blocks' worth on an H100. Fitted to the
+  compiled B/16, L/16 and H/14 (cuDNN attention, dropout 0.1, bf16 matmuls, 512
+  images per GPU).
   """
-  return compiled_activation_bytes(GPU_KEEPS, arch, **kw)
+  keeps = GPU_KEEPS.get(gpu, GPU_KEEPS["h100"])
+  return compiled_activation_bytes(keeps, arch, **kw)
 
 
 def _untiled(rows: int, cols: int, nbytes: int) -> int:
@@ -319,13 +322,24 @@ TPU_KEEPS = Keeps(
     packing=1.0,
     remat_live_blocks={"xla": 1.6, "default": 3},
 )
-GPU_KEEPS = Keeps(
-    block_bytes=gpu_block_bytes,
-    array_bytes=_untiled,
-    extra_blocks=0,
-    packing=GPU_HEAP_PACKING,
-    remat_live_blocks={"default": GPU_REMAT_LIVE_BLOCKS},
-)
+# XLA:GPU lays the same buffers out differently for each GPU it compiles for:
+# (heap packing without remat, live blocks with remat) per devices.DEVICES key,
+# fitted to the compiled B/16, L/16 and H/14 at 512 images per GPU on 8 GPUs
+# (benchmarks/NOTES.md, "The GPU compiler per GPU"); any other GPU: the H100's.
+GPU_FITS = {
+    "h100": (GPU_HEAP_PACKING, GPU_REMAT_LIVE_BLOCKS),
+    "a100": (1.03, 0.78),
+}
+GPU_KEEPS = {
+    gpu: Keeps(
+        block_bytes=gpu_block_bytes,
+        array_bytes=_untiled,
+        extra_blocks=0,
+        packing=packing,
+        remat_live_blocks={"default": live_blocks},
+    )
+    for gpu, (packing, live_blocks) in GPU_FITS.items()
+}
 
 
 def compiled_activation_bytes(
