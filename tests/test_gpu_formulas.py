@@ -8,7 +8,9 @@ jax-cuda12-plugin 0.10.2 and cuDNN 9.28 on a CPU machine (no GPU) by
       --depth=N --remat=R [--attention=A]
 
 (configs/vit_l16.py:variant=V as shipped: batch 4096, fsdp:8 on 8x H100, bf16
-matmuls, f32 residual stream, cuDNN attention, dropout 0.1, 21,841 classes).
+matmuls, f32 residual stream, cuDNN attention, dropout 0.1, 21,841 classes), and
+with --gpu=a100-80gbx8 and --gpu=b200x8 (benchmarks/NOTES.md, "The GPU compiler per
+GPU").
 Two depths (4 and 6, or 6 and 8: shallower ones are not yet on the line) give one
 block's bytes (their difference) and, extrapolated, the full depth, where no
 full-depth compile was made (benchmarks/NOTES.md, "Plan vs
@@ -56,7 +58,15 @@ COMPILED_ON = {
         ("B/16", None): {4: 15_299_385_676, 6: 22_196_227_292},
         ("B/16", "nothing_saveable"): {6: 7_183_709_404, 8: 7_824_834_132},
         ("L/16", None): {6: 29_492_825_564, 8: 38_710_090_324},
+        ("L/16", "nothing_saveable"): {6: 9_450_748_892, 8: 10_315_006_804},
         ("H/14", None): {4: 32_755_623_756, 6: 47_807_970_268},
+    },
+    "b200x8": {
+        ("B/16", None): {4: 16_817_344_588, 6: 24_689_722_844},
+        ("B/16", "nothing_saveable"): {6: 11_675_763_932, 8: 12_650_354_284},
+        ("L/16", None): {6: 33_696_415_452, 8: 44_049_109_612},
+        ("L/16", "nothing_saveable"): {6: 15_219_008_220, 8: 16_520_118_892},
+        ("H/14", None): {4: 38_058_444_364, 6: 53_234_755_804},
     },
 }
 

@@ -329,6 +329,7 @@ TPU_KEEPS = Keeps(
 GPU_FITS = {
     "h100": (GPU_HEAP_PACKING, GPU_REMAT_LIVE_BLOCKS),
     "a100": (1.03, 0.78),
+    "b200": (1.13, 2.6),
 }
 GPU_KEEPS = {
     gpu: Keeps(
