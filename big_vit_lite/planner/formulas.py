@@ -325,7 +325,8 @@ TPU_KEEPS = Keeps(
 # XLA:GPU lays the same buffers out differently for each GPU it compiles for:
 # (heap packing without remat, live blocks with remat) per devices.DEVICES key,
 # fitted to the compiled B/16, L/16 and H/14 at 512 images per GPU on 8 GPUs
-# (benchmarks/NOTES.md, "The GPU compiler per GPU"); any other GPU: the H100's.
+# (benchmarks/NOTES.md, "The GPU compiler per GPU"); any other GPU: the H100's
+# (the H200 too: no one pair fits its three models within 10%; plan -24% to +19%).
 GPU_FITS = {
     "h100": (GPU_HEAP_PACKING, GPU_REMAT_LIVE_BLOCKS),
     "a100": (1.03, 0.78),
