@@ -3,8 +3,8 @@
   PYTHONPATH=.venv/gpu-compiler python benchmarks/plan_vs_gpu.py --variant=B/16 \
       --depth=1 --remat=nothing_saveable --out=benchmarks/plan_vs_gpu.jsonl
 
-Compiles the trainer's step for configs/vit_l16.py (any variant; batch 4096 and fsdp over
-the host's GPUs as it ships, unless flags say otherwise) with XLA's GPU compiler
+Compiles the trainer's step for a shipped config (--config, default configs/vit_l16.py; any
+variant; its batch and mesh as it ships, unless flags say otherwise) with XLA's GPU compiler
 (`plan --gpu=HOST --compile`, no GPU needed) and prints one JSON line: plan's figures
 (total, activations, state) and the compiler's (arguments, temporaries, peak), plan's
 error and the compile's CPU seconds. --depth=N overrides the model's depth: the
@@ -20,7 +20,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from configs import vit_l16  # pylint: disable=g-import-not-at-top
+from big_vit_lite.config import config_loading  # pylint: disable=g-import-not-at-top
 from big_vit_lite.planner import gpu  # pylint: disable=g-import-not-at-top
 from big_vit_lite.planner import plan as plan_lib  # pylint: disable=g-import-not-at-top
 from big_vit_lite.runtime.devices import GIB  # pylint: disable=g-import-not-at-top
@@ -34,18 +34,31 @@ def cpu_seconds() -> float:
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--variant", default="B/16")
+  parser.add_argument("--config", default="configs/vit_l16.py")
+  parser.add_argument("--variant", default=None, help="default: the config's")
   parser.add_argument("--gpu", default="h100x8")
+  parser.add_argument("--hosts", type=int, default=1)
+  parser.add_argument(
+      "--accum", type=int, default=None, help="grad_accum_steps"
+  )
   parser.add_argument("--mesh", default=None, help="default: the config's")
   parser.add_argument("--remat", default="none")
-  parser.add_argument("--batch", type=int, default=4096)
+  parser.add_argument(
+      "--batch", type=int, default=None, help="default: the config's"
+  )
   parser.add_argument("--depth", type=int, default=None)
   parser.add_argument("--attention", default="auto")
   parser.add_argument("--out", default=None)
   args = parser.parse_args()
   gpu.prepare_environment()
-  config = vit_l16.get_config(f"variant={args.variant}")
-  config.input.batch_size = args.batch
+  get_config = config_loading.config_module(args.config).get_config
+  config = get_config()
+  if args.variant:
+    config = get_config(f"variant={args.variant}")
+  if args.batch:
+    config.input.batch_size = args.batch
+  if args.accum:
+    config.grad_accum_steps = args.accum
   with config.unlocked():
     config.model.remat_policy = args.remat
     config.model.attention = args.attention
@@ -53,12 +66,17 @@ def main():
       config.model.depth = args.depth
   mesh = args.mesh or config.mesh
   cpu0, wall0 = cpu_seconds(), time.time()
-  p = plan_lib.plan_on_gpus(config, mesh, args.gpu, compile_step=True)
+  p = plan_lib.plan_on_gpus(
+      config, mesh, args.gpu, args.hosts, compile_step=True
+  )
   row = dict(
-      variant=args.variant,
+      config=args.config,
+      variant=p["variant"],
       depth=p["arch"]["depth"],
       remat=args.remat,
       gpu=args.gpu,
+      hosts=args.hosts,
+      grad_accum_steps=p["grad_accum_steps"],
       plan_attention=p["attention"],
       mesh=p["mesh"],
       local_batch=p["local_batch"],

@@ -6,6 +6,8 @@ count (tpu_activation_bytes): section "Plan vs the TPU compiler"; the GPU's
 (gpu_activation_bytes): section "Plan vs the GPU compiler, fitted".
 """
 
+from collections.abc import Callable
+import dataclasses
 import math
 
 from big_vit_lite.models import ops
@@ -154,57 +156,19 @@ def tpu_block_bytes(
   return total
 
 
-def tpu_activation_bytes(
-    arch: dict,
-    *,
-    local_batch: int,
-    tokens: int,
-    remat: bool,
-    mm_bytes: int,
-    tp: int = 1,
-    num_classes: int = 0,
-    image_numel: int = 0,
-    dropout: bool = False,
-    opts: dict | None = None,
-) -> int:
-  """activation_bytes for the TPU compiler: the blocks' residuals as it tiles them.
+def tpu_activation_bytes(arch: dict, **kw) -> int:
+  """compiled_activation_bytes for the TPU compiler (TPU_KEEPS): the blocks' residuals
+  as it tiles them.
 
   Without remat every block's residuals (tpu_block_bytes) stay for the backward
-  pass, with remat each block's input (in the residual stream's dtype) and what
-  the policy (opts["remat_policy"], _remat_saved_bytes) saves; either way more
-  is live while a block's backward runs: one block's worth without remat, with
-  it the recomputed residuals and the backward's temporaries: three blocks'
-  worth with the custom attention (fitted to the compiled L/16, H/14, g/14 at 32
-  and L/16 at 256 images per chip), 1.6 with XLA's (L/16 at 256 per chip; it
-  reads 8-9% high at 32 per chip, benchmarks/NOTES.md). Outside the blocks as
-  activation_bytes counts it.
+  pass, and one block's worth more is live while a block's backward runs; with
+  remat each block's input (in the residual stream's dtype, tiled) and what the
+  policy saves, and the recomputed residuals with the backward's temporaries:
+  three blocks' worth with the custom attention (fitted to the compiled L/16,
+  H/14, g/14 at 32 and L/16 at 256 images per chip), 1.6 with XLA's (L/16 at 256
+  per chip; it reads 8-9% high at 32 per chip, benchmarks/NOTES.md).
   """
-  block = tpu_block_bytes(
-      arch,
-      tokens=tokens,
-      mm_bytes=mm_bytes,
-      tp=tp,
-      dropout=dropout,
-      opts=opts,
-  )
-  opts = opts or {}
-  depth, t, d = arch["depth"], tokens, arch["width"]
-  act_bytes = 2 if opts.get("dtype_act") == "bfloat16" else 4
-  saved = _remat_saved_bytes(
-      arch,
-      tokens=tokens,
-      mm_bytes=mm_bytes,
-      tp=tp,
-      policy=opts.get("remat_policy"),
-  )
-  live_blocks = 1.6 if opts.get("attention") == "xla" else 3
-  kept = (
-      depth * (_tiled(t, d, act_bytes) + saved) + live_blocks * block
-      if remat
-      else (depth + 1) * block
-  )
-  outside = image_numel * 4 + 6 * t * d * 4 + num_classes * 4 * 2
-  return int(local_batch * (kept + outside))
+  return compiled_activation_bytes(TPU_KEEPS, arch, **kw)
 
 
 # jax.checkpoint_policies names that save matmul outputs, by what they save (their
@@ -310,7 +274,78 @@ def gpu_block_bytes(
   return total
 
 
-def gpu_activation_bytes(
+def gpu_activation_bytes(arch: dict, *, gpu: str = "h100", **kw) -> int:
+  """compiled_activation_bytes for XLA's GPU compiler compiling for `gpu` (a
+  devices.DEVICES key; GPU_KEEPS): its peak, in the last block's backward.
+
+  Without remat every block's residuals (gpu_block_bytes), times the heap packing
+  (GPU_HEAP_PACKING on an H100; GPU_FITS);
+  the last block's gradients and temporaries fit in what its backward has freed.
+  With remat each block's input (in the residual stream's dtype) and what the
+  policy saves, and the recomputed block's residuals with the backward's
+  temporaries (dropout's random bits among them, 32 bits per element of the MLP's
+  activation): GPU_REMAT_LIVE_BLOCKS blocks' worth on an H100. Fitted to the
+  compiled B/16, L/16 and H/14 (cuDNN attention, dropout 0.1, bf16 matmuls, 512
+  images per GPU).
+  """
+  keeps = GPU_KEEPS.get(gpu, GPU_KEEPS["h100"])
+  return compiled_activation_bytes(keeps, arch, **kw)
+
+
+def _untiled(rows: int, cols: int, nbytes: int) -> int:
+  """Bytes of a (rows, cols) array stored as it is (no tiles: XLA:GPU's buffers)."""
+  return rows * cols * nbytes
+
+
+@dataclasses.dataclass(frozen=True)
+class Keeps:
+  """How one compiler keeps a step's activations: compiled_activation_bytes' constants."""
+
+  # Bytes one block keeps for its backward pass, per example (tpu_block_bytes).
+  block_bytes: Callable[..., int]
+  # Bytes of a (rows, cols) array of nbytes elements in the device's memory.
+  array_bytes: Callable[[int, int, int], int]
+  # Without remat: blocks' worth live besides every block's residuals (the
+  # running block backward's), and the compiled peak's growth over the blocks'
+  # residuals (its heap's packing).
+  extra_blocks: int
+  packing: float
+  # With remat: blocks' worth of residuals live besides every block's input, by
+  # the model's resolved attention (any other: "default").
+  remat_live_blocks: dict
+
+
+TPU_KEEPS = Keeps(
+    block_bytes=tpu_block_bytes,
+    array_bytes=_tiled,
+    extra_blocks=1,
+    packing=1.0,
+    remat_live_blocks={"xla": 1.6, "default": 3},
+)
+# XLA:GPU lays the same buffers out differently for each GPU it compiles for:
+# (heap packing without remat, live blocks with remat) per devices.DEVICES key,
+# fitted to the compiled B/16, L/16 and H/14 at 512 images per GPU on 8 GPUs
+# (benchmarks/NOTES.md, "The GPU compiler per GPU"); any other GPU: the H100's
+# (the H200 too: no one pair fits its three models within 10%; plan -24% to +19%).
+GPU_FITS = {
+    "h100": (GPU_HEAP_PACKING, GPU_REMAT_LIVE_BLOCKS),
+    "a100": (1.03, 0.78),
+    "b200": (1.13, 2.6),
+}
+GPU_KEEPS = {
+    gpu: Keeps(
+        block_bytes=gpu_block_bytes,
+        array_bytes=_untiled,
+        extra_blocks=0,
+        packing=packing,
+        remat_live_blocks={"default": live_blocks},
+    )
+    for gpu, (packing, live_blocks) in GPU_FITS.items()
+}
+
+
+def compiled_activation_bytes(
+    keeps: Keeps,
     arch: dict,
     *,
     local_batch: int,
@@ -323,19 +358,17 @@ def gpu_activation_bytes(
     dropout: bool = False,
     opts: dict | None = None,
 ) -> int:
-  """activation_bytes for XLA's GPU compiler: its peak, in the last block's backward.
+  """activation_bytes as a compiler (keeps: TPU_KEEPS, GPU_KEEPS) keeps them.
 
-  Without remat every block's residuals (gpu_block_bytes), times GPU_HEAP_PACKING;
-  the last block's gradients and temporaries fit in what its backward has freed.
-  With remat each block's input (in the residual stream's dtype) and what the
-  policy saves (_remat_saved_bytes), and the recomputed block's residuals with the
-  backward's temporaries (dropout's random bits among them, 32 bits per element of
-  the MLP's activation): GPU_REMAT_LIVE_BLOCKS blocks' worth. Outside the blocks
-  as activation_bytes counts it. Fitted to the compiled B/16, L/16 and H/14
-  (cuDNN attention, dropout 0.1, bf16 matmuls, 512 images per GPU).
+  Without remat every block's residuals (keeps.block_bytes) and keeps.extra_blocks
+  more, times keeps.packing. With remat each block's input (in the residual
+  stream's dtype, as keeps.array_bytes stores it) and what the policy
+  (opts["remat_policy"], _remat_saved_bytes) saves, and keeps.remat_live_blocks
+  blocks' worth of residuals and temporaries while the recomputed block's backward
+  runs. Outside the blocks as activation_bytes counts it.
   """
   opts = opts or {}
-  block = gpu_block_bytes(
+  block = keeps.block_bytes(
       arch,
       tokens=tokens,
       mm_bytes=mm_bytes,
@@ -344,8 +377,8 @@ def gpu_activation_bytes(
       opts=opts,
   )
   depth, t, d = arch["depth"], tokens, arch["width"]
-  act_bytes = 2 if opts.get("dtype_act") == "bfloat16" else 4
   if remat:
+    act_bytes = 2 if opts.get("dtype_act") == "bfloat16" else 4
     saved = _remat_saved_bytes(
         arch,
         tokens=tokens,
@@ -353,10 +386,13 @@ def gpu_activation_bytes(
         tp=tp,
         policy=opts.get("remat_policy"),
     )
-    block_input = t * d * act_bytes
-    kept = depth * (block_input + saved) + GPU_REMAT_LIVE_BLOCKS * block
+    block_input = keeps.array_bytes(t, d, act_bytes)
+    live = keeps.remat_live_blocks.get(
+        opts.get("attention"), keeps.remat_live_blocks["default"]
+    )
+    kept = depth * (block_input + saved) + live * block
   else:
-    kept = GPU_HEAP_PACKING * depth * block
+    kept = keeps.packing * (depth + keeps.extra_blocks) * block
   outside = image_numel * 4 + 6 * t * d * 4 + num_classes * 4 * 2
   return int(local_batch * (kept + outside))
 

@@ -165,12 +165,15 @@ _COMPILER_FORMULAS = {
 }
 
 
-def _formulas(model, platform, arch, params, tp, fsdp, act_kw):
+def _formulas(model, platform, key, arch, params, tp, fsdp, act_kw):
   """The platform's formulas: (remat -> activation bytes, remat -> FSDP's gathered
-  weight bytes), the TPU or GPU compiler's, or for the CPU the ones fitted to XLA:CPU.
+  weight bytes), the TPU or GPU compiler's (the GPU's fitted per GPU: key, its
+  devices.DEVICES key), or for the CPU the ones fitted to XLA:CPU.
   """
   if platform in _COMPILER_FORMULAS:
     activation_bytes, weight_bytes = _COMPILER_FORMULAS[platform]
+    if platform == "gpu":
+      activation_bytes = functools.partial(activation_bytes, gpu=key)
     opts = dict(
         dataclasses.asdict(model.block_options()),
         attention=model.resolved_attention(platform),
@@ -267,7 +270,7 @@ def plan(
       image_numel=res * res * channels,
       dropout=model.dropout > 0,
   )
-  act, gather = _formulas(model, platform, arch, params, tp, fsdp, act_kw)
+  act, gather = _formulas(model, platform, key, arch, params, tp, fsdp, act_kw)
   act_b = act(remat=remat)
   accum_b = 0
   if accum > 1:
