@@ -89,6 +89,14 @@ def results_table(summary, steps):
   pct = lambda k: f"{100 * final[k]:.2f}%" if k in final else "-"
   dev = summary["device"]
   attempts = summary["attempts"]
+
+  def fewshot_cell(key):
+    """The run's few-shot figure beside the same probe on the raw pixels."""
+    pixels = key + "_pixels"
+    if pixels not in final:
+      return pct(key)
+    return f"{pct(key)} (pixels {pct(pixels)})"
+
   return "\n".join(
       [
           f"Short demo run: `python scripts/make_docs_report.py --steps={steps}` "
@@ -101,7 +109,8 @@ def results_table(summary, steps):
           "|---|---|---|---|---|---|---|---|---|",
           f"| {summary['step']:,} | {summary['epochs']:.2f} | {pct('val/prec@1')} "
           f"({100 * best['val/prec@1']['value']:.2f}% at {best['val/prec@1']['step']:,}) | "
-          f"{pct('fewshot/mnist10k_10shot')} | {pct('fewshot/animal_mnist_10shot')} | "
+          f"{fewshot_cell('fewshot/mnist10k_10shot')} | "
+          f"{fewshot_cell('fewshot/animal_mnist_10shot')} | "
           f"{summary['hours'] * 60:.1f} min | {summary['img_per_sec']:,.0f} | "
           f"{100 * summary['mfu']['mfu']:.1f}% | {dev['devices']} x {dev['device_kind']} |",
           "",

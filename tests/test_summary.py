@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from big_vit_lite.config import config_loading
 from big_vit_lite.logs import metrics
 from big_vit_lite.logs import summary
 import forkserver
@@ -236,3 +237,22 @@ def test_an_attempt_stopped_before_its_first_logged_step_is_counted(
   # Both attempts: the first's own figures plus the second's.
   assert s["hours"] == pytest.approx(first["hours"] + rows[-1]["uptime_hours"])
   assert s["core_hours"] > first["core_hours"]
+
+
+def test_the_evaluate_command_reads_the_runs_own_few_shot_features():
+  """Guards: the summary's evaluate command reading the pre-logits while the
+  run's few-shot eval read other features (the demo's block01, flattened):
+  the user's rerun would print other numbers than the run logged."""
+  demo = config_loading.config_module(
+      os.path.join(trainer_runs.ROOT, "configs", "demo.py")
+  ).get_config()
+  assert summary.fewshot_args(demo.evals) == ["layer=block01", "pool=flatten"]
+  # The evaluator's defaults add nothing; an entry is found by its type too.
+  assert summary.fewshot_args({"fewshot": {"shots": (10,)}}) == []
+  assert summary.fewshot_args(
+      {
+          "val": {"type": "classification"},
+          "fs": {"type": "fewshot", "token_pool": "flatten"},
+      }
+  ) == ["pool=flatten"]
+  assert summary.fewshot_args({}) == []

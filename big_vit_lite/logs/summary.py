@@ -234,6 +234,28 @@ def block(s, path):
   return "\n".join(lines + [f"  summary: {path}"])
 
 
+def fewshot_args(evals):
+  """configs/fewshot.py's args for what the run's own few-shot eval reads.
+
+  `evals` is the run's config.evals. The evaluate command the summary gives
+  then reads the same features (configs/demo.py: the second block's tokens,
+  flattened: ["layer=block01", "pool=flatten"]); [] for the evaluator's
+  defaults (pre_logits, mean) or a run without a few-shot eval.
+  """
+  args = []
+  for name, settings in evals.items():
+    if settings.get("type", name) != "fewshot":
+      continue
+    layer = settings.get("representation_layer", "pre_logits")
+    if layer != "pre_logits":
+      args.append(f"layer={layer}")
+    pool = settings.get("token_pool", "mean")
+    if pool != "mean":
+      args.append(f"pool={pool}")
+    break
+  return args
+
+
 class TrainRun:
   """summary.json of a training run: written now ("running") and when the run ends.
 
@@ -241,6 +263,7 @@ class TrainRun:
   a preempted run returns. `evaluated()` after each eval rewrites the report
   with `report` (report.write, when config.report is set; passed in: report.py
   reads this module). `on_end(summary)` when the run ends (wandb_writer.Writer.finish).
+  `fewshot`: the evaluate command's extra config args (fewshot_args).
   Process 0 only; the others do nothing.
   """
 
@@ -252,6 +275,7 @@ class TrainRun:
       start_step,
       checkpoint_dir,
       image_shape,
+      fewshot=(),
       report=None,
       on_end=None,
   ):
@@ -280,12 +304,14 @@ class TrainRun:
         attempts=previous
         + [dict(start_step=start_step or 0, started=_now(), status="running")],
     )
+    config_args = [f"res={image_shape[0]}", f"channels={image_shape[-1]}"]
+    config_args.extend(fewshot)
     self._evaluate = shlex.join(
         [
             "python",
             "-m",
             "big_vit_lite.evaluate",
-            f"--config=configs/fewshot.py:res={image_shape[0]},channels={image_shape[-1]}",
+            "--config=configs/fewshot.py:" + ",".join(config_args),
             f"--workdir={self.workdir / 'eval'}",
             f"--config.model_init={self.workdir}",
         ]

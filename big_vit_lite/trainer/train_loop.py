@@ -95,6 +95,7 @@ class Loop:
         start_step=start.step,
         checkpoint_dir=start.checkpointer.directory,
         image_shape=image_shape,
+        fewshot=summary_lib.fewshot_args(raw_config.get("evals", {})),
         report=write_report,
         on_end=on_end,
     )
