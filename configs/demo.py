@@ -9,8 +9,9 @@ Expected result: Fashion-MNIST test prec@1 ("val/prec@1" in
 workdirs/demo/metrics.jsonl) 0.9144 after 30,000 steps (32 epochs at batch 64),
 few-shot 10-shot 0.7957 (MNIST-10k) / 0.6495 (Animal-MNIST) on the second block's
 tokens, against 0.6978 / 0.5012 for the same ridge on the raw pixels
-("fewshot/mnist10k_10shot_pixels"), in about 15 minutes on 2 quiet CPU cores. Deterministic on a given machine; the measured runs and the
-variants tried: benchmarks/NOTES.md, section "Config, optimizer, sharding, distributed".
+("fewshot/mnist10k_10shot_pixels"), in about 15 minutes on 2 quiet CPU cores.
+Deterministic on a given machine; the measured runs and the variants tried:
+benchmarks/NOTES.md, section "Config, optimizer, sharding, distributed".
 
 Args (comma-separated after the file name, e.g. `configs/demo.py:runlocal`):
   runlocal   a few steps on a small batch, evals on slices of the test sets, for tests and
