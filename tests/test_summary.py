@@ -256,3 +256,7 @@ def test_the_evaluate_command_reads_the_runs_own_few_shot_features():
       }
   ) == ["pool=flatten"]
   assert summary.fewshot_args({}) == []
+  # A `type` placeholder left None: the entry's name, as the trainer reads it.
+  assert summary.fewshot_args(
+      {"fewshot": {"type": None, "representation_layer": "encoded"}}
+  ) == ["layer=encoded"]

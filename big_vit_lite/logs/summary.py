@@ -244,7 +244,9 @@ def fewshot_args(evals):
   """
   args = []
   for name, settings in evals.items():
-    if settings.get("type", name) != "fewshot":
+    # The trainer's rule (train_setup.make_evaluators): an entry named after an
+    # evaluator type needs no `type` (None or unset).
+    if (settings.get("type") or name) != "fewshot":
       continue
     layer = settings.get("representation_layer", "pre_logits")
     if layer != "pre_logits":
