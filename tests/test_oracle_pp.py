@@ -165,6 +165,30 @@ def test_inception_crops_default_to_big_visions_area_and_ratio_ranges():
     assert got.shape == want.shape, (seed, got.shape, want.shape)
 
 
+def test_central_crop_rounds_its_offset_down_as_tfs_crop():
+  """Guards: the central crop's offset rounded up where the margin is odd (a
+  one-pixel shift of every eval image: (h - ch + 1) // 2 for (h - ch) // 2),
+  in either axis, with a size or without (the largest square). Oracle: TF's
+  own tf.image.resize_with_crop_or_pad, whose crop is big_vision's central
+  crop (the margin // 2 above and left); COORDS' 40 x 50 pixels with odd and
+  even margins."""
+  for size, image in [
+      ((21, 30), COORDS),
+      ((20, 31), COORDS),
+      ((23, 23), COORDS),
+      (None, COORDS[:39]),
+      (None, COORDS[:, :39]),
+  ]:
+    if size is None:
+      side = min(image.shape[:2])
+      want = tf.image.resize_with_crop_or_pad(image, side, side)
+      got = _run("central_crop", image)
+    else:
+      want = tf.image.resize_with_crop_or_pad(image, *size)
+      got = _run(f"central_crop({size})", image)
+    np.testing.assert_array_equal(got, want.numpy(), err_msg=str(size))
+
+
 @pytest.mark.parametrize("op", ["central_crop", "random_crop"])
 def test_a_crop_larger_than_images_of_known_size_is_one_line(op):
   """Guards: the error for images of a known size smaller than the crop
