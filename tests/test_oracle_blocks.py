@@ -5,6 +5,7 @@ example's branch kept with probability 1 - rate and then scaled by
 1 / (1 - rate), as timm's DropPath does.
 """
 
+import functools
 import math
 import types
 
@@ -243,3 +244,51 @@ def test_every_norm_of_the_model_gets_the_epsilon(monkeypatch):
     # A block's two, q's and k's, the encoder's, the MAP head's.
     assert len(seen) == 6, (norm, seen)
     assert all(eps == 1e-6 for eps in seen), (norm, seen)
+
+
+def test_every_dropout_site_is_on_in_training_and_off_in_eval():
+  """Guards: one dropout of the model never active in training (e.g. the
+  sequential block's MLP called without `deterministic`: its default, True,
+  keeps it off, while the other sites still make train mode differ from
+  eval, all test_vit.py's dropout test checks), or one active in eval, or
+  at another rate. Oracle: vision_transformer's dropout sites, at
+  config.model.dropout: after the position embedding, after each block's
+  attention, and the MLP's two (after the GELU, after Dense_1): 1 + 3 *
+  depth calls, recorded while a tiny model is traced in each mode and
+  block kind."""
+  calls = []
+
+  def record(next_fun, args, kwargs, context):
+    if isinstance(context.module, nn.Dropout) and context.module.rate > 0:
+      if len(args) > 1:
+        deterministic = args[1]
+      else:
+        deterministic = kwargs.get("deterministic")
+      calls.append((context.module.rate, deterministic))
+    return next_fun(*args, **kwargs)
+
+  images = jnp.zeros((1, 16, 16, 3))
+  for parallel_block in (False, True):
+    model = vit.Model(
+        num_classes=2,
+        variant=None,
+        width=16,
+        depth=2,
+        mlp_dim=32,
+        num_heads=2,
+        patch_size=8,
+        dropout=0.25,
+        parallel_block=parallel_block,
+    )
+    params = jax.eval_shape(model.init, jax.random.key(0), images)
+    for train in (True, False):
+      calls.clear()
+      with nn.intercept_methods(record):
+        jax.eval_shape(
+            functools.partial(model.apply, train=train),
+            params,
+            images,
+            rngs={"dropout": jax.random.key(1)},
+        )
+      want = [(0.25, not train)] * (1 + 3 * 2)
+      assert calls == want, (parallel_block, train, calls)
