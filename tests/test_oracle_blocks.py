@@ -5,6 +5,7 @@ example's branch kept with probability 1 - rate and then scaled by
 1 / (1 - rate), as timm's DropPath does.
 """
 
+import functools
 import math
 import types
 
@@ -15,6 +16,7 @@ import numpy as np
 import scipy.special
 
 from big_vit_lite.models import blocks
+from big_vit_lite.models import vit
 
 
 def test_auto_dtypes_by_backend():
@@ -171,3 +173,122 @@ def test_on_cuda_needs_a_gpu_backend_and_a_cuda_platform(monkeypatch):
         lambda v=version: types.SimpleNamespace(platform_version=v),
     )
     assert blocks.on_cuda() == want, (backend, version)
+
+
+def _norm_by_hand(x, scale, bias, kind):
+  x = np.asarray(x, np.float64)
+  if kind == "rmsnorm":
+    return x / np.sqrt(np.mean(x**2, axis=-1, keepdims=True) + 1e-6) * scale
+  centred = x - x.mean(axis=-1, keepdims=True)
+  var = np.mean(centred**2, axis=-1, keepdims=True)
+  return centred / np.sqrt(var + 1e-6) * scale + bias
+
+
+def test_norms_use_big_visions_epsilon_on_small_activations():
+  """Guards: the norms' epsilon off big_vision's and timm's 1e-6 (e.g. torch's
+  nn.LayerNorm default, 1e-5), in the module's default or passed wrong to
+  the kernel. On unit-variance activations the two differ by 1e-5 relative,
+  below every model-level tolerance; on inputs of variance 1e-6 (as here)
+  eps is half the denominator. Oracle: LayerNorm and timm's RmsNorm in
+  float64 numpy with eps=1e-6."""
+  rng = np.random.default_rng(0)
+  # Small rows around 0 (a large mean would test float32's cancellation in
+  # the fast variance, flax's formula too, not eps).
+  x = rng.normal(0.0, 1e-3, (2, 3, 8))
+  scale, bias = rng.normal(1.0, 0.5, 8), rng.normal(0.0, 0.5, 8)
+  for kind in ("layernorm", "rmsnorm"):
+    params = {"scale": jnp.asarray(scale, jnp.float32)}
+    if kind == "layernorm":
+      params["bias"] = jnp.asarray(bias, jnp.float32)
+    got = blocks.LayerNorm(kind=kind).apply(
+        {"params": params}, jnp.asarray(x, jnp.float32)
+    )
+    np.testing.assert_allclose(
+        got, _norm_by_hand(x, scale, bias, kind), rtol=1e-3, atol=1e-3
+    )
+
+
+def test_every_norm_of_the_model_gets_the_epsilon(monkeypatch):
+  """Guards: one of the model's norms (a block's two, the q/k norms, the
+  encoder's final norm, the MAP head's) built with an epsilon other than
+  1e-6 at its call site. Oracle: big_vision's and timm's ViTs, whose every
+  LayerNorm (and timm's RmsNorm) has eps=1e-6; the kernels' eps arguments
+  are recorded while a tiny model with all of these norms is traced."""
+  seen = []
+
+  def recording(kernel):
+    def record(*args):
+      seen.append(args[-1])
+      return kernel(*args)
+
+    return record
+
+  monkeypatch.setattr(blocks, "layer_norm", recording(blocks.layer_norm))
+  monkeypatch.setattr(blocks, "rms_norm", recording(blocks.rms_norm))
+  images = jnp.zeros((1, 16, 16, 3))
+  for norm in ("layernorm", "rmsnorm"):
+    seen.clear()
+    model = vit.Model(
+        num_classes=2,
+        variant=None,
+        width=16,
+        depth=1,
+        mlp_dim=32,
+        num_heads=2,
+        patch_size=8,
+        pool_type="map",
+        qk_norm=True,
+        norm=norm,
+    )
+    jax.eval_shape(model.init, jax.random.key(0), images)
+    # A block's two, q's and k's, the encoder's, the MAP head's.
+    assert len(seen) == 6, (norm, seen)
+    assert all(eps == 1e-6 for eps in seen), (norm, seen)
+
+
+def test_every_dropout_site_is_on_in_training_and_off_in_eval():
+  """Guards: one dropout of the model never active in training (e.g. the
+  sequential block's MLP called without `deterministic`: its default, True,
+  keeps it off, while the other sites still make train mode differ from
+  eval, all test_vit.py's dropout test checks), or one active in eval, or
+  at another rate. Oracle: vision_transformer's dropout sites, at
+  config.model.dropout: after the position embedding, after each block's
+  attention, and the MLP's two (after the GELU, after Dense_1): 1 + 3 *
+  depth calls, recorded while a tiny model is traced in each mode and
+  block kind."""
+  calls = []
+
+  def record(next_fun, args, kwargs, context):
+    if isinstance(context.module, nn.Dropout) and context.module.rate > 0:
+      if len(args) > 1:
+        deterministic = args[1]
+      else:
+        deterministic = kwargs.get("deterministic")
+      calls.append((context.module.rate, deterministic))
+    return next_fun(*args, **kwargs)
+
+  images = jnp.zeros((1, 16, 16, 3))
+  for parallel_block in (False, True):
+    model = vit.Model(
+        num_classes=2,
+        variant=None,
+        width=16,
+        depth=2,
+        mlp_dim=32,
+        num_heads=2,
+        patch_size=8,
+        dropout=0.25,
+        parallel_block=parallel_block,
+    )
+    params = jax.eval_shape(model.init, jax.random.key(0), images)
+    for train in (True, False):
+      calls.clear()
+      with nn.intercept_methods(record):
+        jax.eval_shape(
+            functools.partial(model.apply, train=train),
+            params,
+            images,
+            rngs={"dropout": jax.random.key(1)},
+        )
+      want = [(0.25, not train)] * (1 + 3 * 2)
+      assert calls == want, (parallel_block, train, calls)

@@ -115,6 +115,22 @@ def test_an_example_is_augmented_afresh_each_epoch(tiny):
   assert sum(same) <= 2, same
 
 
+def test_processes_with_several_shards_each_read_the_epoch_once_together(tiny):
+  """Guards: a process's shards off its own contiguous run of them (e.g.
+  range(p, p + k) for range(p * k, (p + 1) * k): with one shard per
+  process, as in the other multi-process tests, the two agree; with two
+  per process, two hosts read one shard and no host the last). Oracle: data
+  parallelism's contract, written as sets: one epoch of the global batch
+  (4 shards of 250 ids, batch 100: 10 steps) holds each of the 1000 ids
+  exactly once over both processes."""
+  c = dict(_cfg(tiny, batch_size=100), num_shards=4)
+  ids = []
+  for p in range(2):
+    it = ip.make_train_iterator(c, seed=0, process_index=p, process_count=2)
+    ids += [next(it)["id"] for _ in range(10)]
+  assert sorted(np.concatenate(ids).tolist()) == list(range(1000))
+
+
 def test_a_state_of_another_run_is_refused_or_said_in_one_line(tiny, caplog):
   """Guards: a saved position of another shard count or seed taken (other
   data in another order, silently), the refusal naming the wrong config key,

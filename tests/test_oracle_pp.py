@@ -131,6 +131,64 @@ def test_inception_crop_is_a_resized_random_crop_of_the_right_area_and_ratio():
     assert 0.47 <= area <= 0.63 or area == 1.0, area
 
 
+def test_inception_crops_default_to_big_visions_area_and_ratio_ranges():
+  """Guards: an inception crop's default area range off big_vision's 5% to
+  100% (e.g. timm's 8%) or its aspect ratios off 3/4 to 4/3, in either op:
+  decode_jpeg_and_inception_crop (the flagship configs', on JPEG and PNG
+  bytes) and inception_crop (configs/transfer.py's). The area test above
+  bounds areas from below at 4% only, which an 8% minimum passes. Oracle:
+  TF's box sampler called as big_vision's inception_crop calls it
+  (min_object_covered=0, the whole image when no box fits; this module's
+  documented 3/4..4/3 for big_vision's 0.75..1.33), with the op's seed: the
+  very box, read from the crop's coordinate pixels."""
+  png = tf.io.encode_png(COORDS).numpy()
+  jpeg = tf.io.encode_jpeg(COORDS).numpy()
+  fused = pp.get_preprocess_fn("decode_jpeg_and_inception_crop")
+  for seed in range(8):
+    rng = tf.constant([seed, 7], tf.int64)
+    begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
+        (H, W, 3),
+        tf.zeros([0, 0, 4], tf.float32),
+        seed=rng,
+        area_range=(0.05, 1.0),
+        aspect_ratio_range=(3 / 4, 4 / 3),
+        min_object_covered=0.0,
+        max_attempts=10,
+        use_image_if_no_bounding_boxes=True,
+    )
+    (top, left), (h, w) = begin.numpy()[:2], size.numpy()[:2]
+    want = COORDS[top : top + h, left : left + w]
+    np.testing.assert_array_equal(_run("inception_crop", COORDS, seed), want)
+    got = fused({"image": tf.constant(png), "_rng": rng})["image"]
+    np.testing.assert_array_equal(got, want)
+    got = fused({"image": tf.constant(jpeg), "_rng": rng})["image"]
+    assert got.shape == want.shape, (seed, got.shape, want.shape)
+
+
+def test_central_crop_rounds_its_offset_down_as_tfs_crop():
+  """Guards: the central crop's offset rounded up where the margin is odd (a
+  one-pixel shift of every eval image: (h - ch + 1) // 2 for (h - ch) // 2),
+  in either axis, with a size or without (the largest square). Oracle: TF's
+  own tf.image.resize_with_crop_or_pad, whose crop is big_vision's central
+  crop (the margin // 2 above and left); COORDS' 40 x 50 pixels with odd and
+  even margins."""
+  for size, image in [
+      ((21, 30), COORDS),
+      ((20, 31), COORDS),
+      ((23, 23), COORDS),
+      (None, COORDS[:39]),
+      (None, COORDS[:, :39]),
+  ]:
+    if size is None:
+      side = min(image.shape[:2])
+      want = tf.image.resize_with_crop_or_pad(image, side, side)
+      got = _run("central_crop", image)
+    else:
+      want = tf.image.resize_with_crop_or_pad(image, *size)
+      got = _run(f"central_crop({size})", image)
+    np.testing.assert_array_equal(got, want.numpy(), err_msg=str(size))
+
+
 @pytest.mark.parametrize("op", ["central_crop", "random_crop"])
 def test_a_crop_larger_than_images_of_known_size_is_one_line(op):
   """Guards: the error for images of a known size smaller than the crop

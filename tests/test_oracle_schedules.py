@@ -11,6 +11,7 @@ import numpy as np
 import optax
 import pytest
 
+from big_vit_lite.config import config_loading
 from big_vit_lite.trainer import optim
 
 TOTAL = 50
@@ -118,3 +119,23 @@ def test_bad_schedules_are_errors():
     _sched(decay_type="linear", warmup_steps=-2)
   with pytest.raises(ValueError, match="Unknown schedule decay_type 'cosin'"):
     _sched(decay_type="cosin")
+
+
+def test_durations_that_are_not_whole_steps_are_rounded_by_hand():
+  """Guards: a duration in epochs or examples truncated (int() for ceil:
+  total_epochs=1 at 10.5 steps an epoch gives 10 steps, and the run never
+  reaches the epoch's last 50% of a batch; a fractional total_epochs of a
+  small dataset gives 0 steps), or a percent rounded otherwise than to the
+  nearest step. Oracle: worked by hand, at quotients that are not whole:
+  epochs and examples rounded up (the run covers them), percent to the
+  nearest step."""
+  cases = [
+      ("total", dict(total_epochs=1), dict(steps_per_epoch=10.5), 11),
+      ("total", dict(total_epochs=0.25), dict(steps_per_epoch=3.0), 1),
+      ("warmup", dict(warmup_examples=100), dict(batch_size=8), 13),
+      ("warmup", dict(warmup_percent=17), dict(total_steps=10), 2),
+      ("warmup", dict(warmup_percent=13), dict(total_steps=10), 1),
+  ]
+  for name, cfg, dur, want in cases:
+    got = config_loading.get_steps(name, ml_collections.ConfigDict(cfg), **dur)
+    assert got == want, (cfg, dur, got)
