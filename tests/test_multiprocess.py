@@ -64,7 +64,9 @@ def mp_env(tfds_data_dir, tmp_path_factory):
       TFDS_DATA_DIR=tfds_data_dir,
       JAX_PLATFORMS="cpu",
       LOCAL_PREFIX_OUTPUT="0",
-      KILL_GRACE_S="5",
+      # After a peer dies the survivors cannot save or finish (they hang in a collective or
+      # at exit): local.sh's SIGTERM-to-SIGKILL grace is idle time (5 s each killed run).
+      KILL_GRACE_S="1",
       PYTHONUNBUFFERED="1",
       # Without a user's device count (local.sh adds its own), compiled fast.
       XLA_FLAGS=xla_flags.for_run(None),
@@ -365,7 +367,7 @@ def test_stopped_peer_ends_the_run(tmp_path, detector):
       os.environ,
       JAX_PLATFORMS="cpu",
       LOCAL_PREFIX_OUTPUT="0",
-      KILL_GRACE_S="3",
+      KILL_GRACE_S="1",  # (the stopped process is only ended: nothing to wait for)
       PYTHONUNBUFFERED="1",
   )
   if detector == "hang_guard":  # Keep the heartbeat out of the way.
