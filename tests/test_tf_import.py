@@ -2,7 +2,10 @@
 
 big_vit_lite/data/__init__.py hides Keras from TensorFlow's own import (its eager
 `import keras.src.optimizers`, ~1.5 s of CPU a process); the fork server's zygotes
-(tests/forkserver.py's PRELOAD) import the package first for the same saving.
+(tests/forkserver.py's PRELOAD) import the package first for the same saving. The
+trainer's TensorBoard writer (logs/metrics.py) uses tf.summary itself: clu's writer
+module loads Keras through TensorBoard's hparams plugin (its scalars:
+tests/test_tensorboard_resume.py).
 """
 
 import json
@@ -20,6 +23,11 @@ CHILD = """
     import tensorflow as tf
     import tensorflow_datasets as tfds
 
+    from big_vit_lite.logs import metrics
+
+    writer = metrics.MetricWriter(sys.argv[2])  # the trainer's TensorBoard scalars
+    writer.write(1, dict(loss=0.5))
+    writer.close()
     loaded_with_tf = sorted(m for m in ("keras", "sklearn") if m in sys.modules)
     squares = tf.data.Dataset.range(6).map(lambda x: x * x).batch(3)
     (example,) = tfds.load(
@@ -42,13 +50,16 @@ def test_tensorflow_loads_without_keras_and_still_works(
     tmp_path, tfds_data_dir
 ):
   """Guards: TensorFlow's import loading Keras and scikit-learn again (the package's hook
-  gone, or the zygotes importing TensorFlow before the package); a hook that breaks tf.data,
+  gone, the zygotes importing TensorFlow before the package, or the metrics writer back
+  on clu's); a hook that breaks tf.data,
   tfds, TensorFlow's API paths (a None from blocking `keras` in sys.modules), `tf.keras` or a
   user's own `import keras` afterwards."""
   script = tmp_path / "child.py"
   script.write_text(textwrap.dedent(CHILD))
   proc = subprocess.run(
-      forkserver.command([sys.executable, str(script), tfds_data_dir]),
+      forkserver.command(
+          [sys.executable, str(script), tfds_data_dir, str(tmp_path / "w")]
+      ),
       capture_output=True,
       text=True,
       timeout=300,
