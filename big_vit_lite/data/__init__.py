@@ -26,8 +26,8 @@ class _KerasNotAtTensorFlowImport(importlib.abc.MetaPathFinder):
   """TensorFlow's import without the Keras (and, through it, scikit-learn) it loads eagerly.
 
   `import tensorflow` (2.16 and later) ends with `import keras.src.optimizers` in a
-  `try: ... except ImportError: pass`, which loads all of Keras 3 and scikit-learn: 1.2 of
-  5.6 s of CPU per process (measured 2026-12-06, TF 2.21), for nothing tf.data uses.
+  `try: ... except ImportError: pass`, which loads all of Keras 3 and scikit-learn: 1.5 of
+  5.8 s of CPU per process (measured 2026-12-06, TF 2.21), for nothing tf.data uses.
   While TensorFlow's own module runs, this finder gives `keras` a spec whose loader refuses
   (ImportError, which TensorFlow skips); `importlib.util.find_spec("keras")` still finds the
   real package, whose folder TensorFlow puts on its API paths. Afterwards the finder is gone
@@ -39,10 +39,11 @@ class _KerasNotAtTensorFlowImport(importlib.abc.MetaPathFinder):
     self.tensorflow_running = False
 
   def find_spec(self, name, path=None, target=None):
-    if name == "tensorflow":
-      sys.meta_path.remove(self)  # (it returns while TensorFlow runs)
+    # (a find_spec that imports nothing, as flax's and etils' probes for
+    # TensorFlow, leaves the finder in place)
+    if name == "tensorflow" and "keras" not in sys.modules:
       spec = importlib.machinery.PathFinder.find_spec(name, path)
-      if spec is not None and spec.loader and "keras" not in sys.modules:
+      if spec is not None and spec.loader is not None:
         spec.loader = _RunWithout(spec.loader, self)
       return spec
     if name == "keras" and self.tensorflow_running:
@@ -67,12 +68,12 @@ class _RunWithout(importlib.abc.Loader):
     # (the module keeps its real loader, as if imported plainly)
     module.__loader__ = module.__spec__.loader = self.loader
     self.finder.tensorflow_running = True
-    sys.meta_path.insert(0, self.finder)
     try:
       self.loader.exec_module(module)
     finally:
-      sys.meta_path.remove(self.finder)
       self.finder.tensorflow_running = False
+      if self.finder in sys.meta_path:  # TensorFlow is loaded: its work is done
+        sys.meta_path.remove(self.finder)
 
 
 class _Refuse(importlib.abc.Loader):
