@@ -1,8 +1,8 @@
-"""Metric logging: metrics.jsonl + TensorBoard (clu), throughput, ETA and MFU.
+"""Metric logging: metrics.jsonl + TensorBoard (tf.summary), throughput, ETA and MFU.
 
 `MetricWriter(workdir).write(step, {...})` appends one JSON line
-`{"step": step, ...}` to `workdir/metrics.jsonl` and the scalars to clu's
-TensorBoard writer. Only process 0 writes, so every process may call it.
+`{"step": step, ...}` to `workdir/metrics.jsonl` and the scalars to a
+TensorBoard event file. Only process 0 writes, so every process may call it.
 
 `mfu` = model FLOPs of the step (its matmuls counted from the jaxpr, remat's
 recomputation not included: `flops.matmul_flops`) / step time / peak FLOP/s;
@@ -268,7 +268,7 @@ def _write_tensorboard_start(workdir, step, after_second):
   TensorBoard reads a directory's event files in name order, and the names
   start with the creation time in whole seconds. Waiting for a new second
   before and after writing it makes the file sort after the earlier runs'
-  files and before the one the clu writer creates next (at most ~1 s).
+  files and before the one the TensorBoard writer creates next (at most ~1 s).
   """
   from tensorboard.compat.proto import event_pb2  # pylint: disable=g-import-not-at-top
   from tensorboard.summary.writer import event_file_writer  # pylint: disable=g-import-not-at-top
