@@ -28,6 +28,9 @@ import tempfile
 
 import pytest
 
+# Before any test module imports TensorFlow: its import then skips Keras and
+# scikit-learn (big_vit_lite/data/__init__.py), ~1.5 s of CPU per xdist worker.
+import big_vit_lite.data  # noqa: F401  pylint: disable=unused-import
 from big_vit_lite.runtime import hostmem
 import shared_dirs
 import xla_flags

@@ -20,6 +20,8 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
+import forkserver
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LOCK = os.path.join(REPO, "requirements", "lock.txt")
 
@@ -168,9 +170,13 @@ def test_wheel_ships_configs_license_and_extras(wheel):
   assert re.search(r"^Requires-Python: >=3\.11", meta, re.M)
 
 
-def _run(args, cwd, **env):
+def _run(args, cwd, *, forked=False, **env):
+  """`python ARGS` in `cwd`; forked=True: through the fork server (the checkout's package)."""
+  cmd = [sys.executable, *args]
+  if forked:
+    cmd = forkserver.command(cmd)
   return subprocess.run(
-      [sys.executable, *args],
+      cmd,
       cwd=cwd,
       env=dict(os.environ, **env),
       capture_output=True,
@@ -236,7 +242,9 @@ def test_checkout_and_editable_install_find_configs_by_name(tmp_path):
 
 def test_an_unknown_config_name_is_one_line_listing_the_shipped_ones(tmp_path):
   proc = _run(
-      ["-m", "big_vit_lite.plan", "--config=vit_l32", "--mesh=data:1"], tmp_path
+      ["-m", "big_vit_lite.plan", "--config=vit_l32", "--mesh=data:1"],
+      tmp_path,
+      forked=True,
   )
   last = proc.stderr.strip().splitlines()[-1]
   assert proc.returncode != 0 and "Traceback" not in proc.stderr

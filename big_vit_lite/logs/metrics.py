@@ -1,8 +1,8 @@
-"""Metric logging: metrics.jsonl + TensorBoard (clu), throughput, ETA and MFU.
+"""Metric logging: metrics.jsonl + TensorBoard (tf.summary), throughput, ETA and MFU.
 
 `MetricWriter(workdir).write(step, {...})` appends one JSON line
-`{"step": step, ...}` to `workdir/metrics.jsonl` and the scalars to clu's
-TensorBoard writer. Only process 0 writes, so every process may call it.
+`{"step": step, ...}` to `workdir/metrics.jsonl` and the scalars to a
+TensorBoard event file. Only process 0 writes, so every process may call it.
 
 `mfu` = model FLOPs of the step (its matmuls counted from the jaxpr, remat's
 recomputation not included: `flops.matmul_flops`) / step time / peak FLOP/s;
@@ -169,7 +169,9 @@ class MetricWriter:
     self.path = self.workdir / "metrics.jsonl"
     self._active = jax.process_index() == 0
     self._tensorboard = tensorboard
-    self._tb = None  # clu writer, created at the first write (see start_run).
+    self._tb = (
+        None  # TensorBoard writer, created at the first write (see start_run).
+    )
     # More writers of the same rows: write(step, row) (wandb_writer.Writer).
     self.also = []
     if self._active:
@@ -187,13 +189,17 @@ class MetricWriter:
         if k != "step" and isinstance(v, (int, float))
     }
     if scalars and self._tensorboard:
+      # TensorFlow's summary writer, as clu's SummaryWriter wraps it: clu's
+      # module also imports TensorBoard's hparams plugin and, through it, all of
+      # Keras and scikit-learn (~1.5 s of CPU a process).
+      import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
       # Created at the first write: after start_run's event file.
       if self._tb is None:
-        from clu import metric_writers  # pylint: disable=g-import-not-at-top
-        # TensorBoard only: clu's default writer would also log every row, a
-        # second progress line.
-        self._tb = metric_writers.SummaryWriter(str(self.workdir))
-      self._tb.write_scalars(int(step), scalars)
+        self._tb = tf.summary.create_file_writer(str(self.workdir))
+      with self._tb.as_default():
+        for key, value in scalars.items():
+          tf.summary.scalar(key, value, step=int(step))
     for writer in self.also:
       writer.write(step, row)
 
@@ -262,8 +268,8 @@ def _write_tensorboard_start(workdir, step, after_second):
   TensorBoard reads a directory's event files in name order, and the names
   start with a creation time in whole seconds. This file is named one second
   back from now, once that second is past the earlier runs' files
-  (`after_second`): it sorts after them and before the file the clu writer
-  creates next (named with its own creation time, now or later). Waiting only
+  (`after_second`): it sorts after them and before the file the TensorBoard
+  writer creates next (named with its own creation time, now or later). Waiting only
   when the earlier files are that recent (a second before, the file was written
   and then a new second waited for: ~0.5 s of every run's start).
   """
