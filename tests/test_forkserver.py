@@ -118,6 +118,45 @@ def test_exceptions_and_signals_end_the_caller_alike(tmp_path):
     assert _run([killed], real=real).returncode == -signal.SIGTERM
 
 
+ENDS = """
+    import atexit, sys, threading, time
+    done = sys.argv[1]
+
+    def late():
+      time.sleep(0.3)
+      with open(done, "a") as f:
+        f.write("thread joined;")
+
+    threading.Thread(target=late).start()
+    atexit.register(lambda: print("atexit ran", file=sys.stderr))
+    sys.stdout.write("no newline, still buffered")
+    if sys.argv[2] == "message":
+      sys.exit("a message")
+    if sys.argv[2] == "code":
+      sys.exit(260)
+"""
+
+
+def test_a_child_ends_as_python_ends_a_program(tmp_path):
+  """Guards the child's end without the interpreter's teardown (forkserver's
+  _end_without_teardown): a non-daemon thread not waited for, atexit functions not
+  run, a buffered stdout lost, or SystemExit's code (None, an int past 255, a
+  message: printed, status 1) turned into another status; against the real
+  interpreter's end of the same program.
+  """
+  script = _script(tmp_path, "ends.py", ENDS)
+  for how in ("falls off the end", "message", "code"):
+    results = []
+    for real in (False, True):
+      done = tmp_path / f"{how}-{real}.txt"
+      p = _run([script, str(done), how], real=real)
+      results.append((p.returncode, p.stdout, p.stderr, done.read_text()))
+    assert results[0] == results[1], how
+    assert results[0][1] == "no newline, still buffered"
+    assert "atexit ran" in results[0][2]
+    assert results[0][3] == "thread joined;"
+
+
 def _wait_for(predicate, what, timeout=30):
   t0 = time.monotonic()
   while not predicate():
