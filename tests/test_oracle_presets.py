@@ -11,8 +11,8 @@ from big_vit_lite.evaluators import presets
 
 
 def test_eval_pp_is_the_models_input_range_at_its_size():
-  """Guards: the few-shot and linear-probe presets' pp (every shipped
-  config's evals) mapping pixels to [0, 1] or leaving them 0-255, where the
+  """Guards: the presets' pp (configs/fewshot.py's, linear_probe.py's and
+  classify.py's evals) mapping pixels to [0, 1] or leaving them 0-255, where the
   model was trained on [-1, 1] (its few-shot numbers then measure inputs it
   never saw); the label key or channels not passed through. Oracle: a
   3x3 PNG whose pixels 0, 51 and 255 are -1, -0.6 and 1 by hand (the image
