@@ -13,6 +13,7 @@ import pytest
 
 from big_vit_lite.config import config_loading
 from big_vit_lite.trainer import optim
+from big_vit_lite.trainer import train_setup
 
 TOTAL = 50
 
@@ -139,3 +140,21 @@ def test_durations_that_are_not_whole_steps_are_rounded_by_hand():
   for name, cfg, dur, want in cases:
     got = config_loading.get_steps(name, ml_collections.ConfigDict(cfg), **dur)
     assert got == want, (cfg, dur, got)
+
+
+def test_an_epoch_is_the_examples_over_the_batch_not_whole_batches():
+  """Guards: the trainer's steps per epoch in whole batches (`//`: 1,000
+  examples at batch 64 as 15 steps, not 15.625), which shortens every run
+  given in epochs (10 epochs: 150 steps, 4% of the data never seen, and the
+  schedule's warm-up and decay in epochs scaled alike) and makes the logged
+  `epoch` run ahead. Oracle: worked by hand, ceil(10 * 1000 / 64) = 157
+  steps, as big_vision (`ntrain_img / batch_size`); total_steps wins."""
+  got = train_setup.read_duration(
+      ml_collections.ConfigDict(dict(total_epochs=10)),
+      batch_size=64,
+      num_examples=1000,
+  )
+  assert got == dict(steps_per_epoch=15.625, batch_size=64, total_steps=157)
+  both = ml_collections.ConfigDict(dict(total_epochs=10, total_steps=20))
+  got = train_setup.read_duration(both, batch_size=64, num_examples=1000)
+  assert got["total_steps"] == 20
