@@ -215,13 +215,13 @@ def tpu_weight_bytes(block_params, depth, tp, fsdp, remat, *, mm_bytes):
 
 
 # XLA:GPU puts a step's temporaries in one buffer, at offsets its heap simulator
-# picks: without remat the compiled peak grew 1.16-1.21x as fast with the depth as
-# the residuals it holds live (B/16, L/16, H/14 at 512 images per GPU,
-# benchmarks/NOTES.md).
-GPU_HEAP_PACKING = 1.18
+# picks: without remat the compiled peak at full depth held 1.13x the residuals
+# (B/16, L/16, H/14 at 512 images per GPU on an H100 and an H200;
+# benchmarks/NOTES.md, "Full depth").
+GPU_HEAP_PACKING = 1.13
 # With remat: blocks' worth of residuals (gpu_block_bytes) live besides every
-# block's input at the peak, in the recomputed block's backward (fitted: the
-# compiled B/16 1.58, L/16 1.90, H/14 1.03).
+# block's input at the peak, in the recomputed block's backward (the same full-depth
+# compiles, an H100's and an H200's).
 GPU_REMAT_LIVE_BLOCKS = 1.4
 
 
@@ -324,13 +324,13 @@ TPU_KEEPS = Keeps(
 )
 # XLA:GPU lays the same buffers out differently for each GPU it compiles for:
 # (heap packing without remat, live blocks with remat) per devices.DEVICES key,
-# fitted to the compiled B/16, L/16 and H/14 at 512 images per GPU on 8 GPUs
-# (benchmarks/NOTES.md, "The GPU compiler per GPU"); any other GPU: the H100's
-# (the H200 too: no one pair fits its three models within 10%; plan -24% to +19%).
+# fitted to the full-depth compiles of B/16, L/16 and H/14 at 512 images per GPU
+# on 8 GPUs (benchmarks/NOTES.md, "Full depth"). The A100 packs tighter; the H200's
+# and the B200's programs fit the H100's constants (any other GPU takes them too),
+# but for the B200's B/16 with remat (plan -32%; NOTES.md).
 GPU_FITS = {
     "h100": (GPU_HEAP_PACKING, GPU_REMAT_LIVE_BLOCKS),
-    "a100": (1.03, 0.78),
-    "b200": (1.13, 2.6),
+    "a100": (0.95, 1.05),
 }
 GPU_KEEPS = {
     gpu: Keeps(
