@@ -216,7 +216,7 @@ def tpu_weight_bytes(block_params, depth, tp, fsdp, remat, *, mm_bytes):
 
 # XLA:GPU puts a step's temporaries in one buffer, at offsets its heap simulator
 # picks: without remat the compiled peak at full depth holds about 1.13x the
-# residuals (fitted to B/16, L/16, H/14 at 512 images per GPU: H100 1.15, H200
+# residuals (fitted to B/16, L/16, H/14 at 512 images per GPU: H100 1.13, H200
 # 1.12; benchmarks/NOTES.md, "Full depth").
 GPU_HEAP_PACKING = 1.13
 # With remat: blocks' worth of residuals (gpu_block_bytes) live besides every
