@@ -169,9 +169,8 @@ class MetricWriter:
     self.path = self.workdir / "metrics.jsonl"
     self._active = jax.process_index() == 0
     self._tensorboard = tensorboard
-    self._tb = (
-        None  # TensorBoard writer, created at the first write (see start_run).
-    )
+    # TensorBoard writer, created at the first write (see start_run).
+    self._tb = None
     # More writers of the same rows: write(step, row) (wandb_writer.Writer).
     self.also = []
     if self._active:
@@ -269,9 +268,9 @@ def _write_tensorboard_start(workdir, step, after_second):
   start with a creation time in whole seconds. This file is named one second
   back from now, once that second is past the earlier runs' files
   (`after_second`): it sorts after them and before the file the TensorBoard
-  writer creates next (named with its own creation time, now or later). Waiting only
-  when the earlier files are that recent (a second before, the file was written
-  and then a new second waited for: ~0.5 s of every run's start).
+  writer creates next (named with its own creation time, now or later). It
+  waits only when the earlier files are that recent (before, every run's start
+  waited for a new second after writing it: ~0.5 s).
   """
   from tensorboard.compat.proto import event_pb2  # pylint: disable=g-import-not-at-top
   from tensorboard.summary.writer import record_writer  # pylint: disable=g-import-not-at-top
