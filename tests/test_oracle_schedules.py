@@ -142,6 +142,40 @@ def test_durations_that_are_not_whole_steps_are_rounded_by_hand():
     assert got == want, (cfg, dur, got)
 
 
+def test_a_percent_of_a_long_run_and_the_duration_errors_word_for_word():
+  """Guards: a percent taken of the wrong whole (`value / 101`, or of 99
+  steps) where a short run rounds it away (10% of 10 steps is 1 either way),
+  and the one-line errors of a duration losing what they name (the keys set
+  twice, the key to set instead, what a unit needs). Oracle: worked by hand;
+  the messages as a user should read them."""
+  cfg = ml_collections.ConfigDict(dict(warmup_percent=50))
+  assert config_loading.get_steps("warmup", cfg, total_steps=1000) == 500
+  both = ml_collections.ConfigDict(dict(warmup_steps=3, warmup_epochs=1))
+  with pytest.raises(ValueError) as e:
+    config_loading.get_steps("warmup", both, steps_per_epoch=10)
+  assert str(e.value) == (
+      "Set only one of warmup_steps, warmup_epochs: they are different ways"
+      " to give the same duration."
+  )
+  with pytest.raises(ValueError) as e:
+    config_loading.get_steps(
+        "total", ml_collections.ConfigDict(), required=True
+    )
+  assert str(e.value) == "Set one of total_steps or total_epochs in the config."
+  needs = [
+      ("epochs", "the dataset size"),
+      ("examples", "the batch size"),
+      ("percent", "the total step count"),
+  ]
+  for unit, what in needs:
+    cfg = ml_collections.ConfigDict({f"warmup_{unit}": 5})
+    with pytest.raises(ValueError) as e:
+      config_loading.get_steps("warmup", cfg)
+    assert str(e.value) == (
+        f"warmup_{unit} needs {what}; give warmup_steps instead."
+    ), unit
+
+
 def test_an_epoch_is_the_examples_over_the_batch_not_whole_batches():
   """Guards: the trainer's steps per epoch in whole batches (`//`: 1,000
   examples at batch 64 as 15 steps, not 15.625), which shortens every run
