@@ -637,7 +637,7 @@ def main():
     if numerics_too:
       cmd.append("--numerics")
       if args.smoke:
-        # The check's code at the tiny variant's shapes: B/16's cost a CPU ~8 s.
+        # The check's code at the tiny variant's shapes (B/16's: ~2 s more CPU).
         cmd += [
             f"--numerics_variant={variant('B/16')}",
             f"--numerics_res={args.res}",
