@@ -59,8 +59,10 @@ def _one_line(e):
 # JAX worker
 
 
-def numerics(batch=4):
-  """Padded attention == unpadded (XLA); cuDNN vs XLA attention, op and 2-block model."""
+def numerics(variant="B/16", res=224, batch=4):
+  """Padded attention == unpadded (XLA); cuDNN vs XLA attention, op and 2-block model, at
+  `variant`'s widths and `res` (B/16 at 224 px: 197 tokens, 12 heads of 64; --smoke: its tiny
+  variant at the smoke's resolution)."""
   import jax
   import jax.numpy as jnp
   from big_vit_lite.models import vit
@@ -68,7 +70,10 @@ def numerics(batch=4):
 
   out = dict(kind="numerics")
   keys = jax.random.split(jax.random.PRNGKey(0), 4)
-  shape = (batch, 197, 12, 64)  # B/16: 197 tokens, 12 heads of 64
+  arch = vit.decode_variant(variant)
+  tokens = (res // arch["patch_size"]) ** 2 + 1
+  heads = arch["num_heads"]
+  shape = (batch, tokens, heads, arch["width"] // heads)
   q, k, v, g = (jax.random.normal(r, shape, jnp.float32) for r in keys)
 
   def vjp(fn, *args):
@@ -100,7 +105,9 @@ def numerics(batch=4):
     out["cudnn"] = f"skipped: no CUDA GPU (backend {jax.default_backend()})"
     # The model-level comparison all the same, of the two attentions a CPU has.
     out.update(
-        compare_models("custom", "xla", "float32", keys[0], batch, res=64)
+        compare_models(
+            "custom", "xla", "float32", keys[0], batch, arch, min(res, 64)
+        )
     )
     return out
   qb, kb, vb = (x.astype(jnp.bfloat16) for x in (q, k, v))
@@ -124,7 +131,9 @@ def numerics(batch=4):
       out[f"cudnn_error_multiple_{multiple}"] = _one_line(e)
   if "seq_multiple" not in out:
     return out
-  out.update(compare_models("cudnn", "xla", "bfloat16", keys[0], batch))
+  out.update(
+      compare_models("cudnn", "xla", "bfloat16", keys[0], batch, arch, res)
+  )
   out["pass"] = (
       max(
           out["cudnn_vs_xla_attention_rel_err"],
@@ -136,8 +145,9 @@ def numerics(batch=4):
   return out
 
 
-def compare_models(kind, ref_kind, dtype_mm, key, batch, res=224):
-  """A 2-block model of B/16's widths, attention=kind vs ref_kind: loss and grads, same params."""
+def compare_models(kind, ref_kind, dtype_mm, key, batch, arch, res):
+  """A 2-block model of `arch`'s widths, attention=kind vs ref_kind: loss and grads, same
+  params."""
   import jax
   import jax.numpy as jnp
   from big_vit_lite.models import vit
@@ -145,11 +155,11 @@ def compare_models(kind, ref_kind, dtype_mm, key, batch, res=224):
   kw = dict(
       num_classes=10,
       variant=None,
-      width=768,
+      width=arch["width"],
       depth=2,
-      mlp_dim=3072,
-      num_heads=12,
-      patch_size=16,
+      mlp_dim=arch["mlp_dim"],
+      num_heads=arch["num_heads"],
+      patch_size=arch["patch_size"],
       dtype_mm=dtype_mm,
   )
   images = jax.random.normal(key, (batch, res, res, 3))
@@ -213,7 +223,7 @@ def worker_ours(args):
   if args.numerics:
     t0 = time.time()
     try:
-      out = numerics()
+      out = numerics(args.numerics_variant, args.numerics_res)
     except Exception as e:  # pylint: disable=broad-except
       out = dict(kind="numerics", error=_one_line(e))
     if vit.on_cuda() and "seq_multiple" not in out:
@@ -483,6 +493,10 @@ def main():
   p.add_argument("--worker", choices=["ours"], help=argparse.SUPPRESS)
   p.add_argument("--cases", help=argparse.SUPPRESS)
   p.add_argument("--numerics", action="store_true", help=argparse.SUPPRESS)
+  p.add_argument("--numerics_variant", default="B/16", help=argparse.SUPPRESS)
+  p.add_argument(
+      "--numerics_res", type=int, default=224, help=argparse.SUPPRESS
+  )
   p.add_argument(
       "--deadline", type=float, default=float("inf"), help=argparse.SUPPRESS
   )
@@ -622,6 +636,12 @@ def main():
     ]
     if numerics_too:
       cmd.append("--numerics")
+      if args.smoke:
+        # The check's code at the tiny variant's shapes (B/16's: ~2 s more CPU).
+        cmd += [
+            f"--numerics_variant={variant('B/16')}",
+            f"--numerics_res={args.res}",
+        ]
     num = next((r for r in rows if r.get("kind") == "numerics"), {})
     if num.get("seq_multiple"):
       cmd.append(f"--seq_multiple={num['seq_multiple']}")
@@ -675,6 +695,8 @@ def main():
               {m: estimate(f"timm {m}") for m in ("eager", "compile")}
           ),
       ]
+      if args.smoke:
+        cmd.append(f"--compile_variants={variant('B/16')}")
       # timm imports torchvision, which a ViT never uses: the stand-in
       # (timm_standin/) if absent.
       has_tv = (

@@ -107,6 +107,12 @@ def main():
       default="compile,eager",
       help="in run order: every variant of the first mode, then of the next",
   )
+  p.add_argument(
+      "--compile_variants",
+      default=None,
+      help="comma-separated: the variants timed under torch.compile (default: all;"
+      " gpu_bench.py --smoke: the first, as inductor's CPU compile dominates its cost)",
+  )
   p.add_argument("--batch", type=int, default=256)
   p.add_argument("--res", type=int, default=224)
   p.add_argument("--num_classes", type=int, default=1000)
@@ -128,8 +134,24 @@ def main():
   if device.type == "cpu":
     torch.set_num_threads(2)  # the CPU smoke check, on a shared 2-core machine
   estimates = json.loads(args.estimates)
+  compiled = None
+  if args.compile_variants:
+    compiled = args.compile_variants.split(",")
   for mode in args.modes.split(","):
     for name, dims in json.loads(args.arch).items():
+      if mode == "compile" and compiled is not None and name not in compiled:
+        print(
+            json.dumps(
+                dict(
+                    kind="timm",
+                    mode=mode,
+                    variant=name,
+                    skipped="not in --compile_variants",
+                )
+            ),
+            flush=True,
+        )
+        continue
       # deeper: longer
       estimate = estimates.get(mode, 0) * max(1.0, dims[1] / 12) ** 0.5
       if args.deadline and time.time() + estimate > args.deadline:
