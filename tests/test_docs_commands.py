@@ -271,23 +271,15 @@ COMMANDS = [
         help=("python", "-m", "tensorboard.main", "--helpfull"),
         why="a server that runs until stopped",
     ),
-    # Data (docs/data.md, configs/vit_*.py).
-    Cmd(
-        "python -m big_vit_lite.data.prepare fashion_mnist",
-        "run",
-        extra=("--data_dir={data}",),
-        slow=True,
-    ),
-    # (as written: on the suite's data dir, where tfds_data_dir prepared it;
-    # the array_record row below builds mnist10k afresh, with the same
-    # generator, and so do tests/test_data_random_access.py's)
+    # Data (docs/data.md, configs/vit_*.py). The offline three as written, on
+    # the suite's data dir (TFDS_DATA_DIR), where tfds_data_dir prepared them:
+    # each prints its splits. Built afresh from their sources by the same
+    # command elsewhere: the three by docs/jft_scale.md's loop on a bucket
+    # (tests/test_bucket.py's documented_bucket), mnist10k also by the
+    # array_record row below.
+    Cmd("python -m big_vit_lite.data.prepare fashion_mnist", "run", slow=True),
     Cmd("python -m big_vit_lite.data.prepare mnist10k", "run", slow=True),
-    Cmd(
-        "python -m big_vit_lite.data.prepare animal_mnist",
-        "run",
-        extra=("--data_dir={data}",),
-        slow=True,
-    ),
+    Cmd("python -m big_vit_lite.data.prepare animal_mnist", "run", slow=True),
     Cmd(
         "python -m big_vit_lite.data.prepare imagenet21k",
         "help",
