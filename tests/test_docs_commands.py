@@ -325,13 +325,16 @@ COMMANDS = [
         "run",
         slow=True,
     ),
+    # (--data_dir moves to a fresh dir: the suite's one build of mnist_multilabel
+    # from the current code, ~12 s of CPU; tests/test_multilabel.py and the
+    # rows below read the shared data dir's copy, prepared once for good)
     Cmd(
         "python -m big_vit_lite.data.prepare mnist_multilabel",
         "run",
         extra=("--data_dir={data}",),
         slow=True,
         timeout=900,
-    ),  # (a fresh dir: ~2 min on 2 quiet cores)
+    ),
     Cmd(
         "python -m big_vit_lite.train --config=configs/multilabel.py:runlocal",
         "run",
