@@ -17,9 +17,12 @@ by the row's mode:
          a few steps: the `trained` fixture), `workdirs/NAME/checkpoints/N` its newest step;
          `runlocal=True` adds the `runlocal` config arg (tiny data and steps); `subs` replaces
          text (e.g. a documented image folder by a tiny one), `extra` appends arguments (later
-         absl flags win), `args` replaces them. It must exit 0. `trained=True`: the `trained`
+         absl flags win), `args` replaces them. It must exit 0 (a `data.prepare` also prints
+         the dataset's name and split sizes). `trained=True`: the `trained`
          fixture runs this very command (only --workdir differs), so the row checks that run
-         instead of starting the same training twice.
+         instead of starting the same training twice. Lines that run the same thing run once:
+         the same argv and assigned variables, less the name of the new --workdir (and of an
+         input the `trained` workdir stands in for).
   shell  the same, the documented line run by bash as it is (loops).
   help   `PROGRAM --help` (or `help=`) instead, only where a real run needs what CI has not:
          a GPU, TPU, hosts, a cluster, a cloud account or data that cannot be downloaded here.
@@ -262,28 +265,21 @@ COMMANDS = [
     Cmd(
         "tensorboard --logdir=",
         "help",
-        help=("tensorboard", "--helpfull"),
+        # the `tensorboard` script's own function (tensorboard.main's
+        # run_main), run by `python -m`: the fork server's zygote has imported
+        # TensorFlow (the script's own process: ~5 s of CPU to print the help)
+        help=("python", "-m", "tensorboard.main", "--helpfull"),
         why="a server that runs until stopped",
     ),
-    # Data (docs/data.md, configs/vit_*.py).
-    Cmd(
-        "python -m big_vit_lite.data.prepare fashion_mnist",
-        "run",
-        extra=("--data_dir={data}",),
-        slow=True,
-    ),
-    Cmd(
-        "python -m big_vit_lite.data.prepare mnist10k",
-        "run",
-        extra=("--data_dir={data}",),
-        slow=True,
-    ),
-    Cmd(
-        "python -m big_vit_lite.data.prepare animal_mnist",
-        "run",
-        extra=("--data_dir={data}",),
-        slow=True,
-    ),
+    # Data (docs/data.md, configs/vit_*.py). The offline three as written, on
+    # the suite's data dir (TFDS_DATA_DIR), where tfds_data_dir prepared them:
+    # each prints its splits. Built afresh from their sources by the same
+    # command elsewhere: the three by docs/jft_scale.md's loop on a bucket
+    # (tests/test_bucket.py's documented_bucket), mnist10k also by the
+    # array_record row below.
+    Cmd("python -m big_vit_lite.data.prepare fashion_mnist", "run", slow=True),
+    Cmd("python -m big_vit_lite.data.prepare mnist10k", "run", slow=True),
+    Cmd("python -m big_vit_lite.data.prepare animal_mnist", "run", slow=True),
     Cmd(
         "python -m big_vit_lite.data.prepare imagenet21k",
         "help",
@@ -329,13 +325,16 @@ COMMANDS = [
         "run",
         slow=True,
     ),
+    # (--data_dir moves to a fresh dir: the suite's one build of mnist_multilabel
+    # from the current code, ~12 s of CPU; tests/test_multilabel.py and the
+    # rows below read the shared data dir's copy, prepared once for good)
     Cmd(
         "python -m big_vit_lite.data.prepare mnist_multilabel",
         "run",
         extra=("--data_dir={data}",),
         slow=True,
         timeout=900,
-    ),  # (a fresh dir: ~2 min on 2 quiet cores)
+    ),
     Cmd(
         "python -m big_vit_lite.train --config=configs/multilabel.py:runlocal",
         "run",
@@ -694,16 +693,19 @@ def _run_once(key, cmd, **kwargs):
 
 
 def _command(row, words, raw, tmp_path, request, data):
-  """The argv to run for a documented command."""
+  """(the argv to run for a documented command, what it runs: for a `run` row the same argv
+  before this test's folders fill in its placeholders, its new --workdir unnamed; else None).
+  """
   n = len(row.prefix.split())
   if row.mode == "help":
-    return list(row.help) if row.help else words[:n] + ["--help"]
+    return list(row.help) if row.help else words[:n] + ["--help"], None
   if row.mode == "pip":
-    return [sys.executable, "-m", "pip", "install", *PIP_DRY_RUN] + words[2:]
+    pip = [sys.executable, "-m", "pip", "install", *PIP_DRY_RUN] + words[2:]
+    return pip, None
   if row.mode == "shell":
-    return ["bash", "-c", raw]
+    return ["bash", "-c", raw], None
   rest = list(row.args) if row.args is not None else words[n:] + list(row.extra)
-  cmd = _redirect(words[:n] + rest, tmp_path)
+  cmd = _redirect(words[:n] + rest, "{tmp}")
   if row.runlocal:
     cmd = _with_runlocal(cmd)
   if any("workdirs/" in w for w in cmd):
@@ -714,9 +716,12 @@ def _command(row, words, raw, tmp_path, request, data):
       if "{" + key + "}" in new:
         fill["{" + key + "}"] = request.getfixturevalue(key)
     cmd = [w.replace(old, new) for w in cmd]
+  runs = [
+      re.sub(r"^--workdir=\{tmp\}/.*", "--workdir={tmp}/NEW", w) for w in cmd
+  ]
   for key, value in fill.items():
     cmd = [w.replace(key, value) for w in cmd]
-  return cmd
+  return cmd, runs
 
 
 @pytest.mark.parametrize("doc,line,words,block_env,raw,row", _params())
@@ -756,7 +761,7 @@ def test_documented_command_runs(
   (tmp_path / "out").mkdir()
   if row.copy:
     build_tree((tmp_path / "src").mkdir() or tmp_path / "src")
-  cmd = _command(row, words, raw, tmp_path, request, tfds_data_dir)
+  cmd, runs = _command(row, words, raw, tmp_path, request, tfds_data_dir)
   for name in row.needs:
     request.getfixturevalue("prepare_in_test_data")(name)
   if row.mode == "tpu":
@@ -775,11 +780,18 @@ def test_documented_command_runs(
     cmd = ["bash"] + cmd
   # The same command documented twice runs once (the help and pip lines, and
   # identical runs); so does a row whose `args` replace the documented ones
-  # (the plan --topology lines: the row's later --topology wins).
+  # (the plan --topology lines: the row's later --topology wins), and a run
+  # that differs from another only in the name of its new workdir or of an
+  # input the `trained` workdir stands in for (`--workdir=workdirs/probe` with
+  # `--config.model_init=workdirs/demo`, and `workdirs/probe_pre3k` with
+  # `workdirs/pre3k`): the same program, arguments and environment.
+  assigned = tuple(sorted({**block_env, **env_vars}.items()))
   if row.mode == "run" and row.args is not None:
-    key = (row.mode, row.prefix, row.args)
-  elif row.mode in ("run", "shell"):
-    key = (row.mode, tuple(words))
+    key = (row.mode, row.prefix, row.args, assigned)
+  elif row.mode == "run":
+    key = (row.mode, tuple(runs), assigned)
+  elif row.mode == "shell":
+    key = (row.mode, tuple(words), assigned)
   else:
     key = tuple(cmd)
   if row.mode == "tpu":
@@ -803,6 +815,12 @@ def test_documented_command_runs(
     ), where
   else:
     assert proc.returncode == 0, where
+  if row.mode == "run" and row.prefix.startswith(
+      "python -m big_vit_lite.data.prepare "
+  ):
+    # what it prepared: the dataset's name and its splits' sizes
+    name = row.prefix.split()[3]
+    assert re.search(rf"^{name}: {{'\w+': [1-9]", proc.stdout, re.M), where
 
 
 # -- Quoted error texts.
