@@ -222,6 +222,17 @@ def documented_bucket(tmp_path_factory, tfds_data_dir):
           timeout=900,
       )
       assert proc.returncode == 0, f"{doc}:{line}: {cmd}\n{proc.stderr[-3000:]}"
+      if raw.startswith("for"):
+        # The loop's status is its last prepare's: each one's summary line
+        # says it wrote its splits on the bucket.
+        for name in ("fashion_mnist", "mnist10k", "animal_mnist"):
+          on_bucket = f"in gs://{BUCKET}/tensorflow_datasets/{name}/"
+          summaries = [
+              l
+              for l in proc.stdout.splitlines()
+              if l.startswith(f"{name}: {{") and on_bucket in l
+          ]
+          assert summaries, (name, proc.stdout[-3000:])
     yield server
 
 
