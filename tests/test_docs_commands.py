@@ -47,6 +47,7 @@ import ast
 import dataclasses
 import glob
 import hashlib
+from importlib import metadata
 import json
 import os
 import re
@@ -722,6 +723,17 @@ def _command(row, words, raw, tmp_path, request, data):
   for key, value in fill.items():
     cmd = [w.replace(key, value) for w in cmd]
   return cmd, runs
+
+
+def test_the_tensorboard_script_runs_what_its_row_runs():
+  """The `tensorboard` row runs `python -m tensorboard.main --helpfull` through
+  the fork server: the script the docs name must be installed beside this
+  Python and call that module's run_main. Guards: a docs command whose program
+  is missing (the console script not installed) passing its row."""
+  (script,) = metadata.entry_points(group="console_scripts", name="tensorboard")
+  assert script.value == "tensorboard.main:run_main"
+  on_path = shutil.which("tensorboard", path=os.path.dirname(sys.executable))
+  assert on_path, "no tensorboard script beside " + sys.executable
 
 
 @pytest.mark.parametrize("doc,line,words,block_env,raw,row", _params())
