@@ -49,16 +49,18 @@ def resumed_run(tmp_path_factory, tfds_data_dir):
       "--config.ckpt_steps=10",
       "--config.evals.val.log_steps=20",
   )
-  proc = trainer_runs.start_train(tfds_data_dir, workdir, *args, config=EVALS)
+  proc, pid = trainer_runs.start_train_to_kill(
+      tfds_data_dir, workdir, *args, config=EVALS
+  )
   try:
     trainer_runs.wait_for_step(proc, workdir, 21)
     # Mid-run (steps take milliseconds), until the kill.
-    proc.send_signal(signal.SIGSTOP)
+    os.kill(pid, signal.SIGSTOP)
     live = report.write(
         [workdir], out=os.path.join(os.path.dirname(workdir), "live")
     )
   finally:
-    proc.send_signal(signal.SIGKILL)
+    os.kill(pid, signal.SIGKILL)
     proc.communicate()
   p = trainer_runs.run_train(tfds_data_dir, workdir, *args, config=EVALS)
   assert p.returncode == 0, p.stderr[-3000:]
