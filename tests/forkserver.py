@@ -42,7 +42,10 @@ child, and a child killed by a signal kills its client with the same one; a
 client that dies (SIGKILL included) closes its socket, and the zygote kills the
 child's process group. A child also dies with its zygote. The child is in a
 process group of its own, so a test that signals its process's group reaches
-only the client: tests of that keep real processes.
+only the client: tests of that keep real processes. A test that sends the
+command's process a signal the client cannot forward (SIGKILL, SIGSTOP) sends
+it to the child itself, whose pid the client writes to the file $PID_FILE
+names: its client then dies of the same signal.
 
 Fork safety: the zygote's imports leave two idle native threads (OpenBLAS's
 worker, which re-forms after a fork, and one of TensorFlow's, waiting on a
@@ -119,6 +122,10 @@ FORWARDED = (
     signal.SIGUSR1,
     signal.SIGUSR2,
 )
+# A file where the client writes the pid of the process that runs the command (the zygote's
+# child, or itself where it execs the interpreter): for a test that signals that process
+# itself (SIGKILL or SIGSTOP, which the client cannot forward; tests/trainer_runs.py).
+PID_FILE = "BVL_TEST_FORKSERVER_PID_FILE"
 IDLE_S = 600
 START_TIMEOUT_S = 180
 
@@ -245,11 +252,21 @@ def _exec_real(args):
   os.execv(sys.executable, [sys.executable, *args])
 
 
+def _tell_pid(env, pid):
+  """Writes `pid` to the file PID_FILE names, if the command's environment names one."""
+  path = env.get(PID_FILE)
+  if path:
+    with open(path + ".tmp", "w") as f:
+      f.write(str(pid))
+    os.replace(path + ".tmp", path)
+
+
 def _die_like(status):
   """Exits as the child did: its exit code, or killed by its signal."""
   if os.WIFSIGNALED(status):
     sig = os.WTERMSIG(status)
-    signal.signal(sig, signal.SIG_DFL)
+    if sig != signal.SIGKILL:  # (whose action cannot be set: it is the default)
+      signal.signal(sig, signal.SIG_DFL)
     os.kill(os.getpid(), sig)
   sys.stdout.flush()
   sys.stderr.flush()
@@ -262,11 +279,13 @@ def run_client(args, env):
   # A process of a multi-process job (launch/local.sh) is alone with its
   # JAX_PROCESS_ID, and its launcher stops it by process group.
   if target is None or not enabled() or "JAX_COORDINATOR_ADDRESS" in env:
+    _tell_pid(env, os.getpid())
     _exec_real(args)
   kind, name = target
   ours = kind == "module" and name.startswith("big_vit_lite.")
   sock = _zygote(env, ours)
   if sock is None:
+    _tell_pid(env, os.getpid())
     _exec_real(args)
   request = json.dumps(dict(args=args, cwd=os.getcwd(), env=env)).encode()
   try:
@@ -277,8 +296,10 @@ def run_client(args, env):
     reply = None
   if not reply or reply[0] == "exec":
     sock.close()
+    _tell_pid(env, os.getpid())
     _exec_real(args)
   child = int(reply[1])
+  _tell_pid(env, child)
 
   def forward(sig, _):
     try:
@@ -547,7 +568,7 @@ def _end_without_teardown(run):
   TensorFlow and jax (0.04 s with os._exit), paid by every child the suite forks.
   The child does the first three as Python does and skips the teardown. Any other
   exception leaves as it would from a real interpreter (its traceback, status 1,
-  the teardown included). The real processes of the suite (the kill/resume tests,
+  the teardown included). The real processes of the suite (the SIGTERM and Ctrl-C tests,
   the multi-process launches, the docs row run with BVL_TEST_NO_FORKSERVER=1) keep
   Python's own ending, exit-time hangs and noise included.
   """

@@ -23,7 +23,7 @@ from big_vit_lite.trainer import checkpoint
 from big_vit_lite.trainer import ema as ema_lib
 from big_vit_lite.trainer import train_setup
 import checks
-from trainer_runs import ROOT, env_for, flatten, read_losses, run_train, start_train, tiny_run, wait_for_step
+from trainer_runs import ROOT, env_for, flatten, read_losses, run_train, start_train_to_kill, tiny_run, wait_for_step
 import forkserver
 
 TRANSFER = os.path.join(ROOT, "configs", "transfer.py")
@@ -120,15 +120,15 @@ def test_finetune_with_ema_killed_and_resumed_is_bit_identical(
   assert not np.array_equal(ref_params["head/kernel"], ref_ema["head/kernel"])
 
   killed = str(tmp_path / "killed")
-  proc = start_train(
+  proc, pid = start_train_to_kill(
       tfds_data_dir, killed, *_args(pretrained), config=_config(pretrained)
   )
   # Past the checkpoints of steps 20..60 (saved async).
   wait_for_step(proc, killed, 70)
   while not checkpoint.complete_steps(killed):
     time.sleep(0.05)
-  proc.send_signal(signal.SIGKILL)
-  proc.wait(timeout=30)
+  os.kill(pid, signal.SIGKILL)
+  proc.communicate(timeout=30)
   assert proc.returncode == -signal.SIGKILL
   r = run_train(
       tfds_data_dir, killed, *_args(pretrained), config=_config(pretrained)

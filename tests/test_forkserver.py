@@ -203,6 +203,38 @@ def test_sigterm_reaches_the_child_and_sigkill_ends_it(tmp_path):
     _wait_for(child_gone, f"{how}: the child is still running")
 
 
+def test_the_pid_file_names_the_process_that_runs_the_command(tmp_path):
+  """Guards forkserver.PID_FILE (trainer_runs.start_train_to_kill SIGKILLs the pid it names):
+  a file naming the client, so that the kill leaves the command running on its workdir, and
+  a client whose child died of SIGKILL ending with another status (it raised setting
+  SIGKILL's action: status 1)."""
+  script = _script(
+      tmp_path,
+      "waits.py",
+      """
+      import os, sys, time
+      open(sys.argv[1] + ".tmp", "w").write(str(os.getpid()))
+      os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+      time.sleep(60)
+      """,
+  )
+  for real in (False, True):
+    own, told = tmp_path / f"own-{real}", tmp_path / f"told-{real}"
+    env = _env(**{forkserver.PID_FILE: str(told)})
+    if real:
+      env[forkserver.DISABLE] = "1"
+    proc = subprocess.Popen(
+        forkserver.command([sys.executable, script, str(own)]), env=env
+    )
+    _wait_for(
+        lambda: own.exists() and told.exists(),  # pylint: disable=cell-var-from-loop
+        "the command did not start, or its pid was not told",
+    )
+    assert told.read_text() == own.read_text()
+    os.kill(int(told.read_text()), signal.SIGKILL)
+    assert proc.wait(timeout=30) == -signal.SIGKILL
+
+
 def test_xla_flags_reach_a_forked_child(tmp_path):
   """Guards: a zygote that started jax's backend before the fork (XLA_FLAGS, read then, would
   be the zygote's: the multi-device tests would run on one device)."""

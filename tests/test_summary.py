@@ -81,16 +81,15 @@ def test_an_evaluate_run_keeps_the_training_summary(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_preempted_then_resumed_run(tfds_data_dir, tmp_path):
-  workdir = str(tmp_path / "run")
-  # Steps take milliseconds: enough of them that SIGTERM lands mid-run.
-  config = trainer_runs.TINY + ":evals"
-  args = ("--config.total_steps=300", "--config.evals.val.log_steps=100")
-  proc = trainer_runs.start_train(tfds_data_dir, workdir, *args, config=config)
-  trainer_runs.wait_for_step(proc, workdir, 20)
-  proc.send_signal(signal.SIGTERM)
-  _, log = proc.communicate(timeout=120)
-  assert proc.returncode == 0, log[-3000:]
-  s = _summary(workdir)
+  """The summaries of a run stopped by SIGTERM and of its resumed end (trainer_runs.
+  tiny_preempted, shared with test_train.py: 300 steps, an eval every 100), and the
+  evaluate command the finished run's summary gives."""
+  workdir, first, resumed = trainer_runs.tiny_preempted(tfds_data_dir)
+  config = trainer_runs.PREEMPTED_CONFIG
+  args = trainer_runs.PREEMPTED_ARGS
+  log = first["log"]
+  assert first["returncode"] == 0, log[-3000:]
+  s = first["summary"]
   step = s["step"]
   assert s["status"] == "preempted" and 20 <= step < 300, s
   assert s["checkpoint"] == os.path.join(workdir, "checkpoints", str(step))
@@ -106,8 +105,7 @@ def test_preempted_then_resumed_run(tfds_data_dir, tmp_path):
   assert f"==== Summary: train preempted at step {step}/300" in log
   assert f"  resume: {s['commands']['resume']}" in log
 
-  p = trainer_runs.run_train(tfds_data_dir, workdir, *args, config=config)
-  assert p.returncode == 0, p.stderr[-3000:]
+  assert resumed["returncode"] == 0, resumed["log"][-3000:]
   s = _summary(workdir)
   assert s["status"] == "finished" and s["step"] == 300 and s["error"] is None
   assert [(a["start_step"], a["status"]) for a in s["attempts"]] == [
@@ -132,15 +130,16 @@ def test_preempted_then_resumed_run(tfds_data_dir, tmp_path):
       platform="cpu", device_kind="cpu", devices=1, processes=1
   )
   assert s["img_per_sec"] > 0 and s["hours"] > 0 and s["core_hours"] > 0
-  assert "==== Summary: train finished at step 300/300" in p.stderr
-  assert "2 attempts" in p.stderr and "val/prec@1" in p.stderr
+  assert "==== Summary: train finished at step 300/300" in resumed["log"]
+  assert "2 attempts" in resumed["log"] and "val/prec@1" in resumed["log"]
 
-  # The evaluate command it gives runs (here with one seed and shot, for time).
-  out = os.path.join(workdir, "eval")
+  # The evaluate command it gives runs (here with one seed and shot, for time,
+  # and its --workdir moved out of the shared run, which no test writes in).
   assert s["commands"]["evaluate"].endswith(
-      f"--workdir={out} --config.model_init={workdir}"
+      f"--workdir={os.path.join(workdir, 'eval')} --config.model_init={workdir}"
   )
   args = shlex.split(s["commands"]["evaluate"])[1:]
+  out = str(tmp_path / "eval")
   p = subprocess.run(
       forkserver.command(
           [
@@ -148,6 +147,7 @@ def test_preempted_then_resumed_run(tfds_data_dir, tmp_path):
               *args,
               "--config.evals.fewshot.num_seeds=1",
               "--config.evals.fewshot.shots=(1,)",
+              f"--workdir={out}",
           ]
       ),
       env=trainer_runs.env_for(tfds_data_dir),

@@ -6,6 +6,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -102,7 +103,7 @@ def tiny_kill_reference(data_dir):
 def tiny_killed_twice(data_dir):
   """(workdir, resumed_from, log) of the tiny config's KILL_ARGS run SIGKILLed twice, after
   the steps KILLED_AFTER (mid-interval, and right after a checkpoint step, when an async save
-  is likely in flight: real processes), then run to the end: made once per pytest run for the
+  is likely in flight; start_train_to_kill), then run to the end: made once per pytest run for the
   tests that read one (test_train.py's bit-exact resume, test_tensorboard_resume.py's
   orphaned steps), which write nothing in it. `resumed_from`: the checkpoint step each restart
   resumed from; `log`: the last run's stderr.
@@ -112,9 +113,9 @@ def tiny_killed_twice(data_dir):
     workdir = os.path.join(folder, "workdir")
     resumed_from = []
     for kill_after in KILLED_AFTER:
-      proc = start_train(data_dir, workdir, *KILL_ARGS)
+      proc, pid = start_train_to_kill(data_dir, workdir, *KILL_ARGS)
       wait_for_step(proc, workdir, kill_after)
-      proc.send_signal(signal.SIGKILL)
+      os.kill(pid, signal.SIGKILL)
       _, err = proc.communicate(timeout=30)
       assert proc.returncode == -signal.SIGKILL, err[-3000:]
       resumed_from += _resumed_from(err)
@@ -128,6 +129,58 @@ def tiny_killed_twice(data_dir):
   with open(os.path.join(folder, "run.json")) as f:
     run = json.load(f)
   return os.path.join(folder, "workdir"), run["resumed_from"], run["log"]
+
+
+# The tiny config's preempted run (tiny_preempted): KILL_ARGS with the classification eval
+# every 100 steps and no periodic saves (the preemption's save is the only one before the
+# end), sent SIGTERM after the step PREEMPTED_AFTER.
+PREEMPTED_CONFIG = TINY + ":evals"
+PREEMPTED_ARGS = (
+    *KILL_ARGS,
+    "--config.ckpt_steps=1000",
+    "--config.evals.val.log_steps=100",
+)
+PREEMPTED_AFTER = 60
+
+
+def tiny_preempted(data_dir):
+  """(workdir, first, resumed) of the PREEMPTED_ARGS run stopped by SIGTERM after the step
+  PREEMPTED_AFTER (a real process: it saves and exits through Python's own ending), then
+  run again to the end with the same command: made once per pytest run for the tests that
+  read one (test_train.py's exact resume, test_summary.py's summaries), which write nothing
+  in it. `first`: the stopped run's returncode, log (stderr), summary.json, complete
+  checkpoint steps and last logged step, read before the second run; `resumed`: the second
+  run's returncode and log.
+  """
+
+  def build(folder):
+    workdir = os.path.join(folder, "workdir")
+    proc = start_train(
+        data_dir, workdir, *PREEMPTED_ARGS, config=PREEMPTED_CONFIG
+    )
+    wait_for_step(proc, workdir, PREEMPTED_AFTER)
+    proc.send_signal(signal.SIGTERM)
+    _, log = proc.communicate(timeout=120)
+    summary = None
+    if os.path.exists(os.path.join(workdir, "summary.json")):
+      with open(os.path.join(workdir, "summary.json")) as f:
+        summary = json.load(f)
+    first = dict(
+        returncode=proc.returncode,
+        log=log,
+        summary=summary,
+        saved=checkpoint.complete_steps(workdir),
+        last_logged=last_logged_step(workdir),
+    )
+    r = run_train(data_dir, workdir, *PREEMPTED_ARGS, config=PREEMPTED_CONFIG)
+    resumed = dict(returncode=r.returncode, log=r.stderr)
+    with open(os.path.join(folder, "run.json"), "w") as f:
+      json.dump(dict(first=first, resumed=resumed), f)
+
+  folder = shared_dirs.built_once("tiny_preempted", build)
+  with open(os.path.join(folder, "run.json")) as f:
+    run = json.load(f)
+  return os.path.join(folder, "workdir"), run["first"], run["resumed"]
 
 
 def _resumed_from(log):
@@ -181,8 +234,9 @@ def last_logged_step(workdir):
 
 
 def start_train(data_dir, workdir, *overrides, config=TINY):
-  """The trainer started in the background (its stderr a pipe), for a test to stop or kill: a real
-  process, not the fork server's (a test may kill it and start another on its workdir at once).
+  """The trainer started in the background (its stderr a pipe), for a test to stop: a real
+  process, not the fork server's, so that its ending (SIGTERM's save, Ctrl-C's) is Python's own.
+  A test that SIGKILLs the trainer: start_train_to_kill.
   """
   return subprocess.Popen(
       train_cmd(workdir, config, *overrides),
@@ -192,6 +246,39 @@ def start_train(data_dir, workdir, *overrides, config=TINY):
       stderr=subprocess.PIPE,
       text=True,
   )
+
+
+def start_train_to_kill(data_dir, workdir, *overrides, config=TINY):
+  """(client, pid): the trainer started in the background like start_train, but forked by the
+  fork server, for a test that SIGKILLs it (or SIGSTOPs it) and starts another on its workdir.
+
+  `pid` is the trainer's own process (the zygote's child): the signal goes to it, as to a
+  real trainer, and `client` (the Popen) then ends of the same signal once the trainer is
+  dead and reaped, so that nothing of it runs when the test goes on. A kill ends no Python:
+  the process's start (imports forked, not run) is all that differs from a real one. The
+  tests of a trainer's own ending (SIGTERM, Ctrl-C) keep start_train.
+  """
+  folder = tempfile.mkdtemp(dir=os.environ.get("BVL_TEST_BUILT_DIR"))
+  pid_file = os.path.join(folder, "pid")
+  env = dict(env_for(data_dir), **{forkserver.PID_FILE: pid_file})
+  cmd = train_cmd(workdir, config, *overrides)
+  client = subprocess.Popen(
+      forkserver.command(cmd),
+      env=env,
+      cwd=ROOT,
+      stdout=subprocess.DEVNULL,
+      stderr=subprocess.PIPE,
+      text=True,
+  )
+  if forkserver.command(cmd) == cmd:  # no fork server: a real process
+    return client, client.pid
+  t0 = time.time()
+  while not os.path.exists(pid_file):
+    assert client.poll() is None, client.stderr.read()[-2000:]
+    assert time.time() - t0 < 240, "the fork server started no trainer"
+    time.sleep(0.02)
+  with open(pid_file) as f:
+    return client, int(f.read())
 
 
 def wait_for_step(proc, workdir, step, timeout=240):
