@@ -11,6 +11,7 @@ import time
 
 import numpy as np
 
+from big_vit_lite.logs import summary
 from big_vit_lite.trainer import checkpoint
 import forkserver
 import shared_dirs
@@ -148,9 +149,9 @@ def tiny_preempted(data_dir):
   PREEMPTED_AFTER (a real process: it saves and exits through Python's own ending), then
   run again to the end with the same command: made once per pytest run for the tests that
   read one (test_train.py's exact resume, test_summary.py's summaries), which write nothing
-  in it. `first`: the stopped run's returncode, log (stderr), summary.json, complete
-  checkpoint steps and last logged step, read before the second run; `resumed`: the second
-  run's returncode and log.
+  in it. `first`: the stopped run's returncode, log (stderr), summary.json ({} if none),
+  complete checkpoint steps and last logged step, read before the second run; `resumed`: the
+  second run's returncode and log.
   """
 
   def build(folder):
@@ -161,14 +162,10 @@ def tiny_preempted(data_dir):
     wait_for_step(proc, workdir, PREEMPTED_AFTER)
     proc.send_signal(signal.SIGTERM)
     _, log = proc.communicate(timeout=120)
-    summary = None
-    if os.path.exists(os.path.join(workdir, "summary.json")):
-      with open(os.path.join(workdir, "summary.json")) as f:
-        summary = json.load(f)
     first = dict(
         returncode=proc.returncode,
         log=log,
-        summary=summary,
+        summary=summary.read(workdir),
         saved=checkpoint.complete_steps(workdir),
         last_logged=last_logged_step(workdir),
     )
@@ -262,15 +259,16 @@ def start_train_to_kill(data_dir, workdir, *overrides, config=TINY):
   pid_file = os.path.join(folder, "pid")
   env = dict(env_for(data_dir), **{forkserver.PID_FILE: pid_file})
   cmd = train_cmd(workdir, config, *overrides)
+  client_cmd = forkserver.command(cmd)
   client = subprocess.Popen(
-      forkserver.command(cmd),
+      client_cmd,
       env=env,
       cwd=ROOT,
       stdout=subprocess.DEVNULL,
       stderr=subprocess.PIPE,
       text=True,
   )
-  if forkserver.command(cmd) == cmd:  # no fork server: a real process
+  if client_cmd == cmd:  # no fork server: a real process
     return client, client.pid
   t0 = time.time()
   while not os.path.exists(pid_file):
