@@ -47,6 +47,11 @@ def main():
       "--batch", type=int, default=None, help="default: the config's"
   )
   parser.add_argument("--depth", type=int, default=None)
+  parser.add_argument(
+      "--scan",
+      action="store_true",
+      help="the blocks under nn.scan (config.model.scan=True)",
+  )
   parser.add_argument("--attention", default="auto")
   parser.add_argument("--out", default=None)
   args = parser.parse_args()
@@ -64,6 +69,8 @@ def main():
     config.model.attention = args.attention
     if args.depth:
       config.model.depth = args.depth
+    if args.scan:
+      config.model.scan = True
   mesh = args.mesh or config.mesh
   cpu0, wall0 = cpu_seconds(), time.time()
   p = plan_lib.plan_on_gpus(
@@ -74,6 +81,7 @@ def main():
       variant=p["variant"],
       depth=p["arch"]["depth"],
       remat=args.remat,
+      scan=bool(config.model.get("scan")),
       gpu=args.gpu,
       hosts=args.hosts,
       grad_accum_steps=p["grad_accum_steps"],

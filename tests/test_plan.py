@@ -337,6 +337,31 @@ def test_plan_says_when_only_remat_makes_it_fit():
   ] is False and "not fit with remat either" in plan_report.format_report(p)
 
 
+def test_plan_tells_a_gpu_run_with_remat_unrolled_to_scan_the_blocks():
+  """Guards the report's advice for remat on a GPU: the GPU compiler keeps B/16's
+  remat step on 8x B200 at 15.2 GiB per GPU with the blocks unrolled and 9.0 under
+  nn.scan (benchmarks/NOTES.md, "Remat under scan"). The note where a GPU run has
+  remat and unrolled blocks; none under scan, without remat, or on a TPU (whose
+  figures are the scanned program's); and plan's scanned figure is the smaller.
+  """
+  mesh = plan.parse_mesh("data:8")
+  advice = "add --config.model.scan=True"
+  unrolled_config = _big_config("B/16", 4096)
+  unrolled_config.model.scan = False
+  unrolled = plan.plan(unrolled_config, mesh, "b200")
+  assert advice in plan_report.format_report(unrolled)
+  scanned = plan.plan(_big_config("B/16", 4096), mesh, "b200")
+  assert advice not in plan_report.format_report(scanned)
+  assert scanned["act_bytes_per_device"] < unrolled["act_bytes_per_device"]
+  no_remat = _big_config("B/16", 4096, remat=None)
+  no_remat.model.scan = False
+  assert advice not in plan_report.format_report(
+      plan.plan(no_remat, mesh, "b200")
+  )
+  on_a_tpu = plan.plan(unrolled_config, mesh, "tpu_v5p")
+  assert advice not in plan_report.format_report(on_a_tpu)
+
+
 def test_flops_match_the_literature():
   # ViT-B/16 at 224: 17.58 GMACs forward (timm's table); model FLOPs/step = 3 x
   # 2 x MACs x batch.

@@ -223,6 +223,14 @@ GPU_HEAP_PACKING = 1.13
 # block's input at the peak, in the recomputed block's backward (the same full-depth
 # compiles, an H100's and an H200's).
 GPU_REMAT_LIVE_BLOCKS = 1.4
+# With remat under nn.scan (config.model.scan): the backward loop's body holds one
+# recomputed block at a time, and the four GPUs' programs agree within 2.5% (B/16,
+# L/16, H/14 at 512 images per GPU, S/16 at 128; benchmarks/NOTES.md, "Remat under
+# scan"). Unrolled, XLA:GPU may run every block's input gradients first and their
+# weight gradients last, keeping the recomputed activations of many blocks between
+# (the B200's B/16: 15.2 GiB against 9.0 under scan), which GPU_FITS' constants fit
+# per GPU.
+GPU_SCAN_REMAT_LIVE_BLOCKS = 0.9
 
 
 def gpu_block_bytes(
@@ -284,8 +292,9 @@ def gpu_activation_bytes(arch: dict, *, gpu: str = "h100", **kw) -> int:
   With remat each block's input (in the residual stream's dtype) and what the
   policy saves, and the recomputed block's residuals with the backward's
   temporaries (dropout's random bits among them, 32 bits per element of the MLP's
-  activation): GPU_REMAT_LIVE_BLOCKS blocks' worth on an H100. Fitted to the
-  compiled B/16, L/16 and H/14 (cuDNN attention, dropout 0.1, bf16 matmuls, 512
+  activation): GPU_REMAT_LIVE_BLOCKS blocks' worth on an H100, and
+  GPU_SCAN_REMAT_LIVE_BLOCKS on every GPU for the blocks under nn.scan. Fitted to
+  the compiled B/16, L/16 and H/14 (cuDNN attention, dropout 0.1, bf16 matmuls, 512
   images per GPU).
   """
   keeps = GPU_KEEPS.get(gpu, GPU_KEEPS["h100"])
@@ -313,6 +322,8 @@ class Keeps:
   # With remat: blocks' worth of residuals live besides every block's input, by
   # the model's resolved attention (any other: "default").
   remat_live_blocks: dict
+  # The same for the blocks under nn.scan (opts["scan"]); None: as unrolled.
+  scan_remat_live_blocks: float | None = None
 
 
 TPU_KEEPS = Keeps(
@@ -322,12 +333,13 @@ TPU_KEEPS = Keeps(
     packing=1.0,
     remat_live_blocks={"xla": 1.6, "default": 3},
 )
-# XLA:GPU lays the same buffers out differently for each GPU it compiles for:
-# (heap packing without remat, live blocks with remat) per devices.DEVICES key,
-# fitted to the full-depth compiles of B/16, L/16 and H/14 at 512 images per GPU
-# on 8 GPUs (benchmarks/NOTES.md, "Full depth"). The A100 packs tighter; the H200's
-# and the B200's programs fit the H100's constants (any other GPU takes them too),
-# but for the B200's B/16 with remat (plan -32%; NOTES.md).
+# XLA:GPU lays the unrolled blocks' buffers out differently for each GPU it
+# compiles for: (heap packing without remat, live blocks with remat) per
+# devices.DEVICES key, fitted to the full-depth compiles of B/16, L/16 and H/14 at
+# 512 images per GPU on 8 GPUs (benchmarks/NOTES.md, "Full depth"). The A100 packs
+# tighter; the H200's and the B200's programs fit the H100's constants (any other
+# GPU takes them too), but for the B200's B/16 with remat unrolled (plan -32%;
+# under scan the four GPUs share GPU_SCAN_REMAT_LIVE_BLOCKS).
 GPU_FITS = {
     "h100": (GPU_HEAP_PACKING, GPU_REMAT_LIVE_BLOCKS),
     "a100": (0.95, 1.05),
@@ -339,6 +351,7 @@ GPU_KEEPS = {
         extra_blocks=0,
         packing=packing,
         remat_live_blocks={"default": live_blocks},
+        scan_remat_live_blocks=GPU_SCAN_REMAT_LIVE_BLOCKS,
     )
     for gpu, (packing, live_blocks) in GPU_FITS.items()
 }
@@ -365,7 +378,8 @@ def compiled_activation_bytes(
   stream's dtype, as keeps.array_bytes stores it) and what the policy
   (opts["remat_policy"], _remat_saved_bytes) saves, and keeps.remat_live_blocks
   blocks' worth of residuals and temporaries while the recomputed block's backward
-  runs. Outside the blocks as activation_bytes counts it.
+  runs (keeps.scan_remat_live_blocks for the blocks under nn.scan, opts["scan"],
+  where the compiler has its own). Outside the blocks as activation_bytes counts it.
   """
   opts = opts or {}
   block = keeps.block_bytes(
@@ -390,6 +404,8 @@ def compiled_activation_bytes(
     live = keeps.remat_live_blocks.get(
         opts.get("attention"), keeps.remat_live_blocks["default"]
     )
+    if opts.get("scan") and keeps.scan_remat_live_blocks is not None:
+      live = keeps.scan_remat_live_blocks
     kept = depth * (block_input + saved) + live * block
   else:
     kept = keeps.packing * (depth + keeps.extra_blocks) * block

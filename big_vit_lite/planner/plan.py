@@ -179,6 +179,7 @@ def _formulas(model, platform, key, arch, params, tp, fsdp, act_kw):
         attention=model.resolved_attention(platform),
         dtype_act=model.resolved_dtype_act(platform),
         remat_policy=model.remat_policy,
+        scan=model.scan,
     )
     act = functools.partial(activation_bytes, arch, opts=opts, **act_kw)
     gather = functools.partial(
@@ -317,6 +318,7 @@ def plan(
       grad_accum_steps=accum,
       micro_batch=local_batch // accum,
       remat=remat,
+      scan=bool(model.scan),
       platform=platform,
       dtype_mm=str(model.resolved_dtype_mm(platform)),
       dtype_act=str(model.resolved_dtype_act(platform)),

@@ -91,6 +91,14 @@ def format_report(p: dict) -> str:
         f"note: param dims not divisible by their mesh axes (split as in training): "
         f"{'; '.join(p['unsplit_params'])}"
     )
+  if p["platform"] == "gpu" and p["remat"] and not p["scan"]:
+    # Measured with the GPU compiler: benchmarks/NOTES.md, "Remat under scan".
+    lines.append(
+        "note: remat with the blocks unrolled: XLA:GPU may run every block's input "
+        "gradients before their weight gradients and keep the recomputed activations "
+        "in between (B/16 on 8x B200: 15.2 GiB per GPU, 9.0 under scan); add "
+        "--config.model.scan=True"
+    )
   if "tpu_topology" in p:
     lines += tpu_lines(p)
   if "gpu_host" in p:
