@@ -300,7 +300,9 @@ def test_plan_is_within_10_percent_of_the_gpu_compiler_on_each_gpu(host):
 
 
 @pytest.mark.parametrize("host", sorted(COMPILED_SCANNED_REMAT))
-def test_plan_is_within_10_percent_of_the_gpu_compiler_with_remat_under_scan(host):
+def test_plan_is_within_10_percent_of_the_gpu_compiler_with_remat_under_scan(
+    host,
+):
   """Guards plan's remat figure for the blocks under nn.scan
   (formulas.GPU_SCAN_REMAT_LIVE_BLOCKS, one constant for every GPU: the scanned
   programs agree across GPUs where the unrolled ones do not): each shipped
