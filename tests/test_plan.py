@@ -360,6 +360,21 @@ def test_plan_tells_a_gpu_run_with_remat_unrolled_to_scan_the_blocks():
   )
   on_a_tpu = plan.plan(unrolled_config, mesh, "tpu_v5p")
   assert advice not in plan_report.format_report(on_a_tpu)
+  # Too big without remat on one B200 (~170 GiB at 2048 images): the advice names
+  # both flags, and its figure is the scanned remat plan's.
+  one_gpu = plan.parse_mesh("data:1")
+  no_remat = _big_config("B/16", 2048, remat=None)
+  no_remat.model.scan = False
+  p = plan.plan(no_remat, one_gpu, "b200")
+  assert not p["fits"] and p["fits_with_remat"]
+  assert (
+      "fits with --config.model.remat_policy=nothing_saveable "
+      "--config.model.scan=True" in plan_report.format_report(p)
+  )
+  scanned = plan.plan(_big_config("B/16", 2048), one_gpu, "b200")
+  assert p["total_bytes_with_remat"] == pytest.approx(
+      scanned["total_bytes_per_device"]
+  )
 
 
 def test_flops_match_the_literature():

@@ -166,9 +166,10 @@ _COMPILER_FORMULAS = {
 
 
 def _formulas(model, platform, key, arch, params, tp, fsdp, act_kw):
-  """The platform's formulas: (remat -> activation bytes, remat -> FSDP's gathered
-  weight bytes), the TPU or GPU compiler's (the GPU's fitted per GPU: key, its
-  devices.DEVICES key), or for the CPU the ones fitted to XLA:CPU.
+  """The platform's formulas: ((remat, scan) -> activation bytes, remat -> FSDP's
+  gathered weight bytes), the TPU or GPU compiler's (the GPU's fitted per GPU: key,
+  its devices.DEVICES key), or for the CPU the ones fitted to XLA:CPU (no scan term).
+  scan: the blocks under nn.scan (default: the model's).
   """
   if platform in _COMPILER_FORMULAS:
     activation_bytes, weight_bytes = _COMPILER_FORMULAS[platform]
@@ -179,9 +180,12 @@ def _formulas(model, platform, key, arch, params, tp, fsdp, act_kw):
         attention=model.resolved_attention(platform),
         dtype_act=model.resolved_dtype_act(platform),
         remat_policy=model.remat_policy,
-        scan=model.scan,
     )
-    act = functools.partial(activation_bytes, arch, opts=opts, **act_kw)
+
+    def act(remat, scan=model.scan):
+      with_scan = dict(opts, scan=scan)
+      return activation_bytes(arch, remat=remat, opts=with_scan, **act_kw)
+
     gather = functools.partial(
         weight_bytes,
         _block_params(params),
@@ -191,7 +195,11 @@ def _formulas(model, platform, key, arch, params, tp, fsdp, act_kw):
         mm_bytes=act_kw["mm_bytes"],
     )
   else:
-    act = functools.partial(formulas.activation_bytes, arch, **act_kw)
+
+    def act(remat, scan=model.scan):
+      del scan  # (XLA:CPU's formula has no term for it)
+      return formulas.activation_bytes(arch, remat=remat, **act_kw)
+
     gather = functools.partial(
         formulas.gather_bytes, sum_params(params), arch["depth"], tp, fsdp
     )
@@ -216,7 +224,8 @@ def plan(
 
   flops_per_step: model FLOPs (the matmuls of forward and backward on the global batch, as MFU
   counts them); hw_flops_per_step adds remat's recomputation. fits_with_remat: None where it
-  fits or remat is on, else whether remat_policy='nothing_saveable' would fit. ignored_px: the
+  fits or remat is on, else whether remat_policy='nothing_saveable' would fit (on a GPU with
+  the blocks under scan; total_bytes_with_remat: its total). ignored_px: the
   image rows/columns the patchify drops; unsplit_params: param dims the mesh axes do not divide.
   platform: whose "auto" model settings (vit.Model: matmul and residual dtypes, attention)
   and whose compiler's activations the plan follows: "tpu" (tpu_activation_bytes: the TPU's
@@ -280,13 +289,15 @@ def plan(
   gathered_b = gather(remat)
   total_b = sum(state_b.values()) + accum_b + act_b + batch_b + gathered_b
   usable = formulas.USABLE_FRACTION * spec.hbm_bytes
-  # Without remat and too big: what remat (nothing_saveable) would need.
+  # Without remat and too big: what remat (nothing_saveable) would need, on a
+  # GPU with the blocks under scan, as the report then advises (docs/gpu.md:
+  # unrolled, XLA:GPU may keep every block's recomputed activations).
   remat_total_b = None
   fits_with_remat = None
   if not remat and total_b > usable:
-    remat_total_b = (
-        total_b - act_b + act(remat=True) - gathered_b + gather(True)
-    )
+    scan_with_remat = model.scan or platform == "gpu"
+    remat_act_b = act(remat=True, scan=scan_with_remat)
+    remat_total_b = total_b - act_b + remat_act_b - gathered_b + gather(True)
     fits_with_remat = bool(remat_total_b <= usable)
   model_flops, hw_flops = formulas.train_flops(
       arch,

@@ -64,10 +64,13 @@ def format_report(p: dict) -> str:
   )
   if p["fits_with_remat"] is not None:
     with_remat = "does not fit with remat either"
+    remat_flags = "--config.model.remat_policy=nothing_saveable"
+    if p["platform"] == "gpu" and not p["scan"]:
+      remat_flags += " --config.model.scan=True"
     if p["fits_with_remat"]:
       with_remat = (
-          "fits with --config.model.remat_policy=nothing_saveable (each block's "
-          "forward recomputed: ~1/3 more block FLOPs)"
+          f"fits with {remat_flags} (each block's forward recomputed: ~1/3 more "
+          "block FLOPs)"
       )
     lines.append(
         f"  with remat      {_fmt_bytes(p['total_bytes_with_remat'])}  -> "
