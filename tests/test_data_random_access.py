@@ -4,8 +4,11 @@ The same tiny dataset is prepared twice, as TFRecord and as ArrayRecord: the TFR
 read by tfds itself, is the oracle for the split's canonical order and contents.
 """
 
+import gc
 import json
+import os
 import signal
+import weakref
 
 import numpy as np
 import pytest
@@ -155,6 +158,43 @@ def test_a_resume_reads_a_few_batches_not_the_consumed_records(
   # never the 2950 examples (two epochs and 95% of a third) that a reading skip
   # would.
   assert 8 <= source.reads <= 400, source.reads
+
+
+@pytest.mark.parametrize("shuffle_buffer_size", [64, 0])
+def test_a_dropped_iterator_goes_at_once_with_its_threads(
+    formats, shuffle_buffer_size
+):
+  """Guards: a function that tf.data traces holding the TrainIterator (a bound
+  method in the epoch's flat_map did), so that the traced graph keeps it, its
+  tf.data iterator and that iterator's threads alive until a garbage collection,
+  which then waits for each thread to stop (24-36 s of the suite's runs, in
+  whichever test collected). Oracle: Python's reference counting: with the
+  collector off, the last reference dropped frees the iterator at once, and the
+  process's threads fall back to their count before it was made (counted after a
+  first iterator, which starts TensorFlow's process-wide thread pools).
+  """
+  config = cfg(formats["array_record"], shuffle_buffer_size=shuffle_buffer_size)
+
+  def first_batch_read():
+    it = ip.make_train_iterator(
+        config, seed=0, process_index=0, process_count=1
+    )
+    next(it)
+    return it
+
+  gc.disable()
+  try:
+    first = first_batch_read()
+    del first
+    threads_before = len(os.listdir("/proc/self/task"))
+    it = first_batch_read()
+    alive = weakref.ref(it)
+    assert len(os.listdir("/proc/self/task")) > threads_before
+    del it
+    assert alive() is None
+    assert len(os.listdir("/proc/self/task")) <= threads_before
+  finally:
+    gc.enable()
 
 
 def test_raw_cache_is_refused_for_array_record(formats):

@@ -149,6 +149,30 @@ _OPTIONS = tf.data.Options()
 _OPTIONS.deterministic = True  # (the default, but exact resume depends on it)
 
 
+@tf.autograph.experimental.do_not_convert
+def _permuted_epoch(base_seed, start, end, e, first_epoch, offset, shuffled):
+  """(key, position, example index) of epoch e of a random-access shard [start, end), from
+  position `offset` in the first epoch: a seeded permutation of the shard (the identity
+  unless `shuffled`), read by index.
+  """
+  eseed = _fold(base_seed, e)
+  # augmentation key of this shard's epoch (as in TrainIterator._shard_dataset)
+  key = _int64s([], _fold(eseed, 3))
+  last = tf.constant(end - start - 1, tf.int64)
+  first = tf.where(
+      e == first_epoch,
+      tf.constant(offset, tf.int64),
+      tf.constant(0, tf.int64),
+  )
+  positions = tf.data.Dataset.range(first, end - start)
+  if shuffled:
+    perm_seed = _fold(eseed, 1)
+    shuffle = lambda i: tf.random.experimental.index_shuffle(i, perm_seed, last)  # noqa: E731
+  else:
+    shuffle = lambda i: i  # noqa: E731
+  return positions.map(lambda i: (key, i, start + shuffle(i)))
+
+
 class TrainIterator:
   """Endless iterator of host-local training batches (dict of np.ndarray).
 
@@ -285,9 +309,13 @@ class TrainIterator:
       return ds.enumerate().map(lambda i, rec: (key, i, rec))
 
     if getattr(source, "random_access", False):
+      # (No `self` in a function tf.data traces: the traced graph would keep this
+      # iterator, and with it the tf.data threads, alive until a garbage
+      # collection, which then waits for each thread to stop.)
+      shuffled = bool(self._shuffle_buffer_size)
       ds = tf.data.Dataset.range(first_epoch, _MAX_EPOCHS).flat_map(
-          lambda e: self._permuted_epoch(
-              base_seed, start, end, e, first_epoch, offset
+          lambda e: _permuted_epoch(
+              base_seed, start, end, e, first_epoch, offset, shuffled
           )
       )
     else:
@@ -300,28 +328,6 @@ class TrainIterator:
         deterministic=True,
     )
     return ds.batch(self._batch_per_shard, drop_remainder=True)
-
-  @tf.autograph.experimental.do_not_convert
-  def _permuted_epoch(self, base_seed, start, end, e, first_epoch, offset):
-    """(key, position, example index) of epoch e of a random-access shard [start, end), from
-    position `offset` in the first epoch: a seeded permutation of the shard, read by index.
-    """
-    eseed = _fold(base_seed, e)
-    # augmentation key of this shard's epoch (as above)
-    key = _int64s([], _fold(eseed, 3))
-    last = tf.constant(end - start - 1, tf.int64)
-    first = tf.where(
-        e == first_epoch,
-        tf.constant(offset, tf.int64),
-        tf.constant(0, tf.int64),
-    )
-    positions = tf.data.Dataset.range(first, end - start)
-    if self._shuffle_buffer_size:
-      perm_seed = _fold(eseed, 1)
-      shuffle = lambda i: tf.random.experimental.index_shuffle(i, perm_seed, last)  # noqa: E731
-    else:
-      shuffle = lambda i: i  # noqa: E731
-    return positions.map(lambda i: (key, i, start + shuffle(i)))
 
   def _build(self, consumed, peek=False):
     per_shard = [self._shard_dataset(s, consumed, peek) for s in self._shards]
