@@ -1,5 +1,6 @@
 """Faults a user makes with the input pipeline give one-line errors, never silent wrong data."""
 
+import gc
 import logging
 import os
 import shutil
@@ -53,6 +54,39 @@ _one_line_error = checks.one_line_error
 )
 def test_pp_faults_in_the_pipeline_are_one_line(tfds_data_dir, pp, words):
   _one_line_error(lambda: _train(tfds_data_dir, pp), *words)
+
+
+def test_a_failed_train_iterator_lets_its_threads_go_while_the_error_is_kept(
+    tfds_data_dir,
+):
+  """Guards: a TrainIterator keeping its failed tf.data iterator, so that an error
+  kept after the fact (pytest.raises, a notebook's `except ... as e`: its
+  traceback holds the TrainIterator) kept the iterator's tf.data threads alive
+  until a garbage collection, which then waits for each to stop. Oracle: the
+  process's threads, counted with the collector off, back to their count before
+  the failing iterator was made (after a first one, which starts TensorFlow's
+  process-wide pools); and the same iterator, asked again, fails again the same
+  way: it starts again at the same position."""
+  cfg = dict(
+      data=dict(name="mnist10k", split="test[:64]", data_dir=tfds_data_dir),
+      batch_size=8,
+      pp="decode|central_crop(32)",
+      shuffle_buffer_size=0,
+  )
+  kept = []
+  gc.disable()
+  try:
+    for attempt in range(2):
+      threads_before = len(os.listdir("/proc/self/task"))
+      it = ip.make_train_iterator(cfg, seed=0, process_index=0, process_count=1)
+      with pytest.raises(ValueError, match="smaller than the crop") as error:
+        next(it)
+      kept.append(error)
+    assert len(os.listdir("/proc/self/task")) <= threads_before
+    with pytest.raises(ValueError, match="smaller than the crop"):
+      next(it)
+  finally:
+    gc.enable()
 
 
 def test_eval_pp_faults_are_one_line(tfds_data_dir):

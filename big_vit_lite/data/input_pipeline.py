@@ -32,6 +32,7 @@ import contextlib
 import logging
 import math
 import re
+import traceback
 
 import jax
 import tensorflow as tf
@@ -270,7 +271,16 @@ class TrainIterator:
     with _data_errors(f"train data {self._source.name}"):
       if self._it is None:
         self._it = iter(self._build(self._consumed))
-      batch = next(self._it)
+      try:
+        batch = next(self._it)
+      except BaseException as error:
+        # A tf.data iterator that failed reads no further: drop it, and its
+        # threads, now rather than when the error is collected (the frames of
+        # its traceback hold the iterator too: their locals go, their lines
+        # stay); a next call starts again at the same position.
+        self._it = None
+        traceback.clear_frames(error.__traceback__)
+        raise
     self._consumed += self._batch_per_shard
     return {
         k: v.numpy() if hasattr(v, "numpy") else v for k, v in batch.items()
