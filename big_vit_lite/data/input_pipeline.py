@@ -118,6 +118,7 @@ def _data_errors(what):
   try:
     yield
   except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError) as e:
+    _let_the_iterator_go(e)
     msg = _tf_error_text(str(e))
     # tf's "cannot batch": examples of different shapes
     if "batch" in msg and "hape" in msg:
@@ -128,10 +129,18 @@ def _data_errors(what):
       ) from None
     raise ValueError(f"{what}: preprocessing an example failed: {msg}") from e
   except (tf.errors.DataLossError, tf.errors.NotFoundError) as e:
+    _let_the_iterator_go(e)
     raise ValueError(
         f"{what}: a file is truncated or missing ({_tf_error_text(str(e))}); "
         f"for a tfds dataset, delete its folder and prepare it again"
     ) from e
+
+
+def _let_the_iterator_go(error):
+  """Clears the locals of the frames of tf's traceback: they hold the failed tf.data
+  iterator, and with it its threads, for as long as a caller keeps the error (which
+  a garbage collection then waits on). Their lines stay, for the traceback."""
+  traceback.clear_frames(error.__traceback__)
 
 
 def _tf_error_text(msg):
@@ -273,13 +282,12 @@ class TrainIterator:
         self._it = iter(self._build(self._consumed))
       try:
         batch = next(self._it)
-      except BaseException as error:
+      except BaseException:
         # A tf.data iterator that failed reads no further: drop it, and its
-        # threads, now rather than when the error is collected (the frames of
-        # its traceback hold the iterator too: their locals go, their lines
-        # stay); a next call starts again at the same position.
+        # threads, now rather than when the error is collected (_data_errors
+        # clears the error's frames); a next call starts again at the same
+        # position.
         self._it = None
-        traceback.clear_frames(error.__traceback__)
         raise
     self._consumed += self._batch_per_shard
     return {
