@@ -17,7 +17,7 @@ from big_vit_lite.data import prepare
 import checks
 
 
-def _train(data_dir, pp, **kw):
+def _train_iterator(data_dir, pp, **kw):
   cfg = dict(
       data=dict(name="mnist10k", split="test[:64]", data_dir=data_dir),
       batch_size=8,
@@ -25,8 +25,11 @@ def _train(data_dir, pp, **kw):
       shuffle_buffer_size=0,
   )
   cfg.update(kw)
-  it = ip.make_train_iterator(cfg, seed=0, process_index=0, process_count=1)
-  return next(it)
+  return ip.make_train_iterator(cfg, seed=0, process_index=0, process_count=1)
+
+
+def _train(data_dir, pp, **kw):
+  return next(_train_iterator(data_dir, pp, **kw))
 
 
 _one_line_error = checks.one_line_error
@@ -57,23 +60,13 @@ def test_pp_faults_in_the_pipeline_are_one_line(tfds_data_dir, pp, words):
   _one_line_error(lambda: _train(tfds_data_dir, pp), *words)
 
 
-def _read_train(data, pp):
-  """A TrainIterator of `data` read once (afterwards only the error refers to it)."""
-  it = ip.make_train_iterator(
-      dict(data=data, batch_size=8, pp=pp, shuffle_buffer_size=0),
-      seed=0,
-      process_index=0,
-      process_count=1,
-  )
-  next(it)
-
-
-def _read_eval(data, pp):
-  """An eval iterator of `data` read to its end."""
+def _read_eval(data_dir, pp):
+  """An eval iterator of mnist10k read to its end."""
+  data = dict(name="mnist10k", split="test[:64]", data_dir=data_dir)
   list(ip.make_eval_iterator(data, pp, 4, process_index=0, process_count=1))
 
 
-@pytest.mark.parametrize("read", [_read_train, _read_eval])
+@pytest.mark.parametrize("read", [_train, _read_eval])
 def test_a_failed_iterator_lets_its_threads_go_while_the_error_is_kept(
     tfds_data_dir, read
 ):
@@ -83,14 +76,13 @@ def test_a_failed_iterator_lets_its_threads_go_while_the_error_is_kept(
   collection, which then waits for each to stop. Oracle: the process's threads,
   counted with the collector off, back to their count before the failing iterator
   was made (after a first one, which starts TensorFlow's process-wide pools)."""
-  data = dict(name="mnist10k", split="test[:64]", data_dir=tfds_data_dir)
   kept = []
   gc.disable()
   try:
     for _ in range(2):
       threads_before = len(os.listdir("/proc/self/task"))
       with pytest.raises(ValueError, match="smaller than the crop") as error:
-        read(data, "decode|central_crop(32)")
+        read(tfds_data_dir, "decode|central_crop(32)")
       kept.append(error)
     assert len(os.listdir("/proc/self/task")) <= threads_before
   finally:
@@ -103,13 +95,7 @@ def test_a_failed_train_iterator_starts_again_at_the_same_position(
   """Guards: the TrainIterator that dropped its failed tf.data iterator moving on,
   or not building a new one. Oracle: a pp that fails on every example fails again
   on the next call, and the position read by get_state() has not moved."""
-  cfg = dict(
-      data=dict(name="mnist10k", split="test[:64]", data_dir=tfds_data_dir),
-      batch_size=8,
-      pp="decode|central_crop(32)",
-      shuffle_buffer_size=0,
-  )
-  it = ip.make_train_iterator(cfg, seed=0, process_index=0, process_count=1)
+  it = _train_iterator(tfds_data_dir, "decode|central_crop(32)")
   before = json.dumps(it.get_state(), sort_keys=True, default=str)
   for _ in range(2):
     with pytest.raises(ValueError, match="smaller than the crop"):

@@ -18,7 +18,6 @@ from PIL import Image
 import checks
 import forkserver
 from big_vit_lite.models import layout
-from big_vit_lite.models import vit
 from big_vit_lite.trainer import checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -62,10 +62,12 @@ def format_report(p: dict) -> str:
       f"  total           {_fmt_bytes(p['total_bytes_per_device'])}  -> fits: "
       f"{_yes_no(p['fits'])} (limit {USABLE_FRACTION:.0%} of HBM)"
   )
+  # Remat on a GPU goes with the blocks under scan (docs/gpu.md).
+  advise_scan = p["platform"] == "gpu" and not p["scan"]
   if p["fits_with_remat"] is not None:
     with_remat = "does not fit with remat either"
     remat_flags = "--config.model.remat_policy=nothing_saveable"
-    if p["platform"] == "gpu" and not p["scan"]:
+    if advise_scan:
       remat_flags += " --config.model.scan=True"
     if p["fits_with_remat"]:
       with_remat = (
@@ -94,7 +96,7 @@ def format_report(p: dict) -> str:
         f"note: param dims not divisible by their mesh axes (split as in training): "
         f"{'; '.join(p['unsplit_params'])}"
     )
-  if p["platform"] == "gpu" and p["remat"] and not p["scan"]:
+  if advise_scan and p["remat"]:
     # Measured with the GPU compiler: benchmarks/NOTES.md, "Remat under scan".
     lines.append(
         "note: remat with the blocks unrolled: XLA:GPU may run every block's input "
